@@ -1,0 +1,1 @@
+//! attn-core: placeholder, being written.

@@ -1,0 +1,2 @@
+//! attn-kernels: placeholder, being written.
+pub mod cpu;

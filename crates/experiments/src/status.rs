@@ -1,0 +1,76 @@
+//! What the reproduction can run today, stated honestly: every part of the paper with whether it is
+//! implemented. `reproduce` prints this instead of ever printing a number it did not compute.
+
+/// One deliverable of the paper's reproduction.
+#[derive(Debug, Clone, Copy)]
+pub struct Part {
+    /// Table or figure, as the paper names it.
+    pub name: &'static str,
+    /// What it measures.
+    pub what: &'static str,
+    /// `None` when implemented, else the piece of work it is waiting for.
+    pub missing: Option<&'static str>,
+}
+
+/// Every part of the reproduction, in the paper's order.
+pub const PARTS: &[Part] = &[
+    Part {
+        name: "Table 1",
+        what: "softmax / inverse / re-centered / re-centered & l1, val loss at 1x",
+        missing: Some("trainer + experiments runner"),
+    },
+    Part {
+        name: "Table 2",
+        what: "normalisation scenarios I-IV, val loss at 1x",
+        missing: Some("trainer + experiments runner"),
+    },
+    Part {
+        name: "Table 3",
+        what: "activations with l1 normalisation, val loss at 1x",
+        missing: Some("trainer + experiments runner"),
+    },
+    Part {
+        name: "Table 4",
+        what: "length extrapolation 1x..16x, incl. re-weighted rows (p = 3, 15)",
+        missing: Some("trainer + experiments runner"),
+    },
+    Part {
+        name: "Figure 1",
+        what: "val loss vs inference length, softmax vs LSSA vs LSSAR",
+        missing: Some("trainer + experiments runner"),
+    },
+    Part { name: "Figure 2", what: "sweep over re-weighting power p", missing: Some("trainer + experiments runner") },
+    Part {
+        name: "Retrieval",
+        what: "passkey / needle-in-a-haystack accuracy vs length and depth",
+        missing: Some("later evaluations"),
+    },
+    Part {
+        name: "Attention sinks",
+        what: "weight on the first key and row entropy vs length",
+        missing: Some("later evaluations"),
+    },
+    Part {
+        name: "Downstream",
+        what: "zero-shot multiple choice (lm-eval scoring)",
+        missing: Some("later evaluations"),
+    },
+    Part {
+        name: "Newton's law",
+        what: "symbolic regression on orbit-trained transformers",
+        missing: Some("later evaluations"),
+    },
+];
+
+/// The status table, one line per part.
+pub fn report() -> String {
+    let mut out = String::new();
+    for p in PARTS {
+        let state = match p.missing {
+            None => "implemented".to_string(),
+            Some(m) => format!("NOT IMPLEMENTED YET (needs: {m})"),
+        };
+        out.push_str(&format!("  {:<16} {:<68} {state}\n", p.name, p.what));
+    }
+    out
+}

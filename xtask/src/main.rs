@@ -1,0 +1,104 @@
+//! The project's task runner (the cargo-xtask pattern): `cargo xtask <command>`.
+//!
+//! ```text
+//! cargo xtask setup [--force]          install PyTorch 2.11.0 for tch into the per-user cache (idempotent)
+//! cargo xtask test [ARGS...]           set-up if needed, then the whole workspace test suite (doc tests too)
+//! cargo xtask reproduce [--scale S]    set-up if needed, then the paper reproduction (default scale: small)
+//! ```
+//!
+//! Everything here is std-only so that it builds in seconds on a fresh machine, before libtorch exists.
+
+mod setup;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  setup [--force]         install PyTorch 2.11.0 (for tch) into the per-user cache and link it
+                          at .torch/libtorch; a second run does nothing. --force reinstalls.
+  test [ARGS...]          set-up if needed, then `cargo test --workspace --all-features ARGS...`
+  reproduce [--scale S]   set-up if needed, then run the paper reproduction at scale S
+                          (smoke | small | gpu | paper; default small)
+
+environment:
+  LSSA_CACHE_DIR   where the torch venv lives (default $XDG_CACHE_HOME/lssa or ~/.cache/lssa)
+  LSSA_PYTHON      the Python used to create the venv (default python3)
+  LIBTORCH         use an existing libtorch 2.11.0 instead (only verified, never modified)
+";
+
+fn main() {
+    if let Err(e) = run() {
+        // One clear line (the chain joined), as the set-up contract asks.
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let workspace = workspace_root();
+    match args.first().map(String::as_str) {
+        Some("setup") => {
+            let force = match &args[1..] {
+                [] => false,
+                [f] if f == "--force" => true,
+                other => bail!("unexpected arguments to setup: {other:?}\n{USAGE}"),
+            };
+            let torch = setup::ensure(&workspace, force)?;
+            eprintln!("setup: ready: LIBTORCH={}", torch.root.display());
+            if let Some(py) = torch.python {
+                eprintln!("setup: its Python (torchrun, NVRTC libraries): {}", py.display());
+            }
+            Ok(())
+        }
+        Some("test") => test(&workspace, &args[1..]),
+        Some("reproduce") => reproduce(&workspace, &args[1..]),
+        Some("-h" | "--help" | "help") | None => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => bail!("unknown command `{other}`\n{USAGE}"),
+    }
+}
+
+fn test(workspace: &Path, extra: &[String]) -> Result<()> {
+    let start = Instant::now();
+    setup::ensure(workspace, false)?;
+    let mut cmd = cargo(workspace);
+    cmd.args(["test", "--workspace", "--all-features"]).args(extra);
+    run_cmd(&mut cmd)?;
+    eprintln!("xtask test: all tests passed in {:.0} s", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+fn reproduce(workspace: &Path, extra: &[String]) -> Result<()> {
+    setup::ensure(workspace, false)?;
+    let mut cmd = cargo(workspace);
+    cmd.args(["run", "--release", "--quiet", "--package", "experiments", "--bin", "reproduce", "--"]).args(extra);
+    run_cmd(&mut cmd)
+}
+
+fn cargo(workspace: &Path) -> Command {
+    let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cmd.current_dir(workspace);
+    cmd
+}
+
+fn run_cmd(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed ({status})");
+    }
+    Ok(())
+}
+
+fn workspace_root() -> PathBuf {
+    // xtask/Cargo.toml sits one level below the workspace root.
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives inside the workspace").to_path_buf()
+}
