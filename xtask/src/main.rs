@@ -50,7 +50,7 @@ fn run() -> Result<()> {
                 [f] if f == "--force" => true,
                 other => bail!("unexpected arguments to setup: {other:?}\n{USAGE}"),
             };
-            let torch = setup::ensure(&workspace, force)?;
+            let torch = setup::ensure(&setup::Options::from_env(&workspace, force)?)?;
             eprintln!("setup: ready: LIBTORCH={}", torch.root.display());
             if let Some(py) = torch.python {
                 eprintln!("setup: its Python (torchrun, NVRTC libraries): {}", py.display());
@@ -69,7 +69,7 @@ fn run() -> Result<()> {
 
 fn test(workspace: &Path, extra: &[String]) -> Result<()> {
     let start = Instant::now();
-    setup::ensure(workspace, false)?;
+    setup::ensure(&setup::Options::from_env(workspace, false)?)?;
     let mut cmd = cargo(workspace);
     cmd.args(["test", "--workspace", "--all-features"]).args(extra);
     run_cmd(&mut cmd)?;
@@ -78,7 +78,7 @@ fn test(workspace: &Path, extra: &[String]) -> Result<()> {
 }
 
 fn reproduce(workspace: &Path, extra: &[String]) -> Result<()> {
-    setup::ensure(workspace, false)?;
+    setup::ensure(&setup::Options::from_env(workspace, false)?)?;
     let mut cmd = cargo(workspace);
     cmd.args(["run", "--release", "--quiet", "--package", "experiments", "--bin", "reproduce", "--"]).args(extra);
     run_cmd(&mut cmd)

@@ -37,30 +37,58 @@ pub struct Torch {
     pub python: Option<PathBuf>,
 }
 
+/// Where the set-up looks and what it may use; [`Options::from_env`] reads the documented variables.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The work tree that gets the `.torch/libtorch` link.
+    pub workspace: PathBuf,
+    /// The per-user cache root holding the venv.
+    pub cache: PathBuf,
+    /// Python interpreters to try for creating the venv, in order.
+    pub pythons: Vec<PathBuf>,
+    /// A libtorch named by the user (`LIBTORCH` in the environment, when it is not our own link).
+    pub user_libtorch: Option<PathBuf>,
+    /// Reinstall even when the cache is complete.
+    pub force: bool,
+}
+
+impl Options {
+    /// Options from `LSSA_CACHE_DIR`/`XDG_CACHE_HOME`/`HOME`, `LSSA_PYTHON` and `LIBTORCH`.
+    pub fn from_env(workspace: &Path, force: bool) -> Result<Self> {
+        let ours = workspace.join(".torch").join("libtorch");
+        // `.cargo/config.toml` sets LIBTORCH to our link for every cargo-run process, this one included;
+        // anything else came from the user.
+        let user_libtorch = std::env::var_os("LIBTORCH").map(PathBuf::from).filter(|p| !same_path(p, &ours));
+        let pythons = match std::env::var_os("LSSA_PYTHON") {
+            Some(p) => vec![PathBuf::from(p)],
+            None => vec!["python3".into(), "python".into()],
+        };
+        Ok(Self { workspace: workspace.to_path_buf(), cache: cache_dir()?, pythons, user_libtorch, force })
+    }
+}
+
 /// Makes sure libtorch 2.11.0 is available to the workspace; installs it into the cache if needed.
-pub fn ensure(workspace: &Path, force: bool) -> Result<Torch> {
-    let ours = workspace.join(".torch").join("libtorch");
-    if let Some(user) = std::env::var_os("LIBTORCH").map(PathBuf::from)
-        && !same_path(&user, &ours)
-    {
+pub fn ensure(opts: &Options) -> Result<Torch> {
+    let ours = opts.workspace.join(".torch").join("libtorch");
+    if let Some(user) = &opts.user_libtorch {
         // The user's own libtorch: verify, never touch.
-        check_version(&user).with_context(|| {
+        check_version(user).with_context(|| {
             format!(
                 "LIBTORCH={} is set in the environment; unset it to let `cargo xtask setup` install PyTorch {TORCH_VERSION}",
                 user.display()
             )
         })?;
         eprintln!("setup: using LIBTORCH={} (torch {TORCH_VERSION}, from the environment)", user.display());
-        return Ok(Torch { root: user, python: None });
+        return Ok(Torch { root: user.clone(), python: None });
     }
 
-    let python = find_python()?;
+    let python = find_python(&opts.pythons)?;
     let py_tag = python_tag(&python)?;
-    let venv = cache_dir()?.join(format!("torch-{TORCH_VERSION}-py{py_tag}"));
+    let venv = opts.cache.join(format!("torch-{TORCH_VERSION}-py{py_tag}"));
     let stamp = venv.join(".complete");
     let torch_dir = venv.join("lib").join(format!("python{py_tag}")).join("site-packages").join("torch");
 
-    if force && venv.exists() {
+    if opts.force && venv.exists() {
         eprintln!("setup: --force: removing {}", venv.display());
         fs::remove_dir_all(&venv).with_context(|| format!("removing {}", venv.display()))?;
     }
@@ -141,12 +169,8 @@ pub fn check_version(root: &Path) -> Result<()> {
     Ok(())
 }
 
-fn find_python() -> Result<PathBuf> {
-    let candidates: Vec<PathBuf> = match std::env::var_os("LSSA_PYTHON") {
-        Some(p) => vec![PathBuf::from(p)],
-        None => vec!["python3".into(), "python".into()],
-    };
-    for c in &candidates {
+fn find_python(candidates: &[PathBuf]) -> Result<PathBuf> {
+    for c in candidates {
         let ok = Command::new(c).arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
         if ok {
             return Ok(c.clone());
@@ -210,4 +234,145 @@ fn link(target: &Path, link: &Path) -> Result<()> {
 
 fn same_path(a: &Path, b: &Path) -> bool {
     a == b || matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The set-up's failure modes, exercised with a fake Python whose `pip` does what each test needs,
+    //! so they run offline in milliseconds.
+
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// A scratch directory unique to this test.
+    fn scratch(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("xtask-setup-{}-{name}", std::process::id()));
+        let _ = fs::remove_dir_all(&d);
+        fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn write_exe(path: &Path, body: &str) {
+        fs::write(path, body).unwrap();
+        fs::set_permissions(path, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    /// A fake `python3` whose venv's `pip install` runs `pip_body` (bash, `$SP` = site-packages).
+    fn fake_python(dir: &Path, pip_body: &str) -> PathBuf {
+        let py = dir.join("python3");
+        let venv_python = format!(
+            "#!/usr/bin/env bash\nSP=\"$(dirname \"$0\")/../lib/python3.11/site-packages\"\n{pip_body}\n"
+        );
+        fs::write(dir.join("venv-python"), venv_python).unwrap();
+        write_exe(
+            &py,
+            &format!(
+                "#!/usr/bin/env bash\ncase \"$1\" in\n  --version) echo 'Python 3.11.0';;\n  -c) echo 3.11;;\n  \
+                 -m) mkdir -p \"$3/bin\" && cp {} \"$3/bin/python\" && chmod +x \"$3/bin/python\";;\nesac\n",
+                dir.join("venv-python").display()
+            ),
+        );
+        py
+    }
+
+    fn fake_torch(version: &str) -> String {
+        format!("mkdir -p \"$SP/torch/lib\" && echo \"__version__ = '{version}'\" > \"$SP/torch/version.py\" && touch \"$SP/torch/lib/libtorch_cpu.so\"")
+    }
+
+    fn options(dir: &Path, python: PathBuf) -> Options {
+        Options {
+            workspace: dir.join("ws"),
+            cache: dir.join("cache"),
+            pythons: vec![python],
+            user_libtorch: None,
+            force: false,
+        }
+    }
+
+    #[test]
+    fn installs_once_then_reuses_the_cache() {
+        let dir = scratch("reuse");
+        let opts = options(&dir, fake_python(&dir, &fake_torch("2.11.0+cu130")));
+        let torch = ensure(&opts).unwrap();
+        let venv = dir.join("cache/torch-2.11.0-py3.11");
+        assert!(venv.join(".complete").exists());
+        assert_eq!(fs::read_link(&torch.root).unwrap(), venv.join("lib/python3.11/site-packages/torch"));
+        // A second run must not call pip: make pip fail loudly and check nothing notices.
+        write_exe(&venv.join("bin/python"), "#!/usr/bin/env bash\nexit 7\n");
+        ensure(&opts).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn no_python_is_one_clear_error() {
+        let dir = scratch("nopython");
+        let err = ensure(&options(&dir, dir.join("does-not-exist/python3"))).unwrap_err().to_string();
+        assert!(err.contains("no Python found") && err.contains("LSSA_PYTHON"), "{err}");
+        assert!(!dir.join("cache").exists() && !dir.join("ws/.torch").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn pip_failure_leaves_nothing_half_installed() {
+        let dir = scratch("pipfail");
+        let opts = options(&dir, fake_python(&dir, "echo 'ERROR: No matching distribution' >&2; exit 1"));
+        let err = format!("{:#}", ensure(&opts).unwrap_err());
+        assert!(err.contains("pip install torch==2.11.0") && err.contains("nothing was left installed"), "{err}");
+        assert!(!dir.join("cache/torch-2.11.0-py3.11").exists(), "the failed venv must be removed");
+        assert!(!dir.join("ws/.torch/libtorch").exists(), "no link to a failed install");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn wrong_version_from_pip_is_refused_and_removed() {
+        let dir = scratch("pipwrong");
+        let opts = options(&dir, fake_python(&dir, &fake_torch("2.10.0")));
+        let err = format!("{:#}", ensure(&opts).unwrap_err());
+        assert!(err.contains("version 2.10.0") && err.contains("2.11.0"), "{err}");
+        assert!(!dir.join("cache/torch-2.11.0-py3.11").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn wrong_version_already_in_cache_says_what_to_do() {
+        let dir = scratch("cachewrong");
+        let opts = options(&dir, fake_python(&dir, &fake_torch("2.11.0")));
+        ensure(&opts).unwrap();
+        let version_py = dir.join("cache/torch-2.11.0-py3.11/lib/python3.11/site-packages/torch/version.py");
+        fs::write(&version_py, "__version__ = '2.9.1'\n").unwrap();
+        let err = format!("{:#}", ensure(&opts).unwrap_err());
+        assert!(err.contains("version 2.9.1") && err.contains("--force"), "{err}");
+        // --force repairs it.
+        ensure(&Options { force: true, ..opts }).unwrap();
+        assert!(fs::read_to_string(&version_py).unwrap().contains("2.11.0"));
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn interrupted_install_is_redone() {
+        let dir = scratch("interrupted");
+        let opts = options(&dir, fake_python(&dir, &fake_torch("2.11.0")));
+        // A venv directory without its stamp, as a killed install leaves it.
+        fs::create_dir_all(dir.join("cache/torch-2.11.0-py3.11/lib/junk")).unwrap();
+        ensure(&opts).unwrap();
+        assert!(dir.join("cache/torch-2.11.0-py3.11/.complete").exists());
+        assert!(!dir.join("cache/torch-2.11.0-py3.11/lib/junk").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn user_libtorch_is_verified_not_modified() {
+        let dir = scratch("user");
+        let user = dir.join("libtorch");
+        fs::create_dir_all(user.join("lib")).unwrap();
+        fs::write(user.join("build-version"), "2.4.0+cpu\n").unwrap();
+        fs::write(user.join("lib/libtorch_cpu.so"), "").unwrap();
+        let opts = Options { user_libtorch: Some(user.clone()), ..options(&dir, dir.join("nopython")) };
+        let err = format!("{:#}", ensure(&opts).unwrap_err());
+        assert!(err.contains("LIBTORCH=") && err.contains("2.4.0"), "{err}");
+        fs::write(user.join("build-version"), "2.11.0\n").unwrap();
+        assert_eq!(ensure(&opts).unwrap().root, user);
+        assert!(!dir.join("cache").exists() && !dir.join("ws").exists());
+        fs::remove_dir_all(&dir).unwrap();
+    }
 }
