@@ -260,9 +260,8 @@ mod tests {
     /// A fake `python3` whose venv's `pip install` runs `pip_body` (bash, `$SP` = site-packages).
     fn fake_python(dir: &Path, pip_body: &str) -> PathBuf {
         let py = dir.join("python3");
-        let venv_python = format!(
-            "#!/usr/bin/env bash\nSP=\"$(dirname \"$0\")/../lib/python3.11/site-packages\"\n{pip_body}\n"
-        );
+        let venv_python =
+            format!("#!/usr/bin/env bash\nSP=\"$(dirname \"$0\")/../lib/python3.11/site-packages\"\n{pip_body}\n");
         fs::write(dir.join("venv-python"), venv_python).unwrap();
         write_exe(
             &py,
@@ -276,7 +275,9 @@ mod tests {
     }
 
     fn fake_torch(version: &str) -> String {
-        format!("mkdir -p \"$SP/torch/lib\" && echo \"__version__ = '{version}'\" > \"$SP/torch/version.py\" && touch \"$SP/torch/lib/libtorch_cpu.so\"")
+        format!(
+            "mkdir -p \"$SP/torch/lib\" && echo \"__version__ = '{version}'\" > \"$SP/torch/version.py\" && touch \"$SP/torch/lib/libtorch_cpu.so\""
+        )
     }
 
     fn options(dir: &Path, python: PathBuf) -> Options {

@@ -1,2 +1,71 @@
-//! attn-kernels: placeholder, being written.
+//! attn-kernels: fused, streaming implementations of every attention variant of `attn-core` that
+//! can be streamed (SPEC section 6): forward and backward in O(T·d) memory, never materialising the
+//! `T x T` matrix.
+//!
+//! - [`cpu`]: f32 kernels, tiled over (batch, head, query tile) with rayon (the caller's pool),
+//!   register-tiled micro-kernels and vectorised special functions compiled for AVX-512, AVX2+FMA
+//!   and a portable fallback, selected at run time ([`cpu::Isa`]).
+//! - [`cuda`]: the same API; without the `cuda` feature every call returns
+//!   [`Error::BuiltWithoutCuda`], so callers need no `cfg`.
+//!
+//! The ground truth is `attn_core`: every kernel is tested against its f64 reference, forward and
+//! backward, and reuses its definitions (variant names, per-row scales and biases, re-weighting
+//! offsets) rather than restating them. Variants whose rows cannot be streamed (the Table-1
+//! transforms `inverse`, `recentered*`) return [`Error::NotFused`]: use `attn_core::forward`.
+//!
+//! Owns: fused kernels and their tuning. Must never depend on: libtorch (`tch`), or any crate of this
+//! workspace except `attn-core`.
+//!
+//! ```
+//! use attn_core::Variant;
+//! use ndarray::Array4;
+//!
+//! let lssar: Variant = "lssa+rw15".parse().unwrap();
+//! let q = Array4::<f32>::from_shape_fn((1, 2, 100, 64), |(_, h, t, c)| ((h * 31 + t * 7 + c) % 13) as f32 / 13.0 - 0.5);
+//! let out = attn_kernels::cpu::forward(&lssar, &q, &q, &q).unwrap();
+//! let reference = attn_core::forward(&lssar, &q, &q, &q).unwrap();
+//! let err = (&out - &reference).iter().fold(0.0f32, |m, x| m.max(x.abs()));
+//! assert!(err < 1e-4, "max error {err}");
+//! ```
+
+use ndarray::Array4;
+
 pub mod cpu;
+pub mod cuda;
+
+/// Everything the kernels can refuse.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// Bad input, reported exactly as attn-core reports it (shapes, sizes, non-finite values, `p`).
+    #[error(transparent)]
+    Input(#[from] attn_core::Error),
+    /// The variant has no fused kernel.
+    #[error("variant `{variant}` is not fused ({reason}); use the reference `attn_core::forward` / `backward`")]
+    NotFused {
+        /// The variant's name.
+        variant: String,
+        /// Why it cannot be fused.
+        reason: &'static str,
+    },
+    /// The CUDA kernels were not compiled in.
+    #[error("attn-kernels was built without CUDA: enable the `cuda` feature")]
+    BuiltWithoutCuda,
+    /// Invalid raw parameters (tile sizes, pointers).
+    #[error("invalid kernel parameters: {0}")]
+    BadParams(String),
+}
+
+/// `Result` with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Gradients of a scalar loss with respect to `q`, `k`, `v`, each `(B, H, T, d)`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Grads {
+    /// `dL/dq`.
+    pub dq: Array4<f32>,
+    /// `dL/dk`.
+    pub dk: Array4<f32>,
+    /// `dL/dv`.
+    pub dv: Array4<f32>,
+}

@@ -9,4 +9,5 @@
 //! here). The attention maths itself is never re-derived here: it comes from `attn-core` (reference)
 //! and `attn-kernels` (fused).
 
+pub mod attention;
 pub mod runtime;

@@ -1,0 +1,293 @@
+//! Positivity maps `phi` (the `Activation` trait and the nine built-ins) and their stable scalar maths.
+
+use std::fmt::Debug;
+use std::sync::Arc;
+
+/// `1 / sqrt(pi)`.
+const FRAC_1_SQRT_PI: f64 = 0.564_189_583_547_756_3;
+/// `1 / sqrt(2 pi)`.
+const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
+
+/// A scalar activation `phi` of stage 1 (`f_ij = phi(s_ij)`), with its derivative.
+///
+/// Implementations must be pure functions of `x`. `value` and `derivative` may return an infinity
+/// for huge inputs (e.g. `exp(1e4)`) but must never return NaN for a finite input, and must be
+/// finite for `|x| <= 88` (checked by `testing::check_activation`, feature `testing`).
+/// Two activations with the same [`name`](Activation::name) are treated as the same activation
+/// (by `PartialEq` of [`crate::Stage1`] and by `Display` of [`crate::Variant`]).
+pub trait Activation: Send + Sync + Debug {
+    /// A short stable name (`"softplus"`); used in messages and variant display.
+    fn name(&self) -> &str;
+    /// `phi(x)`.
+    fn value(&self, x: f64) -> f64;
+    /// `phi'(x)`. At a kink, return either one-sided derivative (the built-ins return the left one,
+    /// e.g. ReLU'(0) = 0).
+    fn derivative(&self, x: f64) -> f64;
+    /// Whether `phi(x) >= 0` for every `x`. Non-negative activations under an l1 normaliser give
+    /// row-stochastic weights, may be re-weighted in a single extra sweep, and use `Z = sum f`
+    /// (no absolute value) in the l1 Jacobian. Default: `false`.
+    fn is_non_negative(&self) -> bool {
+        false
+    }
+    /// Whether a streaming kernel needs a running row maximum: true only for exponential-type
+    /// activations with `phi(x - c) = phi(x) * exp(-c)` (i.e. `exp`). Under an l1 normaliser the
+    /// reference then evaluates `phi(s - max_j s)` and `phi'(s - max_j s)`; the maximum cancels in
+    /// the ratio and in the gradient. Default: `false`.
+    fn needs_running_max(&self) -> bool {
+        false
+    }
+}
+
+/// Numerically stable softplus `ln(1 + e^x) = max(x, 0) + log1p(exp(-|x|))`.
+pub fn softplus(x: f64) -> f64 {
+    x.max(0.0) + (-x.abs()).exp().ln_1p()
+}
+
+/// Overflow-free logistic sigmoid `1 / (1 + e^-x)` (never evaluates `exp` of a positive number).
+pub fn sigmoid(x: f64) -> f64 {
+    if x >= 0.0 {
+        1.0 / (1.0 + (-x).exp())
+    } else {
+        let e = x.exp();
+        e / (1.0 + e)
+    }
+}
+
+/// The error function, accurate to a few ulps (series `2/sqrt(pi) e^{-x^2} sum 2^n x^{2n+1}/(2n+1)!!`
+/// for `|x| < 2`, continued fraction of `erfc` beyond).
+pub fn erf(x: f64) -> f64 {
+    if x.is_nan() {
+        return f64::NAN;
+    }
+    let a = x.abs();
+    let r = if a < 2.0 { erf_series(a) } else { 1.0 - erfc_cf(a) };
+    if x < 0.0 { -r } else { r }
+}
+
+/// The complementary error function `1 - erf(x)`, accurate in relative terms for large `x`.
+pub fn erfc(x: f64) -> f64 {
+    if x.is_nan() {
+        return f64::NAN;
+    }
+    if x < 2.0 { 1.0 - erf(x) } else { erfc_cf(x) }
+}
+
+/// The standard normal CDF `Phi(x) = erfc(-x / sqrt 2) / 2`.
+pub fn normal_cdf(x: f64) -> f64 {
+    0.5 * erfc(-x * std::f64::consts::FRAC_1_SQRT_2)
+}
+
+/// `erf(x)` for `0 <= x < 2` by the all-positive series (no cancellation).
+fn erf_series(x: f64) -> f64 {
+    let x2 = x * x;
+    let mut term = x;
+    let mut sum = x;
+    for n in 1..200 {
+        term *= 2.0 * x2 / (2 * n + 1) as f64;
+        sum += term;
+        if term <= sum * 1e-17 {
+            break;
+        }
+    }
+    2.0 * FRAC_1_SQRT_PI * (-x2).exp() * sum
+}
+
+/// `erfc(x)` for `x >= 2` by the continued fraction
+/// `e^{-x^2}/sqrt(pi) / (x + (1/2)/(x + 1/(x + (3/2)/(x + ...))))`, evaluated backwards.
+fn erfc_cf(x: f64) -> f64 {
+    if x > 27.3 {
+        return 0.0; // erfc(27.3) < 1e-325: below the smallest subnormal
+    }
+    let mut t = x;
+    for n in (1..=120).rev() {
+        t = x + (n as f64 * 0.5) / t;
+    }
+    FRAC_1_SQRT_PI * (-x * x).exp() / t
+}
+
+/// `exp(x)`; the only built-in that [needs a running maximum](Activation::needs_running_max).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Exp;
+/// Softplus `ln(1 + e^x)`, evaluated stably; derivative `sigmoid(x)`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Softplus;
+/// `max(x, 0)`; derivative 0 at 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Relu;
+/// `max(x, 0)^2`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Relu2;
+/// `min(max(x, 0), 6)`; derivative 1 on `(0, 6)`, else 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Relu6;
+/// GELU, erf form: `x * Phi(x)`; derivative `Phi(x) + x * exp(-x^2/2)/sqrt(2 pi)`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Gelu;
+/// Logistic sigmoid, overflow-free; derivative `sigmoid(x) * sigmoid(-x)`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sigmoid;
+/// Mish `x * tanh(softplus(x))`, with softplus stable and `sech^2` from `e^{-2 softplus(x)}`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Mish;
+/// The identity `phi(x) = x`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Identity;
+
+impl Activation for Exp {
+    fn name(&self) -> &str {
+        "exp"
+    }
+    fn value(&self, x: f64) -> f64 {
+        x.exp()
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        x.exp()
+    }
+    fn is_non_negative(&self) -> bool {
+        true
+    }
+    fn needs_running_max(&self) -> bool {
+        true
+    }
+}
+
+impl Activation for Softplus {
+    fn name(&self) -> &str {
+        "softplus"
+    }
+    fn value(&self, x: f64) -> f64 {
+        softplus(x)
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        sigmoid(x)
+    }
+    fn is_non_negative(&self) -> bool {
+        true
+    }
+}
+
+impl Activation for Relu {
+    fn name(&self) -> &str {
+        "relu"
+    }
+    fn value(&self, x: f64) -> f64 {
+        x.max(0.0)
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        if x > 0.0 { 1.0 } else { 0.0 }
+    }
+    fn is_non_negative(&self) -> bool {
+        true
+    }
+}
+
+impl Activation for Relu2 {
+    fn name(&self) -> &str {
+        "relu2"
+    }
+    fn value(&self, x: f64) -> f64 {
+        let r = x.max(0.0);
+        r * r
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        2.0 * x.max(0.0)
+    }
+    fn is_non_negative(&self) -> bool {
+        true
+    }
+}
+
+impl Activation for Relu6 {
+    fn name(&self) -> &str {
+        "relu6"
+    }
+    fn value(&self, x: f64) -> f64 {
+        x.clamp(0.0, 6.0)
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        if x > 0.0 && x < 6.0 { 1.0 } else { 0.0 }
+    }
+    fn is_non_negative(&self) -> bool {
+        true
+    }
+}
+
+impl Activation for Gelu {
+    fn name(&self) -> &str {
+        "gelu"
+    }
+    fn value(&self, x: f64) -> f64 {
+        let c = normal_cdf(x);
+        if c == 0.0 { 0.0 } else { x * c } // avoid -inf * 0
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        let pdf = (-0.5 * x * x).exp() * FRAC_1_SQRT_2PI;
+        normal_cdf(x) + if pdf == 0.0 { 0.0 } else { x * pdf }
+    }
+}
+
+impl Activation for Sigmoid {
+    fn name(&self) -> &str {
+        "sigmoid"
+    }
+    fn value(&self, x: f64) -> f64 {
+        sigmoid(x)
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        sigmoid(x) * sigmoid(-x)
+    }
+    fn is_non_negative(&self) -> bool {
+        true
+    }
+}
+
+impl Activation for Mish {
+    fn name(&self) -> &str {
+        "mish"
+    }
+    fn value(&self, x: f64) -> f64 {
+        let t = softplus(x).tanh();
+        if t == 0.0 { 0.0 } else { x * t }
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        let sp = softplus(x); // >= 0
+        let tanh = sp.tanh();
+        let e = (-2.0 * sp).exp(); // in (0, 1]
+        let sech2 = 4.0 * e / ((1.0 + e) * (1.0 + e));
+        let rest = sech2 * sigmoid(x);
+        tanh + if rest == 0.0 { 0.0 } else { x * rest }
+    }
+}
+
+impl Activation for Identity {
+    fn name(&self) -> &str {
+        "identity"
+    }
+    fn value(&self, x: f64) -> f64 {
+        x
+    }
+    fn derivative(&self, _x: f64) -> f64 {
+        1.0
+    }
+}
+
+/// Every built-in activation, in a fixed order: exp, softplus, relu, relu2, relu6, gelu,
+/// sigmoid, mish, identity.
+pub fn builtin_activations() -> Vec<Arc<dyn Activation>> {
+    vec![
+        Arc::new(Exp),
+        Arc::new(Softplus),
+        Arc::new(Relu),
+        Arc::new(Relu2),
+        Arc::new(Relu6),
+        Arc::new(Gelu),
+        Arc::new(Sigmoid),
+        Arc::new(Mish),
+        Arc::new(Identity),
+    ]
+}
+
+/// The built-in activation with this [`Activation::name`], if any.
+pub fn activation_by_name(name: &str) -> Option<Arc<dyn Activation>> {
+    builtin_activations().into_iter().find(|a| a.name() == name)
+}

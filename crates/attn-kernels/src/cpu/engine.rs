@@ -1,0 +1,717 @@
+//! The streaming algorithms of SPEC section 6 on f32 tiles: stage 1 in one sweep, stage 1 +
+//! re-weighting in two, and the backward with recomputation. Never allocates anything `T x T`.
+//!
+//! Work split (rayon, inside the caller's pool):
+//!
+//! - forward: one task per `(batch, head, query tile)`; each task streams the key tiles `j <= i`.
+//! - backward phase A (re-weighting only): per query tile, one sweep for `E_i` (SPEC section 5).
+//! - backward phase B: one task per `(batch, head, key chunk)`, FlashAttention-2 style: a key tile
+//!   owns its `dk`, `dv` rows and streams the query tiles `i >= j`; the `dq` contributions go to a
+//!   per-task partial buffer (`T x d`), summed in phase C. A head is split into several key chunks
+//!   only when there are fewer heads than threads; chunk `c` takes key tiles `c, c + chunks, ...`,
+//!   which balances the causal triangle.
+//!
+//! Precision: tiles and accumulators of `o`, `dq`, `dk`, `dv` are f32; row normalisers (`Z_i`, `W_i`,
+//! `E_i`) are summed per tile in f32 and across tiles in f64.
+
+use crate::cpu::act::Act;
+use crate::cpu::isa::Isa;
+use crate::cpu::math;
+use crate::cpu::tile::{self, pad_nr};
+
+/// Stage-1 normaliser, as the kernel evaluates it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Norm {
+    /// `f / sum |f|` (a zero row gives zero weights).
+    L1,
+    /// `f` as it is.
+    None,
+    /// `f / N_i`.
+    DivN,
+}
+
+/// Everything the engine needs to know about a variant, resolved once per call.
+pub(crate) struct Plan {
+    pub act: Act,
+    /// L2-normalise `q` and `k` rows (cosine scores).
+    pub cosine: bool,
+    pub norm: Norm,
+    /// Subtract the running row maximum (exp under l1: softmax).
+    pub running_max: bool,
+    /// `phi` may be negative: the l1 sums `|f|` and its gradient carries `sign(f)`.
+    pub signed: bool,
+    /// Parameter-free layer norm of each output row (relu-ln).
+    pub layer_norm: bool,
+    /// Re-weighting power `p`.
+    pub p: Option<u32>,
+    /// Per-row `(scale_i, bias_i)` for a row with `N_i` keys; from attn-core, so constants are identical.
+    pub row_consts: Box<dyn Fn(usize) -> (f64, f64) + Send + Sync>,
+}
+
+/// Tile sizes: tuning knobs, separate from the maths.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    /// Query rows per tile (and per forward task).
+    pub block_q: usize,
+    /// Keys per tile.
+    pub block_k: usize,
+}
+
+impl Default for Tuning {
+    /// 64 x 64: at d = 64 a tile's `q`, `k`, `v` and scores (64 KiB in all) stay in L2 of any x86
+    /// core; 128-key tiles measured no faster and waste more of the diagonal tile.
+    fn default() -> Self {
+        Self { block_q: 64, block_k: 64 }
+    }
+}
+
+/// Number of f32 statistics saved per row by the forward for the backward.
+pub(crate) const STATS: usize = 4;
+// Layout of a row's statistics.
+const ST_Z: usize = 0; // l1 normaliser Z_i (relative to the running max for softmax)
+const ST_MAX: usize = 1; // running max of s (softmax), or sigma of the layer norm (relu-ln)
+const ST_UMAX: usize = 2; // m_i = max_j relu(u_ij) (re-weighting; <= 0 means the fallback w = a)
+const ST_W: usize = 3; // W_i = sum_j (relu(u_ij)/m_i)^p
+
+/// One head's inputs: `T` rows of `d` contiguous floats each, with row strides.
+#[derive(Clone, Copy)]
+pub(crate) struct Head<'a> {
+    pub q: &'a [f32],
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub ldq: usize,
+    pub ldk: usize,
+    pub ldv: usize,
+    /// `1 / max(||q_i||, 1e-12)` per row for cosine scores, else empty.
+    pub inq: &'a [f32],
+    /// Same for keys.
+    pub ink: &'a [f32],
+}
+
+/// Sizes shared by every tile of a call.
+#[derive(Clone, Copy)]
+pub(crate) struct Dims {
+    pub t: usize,
+    pub d: usize,
+    pub bq: usize,
+    pub bk: usize,
+}
+
+impl Dims {
+    pub(crate) fn bk_pad(&self) -> usize {
+        pad_nr(self.bk)
+    }
+}
+
+/// Per-row constants of a query tile: `fac = scale_i * inq_i`, `bias`, `n = N_i`.
+struct Rows {
+    fac: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+impl Rows {
+    fn new(plan: &Plan, head: &Head<'_>, i0: usize, nq: usize) -> Self {
+        let mut fac = Vec::with_capacity(nq);
+        let mut bias = Vec::with_capacity(nq);
+        for r in 0..nq {
+            let (scale, b) = (plan.row_consts)(i0 + r + 1);
+            let inq = if plan.cosine { head.inq[i0 + r] as f64 } else { 1.0 };
+            fac.push((scale * inq) as f32);
+            bias.push(b as f32);
+        }
+        Self { fac, bias }
+    }
+}
+
+/// Keys of tile `[j0, j0 + nk)` visible from row `i` (causal).
+#[inline(always)]
+fn visible(i: usize, j0: usize, nk: usize) -> usize {
+    (i + 1).saturating_sub(j0).min(nk)
+}
+
+/// Scores `s_ij` of rows `[i0, i0 + nq)` against keys `[j0, j0 + nk)` into `s` (row stride `lds`),
+/// with `kt` as scratch for the packed key tile. Entries beyond the visible keys are left unspecified.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn scores<const FMA: bool>(
+    plan: &Plan,
+    head: &Head<'_>,
+    dims: Dims,
+    rows: &Rows,
+    i0: usize,
+    nq: usize,
+    j0: usize,
+    nk: usize,
+    kt: &mut [f32],
+    s: &mut [f32],
+    lds: usize,
+) {
+    let n_pad = pad_nr(nk);
+    tile::pack_transposed(&head.k[j0 * head.ldk..], head.ldk, nk, dims.d, kt);
+    tile::matmul_nt::<FMA>(&head.q[i0 * head.ldq..], head.ldq, kt, n_pad, dims.d, nq, s, lds);
+    for r in 0..nq {
+        let vis = visible(i0 + r, j0, nk);
+        let row = &mut s[r * lds..r * lds + vis];
+        let (a, b) = (rows.fac[r], rows.bias[r]);
+        if plan.cosine {
+            let ink = &head.ink[j0..j0 + vis];
+            row.iter_mut().zip(ink).for_each(|(x, &kn)| *x = math::fmadd::<FMA>(*x * a, kn, b));
+        } else {
+            row.iter_mut().for_each(|x| *x = math::fmadd::<FMA>(*x, a, b));
+        }
+    }
+}
+
+/// `xs <- xs^p` by repeated squaring over the slice (`tmp` is scratch of the same length).
+#[inline(always)]
+fn pow_slice(xs: &mut [f32], p: u32, tmp: &mut [f32]) {
+    if p == 1 {
+        return;
+    }
+    let n = xs.len();
+    let base = &mut tmp[..n];
+    base.copy_from_slice(xs);
+    xs.fill(1.0);
+    let mut e = p;
+    loop {
+        if e & 1 == 1 {
+            xs.iter_mut().zip(base.iter()).for_each(|(x, &b)| *x *= b);
+        }
+        e >>= 1;
+        if e == 0 {
+            break;
+        }
+        base.iter_mut().for_each(|b| *b *= *b);
+    }
+}
+
+/// Stage-1 normalising factor of a row: `a_ij = f_ij * anorm`.
+#[inline(always)]
+fn anorm(norm: Norm, z: f64, n: usize) -> f32 {
+    match norm {
+        Norm::L1 => {
+            if z == 0.0 {
+                0.0
+            } else {
+                (1.0 / z) as f32
+            }
+        }
+        Norm::None => 1.0,
+        Norm::DivN => 1.0 / n as f32,
+    }
+}
+
+#[inline(always)]
+fn offset(n: usize) -> f32 {
+    attn_core::reweight_offset(n) as f32
+}
+
+/// Per-task scratch of the forward, sized for one query tile.
+pub(crate) struct FwdScratch {
+    kt: Vec<f32>,
+    s: Vec<f32>,
+    acc: Vec<f32>,
+    tmp: Vec<f32>,
+    tmax: Vec<f32>,
+}
+
+impl FwdScratch {
+    pub(crate) fn new(dims: Dims) -> Self {
+        let bkp = dims.bk_pad();
+        let nkt = dims.t.div_ceil(dims.bk);
+        Self {
+            kt: vec![0.0; dims.d * bkp],
+            s: vec![0.0; dims.bq * bkp],
+            acc: vec![0.0; dims.bq * dims.d],
+            tmp: vec![0.0; bkp],
+            tmax: vec![0.0; dims.bq * nkt],
+        }
+    }
+}
+
+crate::multiversion! {
+    /// Forward of query rows `[i0, i0 + nq)` of one head: writes `nq x d` outputs to `out` (row
+    /// stride `d`) and `nq x STATS` statistics to `stats`.
+    pub(crate) fn forward_tile<const FMA: bool>(
+        isa: Isa,
+        plan: &Plan,
+        head: &Head<'_>,
+        dims: Dims,
+        i0: usize,
+        nq: usize,
+        sc: &mut FwdScratch,
+        out: &mut [f32],
+        stats: &mut [f32],
+    ) {
+        forward_body::<FMA>(plan, head, dims, i0, nq, sc, out, stats)
+    }
+}
+
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn forward_body<const FMA: bool>(
+    plan: &Plan,
+    head: &Head<'_>,
+    dims: Dims,
+    i0: usize,
+    nq: usize,
+    sc: &mut FwdScratch,
+    out: &mut [f32],
+    stats: &mut [f32],
+) {
+    let d = dims.d;
+    let lds = dims.bk_pad();
+    let rows = Rows::new(plan, head, i0, nq);
+    let nkt = (i0 + nq).div_ceil(dims.bk);
+    let acc = &mut sc.acc[..nq * d];
+    acc.fill(0.0);
+    let mut z = vec![0.0f64; nq];
+    let mut mx = vec![f32::NEG_INFINITY; nq];
+    let mut fmax = vec![f32::NEG_INFINITY; nq];
+    let reweight = plan.p;
+
+    // Sweep 1: stage 1 (and, with re-weighting, only its statistics).
+    for kt in 0..nkt {
+        let j0 = kt * dims.bk;
+        let nk = dims.bk.min(dims.t - j0);
+        scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.kt, &mut sc.s, lds);
+        for r in 0..nq {
+            let vis = visible(i0 + r, j0, nk);
+            let row = &mut sc.s[r * lds..r * lds + lds];
+            let (live, dead) = row.split_at_mut(vis);
+            dead.fill(0.0);
+            if vis == 0 {
+                if reweight.is_some() {
+                    sc.tmax[r * nkt + kt] = f32::NEG_INFINITY;
+                }
+                continue;
+            }
+            if plan.running_max {
+                let tile_max = live.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                if reweight.is_some() {
+                    sc.tmax[r * nkt + kt] = tile_max; // raw score; f = exp(s - final max) later
+                }
+                if tile_max > mx[r] {
+                    let rescale = math::exp::<FMA>(mx[r] - tile_max);
+                    z[r] *= rescale as f64;
+                    acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= rescale);
+                    mx[r] = tile_max;
+                }
+                let m = mx[r];
+                live.iter_mut().for_each(|x| *x -= m);
+            }
+            plan.act.apply::<FMA>(live);
+            let sum: f32 = if plan.signed { live.iter().map(|x| x.abs()).sum() } else { live.iter().sum() };
+            z[r] += sum as f64;
+            if reweight.is_some() && !plan.running_max {
+                let m = live.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                sc.tmax[r * nkt + kt] = m;
+                fmax[r] = fmax[r].max(m);
+            }
+        }
+        if reweight.is_none() {
+            let v = &head.v[j0 * head.ldv..];
+            tile::matmul_acc::<FMA>(&sc.s, lds, v, head.ldv, nq, nk, d, acc, d);
+        }
+    }
+
+    let Some(p) = reweight else {
+        for r in 0..nq {
+            let n = i0 + r + 1;
+            let a = anorm(plan.norm, z[r], n);
+            let o = &mut out[r * d..(r + 1) * d];
+            o.iter_mut().zip(&acc[r * d..(r + 1) * d]).for_each(|(o, &x)| *o = x * a);
+            let st = &mut stats[r * STATS..(r + 1) * STATS];
+            st.fill(0.0);
+            st[ST_Z] = z[r] as f32;
+            st[ST_MAX] = if plan.running_max { mx[r] } else { 0.0 };
+            if plan.layer_norm {
+                st[ST_MAX] = layer_norm(o);
+            }
+        }
+        return;
+    };
+
+    // Between the sweeps: m_i, the fallback rows, and the threshold f > off / (N anorm) for u > 0.
+    let mut umax = vec![0.0f32; nq];
+    let mut thr = vec![0.0f32; nq];
+    let mut an = vec![0.0f32; nq];
+    for r in 0..nq {
+        let n = i0 + r + 1;
+        // Z as the backward will see it (stored in f32), so both passes compute identical u.
+        z[r] = z[r] as f32 as f64;
+        an[r] = anorm(plan.norm, z[r], n);
+        let f_top = if plan.running_max { 1.0 } else { fmax[r] };
+        // The same expression (and rounding) as each entry's u in sweep 2, so the largest key gets
+        // rho = 1 exactly.
+        umax[r] = math::fmadd::<FMA>(f_top, n as f32 * an[r], -offset(n)).max(0.0);
+        thr[r] = if an[r] > 0.0 { offset(n) / (n as f32 * an[r]) } else { f32::INFINITY };
+        if plan.running_max {
+            // Stored tile maxima are raw scores: turn them into f relative to the final maximum.
+            for kt in 0..nkt {
+                let t = &mut sc.tmax[r * nkt + kt];
+                *t = if *t == f32::NEG_INFINITY { 0.0 } else { math::exp::<FMA>(*t - mx[r]) };
+            }
+        }
+    }
+    acc.fill(0.0);
+    let mut wsum = vec![0.0f64; nq];
+    for kt in 0..nkt {
+        // A key tile where no row has an above-mean key (and no row falls back to w = a) adds nothing.
+        let needed = (0..nq).any(|r| umax[r] <= 0.0 || sc.tmax[r * nkt + kt] > thr[r]);
+        if !needed {
+            continue;
+        }
+        let j0 = kt * dims.bk;
+        let nk = dims.bk.min(dims.t - j0);
+        scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.kt, &mut sc.s, lds);
+        for r in 0..nq {
+            let n = i0 + r + 1;
+            let vis = visible(i0 + r, j0, nk);
+            let row = &mut sc.s[r * lds..r * lds + lds];
+            let (live, dead) = row.split_at_mut(vis);
+            dead.fill(0.0);
+            if plan.running_max {
+                let m = mx[r];
+                live.iter_mut().for_each(|x| *x -= m);
+            }
+            plan.act.apply::<FMA>(live);
+            let a = an[r];
+            if umax[r] <= 0.0 {
+                // Empty row: w = a (SPEC section 3 [choice]).
+                live.iter_mut().for_each(|x| *x *= a);
+            } else {
+                let (na, off, inv_m) = (n as f32 * a, offset(n), 1.0 / umax[r]);
+                live.iter_mut().for_each(|x| *x = (math::fmadd::<FMA>(*x, na, -off)).max(0.0) * inv_m);
+                pow_slice(live, p, &mut sc.tmp);
+            }
+            wsum[r] += live.iter().sum::<f32>() as f64;
+        }
+        let v = &head.v[j0 * head.ldv..];
+        tile::matmul_acc::<FMA>(&sc.s, lds, v, head.ldv, nq, nk, d, acc, d);
+    }
+    for r in 0..nq {
+        let scale = if umax[r] <= 0.0 { 1.0 } else { 1.0 / (wsum[r] as f32) };
+        let o = &mut out[r * d..(r + 1) * d];
+        o.iter_mut().zip(&acc[r * d..(r + 1) * d]).for_each(|(o, &x)| *o = x * scale);
+        let st = &mut stats[r * STATS..(r + 1) * STATS];
+        st[ST_Z] = z[r] as f32;
+        st[ST_MAX] = if plan.running_max { mx[r] } else { 0.0 };
+        st[ST_UMAX] = umax[r];
+        st[ST_W] = wsum[r] as f32;
+    }
+}
+
+/// In-place parameter-free layer norm over the row (eps 1e-5, biased variance); returns sigma.
+fn layer_norm(o: &mut [f32]) -> f32 {
+    let n = o.len() as f64;
+    let mean = o.iter().map(|&x| x as f64).sum::<f64>() / n;
+    let var = o.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
+    let sigma = (var + 1e-5).sqrt();
+    o.iter_mut().for_each(|x| *x = ((*x as f64 - mean) / sigma) as f32);
+    sigma as f32
+}
+
+/// Per-row quantities that the backward's key sweep needs, from phase A.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct RowGrad {
+    /// `D'_i = <g_i, o_i>` (with re-weighting: of the final output).
+    pub dprime: f32,
+    /// `C_i = sum_j a_ij dL/da_ij`: `D_i` for stage 1, `N_i E_i` with re-weighting.
+    pub c: f32,
+}
+
+/// Per-task scratch of the backward.
+pub(crate) struct BwdScratch {
+    kt: Vec<f32>,
+    vt: Vec<f32>,
+    s: Vec<f32>,
+    f: Vec<f32>,
+    gv: Vec<f32>,
+    wt: Vec<f32>,
+    pt: Vec<f32>,
+    tmp: Vec<f32>,
+    pub dk: Vec<f32>,
+    pub dv: Vec<f32>,
+}
+
+impl BwdScratch {
+    pub(crate) fn new(dims: Dims) -> Self {
+        let bkp = dims.bk_pad();
+        let tile = dims.bq.max(dims.bk) * bkp.max(dims.bq);
+        Self {
+            kt: vec![0.0; dims.d * bkp],
+            vt: vec![0.0; dims.d * bkp],
+            s: vec![0.0; dims.bq * bkp],
+            f: vec![0.0; dims.bq * bkp],
+            gv: vec![0.0; dims.bq * bkp],
+            wt: vec![0.0; tile],
+            pt: vec![0.0; tile],
+            tmp: vec![0.0; bkp],
+            dk: vec![0.0; dims.bk * dims.d],
+            dv: vec![0.0; dims.bk * dims.d],
+        }
+    }
+}
+
+/// Recomputes, for rows `[i0, i0+nq)` and keys `[j0, j0+nk)`, the scores `s` (kept in `sc.s`), the
+/// activations `f` (in `sc.f`), `g·v` (in `sc.gv`), and then for each visible entry the final weight
+/// `w_ij` (into `sc.f`, overwriting `f`) and `ds_ij * scale_i * inq_i * ink_j` (into `sc.gv`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn grad_tile<const FMA: bool>(
+    plan: &Plan,
+    head: &Head<'_>,
+    g: &[f32],
+    ldg: usize,
+    dims: Dims,
+    rows: &Rows,
+    stats: &[f32],
+    rg: &[RowGrad],
+    i0: usize,
+    nq: usize,
+    j0: usize,
+    nk: usize,
+    sc: &mut BwdScratch,
+) {
+    let lds = dims.bk_pad();
+    let n_pad = pad_nr(nk);
+    scores::<FMA>(plan, head, dims, rows, i0, nq, j0, nk, &mut sc.kt, &mut sc.s, lds);
+    tile::pack_transposed(&head.v[j0 * head.ldv..], head.ldv, nk, dims.d, &mut sc.vt);
+    tile::matmul_nt::<FMA>(&g[i0 * ldg..], ldg, &sc.vt, n_pad, dims.d, nq, &mut sc.gv, lds);
+    for r in 0..nq {
+        let i = i0 + r;
+        let n = i + 1;
+        let vis = visible(i, j0, nk);
+        let st = &stats[i * STATS..(i + 1) * STATS];
+        let s = &mut sc.s[r * lds..r * lds + vis];
+        if plan.running_max {
+            // phi(s - max) and phi'(s - max): the maximum cancels (attn-core does the same).
+            let m = st[ST_MAX];
+            s.iter_mut().for_each(|x| *x -= m);
+        }
+        let s = &*s;
+        let f = &mut sc.f[r * lds..r * lds + lds];
+        let gv = &mut sc.gv[r * lds..r * lds + lds];
+        f[vis..].fill(0.0);
+        gv[vis..].fill(0.0);
+        let (f, gv) = (&mut f[..vis], &mut gv[..vis]);
+        f.copy_from_slice(s);
+        plan.act.apply::<FMA>(f);
+        let a = anorm(plan.norm, st[ST_Z] as f64, n);
+        let RowGrad { dprime, c } = rg[i];
+        // gv <- dL/da_ij; f <- w_ij.
+        match plan.p {
+            Some(p) if st[ST_UMAX] > 0.0 => {
+                let (na, off, inv_m, inv_w) = (n as f32 * a, offset(n), 1.0 / st[ST_UMAX], 1.0 / st[ST_W]);
+                // rho = relu(u) / m, kept in f; h = (gv - D') / W * p * rho^(p-1) / m; dL/da = N h.
+                f.iter_mut().for_each(|x| *x = math::fmadd::<FMA>(*x, na, -off).max(0.0) * inv_m);
+                let tmp = &mut sc.tmp[..vis];
+                tmp.copy_from_slice(f);
+                pow_slice(tmp, p - 1, &mut sc.pt[..vis]);
+                if p == 1 {
+                    // d relu(u)/du is 0 where u <= 0; rho^0 would say 1.
+                    tmp.iter_mut().zip(f.iter()).for_each(|(t, &x)| *t = if x > 0.0 { 1.0 } else { 0.0 });
+                }
+                let k = n as f32 * p as f32 * inv_w * inv_m;
+                gv.iter_mut().zip(tmp.iter()).for_each(|(x, &rp)| *x = (*x - dprime) * k * rp);
+                // w = rho^p / W = rho * rho^(p-1) / W.
+                f.iter_mut().zip(tmp.iter()).for_each(|(x, &rp)| *x = *x * rp * inv_w);
+            }
+            _ => {
+                f.iter_mut().for_each(|x| *x *= a);
+            }
+        }
+        // df: through the stage-1 normaliser. Needs f (not w) for sign(f) under a signed l1: recompute
+        // the sign from the score only when it matters.
+        match plan.norm {
+            // One key: a_11 = f/|f| is constant in f, so nothing flows back through it (exactly; the
+            // general formula would cancel dw - D here and amplify its rounding by 1/Z).
+            Norm::L1 if n == 1 => gv.fill(0.0),
+            Norm::L1 => {
+                if plan.signed {
+                    let mut fs = s.to_vec();
+                    plan.act.apply::<FMA>(&mut fs);
+                    gv.iter_mut().zip(&fs).for_each(|(x, &fv)| *x = (*x - sign(fv) * c) * a);
+                } else {
+                    gv.iter_mut().for_each(|x| *x = (*x - c) * a);
+                }
+            }
+            Norm::None => {}
+            Norm::DivN => gv.iter_mut().for_each(|x| *x *= a),
+        }
+        // ds = df * phi'(s). Exp needs phi(s) itself: recompute it into tmp (f now holds w).
+        if matches!(plan.act, Act::Exp | Act::Sigmoid) {
+            let fs = &mut sc.tmp[..vis];
+            fs.copy_from_slice(s);
+            plan.act.apply::<FMA>(fs);
+            plan.act.mul_derivative::<FMA>(s, fs, gv);
+        } else {
+            plan.act.mul_derivative::<FMA>(s, &[], gv);
+        }
+        let fac = rows.fac[r];
+        if plan.cosine {
+            gv.iter_mut().zip(&head.ink[j0..j0 + vis]).for_each(|(x, &kn)| *x *= fac * kn);
+        } else {
+            gv.iter_mut().for_each(|x| *x *= fac);
+        }
+    }
+}
+
+#[inline(always)]
+fn sign(x: f32) -> f32 {
+    if x > 0.0 {
+        1.0
+    } else if x < 0.0 {
+        -1.0
+    } else {
+        0.0
+    }
+}
+
+crate::multiversion! {
+    /// Phase A of the backward for query rows `[i0, i0 + nq)`: fills `rg[0..nq]` with
+    /// `D'_i` and `C_i`; with re-weighting this is one sweep over the keys for `E_i`.
+    pub(crate) fn backward_rows<const FMA: bool>(
+        isa: Isa,
+        plan: &Plan,
+        head: &Head<'_>,
+        g: &[f32],
+        ldg: usize,
+        o: &[f32],
+        ldo: usize,
+        stats: &[f32],
+        dims: Dims,
+        i0: usize,
+        nq: usize,
+        sc: &mut BwdScratch,
+        rg: &mut [RowGrad],
+    ) {
+        let d = dims.d;
+        for r in 0..nq {
+            let i = i0 + r;
+            let dp: f32 = g[i * ldg..i * ldg + d].iter().zip(&o[i * ldo..i * ldo + d]).map(|(a, b)| a * b).sum();
+            rg[r] = RowGrad { dprime: dp, c: dp };
+        }
+        let Some(p) = plan.p else { return };
+        let rows = Rows::new(plan, head, i0, nq);
+        let lds = dims.bk_pad();
+        let mut e = vec![0.0f64; nq];
+        let nkt = (i0 + nq).div_ceil(dims.bk);
+        for kt in 0..nkt {
+            let j0 = kt * dims.bk;
+            let nk = dims.bk.min(dims.t - j0);
+            let n_pad = pad_nr(nk);
+            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.kt, &mut sc.s, lds);
+            tile::pack_transposed(&head.v[j0 * head.ldv..], head.ldv, nk, d, &mut sc.vt);
+            tile::matmul_nt::<FMA>(&g[i0 * ldg..], ldg, &sc.vt, n_pad, d, nq, &mut sc.gv, lds);
+            for r in 0..nq {
+                let i = i0 + r;
+                let n = i + 1;
+                let st = &stats[i * STATS..(i + 1) * STATS];
+                if st[ST_UMAX] <= 0.0 {
+                    continue; // fallback row: C_i = D'_i, already set
+                }
+                let vis = visible(i, j0, nk);
+                let f = &mut sc.s[r * lds..r * lds + vis];
+                if plan.running_max {
+                    let m = st[ST_MAX];
+                    f.iter_mut().for_each(|x| *x -= m);
+                }
+                plan.act.apply::<FMA>(f);
+                let a = anorm(plan.norm, st[ST_Z] as f64, n);
+                let (na, off, inv_m, inv_w) = (n as f32 * a, offset(n), 1.0 / st[ST_UMAX], 1.0 / st[ST_W]);
+                // E_i = sum_j a_ij h_ij, h_ij = (gv - D') / W * p * rho^(p-1) / m.
+                let rho = &mut sc.f[..vis];
+                rho.iter_mut().zip(f.iter()).for_each(|(x, &fv)| *x = math::fmadd::<FMA>(fv, na, -off).max(0.0) * inv_m);
+                if p == 1 {
+                    rho.iter_mut().for_each(|x| *x = if *x > 0.0 { 1.0 } else { 0.0 });
+                } else {
+                    pow_slice(rho, p - 1, &mut sc.tmp);
+                }
+                let dp = rg[r].dprime;
+                let gv = &sc.gv[r * lds..r * lds + vis];
+                let part: f32 = f.iter().zip(rho.iter()).zip(gv).map(|((&fv, &rp), &x)| fv * rp * (x - dp)).sum();
+                e[r] += part as f64 * (a * p as f32 * inv_w * inv_m) as f64;
+            }
+        }
+        for r in 0..nq {
+            let i = i0 + r;
+            if stats[i * STATS + ST_UMAX] > 0.0 {
+                rg[r].c = ((i + 1) as f64 * e[r]) as f32;
+            }
+        }
+    }
+}
+
+crate::multiversion! {
+    /// Phase B of the backward for the key tiles `kts` of one head: writes the finished `dk`, `dv`
+    /// rows of those tiles through `write_kv(j0, nk, dk, dv)` and accumulates `sum_j P_ij k_j` for
+    /// every query row into `dq_part` (`T x d`, row stride `d`).
+    pub(crate) fn backward_keys<const FMA: bool>(
+        isa: Isa,
+        plan: &Plan,
+        head: &Head<'_>,
+        g: &[f32],
+        ldg: usize,
+        stats: &[f32],
+        rg: &[RowGrad],
+        dims: Dims,
+        kts: &[usize],
+        sc: &mut BwdScratch,
+        dq_part: &mut [f32],
+        write_kv: &mut dyn FnMut(usize, usize, &[f32], &[f32]),
+    ) {
+        let d = dims.d;
+        let lds = dims.bk_pad();
+        let nqt = dims.t.div_ceil(dims.bq);
+        for &kt in kts {
+            let j0 = kt * dims.bk;
+            let nk = dims.bk.min(dims.t - j0);
+            sc.dk[..nk * d].fill(0.0);
+            sc.dv[..nk * d].fill(0.0);
+            for qt in j0 / dims.bq..nqt {
+                let i0 = qt * dims.bq;
+                let nq = dims.bq.min(dims.t - i0);
+                let rows = Rows::new(plan, head, i0, nq);
+                grad_tile::<FMA>(plan, head, g, ldg, dims, &rows, stats, rg, i0, nq, j0, nk, sc);
+                // Transposes of w and P (nk x nq) for dv += w^T g and dk += P^T q.
+                for r in 0..nq {
+                    for c in 0..nk {
+                        sc.wt[c * nq + r] = sc.f[r * lds + c];
+                        sc.pt[c * nq + r] = sc.gv[r * lds + c];
+                    }
+                }
+                tile::matmul_acc::<FMA>(&sc.wt, nq, &g[i0 * ldg..], ldg, nk, nq, d, &mut sc.dv, d);
+                tile::matmul_acc::<FMA>(&sc.pt, nq, &head.q[i0 * head.ldq..], head.ldq, nk, nq, d, &mut sc.dk, d);
+                tile::matmul_acc::<FMA>(&sc.gv, lds, &head.k[j0 * head.ldk..], head.ldk, nq, nk, d, &mut dq_part[i0 * d..], d);
+            }
+            if plan.cosine {
+                for c in 0..nk {
+                    let j = j0 + c;
+                    project(&mut sc.dk[c * d..(c + 1) * d], &head.k[j * head.ldk..j * head.ldk + d], head.ink[j]);
+                }
+            }
+            write_kv(j0, nk, &sc.dk[..nk * d], &sc.dv[..nk * d]);
+        }
+    }
+}
+
+/// Backward of `x' = x / max(||x||, 1e-12)` given `y = sum P x_other`, which equals `dx' / ||x||`:
+/// `dx = y - x' <x', y>` (no projection when the norm was clamped at 1e-12).
+#[inline(always)]
+pub(crate) fn project(y: &mut [f32], x: &[f32], inv_norm: f32) {
+    if inv_norm >= 1e12 {
+        return;
+    }
+    let dot: f32 = y.iter().zip(x).map(|(a, b)| a * b).sum::<f32>() * inv_norm * inv_norm;
+    y.iter_mut().zip(x).for_each(|(a, &b)| *a -= b * dot);
+}
+
+/// `1 / max(||x||, 1e-12)` for every row of a head.
+pub(crate) fn inv_norms(x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
+    for i in 0..t {
+        let n2: f64 = x[i * ld..i * ld + d].iter().map(|&v| (v as f64) * (v as f64)).sum();
+        out[i] = (1.0 / n2.sqrt().max(1e-12)) as f32;
+    }
+}

@@ -1,0 +1,556 @@
+//! Fused CPU attention: the public entry points (ndarray and raw pointers), input checks, the
+//! rayon work split; the streaming maths is in [`engine`](self) and the vector code in `tile`,
+//! `act` and [`math`].
+//!
+//! Thread count: the kernels run on the caller's rayon pool (`pool.install(|| forward(..))`);
+//! they spawn no threads of their own. Scratch: per task, a few tiles (`O(block · d)`); per call,
+//! `B·H·T` row statistics, `2·B·H·T` inverse norms for cosine variants, and in the backward one
+//! `T x d` `dq` partial per (head, key chunk). Nothing is `T x T`.
+
+pub(crate) mod act;
+pub(crate) mod engine;
+pub mod isa;
+pub mod math;
+pub(crate) mod tile;
+
+use std::sync::Arc;
+
+use ndarray::{Array4, ArrayView4, AsArray, Ix4};
+use rayon::prelude::*;
+
+use attn_core::{Norm as CoreNorm, OutputNorm, Scores, Transform, Variant};
+
+pub use engine::Tuning;
+use engine::{BwdScratch, Dims, FwdScratch, Head, Norm, Plan, RowGrad, STATS};
+pub use isa::Isa;
+
+use crate::{Error, Grads, Result};
+
+/// Number of f32 statistics per row that [`forward_raw`] saves for [`backward_raw`].
+pub const STATS_PER_ROW: usize = STATS;
+
+/// Execution options: tile sizes and the instruction set. Defaults: [`Tuning::default`] and
+/// [`Isa::detect`].
+#[derive(Clone, Copy, Debug)]
+pub struct Options {
+    /// Tile sizes.
+    pub tuning: Tuning,
+    /// The instruction set to run (tests force [`Isa::Scalar`] to cover the fallback).
+    pub isa: Isa,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { tuning: Tuning::default(), isa: Isa::detect() }
+    }
+}
+
+/// One strided `(B, H, T, d)` f32 tensor as the raw entry points see it: element strides of the
+/// batch, head and row axes; the last axis must be contiguous.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct RawTensor<P> {
+    /// Address of element `[0, 0, 0, 0]`.
+    pub ptr: P,
+    /// Element strides of the batch, head and row axes.
+    pub strides: [usize; 3],
+}
+
+/// The one parameter struct that crosses the FFI boundary (as flash-attention's `Flash_fwd_params`):
+/// pointers, strides and sizes, shared by [`forward_raw`], [`backward_raw`] and their callers.
+/// Outputs never alias inputs.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct Params {
+    /// Batch size `B`.
+    pub batch: usize,
+    /// Heads `H`.
+    pub heads: usize,
+    /// Sequence length `T`.
+    pub seq_len: usize,
+    /// Head dimension `d` (of `q`, `k` and `v`).
+    pub head_dim: usize,
+    /// Queries, (B, H, T, d).
+    pub q: RawTensor<*const f32>,
+    /// Keys, (B, H, T, d).
+    pub k: RawTensor<*const f32>,
+    /// Values, (B, H, T, d).
+    pub v: RawTensor<*const f32>,
+    /// Output of the forward (written by [`forward_raw`], read by [`backward_raw`]).
+    pub o: RawTensor<*mut f32>,
+    /// Contiguous `(B, H, T, STATS_PER_ROW)` row statistics (written by the forward, read by the backward).
+    pub stats: *mut f32,
+    /// Upstream gradient `dL/do` (backward only).
+    pub d_out: RawTensor<*const f32>,
+    /// `dL/dq` (backward only, written).
+    pub dq: RawTensor<*mut f32>,
+    /// `dL/dk` (backward only, written).
+    pub dk: RawTensor<*mut f32>,
+    /// `dL/dv` (backward only, written).
+    pub dv: RawTensor<*mut f32>,
+}
+
+// SAFETY: `Params` is plain data; the raw entry points' contract (valid pointers, outputs written by
+// one task per row, inputs only read) is what makes sharing it across rayon tasks sound.
+unsafe impl Send for Params {}
+// SAFETY: as above.
+unsafe impl Sync for Params {}
+
+impl<T> RawTensor<*mut T> {
+    /// The same tensor, read-only.
+    pub fn as_const(self) -> RawTensor<*const T> {
+        RawTensor { ptr: self.ptr as *const T, strides: self.strides }
+    }
+}
+
+/// A raw pointer that may cross rayon tasks; every task touches disjoint rows.
+#[derive(Clone, Copy)]
+struct SendPtr<P>(P);
+// SAFETY: the raw entry points' contract makes every task write disjoint rows and only read inputs.
+unsafe impl<P> Send for SendPtr<P> {}
+// SAFETY: as above.
+unsafe impl<P> Sync for SendPtr<P> {}
+
+fn not_fused(variant: &Variant, reason: &'static str) -> Error {
+    Error::NotFused { variant: variant.to_string(), reason }
+}
+
+/// Resolves a variant into the engine's plan, or says why it is not fused.
+fn plan(variant: &Variant, head_dim: usize) -> Result<Plan> {
+    variant.validate()?;
+    let s1 = &variant.stage1;
+    if s1.transform != Transform::None {
+        return Err(not_fused(variant, "the Table-1 transforms (inverse, recentered) need the whole row"));
+    }
+    if s1.output_norm == OutputNorm::LayerNorm && variant.reweight.is_some() {
+        return Err(not_fused(variant, "re-weighting before an output layer norm is not fused"));
+    }
+    let act = match s1.activation.name() {
+        "exp" => act::Act::Exp,
+        "softplus" => act::Act::Softplus,
+        "relu" => act::Act::Relu,
+        "relu2" => act::Act::Relu2,
+        "relu6" => act::Act::Relu6,
+        "gelu" => act::Act::Gelu,
+        "sigmoid" => act::Act::Sigmoid,
+        "mish" => act::Act::Mish,
+        "identity" => act::Act::Identity,
+        _ => act::Act::Custom(Arc::clone(&s1.activation)),
+    };
+    // Built-in names are only trusted for attn-core's own types; a user's activation that reuses a
+    // name still gets its own code.
+    let act = if attn_core::activation_by_name(s1.activation.name()).is_some() {
+        act
+    } else {
+        act::Act::Custom(Arc::clone(&s1.activation))
+    };
+    let norm = match s1.norm {
+        CoreNorm::L1 => Norm::L1,
+        CoreNorm::None => Norm::None,
+        CoreNorm::DivN => Norm::DivN,
+    };
+    let (scale, bias) = (s1.scale, s1.bias);
+    bias.value(1)?; // parameters are complete (validate checked); row values cannot fail now
+    Ok(Plan {
+        act,
+        cosine: s1.scores == Scores::Cosine,
+        norm,
+        running_max: s1.needs_running_max(),
+        signed: !s1.activation.is_non_negative(),
+        layer_norm: s1.output_norm == OutputNorm::LayerNorm,
+        p: variant.reweight,
+        row_consts: Box::new(move |n| (scale.value(n, head_dim), bias.value(n).unwrap_or(0.0))),
+    })
+}
+
+/// Whether `variant` runs fused on the CPU (else use the attn-core reference).
+pub fn is_fused(variant: &Variant) -> bool {
+    plan(variant, 64).is_ok()
+}
+
+fn dims(p: &Params, tuning: Tuning) -> Result<Dims> {
+    if tuning.block_q == 0 || tuning.block_k == 0 {
+        return Err(Error::BadParams(format!("tile sizes must be >= 1, got {tuning:?}")));
+    }
+    Ok(Dims { t: p.seq_len, d: p.head_dim, bq: tuning.block_q, bk: tuning.block_k })
+}
+
+/// The `(b, h)` head of a raw tensor as a slice covering its `T` rows.
+///
+/// # Safety
+/// `x` must be valid for reads of `T` rows of `d` elements at the given strides.
+unsafe fn head_slice<'a>(x: RawTensor<*const f32>, b: usize, h: usize, t: usize, d: usize) -> (&'a [f32], usize) {
+    let ld = x.strides[2];
+    // SAFETY: the caller guarantees the rows exist; the span covers rows 0..t.
+    let s = unsafe { std::slice::from_raw_parts(x.ptr.add(b * x.strides[0] + h * x.strides[1]), (t - 1) * ld + d) };
+    (s, ld)
+}
+
+/// Inverse L2 norms of every `q` and `k` row (cosine variants): `(B·H, 2, T)`.
+unsafe fn inverse_norms(p: &Params, cosine: bool) -> Vec<f32> {
+    let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
+    if !cosine {
+        return Vec::new();
+    }
+    let mut out = vec![0.0f32; bh * 2 * t];
+    let (q, k) = (SendPtr(p.q), SendPtr(p.k));
+    out.par_chunks_mut(2 * t).enumerate().for_each(|(x, buf)| {
+        let (q, k) = (q, k);
+        let (b, h) = (x / p.heads, x % p.heads);
+        // SAFETY: forwarded from the caller of the raw entry point.
+        let ((qs, ldq), (ks, ldk)) = unsafe { (head_slice(q.0, b, h, t, d), head_slice(k.0, b, h, t, d)) };
+        let (iq, ik) = buf.split_at_mut(t);
+        engine::inv_norms(qs, ldq, t, d, iq);
+        engine::inv_norms(ks, ldk, t, d, ik);
+    });
+    out
+}
+
+/// # Safety
+/// As [`forward_raw`].
+unsafe fn head<'a>(p: &Params, norms: &'a [f32], b: usize, h: usize) -> Head<'a> {
+    let (t, d) = (p.seq_len, p.head_dim);
+    // SAFETY: forwarded.
+    let ((q, ldq), (k, ldk), (v, ldv)) =
+        unsafe { (head_slice(p.q, b, h, t, d), head_slice(p.k, b, h, t, d), head_slice(p.v, b, h, t, d)) };
+    let (inq, ink) = if norms.is_empty() {
+        (&[][..], &[][..])
+    } else {
+        let x = (b * p.heads + h) * 2 * t;
+        (&norms[x..x + t], &norms[x + t..x + 2 * t])
+    };
+    Head { q, k, v, ldq, ldk, ldv, inq, ink }
+}
+
+/// Writes `rows` (row-major, `d` wide) to rows `[i0, ..)` of head `(b, h)` of `x`.
+///
+/// # Safety
+/// `x` must be valid for writes there, and no other thread may write those rows.
+unsafe fn write_rows(x: RawTensor<*mut f32>, b: usize, h: usize, i0: usize, d: usize, rows: &[f32]) {
+    for (r, row) in rows.chunks_exact(d).enumerate() {
+        // SAFETY: see the function contract.
+        unsafe {
+            let dst = x.ptr.add(b * x.strides[0] + h * x.strides[1] + (i0 + r) * x.strides[2]);
+            std::ptr::copy_nonoverlapping(row.as_ptr(), dst, d);
+        }
+    }
+}
+
+/// Fused forward on raw pointers: writes `o` and the row statistics.
+///
+/// # Safety
+/// Every pointer in `p` used by the forward (`q`, `k`, `v`, `o`, `stats`) must be valid for the
+/// sizes and strides given, rows of `d` contiguous elements; `o` and `stats` must not alias anything
+/// else. Shapes are not checked here (the ndarray API checks them); `T >= 1`, `d >= 1`.
+pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Result<()> {
+    let plan = plan(variant, p.head_dim)?;
+    let dims = dims(p, opts.tuning)?;
+    let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
+    // SAFETY: forwarded from our caller.
+    let norms = unsafe { inverse_norms(p, plan.cosine) };
+    let nqt = t.div_ceil(dims.bq);
+    let (o, stats) = (SendPtr(p.o), SendPtr(p.stats));
+    let isa = opts.isa.assert_supported();
+    (0..bh * nqt).into_par_iter().for_each_init(
+        || (FwdScratch::new(dims), vec![0.0f32; dims.bq * d]),
+        |(sc, out), task| {
+            let (o, stats) = (o, stats);
+            let (x, qt) = (task / nqt, task % nqt);
+            let (b, h) = (x / p.heads, x % p.heads);
+            let i0 = qt * dims.bq;
+            let nq = dims.bq.min(t - i0);
+            // SAFETY: forwarded; this task alone writes rows [i0, i0 + nq) of head (b, h).
+            unsafe {
+                let hd = head(p, &norms, b, h);
+                let st = std::slice::from_raw_parts_mut(stats.0.add((x * t + i0) * STATS), nq * STATS);
+                engine::forward_tile(isa, &plan, &hd, dims, i0, nq, sc, &mut out[..nq * d], st);
+                write_rows(o.0, b, h, i0, d, &out[..nq * d]);
+            }
+        },
+    );
+    Ok(())
+}
+
+/// Fused backward on raw pointers: reads `q`, `k`, `v`, `o`, `stats` (from [`forward_raw`]) and
+/// `d_out`; writes `dq`, `dk`, `dv`.
+///
+/// # Safety
+/// As [`forward_raw`], for every pointer of `p`; `dq`, `dk`, `dv` must not alias anything else.
+pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Result<()> {
+    let plan = plan(variant, p.head_dim)?;
+    let dims = dims(p, opts.tuning)?;
+    let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
+    let isa = opts.isa.assert_supported();
+    // SAFETY: forwarded from our caller.
+    let norms = unsafe { inverse_norms(p, plan.cosine) };
+    let stats_all = SendPtr(p.stats as *const f32);
+    let nqt = t.div_ceil(dims.bq);
+    let nkt = t.div_ceil(dims.bk);
+
+    // The upstream gradient the attention weights see: for relu-ln, back through the layer norm
+    // (dx = (g - mean g - o mean(g o)) / sigma, with o the normalised output), into a contiguous copy.
+    let g_ln: Vec<f32> = if plan.layer_norm {
+        let mut buf = vec![0.0f32; bh * t * d];
+        let (g, o) = (SendPtr(p.d_out), SendPtr(p.o.as_const()));
+        buf.par_chunks_mut(t * d).enumerate().for_each(|(x, dst)| {
+            let (g, o, stats_all) = (g, o, stats_all);
+            let (b, h) = (x / p.heads, x % p.heads);
+            // SAFETY: forwarded.
+            let ((gs, ldg), (os, ldo)) = unsafe { (head_slice(g.0, b, h, t, d), head_slice(o.0, b, h, t, d)) };
+            // SAFETY: forwarded; stats are (B·H·T, STATS).
+            let st = unsafe { std::slice::from_raw_parts(stats_all.0.add(x * t * STATS), t * STATS) };
+            for i in 0..t {
+                let (gr, or) = (&gs[i * ldg..i * ldg + d], &os[i * ldo..i * ldo + d]);
+                let mean_g = gr.iter().map(|&x| x as f64).sum::<f64>() / d as f64;
+                let mean_go = gr.iter().zip(or).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() / d as f64;
+                let sigma = st[i * STATS + 1] as f64;
+                for c in 0..d {
+                    dst[i * d + c] = ((gr[c] as f64 - mean_g - or[c] as f64 * mean_go) / sigma) as f32;
+                }
+            }
+        });
+        buf
+    } else {
+        Vec::new()
+    };
+    let g_of = |b: usize, h: usize| -> (&[f32], usize) {
+        if plan.layer_norm {
+            let x = b * p.heads + h;
+            (&g_ln[x * t * d..(x + 1) * t * d], d)
+        } else {
+            // SAFETY: forwarded.
+            unsafe { head_slice(p.d_out, b, h, t, d) }
+        }
+    };
+
+    // Phase A: D'_i and C_i for every row.
+    let mut rg = vec![RowGrad::default(); bh * t];
+    {
+        let o = SendPtr(p.o.as_const());
+        // Query tiles per head (T need not be a multiple of bq): one task per (head, query tile).
+        let rg_ptr = SendPtr(rg.as_mut_ptr());
+        (0..bh * nqt).into_par_iter().for_each_init(
+            || BwdScratch::new(dims),
+            |sc, task| {
+                let (o, stats_all, rg_ptr) = (o, stats_all, rg_ptr);
+                let (x, qt) = (task / nqt, task % nqt);
+                let (b, h) = (x / p.heads, x % p.heads);
+                let i0 = qt * dims.bq;
+                let nq = dims.bq.min(t - i0);
+                // SAFETY: forwarded; rows [i0, i0+nq) of head x of `rg` belong to this task alone.
+                unsafe {
+                    let hd = head(p, &norms, b, h);
+                    let (os, ldo) = head_slice(o.0, b, h, t, d);
+                    let st = std::slice::from_raw_parts(stats_all.0.add(x * t * STATS), t * STATS);
+                    let rgt = std::slice::from_raw_parts_mut(rg_ptr.0.add(x * t + i0), nq);
+                    let (g, ldg) = g_of(b, h);
+                    engine::backward_rows(isa, &plan, &hd, g, ldg, os, ldo, st, dims, i0, nq, sc, rgt);
+                }
+            },
+        );
+    }
+
+    // Phase B: key tiles, split into chunks only when there are fewer heads than threads.
+    let threads = rayon::current_num_threads();
+    let chunks = if bh >= threads { 1 } else { (2 * threads).div_ceil(bh).min(nkt) };
+    let mut partials = vec![0.0f32; bh * chunks * t * d];
+    let (dk_out, dv_out) = (SendPtr(p.dk), SendPtr(p.dv));
+    partials.par_chunks_mut(t * d).enumerate().for_each_init(
+        || BwdScratch::new(dims),
+        |sc, (task, dq_part)| {
+            let (dk_out, dv_out, stats_all) = (dk_out, dv_out, stats_all);
+            let (x, chunk) = (task / chunks, task % chunks);
+            let (b, h) = (x / p.heads, x % p.heads);
+            let kts: Vec<usize> = (chunk..nkt).step_by(chunks).collect();
+            // SAFETY: forwarded; this task alone writes the dk, dv rows of its key tiles.
+            unsafe {
+                let hd = head(p, &norms, b, h);
+                let st = std::slice::from_raw_parts(stats_all.0.add(x * t * STATS), t * STATS);
+                let (g, ldg) = g_of(b, h);
+                let mut write_kv = |j0: usize, _nk: usize, dk: &[f32], dv: &[f32]| {
+                    write_rows(dk_out.0, b, h, j0, d, dk);
+                    write_rows(dv_out.0, b, h, j0, d, dv);
+                };
+                engine::backward_keys(
+                    isa,
+                    &plan,
+                    &hd,
+                    g,
+                    ldg,
+                    st,
+                    &rg[x * t..(x + 1) * t],
+                    dims,
+                    &kts,
+                    sc,
+                    dq_part,
+                    &mut write_kv,
+                );
+            }
+        },
+    );
+
+    // Phase C: dq = sum of the partials, then back through the L2 normalisation.
+    let dq_out = SendPtr(p.dq);
+    partials.par_chunks_mut(chunks * t * d).enumerate().for_each(|(x, parts)| {
+        let dq_out = dq_out;
+        let (b, h) = (x / p.heads, x % p.heads);
+        let (first, rest) = parts.split_at_mut(t * d);
+        for part in rest.chunks_exact(t * d) {
+            first.iter_mut().zip(part).for_each(|(a, &b)| *a += b);
+        }
+        if plan.cosine {
+            // SAFETY: forwarded.
+            let hd = unsafe { head(p, &norms, b, h) };
+            for i in 0..t {
+                engine::project(&mut first[i * d..(i + 1) * d], &hd.q[i * hd.ldq..i * hd.ldq + d], hd.inq[i]);
+            }
+        }
+        // SAFETY: forwarded; head x's dq rows belong to this task alone.
+        unsafe { write_rows(dq_out.0, b, h, 0, d, first) };
+    });
+    Ok(())
+}
+
+fn raw<P>(ptr: P, x: &ArrayView4<'_, f32>) -> RawTensor<P> {
+    let s = x.strides();
+    RawTensor { ptr, strides: [s[0] as usize, s[1] as usize, s[2] as usize] }
+}
+
+fn raw_mut(x: &mut Array4<f32>) -> RawTensor<*mut f32> {
+    let s = x.strides().to_vec();
+    RawTensor { ptr: x.as_mut_ptr(), strides: [s[0] as usize, s[1] as usize, s[2] as usize] }
+}
+
+/// Checks inputs exactly as attn-core does (same typed errors), plus what only the kernels need.
+fn check(
+    variant: &Variant,
+    q: &ArrayView4<'_, f32>,
+    k: &ArrayView4<'_, f32>,
+    v: &ArrayView4<'_, f32>,
+    d_out: Option<&ArrayView4<'_, f32>>,
+) -> Result<()> {
+    attn_core::check_inputs(variant, q, k, v, d_out)?;
+    if v.shape() != q.shape() {
+        return Err(Error::NotFused {
+            variant: variant.to_string(),
+            reason: "the fused kernels need v to have the head dimension of q and k",
+        });
+    }
+    Ok(())
+}
+
+/// Inputs in a layout the raw entry points take: non-negative strides, rows contiguous.
+fn rows_contiguous<'a>(x: ArrayView4<'a, f32>) -> ndarray::CowArray<'a, f32, Ix4> {
+    if x.strides().iter().all(|&s| s >= 0) && (x.strides()[3] == 1 || x.shape()[3] == 1) {
+        ndarray::CowArray::from(x)
+    } else {
+        ndarray::CowArray::from(x.as_standard_layout().to_owned())
+    }
+}
+
+fn base_params(q: &ArrayView4<'_, f32>, k: &ArrayView4<'_, f32>, v: &ArrayView4<'_, f32>) -> Params {
+    let sh = q.shape();
+    let null_c = RawTensor { ptr: std::ptr::null(), strides: [0; 3] };
+    let null_m = RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] };
+    Params {
+        batch: sh[0],
+        heads: sh[1],
+        seq_len: sh[2],
+        head_dim: sh[3],
+        q: raw(q.as_ptr(), q),
+        k: raw(k.as_ptr(), k),
+        v: raw(v.as_ptr(), v),
+        o: null_m,
+        stats: std::ptr::null_mut(),
+        d_out: null_c,
+        dq: null_m,
+        dk: null_m,
+        dv: null_m,
+    }
+}
+
+/// Causal attention output `(B, H, T, d)` of `variant`, fused (never `T x T`), with default
+/// [`Options`]. Same checks and errors as [`attn_core::forward`]; variants that are not fused give
+/// [`Error::NotFused`].
+pub fn forward<'a>(
+    variant: &Variant,
+    q: impl AsArray<'a, f32, Ix4>,
+    k: impl AsArray<'a, f32, Ix4>,
+    v: impl AsArray<'a, f32, Ix4>,
+) -> Result<Array4<f32>> {
+    forward_with(variant, q, k, v, &Options::default())
+}
+
+/// [`forward`] with explicit [`Options`].
+pub fn forward_with<'a>(
+    variant: &Variant,
+    q: impl AsArray<'a, f32, Ix4>,
+    k: impl AsArray<'a, f32, Ix4>,
+    v: impl AsArray<'a, f32, Ix4>,
+    opts: &Options,
+) -> Result<Array4<f32>> {
+    let (q, k, v) = (q.into(), k.into(), v.into());
+    check(variant, &q, &k, &v, None)?;
+    Ok(forward_stats(variant, &q, &k, &v, opts)?.0)
+}
+
+fn forward_stats(
+    variant: &Variant,
+    q: &ArrayView4<'_, f32>,
+    k: &ArrayView4<'_, f32>,
+    v: &ArrayView4<'_, f32>,
+    opts: &Options,
+) -> Result<(Array4<f32>, Vec<f32>)> {
+    let (q, k, v) = (rows_contiguous(q.view()), rows_contiguous(k.view()), rows_contiguous(v.view()));
+    let (q, k, v) = (q.view(), k.view(), v.view());
+    let sh = q.shape();
+    let mut o = Array4::<f32>::zeros((sh[0], sh[1], sh[2], sh[3]));
+    let mut stats = vec![0.0f32; sh[0] * sh[1] * sh[2] * STATS];
+    let mut p = base_params(&q, &k, &v);
+    p.o = raw_mut(&mut o);
+    p.stats = stats.as_mut_ptr();
+    // SAFETY: every pointer comes from a live array of the checked shape; o and stats are fresh.
+    unsafe { forward_raw(variant, &p, opts)? };
+    Ok((o, stats))
+}
+
+/// Gradients of `sum(d_out * forward(q, k, v))` with respect to `q`, `k`, `v`, fused, with
+/// default [`Options`] (runs the forward for its statistics first).
+pub fn backward<'a>(
+    variant: &Variant,
+    q: impl AsArray<'a, f32, Ix4>,
+    k: impl AsArray<'a, f32, Ix4>,
+    v: impl AsArray<'a, f32, Ix4>,
+    d_out: impl AsArray<'a, f32, Ix4>,
+) -> Result<Grads> {
+    backward_with(variant, q, k, v, d_out, &Options::default())
+}
+
+/// [`backward`] with explicit [`Options`].
+pub fn backward_with<'a>(
+    variant: &Variant,
+    q: impl AsArray<'a, f32, Ix4>,
+    k: impl AsArray<'a, f32, Ix4>,
+    v: impl AsArray<'a, f32, Ix4>,
+    d_out: impl AsArray<'a, f32, Ix4>,
+    opts: &Options,
+) -> Result<Grads> {
+    let (q, k, v, g) = (q.into(), k.into(), v.into(), d_out.into());
+    check(variant, &q, &k, &v, Some(&g))?;
+    let (q, k, v, g) = (rows_contiguous(q), rows_contiguous(k), rows_contiguous(v), rows_contiguous(g));
+    let (q, k, v, g) = (q.view(), k.view(), v.view(), g.view());
+    let (mut o, mut stats) = forward_stats(variant, &q, &k, &v, opts)?;
+    let sh = q.shape();
+    let shape = (sh[0], sh[1], sh[2], sh[3]);
+    let (mut dq, mut dk, mut dv) = (Array4::zeros(shape), Array4::zeros(shape), Array4::zeros(shape));
+    let mut p = base_params(&q, &k, &v);
+    p.o = raw_mut(&mut o);
+    p.stats = stats.as_mut_ptr();
+    p.d_out = raw(g.as_ptr(), &g);
+    p.dq = raw_mut(&mut dq);
+    p.dk = raw_mut(&mut dk);
+    p.dv = raw_mut(&mut dv);
+    // SAFETY: as in forward_stats; dq, dk, dv are fresh arrays.
+    unsafe { backward_raw(variant, &p, opts)? };
+    Ok(Grads { dq, dk, dv })
+}
