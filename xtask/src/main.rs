@@ -4,6 +4,7 @@
 //! cargo xtask setup [--force]          install PyTorch 2.11.0 for tch into the per-user cache (idempotent)
 //! cargo xtask test [ARGS...]           set-up if needed, then the whole workspace test suite (doc tests too)
 //! cargo xtask reproduce [--scale S]    set-up if needed, then the paper reproduction (default scale: small)
+//! cargo xtask bench kernels [ARGS...]  set-up if needed, then the CPU kernel benchmarks (bench-kernels ARGS...)
 //! ```
 //!
 //! Everything here is std-only so that it builds in seconds on a fresh machine, before libtorch exists.
@@ -25,6 +26,10 @@ commands:
   test [ARGS...]          set-up if needed, then `cargo test --workspace --all-features ARGS...`
   reproduce [--scale S]   set-up if needed, then run the paper reproduction at scale S
                           (smoke | small | gpu | paper; default small)
+  bench kernels [ARGS...] set-up if needed, then `bench-kernels ARGS...` (release): fused CPU kernels
+                          vs libtorch SDPA vs torch ops vs attn-core, written to docs/bench/kernels-cpu.{md,json}.
+                          --quick for T <= 2048; `bench kernels memory` for peak memory at T = 65536;
+                          `bench kernels --help` for every option
 
 environment:
   LSSA_CACHE_DIR   where the torch venv lives (default $XDG_CACHE_HOME/lssa or ~/.cache/lssa)
@@ -59,6 +64,7 @@ fn run() -> Result<()> {
         }
         Some("test") => test(&workspace, &args[1..]),
         Some("reproduce") => reproduce(&workspace, &args[1..]),
+        Some("bench") => bench(&workspace, &args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
             Ok(())
@@ -81,6 +87,18 @@ fn reproduce(workspace: &Path, extra: &[String]) -> Result<()> {
     setup::ensure(&setup::Options::from_env(workspace, false)?)?;
     let mut cmd = cargo(workspace);
     cmd.args(["run", "--release", "--quiet", "--package", "experiments", "--bin", "reproduce", "--"]).args(extra);
+    run_cmd(&mut cmd)
+}
+
+fn bench(workspace: &Path, args: &[String]) -> Result<()> {
+    let bin = match args.first().map(String::as_str) {
+        Some("kernels") => "bench-kernels",
+        Some(other) => bail!("unknown benchmark `{other}` (known: kernels)\n{USAGE}"),
+        None => bail!("bench needs a benchmark name (known: kernels)\n{USAGE}"),
+    };
+    setup::ensure(&setup::Options::from_env(workspace, false)?)?;
+    let mut cmd = cargo(workspace);
+    cmd.args(["run", "--release", "--quiet", "--package", "lssa-benches", "--bin", bin, "--"]).args(&args[1..]);
     run_cmd(&mut cmd)
 }
 

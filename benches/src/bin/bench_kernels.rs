@@ -604,7 +604,10 @@ fn run_memory(args: &MemoryArgs, threads: usize) -> Result<()> {
             if args.calibrate_t > 0 {
                 let tt = (args.calibrate_t * args.calibrate_t * 4) as f64;
                 for pass in Pass::ALL {
-                    eprintln!("memory: torch-ops {name} {pass} at T={} (child process, calibration) ...", args.calibrate_t);
+                    eprintln!(
+                        "memory: torch-ops {name} {pass} at T={} (child process, calibration) ...",
+                        args.calibrate_t
+                    );
                     let cal = spawn_child(threads, Implementation::TorchOps, name, args.calibrate_t, d, pass)?;
                     let measured = cal.extra_bytes() as f64 / tt;
                     let _ = write!(note, "; measured {pass} at T={}: {measured:.1}", args.calibrate_t);
@@ -688,17 +691,28 @@ fn run_memory(args: &MemoryArgs, threads: usize) -> Result<()> {
     Ok(())
 }
 
-fn spawn_child(threads: usize, imp: Implementation, variant: &str, t: usize, d: usize, pass: Pass) -> Result<ChildReport> {
+fn spawn_child(
+    threads: usize,
+    imp: Implementation,
+    variant: &str,
+    t: usize,
+    d: usize,
+    pass: Pass,
+) -> Result<ChildReport> {
     let exe = std::env::current_exe().context("locating this executable")?;
     let mut cmd = Command::new(&exe);
-    cmd.args(["--threads", &threads.to_string(), "memory-child", "--implementation", imp.name()])
-        .args(["--variant", variant, "--t", &t.to_string(), "--head-dim", &d.to_string()]);
+    cmd.args(["--threads", &threads.to_string(), "memory-child", "--implementation", imp.name()]).args([
+        "--variant",
+        variant,
+        "--t",
+        &t.to_string(),
+        "--head-dim",
+        &d.to_string(),
+    ]);
     if pass == Pass::ForwardBackward {
         cmd.arg("--backward");
     }
-    let out = cmd
-        .output()
-        .with_context(|| format!("spawning {}", exe.display()))?;
+    let out = cmd.output().with_context(|| format!("spawning {}", exe.display()))?;
     if !out.status.success() {
         bail!(
             "memory child ({imp} {variant} T={t}) failed ({}):\n{}",

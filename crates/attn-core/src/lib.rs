@@ -5,6 +5,11 @@
 //! every fused kernel is tested against it. Its three uses, each with an example below: read the
 //! maths, check a kernel against the reference, and property-test a new activation.
 //!
+//! Owns: the definitions (variants, activations, per-row constants, re-weighting) and the f64
+//! reference. Must never depend on: a tensor library (`tch`), a GPU library, or any other crate of
+//! this workspace; its only dependencies are `ndarray`, `num-traits`, `thiserror` (and `proptest`
+//! behind `testing`).
+//!
 //! # Formulas
 //!
 //! Per head, causal, rows 1-indexed: row `i` sees keys `j <= i`, so `N_i = i`.

@@ -86,11 +86,82 @@ pub(crate) struct Head<'a> {
     pub inq: &'a [f32],
     /// Same for keys.
     pub ink: &'a [f32],
+    /// `K` packed per key tile as `d x pad_nr(bk)` transposes ([`pack_head`]), tile after tile.
+    pub kt: &'a [f32],
+    /// `V` packed the same way (backward only; empty in the forward).
+    pub vt: &'a [f32],
+}
+
+/// Packs every key tile of one head's `x` (rows of `d`, stride `ld`) transposed, for
+/// [`tile::matmul_nt`]: tile `kt` occupies `out[kt * d * pad_nr(bk)..][..d * pad_nr(bk)]`. Done once per
+/// head and call, instead of once per (query tile, key tile) pair: the scalar transpose cost as much
+/// as the score product itself when repeated (measured, see `tile.rs`).
+pub(crate) fn pack_head(x: &[f32], ld: usize, dims: Dims, out: &mut [f32]) {
+    let tile = dims.d * dims.bk_pad();
+    for (kt, dst) in out.chunks_exact_mut(tile).enumerate() {
+        let j0 = kt * dims.bk;
+        if j0 >= dims.t {
+            break;
+        }
+        let nk = dims.bk.min(dims.t - j0);
+        // Full tiles use the stride of the full block so that every tile has the same layout.
+        tile::pack_transposed_padded(&x[j0 * ld..], ld, nk, dims.d, dims.bk_pad(), dst);
+    }
+}
+
+/// Floats of one head's packed tiles.
+pub(crate) fn packed_len(dims: Dims) -> usize {
+    dims.t.div_ceil(dims.bk) * dims.d * dims.bk_pad()
+}
+
+/// Sum of a slice with 16 independent lanes, so it vectorises (a plain `iter().sum()` is a serial
+/// chain of scalar adds under IEEE ordering).
+#[inline(always)]
+fn lane_sum(xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let chunks = xs.chunks_exact(16);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for l in 0..16 {
+            acc[l] += c[l];
+        }
+    }
+    acc.iter().sum::<f32>() + rem.iter().sum::<f32>()
+}
+
+/// Sum of absolute values, as [`lane_sum`].
+#[inline(always)]
+fn lane_abs_sum(xs: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let chunks = xs.chunks_exact(16);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for l in 0..16 {
+            acc[l] += c[l].abs();
+        }
+    }
+    acc.iter().sum::<f32>() + rem.iter().map(|x| x.abs()).sum::<f32>()
+}
+
+/// Maximum of a slice (`-inf` when empty), vectorisable.
+#[inline(always)]
+fn lane_max(xs: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; 16];
+    let chunks = xs.chunks_exact(16);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for l in 0..16 {
+            acc[l] = if c[l] > acc[l] { c[l] } else { acc[l] };
+        }
+    }
+    acc.iter().chain(rem).fold(f32::NEG_INFINITY, |m, &x| if x > m { x } else { m })
 }
 
 /// Sizes shared by every tile of a call.
 #[derive(Clone, Copy)]
 pub(crate) struct Dims {
+    /// The instruction set of this call (the micro-kernels dispatch on it).
+    pub isa: Isa,
     pub t: usize,
     pub d: usize,
     pub bq: usize,
@@ -142,13 +213,13 @@ fn scores<const FMA: bool>(
     nq: usize,
     j0: usize,
     nk: usize,
-    kt: &mut [f32],
     s: &mut [f32],
     lds: usize,
 ) {
     let n_pad = pad_nr(nk);
-    tile::pack_transposed(&head.k[j0 * head.ldk..], head.ldk, nk, dims.d, kt);
-    tile::matmul_nt::<FMA>(&head.q[i0 * head.ldq..], head.ldq, kt, n_pad, dims.d, nq, s, lds);
+    let kt = &head.kt[j0 / dims.bk * dims.d * dims.bk_pad()..];
+    tile::matmul_nt::<FMA>(dims.isa, &head.q[i0 * head.ldq..], head.ldq, kt, dims.bk_pad(), dims.d, nq, s, lds);
+    let _ = n_pad;
     for r in 0..nq {
         let vis = visible(i0 + r, j0, nk);
         let row = &mut s[r * lds..r * lds + vis];
@@ -208,7 +279,6 @@ fn offset(n: usize) -> f32 {
 
 /// Per-task scratch of the forward, sized for one query tile.
 pub(crate) struct FwdScratch {
-    kt: Vec<f32>,
     s: Vec<f32>,
     acc: Vec<f32>,
     tmp: Vec<f32>,
@@ -220,7 +290,6 @@ impl FwdScratch {
         let bkp = dims.bk_pad();
         let nkt = dims.t.div_ceil(dims.bk);
         Self {
-            kt: vec![0.0; dims.d * bkp],
             s: vec![0.0; dims.bq * bkp],
             acc: vec![0.0; dims.bq * dims.d],
             tmp: vec![0.0; bkp],
@@ -274,7 +343,7 @@ fn forward_body<const FMA: bool>(
     for kt in 0..nkt {
         let j0 = kt * dims.bk;
         let nk = dims.bk.min(dims.t - j0);
-        scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.kt, &mut sc.s, lds);
+        scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
         for r in 0..nq {
             let vis = visible(i0 + r, j0, nk);
             let row = &mut sc.s[r * lds..r * lds + lds];
@@ -287,7 +356,7 @@ fn forward_body<const FMA: bool>(
                 continue;
             }
             if plan.running_max {
-                let tile_max = live.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                let tile_max = lane_max(live);
                 if reweight.is_some() {
                     sc.tmax[r * nkt + kt] = tile_max; // raw score; f = exp(s - final max) later
                 }
@@ -301,17 +370,17 @@ fn forward_body<const FMA: bool>(
                 live.iter_mut().for_each(|x| *x -= m);
             }
             plan.act.apply::<FMA>(live);
-            let sum: f32 = if plan.signed { live.iter().map(|x| x.abs()).sum() } else { live.iter().sum() };
+            let sum: f32 = if plan.signed { lane_abs_sum(live) } else { lane_sum(live) };
             z[r] += sum as f64;
             if reweight.is_some() && !plan.running_max {
-                let m = live.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+                let m = lane_max(live);
                 sc.tmax[r * nkt + kt] = m;
                 fmax[r] = fmax[r].max(m);
             }
         }
         if reweight.is_none() {
             let v = &head.v[j0 * head.ldv..];
-            tile::matmul_acc::<FMA>(&sc.s, lds, v, head.ldv, nq, nk, d, acc, d);
+            tile::matmul_acc::<FMA>(dims.isa, &sc.s, lds, v, head.ldv, nq, nk, d, acc, d);
         }
     }
 
@@ -364,7 +433,7 @@ fn forward_body<const FMA: bool>(
         }
         let j0 = kt * dims.bk;
         let nk = dims.bk.min(dims.t - j0);
-        scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.kt, &mut sc.s, lds);
+        scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
         for r in 0..nq {
             let n = i0 + r + 1;
             let vis = visible(i0 + r, j0, nk);
@@ -385,10 +454,10 @@ fn forward_body<const FMA: bool>(
                 live.iter_mut().for_each(|x| *x = (math::fmadd::<FMA>(*x, na, -off)).max(0.0) * inv_m);
                 pow_slice(live, p, &mut sc.tmp);
             }
-            wsum[r] += live.iter().sum::<f32>() as f64;
+            wsum[r] += lane_sum(live) as f64;
         }
         let v = &head.v[j0 * head.ldv..];
-        tile::matmul_acc::<FMA>(&sc.s, lds, v, head.ldv, nq, nk, d, acc, d);
+        tile::matmul_acc::<FMA>(dims.isa, &sc.s, lds, v, head.ldv, nq, nk, d, acc, d);
     }
     for r in 0..nq {
         let scale = if umax[r] <= 0.0 { 1.0 } else { 1.0 / (wsum[r] as f32) };
@@ -423,8 +492,6 @@ pub(crate) struct RowGrad {
 
 /// Per-task scratch of the backward.
 pub(crate) struct BwdScratch {
-    kt: Vec<f32>,
-    vt: Vec<f32>,
     s: Vec<f32>,
     f: Vec<f32>,
     gv: Vec<f32>,
@@ -440,8 +507,6 @@ impl BwdScratch {
         let bkp = dims.bk_pad();
         let tile = dims.bq.max(dims.bk) * bkp.max(dims.bq);
         Self {
-            kt: vec![0.0; dims.d * bkp],
-            vt: vec![0.0; dims.d * bkp],
             s: vec![0.0; dims.bq * bkp],
             f: vec![0.0; dims.bq * bkp],
             gv: vec![0.0; dims.bq * bkp],
@@ -476,9 +541,10 @@ fn grad_tile<const FMA: bool>(
 ) {
     let lds = dims.bk_pad();
     let n_pad = pad_nr(nk);
-    scores::<FMA>(plan, head, dims, rows, i0, nq, j0, nk, &mut sc.kt, &mut sc.s, lds);
-    tile::pack_transposed(&head.v[j0 * head.ldv..], head.ldv, nk, dims.d, &mut sc.vt);
-    tile::matmul_nt::<FMA>(&g[i0 * ldg..], ldg, &sc.vt, n_pad, dims.d, nq, &mut sc.gv, lds);
+    scores::<FMA>(plan, head, dims, rows, i0, nq, j0, nk, &mut sc.s, lds);
+    let vt = &head.vt[j0 / dims.bk * dims.d * dims.bk_pad()..];
+    tile::matmul_nt::<FMA>(dims.isa, &g[i0 * ldg..], ldg, vt, dims.bk_pad(), dims.d, nq, &mut sc.gv, lds);
+    let _ = n_pad;
     for r in 0..nq {
         let i = i0 + r;
         let n = i + 1;
@@ -602,9 +668,10 @@ crate::multiversion! {
             let j0 = kt * dims.bk;
             let nk = dims.bk.min(dims.t - j0);
             let n_pad = pad_nr(nk);
-            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.kt, &mut sc.s, lds);
-            tile::pack_transposed(&head.v[j0 * head.ldv..], head.ldv, nk, d, &mut sc.vt);
-            tile::matmul_nt::<FMA>(&g[i0 * ldg..], ldg, &sc.vt, n_pad, d, nq, &mut sc.gv, lds);
+            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
+            let vt = &head.vt[kt * d * dims.bk_pad()..];
+            tile::matmul_nt::<FMA>(dims.isa, &g[i0 * ldg..], ldg, vt, dims.bk_pad(), d, nq, &mut sc.gv, lds);
+            let _ = n_pad;
             for r in 0..nq {
                 let i = i0 + r;
                 let n = i + 1;
@@ -682,9 +749,9 @@ crate::multiversion! {
                         sc.pt[c * nq + r] = sc.gv[r * lds + c];
                     }
                 }
-                tile::matmul_acc::<FMA>(&sc.wt, nq, &g[i0 * ldg..], ldg, nk, nq, d, &mut sc.dv, d);
-                tile::matmul_acc::<FMA>(&sc.pt, nq, &head.q[i0 * head.ldq..], head.ldq, nk, nq, d, &mut sc.dk, d);
-                tile::matmul_acc::<FMA>(&sc.gv, lds, &head.k[j0 * head.ldk..], head.ldk, nq, nk, d, &mut dq_part[i0 * d..], d);
+                tile::matmul_acc::<FMA>(dims.isa, &sc.wt, nq, &g[i0 * ldg..], ldg, nk, nq, d, &mut sc.dv, d);
+                tile::matmul_acc::<FMA>(dims.isa, &sc.pt, nq, &head.q[i0 * head.ldq..], head.ldq, nk, nq, d, &mut sc.dk, d);
+                tile::matmul_acc::<FMA>(dims.isa, &sc.gv, lds, &head.k[j0 * head.ldk..], head.ldk, nq, nk, d, &mut dq_part[i0 * d..], d);
             }
             if plan.cosine {
                 for c in 0..nk {

@@ -168,11 +168,11 @@ pub fn is_fused(variant: &Variant) -> bool {
     plan(variant, 64).is_ok()
 }
 
-fn dims(p: &Params, tuning: Tuning) -> Result<Dims> {
+fn dims(p: &Params, tuning: Tuning, isa: Isa) -> Result<Dims> {
     if tuning.block_q == 0 || tuning.block_k == 0 {
         return Err(Error::BadParams(format!("tile sizes must be >= 1, got {tuning:?}")));
     }
-    Ok(Dims { t: p.seq_len, d: p.head_dim, bq: tuning.block_q, bk: tuning.block_k })
+    Ok(Dims { isa: isa.assert_supported(), t: p.seq_len, d: p.head_dim, bq: tuning.block_q, bk: tuning.block_k })
 }
 
 /// The `(b, h)` head of a raw tensor as a slice covering its `T` rows.
@@ -206,9 +206,38 @@ unsafe fn inverse_norms(p: &Params, cosine: bool) -> Vec<f32> {
     out
 }
 
+/// Every head's key tiles (and value tiles when `values`) packed for the score products:
+/// `(B·H, packed_len)` each. `O(B·H·T·d)`, the size of the input.
+///
 /// # Safety
 /// As [`forward_raw`].
-unsafe fn head<'a>(p: &Params, norms: &'a [f32], b: usize, h: usize) -> Head<'a> {
+unsafe fn pack(p: &Params, dims: Dims, values: bool) -> (Vec<f32>, Vec<f32>) {
+    let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
+    let len = engine::packed_len(dims);
+    let one = |x: RawTensor<*const f32>| -> Vec<f32> {
+        let mut out = vec![0.0f32; bh * len];
+        let x = SendPtr(x);
+        out.par_chunks_mut(len).enumerate().for_each(|(i, dst)| {
+            let x = x;
+            // SAFETY: forwarded from the caller of the raw entry point.
+            let (src, ld) = unsafe { head_slice(x.0, i / p.heads, i % p.heads, t, d) };
+            engine::pack_head(src, ld, dims, dst);
+        });
+        out
+    };
+    (one(p.k), if values { one(p.v) } else { Vec::new() })
+}
+
+/// # Safety
+/// As [`forward_raw`]; `packed` from [`pack`] for the same call.
+unsafe fn head<'a>(
+    p: &Params,
+    norms: &'a [f32],
+    packed: &'a (Vec<f32>, Vec<f32>),
+    dims: Dims,
+    b: usize,
+    h: usize,
+) -> Head<'a> {
     let (t, d) = (p.seq_len, p.head_dim);
     // SAFETY: forwarded.
     let ((q, ldq), (k, ldk), (v, ldv)) =
@@ -219,7 +248,11 @@ unsafe fn head<'a>(p: &Params, norms: &'a [f32], b: usize, h: usize) -> Head<'a>
         let x = (b * p.heads + h) * 2 * t;
         (&norms[x..x + t], &norms[x + t..x + 2 * t])
     };
-    Head { q, k, v, ldq, ldk, ldv, inq, ink }
+    let len = engine::packed_len(dims);
+    let x = b * p.heads + h;
+    let kt = &packed.0[x * len..(x + 1) * len];
+    let vt = if packed.1.is_empty() { &[][..] } else { &packed.1[x * len..(x + 1) * len] };
+    Head { q, k, v, ldq, ldk, ldv, inq, ink, kt, vt }
 }
 
 /// Writes `rows` (row-major, `d` wide) to rows `[i0, ..)` of head `(b, h)` of `x`.
@@ -244,10 +277,12 @@ unsafe fn write_rows(x: RawTensor<*mut f32>, b: usize, h: usize, i0: usize, d: u
 /// else. Shapes are not checked here (the ndarray API checks them); `T >= 1`, `d >= 1`.
 pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Result<()> {
     let plan = plan(variant, p.head_dim)?;
-    let dims = dims(p, opts.tuning)?;
+    let dims = dims(p, opts.tuning, opts.isa)?;
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
     // SAFETY: forwarded from our caller.
     let norms = unsafe { inverse_norms(p, plan.cosine) };
+    // SAFETY: forwarded.
+    let packed = unsafe { pack(p, dims, false) };
     let nqt = t.div_ceil(dims.bq);
     let (o, stats) = (SendPtr(p.o), SendPtr(p.stats));
     let isa = opts.isa.assert_supported();
@@ -261,7 +296,7 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Resu
             let nq = dims.bq.min(t - i0);
             // SAFETY: forwarded; this task alone writes rows [i0, i0 + nq) of head (b, h).
             unsafe {
-                let hd = head(p, &norms, b, h);
+                let hd = head(p, &norms, &packed, dims, b, h);
                 let st = std::slice::from_raw_parts_mut(stats.0.add((x * t + i0) * STATS), nq * STATS);
                 engine::forward_tile(isa, &plan, &hd, dims, i0, nq, sc, &mut out[..nq * d], st);
                 write_rows(o.0, b, h, i0, d, &out[..nq * d]);
@@ -278,11 +313,13 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Resu
 /// As [`forward_raw`], for every pointer of `p`; `dq`, `dk`, `dv` must not alias anything else.
 pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Result<()> {
     let plan = plan(variant, p.head_dim)?;
-    let dims = dims(p, opts.tuning)?;
+    let dims = dims(p, opts.tuning, opts.isa)?;
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
     let isa = opts.isa.assert_supported();
     // SAFETY: forwarded from our caller.
     let norms = unsafe { inverse_norms(p, plan.cosine) };
+    // SAFETY: forwarded.
+    let packed = unsafe { pack(p, dims, true) };
     let stats_all = SendPtr(p.stats as *const f32);
     let nqt = t.div_ceil(dims.bq);
     let nkt = t.div_ceil(dims.bk);
@@ -339,7 +376,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
                 let nq = dims.bq.min(t - i0);
                 // SAFETY: forwarded; rows [i0, i0+nq) of head x of `rg` belong to this task alone.
                 unsafe {
-                    let hd = head(p, &norms, b, h);
+                    let hd = head(p, &norms, &packed, dims, b, h);
                     let (os, ldo) = head_slice(o.0, b, h, t, d);
                     let st = std::slice::from_raw_parts(stats_all.0.add(x * t * STATS), t * STATS);
                     let rgt = std::slice::from_raw_parts_mut(rg_ptr.0.add(x * t + i0), nq);
@@ -364,7 +401,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
             let kts: Vec<usize> = (chunk..nkt).step_by(chunks).collect();
             // SAFETY: forwarded; this task alone writes the dk, dv rows of its key tiles.
             unsafe {
-                let hd = head(p, &norms, b, h);
+                let hd = head(p, &norms, &packed, dims, b, h);
                 let st = std::slice::from_raw_parts(stats_all.0.add(x * t * STATS), t * STATS);
                 let (g, ldg) = g_of(b, h);
                 let mut write_kv = |j0: usize, _nk: usize, dk: &[f32], dv: &[f32]| {
@@ -400,7 +437,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
         }
         if plan.cosine {
             // SAFETY: forwarded.
-            let hd = unsafe { head(p, &norms, b, h) };
+            let hd = unsafe { head(p, &norms, &packed, dims, b, h) };
             for i in 0..t {
                 engine::project(&mut first[i * d..(i + 1) * d], &hd.q[i * hd.ldq..i * hd.ldq + d], hd.inq[i]);
             }

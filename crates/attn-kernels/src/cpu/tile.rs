@@ -1,15 +1,19 @@
 //! Register-tiled f32 micro-kernels for the two small products every attention tile needs:
 //! `C = A · Bᵀ` (scores `q·k`, and `g·v` in the backward) and `C += A · B` (`a·v`, `dv`, `dk`, `dq`).
 //!
-//! They are `#[inline(always)]` and generic over `FMA`, so each ISA instantiation of a kernel task
-//! (see `isa.rs`) compiles them with its own vector width: `MR` rows times `NR` columns of
-//! accumulators stay in registers while the shared dimension streams through. With `FMA = false`
-//! (the scalar fallback) we use `a * b + c`, because `f32::mul_add` without the `fma` target feature
-//! is a libm call.
+//! [`matmul_nt`] and [`matmul_acc`] dispatch on the [`Isa`]: explicit AVX-512 and AVX2+FMA
+//! intrinsics, else the portable versions ([`portable_nt`], [`portable_acc`]), which are plain Rust
+//! generic over `FMA` (with `FMA = false` they use `a * b + c`, because `f32::mul_add` without the
+//! `fma` target feature is a libm call).
 //!
-//! Register blocks (tuning notes): `MR = 4, NR = 32` keeps 8 accumulator vectors live on AVX-512
-//! (16 on AVX2, which has 16 ymm registers: spills were measured to cost less than halving `NR`
-//! because the `k` loop is short). Wider `NR = 64` blocks gave no gain at d = 64 and hurt the tails.
+//! Kernel lab (measured on the 2-core AVX-512 dev machine, LSSA forward, B=1, H=12, T=2048, d=64):
+//!
+//! - v1 portable code only, `MR x NR = 4 x 32` accumulator arrays, relying on LLVM to vectorise
+//!   inside the `#[target_feature]` wrappers: 5.4 GFLOP/s. LLVM fully unrolled the 32-wide loop
+//!   and kept the accumulators on the stack as scalars (`vfmadd213ss` to memory): rejected.
+//! - v2 (this file) explicit intrinsics: AVX-512 `8 x 32` blocks (16 zmm accumulators + 2 for `B`,
+//!   of 32 registers), AVX2 `4 x 16` blocks (8 ymm accumulators + 2, of 16); column tails by masked
+//!   loads/stores (AVX-512) or a scalar loop (AVX2).
 
 /// Fused multiply-add when the instantiation has FMA, else a plain multiply and add.
 #[inline(always)]
@@ -17,10 +21,346 @@ pub(crate) fn fmadd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
     if FMA { a.mul_add(b, c) } else { a * b + c }
 }
 
-/// Rows per register block.
+/// Rows per register block of the portable kernels.
 pub(crate) const MR: usize = 4;
 /// Columns per register block; packed operands are padded to a multiple of this.
 pub(crate) const NR: usize = 32;
+
+use crate::cpu::isa::Isa;
+
+/// `C = A · Bᵀ`; see [`portable_nt`] for the layout. Dispatches on `isa`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_nt<const FMA: bool>(
+    isa: Isa,
+    a: &[f32],
+    lda: usize,
+    bt: &[f32],
+    n_pad: usize,
+    k: usize,
+    m: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    if m == 0 || k == 0 {
+        c.iter_mut().take(m.saturating_sub(1) * ldc + if m > 0 { n_pad } else { 0 }).for_each(|x| *x = 0.0);
+        return;
+    }
+    // The intrinsics below index with raw pointers: check the extents once here.
+    assert!(n_pad % NR == 0 && a.len() >= (m - 1) * lda + k && bt.len() >= k * n_pad);
+    assert!(c.len() >= (m - 1) * ldc + n_pad);
+    match isa {
+        // SAFETY: extents checked above; the ISA was checked supported by the caller's dispatch.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::nt_avx512(a.as_ptr(), lda, bt.as_ptr(), n_pad, k, m, c.as_mut_ptr(), ldc) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma => unsafe { x86::nt_avx2(a.as_ptr(), lda, bt.as_ptr(), n_pad, k, m, c.as_mut_ptr(), ldc) },
+        _ => portable_nt::<FMA>(a, lda, bt, n_pad, k, m, c, ldc),
+    }
+}
+
+/// `C += A · B`; see [`portable_acc`] for the layout. Dispatches on `isa`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_acc<const FMA: bool>(
+    isa: Isa,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    if m == 0 || n == 0 || k == 0 {
+        return;
+    }
+    assert!(a.len() >= (m - 1) * lda + n && b.len() >= (n - 1) * ldb + k && c.len() >= (m - 1) * ldc + k);
+    match isa {
+        // SAFETY: extents checked above; ISA checked by the caller's dispatch.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::acc_avx512(a.as_ptr(), lda, b.as_ptr(), ldb, m, n, k, c.as_mut_ptr(), ldc) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma => unsafe { x86::acc_avx2(a.as_ptr(), lda, b.as_ptr(), ldb, m, n, k, c.as_mut_ptr(), ldc) },
+        _ => portable_acc::<FMA>(a, lda, b, ldb, m, n, k, c, ldc),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+mod x86 {
+    //! The intrinsics kernels. Every function requires the extents checked by its dispatcher.
+    use std::arch::x86_64::*;
+
+    /// Rows of an AVX-512 block.
+    const MR512: usize = 8;
+    /// Rows of an AVX2 block.
+    const MR256: usize = 4;
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn nt_block_avx512<const R: usize>(
+        a: *const f32,
+        lda: usize,
+        bt: *const f32,
+        n_pad: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        // SAFETY (whole body): pointers stay inside the extents the dispatcher checked.
+        unsafe {
+            let mut j = 0;
+            while j < n_pad {
+                let mut acc = [[_mm512_setzero_ps(); 2]; R];
+                for t in 0..k {
+                    let b0 = _mm512_loadu_ps(bt.add(t * n_pad + j));
+                    let b1 = _mm512_loadu_ps(bt.add(t * n_pad + j + 16));
+                    for r in 0..R {
+                        let x = _mm512_set1_ps(*a.add(r * lda + t));
+                        acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
+                        acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
+                    }
+                }
+                for r in 0..R {
+                    _mm512_storeu_ps(c.add(r * ldc + j), acc[r][0]);
+                    _mm512_storeu_ps(c.add(r * ldc + j + 16), acc[r][1]);
+                }
+                j += 32;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn nt_avx512(
+        a: *const f32,
+        lda: usize,
+        bt: *const f32,
+        n_pad: usize,
+        k: usize,
+        m: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let mut i = 0;
+        // SAFETY: row blocks stay below m.
+        unsafe {
+            while i + MR512 <= m {
+                nt_block_avx512::<MR512>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
+                i += MR512;
+            }
+            while i < m {
+                nt_block_avx512::<1>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
+                i += 1;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn acc_block_avx512<const R: usize>(
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        n: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        // SAFETY (whole body): pointers stay inside the checked extents; the last column block is masked.
+        unsafe {
+            let mut col = 0;
+            while col < k {
+                let w0 = (k - col).min(16);
+                let w1 = (k - col).saturating_sub(16).min(16);
+                let m0: __mmask16 = if w0 == 16 { 0xFFFF } else { (1u16 << w0) - 1 };
+                let m1: __mmask16 = if w1 == 16 { 0xFFFF } else { (1u16 << w1) - 1 };
+                let mut acc = [[_mm512_setzero_ps(); 2]; R];
+                for r in 0..R {
+                    acc[r][0] = _mm512_maskz_loadu_ps(m0, c.add(r * ldc + col));
+                    acc[r][1] = _mm512_maskz_loadu_ps(m1, c.add(r * ldc + col + 16));
+                }
+                for t in 0..n {
+                    let b0 = _mm512_maskz_loadu_ps(m0, b.add(t * ldb + col));
+                    let b1 = _mm512_maskz_loadu_ps(m1, b.add(t * ldb + col + 16));
+                    for r in 0..R {
+                        let x = _mm512_set1_ps(*a.add(r * lda + t));
+                        acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
+                        acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
+                    }
+                }
+                for r in 0..R {
+                    _mm512_mask_storeu_ps(c.add(r * ldc + col), m0, acc[r][0]);
+                    _mm512_mask_storeu_ps(c.add(r * ldc + col + 16), m1, acc[r][1]);
+                }
+                col += 32;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn acc_avx512(
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let mut i = 0;
+        // SAFETY: row blocks stay below m.
+        unsafe {
+            while i + MR512 <= m {
+                acc_block_avx512::<MR512>(a.add(i * lda), lda, b, ldb, n, k, c.add(i * ldc), ldc);
+                i += MR512;
+            }
+            while i < m {
+                acc_block_avx512::<1>(a.add(i * lda), lda, b, ldb, n, k, c.add(i * ldc), ldc);
+                i += 1;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn nt_block_avx2<const R: usize>(
+        a: *const f32,
+        lda: usize,
+        bt: *const f32,
+        n_pad: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        // SAFETY (whole body): as the AVX-512 version; n_pad is a multiple of 16.
+        unsafe {
+            let mut j = 0;
+            while j < n_pad {
+                let mut acc = [[_mm256_setzero_ps(); 2]; R];
+                for t in 0..k {
+                    let b0 = _mm256_loadu_ps(bt.add(t * n_pad + j));
+                    let b1 = _mm256_loadu_ps(bt.add(t * n_pad + j + 8));
+                    for r in 0..R {
+                        let x = _mm256_set1_ps(*a.add(r * lda + t));
+                        acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
+                        acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+                    }
+                }
+                for r in 0..R {
+                    _mm256_storeu_ps(c.add(r * ldc + j), acc[r][0]);
+                    _mm256_storeu_ps(c.add(r * ldc + j + 8), acc[r][1]);
+                }
+                j += 16;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn nt_avx2(
+        a: *const f32,
+        lda: usize,
+        bt: *const f32,
+        n_pad: usize,
+        k: usize,
+        m: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let mut i = 0;
+        // SAFETY: row blocks stay below m.
+        unsafe {
+            while i + MR256 <= m {
+                nt_block_avx2::<MR256>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
+                i += MR256;
+            }
+            while i < m {
+                nt_block_avx2::<1>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
+                i += 1;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn acc_block_avx2<const R: usize>(
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        n: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        // SAFETY (whole body): full 16-column blocks only; the caller handles the column tail.
+        unsafe {
+            let mut col = 0;
+            while col + 16 <= k {
+                let mut acc = [[_mm256_setzero_ps(); 2]; R];
+                for r in 0..R {
+                    acc[r][0] = _mm256_loadu_ps(c.add(r * ldc + col));
+                    acc[r][1] = _mm256_loadu_ps(c.add(r * ldc + col + 8));
+                }
+                for t in 0..n {
+                    let b0 = _mm256_loadu_ps(b.add(t * ldb + col));
+                    let b1 = _mm256_loadu_ps(b.add(t * ldb + col + 8));
+                    for r in 0..R {
+                        let x = _mm256_set1_ps(*a.add(r * lda + t));
+                        acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
+                        acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
+                    }
+                }
+                for r in 0..R {
+                    _mm256_storeu_ps(c.add(r * ldc + col), acc[r][0]);
+                    _mm256_storeu_ps(c.add(r * ldc + col + 8), acc[r][1]);
+                }
+                col += 16;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn acc_avx2(
+        a: *const f32,
+        lda: usize,
+        b: *const f32,
+        ldb: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let mut i = 0;
+        // SAFETY: row blocks stay below m; the tail columns are done element-wise within k.
+        unsafe {
+            while i + MR256 <= m {
+                acc_block_avx2::<MR256>(a.add(i * lda), lda, b, ldb, n, k, c.add(i * ldc), ldc);
+                i += MR256;
+            }
+            while i < m {
+                acc_block_avx2::<1>(a.add(i * lda), lda, b, ldb, n, k, c.add(i * ldc), ldc);
+                i += 1;
+            }
+            let k_main = k / 16 * 16;
+            if k_main < k {
+                for i in 0..m {
+                    for t in 0..n {
+                        let x = *a.add(i * lda + t);
+                        for col in k_main..k {
+                            let cp = c.add(i * ldc + col);
+                            *cp = x.mul_add(*b.add(t * ldb + col), *cp);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
 
 /// Rounds `n` up to a multiple of [`NR`].
 #[inline(always)]
@@ -28,27 +368,32 @@ pub(crate) const fn pad_nr(n: usize) -> usize {
     n.div_ceil(NR) * NR
 }
 
-/// Packs rows `b[0..n]` (each `k` long, row stride `ldb`) transposed into `bt` as a `k x n_pad`
-/// row-major matrix with zero padding, for [`matmul_nt`].
+/// [`pack_transposed`] into a block of fixed width `n_pad >= pad_nr(n)` (zero padding up to it).
 #[inline(always)]
-pub(crate) fn pack_transposed(b: &[f32], ldb: usize, n: usize, k: usize, bt: &mut [f32]) {
-    let n_pad = pad_nr(n);
-    debug_assert!(bt.len() >= k * n_pad);
+pub(crate) fn pack_transposed_padded(b: &[f32], ldb: usize, n: usize, k: usize, n_pad: usize, bt: &mut [f32]) {
+    debug_assert!(n_pad >= pad_nr(n) && n_pad % NR == 0 && bt.len() >= k * n_pad);
+    for c in 0..k {
+        bt[c * n_pad + n..c * n_pad + n_pad].fill(0.0);
+    }
     for j in 0..n {
         let row = &b[j * ldb..j * ldb + k];
         for (c, &x) in row.iter().enumerate() {
             bt[c * n_pad + j] = x;
         }
     }
-    for c in 0..k {
-        bt[c * n_pad + n..c * n_pad + n_pad].fill(0.0);
-    }
+}
+
+/// Packs rows `b[0..n]` (each `k` long, row stride `ldb`) transposed into `bt` as a `k x pad_nr(n)`
+/// row-major matrix with zero padding.
+#[cfg(test)]
+pub(crate) fn pack_transposed(b: &[f32], ldb: usize, n: usize, k: usize, bt: &mut [f32]) {
+    pack_transposed_padded(b, ldb, n, k, pad_nr(n), bt);
 }
 
 /// `c[i][j] = sum_t a[i][t] * bt[t][j]` for `i < m`, `j < n_pad`: `a` has row stride `lda`, `bt` is
 /// `k x n_pad` (from [`pack_transposed`]), `c` has row stride `ldc >= n_pad`. Overwrites `c`.
 #[inline(always)]
-pub(crate) fn matmul_nt<const FMA: bool>(
+pub(crate) fn portable_nt<const FMA: bool>(
     a: &[f32],
     lda: usize,
     bt: &[f32],
@@ -103,7 +448,7 @@ pub(crate) fn matmul_nt<const FMA: bool>(
 /// `b` row stride `ldb`, `c` row stride `ldc`. Column blocks of [`NR`] are register-tiled; the column
 /// tail (head dims not a multiple of 32) runs one vector-friendly row at a time.
 #[inline(always)]
-pub(crate) fn matmul_acc<const FMA: bool>(
+pub(crate) fn portable_acc<const FMA: bool>(
     a: &[f32],
     lda: usize,
     b: &[f32],
@@ -190,24 +535,27 @@ mod tests {
 
     #[test]
     fn matmul_nt_matches_naive_on_awkward_sizes() {
-        for &(m, n, k) in &[(1, 1, 1), (4, 32, 64), (7, 33, 40), (64, 64, 72), (5, 100, 128), (3, 31, 1)] {
+        for &(m, n, k) in
+            &[(1, 1, 1), (4, 32, 64), (7, 33, 40), (64, 64, 72), (5, 100, 128), (3, 31, 1), (9, 64, 64), (17, 5, 8)]
+        {
             let a = data(m * k, 1);
             let b = data(n * k, 2);
             let n_pad = pad_nr(n);
             let mut bt = vec![f32::NAN; k * n_pad];
             pack_transposed(&b, k, n, k, &mut bt);
             let mut c = vec![0.0; m * n_pad];
-            for fma in [false, true] {
+            for isa in Isa::all_supported() {
+                let fma = isa != Isa::Scalar;
                 if fma {
-                    matmul_nt::<true>(&a, k, &bt, n_pad, k, m, &mut c, n_pad);
+                    matmul_nt::<true>(isa, &a, k, &bt, n_pad, k, m, &mut c, n_pad);
                 } else {
-                    matmul_nt::<false>(&a, k, &bt, n_pad, k, m, &mut c, n_pad);
+                    matmul_nt::<false>(isa, &a, k, &bt, n_pad, k, m, &mut c, n_pad);
                 }
                 let want = naive_nt(&a, &b, m, n, k);
                 for i in 0..m {
                     for j in 0..n {
                         let err = (c[i * n_pad + j] as f64 - want[i * n + j]).abs();
-                        assert!(err < 1e-4, "({m},{n},{k}) fma={fma} [{i},{j}] err {err}");
+                        assert!(err < 1e-4, "({m},{n},{k}) {isa} [{i},{j}] err {err}");
                     }
                     assert!(c[i * n_pad + n..(i + 1) * n_pad].iter().all(|&x| x == 0.0), "padding must be zero");
                 }
@@ -217,23 +565,26 @@ mod tests {
 
     #[test]
     fn matmul_acc_matches_naive_on_awkward_sizes() {
-        for &(m, n, k) in &[(1, 1, 1), (4, 64, 64), (9, 17, 40), (64, 64, 72), (6, 5, 128), (2, 3, 33)] {
+        for &(m, n, k) in
+            &[(1, 1, 1), (4, 64, 64), (9, 17, 40), (64, 64, 72), (6, 5, 128), (2, 3, 33), (17, 24, 100), (8, 8, 16)]
+        {
             let a = data(m * n, 3);
             let b = data(n * k, 4);
             let init = data(m * k, 5);
-            for fma in [false, true] {
+            for isa in Isa::all_supported() {
+                let fma = isa != Isa::Scalar;
                 let mut c = init.clone();
                 if fma {
-                    matmul_acc::<true>(&a, n, &b, k, m, n, k, &mut c, k);
+                    matmul_acc::<true>(isa, &a, n, &b, k, m, n, k, &mut c, k);
                 } else {
-                    matmul_acc::<false>(&a, n, &b, k, m, n, k, &mut c, k);
+                    matmul_acc::<false>(isa, &a, n, &b, k, m, n, k, &mut c, k);
                 }
                 for i in 0..m {
                     for col in 0..k {
                         let want: f64 = init[i * k + col] as f64
                             + (0..n).map(|t| a[i * n + t] as f64 * b[t * k + col] as f64).sum::<f64>();
                         let err = (c[i * k + col] as f64 - want).abs();
-                        assert!(err < 1e-4, "({m},{n},{k}) fma={fma} [{i},{col}] err {err}");
+                        assert!(err < 1e-4, "({m},{n},{k}) {isa} [{i},{col}] err {err}");
                     }
                 }
             }

@@ -16,9 +16,10 @@
 //! output   o_i  = sum_j w_ij v_j
 //! ```
 //!
-//! Memory: besides the inputs, each stage-1 function keeps about three `(B, H, T, T)` tensors alive at
-//! its peak without autograd; the re-weighting stage adds about two more. With autograd recording,
-//! every intermediate is saved for the backward pass (see `lssa-benches` for measured factors).
+//! Memory: besides the inputs, the forward keeps about four `(B, H, T, T)` tensors alive at its peak
+//! without autograd (measured: 4.1 for LSSA and LSSAR at `T = 4096`); with autograd recording every
+//! intermediate is saved for the backward (measured forward+backward peaks: 8.3 for LSSA, 12.3 for
+//! LSSAR; `bench-kernels memory` reproduces these numbers).
 
 use tch::{Device, Kind, Tensor};
 
