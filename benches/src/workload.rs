@@ -273,16 +273,25 @@ impl Workload {
     }
 }
 
-/// One fused forward (and backward) on the caller's rayon pool.
+/// One fused forward, or forward+backward, on the caller's rayon pool.
+///
+/// `attn_kernels::cpu::backward` runs the forward itself (for its per-row statistics; documented on
+/// that function), so forward+backward is one `backward` call: calling `forward` first would count the
+/// forward twice, which SDPA (it saves its statistics) does not pay. When the kernels grow a
+/// forward-with-statistics / backward-from-statistics pair, time that pair here instead.
 fn run_fused(variant: &VariantSpec, pass: Pass, [q, k, v, g]: [&Array4<f32>; 4]) -> Result<()> {
     let (q, k, v) = (q.view(), k.view(), v.view());
-    let out = attn_kernels::cpu::forward(&variant.variant, q, k, v)
-        .map_err(|e| anyhow!("fused forward `{}`: {e}", variant.name))?;
-    black_box(&out);
-    if pass == Pass::ForwardBackward {
-        let grads = attn_kernels::cpu::backward(&variant.variant, q, k, v, g.view())
-            .map_err(|e| anyhow!("fused backward `{}`: {e}", variant.name))?;
-        black_box((&grads.dq, &grads.dk, &grads.dv));
+    match pass {
+        Pass::Forward => {
+            let out = attn_kernels::cpu::forward(&variant.variant, q, k, v)
+                .map_err(|e| anyhow!("fused forward `{}`: {e}", variant.name))?;
+            black_box(&out);
+        }
+        Pass::ForwardBackward => {
+            let grads = attn_kernels::cpu::backward(&variant.variant, q, k, v, g.view())
+                .map_err(|e| anyhow!("fused backward `{}`: {e}", variant.name))?;
+            black_box((&grads.dq, &grads.dk, &grads.dv));
+        }
     }
     Ok(())
 }

@@ -15,7 +15,8 @@
 //!
 //! What is timed, per sequence length `T` (B=1, H=12, d=64, causal, f32):
 //!
-//! - `fused`: `attn_kernels::cpu::{forward, backward}` in a rayon pool of `--threads` threads;
+//! - `fused`: `attn_kernels::cpu::forward` (fwd) and `attn_kernels::cpu::backward` (fwd+bwd: it runs the
+//!   forward itself) in a rayon pool of `--threads` threads;
 //! - `sdpa`: libtorch `scaled_dot_product_attention` (causal softmax), `tch::set_num_threads(--threads)`;
 //! - `torch-ops`: `gpt_model::attention::torch_ops` with its `(B, H, T, T)` matrices and autograd,
 //!   skipped where its estimated memory exceeds `--torch-ops-max-gib`;

@@ -503,3 +503,38 @@ proptest! {
         check_case(FUSED[which], (1, 1, t, d), seed, 1.0, &opts);
     }
 }
+
+/// A user's activation the kernels do not know: it must run (element by element) and still match.
+#[derive(Debug, Clone)]
+struct Squareplus;
+
+impl attn_core::Activation for Squareplus {
+    fn name(&self) -> &str {
+        "squareplus"
+    }
+    fn value(&self, x: f64) -> f64 {
+        (x + (x * x + 4.0).sqrt()) / 2.0
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        (1.0 + x / (x * x + 4.0).sqrt()) / 2.0
+    }
+    fn is_non_negative(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_users_own_activation_runs_fused() {
+    let v = Variant::builder().activation(Squareplus).reweight(3).build().unwrap();
+    let q = random((1, 2, 30, 16), 51, 1.0);
+    let k = random((1, 2, 30, 16), 52, 1.0);
+    let val = random((1, 2, 30, 16), 53, 1.0);
+    let want = attn_core::forward(&v, &to64(&q), &to64(&k), &to64(&val)).unwrap();
+    let got = cpu::forward(&v, &q, &k, &val).unwrap();
+    assert!(max_abs_diff(&got, &want) < 1e-5, "{}", max_abs_diff(&got, &want));
+    let want = attn_core::backward(&v, &to64(&q), &to64(&k), &to64(&val), &to64(&val)).unwrap();
+    let got = cpu::backward(&v, &q, &k, &val, &val).unwrap();
+    for (a, b) in [(&got.dq, &want.dq), (&got.dk, &want.dk), (&got.dv, &want.dv)] {
+        assert!(max_abs_diff(a, b) < 1e-4 * max_abs(b).max(1.0), "{}", max_abs_diff(a, b));
+    }
+}

@@ -233,11 +233,45 @@ fn scores<const FMA: bool>(
     }
 }
 
-/// `xs <- xs^p` by repeated squaring over the slice (`tmp` is scratch of the same length).
+/// `xs <- xs^P` with `P` known at compile time: the squarings unroll and stay in registers.
+#[inline(always)]
+fn pow_const<const P: u32>(xs: &mut [f32]) {
+    xs.iter_mut().for_each(|x| {
+        let (mut base, mut acc, mut e) = (*x, 1.0f32, P);
+        while e > 0 {
+            if e & 1 == 1 {
+                acc *= base;
+            }
+            base *= base;
+            e >>= 1;
+        }
+        *x = acc;
+    });
+}
+
+/// `xs <- xs^p`: the powers the paper and its sweeps use (and their `p - 1` for gradients) are
+/// compiled as constants (one pass, in registers); any other `p` runs repeated squaring over the
+/// slice (`tmp` is scratch of the same length), one pass per bit of `p`.
 #[inline(always)]
 fn pow_slice(xs: &mut [f32], p: u32, tmp: &mut [f32]) {
-    if p == 1 {
-        return;
+    match p {
+        0 => return xs.fill(1.0),
+        1 => return,
+        2 => return pow_const::<2>(xs),
+        3 => return pow_const::<3>(xs),
+        4 => return pow_const::<4>(xs),
+        5 => return pow_const::<5>(xs),
+        7 => return pow_const::<7>(xs),
+        8 => return pow_const::<8>(xs),
+        14 => return pow_const::<14>(xs),
+        15 => return pow_const::<15>(xs),
+        24 => return pow_const::<24>(xs),
+        25 => return pow_const::<25>(xs),
+        49 => return pow_const::<49>(xs),
+        50 => return pow_const::<50>(xs),
+        63 => return pow_const::<63>(xs),
+        64 => return pow_const::<64>(xs),
+        _ => {}
     }
     let n = xs.len();
     let base = &mut tmp[..n];
@@ -495,7 +529,6 @@ pub(crate) struct BwdScratch {
     s: Vec<f32>,
     f: Vec<f32>,
     gv: Vec<f32>,
-    wt: Vec<f32>,
     pt: Vec<f32>,
     tmp: Vec<f32>,
     pub dk: Vec<f32>,
@@ -510,7 +543,6 @@ impl BwdScratch {
             s: vec![0.0; dims.bq * bkp],
             f: vec![0.0; dims.bq * bkp],
             gv: vec![0.0; dims.bq * bkp],
-            wt: vec![0.0; tile],
             pt: vec![0.0; tile],
             tmp: vec![0.0; bkp],
             dk: vec![0.0; dims.bk * dims.d],
@@ -742,15 +774,9 @@ crate::multiversion! {
                 let nq = dims.bq.min(dims.t - i0);
                 let rows = Rows::new(plan, head, i0, nq);
                 grad_tile::<FMA>(plan, head, g, ldg, dims, &rows, stats, rg, i0, nq, j0, nk, sc);
-                // Transposes of w and P (nk x nq) for dv += w^T g and dk += P^T q.
-                for r in 0..nq {
-                    for c in 0..nk {
-                        sc.wt[c * nq + r] = sc.f[r * lds + c];
-                        sc.pt[c * nq + r] = sc.gv[r * lds + c];
-                    }
-                }
-                tile::matmul_acc::<FMA>(dims.isa, &sc.wt, nq, &g[i0 * ldg..], ldg, nk, nq, d, &mut sc.dv, d);
-                tile::matmul_acc::<FMA>(dims.isa, &sc.pt, nq, &head.q[i0 * head.ldq..], head.ldq, nk, nq, d, &mut sc.dk, d);
+                // dv += w^T g and dk += P^T q, reading w and P transposed in place.
+                tile::matmul_tn_acc::<FMA>(dims.isa, &sc.f, lds, &g[i0 * ldg..], ldg, nk, nq, d, &mut sc.dv, d);
+                tile::matmul_tn_acc::<FMA>(dims.isa, &sc.gv, lds, &head.q[i0 * head.ldq..], head.ldq, nk, nq, d, &mut sc.dk, d);
                 tile::matmul_acc::<FMA>(dims.isa, &sc.gv, lds, &head.k[j0 * head.ldk..], head.ldk, nq, nk, d, &mut dq_part[i0 * d..], d);
             }
             if plan.cosine {

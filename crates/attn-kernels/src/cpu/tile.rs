@@ -75,18 +75,58 @@ pub(crate) fn matmul_acc<const FMA: bool>(
     c: &mut [f32],
     ldc: usize,
 ) {
+    matmul_acc_strided::<FMA>(isa, a, lda, 1, b, ldb, m, n, k, c, ldc)
+}
+
+/// `C += Aᵀ · B` where `a` holds `Aᵀ` as an `n x m` row-major matrix with row stride `lda`: the
+/// backward's `dv += wᵀ g` and `dk += Pᵀ q` without materialising the transposes.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_tn_acc<const FMA: bool>(
+    isa: Isa,
+    a: &[f32],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
+    matmul_acc_strided::<FMA>(isa, a, 1, lda, b, ldb, m, n, k, c, ldc)
+}
+
+/// `C += A · B` with `A[i][t] = a[i * a_rs + t * a_cs]`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn matmul_acc_strided<const FMA: bool>(
+    isa: Isa,
+    a: &[f32],
+    a_rs: usize,
+    a_cs: usize,
+    b: &[f32],
+    ldb: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    c: &mut [f32],
+    ldc: usize,
+) {
     if m == 0 || n == 0 || k == 0 {
         return;
     }
-    assert!(a.len() >= (m - 1) * lda + n && b.len() >= (n - 1) * ldb + k && c.len() >= (m - 1) * ldc + k);
+    assert!(a.len() > (m - 1) * a_rs + (n - 1) * a_cs && b.len() >= (n - 1) * ldb + k && c.len() >= (m - 1) * ldc + k);
     match isa {
         // SAFETY: extents checked above; ISA checked by the caller's dispatch.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => unsafe { x86::acc_avx512(a.as_ptr(), lda, b.as_ptr(), ldb, m, n, k, c.as_mut_ptr(), ldc) },
+        Isa::Avx512 => unsafe {
+            x86::acc_avx512(a.as_ptr(), a_rs, a_cs, b.as_ptr(), ldb, m, n, k, c.as_mut_ptr(), ldc)
+        },
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx2Fma => unsafe { x86::acc_avx2(a.as_ptr(), lda, b.as_ptr(), ldb, m, n, k, c.as_mut_ptr(), ldc) },
-        _ => portable_acc::<FMA>(a, lda, b, ldb, m, n, k, c, ldc),
+        Isa::Avx2Fma => unsafe { x86::acc_avx2(a.as_ptr(), a_rs, a_cs, b.as_ptr(), ldb, m, n, k, c.as_mut_ptr(), ldc) },
+        _ => portable_acc::<FMA>(a, a_rs, a_cs, b, ldb, m, n, k, c, ldc),
     }
 }
 
@@ -162,7 +202,8 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     unsafe fn acc_block_avx512<const R: usize>(
         a: *const f32,
-        lda: usize,
+        a_rs: usize,
+        a_cs: usize,
         b: *const f32,
         ldb: usize,
         n: usize,
@@ -187,7 +228,7 @@ mod x86 {
                     let b0 = _mm512_maskz_loadu_ps(m0, b.add(t * ldb + col));
                     let b1 = _mm512_maskz_loadu_ps(m1, b.add(t * ldb + col + 16));
                     for r in 0..R {
-                        let x = _mm512_set1_ps(*a.add(r * lda + t));
+                        let x = _mm512_set1_ps(*a.add(r * a_rs + t * a_cs));
                         acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
                         acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
                     }
@@ -204,7 +245,8 @@ mod x86 {
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn acc_avx512(
         a: *const f32,
-        lda: usize,
+        a_rs: usize,
+        a_cs: usize,
         b: *const f32,
         ldb: usize,
         m: usize,
@@ -217,11 +259,11 @@ mod x86 {
         // SAFETY: row blocks stay below m.
         unsafe {
             while i + MR512 <= m {
-                acc_block_avx512::<MR512>(a.add(i * lda), lda, b, ldb, n, k, c.add(i * ldc), ldc);
+                acc_block_avx512::<MR512>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
                 i += MR512;
             }
             while i < m {
-                acc_block_avx512::<1>(a.add(i * lda), lda, b, ldb, n, k, c.add(i * ldc), ldc);
+                acc_block_avx512::<1>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
                 i += 1;
             }
         }
@@ -288,7 +330,8 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     unsafe fn acc_block_avx2<const R: usize>(
         a: *const f32,
-        lda: usize,
+        a_rs: usize,
+        a_cs: usize,
         b: *const f32,
         ldb: usize,
         n: usize,
@@ -309,7 +352,7 @@ mod x86 {
                     let b0 = _mm256_loadu_ps(b.add(t * ldb + col));
                     let b1 = _mm256_loadu_ps(b.add(t * ldb + col + 8));
                     for r in 0..R {
-                        let x = _mm256_set1_ps(*a.add(r * lda + t));
+                        let x = _mm256_set1_ps(*a.add(r * a_rs + t * a_cs));
                         acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
                         acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
                     }
@@ -326,7 +369,8 @@ mod x86 {
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn acc_avx2(
         a: *const f32,
-        lda: usize,
+        a_rs: usize,
+        a_cs: usize,
         b: *const f32,
         ldb: usize,
         m: usize,
@@ -339,18 +383,18 @@ mod x86 {
         // SAFETY: row blocks stay below m; the tail columns are done element-wise within k.
         unsafe {
             while i + MR256 <= m {
-                acc_block_avx2::<MR256>(a.add(i * lda), lda, b, ldb, n, k, c.add(i * ldc), ldc);
+                acc_block_avx2::<MR256>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
                 i += MR256;
             }
             while i < m {
-                acc_block_avx2::<1>(a.add(i * lda), lda, b, ldb, n, k, c.add(i * ldc), ldc);
+                acc_block_avx2::<1>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
                 i += 1;
             }
             let k_main = k / 16 * 16;
             if k_main < k {
                 for i in 0..m {
                     for t in 0..n {
-                        let x = *a.add(i * lda + t);
+                        let x = *a.add(i * a_rs + t * a_cs);
                         for col in k_main..k {
                             let cp = c.add(i * ldc + col);
                             *cp = x.mul_add(*b.add(t * ldb + col), *cp);
@@ -450,7 +494,8 @@ pub(crate) fn portable_nt<const FMA: bool>(
 #[inline(always)]
 pub(crate) fn portable_acc<const FMA: bool>(
     a: &[f32],
-    lda: usize,
+    a_rs: usize,
+    a_cs: usize,
     b: &[f32],
     ldb: usize,
     m: usize,
@@ -471,7 +516,7 @@ pub(crate) fn portable_acc<const FMA: bool>(
             for t in 0..n {
                 let bv: &[f32; NR] = b[t * ldb + col..t * ldb + col + NR].try_into().unwrap();
                 for r in 0..MR {
-                    let x = a[(i + r) * lda + t];
+                    let x = a[(i + r) * a_rs + t * a_cs];
                     for q in 0..NR {
                         acc[r][q] = fmadd::<FMA>(x, bv[q], acc[r][q]);
                     }
@@ -491,7 +536,7 @@ pub(crate) fn portable_acc<const FMA: bool>(
             let mut acc: [f32; NR] = c[i * ldc + col..i * ldc + col + NR].try_into().unwrap();
             for t in 0..n {
                 let bv: &[f32; NR] = b[t * ldb + col..t * ldb + col + NR].try_into().unwrap();
-                let x = a[i * lda + t];
+                let x = a[i * a_rs + t * a_cs];
                 for q in 0..NR {
                     acc[q] = fmadd::<FMA>(x, bv[q], acc[q]);
                 }
@@ -505,7 +550,7 @@ pub(crate) fn portable_acc<const FMA: bool>(
         for i in 0..m {
             let crow = &mut c[i * ldc + k_main..i * ldc + k];
             for t in 0..n {
-                let x = a[i * lda + t];
+                let x = a[i * a_rs + t * a_cs];
                 let brow = &b[t * ldb + k_main..t * ldb + k];
                 for (cv, &bv) in crow.iter_mut().zip(brow) {
                     *cv = fmadd::<FMA>(x, bv, *cv);
@@ -558,6 +603,30 @@ mod tests {
                         assert!(err < 1e-4, "({m},{n},{k}) {isa} [{i},{j}] err {err}");
                     }
                     assert!(c[i * n_pad + n..(i + 1) * n_pad].iter().all(|&x| x == 0.0), "padding must be zero");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn matmul_tn_acc_matches_naive() {
+        for &(m, n, k) in &[(1, 1, 1), (64, 64, 64), (9, 17, 40), (13, 5, 72)] {
+            let at = data(n * m, 6); // A^T, n x m
+            let b = data(n * k, 7);
+            let init = data(m * k, 8);
+            for isa in Isa::all_supported() {
+                let mut c = init.clone();
+                if isa == Isa::Scalar {
+                    matmul_tn_acc::<false>(isa, &at, m, &b, k, m, n, k, &mut c, k);
+                } else {
+                    matmul_tn_acc::<true>(isa, &at, m, &b, k, m, n, k, &mut c, k);
+                }
+                for i in 0..m {
+                    for col in 0..k {
+                        let want: f64 = init[i * k + col] as f64
+                            + (0..n).map(|t| at[t * m + i] as f64 * b[t * k + col] as f64).sum::<f64>();
+                        assert!((c[i * k + col] as f64 - want).abs() < 1e-4, "({m},{n},{k}) {isa}");
+                    }
                 }
             }
         }
