@@ -114,33 +114,20 @@ pub(crate) fn packed_len(dims: Dims) -> usize {
     dims.t.div_ceil(dims.bk) * dims.d * dims.bk_pad()
 }
 
-/// Sum of a slice with 16 independent lanes, so it vectorises (a plain `iter().sum()` is a serial
-/// chain of scalar adds under IEEE ordering).
+/// Sum of a slice (of `|x|` when `ABS`) with 16 independent lanes, so it vectorises (a plain
+/// `iter().sum()` is a serial chain of scalar adds under IEEE ordering).
 #[inline(always)]
-fn lane_sum(xs: &[f32]) -> f32 {
+fn lane_sum<const ABS: bool>(xs: &[f32]) -> f32 {
+    let term = |x: f32| if ABS { x.abs() } else { x };
     let mut acc = [0.0f32; 16];
     let chunks = xs.chunks_exact(16);
     let rem = chunks.remainder();
     for c in chunks {
         for l in 0..16 {
-            acc[l] += c[l];
+            acc[l] += term(c[l]);
         }
     }
-    acc.iter().sum::<f32>() + rem.iter().sum::<f32>()
-}
-
-/// Sum of absolute values, as [`lane_sum`].
-#[inline(always)]
-fn lane_abs_sum(xs: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 16];
-    let chunks = xs.chunks_exact(16);
-    let rem = chunks.remainder();
-    for c in chunks {
-        for l in 0..16 {
-            acc[l] += c[l].abs();
-        }
-    }
-    acc.iter().sum::<f32>() + rem.iter().map(|x| x.abs()).sum::<f32>()
+    acc.iter().sum::<f32>() + rem.iter().map(|&x| term(x)).sum::<f32>()
 }
 
 /// Maximum of a slice (`-inf` when empty), vectorisable.
@@ -404,7 +391,7 @@ fn forward_body<const FMA: bool>(
                 live.iter_mut().for_each(|x| *x -= m);
             }
             plan.act.apply::<FMA>(live);
-            let sum: f32 = if plan.signed { lane_abs_sum(live) } else { lane_sum(live) };
+            let sum: f32 = if plan.signed { lane_sum::<true>(live) } else { lane_sum::<false>(live) };
             z[r] += sum as f64;
             if reweight.is_some() && !plan.running_max {
                 let m = lane_max(live);
@@ -488,7 +475,7 @@ fn forward_body<const FMA: bool>(
                 live.iter_mut().for_each(|x| *x = (math::fmadd::<FMA>(*x, na, -off)).max(0.0) * inv_m);
                 pow_slice(live, p, &mut sc.tmp);
             }
-            wsum[r] += lane_sum(live) as f64;
+            wsum[r] += lane_sum::<false>(live) as f64;
         }
         let v = &head.v[j0 * head.ldv..];
         tile::matmul_acc::<FMA>(dims.isa, &sc.s, lds, v, head.ldv, nq, nk, d, acc, d);
@@ -523,6 +510,9 @@ pub(crate) struct RowGrad {
     /// `C_i = sum_j a_ij dL/da_ij`: `D_i` for stage 1, `N_i E_i` with re-weighting.
     pub c: f32,
 }
+
+/// Receives a finished key tile: `(j0, nk, dk rows, dv rows)`.
+pub(crate) type WriteKv<'a> = dyn FnMut(usize, usize, &[f32], &[f32]) + 'a;
 
 /// Per-task scratch of the backward.
 pub(crate) struct BwdScratch {
@@ -759,7 +749,7 @@ crate::multiversion! {
         kts: &[usize],
         sc: &mut BwdScratch,
         dq_part: &mut [f32],
-        write_kv: &mut dyn FnMut(usize, usize, &[f32], &[f32]),
+        write_kv: &mut WriteKv<'_>,
     ) {
         let d = dims.d;
         let lds = dims.bk_pad();

@@ -195,6 +195,8 @@ unsafe fn inverse_norms(p: &Params, cosine: bool) -> Vec<f32> {
     let mut out = vec![0.0f32; bh * 2 * t];
     let (q, k) = (SendPtr(p.q), SendPtr(p.k));
     out.par_chunks_mut(2 * t).enumerate().for_each(|(x, buf)| {
+        // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+        #[allow(clippy::redundant_locals)]
         let (q, k) = (q, k);
         let (b, h) = (x / p.heads, x % p.heads);
         // SAFETY: forwarded from the caller of the raw entry point.
@@ -218,6 +220,8 @@ unsafe fn pack(p: &Params, dims: Dims, values: bool) -> (Vec<f32>, Vec<f32>) {
         let mut out = vec![0.0f32; bh * len];
         let x = SendPtr(x);
         out.par_chunks_mut(len).enumerate().for_each(|(i, dst)| {
+            // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+            #[allow(clippy::redundant_locals)]
             let x = x;
             // SAFETY: forwarded from the caller of the raw entry point.
             let (src, ld) = unsafe { head_slice(x.0, i / p.heads, i % p.heads, t, d) };
@@ -289,6 +293,8 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Resu
     (0..bh * nqt).into_par_iter().for_each_init(
         || (FwdScratch::new(dims), vec![0.0f32; dims.bq * d]),
         |(sc, out), task| {
+            // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+            #[allow(clippy::redundant_locals)]
             let (o, stats) = (o, stats);
             let (x, qt) = (task / nqt, task % nqt);
             let (b, h) = (x / p.heads, x % p.heads);
@@ -330,6 +336,8 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
         let mut buf = vec![0.0f32; bh * t * d];
         let (g, o) = (SendPtr(p.d_out), SendPtr(p.o.as_const()));
         buf.par_chunks_mut(t * d).enumerate().for_each(|(x, dst)| {
+            // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+            #[allow(clippy::redundant_locals)]
             let (g, o, stats_all) = (g, o, stats_all);
             let (b, h) = (x / p.heads, x % p.heads);
             // SAFETY: forwarded.
@@ -369,6 +377,8 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
         (0..bh * nqt).into_par_iter().for_each_init(
             || BwdScratch::new(dims),
             |sc, task| {
+                // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+                #[allow(clippy::redundant_locals)]
                 let (o, stats_all, rg_ptr) = (o, stats_all, rg_ptr);
                 let (x, qt) = (task / nqt, task % nqt);
                 let (b, h) = (x / p.heads, x % p.heads);
@@ -395,6 +405,8 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
     partials.par_chunks_mut(t * d).enumerate().for_each_init(
         || BwdScratch::new(dims),
         |sc, (task, dq_part)| {
+            // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+            #[allow(clippy::redundant_locals)]
             let (dk_out, dv_out, stats_all) = (dk_out, dv_out, stats_all);
             let (x, chunk) = (task / chunks, task % chunks);
             let (b, h) = (x / p.heads, x % p.heads);
@@ -429,6 +441,8 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
     // Phase C: dq = sum of the partials, then back through the L2 normalisation.
     let dq_out = SendPtr(p.dq);
     partials.par_chunks_mut(chunks * t * d).enumerate().for_each(|(x, parts)| {
+        // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+        #[allow(clippy::redundant_locals)]
         let dq_out = dq_out;
         let (b, h) = (x / p.heads, x % p.heads);
         let (first, rest) = parts.split_at_mut(t * d);
