@@ -1,13 +1,19 @@
 //! gpt-model: GPT-2 (RoPE, NTK-scaled at long lengths) on libtorch through `tch`, with every attention
 //! variant of `attn-core` selectable by name.
 //!
-//! Owns: the model, its config presets, checkpoint I/O, generation with a KV cache, and the bridge that
-//! puts the fused `attn-kernels` inside libtorch's autograd. It is the only crate that knows `tch`
-//! modules.
+//! Owns: the model ([`model::Gpt`]), its config and presets ([`config`]), checkpoint I/O
+//! ([`checkpoint`]), generation with a KV cache, and the bridge that puts the fused `attn-kernels`
+//! inside libtorch's autograd ([`attention::fused`]). It is the only crate that knows `tch` modules.
 //!
 //! Must never depend on: `trainer`, `experiments` (no training loop, no process groups, no reporting
 //! here). The attention maths itself is never re-derived here: it comes from `attn-core` (reference)
-//! and `attn-kernels` (fused).
+//! and `attn-kernels` (fused); [`attention::torch_ops`] restates it in tch ops and is tested against
+//! `attn-core`.
 
 pub mod attention;
+pub mod checkpoint;
+pub mod config;
+// pub mod model; (enabled once the attention dispatch compiles)
 pub mod runtime;
+
+pub use config::{AttnImpl, ModelConfig};

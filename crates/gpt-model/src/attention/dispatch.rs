@@ -1,0 +1,91 @@
+//! The attention dispatch: fused kernels where possible, the reference elsewhere, chunked without autograd.
+
+use std::sync::Once;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tch::Tensor;
+
+use crate::config::AttnImpl;
+
+/// Why attention could not be computed.
+#[derive(Debug, thiserror::Error)]
+pub enum AttentionError {
+    /// From the reference (tch ops) implementation.
+    #[error(transparent)]
+    Reference(#[from] torch_ops::AttnError),
+    /// From the fused kernels (other than "not fused here", which falls back).
+    #[error(transparent)]
+    Fused(#[from] fused::FusedError),
+}
+
+/// Query rows per block of the chunked no-grad reference path: its scratch is
+/// `B·H·CHUNK·T_k` floats instead of `B·H·T_q·T_k`.
+pub const EVAL_CHUNK: i64 = 256;
+
+/// Counters of the paths [`attend`] took since the process started (tests and logs use them to
+/// prove that long-context evaluation never materialised `T x T`).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PathCounts {
+    /// Calls served by the fused kernels.
+    pub fused: usize,
+    /// Calls served by the reference with the full `T_q x T_k` weight matrix.
+    pub reference_full: usize,
+    /// Calls served by the chunked no-grad reference.
+    pub reference_chunked: usize,
+}
+
+static FUSED: AtomicUsize = AtomicUsize::new(0);
+static FULL: AtomicUsize = AtomicUsize::new(0);
+static CHUNKED: AtomicUsize = AtomicUsize::new(0);
+static WARN_CUDA: Once = Once::new();
+static WARN_NOT_FUSED: Once = Once::new();
+
+/// The path counters.
+pub fn path_counts() -> PathCounts {
+    PathCounts {
+        fused: FUSED.load(Ordering::Relaxed),
+        reference_full: FULL.load(Ordering::Relaxed),
+        reference_chunked: CHUNKED.load(Ordering::Relaxed),
+    }
+}
+
+/// Causal attention of `(B, H, T_q, d)` queries at absolute positions `q_offset..q_offset + T_q`
+/// over `(B, H, q_offset + T_q, d)` keys and values, with `variant`, by `imp`:
+///
+/// - `Fused` with `q_offset == 0`: the fused kernels through the autograd bridge. A CUDA tensor (until
+///   the CUDA kernels exist) or a variant without a fused kernel falls back to the reference, with a
+///   one-time warning on stderr.
+/// - otherwise the reference. Without autograd (`tch::no_grad`) and with more than `EVAL_CHUNK`
+///   query rows it runs chunked, so evaluation never holds a full `T x T` matrix.
+pub fn attend(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    variant: &attn_core::Variant,
+    imp: AttnImpl,
+    q_offset: i64,
+) -> Result<Tensor, AttentionError> {
+    if imp == AttnImpl::Fused && q_offset == 0 {
+        match fused::attention(q, k, v, variant) {
+            Ok(out) => {
+                FUSED.fetch_add(1, Ordering::Relaxed);
+                return Ok(out);
+            }
+            Err(fused::FusedError::Cuda) => WARN_CUDA.call_once(|| {
+                eprintln!("warning: no CUDA attention kernels yet: using the reference attention on the GPU")
+            }),
+            Err(fused::FusedError::NotFused { variant }) => WARN_NOT_FUSED.call_once(|| {
+                eprintln!("warning: variant `{variant}` has no fused kernel: using the reference attention")
+            }),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let grad = q.requires_grad() || k.requires_grad() || v.requires_grad();
+    let t_q = q.size()[2];
+    if !grad && t_q > EVAL_CHUNK {
+        CHUNKED.fetch_add(1, Ordering::Relaxed);
+        return Ok(torch_ops::attention_chunked(q, k, v, variant, q_offset, EVAL_CHUNK)?);
+    }
+    FULL.fetch_add(1, Ordering::Relaxed);
+    Ok(torch_ops::attention(q, k, v, variant, q_offset)?)
+}

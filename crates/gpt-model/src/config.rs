@@ -1,0 +1,182 @@
+//! Model configuration: a serde/TOML struct with documented defaults and named presets.
+
+use serde::{Deserialize, Serialize};
+
+/// Which attention implementation the model runs. Both give the same results (tested); they differ
+/// in memory and speed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum AttnImpl {
+    /// Plain tch ops with a materialised `T x T` weight matrix, autograd-native; every variant.
+    Reference,
+    /// `attn-kernels` through the C++ autograd bridge: O(T·d) memory. Variants without a fused kernel,
+    /// and CUDA tensors until the CUDA kernels exist, fall back to `Reference` with a one-time warning.
+    #[default]
+    Fused,
+}
+
+/// GPT-2 with RoPE. Every field has a default (GPT-2 small, SPEC section 7) so a TOML file only
+/// lists what it changes; unknown keys are an error.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelConfig {
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Attention heads per block.
+    pub n_head: usize,
+    /// Residual stream width; the head dimension is `d_model / n_head` (64 in every preset, since
+    /// LSSA's `ln(d)` factor was only validated at 64).
+    pub d_model: usize,
+    /// The tokenizer's vocabulary size (50257 for GPT-2); the embedding is padded to a multiple of 64.
+    pub vocab_size: usize,
+    /// Training context length `T_train`.
+    pub context_len: usize,
+    /// RoPE base `b` (10000, SPEC section 7 \[choice\]); scaled as `b s^(d/(d-2))` at `s x T_train`.
+    pub rope_base: f64,
+    /// Attention variant by name (attn-core grammar, e.g. `lssa+rw15`); the training-time
+    /// re-weighting, if any, is part of the name.
+    pub attention: String,
+    /// Attention implementation.
+    pub attn_impl: AttnImpl,
+    /// MLP hidden width as a multiple of `d_model`.
+    pub mlp_ratio: usize,
+}
+
+impl Default for ModelConfig {
+    fn default() -> Self {
+        Self::gpt2_124m()
+    }
+}
+
+/// Error of [`ModelConfig::validate`] and the TOML loader.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A field has an unusable value.
+    #[error("model config field `{field}` = {value}: {reason}")]
+    Invalid {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// What is required.
+        reason: String,
+    },
+    /// The TOML does not parse (unknown keys included).
+    #[error("model config: {0}")]
+    Toml(#[from] toml::de::Error),
+    /// An unknown preset name.
+    #[error("unknown model preset `{0}`; presets: {presets}", presets = PRESETS.join(", "))]
+    UnknownPreset(String),
+}
+
+/// Names accepted by [`ModelConfig::preset`].
+pub const PRESETS: &[&str] = &["gpt2-124m", "tiny", "cpu-small", "cpu-medium"];
+
+impl ModelConfig {
+    /// GPT-2 small (124M) exactly as SPEC section 7: 12 layers, 12 heads, width 768, head dim 64,
+    /// vocabulary 50257 (padded to 50304), context 1024, RoPE base 10000, softmax attention.
+    pub fn gpt2_124m() -> Self {
+        Self {
+            n_layer: 12,
+            n_head: 12,
+            d_model: 768,
+            vocab_size: 50257,
+            context_len: 1024,
+            rope_base: 10000.0,
+            attention: "softmax".into(),
+            attn_impl: AttnImpl::Fused,
+            mlp_ratio: 4,
+        }
+    }
+
+    /// A named preset: `gpt2-124m`; `tiny` (2 x 128, 2 heads, for tests: trains in seconds);
+    /// `cpu-small` (4 x 256, 4 heads, 8K vocabulary, T = 128: minutes on 2 cores);
+    /// `cpu-medium` (6 x 384, 6 heads, 8K vocabulary, T = 256). Head dim 64 in all.
+    pub fn preset(name: &str) -> Result<Self, ConfigError> {
+        let base = Self::gpt2_124m();
+        Ok(match name {
+            "gpt2-124m" => base,
+            "tiny" => Self { n_layer: 2, n_head: 2, d_model: 128, vocab_size: 256, context_len: 64, ..base },
+            "cpu-small" => Self { n_layer: 4, n_head: 4, d_model: 256, vocab_size: 8192, context_len: 128, ..base },
+            "cpu-medium" => Self { n_layer: 6, n_head: 6, d_model: 384, vocab_size: 8192, context_len: 256, ..base },
+            other => return Err(ConfigError::UnknownPreset(other.to_string())),
+        })
+    }
+
+    /// Parses a TOML document (missing fields take the defaults; unknown keys are errors) and
+    /// validates it.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let cfg: Self = toml::from_str(text)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The config as TOML (what checkpoints and results embed).
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a ModelConfig always serialises")
+    }
+
+    /// Checks sizes and the attention name.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad =
+            |field, value: String, reason: &str| Err(ConfigError::Invalid { field, value, reason: reason.into() });
+        if self.n_layer == 0 {
+            return bad("n_layer", "0".into(), "need at least one block");
+        }
+        if self.n_head == 0 || self.d_model % self.n_head != 0 {
+            return bad("n_head", self.n_head.to_string(), &format!("must divide d_model = {}", self.d_model));
+        }
+        if self.head_dim() % 2 != 0 {
+            return bad("d_model", self.d_model.to_string(), "the head dimension must be even for RoPE");
+        }
+        if self.vocab_size == 0 {
+            return bad("vocab_size", "0".into(), "need a vocabulary");
+        }
+        if self.context_len == 0 {
+            return bad("context_len", "0".into(), "need a context");
+        }
+        if !(self.rope_base > 1.0 && self.rope_base.is_finite()) {
+            return bad("rope_base", self.rope_base.to_string(), "must be a finite number > 1");
+        }
+        if self.mlp_ratio == 0 {
+            return bad("mlp_ratio", "0".into(), "must be >= 1");
+        }
+        if let Err(e) = self.variant() {
+            return bad("attention", format!("{:?}", self.attention), &e.to_string());
+        }
+        Ok(())
+    }
+
+    /// Head dimension `d_model / n_head`.
+    pub fn head_dim(&self) -> usize {
+        self.d_model / self.n_head
+    }
+
+    /// Vocabulary rounded up to a multiple of 64 (50257 -> 50304), the embedding's row count.
+    pub fn padded_vocab(&self) -> usize {
+        self.vocab_size.div_ceil(64) * 64
+    }
+
+    /// The attention variant, with the training length filled in for `sigmoid-bias`.
+    pub fn variant(&self) -> Result<attn_core::Variant, attn_core::Error> {
+        let v: attn_core::Variant = self.attention.parse()?;
+        let v = v.with_train_len(self.context_len);
+        v.validate()?;
+        Ok(v)
+    }
+
+    /// Trainable parameters (the tied embedding counted once): embedding `V_pad d`, per block
+    /// `12 d^2 + 13 d` for `mlp_ratio = 4` (attention `4 d^2 + 4 d`, MLP `2 r d^2 + (r + 1) d`, two
+    /// LayerNorms `4 d`), final LayerNorm `2 d`. No position embedding (RoPE).
+    pub fn n_params(&self) -> usize {
+        let (d, r) = (self.d_model, self.mlp_ratio);
+        let block = (4 * d * d + 4 * d) + (2 * r * d * d + (r + 1) * d) + 4 * d;
+        self.padded_vocab() * d + self.n_layer * block + 2 * d
+    }
+
+    /// Training FLOPs per token at context `t`: `6 N + 12 L d_model t` (PaLM appendix B; the
+    /// second term is the attention scores and weighted sum, forward and backward). Used for MFU.
+    pub fn flops_per_token(&self, t: usize) -> f64 {
+        6.0 * self.n_params() as f64 + 12.0 * (self.n_layer * self.d_model * t) as f64
+    }
+}
