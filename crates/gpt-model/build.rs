@@ -1,4 +1,13 @@
-//! Links this crate's tests and binaries against the project's libtorch (see `torch-build`).
+//! Links this crate's tests and binaries against the project's libtorch (see `torch-build`) and
+//! compiles the C++ autograd bridge of the fused attention (`csrc/fused_attention.cpp`).
 fn main() {
     torch_build::link_libtorch();
+    let (includes, flags) = torch_build::cpp_settings();
+    let mut build = cc::Build::new();
+    build.cpp(true).file("csrc/fused_attention.cpp").includes(&includes).warnings(false);
+    for flag in flags {
+        build.flag(flag);
+    }
+    build.compile("gpt_model_bridge");
+    println!("cargo:rerun-if-changed=csrc/fused_attention.cpp");
 }

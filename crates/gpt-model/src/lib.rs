@@ -13,7 +13,8 @@
 pub mod attention;
 pub mod checkpoint;
 pub mod config;
-// pub mod model; (enabled once the attention dispatch compiles)
+pub mod model;
 pub mod runtime;
 
 pub use config::{AttnImpl, ModelConfig};
+pub use model::{ForwardOptions, Gpt, KvCache};

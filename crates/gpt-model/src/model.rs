@@ -1,7 +1,7 @@
 //! GPT-2 with RoPE (NTK-scaled at long lengths) and any attention variant: the model, its forward,
 //! the KV-cached forward for generation, and the loss.
 
-use tch::nn::{self, Module};
+use tch::nn;
 
 use tch::{Device, Kind, Tensor};
 

@@ -306,3 +306,91 @@ fn mismatched_shapes_are_rejected_up_front() {
     let v = Tensor::zeros([1, 1, 4, 16], (Kind::Double, Device::Cpu));
     let _ = torch_ops::lssa(&q, &q, &v, None);
 }
+
+// ---------------------------------------------------------------------------------------------------
+// The general path (`torch_ops::attention`): every named variant, query offsets, chunking, errors
+// ---------------------------------------------------------------------------------------------------
+
+/// Every stage-1 name of SPEC section 4, plus the re-weighted rows of Table 4 and Figure 2.
+fn every_variant() -> Vec<Variant> {
+    let mut names: Vec<String> = attn_core::STAGE1_NAMES
+        .iter()
+        .map(|n| if *n == "sigmoid-bias" { "sigmoid-bias:t_train=8".to_string() } else { n.to_string() })
+        .collect();
+    for base in ["softmax", "lssa", "sigmoid-rowbias-l1", "sigmoid-l1", "relu-l1"] {
+        for p in [1, 3, 15] {
+            names.push(format!("{base}+rw{p}"));
+        }
+    }
+    names.iter().map(|n| n.parse().unwrap_or_else(|e| panic!("{n}: {e}"))).collect()
+}
+
+#[test]
+fn every_variant_matches_attn_core_forward_and_backward() {
+    for (shape, seed) in [([1, 2, 13, 8], 81u64), ([2, 1, 6, 40], 82)] {
+        let (q, k, v, g) = (input(shape, seed, 1.5), input(shape, seed + 1, 1.5), input(shape, seed + 2, 1.0), input(shape, seed + 3, 1.0));
+        let (qa, ka, va, ga) = (to_array(&q), to_array(&k), to_array(&v), to_array(&g));
+        for variant in every_variant() {
+            let want = attn_core::forward(&variant, qa.view(), ka.view(), va.view()).unwrap();
+            let (qg, kg, vg) = (q.set_requires_grad(true), k.set_requires_grad(true), v.set_requires_grad(true));
+            let out = torch_ops::attention(&qg, &kg, &vg, &variant, 0).unwrap();
+            assert_close(&format!("{variant} {shape:?} forward"), &out.detach(), &to_tensor(want.view()), 1e-10);
+            let grads = attn_core::backward(&variant, qa.view(), ka.view(), va.view(), ga.view()).unwrap();
+            let got = Tensor::run_backward(&[(&out * &g).sum(Kind::Double)], &[&qg, &kg, &vg], false, false);
+            for (which, got, want) in [("dq", &got[0], &grads.dq), ("dk", &got[1], &grads.dk), ("dv", &got[2], &grads.dv)] {
+                assert_close(&format!("{variant} {shape:?} {which}"), got, &to_tensor(want.view()), 1e-8);
+            }
+        }
+    }
+}
+
+#[test]
+fn query_offsets_and_chunks_equal_the_full_computation() {
+    // Rows at absolute positions offset.. see every earlier key: the last rows of a full call, exactly.
+    let shape = [1, 2, 37, 16];
+    let (q, k, v) = (input(shape, 91, 1.0), input(shape, 92, 1.0), input(shape, 93, 1.0));
+    for variant in every_variant() {
+        let full = torch_ops::attention(&q, &k, &v, &variant, 0).unwrap();
+        for offset in [1, 3, 4, 20, 36] {
+            let tail = torch_ops::attention(&q.narrow(2, offset, 37 - offset), &k, &v, &variant, offset).unwrap();
+            assert_close(&format!("{variant} offset {offset}"), &tail, &full.narrow(2, offset, 37 - offset), 1e-12);
+        }
+        for chunk in [1, 5, 16, 64] {
+            let chunked = torch_ops::attention_chunked(&q, &k, &v, &variant, 0, chunk).unwrap();
+            assert_close(&format!("{variant} chunk {chunk}"), &chunked, &full, 1e-12);
+        }
+    }
+}
+
+#[test]
+fn the_general_path_reports_bad_input() {
+    let q = input([1, 1, 4, 8], 1, 1.0);
+    let lssa: Variant = "lssa".parse().unwrap();
+    let err = torch_ops::attention(&q, &input([1, 1, 5, 8], 2, 1.0), &input([1, 1, 5, 8], 3, 1.0), &lssa, 0).unwrap_err();
+    assert!(err.to_string().contains("q_offset + T_q = 0 + 4") && err.to_string().contains("5"), "{err}");
+    let err = torch_ops::attention(&q, &q, &input([1, 1, 4, 4], 3, 1.0), &lssa, 0).unwrap_err();
+    assert!(err.to_string().contains("v must have the shape of k"), "{err}");
+    // A parameter left unset is an error, not a silent default.
+    let bias: Variant = "sigmoid-bias".parse().unwrap();
+    assert!(matches!(torch_ops::attention(&q, &q, &q, &bias, 0), Err(torch_ops::AttnError::Variant(_))));
+    // A user's activation has no tch twin.
+    #[derive(Debug)]
+    struct Square;
+    impl attn_core::Activation for Square {
+        fn name(&self) -> &str {
+            "square"
+        }
+        fn value(&self, x: f64) -> f64 {
+            x * x
+        }
+        fn derivative(&self, x: f64) -> f64 {
+            2.0 * x
+        }
+        fn is_non_negative(&self) -> bool {
+            true
+        }
+    }
+    let custom = Variant::builder().activation(Square).build().unwrap();
+    let err = torch_ops::attention(&q, &q, &q, &custom, 0).unwrap_err();
+    assert!(matches!(&err, torch_ops::AttnError::Activation(n) if n == "square"), "{err}");
+}

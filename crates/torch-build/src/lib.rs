@@ -40,6 +40,24 @@ pub fn link_libtorch() {
     println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,-ltorch,--as-needed");
 }
 
+/// Include directories and flags for C++ that uses libtorch's headers (the autograd bridge, the
+/// c10d shim): `(include dirs, compiler flags)`. Hand them to `cc::Build`; tch already links
+/// `torch_cpu` and `c10`.
+///
+/// Panics like [`link_libtorch`] when `LIBTORCH` holds no libtorch.
+pub fn cpp_settings() -> (Vec<PathBuf>, Vec<&'static str>) {
+    let lib = match torch_lib_dir() {
+        Ok(lib) => lib,
+        Err(msg) => panic!("{msg}"),
+    };
+    let root = lib.parent().expect("lib has a parent").to_path_buf();
+    let root = root.canonicalize().unwrap_or(root);
+    let include = root.join("include");
+    let dirs = vec![include.join("torch/csrc/api/include"), include];
+    // libtorch from PyPI is built with the C++11 ABI; C++17 is what its headers require.
+    (dirs, vec!["-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=1", "-w"])
+}
+
 /// The `lib` directory of the libtorch named by `LIBTORCH`, checked to contain `libtorch_cpu.so`.
 pub fn torch_lib_dir() -> Result<PathBuf, String> {
     let Some(root) = std::env::var_os("LIBTORCH") else {

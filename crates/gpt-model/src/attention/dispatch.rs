@@ -1,10 +1,11 @@
 //! The attention dispatch: fused kernels where possible, the reference elsewhere, chunked without autograd.
 
+use std::cell::Cell;
 use std::sync::Once;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tch::Tensor;
 
+use super::{fused, torch_ops};
 use crate::config::AttnImpl;
 
 /// Why attention could not be computed.
@@ -22,8 +23,9 @@ pub enum AttentionError {
 /// `B·H·CHUNK·T_k` floats instead of `B·H·T_q·T_k`.
 pub const EVAL_CHUNK: i64 = 256;
 
-/// Counters of the paths [`attend`] took since the process started (tests and logs use them to
-/// prove that long-context evaluation never materialised `T x T`).
+/// Counters of the paths [`attend`] took on the calling thread since it started (tests and logs use
+/// them to prove that long-context evaluation never materialised `T x T`; per thread, so that
+/// concurrent work elsewhere does not blur the count).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PathCounts {
     /// Calls served by the fused kernels.
@@ -34,19 +36,23 @@ pub struct PathCounts {
     pub reference_chunked: usize,
 }
 
-static FUSED: AtomicUsize = AtomicUsize::new(0);
-static FULL: AtomicUsize = AtomicUsize::new(0);
-static CHUNKED: AtomicUsize = AtomicUsize::new(0);
+thread_local! {
+    static COUNTS: Cell<PathCounts> = const { Cell::new(PathCounts { fused: 0, reference_full: 0, reference_chunked: 0 }) };
+}
+
+fn count(f: impl FnOnce(&mut PathCounts)) {
+    COUNTS.with(|c| {
+        let mut x = c.get();
+        f(&mut x);
+        c.set(x);
+    });
+}
 static WARN_CUDA: Once = Once::new();
 static WARN_NOT_FUSED: Once = Once::new();
 
-/// The path counters.
+/// The calling thread's path counters.
 pub fn path_counts() -> PathCounts {
-    PathCounts {
-        fused: FUSED.load(Ordering::Relaxed),
-        reference_full: FULL.load(Ordering::Relaxed),
-        reference_chunked: CHUNKED.load(Ordering::Relaxed),
-    }
+    COUNTS.with(Cell::get)
 }
 
 /// Causal attention of `(B, H, T_q, d)` queries at absolute positions `q_offset..q_offset + T_q`
@@ -68,7 +74,7 @@ pub fn attend(
     if imp == AttnImpl::Fused && q_offset == 0 {
         match fused::attention(q, k, v, variant) {
             Ok(out) => {
-                FUSED.fetch_add(1, Ordering::Relaxed);
+                count(|c| c.fused += 1);
                 return Ok(out);
             }
             Err(fused::FusedError::Cuda) => WARN_CUDA.call_once(|| {
@@ -77,15 +83,17 @@ pub fn attend(
             Err(fused::FusedError::NotFused { variant }) => WARN_NOT_FUSED.call_once(|| {
                 eprintln!("warning: variant `{variant}` has no fused kernel: using the reference attention")
             }),
+            // f64 (gradient checks) or half precision on the CPU: the reference, silently (a choice of dtype, not a gap).
+            Err(fused::FusedError::Unsupported(_)) => {}
             Err(e) => return Err(e.into()),
         }
     }
     let grad = q.requires_grad() || k.requires_grad() || v.requires_grad();
     let t_q = q.size()[2];
     if !grad && t_q > EVAL_CHUNK {
-        CHUNKED.fetch_add(1, Ordering::Relaxed);
+        count(|c| c.reference_chunked += 1);
         return Ok(torch_ops::attention_chunked(q, k, v, variant, q_offset, EVAL_CHUNK)?);
     }
-    FULL.fetch_add(1, Ordering::Relaxed);
+    count(|c| c.reference_full += 1);
     Ok(torch_ops::attention(q, k, v, variant, q_offset)?)
 }

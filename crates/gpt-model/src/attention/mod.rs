@@ -12,4 +12,8 @@
 //! Cost: memory `O(B·H·T²)` per intermediate, several intermediates live at once (see the function
 //! docs); at GPT-2 small (12 heads) one `f32` `T x T` matrix per layer is 12 GiB at `T = 16384`.
 
+mod dispatch;
+pub mod fused;
 pub mod torch_ops;
+
+pub use dispatch::{AttentionError, EVAL_CHUNK, PathCounts, attend, path_counts};

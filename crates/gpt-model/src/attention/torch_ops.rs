@@ -165,3 +165,198 @@ fn stage2(a: Tensor, reweight_p: Option<u32>) -> Tensor {
         None => a,
     }
 }
+
+// ---------------------------------------------------------------------------------------------------
+// Every variant: the general path used by the model's `reference` implementation.
+// ---------------------------------------------------------------------------------------------------
+
+/// Why [`attention`] refused its input.
+#[derive(Debug, thiserror::Error)]
+pub enum AttnError {
+    /// The tensors' shapes do not fit together.
+    #[error("attention input: {0}")]
+    Shape(String),
+    /// The variant misses a parameter or has an invalid one.
+    #[error(transparent)]
+    Variant(#[from] attn_core::Error),
+    /// A user-defined activation has no tch implementation (only attn-core's built-ins have one).
+    #[error("activation `{0}` has no tch implementation; use the attn-core reference or the fused CPU kernels")]
+    Activation(String),
+}
+
+/// `phi(x)` for attn-core's built-in activations as differentiable tch ops.
+fn activation(name: &str, x: &Tensor) -> Result<Tensor, AttnError> {
+    Ok(match name {
+        "exp" => x.exp(),
+        "softplus" => x.softplus(), // the stable form: max(x,0) + log1p(exp(-|x|)) up to torch's threshold
+        "relu" => x.relu(),
+        "relu2" => x.relu().square(),
+        "relu6" => x.clamp(0.0, 6.0),
+        "gelu" => x.gelu("none"), // the erf form
+        "sigmoid" => x.sigmoid(),
+        "mish" => x.mish(),
+        "identity" => x.shallow_clone(),
+        other => return Err(AttnError::Activation(other.to_string())),
+    })
+}
+
+/// A `(T_q, 1)` column holding `value(N_i)` for the absolute 1-based rows `N_i = q_offset + 1 ..= q_offset + T_q`,
+/// computed in f64 by attn-core's own per-row functions (never restated here).
+fn row_column(t_q: i64, q_offset: i64, kind: Kind, device: Device, value: impl Fn(usize) -> f64) -> Tensor {
+    let vals: Vec<f64> = (0..t_q).map(|r| value((q_offset + r + 1) as usize)).collect();
+    Tensor::from_slice(&vals).to_kind(kind).to_device(device).unsqueeze(-1) // (T_q, 1)
+}
+
+/// Checks `q (B, H, T_q, d)`, `k`, `v (B, H, q_offset + T_q, d)`; returns `(T_q, T_k, d)`.
+fn check_offset_shapes(q: &Tensor, k: &Tensor, v: Option<&Tensor>, q_offset: i64) -> Result<(i64, i64, i64), AttnError> {
+    let (qs, ks) = (q.size(), k.size());
+    if qs.len() != 4 || ks.len() != 4 {
+        return Err(AttnError::Shape(format!("q and k must be (B, H, T, d), got q {qs:?}, k {ks:?}")));
+    }
+    if let Some(v) = v
+        && v.size() != ks
+    {
+        return Err(AttnError::Shape(format!("v must have the shape of k: k is {ks:?}, v is {:?}", v.size())));
+    }
+    if qs[0] != ks[0] || qs[1] != ks[1] || qs[3] != ks[3] {
+        return Err(AttnError::Shape(format!("q and k differ in batch, heads or head dim: q {qs:?}, k {ks:?}")));
+    }
+    if q_offset < 0 || ks[2] != q_offset + qs[2] {
+        return Err(AttnError::Shape(format!(
+            "k must hold q_offset + T_q = {} + {} rows, it holds {}",
+            q_offset, qs[2], ks[2]
+        )));
+    }
+    if qs[2] == 0 || qs[3] == 0 {
+        return Err(AttnError::Shape(format!("T and d must be >= 1, got q {qs:?}")));
+    }
+    Ok((qs[2], ks[2], qs[3]))
+}
+
+/// The final weights `w` of `variant` (stage 1, its transform, then stage 2 if set) for queries at
+/// absolute positions `q_offset..q_offset + T_q` over keys `0..q_offset + T_q`: `(B, H, T_q, T_k)`,
+/// zero on future keys. Differentiable; every constant per row (`scale_i`, `b_i`, the re-weighting
+/// offset) comes from attn-core.
+///
+/// Autograd safety: masked scores are filled before any activation (with `-inf` under a running
+/// maximum, so `exp` gives exactly 0, else with 0), every division is guarded, so no `0 · inf`
+/// reaches a gradient.
+pub fn weights(q: &Tensor, k: &Tensor, variant: &attn_core::Variant, q_offset: i64) -> Result<Tensor, AttnError> {
+    variant.validate()?;
+    let (t_q, t_k, d) = check_offset_shapes(q, k, None, q_offset)?;
+    let s1 = &variant.stage1;
+    let (kind, device) = (q.kind(), q.device());
+    let hd = d as usize;
+    // Causal mask of the queries' absolute rows: key j (0-based) is visible to row r when j <= q_offset + r.
+    let rows = Tensor::arange_start(q_offset, q_offset + t_q, (Kind::Int64, device)).unsqueeze(-1); // (T_q, 1)
+    let cols = Tensor::arange(t_k, (Kind::Int64, device)).unsqueeze(0); // (1, T_k)
+    let future = cols.gt_tensor(&rows); // (T_q, T_k) bool
+    let n = row_column(t_q, q_offset, kind, device, |n| n as f64); // (T_q, 1): N_i
+
+    let dot = match s1.scores {
+        attn_core::Scores::Dot => q.matmul(&k.transpose(-2, -1)),
+        attn_core::Scores::Cosine => l2_normalise(q).matmul(&l2_normalise(k).transpose(-2, -1)),
+    }; // (B, H, T_q, T_k)
+    let scale = row_column(t_q, q_offset, kind, device, |n| s1.scale.value(n, hd));
+    let bias = row_column(t_q, q_offset, kind, device, |n| s1.bias.value(n).unwrap_or(0.0));
+    let s = dot * scale + bias; // (B, H, T_q, T_k)
+    let f = if s1.needs_running_max() {
+        let s = s.masked_fill(&future, f64::NEG_INFINITY);
+        let shift = s.amax([-1i64], true).detach(); // (B, H, T_q, 1); cancels in the l1 ratio
+        activation(s1.activation.name(), &(s - shift))?
+    } else {
+        activation(s1.activation.name(), &s.masked_fill(&future, 0.0))?.masked_fill(&future, 0.0)
+    }; // (B, H, T_q, T_k), zero on future keys
+
+    let guarded_div = |x: &Tensor, z: &Tensor| {
+        // x / z where z > 0, else 0 ([choice] of attn-core: a zero-sum l1 row gives zero weights).
+        let pos = z.gt(0.0);
+        (x / z.where_self(&pos, &z.ones_like())) * pos.to_kind(kind)
+    };
+    let a = match s1.norm {
+        attn_core::Norm::L1 => guarded_div(&f, &f.abs().sum_dim_intlist(&[-1i64][..], true, kind)),
+        attn_core::Norm::None => f,
+        attn_core::Norm::DivN => f / &n,
+    };
+    let recenter = |a: &Tensor| {
+        // Rows N_i > 3: a - mean over the unmasked keys, mask re-applied; rows 1..3 unchanged.
+        let mean = a.sum_dim_intlist(&[-1i64][..], true, kind) / &n; // (B, H, T_q, 1)
+        let late = n.gt(3.0); // (T_q, 1)
+        let centred = (a - mean).masked_fill(&future, 0.0);
+        centred.where_self(&late, a)
+    };
+    let a = match s1.transform {
+        attn_core::Transform::None => a,
+        attn_core::Transform::Inverse => -a,
+        attn_core::Transform::Recentered => recenter(&a),
+        attn_core::Transform::RecenteredL1 => {
+            let c = recenter(&a);
+            guarded_div(&c, &c.abs().sum_dim_intlist(&[-1i64][..], true, kind))
+        }
+    };
+    Ok(match variant.reweight {
+        Some(p) => reweight_rows(&a, p, &n),
+        None => a,
+    })
+}
+
+/// Stage 2 with the row counts `n` `(T_q, 1)` given explicitly (rows need not start at 1).
+fn reweight_rows(a: &Tensor, p: u32, n: &Tensor) -> Tensor {
+    let kind = a.kind();
+    let off = n.gt(OFFSET_FREE_ROWS as f64).to_kind(kind); // (T_q, 1): attn_core::reweight_offset
+    let relu_u = (a * n - off).relu(); // (B, H, T_q, T_k)
+    let m = relu_u.amax([-1i64], true).detach(); // (B, H, T_q, 1); cancels in w
+    let sharpened = m.gt(0.0);
+    let ones = m.ones_like();
+    let r = (relu_u / m.where_self(&sharpened, &ones)).pow_tensor_scalar(p as i64); // in [0, 1]
+    let w_sum = r.sum_dim_intlist(&[-1i64][..], true, kind);
+    (r / w_sum.where_self(&sharpened, &ones)).where_self(&sharpened, a) // empty rows fall back to a
+}
+
+/// Causal attention of any variant for queries at absolute positions `q_offset..q_offset + T_q`:
+/// `q (B, H, T_q, d)`, `k`, `v (B, H, q_offset + T_q, d)` -> `(B, H, T_q, d)`. Materialises the
+/// `(B, H, T_q, T_k)` weights (see [`attention_chunked`] for evaluation without autograd).
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    variant: &attn_core::Variant,
+    q_offset: i64,
+) -> Result<Tensor, AttnError> {
+    check_offset_shapes(q, k, Some(v), q_offset)?;
+    let o = weights(q, k, variant, q_offset)?.matmul(v); // (B, H, T_q, d)
+    Ok(match variant.stage1.output_norm {
+        attn_core::OutputNorm::None => o,
+        attn_core::OutputNorm::LayerNorm => {
+            // Parameter-free layer norm over the head dimension, biased variance (relu-ln).
+            let mean = o.mean_dim(&[-1i64][..], true, o.kind());
+            let centred = &o - mean;
+            let var = centred.square().mean_dim(&[-1i64][..], true, o.kind());
+            centred / (var + attn_core::LAYER_NORM_EPS).sqrt()
+        }
+    })
+}
+
+/// [`attention`] in blocks of `chunk` query rows: each block sees only the keys up to its last row,
+/// so the scratch is `B·H·chunk·T_k` instead of `B·H·T_q·T_k`. Meant for evaluation under
+/// `tch::no_grad` (with autograd it would still save every block's weights).
+pub fn attention_chunked(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    variant: &attn_core::Variant,
+    q_offset: i64,
+    chunk: i64,
+) -> Result<Tensor, AttnError> {
+    let (t_q, _, _) = check_offset_shapes(q, k, Some(v), q_offset)?;
+    let chunk = chunk.max(1);
+    let mut outs = Vec::with_capacity(((t_q + chunk - 1) / chunk) as usize);
+    let mut r0 = 0;
+    while r0 < t_q {
+        let len = chunk.min(t_q - r0);
+        let upto = q_offset + r0 + len; // keys visible to the block's last row
+        outs.push(attention(&q.narrow(2, r0, len), &k.narrow(2, 0, upto), &v.narrow(2, 0, upto), variant, q_offset + r0)?);
+        r0 += len;
+    }
+    Ok(Tensor::cat(&outs, 2)) // (B, H, T_q, d)
+}

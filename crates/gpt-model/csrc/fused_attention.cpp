@@ -1,0 +1,151 @@
+// The autograd bridge between libtorch and the fused attn-kernels (Rust).
+//
+// tch has no custom-autograd API, so this file defines a `torch::autograd::Function` whose static
+// forward and backward call back into Rust (`gpt_model_fused_forward` / `_backward`, defined in
+// src/attention/fused.rs) with one `AttnParams` struct of pointers, strides and sizes: exactly the
+// layout of `attn_kernels::cpu::Params` (#[repr(C)]), so the kernels read it as it is.
+//
+// Memory: every tensor is allocated here by libtorch (outputs, row statistics, gradients) and owned
+// by libtorch; Rust only reads and writes through the pointers for the duration of one callback.
+// Saved for the backward: q, k, v (the autograd inputs), the output and the `(B, H, T, S)` f32 row
+// statistics. Nothing is `T x T`.
+//
+// Errors: a Rust callback returns a heap string (owned by Rust, released with
+// `gpt_model_fused_free_error`), which becomes a `c10::Error` here; `gpt_model_fused_apply` catches
+// every C++ exception and returns its message as a `malloc`ed string (released with
+// `gpt_model_bridge_free`), so no exception ever crosses into Rust. Exceptions thrown in the backward
+// are propagated by libtorch's autograd engine to the caller of `backward()` (tch reports them).
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+extern "C" {
+
+struct RawTensor {
+  void* ptr;
+  size_t strides[3];  // element strides of the batch, head and row axes; the last axis is contiguous
+};
+
+// Mirrors attn_kernels::cpu::Params field for field (checked from Rust: gpt_model_bridge_params_size).
+struct AttnParams {
+  size_t batch, heads, seq_len, head_dim;
+  RawTensor q, k, v, o;
+  float* stats;
+  RawTensor d_out, dq, dk, dv;
+};
+
+// Implemented in Rust.
+char* gpt_model_fused_forward(uint64_t variant, const AttnParams* p);
+char* gpt_model_fused_backward(uint64_t variant, const AttnParams* p);
+void gpt_model_fused_free_error(char* msg);
+
+}  // extern "C"
+
+namespace {
+
+RawTensor raw(const at::Tensor& t) {
+  RawTensor r;
+  r.ptr = t.data_ptr();
+  for (int i = 0; i < 3; ++i) r.strides[i] = static_cast<size_t>(t.stride(i));
+  return r;
+}
+
+// A view whose last axis is contiguous (the kernels' only layout requirement), copying only if needed.
+at::Tensor rows_contiguous(const at::Tensor& t) { return t.stride(3) == 1 ? t : t.contiguous(); }
+
+void check_rust(char* err) {
+  if (err != nullptr) {
+    std::string msg(err);
+    gpt_model_fused_free_error(err);
+    TORCH_CHECK(false, msg);
+  }
+}
+
+AttnParams base_params(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  AttnParams p;
+  std::memset(&p, 0, sizeof(p));
+  p.batch = q.size(0);
+  p.heads = q.size(1);
+  p.seq_len = q.size(2);
+  p.head_dim = q.size(3);
+  p.q = raw(q);
+  p.k = raw(k);
+  p.v = raw(v);
+  return p;
+}
+
+struct FusedAttention : public torch::autograd::Function<FusedAttention> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
+                            const at::Tensor& v_in, int64_t variant, int64_t stats_per_row) {
+    at::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
+    at::Tensor o = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));  // (B, H, T, d)
+    at::Tensor stats = at::empty({q.size(0), q.size(1), q.size(2), stats_per_row}, q.options());  // (B, H, T, S)
+    AttnParams p = base_params(q, k, v);
+    p.o = raw(o);
+    p.stats = stats.data_ptr<float>();
+    check_rust(gpt_model_fused_forward(static_cast<uint64_t>(variant), &p));
+    ctx->save_for_backward({q, k, v, o, stats});
+    ctx->saved_data["variant"] = variant;
+    return o;
+  }
+
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grad_outputs) {
+    auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &stats = saved[4];
+    at::Tensor g = rows_contiguous(grad_outputs[0]);
+    at::Tensor dq = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+    at::Tensor dk = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+    at::Tensor dv = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+    AttnParams p = base_params(q, k, v);
+    p.o = raw(o);
+    p.stats = const_cast<float*>(stats.data_ptr<float>());
+    p.d_out = raw(g);
+    p.dq = raw(dq);
+    p.dk = raw(dk);
+    p.dv = raw(dv);
+    check_rust(gpt_model_fused_backward(static_cast<uint64_t>(ctx->saved_data["variant"].toInt()), &p));
+    // No gradient for the two integer arguments.
+    return {dq, dk, dv, at::Tensor(), at::Tensor()};
+  }
+};
+
+char* dup_message(const char* what) {
+  size_t n = std::strlen(what);
+  char* out = static_cast<char*>(std::malloc(n + 1));
+  if (out != nullptr) std::memcpy(out, what, n + 1);
+  return out;
+}
+
+}  // namespace
+
+extern "C" {
+
+// Fused causal attention of (B, H, T, d) f32 CPU tensors `q`, `k`, `v` (Rust checked device, dtype and
+// shapes), recorded in the autograd graph. On success writes a new tensor to `*out` (owned by the
+// caller, as tch's `Tensor::from_ptr` expects) and returns null; on failure returns the message.
+char* gpt_model_fused_apply(at::Tensor* q, at::Tensor* k, at::Tensor* v, uint64_t variant, int64_t stats_per_row,
+                            at::Tensor** out) {
+  try {
+    at::Tensor o = FusedAttention::apply(*q, *k, *v, static_cast<int64_t>(variant), stats_per_row);
+    *out = new at::Tensor(std::move(o));
+    return nullptr;
+  } catch (const c10::Error& e) {
+    return dup_message(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return dup_message(e.what());
+  } catch (...) {
+    return dup_message("unknown C++ exception in the fused attention bridge");
+  }
+}
+
+void gpt_model_bridge_free(char* msg) { std::free(msg); }
+
+size_t gpt_model_bridge_params_size() { return sizeof(AttnParams); }
+
+}  // extern "C"

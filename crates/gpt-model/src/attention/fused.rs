@@ -1,0 +1,207 @@
+//! Fused attention inside libtorch's autograd: the Rust half of the C++ bridge
+//! (`csrc/fused_attention.cpp`).
+//!
+//! tch has no custom-autograd API. The C++ file defines a `torch::autograd::Function` whose static
+//! forward and backward call back into the `extern "C"` functions below, which run
+//! `attn_kernels::cpu::forward_raw` / `backward_raw` on the tensors' memory. What crosses the bridge:
+//!
+//! - Rust -> C++ ([`attention`]): the three `at::Tensor*` of `q`, `k`, `v` (tch's
+//!   `Tensor::as_mut_ptr`), a variant *handle* (an index into a process-wide registry of interned
+//!   [`Variant`]s, so the backward finds the same variant however long after the forward it runs), and
+//!   the number of statistics per row. The result comes back as a new `at::Tensor*` that Rust owns
+//!   (`Tensor::from_ptr`).
+//! - C++ -> Rust (callbacks): the handle and one `AttnParams` struct, which is
+//!   [`attn_kernels::cpu::Params`] field for field (`#[repr(C)]`; the sizes are checked on first use).
+//!
+//! Ownership: libtorch allocates and owns every tensor (output, `(B, H, T, S)` row statistics,
+//! gradients); the callbacks only read and write through the pointers while they run. The autograd
+//! context saves `q`, `k`, `v`, the output and the statistics, nothing `T x T`.
+//!
+//! Errors: a kernel error (or a panic, caught) becomes a heap string returned to C++, which raises a
+//! `c10::Error`; [`attention`] gets every C++ exception back as a message ([`FusedError::Bridge`]). A
+//! failure in the backward surfaces where tch's `backward()` reports libtorch errors.
+
+use std::ffi::{CStr, CString, c_char, c_void};
+use std::sync::{Mutex, OnceLock};
+
+use attn_core::Variant;
+use attn_kernels::cpu::{self, Params};
+use tch::{Device, Kind, Tensor};
+
+/// Why the fused path did not run. [`FusedError::Cuda`], [`FusedError::NotFused`] and
+/// [`FusedError::Unsupported`] make the dispatch fall back to the reference; the others are real errors.
+#[derive(Debug, thiserror::Error)]
+pub enum FusedError {
+    /// The tensors are on a GPU, and there are no CUDA kernels in this build yet.
+    #[error("no fused CUDA attention kernels in this build")]
+    Cuda,
+    /// The variant has no fused kernel (Table 1-2 transforms, custom activations are fine).
+    #[error("variant `{variant}` has no fused kernel")]
+    NotFused {
+        /// The variant's name.
+        variant: String,
+    },
+    /// The tensors are not what the CPU kernels take (not f32).
+    #[error("fused attention needs f32 tensors, got {0:?}")]
+    Unsupported(Kind),
+    /// Shapes do not fit.
+    #[error("fused attention input: {0}")]
+    Shape(String),
+    /// An error raised inside the bridge or the kernels.
+    #[error("fused attention: {0}")]
+    Bridge(String),
+}
+
+unsafe extern "C" {
+    fn gpt_model_fused_apply(
+        q: *mut c_void,
+        k: *mut c_void,
+        v: *mut c_void,
+        variant: u64,
+        stats_per_row: i64,
+        out: *mut *mut c_void,
+    ) -> *mut c_char;
+    fn gpt_model_bridge_free(msg: *mut c_char);
+    fn gpt_model_bridge_params_size() -> usize;
+}
+
+/// Interned variants; a handle is an index. Models use a handful of variants, so this stays tiny.
+fn registry() -> &'static Mutex<Vec<Variant>> {
+    static R: OnceLock<Mutex<Vec<Variant>>> = OnceLock::new();
+    R.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+fn intern(variant: &Variant) -> u64 {
+    let mut r = registry().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(i) = r.iter().position(|v| v == variant) {
+        return i as u64;
+    }
+    r.push(variant.clone());
+    (r.len() - 1) as u64
+}
+
+fn lookup(handle: u64) -> Option<Variant> {
+    registry().lock().unwrap_or_else(|e| e.into_inner()).get(handle as usize).cloned()
+}
+
+fn check_layout() -> Result<(), FusedError> {
+    // SAFETY: a plain function returning sizeof of the C struct.
+    let c_size = unsafe { gpt_model_bridge_params_size() };
+    if c_size != std::mem::size_of::<Params>() {
+        return Err(FusedError::Bridge(format!(
+            "AttnParams is {c_size} bytes in C++ but attn_kernels::cpu::Params is {} bytes in Rust",
+            std::mem::size_of::<Params>()
+        )));
+    }
+    Ok(())
+}
+
+/// Whether [`attention`] would run `variant` fused for tensors on `device` of `kind` (else the
+/// dispatch uses the reference).
+pub fn supports(variant: &Variant, device: Device, kind: Kind) -> bool {
+    device == Device::Cpu && kind == Kind::Float && cpu::is_fused(variant)
+}
+
+/// Fused causal attention of `(B, H, T, d)` tensors, differentiable through libtorch's autograd.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, variant: &Variant) -> Result<Tensor, FusedError> {
+    if q.device() != Device::Cpu {
+        return Err(FusedError::Cuda);
+    }
+    if !cpu::is_fused(variant) {
+        return Err(FusedError::NotFused { variant: variant.to_string() });
+    }
+    for x in [q, k, v] {
+        if x.kind() != Kind::Float {
+            return Err(FusedError::Unsupported(x.kind()));
+        }
+    }
+    let (qs, ks, vs) = (q.size(), k.size(), v.size());
+    if qs.len() != 4 || ks != qs || vs != qs {
+        return Err(FusedError::Shape(format!("q, k, v must be equal (B, H, T, d) shapes, got {qs:?}, {ks:?}, {vs:?}")));
+    }
+    if qs.iter().any(|&s| s == 0) {
+        return Err(FusedError::Shape(format!("every size must be >= 1, got {qs:?}")));
+    }
+    variant.validate().map_err(|e| FusedError::Bridge(e.to_string()))?;
+    static LAYOUT: OnceLock<Result<(), String>> = OnceLock::new();
+    LAYOUT.get_or_init(|| check_layout().map_err(|e| e.to_string())).clone().map_err(FusedError::Bridge)?;
+
+    let handle = intern(variant);
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: the three pointers are live `at::Tensor*` owned by `q`, `k`, `v` for the call; the
+    // bridge only reads them and writes a freshly allocated tensor to `out`.
+    let err = unsafe {
+        gpt_model_fused_apply(
+            q.as_ptr().cast_mut().cast(),
+            k.as_ptr().cast_mut().cast(),
+            v.as_ptr().cast_mut().cast(),
+            handle,
+            cpu::STATS_PER_ROW as i64,
+            &mut out,
+        )
+    };
+    if !err.is_null() {
+        // SAFETY: a NUL-terminated string malloc'ed by the bridge; released by the bridge's free.
+        let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
+        // SAFETY: as above.
+        unsafe { gpt_model_bridge_free(err) };
+        return Err(FusedError::Bridge(msg));
+    }
+    // SAFETY: `out` is a new `at::Tensor*` that nobody else owns.
+    Ok(unsafe { Tensor::from_ptr(out.cast()) })
+}
+
+fn error_string(msg: String) -> *mut c_char {
+    CString::new(msg.replace('\0', " ")).expect("NULs removed").into_raw()
+}
+
+/// Runs `f` for a callback: `Ok` is null, an error or a panic a Rust-owned message.
+fn callback(handle: u64, f: impl FnOnce(&Variant) -> attn_kernels::Result<()>) -> *mut c_char {
+    let Some(variant) = lookup(handle) else {
+        return error_string(format!("unknown variant handle {handle}"));
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&variant))) {
+        Ok(Ok(())) => std::ptr::null_mut(),
+        Ok(Err(e)) => error_string(e.to_string()),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".into());
+            error_string(format!("panic in the fused kernel: {what}"))
+        }
+    }
+}
+
+/// Forward callback: writes `o` and the row statistics.
+///
+/// # Safety
+/// `p` points to a valid `AttnParams` whose forward pointers are valid (the bridge allocates them).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpt_model_fused_forward(handle: u64, p: *const Params) -> *mut c_char {
+    // SAFETY: see the function contract; `Params` is the C struct's layout (checked).
+    callback(handle, |variant| unsafe { cpu::forward_raw(variant, &*p, &cpu::Options::default()) })
+}
+
+/// Backward callback: writes `dq`, `dk`, `dv`.
+///
+/// # Safety
+/// `p` points to a valid `AttnParams` whose every pointer is valid (the bridge allocates them).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpt_model_fused_backward(handle: u64, p: *const Params) -> *mut c_char {
+    // SAFETY: see the function contract.
+    callback(handle, |variant| unsafe { cpu::backward_raw(variant, &*p, &cpu::Options::default()) })
+}
+
+/// Releases an error string returned by a callback.
+///
+/// # Safety
+/// `msg` must come from a callback above (a `CString::into_raw`), released once.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpt_model_fused_free_error(msg: *mut c_char) {
+    if !msg.is_null() {
+        // SAFETY: see the function contract.
+        drop(unsafe { CString::from_raw(msg) });
+    }
+}
