@@ -5,6 +5,7 @@
 //! cargo xtask test [ARGS...]           set-up if needed, then the whole workspace test suite (doc tests too)
 //! cargo xtask reproduce [--scale S]    set-up if needed, then the paper reproduction (default scale: small)
 //! cargo xtask bench kernels [ARGS...]  set-up if needed, then the CPU kernel benchmarks (bench-kernels ARGS...)
+//! cargo xtask bench model [ARGS...]    set-up if needed, then one gpt2-124m block, fused vs reference (bench-model ARGS...)
 //! ```
 //!
 //! Everything here is std-only so that it builds in seconds on a fresh machine, before libtorch exists.
@@ -30,6 +31,9 @@ commands:
                           vs libtorch SDPA vs torch ops vs attn-core, written to docs/bench/kernels-cpu.{md,json}.
                           --quick for T <= 2048; `bench kernels memory` for peak memory at T = 65536;
                           `bench kernels --help` for every option
+  bench model [ARGS...]   set-up if needed, then `bench-model ARGS...` (release): one gpt2-124m block,
+                          forward+backward, fused vs reference attention at T = 1024, 4096, written to
+                          docs/bench/model-cpu.{md,json}
 
 environment:
   LSSA_CACHE_DIR   where the torch venv lives (default $XDG_CACHE_HOME/lssa or ~/.cache/lssa)
@@ -93,8 +97,9 @@ fn reproduce(workspace: &Path, extra: &[String]) -> Result<()> {
 fn bench(workspace: &Path, args: &[String]) -> Result<()> {
     let bin = match args.first().map(String::as_str) {
         Some("kernels") => "bench-kernels",
-        Some(other) => bail!("unknown benchmark `{other}` (known: kernels)\n{USAGE}"),
-        None => bail!("bench needs a benchmark name (known: kernels)\n{USAGE}"),
+        Some("model") => "bench-model",
+        Some(other) => bail!("unknown benchmark `{other}` (known: kernels, model)\n{USAGE}"),
+        None => bail!("bench needs a benchmark name (known: kernels, model)\n{USAGE}"),
     };
     setup::ensure(&setup::Options::from_env(workspace, false)?)?;
     let mut cmd = cargo(workspace);

@@ -1,0 +1,168 @@
+//! bench-model: one GPT-2 block at the `gpt2-124m` shape (width 768, 12 heads of 64, MLP 4x), forward
+//! and backward through libtorch's autograd, with the attention `reference` (tch ops, materialised
+//! `T x T`) against `fused` (attn-kernels through the C++ autograd bridge), side by side in one run.
+//!
+//! Runbook:
+//!
+//! ```text
+//! cargo xtask bench model                               # T = 1024, 4096; lssa, lssa+rw15, softmax; writes docs/bench/model-cpu.{md,json}
+//! cargo xtask bench model --lengths 512 --no-write      # a quick look
+//! ```
+//!
+//! What is timed: `loss = model.loss(x, y); loss.backward()` for a 1-block model (vocabulary 64, so the
+//! embedding and output layer are negligible next to the block), B = 1, f32, on `--threads` threads for
+//! libtorch and the kernels' rayon pool alike. Each cell: a warm-up, then the median of up to 5
+//! repetitions within 6 s.
+
+use std::fmt::Write as _;
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use gpt_model::config::{AttnImpl, ModelConfig};
+use gpt_model::model::{ForwardOptions, Gpt};
+use lssa_benches::env;
+use lssa_benches::measure::{self, Policy};
+use serde::Serialize;
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+const FORMAT: &str = "lssa-bench-model";
+const FORMAT_VERSION: u32 = 1;
+
+#[derive(Parser, Debug)]
+#[command(name = "bench-model", about = "One gpt2-124m block, forward+backward: fused vs reference attention")]
+struct Cli {
+    /// Sequence lengths.
+    #[arg(long, value_delimiter = ',', default_value = "1024,4096")]
+    lengths: Vec<usize>,
+    /// Attention variants (attn-core names).
+    #[arg(long, value_delimiter = ',', default_value = "lssa,lssa+rw15,softmax")]
+    variants: Vec<String>,
+    /// Threads for libtorch and the kernels; default: all cores.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print only; do not write docs/bench/model-cpu.{md,json}.
+    #[arg(long)]
+    no_write: bool,
+}
+
+#[derive(Serialize)]
+struct Row {
+    variant: String,
+    t: usize,
+    implementation: &'static str,
+    median_ms: f64,
+    samples_ms: Vec<f64>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    format: &'static str,
+    format_version: u32,
+    git_revision: String,
+    command: String,
+    date: String,
+    cpu: String,
+    threads: usize,
+    rows: Vec<Row>,
+}
+
+fn block_config(variant: &str, t: usize) -> ModelConfig {
+    ModelConfig {
+        n_layer: 1,
+        vocab_size: 64,
+        context_len: t,
+        attention: variant.to_string(),
+        attn_impl: AttnImpl::Reference,
+        ..ModelConfig::gpt2_124m()
+    }
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    tch::set_num_threads(threads as i32);
+    // The global pool: the kernels run on it when called from libtorch's autograd (tensors are not Sync,
+    // so the model cannot be moved into a scoped pool).
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("building the rayon pool")?;
+    let policy = Policy { max_reps: 5, cell_budget_s: 6.0, long_run_s: 3.0 };
+    let mut rows = Vec::new();
+    for &t in &cli.lengths {
+        for variant in &cli.variants {
+            let cfg = block_config(variant, t);
+            tch::manual_seed(0);
+            let vs = VarStore::new(Device::Cpu);
+            let model = Gpt::new(&vs.root(), &cfg).with_context(|| format!("model for {variant}"))?;
+            let x = Tensor::randint(64, [1, t as i64], (Kind::Int64, Device::Cpu));
+            let y = Tensor::randint(64, [1, t as i64], (Kind::Int64, Device::Cpu));
+            for (name, imp) in [("reference", AttnImpl::Reference), ("fused", AttnImpl::Fused)] {
+                let opts = ForwardOptions { attn_impl: Some(imp), ..Default::default() };
+                let timing = measure::time(&policy, || {
+                    let loss = model.loss(&x, &y, &opts)?;
+                    loss.backward();
+                    Ok(())
+                })?;
+                eprintln!("T={t:>5} {variant:<10} {name:<9} {:>9.1} ms", timing.median_ms());
+                rows.push(Row {
+                    variant: variant.clone(),
+                    t,
+                    implementation: name,
+                    median_ms: timing.median_ms(),
+                    samples_ms: timing.samples_ms,
+                });
+            }
+        }
+    }
+    let report = Report {
+        format: FORMAT,
+        format_version: FORMAT_VERSION,
+        git_revision: env::git_revision(),
+        command: env::command_line(),
+        date: env::utc_now(),
+        cpu: env::cpu_model(),
+        threads,
+        rows,
+    };
+    let md = markdown(&report, &cli);
+    print!("{md}");
+    if !cli.no_write {
+        let dir = env::workspace_root().join("docs/bench");
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let (md_path, json_path) = (dir.join("model-cpu.md"), dir.join("model-cpu.json"));
+        std::fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
+        std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", json_path.display()))?;
+        eprintln!("wrote {} and {}", md_path.display(), json_path.display());
+    }
+    Ok(())
+}
+
+fn markdown(r: &Report, cli: &Cli) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# One GPT-2 block (gpt2-124m shape), forward+backward: fused vs reference attention\n");
+    let _ = writeln!(s, "- CPU: {} ({} threads for libtorch and the kernels alike)", r.cpu, r.threads);
+    let _ = writeln!(s, "- date: {}; git revision: `{}`", r.date, r.git_revision);
+    let _ = writeln!(s, "- command: `{}`", r.command);
+    let _ = writeln!(
+        s,
+        "- model: 1 block, d_model 768, 12 heads x 64, MLP 4x, vocabulary 64, B = 1, f32; timed: `loss.backward()` after the forward"
+    );
+    let _ = writeln!(s, "- timing: one warm-up, then the median of up to 5 repetitions within 6 s per cell\n");
+    let _ = writeln!(s, "| variant | T | reference ms | fused ms | reference / fused |");
+    let _ = writeln!(s, "|---|---:|---:|---:|---:|");
+    for &t in &cli.lengths {
+        for v in &cli.variants {
+            let find = |imp: &str| r.rows.iter().find(|x| x.t == t && &x.variant == v && x.implementation == imp);
+            if let (Some(a), Some(b)) = (find("reference"), find("fused")) {
+                let _ = writeln!(
+                    s,
+                    "| {v} | {t} | {:.1} | {:.1} | {:.2}x |",
+                    a.median_ms,
+                    b.median_ms,
+                    a.median_ms / b.median_ms
+                );
+            }
+        }
+    }
+    s
+}
