@@ -208,9 +208,9 @@ impl Gpt {
             }
             let y = attention::attend(&q, &k, &v, &variant, imp, offset)?; // (B, H, T, hd)
             let y = y.transpose(1, 2).contiguous().view([b, t, self.cfg.d_model as i64]);
-            x = x + y.apply(&blk.attn_proj);
+            x += y.apply(&blk.attn_proj);
             let m = x.apply(&blk.ln_2).apply(&blk.c_fc).gelu("none").apply(&blk.mlp_proj);
-            x = x + m;
+            x += m;
         }
         let x = x.apply(&self.ln_f);
         Ok(x.matmul(&self.wte.tr())) // (B, T, V_pad), tied weights
