@@ -118,7 +118,7 @@ pub enum DataError {
         actual: u64,
     },
     /// The file is longer than its header says.
-    #[error("{}: {actual} bytes, but the header ({count} tokens) needs exactly {expected}: trailing bytes", path.display())]
+    #[error("{}: trailing bytes: {actual} bytes, but the header ({count} tokens) needs exactly {expected}", path.display())]
     TrailingBytes {
         /// The shard.
         path: PathBuf,

@@ -632,7 +632,7 @@ mod tests {
             ("negative count", |b| header_word(b, 2, -5), "negative token count -5 in the header"),
             ("truncated tokens", |b| b.truncate(1024 + 150), "truncated: 1174 bytes, but the header (100 tokens) needs 1224"),
             ("truncated header", |b| b.truncate(10), "truncated: 10 bytes, but the header needs 1024"),
-            ("trailing bytes", |b| b.extend([0, 0, 0]), "1227 bytes, but the header (100 tokens) needs exactly 1224"),
+            ("trailing bytes", |b| b.extend([0, 0, 0]), "trailing bytes: 1227 bytes, but the header (100 tokens) needs exactly 1224"),
             ("token >= vocab", |b| b[1024 + 2 * 42..1024 + 2 * 43].copy_from_slice(&1000u16.to_le_bytes()), "token 1000 at index 42 is not below the vocabulary size 1000"),
         ];
         let dir = tempfile::tempdir().unwrap();
