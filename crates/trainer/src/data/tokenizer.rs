@@ -277,7 +277,7 @@ pub(crate) mod tests {
                 out.push(' ');
             }
             out.push_str(w);
-            if (s >> 20) % 11 == 0 {
+            if (s >> 20).is_multiple_of(11) {
                 out.push_str(".\n");
             }
         }
