@@ -7,11 +7,13 @@
 //! Must never depend on: `experiments` (no tables or figures here), and never re-implements the model
 //! or the attention maths (those are `gpt-model` and `attn-core`).
 //!
+//! - [`data`]: llm.c shards, tokenizers, the default corpus, the per-rank loader.
 //! - [`config`]: the TOML training config with CLI overrides.
 //! - [`train`]: the loop, checkpoints, resume; [`optim`]: AdamW and the schedule.
 //! - [`eval`]: validation loss at `1x..16x` the training length.
 
 pub mod config;
+pub mod data;
 pub mod eval;
 pub mod optim;
 pub mod train;

@@ -1,0 +1,408 @@
+//! [`DataLoader`]: disjoint per-rank `(x, y)` batches over one split, with epochs and a resumable
+//! [`Position`]; and [`validation_tokens`], the fixed span every evaluation length is scored on.
+//!
+//! # Which tokens a rank reads
+//!
+//! The shards of a split, in order, form one token stream of `N` tokens (a window may cross a shard
+//! boundary: shards are arbitrary cuts of a stream of `<|endoftext|>`-separated documents, as in
+//! llm.c). With `B x T` tokens per batch and `W` ranks, one *step* covers `W * B * T` tokens:
+//! global batch `g` starts at `g * B * T` and reads `B * T + 1` tokens (`x` = the first `B * T`,
+//! `y` = the same shifted by one); rank `r` takes the batches `g = r, r + W, r + 2W, ...`. So in one
+//! epoch of `S = floor((N - 1) / (W * B * T))` steps every token of the first `S * W * B * T` is an
+//! input exactly once, on exactly one rank; the tail (fewer than `W * B * T + 1` tokens) is skipped,
+//! and the next epoch starts again at token 0 (same order: no shuffling; the corpus builder shuffles
+//! documents once, deterministically).
+//!
+//! # Resuming
+//!
+//! [`DataLoader::position`] is the start of the next *step* (rank 0's next batch), which is the same
+//! on every rank: rank 0 stores it in the checkpoint and every rank [`DataLoader::seek`]s to it. It is
+//! a token offset, not a batch count, so a run may resume with another world size or batch shape.
+//!
+//! Token ids are validated against the directory's vocabulary the first time the loader enters a shard
+//! (so opening a large dataset is cheap); a bad shard surfaces as an error from
+//! [`DataLoader::next_batch`] naming the file.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::shard::{Shard, ShardDir};
+use super::{DataError, Result, Split};
+
+/// Per-rank batch shape and the rank's place in the world.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Geometry {
+    /// Sequences per batch on this rank (B).
+    pub batch: usize,
+    /// Tokens per sequence (T).
+    pub seq: usize,
+    /// This rank, `0..world_size`.
+    pub rank: usize,
+    /// Number of ranks (W).
+    pub world_size: usize,
+}
+
+impl Geometry {
+    /// Checks the sizes: all positive, `rank < world_size`.
+    pub fn new(batch: usize, seq: usize, rank: usize, world_size: usize) -> Result<Geometry> {
+        let g = Geometry { batch, seq, rank, world_size };
+        g.check()?;
+        Ok(g)
+    }
+
+    /// A single-process geometry (rank 0 of 1).
+    pub fn single(batch: usize, seq: usize) -> Result<Geometry> {
+        Self::new(batch, seq, 0, 1)
+    }
+
+    fn check(&self) -> Result<()> {
+        let bad = |name, message: String| Err(DataError::InvalidArgument { name, message });
+        if self.batch == 0 {
+            return bad("batch", "must be at least 1".into());
+        }
+        if self.seq == 0 {
+            return bad("seq", "must be at least 1".into());
+        }
+        if self.world_size == 0 {
+            return bad("world_size", "must be at least 1".into());
+        }
+        if self.rank >= self.world_size {
+            return bad("rank", format!("rank {} is not below the world size {}", self.rank, self.world_size));
+        }
+        if (self.batch as u64).checked_mul(self.seq as u64).and_then(|bt| bt.checked_mul(self.world_size as u64)).is_none()
+        {
+            return bad("batch", "batch x seq x world size overflows".into());
+        }
+        Ok(())
+    }
+
+    /// `B * T`: tokens in one batch (`x` or `y`).
+    pub fn batch_tokens(&self) -> usize {
+        self.batch * self.seq
+    }
+
+    /// `W * B * T`: tokens one step advances the stream by.
+    pub fn step_tokens(&self) -> u64 {
+        (self.batch * self.seq) as u64 * self.world_size as u64
+    }
+}
+
+/// Where the next step begins: a token offset into a shard, and the epoch. Serializable, for
+/// checkpoints.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+#[serde(deny_unknown_fields)]
+pub struct Position {
+    /// Completed passes over the split.
+    pub epoch: u64,
+    /// Index of the shard, in the split's order.
+    pub shard: usize,
+    /// Token offset inside that shard.
+    pub offset: u64,
+}
+
+/// One rank's batch: `B * T` inputs and targets, row-major `(B, T)`, as `i64` (what embedding and
+/// cross-entropy take).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Batch {
+    /// Input ids, `(B, T)` row-major.
+    pub x: Vec<i64>,
+    /// Target ids, `x` shifted by one token, `(B, T)` row-major.
+    pub y: Vec<i64>,
+}
+
+/// Reads one split of a shard directory for one rank. See the module docs for the layout.
+#[derive(Debug)]
+pub struct DataLoader {
+    dir: PathBuf,
+    split: Split,
+    shards: Vec<Shard>,
+    /// `starts[i]`: the stream offset of shard `i`'s first token; `starts[n]` = total.
+    starts: Vec<u64>,
+    validated: Vec<bool>,
+    vocab_size: usize,
+    geometry: Geometry,
+    /// Stream offset of the next step.
+    next: u64,
+    epoch: u64,
+}
+
+impl DataLoader {
+    /// Opens `split` of `dir` for `geometry`. With `expected_tokenizer` (e.g. the id a checkpoint
+    /// stores), a directory written with another tokenizer is refused.
+    pub fn open(dir: &Path, split: Split, geometry: Geometry, expected_tokenizer: Option<&str>) -> Result<DataLoader> {
+        geometry.check()?;
+        let sd = ShardDir::open(dir)?;
+        if let Some(id) = expected_tokenizer {
+            sd.expect_tokenizer(id)?;
+        }
+        let shards = sd.open_shards(split)?;
+        let mut starts = Vec::with_capacity(shards.len() + 1);
+        let mut total = 0u64;
+        for s in &shards {
+            starts.push(total);
+            total += s.len();
+        }
+        starts.push(total);
+        let needed = geometry.step_tokens() + 1;
+        if total < needed {
+            return Err(DataError::TooFewTokens { dir: dir.to_path_buf(), split, needed, available: total });
+        }
+        Ok(DataLoader {
+            dir: dir.to_path_buf(),
+            split,
+            validated: vec![false; shards.len()],
+            shards,
+            starts,
+            vocab_size: sd.vocab_size(),
+            geometry,
+            next: 0,
+            epoch: 0,
+        })
+    }
+
+    /// The geometry.
+    pub fn geometry(&self) -> Geometry {
+        self.geometry
+    }
+
+    /// Tokens in the split.
+    pub fn total_tokens(&self) -> u64 {
+        self.starts[self.shards.len()]
+    }
+
+    /// Steps per epoch: `floor((N - 1) / (W * B * T))`.
+    pub fn steps_per_epoch(&self) -> u64 {
+        (self.total_tokens() - 1) / self.geometry.step_tokens()
+    }
+
+    /// The next step's batch for this rank; the loader then advances one step (wrapping to the next
+    /// epoch when the rest of the split cannot fill a step).
+    pub fn next_batch(&mut self) -> Result<Batch> {
+        let bt = self.geometry.batch_tokens();
+        let start = self.next + (self.geometry.rank * bt) as u64;
+        let mut x = Vec::with_capacity(bt + 1);
+        self.read(start, bt + 1, &mut x)?;
+        let y = x[1..].to_vec();
+        x.truncate(bt);
+        self.next += self.geometry.step_tokens();
+        self.wrap_if_at_end();
+        Ok(Batch { x, y })
+    }
+
+    fn wrap_if_at_end(&mut self) {
+        if self.next + self.geometry.step_tokens() + 1 > self.total_tokens() {
+            self.next = 0;
+            self.epoch += 1;
+        }
+    }
+
+    /// The shard holding stream offset `g < total` (the last shard starting at or before `g`, which
+    /// is never an empty one).
+    fn shard_of(&self, g: u64) -> usize {
+        self.starts[..self.shards.len()].partition_point(|&s| s <= g) - 1
+    }
+
+    /// Appends stream tokens `g .. g + n` to `out` (validating each shard on first use).
+    fn read(&mut self, mut g: u64, mut n: usize, out: &mut Vec<i64>) -> Result<()> {
+        while n > 0 {
+            let i = self.shard_of(g);
+            if !self.validated[i] {
+                self.shards[i].validate_tokens(self.vocab_size)?;
+                self.validated[i] = true;
+            }
+            let offset = g - self.starts[i];
+            let take = n.min((self.shards[i].len() - offset) as usize);
+            self.shards[i].extend_from(offset, take, out, i64::from);
+            g += take as u64;
+            n -= take;
+        }
+        Ok(())
+    }
+
+    /// Where the next step begins (the same on every rank).
+    pub fn position(&self) -> Position {
+        let shard = self.shard_of(self.next);
+        Position { epoch: self.epoch, shard, offset: self.next - self.starts[shard] }
+    }
+
+    /// Continues from `pos` (from [`DataLoader::position`], possibly of another run with the same data).
+    pub fn seek(&mut self, pos: Position) -> Result<()> {
+        let Some(shard) = self.shards.get(pos.shard) else {
+            return Err(DataError::InvalidArgument {
+                name: "position",
+                message: format!(
+                    "shard {} does not exist: {} has {} {} shards",
+                    pos.shard,
+                    self.dir.display(),
+                    self.shards.len(),
+                    self.split
+                ),
+            });
+        };
+        if pos.offset > shard.len() {
+            return Err(DataError::InvalidArgument {
+                name: "position",
+                message: format!("offset {} is past the end of {} ({} tokens)", pos.offset, shard.path().display(), shard.len()),
+            });
+        }
+        self.next = self.starts[pos.shard] + pos.offset;
+        self.epoch = pos.epoch;
+        self.wrap_if_at_end();
+        Ok(())
+    }
+}
+
+/// The first `max_tokens` tokens of the validation split of `dir` (all of them if it has fewer):
+/// a fixed span, so that every evaluation length is scored on the same text. Checks the tokenizer
+/// like [`DataLoader::open`] and every token id it returns.
+pub fn validation_tokens(dir: &Path, max_tokens: usize, expected_tokenizer: Option<&str>) -> Result<Vec<u16>> {
+    let sd = ShardDir::open(dir)?;
+    if let Some(id) = expected_tokenizer {
+        sd.expect_tokenizer(id)?;
+    }
+    let mut out = Vec::new();
+    for shard in sd.open_shards(Split::Val)? {
+        if out.len() >= max_tokens {
+            break;
+        }
+        shard.validate_tokens(sd.vocab_size())?;
+        let take = (max_tokens - out.len()).min(shard.len() as usize);
+        shard.extend_from(0, take, &mut out, |t| t);
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::shard::{shard_file_name, write_shard};
+
+    /// A directory without manifest (GPT-2 ids, vocab 50257) whose train split holds the tokens
+    /// 0, 1, 2, ... (so a token's value is its stream offset), cut into shards of the given lengths.
+    fn counting_dir(lengths: &[usize]) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        let mut next = 0u16;
+        for (i, &len) in lengths.iter().enumerate() {
+            let tokens: Vec<u16> = (0..len).map(|_| { next += 1; next - 1 }).collect();
+            write_shard(&dir.path().join(shard_file_name("t", Split::Train, i)), &tokens).unwrap();
+        }
+        write_shard(&dir.path().join(shard_file_name("t", Split::Val, 0)), &(100..200).collect::<Vec<u16>>()).unwrap();
+        dir
+    }
+
+    fn loader(dir: &Path, b: usize, t: usize, rank: usize, w: usize) -> DataLoader {
+        DataLoader::open(dir, Split::Train, Geometry::new(b, t, rank, w).unwrap(), None).unwrap()
+    }
+
+    #[test]
+    fn every_token_is_an_input_once_per_epoch_across_two_ranks() {
+        // 1000 tokens over uneven shards, an empty one included; B=3, T=7, W=2: step = 42,
+        // 23 steps per epoch cover tokens 0..966.
+        let dir = counting_dir(&[400, 0, 1, 350, 249]);
+        let (b, t, w) = (3, 7, 2);
+        let mut seen = vec![0u32; 1000];
+        let mut loaders: Vec<DataLoader> = (0..w).map(|r| loader(dir.path(), b, t, r, w)).collect();
+        let steps = loaders[0].steps_per_epoch();
+        assert_eq!(steps, 999 / 42);
+        for _ in 0..steps {
+            for l in &mut loaders {
+                let batch = l.next_batch().unwrap();
+                assert_eq!((batch.x.len(), batch.y.len()), (b * t, b * t));
+                for (x, y) in batch.x.iter().zip(&batch.y) {
+                    assert_eq!(*y, x + 1, "y is x shifted by one");
+                    seen[*x as usize] += 1;
+                }
+            }
+        }
+        let covered = (steps * 42) as usize;
+        assert!(seen[..covered].iter().all(|&c| c == 1), "every token of the epoch exactly once");
+        assert!(seen[covered..].iter().all(|&c| c == 0), "the short tail is skipped");
+        // Then the next epoch starts over, rank r at batch r.
+        for (r, l) in loaders.iter_mut().enumerate() {
+            assert_eq!(l.position(), Position { epoch: 1, shard: 0, offset: 0 });
+            assert_eq!(l.next_batch().unwrap().x[0], (r * b * t) as i64);
+        }
+    }
+
+    #[test]
+    fn position_and_seek_resume_identically_across_epochs() {
+        let dir = counting_dir(&[300, 200, 123]);
+        for (b, t, rank, w) in [(2, 5, 0, 1), (2, 5, 1, 3), (1, 64, 0, 2)] {
+            let mut a = loader(dir.path(), b, t, rank, w);
+            for _ in 0..(a.steps_per_epoch() + 3) {
+                a.next_batch().unwrap();
+            }
+            let saved = serde_json::to_string(&a.position()).unwrap();
+            let expected: Vec<Batch> = (0..2 * a.steps_per_epoch() + 1).map(|_| a.next_batch().unwrap()).collect();
+            let mut resumed = loader(dir.path(), b, t, rank, w);
+            resumed.seek(serde_json::from_str(&saved).unwrap()).unwrap();
+            let got: Vec<Batch> = (0..expected.len()).map(|_| resumed.next_batch().unwrap()).collect();
+            assert_eq!(got, expected, "B={b} T={t} rank {rank}/{w}");
+            assert_eq!(resumed.position(), a.position());
+        }
+    }
+
+    #[test]
+    fn windows_cross_shard_boundaries() {
+        let dir = counting_dir(&[5, 3, 9]);
+        let mut l = loader(dir.path(), 1, 6, 0, 1);
+        assert_eq!(l.next_batch().unwrap().x, (0..6).collect::<Vec<i64>>());
+        assert_eq!(l.position(), Position { epoch: 0, shard: 1, offset: 1 });
+        assert_eq!(l.next_batch().unwrap().y, (7..13).collect::<Vec<i64>>());
+        assert_eq!(l.position(), Position { epoch: 1, shard: 0, offset: 0 });
+    }
+
+    #[test]
+    fn bad_geometry_and_too_little_data_are_refused() {
+        let dir = counting_dir(&[50]);
+        for (b, t, r, w, name) in [(0, 4, 0, 1, "batch"), (1, 0, 0, 1, "seq"), (1, 4, 2, 2, "rank"), (1, 4, 0, 0, "world_size")] {
+            let err = Geometry::new(b, t, r, w).unwrap_err();
+            assert!(matches!(err, DataError::InvalidArgument { name: n, .. } if n == name), "{err}");
+        }
+        let err = DataLoader::open(dir.path(), Split::Train, Geometry::new(5, 5, 0, 2).unwrap(), None).unwrap_err();
+        assert!(matches!(err, DataError::TooFewTokens { needed: 51, available: 50, .. }), "{err}");
+        let mut l = loader(dir.path(), 1, 7, 0, 1);
+        let err = l.seek(Position { epoch: 0, shard: 1, offset: 0 }).unwrap_err();
+        assert!(err.to_string().contains("shard 1 does not exist"), "{err}");
+    }
+
+    #[test]
+    fn tokenizer_mismatch_is_refused() {
+        let dir = counting_dir(&[100]);
+        let g = Geometry::single(2, 8).unwrap();
+        assert!(DataLoader::open(dir.path(), Split::Train, g, Some("gpt2")).is_ok());
+        let err = DataLoader::open(dir.path(), Split::Train, g, Some("bpe-8192-0123456789ab")).unwrap_err();
+        assert!(matches!(&err, DataError::TokenizerMismatch { expected, found, .. }
+            if expected == "bpe-8192-0123456789ab" && found == "gpt2"), "{err}");
+        assert!(err.to_string().contains("`gpt2`") && err.to_string().contains("`bpe-8192-0123456789ab`"), "{err}");
+        assert!(matches!(validation_tokens(dir.path(), 10, Some("bpe-1")), Err(DataError::TokenizerMismatch { .. })));
+    }
+
+    #[test]
+    fn a_bad_token_surfaces_when_the_loader_enters_its_shard() {
+        let dir = tempfile::tempdir().unwrap();
+        write_shard(&dir.path().join("t_train_000000.bin"), &[1; 40]).unwrap();
+        let mut bad = vec![2u16; 40];
+        bad[17] = 50257; // GPT-2's vocabulary is 0..50257
+        write_shard(&dir.path().join("t_train_000001.bin"), &bad).unwrap();
+        let mut l = loader(dir.path(), 1, 10, 0, 1);
+        for _ in 0..3 {
+            l.next_batch().unwrap(); // tokens 0..31 are in the good shard
+        }
+        let err = l.next_batch().unwrap_err();
+        assert!(matches!(&err, DataError::TokenOutOfRange { token: 50257, index: 17, vocab_size: 50257, .. }), "{err}");
+        assert!(err.to_string().contains("t_train_000001.bin: token 50257 at index 17"), "{err}");
+    }
+
+    #[test]
+    fn validation_tokens_is_a_fixed_prefix_across_shards() {
+        let dir = tempfile::tempdir().unwrap();
+        write_shard(&dir.path().join("v_val_000000.bin"), &[5, 6, 7]).unwrap();
+        write_shard(&dir.path().join("v_val_000001.bin"), &[8, 9]).unwrap();
+        write_shard(&dir.path().join("v_train_000000.bin"), &[1, 2]).unwrap();
+        assert_eq!(validation_tokens(dir.path(), 4, None).unwrap(), vec![5, 6, 7, 8]);
+        assert_eq!(validation_tokens(dir.path(), 100, None).unwrap(), vec![5, 6, 7, 8, 9]);
+        assert_eq!(validation_tokens(dir.path(), 4, None).unwrap(), validation_tokens(dir.path(), 4, None).unwrap());
+    }
+}
