@@ -8,3 +8,6 @@
 //! or the attention maths (those are `gpt-model` and `attn-core`).
 //!
 //! Status: the training loop is the subject of its own issue and is not written yet.
+
+pub mod dist;
+pub mod launch;
