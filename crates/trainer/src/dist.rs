@@ -209,7 +209,11 @@ impl DistEnv {
             Some(v) => {
                 let n: usize = parse("LOCAL_WORLD_SIZE", &v)?;
                 if local_rank >= n {
-                    return Err(bad("LOCAL_RANK", &local_rank.to_string(), &format!("must be below LOCAL_WORLD_SIZE={n}")));
+                    return Err(bad(
+                        "LOCAL_RANK",
+                        &local_rank.to_string(),
+                        &format!("must be below LOCAL_WORLD_SIZE={n}"),
+                    ));
                 }
                 Some(n)
             }
@@ -244,7 +248,16 @@ impl DistEnv {
             }
             _ => GlooDevice::Default,
         };
-        Ok(Some(Self { rank, world_size, local_rank, local_world_size, master_addr, master_port, rendezvous, gloo_device }))
+        Ok(Some(Self {
+            rank,
+            world_size,
+            local_rank,
+            local_world_size,
+            master_addr,
+            master_port,
+            rendezvous,
+            gloo_device,
+        }))
     }
 
     /// Whether this rank runs the TCPStore server.
@@ -497,7 +510,9 @@ impl ProcessGroup {
     pub fn all_reduce_mean_(&self, tensors: &[Tensor]) -> Result<(), DistError> {
         const OP: &str = "all_reduce";
         if let Some(i) = tensors.iter().position(|t| t.defined() && !t.is_floating_point()) {
-            return Err(self.argument(OP, format!("tensor {i} has dtype {:?}; a mean needs floating point", tensors[i].kind())));
+            return Err(
+                self.argument(OP, format!("tensor {i} has dtype {:?}; a mean needs floating point", tensors[i].kind()))
+            );
         }
         self.bucketed(OP, tensors, true, |flat| {
             // SAFETY: `flat` is a live tch tensor (an `at::Tensor*`) for the whole call.
@@ -562,7 +577,8 @@ impl ProcessGroup {
                 let mut flat = if in_place {
                     group[0].f_view_([-1]).map_err(tensor_err)?
                 } else {
-                    let parts = group.iter().map(|t| t.f_reshape([-1])).collect::<Result<Vec<_>, _>>().map_err(tensor_err)?;
+                    let parts =
+                        group.iter().map(|t| t.f_reshape([-1])).collect::<Result<Vec<_>, _>>().map_err(tensor_err)?;
                     Tensor::f_cat(&parts, 0).map_err(tensor_err)? // (sum of numels,)
                 };
                 collective(&flat)?;
@@ -620,28 +636,29 @@ pub fn plan_buckets(items: &[(Kind, Device, usize)], bucket_bytes: usize) -> Vec
 mod tests {
     use super::*;
 
-    const F: (Kind, Device) = (Kind::Float, Device::Cpu);
-
-    fn plan(items: &[(Kind, usize)], cap: usize) -> Vec<Range<usize>> {
+    /// The plan as (start, end) pairs.
+    fn plan(items: &[(Kind, usize)], cap: usize) -> Vec<(usize, usize)> {
         let items: Vec<_> = items.iter().map(|&(k, b)| (k, Device::Cpu, b)).collect();
-        plan_buckets(&items, cap)
+        plan_buckets(&items, cap).into_iter().map(|r| (r.start, r.end)).collect()
     }
+
+    type Case = (&'static [(Kind, usize)], usize, &'static [(usize, usize)]);
 
     #[test]
     fn buckets_fill_up_to_the_cap_and_split_on_dtype() {
-        let f = F.0;
-        let d = Kind::Double;
-        let cases: &[(&[(Kind, usize)], usize, &[Range<usize>])] = &[
+        const F: Kind = Kind::Float;
+        const D: Kind = Kind::Double;
+        let cases: &[Case] = &[
             (&[], 10, &[]),
-            (&[(f, 4)], 10, &[0..1]),
-            (&[(f, 4), (f, 4), (f, 4)], 10, &[0..2, 2..3]),
-            (&[(f, 4), (f, 6), (f, 4)], 10, &[0..2, 2..3]),
-            (&[(f, 40), (f, 4), (f, 4)], 10, &[0..1, 1..3]),
-            (&[(f, 4), (f, 40), (f, 4)], 10, &[0..1, 1..2, 2..3]),
-            (&[(f, 4), (d, 4), (f, 4)], 100, &[0..1, 1..2, 2..3]),
-            (&[(f, 0), (f, 0), (f, 12)], 10, &[0..3]),
-            (&[(f, 12), (f, 0)], 10, &[0..2]),
-            (&[(f, 0), (d, 0)], 10, &[0..1, 1..2]),
+            (&[(F, 4)], 10, &[(0, 1)]),
+            (&[(F, 4), (F, 4), (F, 4)], 10, &[(0, 2), (2, 3)]),
+            (&[(F, 4), (F, 6), (F, 4)], 10, &[(0, 2), (2, 3)]),
+            (&[(F, 40), (F, 4), (F, 4)], 10, &[(0, 1), (1, 3)]),
+            (&[(F, 4), (F, 40), (F, 4)], 10, &[(0, 1), (1, 2), (2, 3)]),
+            (&[(F, 4), (D, 4), (F, 4)], 100, &[(0, 1), (1, 2), (2, 3)]),
+            (&[(F, 0), (F, 0), (F, 12)], 10, &[(0, 3)]),
+            (&[(F, 12), (F, 0)], 10, &[(0, 2)]),
+            (&[(F, 0), (D, 0)], 10, &[(0, 1), (1, 2)]),
         ];
         for (items, cap, want) in cases {
             assert_eq!(plan(items, *cap), *want, "items {items:?} cap {cap}");
@@ -649,8 +666,14 @@ mod tests {
     }
 
     #[test]
+    fn the_shim_and_the_build_script_agree_on_nccl() {
+        assert_eq!(ProcessGroup::has_nccl(), cfg!(trainer_nccl));
+    }
+
+    #[test]
     fn buckets_split_on_device() {
-        let items = [(F.0, Device::Cpu, 4), (F.0, Device::Cuda(0), 4), (F.0, Device::Cuda(1), 4)];
+        let f = Kind::Float;
+        let items = [(f, Device::Cpu, 4), (f, Device::Cuda(0), 4), (f, Device::Cuda(1), 4)];
         assert_eq!(plan_buckets(&items, 100), vec![0..1, 1..2, 2..3]);
     }
 
@@ -663,11 +686,16 @@ mod tests {
     #[test]
     fn options_from_vars() {
         assert_eq!(DistOptions::from_vars(lookup(&[])).unwrap(), DistOptions::default());
-        let o = DistOptions::from_vars(lookup(&[("LSSA_DIST_TIMEOUT_S", "2.5"), ("LSSA_DIST_BUCKET_MB", "0.5")])).unwrap();
+        let o =
+            DistOptions::from_vars(lookup(&[("LSSA_DIST_TIMEOUT_S", "2.5"), ("LSSA_DIST_BUCKET_MB", "0.5")])).unwrap();
         assert_eq!((o.timeout, o.bucket_bytes), (Duration::from_millis(2500), 1 << 19));
-        for (var, value) in [("LSSA_DIST_TIMEOUT_S", "0"), ("LSSA_DIST_TIMEOUT_S", "-1"), ("LSSA_DIST_TIMEOUT_S", "nan"),
-            ("LSSA_DIST_TIMEOUT_S", "x"), ("LSSA_DIST_BUCKET_MB", "0")]
-        {
+        for (var, value) in [
+            ("LSSA_DIST_TIMEOUT_S", "0"),
+            ("LSSA_DIST_TIMEOUT_S", "-1"),
+            ("LSSA_DIST_TIMEOUT_S", "nan"),
+            ("LSSA_DIST_TIMEOUT_S", "x"),
+            ("LSSA_DIST_BUCKET_MB", "0"),
+        ] {
             let err = DistOptions::from_vars(lookup(&[(var, value)])).unwrap_err().to_string();
             assert!(err.contains(var) && err.contains(value), "{err}");
         }

@@ -15,6 +15,23 @@
 //! its exit status and its last stderr lines. Children also get SIGKILL if the launcher itself dies
 //! (`PR_SET_PDEATHSIG`), so no orphaned rank keeps a GPU or a port.
 //!
+//! A binary offers the flag by re-executing itself without it (the children see `RANK` and must not
+//! launch again):
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use trainer::launch;
+//! let args: Vec<String> = std::env::args().skip(1).collect();
+//! let nproc = 2; // parsed from `--nproc-per-node`
+//! if nproc > 1 && std::env::var_os("RANK").is_none() {
+//!     let child_args = launch::remove_option(&args, "--nproc-per-node");
+//!     return Ok(launch::spawn(nproc, &std::env::current_exe()?, &child_args)?);
+//! }
+//! // ... this process is one rank: `trainer::dist::ProcessGroup::from_env()` ...
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Exit order is observed without races: one thread per child waits with `waitid(WNOWAIT)`, which
 //! reports an exit without reaping, so a child's pid stays reserved until the launcher reaps it and a
 //! signal can never reach a recycled pid.
@@ -236,9 +253,7 @@ fn wait_exit_without_reaping(pid: u32) {
         // SAFETY: an all-zero siginfo_t is a valid out-parameter.
         let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
         // SAFETY: waits on our own child; WNOWAIT leaves it a zombie for `Child::wait` to reap.
-        let r = unsafe {
-            libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT)
-        };
+        let r = unsafe { libc::waitid(libc::P_PID, pid as libc::id_t, &mut info, libc::WEXITED | libc::WNOWAIT) };
         if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
             return;
         }

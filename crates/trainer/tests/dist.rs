@@ -94,19 +94,28 @@ fn parse(pairs: &[(&str, &str)]) -> Result<Option<DistEnv>, DistError> {
     DistEnv::from_vars(|name| vars.get(name).cloned())
 }
 
-/// What torchrun 2.11 sets for `--standalone --nproc-per-node=2 --no-python`, rank 1.
+/// What torchrun 2.11 set for `--standalone --nproc-per-node=2 --no-python`, rank 1 (observed by
+/// running `env` under it; the run id and error file are left out).
 const TORCHRUN: &[(&str, &str)] = &[
-    ("RANK", "1"),
-    ("LOCAL_RANK", "1"),
     ("GROUP_RANK", "0"),
-    ("WORLD_SIZE", "2"),
+    ("GROUP_WORLD_SIZE", "1"),
+    ("LOCAL_RANK", "1"),
     ("LOCAL_WORLD_SIZE", "2"),
-    ("MASTER_ADDR", "127.0.0.1"),
-    ("MASTER_PORT", "29517"),
-    ("TORCHELASTIC_USE_AGENT_STORE", "True"),
-    ("TORCHELASTIC_RESTART_COUNT", "0"),
+    ("MASTER_ADDR", "localhost"),
+    ("MASTER_PORT", "35295"),
+    ("OMP_NUM_THREADS", "1"),
+    ("RANK", "1"),
+    ("ROLE_RANK", "1"),
+    ("ROLE_WORLD_SIZE", "2"),
     ("TORCHELASTIC_MAX_RESTARTS", "0"),
+    ("TORCHELASTIC_RESTART_COUNT", "0"),
+    ("TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"),
+    ("TORCHELASTIC_USE_AGENT_STORE", "True"),
+    ("WORLD_SIZE", "2"),
 ];
+
+/// Variables to change: `Some(value)` sets, `None` removes.
+type Changes<'a> = &'a [(&'a str, Option<&'a str>)];
 
 fn with<'a>(base: &[(&'a str, &'a str)], changes: &[(&'a str, Option<&'a str>)]) -> Vec<(&'a str, &'a str)> {
     let mut out: Vec<_> = base.to_vec();
@@ -129,8 +138,8 @@ fn torchrun_environment_uses_the_agent_store() {
             world_size: 2,
             local_rank: 1,
             local_world_size: Some(2),
-            master_addr: "127.0.0.1".into(),
-            master_port: 29517,
+            master_addr: "localhost".into(),
+            master_port: 35295,
             rendezvous: Rendezvous::AgentStore { restart_count: 0 },
             gloo_device: GlooDevice::Hostname("127.0.0.1".into()),
         }
@@ -148,7 +157,8 @@ fn torchrun_environment_uses_the_agent_store() {
 fn plain_environment_has_rank_0_host_the_store() {
     // Our launcher's variables; anything but exactly "True" is not torchrun's agent store.
     for agent in [None, Some("False"), Some("true"), Some("1")] {
-        let vars = with(TORCHRUN, &[("TORCHELASTIC_USE_AGENT_STORE", agent), ("RANK", Some("0")), ("LOCAL_RANK", Some("0"))]);
+        let vars =
+            with(TORCHRUN, &[("TORCHELASTIC_USE_AGENT_STORE", agent), ("RANK", Some("0")), ("LOCAL_RANK", Some("0"))]);
         let env = parse(&vars).unwrap().unwrap();
         assert_eq!(env.rendezvous, Rendezvous::Rank0Hosts, "{agent:?}");
         assert!(env.hosts_store());
@@ -170,12 +180,16 @@ fn single_process_environments_give_no_group() {
 
 #[test]
 fn gloo_binds_where_the_environment_says() {
-    let cases: &[(&[(&str, Option<&str>)], GlooDevice)] = &[
+    let cases: &[(Changes<'_>, GlooDevice)] = &[
         (&[("MASTER_ADDR", Some("localhost"))], GlooDevice::Hostname("127.0.0.1".into())),
+        (&[("MASTER_ADDR", Some("127.0.0.1"))], GlooDevice::Hostname("127.0.0.1".into())),
         (&[("MASTER_ADDR", Some("::1"))], GlooDevice::Hostname("::1".into())),
         (&[("MASTER_ADDR", Some("10.1.2.3"))], GlooDevice::Default),
         (&[("MASTER_ADDR", Some("node-0.cluster"))], GlooDevice::Default),
-        (&[("MASTER_ADDR", Some("10.1.2.3")), ("GLOO_SOCKET_IFNAME", Some("eth1,eth2"))], GlooDevice::Interface("eth1".into())),
+        (
+            &[("MASTER_ADDR", Some("10.1.2.3")), ("GLOO_SOCKET_IFNAME", Some("eth1,eth2"))],
+            GlooDevice::Interface("eth1".into()),
+        ),
     ];
     for (changes, want) in cases {
         let env = parse(&with(TORCHRUN, changes)).unwrap().unwrap();
@@ -185,7 +199,7 @@ fn gloo_binds_where_the_environment_says() {
 
 #[test]
 fn bad_environments_name_the_variable() {
-    let cases: &[(&[(&str, Option<&str>)], &str)] = &[
+    let cases: &[(Changes<'_>, &str)] = &[
         (&[("RANK", None)], "RANK is not set"),
         (&[("LOCAL_RANK", None)], "LOCAL_RANK is not set"),
         (&[("MASTER_ADDR", None)], "MASTER_ADDR is not set"),

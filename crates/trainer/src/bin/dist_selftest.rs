@@ -37,8 +37,7 @@ const SPECS: &[(Kind, &[i64], bool)] = &[
 fn make(rank: usize, k: usize) -> Tensor {
     let (kind, shape, transposed) = SPECS[k];
     let numel: i64 = shape.iter().product();
-    let values: Vec<f64> =
-        (0..numel as usize).map(|i| ((i * 7 + k * 3 + rank * 5) % 17) as f64 * 0.25 - 2.0).collect();
+    let values: Vec<f64> = (0..numel as usize).map(|i| ((i * 7 + k * 3 + rank * 5) % 17) as f64 * 0.25 - 2.0).collect();
     let t = Tensor::from_slice(&values).to_kind(kind).view_(shape);
     if transposed { t.transpose(0, 1) } else { t }
 }
