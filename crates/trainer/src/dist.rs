@@ -10,8 +10,8 @@
 //! torchrun --standalone --nproc-per-node=N --no-python target/release/trainer <trainer args>
 //! # the trainer's own launcher, no Python needed (see `crate::launch`):
 //! target/release/trainer --nproc-per-node N <trainer args>
-//! # several nodes with torchrun: the same line on every node with --nnodes, --node-rank and
-//! # --rdzv-endpoint=<host:port> of node 0 instead of --standalone.
+//! # several nodes with torchrun: on every node, instead of --standalone,
+//! #   --nnodes=M --rdzv-backend=c10d --rdzv-endpoint=<node 0 host>:29400 --rdzv-id=<job name>
 //! ```
 //!
 //! Variables read (torchrun's names): `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`
