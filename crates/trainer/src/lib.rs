@@ -8,13 +8,16 @@
 //! or the attention maths (those are `gpt-model` and `attn-core`).
 //!
 //! - [`data`]: llm.c shards, tokenizers, the default corpus, the per-rank loader.
+//! - [`dist`], [`launch`]: data parallelism over libtorch's c10d (Gloo, NCCL) and the built-in launcher.
 //! - [`config`]: the TOML training config with CLI overrides.
 //! - [`train`]: the loop, checkpoints, resume; [`optim`]: AdamW and the schedule.
 //! - [`eval`]: validation loss at `1x..16x` the training length.
 
 pub mod config;
 pub mod data;
+pub mod dist;
 pub mod eval;
+pub mod launch;
 pub mod optim;
 pub mod train;
 
