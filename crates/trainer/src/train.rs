@@ -24,7 +24,7 @@ pub const CKPT_KIND: &str = "lssa-train-state";
 /// A stream of training batches with a resumable position.
 pub trait BatchSource {
     /// The next `(x, y)` micro-batch of `batch x seq_len` token ids each (`y` is `x` shifted by one).
-    fn next_batch(&mut self) -> Result<(Vec<u16>, Vec<u16>)>;
+    fn next_batch(&mut self) -> Result<(Vec<i64>, Vec<i64>)>;
     /// Where the stream is, serialised (stored in checkpoints).
     fn position(&self) -> serde_json::Value;
     /// Continue from a position returned by [`BatchSource::position`].
@@ -221,7 +221,7 @@ pub fn train(cfg: &TrainConfig, data: &mut dyn BatchSource, coll: &dyn Collectiv
         let mut loss_sum = 0.0;
         for _ in 0..accum {
             let (x, y) = data.next_batch()?;
-            let to = |v: Vec<u16>| Tensor::from_slice(&v.iter().map(|&i| i64::from(i)).collect::<Vec<_>>()).view([b, t]).to_device(device);
+            let to = |v: Vec<i64>| Tensor::from_slice(&v).view([b, t]).to_device(device);
             let (x, y) = (to(x), to(y));
             let loss = tch::autocast(autocast, || model.loss(&x, &y, &ForwardOptions::default()))?;
             let scaled = &loss / accum as f64;
@@ -346,6 +346,64 @@ fn resume(vs: &mut VarStore, opt: &mut AdamW, data: &mut dyn BatchSource, cfg: &
     Ok(step)
 }
 
+/// Batches from a shard directory ([`crate::data::loader::DataLoader`]), with its tokenizer identity.
+#[derive(Debug)]
+pub struct ShardSource {
+    /// The loader.
+    pub loader: crate::data::loader::DataLoader,
+    /// The directory's tokenizer identity.
+    pub tokenizer: String,
+}
+
+impl ShardSource {
+    /// Opens the training split of `dir` for this rank.
+    pub fn open(dir: &Path, batch: usize, seq_len: usize, rank: usize, world: usize) -> Result<Self> {
+        use crate::data::loader::{DataLoader, Geometry};
+        let sd = crate::data::shard::ShardDir::open(dir)?;
+        let tokenizer = sd.tokenizer_id().to_string();
+        let loader = DataLoader::open(dir, crate::data::Split::Train, Geometry::new(batch, seq_len, rank, world)?, Some(&tokenizer))?;
+        Ok(Self { loader, tokenizer })
+    }
+}
+
+impl BatchSource for ShardSource {
+    fn next_batch(&mut self) -> Result<(Vec<i64>, Vec<i64>)> {
+        let b = self.loader.next_batch()?;
+        Ok((b.x, b.y))
+    }
+
+    fn position(&self) -> serde_json::Value {
+        serde_json::to_value(self.loader.position()).expect("a Position serialises")
+    }
+
+    fn seek(&mut self, pos: &serde_json::Value) -> Result<()> {
+        let pos = serde_json::from_value(pos.clone()).context("data position in the checkpoint")?;
+        Ok(self.loader.seek(pos)?)
+    }
+
+    fn tokenizer_id(&self) -> String {
+        self.tokenizer.clone()
+    }
+}
+
+impl Collective for crate::dist::ProcessGroup {
+    fn rank(&self) -> usize {
+        crate::dist::ProcessGroup::rank(self)
+    }
+    fn world_size(&self) -> usize {
+        crate::dist::ProcessGroup::world_size(self)
+    }
+    fn broadcast_(&self, tensors: &[Tensor]) -> Result<()> {
+        Ok(crate::dist::ProcessGroup::broadcast_(self, tensors, 0)?)
+    }
+    fn all_reduce_mean_(&self, tensors: &[Tensor]) -> Result<()> {
+        Ok(crate::dist::ProcessGroup::all_reduce_mean_(self, tensors)?)
+    }
+    fn all_reduce_sum_f64(&self, x: f64) -> Result<f64> {
+        Ok(crate::dist::ProcessGroup::all_reduce_sum_f64(self, x)?)
+    }
+}
+
 /// Batches from token ids in memory, in order, wrapping around: for tests, synthetic tasks and small
 /// experiments. Rank `rank` of `world` takes every `world`-th window, so ranks never overlap.
 #[derive(Debug, Clone)]
@@ -379,14 +437,14 @@ impl MemorySource {
 }
 
 impl BatchSource for MemorySource {
-    fn next_batch(&mut self) -> Result<(Vec<u16>, Vec<u16>)> {
+    fn next_batch(&mut self) -> Result<(Vec<i64>, Vec<i64>)> {
         let (mut x, mut y) = (Vec::with_capacity(self.batch * self.seq_len), Vec::with_capacity(self.batch * self.seq_len));
         for _ in 0..self.batch {
             // Global window index: this rank's share of every group of `world` windows.
             let w = (self.next * self.world + self.rank) % (self.windows() / self.world * self.world);
             let s = w * self.seq_len;
-            x.extend_from_slice(&self.tokens[s..s + self.seq_len]);
-            y.extend_from_slice(&self.tokens[s + 1..s + self.seq_len + 1]);
+            x.extend(self.tokens[s..s + self.seq_len].iter().map(|&t| i64::from(t)));
+            y.extend(self.tokens[s + 1..s + self.seq_len + 1].iter().map(|&t| i64::from(t)));
             self.next += 1;
         }
         Ok((x, y))

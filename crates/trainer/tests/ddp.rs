@@ -1,0 +1,266 @@
+//! The `trainer` binary end to end on real processes: data built by `lssa-data` from generated text,
+//! 2 Gloo ranks on 127.0.0.1 against one process with the same global batch (same losses, same final
+//! weights), a rank killed mid-run (the launcher fails fast, naming it; rank 0's checkpoint survives),
+//! and the clear errors of bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const TRAINER: &str = env!("CARGO_BIN_EXE_trainer");
+const LSSA_DATA: &str = env!("CARGO_BIN_EXE_lssa-data");
+
+/// The multi-process tests bind ports and use both cores: one at a time.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lssa-ddp-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Generated English-like text files (deterministic), tokenized by `lssa-data` with a 320-token BPE.
+fn build_data(root: &Path) -> PathBuf {
+    let text_dir = root.join("text");
+    std::fs::create_dir_all(&text_dir).unwrap();
+    let words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "its", "home", "with", "big", "red", "ball"];
+    let mut state = 12345u64;
+    for f in 0..12 {
+        let mut s = String::new();
+        for _ in 0..3000 {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s.push_str(words[(state >> 59) as usize % words.len()]);
+            s.push(if (state >> 40).is_multiple_of(9) { '.' } else { ' ' });
+        }
+        std::fs::write(text_dir.join(format!("doc{f:02}.txt")), s).unwrap();
+    }
+    let out = root.join("shards");
+    let st = Command::new(LSSA_DATA)
+        .args(["--input", text_dir.to_str().unwrap(), "--out", out.to_str().unwrap(), "--vocab-size", "320", "--quiet"])
+        .status()
+        .unwrap();
+    assert!(st.success(), "lssa-data failed");
+    out
+}
+
+fn base_args(data: &Path, out: &Path) -> Vec<String> {
+    [
+        "train",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--out-dir",
+        out.to_str().unwrap(),
+        "--no-progress",
+        "--eval-lengths",
+        "1,2",
+        "--set",
+        "model.preset=\"tiny\"",
+        "--set",
+        "model.vocab_size=320",
+        "--set",
+        "model.context_len=32",
+        "--set",
+        "device=\"cpu\"",
+        "--set",
+        "threads=1",
+        "--set",
+        "lr=0.003",
+        "--set",
+        "warmup_steps=2",
+        "--set",
+        "eval_tokens=512",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect()
+}
+
+fn run(args: &[String], envs: &[(&str, &str)]) -> std::process::Output {
+    let mut cmd = Command::new(TRAINER);
+    cmd.args(args).env("LSSA_DIST_TIMEOUT_S", "20").env("RUST_LOG", "warn");
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+fn losses(out: &Path) -> Vec<f64> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].as_f64().unwrap())
+        .collect()
+}
+
+fn weights(path: &Path) -> Vec<(String, tch::Tensor)> {
+    let mut w: Vec<(String, tch::Tensor)> = gpt_model::checkpoint::read_tensors(path, "").unwrap();
+    w.retain(|(n, _)| !n.starts_with("optim."));
+    w
+}
+
+#[test]
+fn two_gloo_ranks_equal_one_process_with_the_same_global_batch() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = scratch("equal");
+    let data = build_data(&root);
+    let steps = ["--set".to_string(), "max_steps=6".to_string(), "--set".to_string(), "ckpt_every=0".to_string()];
+
+    // One process, batch 4 (tokens_per_step = 4 x 32).
+    let one = root.join("one");
+    let mut a = base_args(&data, &one);
+    a.extend(steps.iter().cloned());
+    a.extend(["--set", "batch_size=4", "--set", "tokens_per_step=128"].map(String::from));
+    let o = run(&a, &[]);
+    assert!(o.status.success(), "1 process: {}", String::from_utf8_lossy(&o.stderr));
+
+    // Two ranks, batch 2 each: the same 128 tokens per step, split by the loader.
+    let two = root.join("two");
+    let mut a = base_args(&data, &two);
+    a.extend(steps.iter().cloned());
+    a.extend(["--set", "batch_size=2", "--set", "tokens_per_step=128", "--nproc-per-node", "2"].map(String::from));
+    let o = run(&a, &[]);
+    assert!(o.status.success(), "2 ranks: {}", String::from_utf8_lossy(&o.stderr));
+
+    let (l1, l2) = (losses(&one), losses(&two));
+    assert_eq!(l1.len(), 6);
+    assert_eq!(l2.len(), 6, "rank 0 alone writes metrics");
+    for (s, (a, b)) in l1.iter().zip(&l2).enumerate() {
+        assert!((a - b).abs() < 1e-5, "step {}: 1 process {a} vs 2 ranks {b}", s + 1);
+    }
+    let (w1, w2) = (weights(&one.join("ckpt_00000006.safetensors")), weights(&two.join("ckpt_00000006.safetensors")));
+    assert_eq!(w1.len(), w2.len());
+    for ((n1, t1), (n2, t2)) in w1.iter().zip(&w2) {
+        assert_eq!(n1, n2);
+        let diff = (t1 - t2).abs().max().double_value(&[]);
+        assert!(diff < 1e-5, "final weight {n1} differs by {diff}");
+    }
+    // result.json records the run, with both evaluation lengths.
+    let result: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(two.join("result.json")).unwrap()).unwrap();
+    assert_eq!(result["format"], "lssa-train-result");
+    assert_eq!(result["world_size"], 2);
+    assert_eq!(result["lengths"].as_array().unwrap().len(), 2);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// Pids of the direct children of `parent` whose environment has `RANK=<rank>`.
+fn child_with_rank(parent: u32, rank: usize) -> Option<u32> {
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // Fields after the ")" closing the command name: state, ppid, ...
+        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)).and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(parent) {
+            continue;
+        }
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        if env.split(|&b| b == 0).any(|kv| kv == format!("RANK={rank}").as_bytes()) {
+            return Some(pid);
+        }
+    }
+    None
+}
+
+#[test]
+fn a_killed_rank_stops_the_run_fast_and_rank_zero_checkpoints_survive() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = scratch("kill");
+    let data = build_data(&root);
+    let out = root.join("run");
+    let mut a = base_args(&data, &out);
+    a.extend(
+        ["--set", "max_steps=100000", "--set", "ckpt_every=2", "--set", "batch_size=2", "--set", "tokens_per_step=128", "--nproc-per-node", "2"]
+            .map(String::from),
+    );
+    let mut launcher = Command::new(TRAINER)
+        .args(&a)
+        .env("LSSA_DIST_TIMEOUT_S", "10")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for a checkpoint, then kill rank 1 with SIGKILL.
+    let start = Instant::now();
+    while !out.join("ckpt_00000002.safetensors").exists() {
+        assert!(start.elapsed() < Duration::from_secs(120), "no checkpoint after 120 s");
+        assert!(launcher.try_wait().unwrap().is_none(), "the run ended before the kill");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let victim = child_with_rank(launcher.id(), 1).expect("rank 1 is a child of the launcher");
+    let killed_at = Instant::now();
+    Command::new("kill").args(["-9", &victim.to_string()]).status().unwrap();
+    let status = loop {
+        if let Some(s) = launcher.try_wait().unwrap() {
+            break s;
+        }
+        assert!(killed_at.elapsed() < Duration::from_secs(60), "the run did not stop within 60 s of the kill");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let elapsed = killed_at.elapsed();
+    let stderr = {
+        use std::io::Read;
+        let mut s = String::new();
+        launcher.stderr.take().unwrap().read_to_string(&mut s).unwrap();
+        s
+    };
+    assert!(!status.success());
+    assert!(stderr.contains("rank 1"), "the error must name the killed rank: {stderr}");
+    assert!(elapsed < Duration::from_secs(30), "took {elapsed:?} to stop");
+    // Every checkpoint left behind is complete and loadable; no temporary file remains.
+    let ckpts = trainer::train::list_checkpoints(&out).unwrap();
+    assert!(!ckpts.is_empty());
+    for c in &ckpts {
+        let meta = gpt_model::checkpoint::read_metadata(c).unwrap();
+        assert_eq!(meta["kind"], "lssa-train-state");
+    }
+    let leftovers: Vec<_> = std::fs::read_dir(&out).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).collect();
+    assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+#[test]
+fn bad_input_gives_one_clear_error() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = scratch("bad");
+    let data = build_data(&root);
+    let out = root.join("run");
+    let err_in = |data: &Path, extra: &[&str]| {
+        let mut a = base_args(data, &out);
+        a.extend(extra.iter().map(|s| s.to_string()));
+        let o = run(&a, &[]);
+        assert!(!o.status.success(), "{extra:?} should fail");
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    let err = |extra: &[&str]| err_in(&data, extra);
+    // Unknown config key, named.
+    assert!(err(&["--set", "max_stepz=3"]).contains("max_stepz"));
+    // Missing data directory, named.
+    let e = err_in(&root.join("nowhere"), &[]);
+    assert!(e.contains("nowhere"), "{e}");
+    // Vocabulary mismatch between data and model, both named.
+    let e = err(&["--set", "model.vocab_size=100"]);
+    assert!(e.contains("vocab_size") && e.contains("100"), "{e}");
+    // A corrupt shard, named.
+    let shard = std::fs::read_dir(&data).unwrap().flatten().map(|e| e.path()).find(|p| p.to_string_lossy().contains("_train_")).unwrap();
+    let good = std::fs::read(&shard).unwrap();
+    let mut bad = good.clone();
+    bad[0] ^= 0xff; // the magic number
+    std::fs::write(&shard, &bad).unwrap();
+    let e = err(&["--set", "max_steps=2"]);
+    assert!(e.contains(shard.file_name().unwrap().to_str().unwrap()) && e.contains("magic"), "{e}");
+    std::fs::write(&shard, &good).unwrap();
+    // A checkpoint of another world size: refused, and it is not overwritten.
+    let mut a = base_args(&data, &out);
+    a.extend(["--set", "max_steps=2", "--set", "ckpt_every=2"].map(String::from));
+    assert!(run(&a, &[]).status.success());
+    let ckpt = out.join("ckpt_00000002.safetensors");
+    let before = std::fs::read(&ckpt).unwrap();
+    let e = err(&["--set", "max_steps=4", "--set", "batch_size=1", "--set", "tokens_per_step=64", "--resume", "latest", "--nproc-per-node", "2"]);
+    assert!(e.contains("world size"), "{e}");
+    assert_eq!(std::fs::read(&ckpt).unwrap(), before, "a refused resume must not touch the checkpoint");
+    // A checkpoint of another model: refused, naming the field.
+    let e = err(&["--set", "max_steps=4", "--set", "model.n_layer=3", "--resume", "latest"]);
+    assert!(e.contains("n_layer"), "{e}");
+    std::fs::remove_dir_all(&root).unwrap();
+}
