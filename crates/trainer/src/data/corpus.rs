@@ -753,7 +753,28 @@ mod tests {
         assert_eq!(clean_milton("............Of Cerberus\n...\nx"), "    Of Cerberus\n...\nx\n");
     }
 
-    /// Small generated documents from two sources, so that both splits are non-empty.
+    #[test]
+    fn input_files_are_walked_in_sorted_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("sub")).unwrap();
+        for (file, text) in [("b.txt", "B\r\n"), ("sub/a.md", "A"), (".hidden", "H"), ("empty.txt", " \n"), ("a.txt", "\u{feff}first")] {
+            std::fs::write(d.join(file), text).unwrap();
+        }
+        let corpus = input_documents(&[d.to_path_buf()]).unwrap();
+        let got: Vec<(String, String)> = corpus
+            .documents
+            .iter()
+            .map(|doc| (doc.name.strip_prefix(&*d.to_string_lossy()).unwrap().to_string(), doc.text.clone()))
+            .collect();
+        let want = [("/a.txt", "first\n"), ("/b.txt", "B\n"), ("/sub/a.md", "A\n")];
+        assert_eq!(got, want.map(|(n, t)| (n.to_string(), t.to_string())));
+        std::fs::write(d.join("bad.txt"), [0xff, 0xfe, 0x00]).unwrap();
+        let err = input_documents(&[d.join("bad.txt")]).unwrap_err();
+        assert!(err.to_string().contains("bad.txt: not UTF-8 text"), "{err}");
+    }
+
+    /// Twelve small generated documents of one source (11 train, 1 val by the every-10th rule).
     fn small_corpus() -> Corpus {
         let documents = (0..12)
             .map(|i| Document {
