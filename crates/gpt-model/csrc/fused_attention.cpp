@@ -17,6 +17,7 @@
 // are propagated by libtorch's autograd engine to the caller of `backward()` (tch reports them).
 
 #include <ATen/ATen.h>
+#include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cstdint>
@@ -147,5 +148,8 @@ char* gpt_model_fused_apply(at::Tensor* q, at::Tensor* k, at::Tensor* v, uint64_
 void gpt_model_bridge_free(char* msg) { std::free(msg); }
 
 size_t gpt_model_bridge_params_size() { return sizeof(AttnParams); }
+
+// Makes CUDA autocast (tch::autocast) compute in bf16 instead of libtorch's default fp16.
+void gpt_model_autocast_cuda_bf16() { at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16); }
 
 }  // extern "C"

@@ -71,16 +71,43 @@ pub fn save(
     extra: &HashMap<String, String>,
     path: &Path,
 ) -> Result<(), CheckpointError> {
+    save_with(vs, cfg, extra, &[], path)
+}
+
+/// [`save`] plus `more` named tensors stored beside the model's (the trainer's optimiser moments, under
+/// names that cannot clash with the model's, e.g. `optim.m.<var>`). [`load`] ignores them;
+/// [`read_tensors`] reads them back.
+pub fn save_with(
+    vs: &VarStore,
+    cfg: &ModelConfig,
+    extra: &HashMap<String, String>,
+    more: &[(String, Tensor)],
+    path: &Path,
+) -> Result<(), CheckpointError> {
+    let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    named.extend(more.iter().map(|(n, t)| (n.clone(), t.shallow_clone())));
+    let mut meta = extra.clone();
+    meta.insert("format".into(), FORMAT.into());
+    meta.insert("format_version".into(), FORMAT_VERSION.into());
+    meta.insert("config".into(), cfg.to_toml());
+    meta.insert("variant".into(), cfg.attention.clone());
+    write_tensors(&named, meta, path)
+}
+
+/// Writes named tensors (any device; f32, f64, bf16 or f16) and string metadata to a safetensors file
+/// atomically: a temporary file in the same directory, `fsync`, then `rename`, so a crash never leaves a
+/// half-written file under `path`.
+pub fn write_tensors(named: &[(String, Tensor)], meta: HashMap<String, String>, path: &Path) -> Result<(), CheckpointError> {
     let p = path.display().to_string();
     let io = |source| CheckpointError::Io { path: p.clone(), source };
-    let mut named: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    let mut named: Vec<&(String, Tensor)> = named.iter().collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
     let mut buffers = Vec::with_capacity(named.len());
-    for (name, t) in &named {
+    for (name, t) in named {
         let t = t.detach().to_device(tch::Device::Cpu).contiguous();
         let dtype = dtype_of(t.kind()).ok_or_else(|| CheckpointError::Format {
             path: p.clone(),
-            reason: format!("variable {name} has unsupported dtype {:?}", t.kind()),
+            reason: format!("tensor {name} has unsupported dtype {:?}", t.kind()),
         })?;
         let mut bytes = vec![0u8; t.numel() * t.kind().elt_size_in_bytes()];
         t.copy_data_u8(&mut bytes, t.numel());
@@ -90,11 +117,6 @@ pub fn save(
         .iter()
         .map(|(n, dt, shape, bytes)| (n.clone(), TensorView::new(*dt, shape.clone(), bytes).expect("sizes match")))
         .collect();
-    let mut meta = extra.clone();
-    meta.insert("format".into(), FORMAT.into());
-    meta.insert("format_version".into(), FORMAT_VERSION.into());
-    meta.insert("config".into(), cfg.to_toml());
-    meta.insert("variant".into(), cfg.attention.clone());
     let data = safetensors::serialize(views, Some(meta))
         .map_err(|e| CheckpointError::Format { path: p.clone(), reason: e.to_string() })?;
     let tmp = path.with_extension("safetensors.tmp");
@@ -104,7 +126,44 @@ pub fn save(
         f.sync_all().map_err(io)?;
     }
     std::fs::rename(&tmp, path).map_err(io)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
+        && let Ok(d) = std::fs::File::open(dir)
+    {
+        let _ = d.sync_all(); // make the rename durable; not every filesystem supports it
+    }
     Ok(())
+}
+
+/// The tensors of `path` whose names start with `prefix`, as CPU tensors in their stored dtype.
+pub fn read_tensors(path: &Path, prefix: &str) -> Result<Vec<(String, Tensor)>, CheckpointError> {
+    let p = path.display().to_string();
+    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io { path: p.clone(), source })?;
+    let st = SafeTensors::deserialize(&bytes)
+        .map_err(|e| CheckpointError::Format { path: p.clone(), reason: e.to_string() })?;
+    let mut out = Vec::new();
+    for name in st.names() {
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        let view = st.tensor(name).map_err(|e| CheckpointError::Format { path: p.clone(), reason: e.to_string() })?;
+        out.push((name.to_string(), tensor_of(&view, name, &p)?));
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(out)
+}
+
+fn tensor_of(view: &TensorView<'_>, name: &str, p: &str) -> Result<Tensor, CheckpointError> {
+    let shape: Vec<i64> = view.shape().iter().map(|&s| s as i64).collect();
+    let kind = match view.dtype() {
+        Dtype::F32 => Kind::Float,
+        Dtype::F64 => Kind::Double,
+        Dtype::BF16 => Kind::BFloat16,
+        Dtype::F16 => Kind::Half,
+        other => {
+            return Err(CheckpointError::Format { path: p.to_string(), reason: format!("tensor `{name}` has dtype {other:?}") });
+        }
+    };
+    Ok(Tensor::from_data_size(view.data(), &shape, kind))
 }
 
 /// Reads the metadata of a checkpoint (config included) without loading the weights.
@@ -167,20 +226,8 @@ pub fn load(vs: &mut VarStore, cfg: &ModelConfig, path: &Path) -> Result<HashMap
                 reason: format!("tensor `{name}` has shape {shape:?}, the model has {:?}", var.size()),
             });
         }
-        let kind = match view.dtype() {
-            Dtype::F32 => Kind::Float,
-            Dtype::F64 => Kind::Double,
-            Dtype::BF16 => Kind::BFloat16,
-            Dtype::F16 => Kind::Half,
-            other => {
-                return Err(CheckpointError::Format {
-                    path: p.clone(),
-                    reason: format!("tensor `{name}` has dtype {other:?}"),
-                });
-            }
-        };
-        let t = Tensor::from_data_size(view.data(), &shape, kind);
+        let t = tensor_of(&view, &name, &p)?;
         var.copy_(&t.to_kind(var.kind()).to_device(var.device()));
     }
-    Ok(read_metadata(path)?)
+    read_metadata(path)
 }

@@ -123,10 +123,10 @@ impl ModelConfig {
         if self.n_layer == 0 {
             return bad("n_layer", "0".into(), "need at least one block");
         }
-        if self.n_head == 0 || self.d_model % self.n_head != 0 {
+        if self.n_head == 0 || !self.d_model.is_multiple_of(self.n_head) {
             return bad("n_head", self.n_head.to_string(), &format!("must divide d_model = {}", self.d_model));
         }
-        if self.head_dim() % 2 != 0 {
+        if !self.head_dim().is_multiple_of(2) {
             return bad("d_model", self.d_model.to_string(), "the head dimension must be even for RoPE");
         }
         if self.vocab_size == 0 {

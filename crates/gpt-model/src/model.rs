@@ -169,6 +169,7 @@ impl Gpt {
         self.forward_from(idx, offset, Some(cache), opts)
     }
 
+    #[allow(clippy::assign_op_pattern)] // `x = x + ..` is out of place on purpose (see below)
     fn forward_from(
         &self,
         idx: &Tensor,
@@ -208,6 +209,8 @@ impl Gpt {
             }
             let y = attention::attend(&q, &k, &v, &variant, imp, offset)?; // (B, H, T, hd)
             let y = y.transpose(1, 2).contiguous().view([b, t, self.cfg.d_model as i64]);
+            // Not `+=`: on a tch tensor that is an in-place add, which breaks autograd (the LayerNorm
+            // saved `x` for its backward).
             x = x + y.apply(&blk.attn_proj);
             let m = x.apply(&blk.ln_2).apply(&blk.c_fc).gelu("none").apply(&blk.mlp_proj);
             x = x + m;

@@ -7,6 +7,27 @@
 //! Must never depend on: `experiments` (no tables or figures here), and never re-implements the model
 //! or the attention maths (those are `gpt-model` and `attn-core`).
 //!
-//! Status: the training loop is the subject of its own issue and is not written yet.
+//! - [`data`]: llm.c shards, tokenizers, the default corpus, the per-rank loader.
+//! - [`dist`], [`launch`]: data parallelism over libtorch's c10d (Gloo, NCCL) and the built-in launcher.
+//! - [`config`]: the TOML training config with CLI overrides.
+//! - [`train`]: the loop, checkpoints, resume; [`optim`]: AdamW and the schedule.
+//! - [`eval`]: validation loss at `1x..16x` the training length.
 
+pub mod config;
 pub mod data;
+pub mod dist;
+pub mod eval;
+pub mod launch;
+pub mod optim;
+pub mod train;
+
+/// The git revision of the working tree (`-dirty` when it has changes), or `unknown`.
+pub fn git_revision() -> String {
+    let git = |args: &[&str]| std::process::Command::new("git").args(args).output().ok().filter(|o| o.status.success());
+    let Some(rev) = git(&["rev-parse", "--short=12", "HEAD"]) else {
+        return "unknown".into();
+    };
+    let rev = String::from_utf8_lossy(&rev.stdout).trim().to_string();
+    let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|o| !o.stdout.is_empty());
+    if dirty { format!("{rev}-dirty") } else { rev }
+}

@@ -119,7 +119,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, variant: &Variant) -> Resul
     if qs.len() != 4 || ks != qs || vs != qs {
         return Err(FusedError::Shape(format!("q, k, v must be equal (B, H, T, d) shapes, got {qs:?}, {ks:?}, {vs:?}")));
     }
-    if qs.iter().any(|&s| s == 0) {
+    if qs.contains(&0) {
         return Err(FusedError::Shape(format!("every size must be >= 1, got {qs:?}")));
     }
     variant.validate().map_err(|e| FusedError::Bridge(e.to_string()))?;

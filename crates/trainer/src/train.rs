@@ -1,0 +1,407 @@
+//! The training loop: gradient accumulation to a token budget per step, AdamW with warm-up + cosine,
+//! clipping, evaluation every N steps, JSONL metrics, atomic checkpoints (last K kept) and exact resume,
+//! for one process or many (gradients averaged through a [`Collective`]).
+
+use std::collections::HashMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail, ensure};
+use gpt_model::checkpoint;
+use gpt_model::model::{ForwardOptions, Gpt};
+use serde::{Deserialize, Serialize};
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+
+use crate::config::{DeviceChoice, TrainConfig};
+use crate::eval;
+use crate::optim::{self, AdamW};
+
+/// Format tag of the metadata of training checkpoints.
+pub const CKPT_KIND: &str = "lssa-train-state";
+
+/// A stream of training batches with a resumable position.
+pub trait BatchSource {
+    /// The next `(x, y)` micro-batch of `batch x seq_len` token ids each (`y` is `x` shifted by one).
+    fn next_batch(&mut self) -> Result<(Vec<u16>, Vec<u16>)>;
+    /// Where the stream is, serialised (stored in checkpoints).
+    fn position(&self) -> serde_json::Value;
+    /// Continue from a position returned by [`BatchSource::position`].
+    fn seek(&mut self, pos: &serde_json::Value) -> Result<()>;
+    /// The tokenizer's identity (stored in checkpoints; a resume with another tokenizer is refused).
+    fn tokenizer_id(&self) -> String;
+}
+
+/// What data parallelism needs from a process group; [`Single`] is the one-process case.
+pub trait Collective {
+    /// This process's rank.
+    fn rank(&self) -> usize;
+    /// Number of ranks.
+    fn world_size(&self) -> usize;
+    /// Overwrite `tensors` with rank 0's.
+    fn broadcast_(&self, tensors: &[Tensor]) -> Result<()>;
+    /// Replace `tensors` with their mean over ranks.
+    fn all_reduce_mean_(&self, tensors: &[Tensor]) -> Result<()>;
+    /// The sum of `x` over ranks.
+    fn all_reduce_sum_f64(&self, x: f64) -> Result<f64>;
+}
+
+/// One process: every collective is the identity.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Single;
+
+impl Collective for Single {
+    fn rank(&self) -> usize {
+        0
+    }
+    fn world_size(&self) -> usize {
+        1
+    }
+    fn broadcast_(&self, _: &[Tensor]) -> Result<()> {
+        Ok(())
+    }
+    fn all_reduce_mean_(&self, _: &[Tensor]) -> Result<()> {
+        Ok(())
+    }
+    fn all_reduce_sum_f64(&self, x: f64) -> Result<f64> {
+        Ok(x)
+    }
+}
+
+/// One line of `metrics.jsonl`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct StepMetrics {
+    /// Optimiser step (1-based: the number of updates applied).
+    pub step: usize,
+    /// Mean training loss of the step (over ranks and micro-batches).
+    pub loss: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Training tokens per second over all ranks.
+    pub tokens_per_s: f64,
+    /// Model FLOP utilisation, when a peak is configured.
+    pub mfu: Option<f64>,
+    /// Validation loss at `1x`, on evaluation steps.
+    pub val_loss: Option<f64>,
+    /// Seconds since the run (or resume) started.
+    pub elapsed_s: f64,
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunSummary {
+    /// Every step's metrics, in order (from the resume point when resumed).
+    pub steps: Vec<StepMetrics>,
+    /// The last checkpoint written.
+    pub checkpoint: PathBuf,
+    /// Wall time of this invocation.
+    pub wall_s: f64,
+    /// Mean training tokens per second.
+    pub tokens_per_s: f64,
+}
+
+/// The device for `choice` on a rank with local rank `local_rank`.
+pub fn pick_device(choice: DeviceChoice, local_rank: usize) -> Result<Device> {
+    Ok(match choice {
+        DeviceChoice::Cpu => Device::Cpu,
+        DeviceChoice::Cuda => {
+            ensure!(tch::Cuda::is_available(), "device = \"cuda\" but CUDA is not available ({})", gpt_model::runtime::describe());
+            Device::Cuda(local_rank)
+        }
+        DeviceChoice::Auto => {
+            if tch::Cuda::is_available() {
+                Device::Cuda(local_rank)
+            } else {
+                Device::Cpu
+            }
+        }
+    })
+}
+
+/// Checkpoint file of `step` in `dir`.
+pub fn checkpoint_path(dir: &Path, step: usize) -> PathBuf {
+    dir.join(format!("ckpt_{step:08}.safetensors"))
+}
+
+/// Checkpoints in `dir`, oldest first.
+pub fn list_checkpoints(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return Ok(out);
+    };
+    for e in rd {
+        let p = e.with_context(|| format!("listing {}", dir.display()))?.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        if name.starts_with("ckpt_") && name.ends_with(".safetensors") {
+            out.push(p);
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Options of one [`train`] call besides the config.
+#[derive(Debug, Default)]
+pub struct RunOptions {
+    /// Resume from this checkpoint (its model, optimiser, step and data position).
+    pub resume: Option<PathBuf>,
+    /// Show a progress bar (rank 0 only; off in tests).
+    pub progress: bool,
+    /// Validation tokens for the evaluations during training (empty: no evaluation).
+    pub val_tokens: Vec<u16>,
+    /// The command line, for the record.
+    pub command: String,
+}
+
+/// Trains `cfg` on `data`, evaluating on `opts.val_tokens`, averaging gradients through `coll`.
+/// Rank 0 writes `config.toml`, `metrics.jsonl` and checkpoints to `cfg.out_dir`.
+pub fn train(cfg: &TrainConfig, data: &mut dyn BatchSource, coll: &dyn Collective, opts: &RunOptions) -> Result<RunSummary> {
+    cfg.validate()?;
+    let start = Instant::now();
+    let (rank, world) = (coll.rank(), coll.world_size());
+    let accum = cfg.accumulation(world)?;
+    let local_rank = std::env::var("LOCAL_RANK").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let device = pick_device(cfg.device, local_rank)?;
+    if cfg.threads > 0 {
+        tch::set_num_threads(cfg.threads as i32);
+    }
+    let autocast = cfg.bf16 && device.is_cuda();
+    if autocast {
+        gpt_model::runtime::use_bf16_autocast();
+    }
+    if rank == 0 {
+        std::fs::create_dir_all(&cfg.out_dir).with_context(|| format!("creating {}", cfg.out_dir.display()))?;
+        write_atomic(&cfg.out_dir.join("config.toml"), cfg.to_toml().as_bytes())?;
+    }
+
+    tch::manual_seed(cfg.seed as i64);
+    let mut vs = VarStore::new(device);
+    let model = Gpt::new(&vs.root(), &cfg.model)?;
+    let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    let mut opt = AdamW::new(params, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay);
+    let mut step = 0usize;
+    if let Some(path) = &opts.resume {
+        step = resume(&mut vs, &mut opt, data, cfg, world, path)?;
+    }
+    // Every rank starts from rank 0's weights (identical anyway with the same seed; this makes it certain).
+    coll.broadcast_(&opt.slots.iter().map(|s| s.param.shallow_clone()).collect::<Vec<_>>())?;
+
+    let tokenizer = data.tokenizer_id();
+    let flops_per_token = cfg.model.flops_per_token(cfg.model.context_len);
+    let mut metrics_file = if rank == 0 {
+        let p = cfg.out_dir.join("metrics.jsonl");
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(&p).with_context(|| format!("opening {}", p.display()))?;
+        Some(f)
+    } else {
+        None
+    };
+    let bar = (rank == 0 && opts.progress).then(|| {
+        let b = indicatif::ProgressBar::new(cfg.max_steps as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] step {pos}/{len} {msg} (eta {eta})")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        b.set_position(step as u64);
+        b
+    });
+    tracing::info!(rank, world, accum, ?device, params = cfg.model.n_params(), start_step = step, "training");
+
+    let (b, t) = (cfg.batch_size as i64, cfg.model.context_len as i64);
+    let mut steps = Vec::new();
+    let mut last_ckpt = PathBuf::new();
+    let mut tokens_seen = 0usize;
+    while step < cfg.max_steps {
+        let t0 = Instant::now();
+        let lr = optim::lr_at(step, cfg.max_steps, cfg.warmup_steps, cfg.lr, cfg.min_lr_ratio);
+        opt.zero_grad();
+        let mut loss_sum = 0.0;
+        for _ in 0..accum {
+            let (x, y) = data.next_batch()?;
+            let to = |v: Vec<u16>| Tensor::from_slice(&v.iter().map(|&i| i64::from(i)).collect::<Vec<_>>()).view([b, t]).to_device(device);
+            let (x, y) = (to(x), to(y));
+            let loss = tch::autocast(autocast, || model.loss(&x, &y, &ForwardOptions::default()))?;
+            let scaled = &loss / accum as f64;
+            scaled.backward();
+            loss_sum += loss.to_kind(Kind::Double).double_value(&[]);
+        }
+        let grads: Vec<Tensor> = opt.slots.iter().map(|s| s.param.grad()).filter(|g| g.defined()).collect();
+        coll.all_reduce_mean_(&grads)?;
+        let grad_norm = opt.clip_grad_norm(cfg.grad_clip);
+        opt.step(lr);
+        step += 1;
+        let loss = coll.all_reduce_sum_f64(loss_sum / accum as f64)? / world as f64;
+        ensure!(loss.is_finite(), "training loss is {loss} at step {step}: diverged (try a lower lr)");
+        let dt = t0.elapsed().as_secs_f64();
+        let tokens = cfg.tokens_per_step;
+        tokens_seen += tokens;
+        let tokens_per_s = tokens as f64 / dt;
+        let mfu = (cfg.peak_flops > 0.0).then(|| tokens_per_s * flops_per_token / (cfg.peak_flops * world as f64));
+        let is_last = step == cfg.max_steps;
+        let val_loss = if !opts.val_tokens.is_empty() && (is_last || (cfg.eval_every > 0 && step.is_multiple_of(cfg.eval_every))) {
+            let n = cfg.eval_tokens.min(opts.val_tokens.len());
+            let (l, _, _) = eval::span_loss(&model, &opts.val_tokens[..n], cfg.model.context_len, cfg.batch_size, &ForwardOptions::default(), device)?;
+            Some(l)
+        } else {
+            None
+        };
+        let m = StepMetrics { step, loss, lr, grad_norm, tokens_per_s, mfu, val_loss, elapsed_s: start.elapsed().as_secs_f64() };
+        if let Some(f) = metrics_file.as_mut() {
+            writeln!(f, "{}", serde_json::to_string(&m)?).context("writing metrics.jsonl")?;
+        }
+        if let Some(bar) = &bar {
+            bar.set_position(step as u64);
+            bar.set_message(match val_loss {
+                Some(v) => format!("loss {loss:.4} val {v:.4}"),
+                None => format!("loss {loss:.4}"),
+            });
+        } else if rank == 0 && (val_loss.is_some() || step.is_multiple_of(50) || step == 1) {
+            tracing::info!(step, loss, lr, grad_norm, tokens_per_s, val_loss, "step");
+        }
+        steps.push(m);
+        if rank == 0 && (is_last || (cfg.ckpt_every > 0 && step.is_multiple_of(cfg.ckpt_every))) {
+            last_ckpt = save_state(&vs, &opt, cfg, step, data, world, &tokenizer, &opts.command)?;
+        }
+    }
+    if let Some(bar) = bar {
+        bar.finish();
+    }
+    let wall_s = start.elapsed().as_secs_f64();
+    Ok(RunSummary { steps, checkpoint: last_ckpt, wall_s, tokens_per_s: tokens_seen as f64 / wall_s })
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    {
+        let mut f = std::fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+        f.write_all(bytes).with_context(|| format!("writing {}", tmp.display()))?;
+        f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
+    }
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
+}
+
+/// Writes the training state of `step` and deletes checkpoints beyond the newest `keep_last`.
+fn save_state(
+    vs: &VarStore,
+    opt: &AdamW,
+    cfg: &TrainConfig,
+    step: usize,
+    data: &dyn BatchSource,
+    world: usize,
+    tokenizer: &str,
+    command: &str,
+) -> Result<PathBuf> {
+    let path = checkpoint_path(&cfg.out_dir, step);
+    let meta = HashMap::from([
+        ("kind".to_string(), CKPT_KIND.to_string()),
+        ("step".to_string(), step.to_string()),
+        ("optim_t".to_string(), opt.t.to_string()),
+        ("data_position".to_string(), data.position().to_string()),
+        ("train_config".to_string(), cfg.to_toml()),
+        ("tokenizer".to_string(), tokenizer.to_string()),
+        ("world_size".to_string(), world.to_string()),
+        ("seed".to_string(), cfg.seed.to_string()),
+        ("git_revision".to_string(), crate::git_revision()),
+        ("command".to_string(), command.to_string()),
+    ]);
+    checkpoint::save_with(vs, &cfg.model, &meta, &opt.state(), &path)?;
+    let all = list_checkpoints(&cfg.out_dir)?;
+    if all.len() > cfg.keep_last {
+        for old in &all[..all.len() - cfg.keep_last] {
+            std::fs::remove_file(old).with_context(|| format!("removing old checkpoint {}", old.display()))?;
+        }
+    }
+    Ok(path)
+}
+
+/// Loads model, optimiser and data position from `path`; returns the step to continue from.
+fn resume(vs: &mut VarStore, opt: &mut AdamW, data: &mut dyn BatchSource, cfg: &TrainConfig, world: usize, path: &Path) -> Result<usize> {
+    let meta = checkpoint::read_metadata(path)?;
+    let get = |k: &str| meta.get(k).with_context(|| format!("{}: not a training checkpoint (no `{k}` in its metadata)", path.display()));
+    if get("kind")? != CKPT_KIND {
+        bail!("{}: not a training checkpoint (kind {:?})", path.display(), meta.get("kind"));
+    }
+    let saved_world: usize = get("world_size")?.parse().context("world_size")?;
+    if saved_world != world {
+        bail!(
+            "{}: written by a run of world size {saved_world}, resumed with world size {world}: the data split and batch would differ; resume with {saved_world} ranks",
+            path.display()
+        );
+    }
+    let tok = get("tokenizer")?;
+    if *tok != data.tokenizer_id() {
+        bail!("{}: trained with tokenizer `{tok}`, but the data uses `{}`", path.display(), data.tokenizer_id());
+    }
+    checkpoint::load(vs, &cfg.model, path)?;
+    let state = checkpoint::read_tensors(path, "optim.")?;
+    let t: u64 = get("optim_t")?.parse().context("optim_t")?;
+    opt.load_state(&state, t).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let pos: serde_json::Value = serde_json::from_str(get("data_position")?).context("data_position")?;
+    data.seek(&pos)?;
+    let step: usize = get("step")?.parse().context("step")?;
+    ensure!(step <= cfg.max_steps, "{}: already at step {step} >= max_steps {}", path.display(), cfg.max_steps);
+    Ok(step)
+}
+
+/// Batches from token ids in memory, in order, wrapping around: for tests, synthetic tasks and small
+/// experiments. Rank `rank` of `world` takes every `world`-th window, so ranks never overlap.
+#[derive(Debug, Clone)]
+pub struct MemorySource {
+    tokens: Vec<u16>,
+    batch: usize,
+    seq_len: usize,
+    rank: usize,
+    world: usize,
+    /// Index of the next window of this rank (windows of `seq_len + 1` tokens, stride `seq_len`).
+    next: usize,
+    tokenizer: String,
+}
+
+impl MemorySource {
+    /// A source over `tokens` (at least `world x batch` windows of `seq_len + 1` tokens).
+    pub fn new(tokens: Vec<u16>, batch: usize, seq_len: usize, rank: usize, world: usize, tokenizer: &str) -> Result<Self> {
+        let windows = tokens.len().saturating_sub(1) / seq_len.max(1);
+        ensure!(
+            seq_len >= 1 && batch >= 1 && world >= 1 && rank < world && windows >= batch * world,
+            "{} tokens make {windows} windows of {seq_len}; need at least batch x world = {}",
+            tokens.len(),
+            batch * world
+        );
+        Ok(Self { tokens, batch, seq_len, rank, world, next: 0, tokenizer: tokenizer.to_string() })
+    }
+
+    fn windows(&self) -> usize {
+        (self.tokens.len() - 1) / self.seq_len
+    }
+}
+
+impl BatchSource for MemorySource {
+    fn next_batch(&mut self) -> Result<(Vec<u16>, Vec<u16>)> {
+        let (mut x, mut y) = (Vec::with_capacity(self.batch * self.seq_len), Vec::with_capacity(self.batch * self.seq_len));
+        for _ in 0..self.batch {
+            // Global window index: this rank's share of every group of `world` windows.
+            let w = (self.next * self.world + self.rank) % (self.windows() / self.world * self.world);
+            let s = w * self.seq_len;
+            x.extend_from_slice(&self.tokens[s..s + self.seq_len]);
+            y.extend_from_slice(&self.tokens[s + 1..s + self.seq_len + 1]);
+            self.next += 1;
+        }
+        Ok((x, y))
+    }
+
+    fn position(&self) -> serde_json::Value {
+        serde_json::json!({ "next": self.next })
+    }
+
+    fn seek(&mut self, pos: &serde_json::Value) -> Result<()> {
+        self.next = pos.get("next").and_then(serde_json::Value::as_u64).context("memory source position: no `next`")? as usize;
+        Ok(())
+    }
+
+    fn tokenizer_id(&self) -> String {
+        self.tokenizer.clone()
+    }
+}

@@ -1,0 +1,139 @@
+//! The training loop on synthetic data: the loss falls, resume is exact, bad resumes are refused, old
+//! checkpoints are pruned, and multi-length evaluation scores the same tokens at every length.
+
+use std::path::PathBuf;
+
+use gpt_model::ModelConfig;
+use gpt_model::config::AttnImpl;
+use trainer::config::{DeviceChoice, TrainConfig};
+use trainer::eval::{self, Rope};
+use trainer::train::{self, MemorySource, RunOptions, Single};
+
+/// A learnable stream: a noisy periodic sequence over a 64-token vocabulary (LCG noise, deterministic).
+fn synthetic_tokens(n: usize, seed: u64) -> Vec<u16> {
+    let mut state = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+    (0..n)
+        .map(|i| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            if (state >> 60) == 0 { ((state >> 33) % 64) as u16 } else { ((i * 7) % 23) as u16 }
+        })
+        .collect()
+}
+
+fn out_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("lssa-trainer-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn tiny_cfg(name: &str, attention: &str, steps: usize) -> TrainConfig {
+    TrainConfig {
+        model: ModelConfig {
+            vocab_size: 64,
+            context_len: 32,
+            attention: attention.into(),
+            attn_impl: AttnImpl::Fused,
+            ..ModelConfig::preset("tiny").unwrap()
+        },
+        out_dir: out_dir(name),
+        batch_size: 4,
+        tokens_per_step: 2 * 4 * 32, // two micro-batches: gradient accumulation is exercised
+        max_steps: steps,
+        lr: 3e-3,
+        warmup_steps: 5,
+        eval_every: 10,
+        eval_tokens: 2048,
+        ckpt_every: 10,
+        keep_last: 2,
+        device: DeviceChoice::Cpu,
+        ..TrainConfig::default()
+    }
+}
+
+fn source(cfg: &TrainConfig) -> MemorySource {
+    MemorySource::new(synthetic_tokens(40_000, 1), cfg.batch_size, cfg.model.context_len, 0, 1, "synthetic-64").unwrap()
+}
+
+#[test]
+fn loss_falls_and_checkpoints_are_pruned() {
+    let cfg = tiny_cfg("falls", "lssa+rw15", 40);
+    let opts = RunOptions { val_tokens: synthetic_tokens(4096, 2), ..Default::default() };
+    let run = train::train(&cfg, &mut source(&cfg), &Single, &opts).unwrap();
+    assert_eq!(run.steps.len(), 40);
+    let first = run.steps[0].loss;
+    let last = run.steps.last().unwrap().loss;
+    assert!((first - 64f64.ln()).abs() < 0.3, "initial loss {first} should be near ln(64)");
+    assert!(last < first - 1.0, "loss must fall: {first} -> {last}");
+    assert!(run.steps.last().unwrap().val_loss.unwrap() < first - 1.0);
+    // ckpt_every 10 over 40 steps wrote 4; keep_last 2 keeps steps 30 and 40.
+    let kept = train::list_checkpoints(&cfg.out_dir).unwrap();
+    let names: Vec<_> = kept.iter().map(|p| p.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, ["ckpt_00000030.safetensors", "ckpt_00000040.safetensors"]);
+    let lines = std::fs::read_to_string(cfg.out_dir.join("metrics.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 40);
+    assert!(std::fs::read_to_string(cfg.out_dir.join("config.toml")).unwrap().contains("lssa+rw15"));
+    std::fs::remove_dir_all(&cfg.out_dir).unwrap();
+}
+
+#[test]
+fn resume_continues_exactly() {
+    // 2N steps straight vs N, then a resume for N more: identical losses.
+    let straight_cfg = tiny_cfg("straight", "lssa", 20);
+    let straight = train::train(&straight_cfg, &mut source(&straight_cfg), &Single, &RunOptions::default()).unwrap();
+
+    let half_cfg = TrainConfig { out_dir: out_dir("halves"), ..straight_cfg.clone() };
+    let first = train::train(&TrainConfig { ckpt_every: 10, ..half_cfg.clone() }, &mut source(&half_cfg), &Single, &RunOptions::default());
+    // The first half is the same run stopped at step 10: train 20 steps but resume from the step-10 checkpoint.
+    let first = first.unwrap();
+    assert_eq!(first.steps.len(), 20);
+    let ckpt10 = train::checkpoint_path(&half_cfg.out_dir, 10);
+    let kept = train::list_checkpoints(&half_cfg.out_dir).unwrap();
+    assert!(kept.contains(&ckpt10), "{kept:?}");
+    let resumed_cfg = TrainConfig { out_dir: out_dir("resumed"), ..half_cfg.clone() };
+    let resumed = train::train(
+        &resumed_cfg,
+        &mut source(&resumed_cfg),
+        &Single,
+        &RunOptions { resume: Some(ckpt10.clone()), ..Default::default() },
+    )
+    .unwrap();
+    assert_eq!(resumed.steps.first().unwrap().step, 11);
+    for (a, b) in straight.steps[10..].iter().zip(&resumed.steps) {
+        assert_eq!(a.step, b.step);
+        assert!((a.loss - b.loss).abs() < 1e-6, "step {}: straight {} vs resumed {}", a.step, a.loss, b.loss);
+    }
+
+    // Bad resumes: another world size, another tokenizer, another model.
+    let err = train::train(
+        &resumed_cfg,
+        &mut MemorySource::new(synthetic_tokens(40_000, 1), 4, 32, 0, 1, "gpt2").unwrap(),
+        &Single,
+        &RunOptions { resume: Some(ckpt10.clone()), ..Default::default() },
+    )
+    .unwrap_err();
+    assert!(format!("{err:#}").contains("tokenizer"), "{err:#}");
+    let other = TrainConfig { model: ModelConfig { attention: "softmax".into(), ..resumed_cfg.model.clone() }, ..resumed_cfg.clone() };
+    let err = train::train(&other, &mut source(&other), &Single, &RunOptions { resume: Some(ckpt10.clone()), ..Default::default() })
+        .unwrap_err();
+    assert!(format!("{err:#}").contains("attention"), "{err:#}");
+    for d in [&straight_cfg.out_dir, &half_cfg.out_dir, &resumed_cfg.out_dir] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+#[test]
+fn multi_length_scores_the_same_tokens_at_every_length() {
+    let cfg = tiny_cfg("eval", "lssa+rw15", 1);
+    tch::manual_seed(0);
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let model = gpt_model::Gpt::new(&vs.root(), &cfg.model).unwrap();
+    let tokens = synthetic_tokens(16 * 32 * 2 + 50, 3);
+    let res = eval::multi_length(&model, &tokens, &[1, 2, 4, 8, 16], Rope::Ntk, None, 4096, tch::Device::Cpu).unwrap();
+    assert_eq!(res.len(), 5);
+    for r in &res {
+        assert_eq!(r.tokens, 16 * 32 * 2, "length {}", r.seq_len);
+        assert_eq!(r.windows * r.seq_len, r.tokens);
+        assert!((r.loss - 64f64.ln()).abs() < 0.3, "untrained model: loss {} near ln(64)", r.loss);
+    }
+    assert!(eval::multi_length(&model, &tokens[..100], &[16], Rope::Plain, None, 4096, tch::Device::Cpu).is_err());
+}
