@@ -101,6 +101,7 @@ pub fn ensure(opts: &Options) -> Result<Torch> {
             )
         })?;
         eprintln!("setup: torch {TORCH_VERSION} already installed in {} (no download)", venv.display());
+        ensure_nccl_headers(&venv);
     } else {
         install(&python, &venv, &torch_dir)?;
         fs::write(&stamp, format!("{TORCH_VERSION}\n")).with_context(|| format!("writing {}", stamp.display()))?;
@@ -128,8 +129,11 @@ fn install(python: &Path, venv: &Path, torch_dir: &Path) -> Result<()> {
         )));
     }
     let vpy = venv.join("bin").join("python");
-    let status =
-        Command::new(&vpy).args(["-m", "pip", "install", "--no-input", &format!("torch=={TORCH_VERSION}")]).status();
+    // The two header wheels let the trainer compile libtorch's NCCL process group (multi-GPU); a few MB.
+    let status = Command::new(&vpy)
+        .args(["-m", "pip", "install", "--no-input", &format!("torch=={TORCH_VERSION}")])
+        .args(NCCL_HEADER_WHEELS)
+        .status();
     match status {
         Ok(s) if s.success() => {}
         Ok(s) => {
@@ -142,7 +146,38 @@ fn install(python: &Path, venv: &Path, torch_dir: &Path) -> Result<()> {
     if let Err(e) = check_version(torch_dir) {
         return Err(fail(&format!("{e:#}")));
     }
+    let _ = fs::write(venv.join(NCCL_MARKER), "installed with torch\n");
     Ok(())
+}
+
+/// CUDA's `crt` and `cccl` headers, which the NCCL process group's header needs and the torch wheel
+/// lacks (the trainer's build compiles NCCL support only when they are present).
+pub const NCCL_HEADER_WHEELS: [&str; 2] = ["nvidia-cuda-crt==13.0.88", "nvidia-cuda-cccl==13.0.85"];
+/// Marks a venv whose header wheels were installed (or tried), so later runs never call pip.
+const NCCL_MARKER: &str = ".nccl-headers";
+
+/// Adds the NCCL header wheels to a venv installed before the set-up asked for them: one attempt,
+/// a warning (not an error) on failure, since only multi-GPU training needs them.
+fn ensure_nccl_headers(venv: &Path) {
+    if venv.join(NCCL_MARKER).exists() {
+        return;
+    }
+    eprintln!("setup: adding CUDA's crt/cccl headers to the venv (for the NCCL process group; a few MB)");
+    let vpy = venv.join("bin").join("python");
+    let ok = Command::new(&vpy)
+        .args(["-m", "pip", "install", "--no-input"])
+        .args(NCCL_HEADER_WHEELS)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if ok {
+        let _ = fs::write(venv.join(NCCL_MARKER), "added\n");
+    } else {
+        eprintln!(
+            "setup: warning: `pip install {}` failed: the trainer will build without NCCL (CPU and single-GPU training are unaffected); run `cargo xtask setup` again to retry",
+            NCCL_HEADER_WHEELS.join(" ")
+        );
+    }
 }
 
 /// Reads the torch version from a libtorch directory (pip layout `version.py`, or the C++ zip's
@@ -301,6 +336,31 @@ mod tests {
         // A second run must not call pip: make pip fail loudly and check nothing notices.
         write_exe(&venv.join("bin/python"), "#!/usr/bin/env bash\nexit 7\n");
         ensure(&opts).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn an_older_venv_gets_the_nccl_headers_once_and_a_failure_is_only_a_warning() {
+        let dir = scratch("headers");
+        let opts = options(&dir, fake_python(&dir, &fake_torch("2.11.0+cu130")));
+        ensure(&opts).unwrap();
+        let venv = dir.join("cache/torch-2.11.0-py3.11");
+        assert!(venv.join(NCCL_MARKER).exists(), "a fresh install asks for the headers with torch");
+        // A venv from before the headers: pip is called for them alone; its failure is not fatal.
+        fs::remove_file(venv.join(NCCL_MARKER)).unwrap();
+        let log = dir.join("pip-args");
+        write_exe(&venv.join("bin/python"), &format!("#!/usr/bin/env bash\necho \"$@\" >> {}\nexit 7\n", log.display()));
+        ensure(&opts).unwrap();
+        let args = fs::read_to_string(&log).unwrap();
+        assert!(args.contains("nvidia-cuda-crt==13.0.88") && !args.contains("torch=="), "{args}");
+        assert!(!venv.join(NCCL_MARKER).exists(), "a failed attempt is retried next time");
+        // Success marks the venv; the next run does not call pip again.
+        write_exe(&venv.join("bin/python"), &format!("#!/usr/bin/env bash\necho \"$@\" >> {}\nexit 0\n", log.display()));
+        ensure(&opts).unwrap();
+        assert!(venv.join(NCCL_MARKER).exists());
+        let calls = fs::read_to_string(&log).unwrap().lines().count();
+        ensure(&opts).unwrap();
+        assert_eq!(fs::read_to_string(&log).unwrap().lines().count(), calls);
         fs::remove_dir_all(&dir).unwrap();
     }
 
