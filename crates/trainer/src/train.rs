@@ -1,6 +1,11 @@
 //! The training loop: gradient accumulation to a token budget per step, AdamW with warm-up + cosine,
 //! clipping, evaluation every N steps, JSONL metrics, atomic checkpoints (last K kept) and exact resume,
 //! for one process or many (gradients averaged through a [`Collective`]).
+//!
+//! Random state: training draws no random numbers after the initialisation (no dropout; the data order
+//! is a deterministic function of the position), so a checkpoint's `seed` plus its weights, optimiser
+//! moments and data position is the whole state, and a resumed run repeats the losses of an
+//! uninterrupted one exactly (tested).
 
 use std::collections::HashMap;
 use std::io::Write as _;
