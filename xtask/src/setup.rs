@@ -349,13 +349,19 @@ mod tests {
         // A venv from before the headers: pip is called for them alone; its failure is not fatal.
         fs::remove_file(venv.join(NCCL_MARKER)).unwrap();
         let log = dir.join("pip-args");
-        write_exe(&venv.join("bin/python"), &format!("#!/usr/bin/env bash\necho \"$@\" >> {}\nexit 7\n", log.display()));
+        write_exe(
+            &venv.join("bin/python"),
+            &format!("#!/usr/bin/env bash\necho \"$@\" >> {}\nexit 7\n", log.display()),
+        );
         ensure(&opts).unwrap();
         let args = fs::read_to_string(&log).unwrap();
         assert!(args.contains("nvidia-cuda-crt==13.0.88") && !args.contains("torch=="), "{args}");
         assert!(!venv.join(NCCL_MARKER).exists(), "a failed attempt is retried next time");
         // Success marks the venv; the next run does not call pip again.
-        write_exe(&venv.join("bin/python"), &format!("#!/usr/bin/env bash\necho \"$@\" >> {}\nexit 0\n", log.display()));
+        write_exe(
+            &venv.join("bin/python"),
+            &format!("#!/usr/bin/env bash\necho \"$@\" >> {}\nexit 0\n", log.display()),
+        );
         ensure(&opts).unwrap();
         assert!(venv.join(NCCL_MARKER).exists());
         let calls = fs::read_to_string(&log).unwrap().lines().count();

@@ -39,7 +39,11 @@ pub const PARTS: &[Part] = &[
         what: "val loss vs inference length, softmax vs LSSA vs LSSAR",
         missing: Some("the experiments runner (issue: experiments + reproduce)"),
     },
-    Part { name: "Figure 2", what: "sweep over re-weighting power p", missing: Some("the experiments runner (issue: experiments + reproduce)") },
+    Part {
+        name: "Figure 2",
+        what: "sweep over re-weighting power p",
+        missing: Some("the experiments runner (issue: experiments + reproduce)"),
+    },
     Part {
         name: "Retrieval",
         what: "passkey / needle-in-a-haystack accuracy vs length and depth",

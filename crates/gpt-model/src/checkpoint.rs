@@ -97,7 +97,11 @@ pub fn save_with(
 /// Writes named tensors (any device; f32, f64, bf16 or f16) and string metadata to a safetensors file
 /// atomically: a temporary file in the same directory, `fsync`, then `rename`, so a crash never leaves a
 /// half-written file under `path`.
-pub fn write_tensors(named: &[(String, Tensor)], meta: HashMap<String, String>, path: &Path) -> Result<(), CheckpointError> {
+pub fn write_tensors(
+    named: &[(String, Tensor)],
+    meta: HashMap<String, String>,
+    path: &Path,
+) -> Result<(), CheckpointError> {
     let p = path.display().to_string();
     let io = |source| CheckpointError::Io { path: p.clone(), source };
     let mut named: Vec<&(String, Tensor)> = named.iter().collect();
@@ -160,7 +164,10 @@ fn tensor_of(view: &TensorView<'_>, name: &str, p: &str) -> Result<Tensor, Check
         Dtype::BF16 => Kind::BFloat16,
         Dtype::F16 => Kind::Half,
         other => {
-            return Err(CheckpointError::Format { path: p.to_string(), reason: format!("tensor `{name}` has dtype {other:?}") });
+            return Err(CheckpointError::Format {
+                path: p.to_string(),
+                reason: format!("tensor `{name}` has dtype {other:?}"),
+            });
         }
     };
     Ok(Tensor::from_data_size(view.data(), &shape, kind))

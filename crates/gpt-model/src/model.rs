@@ -161,7 +161,12 @@ impl Gpt {
     /// `cache.len()..`), appending their keys and values to it. With LSSA/LSSAR the scores of row `i`
     /// depend on its absolute position through `ln(N_i)`, which the cached path passes on, so the
     /// logits equal the full forward's (tested).
-    pub fn forward_cached(&self, idx: &Tensor, cache: &mut KvCache, opts: &ForwardOptions) -> Result<Tensor, ModelError> {
+    pub fn forward_cached(
+        &self,
+        idx: &Tensor,
+        cache: &mut KvCache,
+        opts: &ForwardOptions,
+    ) -> Result<Tensor, ModelError> {
         if cache.layers.is_empty() {
             cache.layers = (0..self.cfg.n_layer).map(|_| LayerCache::default()).collect();
         }

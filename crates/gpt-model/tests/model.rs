@@ -11,7 +11,13 @@ use tch::nn::{self, OptimizerConfig, VarStore};
 use tch::{Device, Kind, Tensor};
 
 fn tiny(attention: &str, imp: AttnImpl) -> ModelConfig {
-    ModelConfig { attention: attention.into(), attn_impl: imp, vocab_size: 64, context_len: 32, ..ModelConfig::preset("tiny").unwrap() }
+    ModelConfig {
+        attention: attention.into(),
+        attn_impl: imp,
+        vocab_size: 64,
+        context_len: 32,
+        ..ModelConfig::preset("tiny").unwrap()
+    }
 }
 
 /// tch's RNG is process-wide and the tests run on parallel threads: seeding and initialising happen
@@ -191,7 +197,11 @@ fn fused_and_reference_agree_on_logits_loss_and_every_gradient() {
             let loss = model.loss(&x, &y, &opts).unwrap();
             let took = path_counts();
             let fused_calls = took.fused - before.fused;
-            assert_eq!(fused_calls, if imp == AttnImpl::Fused { cfg.n_layer } else { 0 }, "{attention} {imp:?}: path taken");
+            assert_eq!(
+                fused_calls,
+                if imp == AttnImpl::Fused { cfg.n_layer } else { 0 },
+                "{attention} {imp:?}: path taken"
+            );
             vs.trainable_variables().iter_mut().for_each(|v| v.zero_grad());
             loss.backward();
             losses.push(loss.double_value(&[]));
@@ -227,7 +237,12 @@ fn full_model_gradients_match_finite_differences_in_f64() {
         let opts = ForwardOptions::default();
         let loss_f64 = |m: &Gpt| {
             let logits = m.forward(&x, &opts).unwrap().narrow(-1, 0, 11).to_kind(Kind::Double);
-            logits.reshape([-1, 11]).log_softmax(-1, Kind::Double).gather(1, &y.reshape([-1, 1]), false).mean(Kind::Double).neg()
+            logits
+                .reshape([-1, 11])
+                .log_softmax(-1, Kind::Double)
+                .gather(1, &y.reshape([-1, 1]), false)
+                .mean(Kind::Double)
+                .neg()
         };
         loss_f64(&model).backward();
         let vars = vs.variables();
@@ -306,7 +321,10 @@ fn checkpoints_round_trip_and_refuse_another_model() {
     let (mut vs2, model2) = build(&cfg, 19, Kind::Float);
     let x = tokens(1, 16, 64, 20);
     let _g = tch::no_grad_guard();
-    assert!(max_diff(&model.forward(&x, &Default::default()).unwrap(), &model2.forward(&x, &Default::default()).unwrap()) > 1e-3);
+    assert!(
+        max_diff(&model.forward(&x, &Default::default()).unwrap(), &model2.forward(&x, &Default::default()).unwrap())
+            > 1e-3
+    );
     let meta = checkpoint::load(&mut vs2, &cfg, &path).unwrap();
     assert_eq!(meta["step"], "42");
     assert_eq!(meta["variant"], "lssa+rw15");
@@ -320,6 +338,9 @@ fn checkpoints_round_trip_and_refuse_another_model() {
     assert!(err.to_string().contains("model.safetensors"));
     // Not a checkpoint.
     std::fs::write(dir.join("junk.safetensors"), b"not a checkpoint").unwrap();
-    assert!(matches!(checkpoint::load(&mut vs3, &other, &dir.join("junk.safetensors")), Err(CheckpointError::Format { .. })));
+    assert!(matches!(
+        checkpoint::load(&mut vs3, &other, &dir.join("junk.safetensors")),
+        Err(CheckpointError::Format { .. })
+    ));
     std::fs::remove_dir_all(&dir).unwrap();
 }

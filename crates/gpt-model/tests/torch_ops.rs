@@ -328,7 +328,12 @@ fn every_variant() -> Vec<Variant> {
 #[test]
 fn every_variant_matches_attn_core_forward_and_backward() {
     for (shape, seed) in [([1, 2, 13, 8], 81u64), ([2, 1, 6, 40], 82)] {
-        let (q, k, v, g) = (input(shape, seed, 1.5), input(shape, seed + 1, 1.5), input(shape, seed + 2, 1.0), input(shape, seed + 3, 1.0));
+        let (q, k, v, g) = (
+            input(shape, seed, 1.5),
+            input(shape, seed + 1, 1.5),
+            input(shape, seed + 2, 1.0),
+            input(shape, seed + 3, 1.0),
+        );
         let (qa, ka, va, ga) = (to_array(&q), to_array(&k), to_array(&v), to_array(&g));
         for variant in every_variant() {
             let want = attn_core::forward(&variant, qa.view(), ka.view(), va.view()).unwrap();
@@ -337,7 +342,9 @@ fn every_variant_matches_attn_core_forward_and_backward() {
             assert_close(&format!("{variant} {shape:?} forward"), &out.detach(), &to_tensor(want.view()), 1e-10);
             let grads = attn_core::backward(&variant, qa.view(), ka.view(), va.view(), ga.view()).unwrap();
             let got = Tensor::run_backward(&[(&out * &g).sum(Kind::Double)], &[&qg, &kg, &vg], false, false);
-            for (which, got, want) in [("dq", &got[0], &grads.dq), ("dk", &got[1], &grads.dk), ("dv", &got[2], &grads.dv)] {
+            for (which, got, want) in
+                [("dq", &got[0], &grads.dq), ("dk", &got[1], &grads.dk), ("dv", &got[2], &grads.dv)]
+            {
                 assert_close(&format!("{variant} {shape:?} {which}"), got, &to_tensor(want.view()), 1e-8);
             }
         }
@@ -366,7 +373,8 @@ fn query_offsets_and_chunks_equal_the_full_computation() {
 fn the_general_path_reports_bad_input() {
     let q = input([1, 1, 4, 8], 1, 1.0);
     let lssa: Variant = "lssa".parse().unwrap();
-    let err = torch_ops::attention(&q, &input([1, 1, 5, 8], 2, 1.0), &input([1, 1, 5, 8], 3, 1.0), &lssa, 0).unwrap_err();
+    let err =
+        torch_ops::attention(&q, &input([1, 1, 5, 8], 2, 1.0), &input([1, 1, 5, 8], 3, 1.0), &lssa, 0).unwrap_err();
     assert!(err.to_string().contains("q_offset + T_q = 0 + 4") && err.to_string().contains("5"), "{err}");
     let err = torch_ops::attention(&q, &q, &input([1, 1, 4, 4], 3, 1.0), &lssa, 0).unwrap_err();
     assert!(err.to_string().contains("v must have the shape of k"), "{err}");

@@ -155,8 +155,8 @@ impl TrainConfig {
     /// (TOML values; dotted keys reach into `[model]`, e.g. `model.attention="lssa+rw15"`), then
     /// validates. `source_name` names the text in errors.
     pub fn from_toml_with_overrides(text: &str, source_name: &str, overrides: &[String]) -> Result<Self, ConfigError> {
-        let mut table: toml::Table =
-            toml::from_str(text).map_err(|e| ConfigError::Toml { source_name: source_name.into(), message: e.to_string() })?;
+        let mut table: toml::Table = toml::from_str(text)
+            .map_err(|e| ConfigError::Toml { source_name: source_name.into(), message: e.to_string() })?;
         for ov in overrides {
             apply_override(&mut table, ov)?;
         }
@@ -220,7 +220,11 @@ impl TrainConfig {
             return bad("beta1", format!("{} / beta2 {}", self.beta1, self.beta2), "betas must be in [0, 1)");
         }
         if self.weight_decay < 0.0 || self.grad_clip < 0.0 {
-            return bad("weight_decay", format!("{} / grad_clip {}", self.weight_decay, self.grad_clip), "must be >= 0");
+            return bad(
+                "weight_decay",
+                format!("{} / grad_clip {}", self.weight_decay, self.grad_clip),
+                "must be >= 0",
+            );
         }
         if self.keep_last == 0 {
             return bad("keep_last", "0".into(), "must keep at least one checkpoint");
@@ -312,7 +316,8 @@ mod tests {
         let err = TrainConfig::from_toml_with_overrides("tokens_per_step = 1000\n", "t.toml", &[]).unwrap_err();
         assert!(err.to_string().contains("tokens_per_step"), "{err}");
         // A preset with overrides on top.
-        let c = TrainConfig::from_toml_with_overrides("[model]\npreset = \"tiny\"\nn_layer = 3\n", "t.toml", &[]).unwrap();
+        let c =
+            TrainConfig::from_toml_with_overrides("[model]\npreset = \"tiny\"\nn_layer = 3\n", "t.toml", &[]).unwrap();
         let tiny = ModelConfig::preset("tiny").unwrap();
         assert_eq!((c.model.n_layer, c.model.d_model), (3, tiny.d_model));
         let err = TrainConfig::from_toml_with_overrides("[model]\npreset = \"gpt5\"\n", "t.toml", &[]).unwrap_err();

@@ -49,11 +49,7 @@ pub fn span_loss(
 ) -> anyhow::Result<(f64, usize, usize)> {
     anyhow::ensure!(seq_len >= 1 && batch >= 1, "seq_len and batch must be >= 1");
     let windows = tokens.len().saturating_sub(1) / seq_len;
-    anyhow::ensure!(
-        windows >= 1,
-        "{} validation tokens cannot fill one window of {seq_len} (+1) tokens",
-        tokens.len()
-    );
+    anyhow::ensure!(windows >= 1, "{} validation tokens cannot fill one window of {seq_len} (+1) tokens", tokens.len());
     let _g = tch::no_grad_guard();
     let mut sum = 0.0;
     let mut count = 0usize;
@@ -101,12 +97,8 @@ pub fn multi_length(
     let mut out = Vec::with_capacity(multiples.len());
     for &m in multiples {
         let seq_len = m * t_train;
-        let opts = ForwardOptions {
-            length_scale: Some(m as f64),
-            ntk: rope == Rope::Ntk && m > 1,
-            reweight,
-            attn_impl: None,
-        };
+        let opts =
+            ForwardOptions { length_scale: Some(m as f64), ntk: rope == Rope::Ntk && m > 1, reweight, attn_impl: None };
         let batch = (batch_tokens / seq_len).max(1);
         let (loss, n, windows) = span_loss(model, span, seq_len, batch, &opts, device)?;
         out.push(LengthLoss { multiple: m, seq_len, rope, reweight, loss, tokens: n, windows });

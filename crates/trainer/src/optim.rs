@@ -132,7 +132,12 @@ impl AdamW {
     pub fn state(&self) -> Vec<(String, Tensor)> {
         self.slots
             .iter()
-            .flat_map(|s| [(format!("optim.m.{}", s.name), s.m.shallow_clone()), (format!("optim.v.{}", s.name), s.v.shallow_clone())])
+            .flat_map(|s| {
+                [
+                    (format!("optim.m.{}", s.name), s.m.shallow_clone()),
+                    (format!("optim.v.{}", s.name), s.v.shallow_clone()),
+                ]
+            })
             .collect()
     }
 
@@ -145,7 +150,11 @@ impl AdamW {
                 let key = format!("optim.{which}.{}", s.name);
                 let src = find(&key).ok_or_else(|| format!("missing optimiser state `{key}`"))?;
                 if src.size() != dst.size() {
-                    return Err(format!("optimiser state `{key}` has shape {:?}, expected {:?}", src.size(), dst.size()));
+                    return Err(format!(
+                        "optimiser state `{key}` has shape {:?}, expected {:?}",
+                        src.size(),
+                        dst.size()
+                    ));
                 }
                 dst.copy_(&src.to_kind(Kind::Float).to_device(dst.device()));
             }
@@ -180,14 +189,16 @@ mod tests {
     fn one_step_matches_the_adamw_formula_and_decays_only_matrices() {
         let w = Tensor::from_slice(&[1.0f32, -2.0, 3.0, 0.5]).view([2, 2]).set_requires_grad(true);
         let b = Tensor::from_slice(&[0.5f32, -0.5]).set_requires_grad(true);
-        let mut opt = AdamW::new(vec![("w".into(), w.shallow_clone()), ("b".into(), b.shallow_clone())], 0.9, 0.95, 1e-8, 0.1);
+        let mut opt =
+            AdamW::new(vec![("w".into(), w.shallow_clone()), ("b".into(), b.shallow_clone())], 0.9, 0.95, 1e-8, 0.1);
         // loss = sum(w^2) + sum(3 b): grads 2w and 3.
         let loss = w.square().sum(Kind::Float) + (&b * 3.0).sum(Kind::Float);
         loss.backward();
         let lr = 0.01;
         opt.step(lr);
         // First step: m/bc1 = g, v/bc2 = g^2, so the update is lr * g / (|g| + eps) = lr * sign(g).
-        let want_w: Vec<f32> = [1.0f32, -2.0, 3.0, 0.5].iter().map(|&x| x * (1.0 - 0.01 * 0.1) - 0.01 * x.signum()).collect();
+        let want_w: Vec<f32> =
+            [1.0f32, -2.0, 3.0, 0.5].iter().map(|&x| x * (1.0 - 0.01 * 0.1) - 0.01 * x.signum()).collect();
         let got_w = Vec::<f32>::try_from(w.detach().view([-1])).unwrap();
         for (g, e) in got_w.iter().zip(&want_w) {
             assert!((g - e).abs() < 1e-6, "{got_w:?} vs {want_w:?}");
@@ -197,14 +208,20 @@ mod tests {
         // State round trip.
         let state = opt.state();
         let mut other = AdamW::new(
-            vec![("w".into(), Tensor::zeros([2, 2], (Kind::Float, Device::Cpu))), ("b".into(), Tensor::zeros([2], (Kind::Float, Device::Cpu)))],
+            vec![
+                ("w".into(), Tensor::zeros([2, 2], (Kind::Float, Device::Cpu))),
+                ("b".into(), Tensor::zeros([2], (Kind::Float, Device::Cpu))),
+            ],
             0.9,
             0.95,
             1e-8,
             0.1,
         );
         other.load_state(&state, opt.t).unwrap();
-        assert_eq!(Vec::<f32>::try_from(other.slots[1].m.view([-1])).unwrap(), Vec::<f32>::try_from(opt.slots[1].m.view([-1])).unwrap());
+        assert_eq!(
+            Vec::<f32>::try_from(other.slots[1].m.view([-1])).unwrap(),
+            Vec::<f32>::try_from(opt.slots[1].m.view([-1])).unwrap()
+        );
         assert!(other.load_state(&state[..1], 1).unwrap_err().contains("missing"));
     }
 

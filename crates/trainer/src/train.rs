@@ -113,7 +113,11 @@ pub fn pick_device(choice: DeviceChoice, local_rank: usize) -> Result<Device> {
     Ok(match choice {
         DeviceChoice::Cpu => Device::Cpu,
         DeviceChoice::Cuda => {
-            ensure!(tch::Cuda::is_available(), "device = \"cuda\" but CUDA is not available ({})", gpt_model::runtime::describe());
+            ensure!(
+                tch::Cuda::is_available(),
+                "device = \"cuda\" but CUDA is not available ({})",
+                gpt_model::runtime::describe()
+            );
             Device::Cuda(local_rank)
         }
         DeviceChoice::Auto => {
@@ -163,7 +167,12 @@ pub struct RunOptions {
 
 /// Trains `cfg` on `data`, evaluating on `opts.val_tokens`, averaging gradients through `coll`.
 /// Rank 0 writes `config.toml`, `metrics.jsonl` and checkpoints to `cfg.out_dir`.
-pub fn train(cfg: &TrainConfig, data: &mut dyn BatchSource, coll: &dyn Collective, opts: &RunOptions) -> Result<RunSummary> {
+pub fn train(
+    cfg: &TrainConfig,
+    data: &mut dyn BatchSource,
+    coll: &dyn Collective,
+    opts: &RunOptions,
+) -> Result<RunSummary> {
     cfg.validate()?;
     let start = Instant::now();
     let (rank, world) = (coll.rank(), coll.world_size());
@@ -198,7 +207,11 @@ pub fn train(cfg: &TrainConfig, data: &mut dyn BatchSource, coll: &dyn Collectiv
     let flops_per_token = cfg.model.flops_per_token(cfg.model.context_len);
     let mut metrics_file = if rank == 0 {
         let p = cfg.out_dir.join("metrics.jsonl");
-        let f = std::fs::OpenOptions::new().create(true).append(true).open(&p).with_context(|| format!("opening {}", p.display()))?;
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&p)
+            .with_context(|| format!("opening {}", p.display()))?;
         Some(f)
     } else {
         None
@@ -246,14 +259,32 @@ pub fn train(cfg: &TrainConfig, data: &mut dyn BatchSource, coll: &dyn Collectiv
         let tokens_per_s = tokens as f64 / dt;
         let mfu = (cfg.peak_flops > 0.0).then(|| tokens_per_s * flops_per_token / (cfg.peak_flops * world as f64));
         let is_last = step == cfg.max_steps;
-        let val_loss = if !opts.val_tokens.is_empty() && (is_last || (cfg.eval_every > 0 && step.is_multiple_of(cfg.eval_every))) {
+        let val_loss = if !opts.val_tokens.is_empty()
+            && (is_last || (cfg.eval_every > 0 && step.is_multiple_of(cfg.eval_every)))
+        {
             let n = cfg.eval_tokens.min(opts.val_tokens.len());
-            let (l, _, _) = eval::span_loss(&model, &opts.val_tokens[..n], cfg.model.context_len, cfg.batch_size, &ForwardOptions::default(), device)?;
+            let (l, _, _) = eval::span_loss(
+                &model,
+                &opts.val_tokens[..n],
+                cfg.model.context_len,
+                cfg.batch_size,
+                &ForwardOptions::default(),
+                device,
+            )?;
             Some(l)
         } else {
             None
         };
-        let m = StepMetrics { step, loss, lr, grad_norm, tokens_per_s, mfu, val_loss, elapsed_s: start.elapsed().as_secs_f64() };
+        let m = StepMetrics {
+            step,
+            loss,
+            lr,
+            grad_norm,
+            tokens_per_s,
+            mfu,
+            val_loss,
+            elapsed_s: start.elapsed().as_secs_f64(),
+        };
         if let Some(f) = metrics_file.as_mut() {
             writeln!(f, "{}", serde_json::to_string(&m)?).context("writing metrics.jsonl")?;
         }
@@ -323,9 +354,18 @@ fn save_state(
 }
 
 /// Loads model, optimiser and data position from `path`; returns the step to continue from.
-fn resume(vs: &mut VarStore, opt: &mut AdamW, data: &mut dyn BatchSource, cfg: &TrainConfig, world: usize, path: &Path) -> Result<usize> {
+fn resume(
+    vs: &mut VarStore,
+    opt: &mut AdamW,
+    data: &mut dyn BatchSource,
+    cfg: &TrainConfig,
+    world: usize,
+    path: &Path,
+) -> Result<usize> {
     let meta = checkpoint::read_metadata(path)?;
-    let get = |k: &str| meta.get(k).with_context(|| format!("{}: not a training checkpoint (no `{k}` in its metadata)", path.display()));
+    let get = |k: &str| {
+        meta.get(k).with_context(|| format!("{}: not a training checkpoint (no `{k}` in its metadata)", path.display()))
+    };
     if get("kind")? != CKPT_KIND {
         bail!("{}: not a training checkpoint (kind {:?})", path.display(), meta.get("kind"));
     }
@@ -366,7 +406,12 @@ impl ShardSource {
         use crate::data::loader::{DataLoader, Geometry};
         let sd = crate::data::shard::ShardDir::open(dir)?;
         let tokenizer = sd.tokenizer_id().to_string();
-        let loader = DataLoader::open(dir, crate::data::Split::Train, Geometry::new(batch, seq_len, rank, world)?, Some(&tokenizer))?;
+        let loader = DataLoader::open(
+            dir,
+            crate::data::Split::Train,
+            Geometry::new(batch, seq_len, rank, world)?,
+            Some(&tokenizer),
+        )?;
         Ok(Self { loader, tokenizer })
     }
 }
@@ -425,7 +470,14 @@ pub struct MemorySource {
 
 impl MemorySource {
     /// A source over `tokens` (at least `world x batch` windows of `seq_len + 1` tokens).
-    pub fn new(tokens: Vec<u16>, batch: usize, seq_len: usize, rank: usize, world: usize, tokenizer: &str) -> Result<Self> {
+    pub fn new(
+        tokens: Vec<u16>,
+        batch: usize,
+        seq_len: usize,
+        rank: usize,
+        world: usize,
+        tokenizer: &str,
+    ) -> Result<Self> {
         let windows = tokens.len().saturating_sub(1) / seq_len.max(1);
         ensure!(
             seq_len >= 1 && batch >= 1 && world >= 1 && rank < world && windows >= batch * world,
@@ -443,7 +495,8 @@ impl MemorySource {
 
 impl BatchSource for MemorySource {
     fn next_batch(&mut self) -> Result<(Vec<i64>, Vec<i64>)> {
-        let (mut x, mut y) = (Vec::with_capacity(self.batch * self.seq_len), Vec::with_capacity(self.batch * self.seq_len));
+        let (mut x, mut y) =
+            (Vec::with_capacity(self.batch * self.seq_len), Vec::with_capacity(self.batch * self.seq_len));
         for _ in 0..self.batch {
             // Global window index: this rank's share of every group of `world` windows.
             let w = (self.next * self.world + self.rank) % (self.windows() / self.world * self.world);
@@ -460,7 +513,8 @@ impl BatchSource for MemorySource {
     }
 
     fn seek(&mut self, pos: &serde_json::Value) -> Result<()> {
-        self.next = pos.get("next").and_then(serde_json::Value::as_u64).context("memory source position: no `next`")? as usize;
+        self.next =
+            pos.get("next").and_then(serde_json::Value::as_u64).context("memory source position: no `next`")? as usize;
         Ok(())
     }
 

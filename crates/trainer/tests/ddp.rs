@@ -24,7 +24,8 @@ fn scratch(name: &str) -> PathBuf {
 fn build_data(root: &Path) -> PathBuf {
     let text_dir = root.join("text");
     std::fs::create_dir_all(&text_dir).unwrap();
-    let words = ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "its", "home", "with", "big", "red", "ball"];
+    let words =
+        ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "its", "home", "with", "big", "red", "ball"];
     let mut state = 12345u64;
     for f in 0..12 {
         let mut s = String::new();
@@ -136,7 +137,8 @@ fn two_gloo_ranks_equal_one_process_with_the_same_global_batch() {
         assert!(diff < 1e-5, "final weight {n1} differs by {diff}");
     }
     // result.json records the run, with both evaluation lengths.
-    let result: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(two.join("result.json")).unwrap()).unwrap();
+    let result: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(two.join("result.json")).unwrap()).unwrap();
     assert_eq!(result["format"], "lssa-train-result");
     assert_eq!(result["world_size"], 2);
     assert_eq!(result["lengths"].as_array().unwrap().len(), 2);
@@ -149,7 +151,10 @@ fn child_with_rank(parent: u32, rank: usize) -> Option<u32> {
         let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else { continue };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
         // Fields after the ")" closing the command name: state, ppid, ...
-        let ppid = stat.rsplit_once(')').and_then(|(_, rest)| rest.split_whitespace().nth(1)).and_then(|p| p.parse::<u32>().ok());
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
         if ppid != Some(parent) {
             continue;
         }
@@ -169,8 +174,19 @@ fn a_killed_rank_stops_the_run_fast_and_rank_zero_checkpoints_survive() {
     let out = root.join("run");
     let mut a = base_args(&data, &out);
     a.extend(
-        ["--set", "max_steps=100000", "--set", "ckpt_every=2", "--set", "batch_size=2", "--set", "tokens_per_step=128", "--nproc-per-node", "2"]
-            .map(String::from),
+        [
+            "--set",
+            "max_steps=100000",
+            "--set",
+            "ckpt_every=2",
+            "--set",
+            "batch_size=2",
+            "--set",
+            "tokens_per_step=128",
+            "--nproc-per-node",
+            "2",
+        ]
+        .map(String::from),
     );
     let mut launcher = Command::new(TRAINER)
         .args(&a)
@@ -214,7 +230,11 @@ fn a_killed_rank_stops_the_run_fast_and_rank_zero_checkpoints_survive() {
         let meta = gpt_model::checkpoint::read_metadata(c).unwrap();
         assert_eq!(meta["kind"], "lssa-train-state");
     }
-    let leftovers: Vec<_> = std::fs::read_dir(&out).unwrap().flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".tmp")).collect();
+    let leftovers: Vec<_> = std::fs::read_dir(&out)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
     std::fs::remove_dir_all(&root).unwrap();
 }
@@ -242,7 +262,12 @@ fn bad_input_gives_one_clear_error() {
     let e = err(&["--set", "model.vocab_size=100"]);
     assert!(e.contains("vocab_size") && e.contains("100"), "{e}");
     // A corrupt shard, named.
-    let shard = std::fs::read_dir(&data).unwrap().flatten().map(|e| e.path()).find(|p| p.to_string_lossy().contains("_train_")).unwrap();
+    let shard = std::fs::read_dir(&data)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("_train_"))
+        .unwrap();
     let good = std::fs::read(&shard).unwrap();
     let mut bad = good.clone();
     bad[0] ^= 0xff; // the magic number
@@ -256,7 +281,18 @@ fn bad_input_gives_one_clear_error() {
     assert!(run(&a, &[]).status.success());
     let ckpt = out.join("ckpt_00000002.safetensors");
     let before = std::fs::read(&ckpt).unwrap();
-    let e = err(&["--set", "max_steps=4", "--set", "batch_size=1", "--set", "tokens_per_step=64", "--resume", "latest", "--nproc-per-node", "2"]);
+    let e = err(&[
+        "--set",
+        "max_steps=4",
+        "--set",
+        "batch_size=1",
+        "--set",
+        "tokens_per_step=64",
+        "--resume",
+        "latest",
+        "--nproc-per-node",
+        "2",
+    ]);
     assert!(e.contains("world size"), "{e}");
     assert_eq!(std::fs::read(&ckpt).unwrap(), before, "a refused resume must not touch the checkpoint");
     // A checkpoint of another model: refused, naming the field.

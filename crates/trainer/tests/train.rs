@@ -82,7 +82,12 @@ fn resume_continues_exactly() {
     let straight = train::train(&straight_cfg, &mut source(&straight_cfg), &Single, &RunOptions::default()).unwrap();
 
     let half_cfg = TrainConfig { out_dir: out_dir("halves"), ..straight_cfg.clone() };
-    let first = train::train(&TrainConfig { ckpt_every: 10, ..half_cfg.clone() }, &mut source(&half_cfg), &Single, &RunOptions::default());
+    let first = train::train(
+        &TrainConfig { ckpt_every: 10, ..half_cfg.clone() },
+        &mut source(&half_cfg),
+        &Single,
+        &RunOptions::default(),
+    );
     // The first half is the same run stopped at step 10: train 20 steps but resume from the step-10 checkpoint.
     let first = first.unwrap();
     assert_eq!(first.steps.len(), 20);
@@ -112,9 +117,17 @@ fn resume_continues_exactly() {
     )
     .unwrap_err();
     assert!(format!("{err:#}").contains("tokenizer"), "{err:#}");
-    let other = TrainConfig { model: ModelConfig { attention: "softmax".into(), ..resumed_cfg.model.clone() }, ..resumed_cfg.clone() };
-    let err = train::train(&other, &mut source(&other), &Single, &RunOptions { resume: Some(ckpt10.clone()), ..Default::default() })
-        .unwrap_err();
+    let other = TrainConfig {
+        model: ModelConfig { attention: "softmax".into(), ..resumed_cfg.model.clone() },
+        ..resumed_cfg.clone()
+    };
+    let err = train::train(
+        &other,
+        &mut source(&other),
+        &Single,
+        &RunOptions { resume: Some(ckpt10.clone()), ..Default::default() },
+    )
+    .unwrap_err();
     assert!(format!("{err:#}").contains("attention"), "{err:#}");
     for d in [&straight_cfg.out_dir, &half_cfg.out_dir, &resumed_cfg.out_dir] {
         std::fs::remove_dir_all(d).unwrap();

@@ -117,7 +117,9 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, variant: &Variant) -> Resul
     }
     let (qs, ks, vs) = (q.size(), k.size(), v.size());
     if qs.len() != 4 || ks != qs || vs != qs {
-        return Err(FusedError::Shape(format!("q, k, v must be equal (B, H, T, d) shapes, got {qs:?}, {ks:?}, {vs:?}")));
+        return Err(FusedError::Shape(format!(
+            "q, k, v must be equal (B, H, T, d) shapes, got {qs:?}, {ks:?}, {vs:?}"
+        )));
     }
     if qs.contains(&0) {
         return Err(FusedError::Shape(format!("every size must be >= 1, got {qs:?}")));

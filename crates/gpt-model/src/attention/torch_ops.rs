@@ -208,7 +208,12 @@ fn row_column(t_q: i64, q_offset: i64, kind: Kind, device: Device, value: impl F
 }
 
 /// Checks `q (B, H, T_q, d)`, `k`, `v (B, H, q_offset + T_q, d)`; returns `(T_q, T_k, d)`.
-fn check_offset_shapes(q: &Tensor, k: &Tensor, v: Option<&Tensor>, q_offset: i64) -> Result<(i64, i64, i64), AttnError> {
+fn check_offset_shapes(
+    q: &Tensor,
+    k: &Tensor,
+    v: Option<&Tensor>,
+    q_offset: i64,
+) -> Result<(i64, i64, i64), AttnError> {
     let (qs, ks) = (q.size(), k.size());
     if qs.len() != 4 || ks.len() != 4 {
         return Err(AttnError::Shape(format!("q and k must be (B, H, T, d), got q {qs:?}, k {ks:?}")));
@@ -355,7 +360,13 @@ pub fn attention_chunked(
     while r0 < t_q {
         let len = chunk.min(t_q - r0);
         let upto = q_offset + r0 + len; // keys visible to the block's last row
-        outs.push(attention(&q.narrow(2, r0, len), &k.narrow(2, 0, upto), &v.narrow(2, 0, upto), variant, q_offset + r0)?);
+        outs.push(attention(
+            &q.narrow(2, r0, len),
+            &k.narrow(2, 0, upto),
+            &v.narrow(2, 0, upto),
+            variant,
+            q_offset + r0,
+        )?);
         r0 += len;
     }
     Ok(Tensor::cat(&outs, 2)) // (B, H, T_q, d)

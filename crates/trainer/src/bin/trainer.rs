@@ -173,7 +173,9 @@ fn command_line() -> String {
 
 fn load_config(a: &TrainArgs) -> Result<TrainConfig> {
     let (text, name) = match &a.config {
-        Some(p) => (std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?, p.display().to_string()),
+        Some(p) => {
+            (std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?, p.display().to_string())
+        }
         None => (TrainConfig::default().to_toml(), "defaults".to_string()),
     };
     let mut overrides = a.set.clone();
@@ -261,7 +263,8 @@ fn train_cmd(a: TrainArgs) -> Result<()> {
         lengths,
     };
     let path = cfg.out_dir.join("result.json");
-    std::fs::write(&path, serde_json::to_string_pretty(&result)?).with_context(|| format!("writing {}", path.display()))?;
+    std::fs::write(&path, serde_json::to_string_pretty(&result)?)
+        .with_context(|| format!("writing {}", path.display()))?;
     eprintln!("trainer: wrote {}", path.display());
     Ok(())
 }

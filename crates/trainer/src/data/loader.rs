@@ -70,7 +70,10 @@ impl Geometry {
         if self.rank >= self.world_size {
             return bad("rank", format!("rank {} is not below the world size {}", self.rank, self.world_size));
         }
-        if (self.batch as u64).checked_mul(self.seq as u64).and_then(|bt| bt.checked_mul(self.world_size as u64)).is_none()
+        if (self.batch as u64)
+            .checked_mul(self.seq as u64)
+            .and_then(|bt| bt.checked_mul(self.world_size as u64))
+            .is_none()
         {
             return bad("batch", "batch x seq x world size overflows".into());
         }
@@ -243,7 +246,12 @@ impl DataLoader {
         if pos.offset > shard.len() {
             return Err(DataError::InvalidArgument {
                 name: "position",
-                message: format!("offset {} is past the end of {} ({} tokens)", pos.offset, shard.path().display(), shard.len()),
+                message: format!(
+                    "offset {} is past the end of {} ({} tokens)",
+                    pos.offset,
+                    shard.path().display(),
+                    shard.len()
+                ),
             });
         }
         self.next = self.starts[pos.shard] + pos.offset;
@@ -284,7 +292,12 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut next = 0u16;
         for (i, &len) in lengths.iter().enumerate() {
-            let tokens: Vec<u16> = (0..len).map(|_| { next += 1; next - 1 }).collect();
+            let tokens: Vec<u16> = (0..len)
+                .map(|_| {
+                    next += 1;
+                    next - 1
+                })
+                .collect();
             write_shard(&dir.path().join(shard_file_name("t", Split::Train, i)), &tokens).unwrap();
         }
         write_shard(&dir.path().join(shard_file_name("t", Split::Val, 0)), &(100..200).collect::<Vec<u16>>()).unwrap();
@@ -356,7 +369,9 @@ mod tests {
     #[test]
     fn bad_geometry_and_too_little_data_are_refused() {
         let dir = counting_dir(&[50]);
-        for (b, t, r, w, name) in [(0, 4, 0, 1, "batch"), (1, 0, 0, 1, "seq"), (1, 4, 2, 2, "rank"), (1, 4, 0, 0, "world_size")] {
+        for (b, t, r, w, name) in
+            [(0, 4, 0, 1, "batch"), (1, 0, 0, 1, "seq"), (1, 4, 2, 2, "rank"), (1, 4, 0, 0, "world_size")]
+        {
             let err = Geometry::new(b, t, r, w).unwrap_err();
             assert!(matches!(err, DataError::InvalidArgument { name: n, .. } if n == name), "{err}");
         }
@@ -373,8 +388,11 @@ mod tests {
         let g = Geometry::single(2, 8).unwrap();
         assert!(DataLoader::open(dir.path(), Split::Train, g, Some("gpt2")).is_ok());
         let err = DataLoader::open(dir.path(), Split::Train, g, Some("bpe-8192-0123456789ab")).unwrap_err();
-        assert!(matches!(&err, DataError::TokenizerMismatch { expected, found, .. }
-            if expected == "bpe-8192-0123456789ab" && found == "gpt2"), "{err}");
+        assert!(
+            matches!(&err, DataError::TokenizerMismatch { expected, found, .. }
+            if expected == "bpe-8192-0123456789ab" && found == "gpt2"),
+            "{err}"
+        );
         assert!(err.to_string().contains("`gpt2`") && err.to_string().contains("`bpe-8192-0123456789ab`"), "{err}");
         assert!(matches!(validation_tokens(dir.path(), 10, Some("bpe-1")), Err(DataError::TokenizerMismatch { .. })));
     }

@@ -460,10 +460,7 @@ impl ShardDir {
     pub fn open(dir: &Path) -> Result<ShardDir> {
         let meta = std::fs::metadata(dir).map_err(DataError::io(dir))?;
         if !meta.is_dir() {
-            return Err(DataError::Io {
-                path: dir.to_path_buf(),
-                error: std::io::Error::other("not a directory"),
-            });
+            return Err(DataError::Io { path: dir.to_path_buf(), error: std::io::Error::other("not a directory") });
         }
         let manifest = if dir.join(MANIFEST_FILE).exists() { Some(Manifest::read(dir)?) } else { None };
         Ok(ShardDir { dir: dir.to_path_buf(), manifest })
@@ -552,7 +549,11 @@ impl ShardDir {
                 if shard.len() != want {
                     return Err(DataError::Manifest {
                         path: self.dir.join(MANIFEST_FILE),
-                        message: format!("records {want} tokens for {}, the file holds {}", path.display(), shard.len()),
+                        message: format!(
+                            "records {want} tokens for {}, the file holds {}",
+                            path.display(),
+                            shard.len()
+                        ),
                     });
                 }
             }
@@ -630,10 +631,22 @@ mod tests {
             ("bad magic", |b| header_word(b, 0, 123), "bad magic 123 (expected 20240520)"),
             ("bad version", |b| header_word(b, 1, 2), "unsupported version 2 (expected 1)"),
             ("negative count", |b| header_word(b, 2, -5), "negative token count -5 in the header"),
-            ("truncated tokens", |b| b.truncate(1024 + 150), "truncated: 1174 bytes, but the header (100 tokens) needs 1224"),
+            (
+                "truncated tokens",
+                |b| b.truncate(1024 + 150),
+                "truncated: 1174 bytes, but the header (100 tokens) needs 1224",
+            ),
             ("truncated header", |b| b.truncate(10), "truncated: 10 bytes, but the header needs 1024"),
-            ("trailing bytes", |b| b.extend([0, 0, 0]), "trailing bytes: 1227 bytes, but the header (100 tokens) needs exactly 1224"),
-            ("token >= vocab", |b| b[1024 + 2 * 42..1024 + 2 * 43].copy_from_slice(&1000u16.to_le_bytes()), "token 1000 at index 42 is not below the vocabulary size 1000"),
+            (
+                "trailing bytes",
+                |b| b.extend([0, 0, 0]),
+                "trailing bytes: 1227 bytes, but the header (100 tokens) needs exactly 1224",
+            ),
+            (
+                "token >= vocab",
+                |b| b[1024 + 2 * 42..1024 + 2 * 43].copy_from_slice(&1000u16.to_le_bytes()),
+                "token 1000 at index 42 is not below the vocabulary size 1000",
+            ),
         ];
         let dir = tempfile::tempdir().unwrap();
         for (what, corrupt, message) in cases {
@@ -672,7 +685,9 @@ mod tests {
     fn shard_names_parse_like_llm_c() {
         assert_eq!(parse_shard_file_name("fineweb_train_000001.bin"), Some(("fineweb", Split::Train, 1)));
         assert_eq!(parse_shard_file_name("my_data_val_000000.bin"), Some(("my_data", Split::Val, 0)));
-        for bad in ["fineweb_train_1.bin", "fineweb_test_000001.bin", "_val_000000.bin", "x_val_000000.txt", "val_000000.bin"] {
+        for bad in
+            ["fineweb_train_1.bin", "fineweb_test_000001.bin", "_val_000000.bin", "x_val_000000.txt", "val_000000.bin"]
+        {
             assert_eq!(parse_shard_file_name(bad), None, "{bad}");
         }
     }
@@ -682,7 +697,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         // modded-nanogpt numbering: val 000000, train from 000001.
-        for (file, n) in [("fineweb_train_000002.bin", 3), ("fineweb_val_000000.bin", 4), ("fineweb_train_000001.bin", 5)] {
+        for (file, n) in
+            [("fineweb_train_000002.bin", 3), ("fineweb_val_000000.bin", 4), ("fineweb_train_000001.bin", 5)]
+        {
             write_shard(&d.join(file), &vec![50256; n]).unwrap();
         }
         std::fs::write(d.join("README.txt"), "other files are ignored").unwrap();

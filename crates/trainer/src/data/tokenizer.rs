@@ -11,11 +11,11 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use tiktoken_rs::CoreBPE;
-use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
-use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
-use tokenizers::models::TrainerWrapper;
-use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 use tokenizers::AddedToken;
+use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
+use tokenizers::models::TrainerWrapper;
+use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
+use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 
 use super::shard::{ShardDir, write_atomic};
 use super::{DataError, Result, sha256_hex};
@@ -264,9 +264,44 @@ pub(crate) mod tests {
     /// Deterministic English-like text: words from a small lexicon in a pseudo-random order.
     pub(crate) fn generated_text(seed: u64, words: usize) -> String {
         const LEXICON: &[&str] = &[
-            "the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "and", "a", "cat", "sat", "on", "mat",
-            "while", "rain", "fell", "softly", "across", "old", "town", "Hamlet", "said", "to", "be", "or", "not",
-            "question", "naïve", "café", "über", "—", "“quoted”", "it's", "1961", "3.14", "\t", "\n",
+            "the",
+            "quick",
+            "brown",
+            "fox",
+            "jumps",
+            "over",
+            "lazy",
+            "dog",
+            "and",
+            "a",
+            "cat",
+            "sat",
+            "on",
+            "mat",
+            "while",
+            "rain",
+            "fell",
+            "softly",
+            "across",
+            "old",
+            "town",
+            "Hamlet",
+            "said",
+            "to",
+            "be",
+            "or",
+            "not",
+            "question",
+            "naïve",
+            "café",
+            "über",
+            "—",
+            "“quoted”",
+            "it's",
+            "1961",
+            "3.14",
+            "\t",
+            "\n",
         ];
         let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
         let mut out = String::new();
