@@ -95,6 +95,13 @@ fn test(workspace: &Path, extra: &[String]) -> Result<()> {
 
 fn reproduce(workspace: &Path, extra: &[String]) -> Result<()> {
     setup::ensure(&setup::Options::from_env(workspace, false)?)?;
+    // The small and gpu scales train on the default corpus: build it first if it is not there.
+    let scale =
+        extra.iter().position(|a| a == "--scale").and_then(|i| extra.get(i + 1)).map_or("small", String::as_str);
+    if matches!(scale, "small" | "gpu") && !workspace.join("data/default/manifest.json").exists() {
+        eprintln!("xtask reproduce: no data/default yet: running `cargo xtask data` first");
+        data(workspace, &[])?;
+    }
     let mut cmd = cargo(workspace);
     cmd.args(["run", "--release", "--quiet", "--package", "experiments", "--bin", "reproduce", "--"]).args(extra);
     run_cmd(&mut cmd)

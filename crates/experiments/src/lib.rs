@@ -6,5 +6,15 @@
 //!
 //! Must never depend on: anything that depends on it; it never implements training or attention maths
 //! itself (it drives `trainer` and reads `attn-core`).
+//!
+//! - [`spec`]: `defs/<name>/experiment.toml` (+ README), embedded; the plan of runs and evaluations.
+//! - [`scale`]: `smoke`, `small`, `gpu`, `paper`.
+//! - [`runner`]: trains and evaluates, resumable, one `result.json` per run.
+//! - [`report`]: `REPRODUCTION.md`, its figures, and the verdicts.
+//! - [`status`]: what is not implemented yet, said plainly.
 
+pub mod report;
+pub mod runner;
+pub mod scale;
+pub mod spec;
 pub mod status;

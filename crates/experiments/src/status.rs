@@ -14,36 +14,12 @@ pub struct Part {
 
 /// Every part of the reproduction, in the paper's order.
 pub const PARTS: &[Part] = &[
-    Part {
-        name: "Table 1",
-        what: "softmax / inverse / re-centered / re-centered & l1, val loss at 1x",
-        missing: Some("the experiments runner (issue: experiments + reproduce)"),
-    },
-    Part {
-        name: "Table 2",
-        what: "normalisation scenarios I-IV, val loss at 1x",
-        missing: Some("the experiments runner (issue: experiments + reproduce)"),
-    },
-    Part {
-        name: "Table 3",
-        what: "activations with l1 normalisation, val loss at 1x",
-        missing: Some("the experiments runner (issue: experiments + reproduce)"),
-    },
-    Part {
-        name: "Table 4",
-        what: "length extrapolation 1x..16x, incl. re-weighted rows (p = 3, 15)",
-        missing: Some("the experiments runner (issue: experiments + reproduce)"),
-    },
-    Part {
-        name: "Figure 1",
-        what: "val loss vs inference length, softmax vs LSSA vs LSSAR",
-        missing: Some("the experiments runner (issue: experiments + reproduce)"),
-    },
-    Part {
-        name: "Figure 2",
-        what: "sweep over re-weighting power p",
-        missing: Some("the experiments runner (issue: experiments + reproduce)"),
-    },
+    Part { name: "Table 1", what: "softmax / inverse / re-centered / re-centered & l1, val loss at 1x", missing: None },
+    Part { name: "Table 2", what: "normalisation scenarios I-IV, val loss at 1x", missing: None },
+    Part { name: "Table 3", what: "activations with l1 normalisation, val loss at 1x", missing: None },
+    Part { name: "Table 4", what: "length extrapolation 1x..16x, incl. re-weighted rows (p = 3, 15)", missing: None },
+    Part { name: "Figure 1", what: "val loss vs inference length, softmax vs LSSA vs LSSAR", missing: None },
+    Part { name: "Figure 2", what: "sweep over re-weighting power p", missing: None },
     Part {
         name: "Retrieval",
         what: "passkey / needle-in-a-haystack accuracy vs length and depth",

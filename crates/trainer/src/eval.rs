@@ -85,8 +85,30 @@ pub fn multi_length(
     batch_tokens: usize,
     device: Device,
 ) -> anyhow::Result<Vec<LengthLoss>> {
+    let longest = multiples.iter().copied().max().unwrap_or(1);
+    multi_length_on_span(model, tokens, multiples, longest, rope, reweight, batch_tokens, device)
+}
+
+/// [`multi_length`] with the span trimmed to a multiple of `longest_multiple x T_train` (which must be
+/// at least every multiple asked for), so that evaluations made in separate calls, e.g. one per
+/// post-hoc `p`, score the same tokens.
+#[allow(clippy::too_many_arguments)]
+pub fn multi_length_on_span(
+    model: &Gpt,
+    tokens: &[u16],
+    multiples: &[usize],
+    longest_multiple: usize,
+    rope: Rope,
+    reweight: Option<u32>,
+    batch_tokens: usize,
+    device: Device,
+) -> anyhow::Result<Vec<LengthLoss>> {
     let t_train = model.config().context_len;
-    let longest = multiples.iter().copied().max().unwrap_or(1) * t_train;
+    anyhow::ensure!(
+        multiples.iter().all(|&m| m >= 1 && m <= longest_multiple),
+        "multiples {multiples:?} must lie in 1..={longest_multiple}"
+    );
+    let longest = longest_multiple * t_train;
     let spans = tokens.len().saturating_sub(1) / longest;
     anyhow::ensure!(
         spans >= 1,

@@ -1,30 +1,112 @@
-//! `reproduce`: the paper reproduction (run by `cargo xtask reproduce`).
+//! `reproduce`: the paper's tables and figures at one scale (run by `cargo xtask reproduce`).
 //!
-//! Today it checks that the toolchain and libtorch work and states, part by part, what is not
-//! implemented yet. It never prints a result it did not compute.
+//! Runbook:
+//!
+//! ```text
+//! cargo xtask reproduce                  # small: 26 training runs on 2 CPU cores (~2 h), then docs/REPRODUCTION.md
+//! cargo xtask reproduce --scale smoke    # seconds: the whole pipeline on generated text (the test suite runs it)
+//! cargo xtask reproduce --scale gpu      # one GPU, larger models, T = 512
+//! cargo xtask reproduce --only lssa,softmax   # train/evaluate only these variants (the report shows what exists)
+//! ```
+//!
+//! Results: `runs/<scale>/<variant>/` (checkpoints, `metrics.jsonl`, `result.json`). A run with a
+//! result is not redone, an interrupted one resumes from its checkpoint, so re-running the command
+//! after a crash continues. The report goes to `docs/REPRODUCTION.md` (figures in `docs/figures/`) for
+//! the meaningful scales and to `runs/<scale>/REPRODUCTION.md` for `smoke`.
+//!
+//! The `paper` scale needs FineWeb-10B shards in `data/fineweb10B` and 8 GPUs; it is planned here and
+//! trained with torchrun (see the README), not in this process.
 
-use anyhow::{Result, bail};
+use std::path::PathBuf;
+use std::time::Instant;
 
-fn main() -> Result<()> {
-    let mut scale = "small".to_string();
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--scale" => scale = args.next().unwrap_or_default(),
-            other => bail!("unknown argument `{other}` (expected --scale smoke|small|gpu|paper)"),
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use experiments::{report, runner, scale::Scale, spec};
+
+#[derive(Parser, Debug)]
+#[command(name = "reproduce", about = "Reproduce the paper's tables and figures at one scale")]
+struct Cli {
+    /// smoke | small | gpu | paper
+    #[arg(long, default_value = "small")]
+    scale: String,
+    /// Results directory [default: runs/<scale>].
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Report path [default: docs/REPRODUCTION.md, or runs/<scale>/REPRODUCTION.md for smoke].
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// Only these trained variants (comma-separated attn-core names).
+    #[arg(long, value_delimiter = ',')]
+    only: Vec<String>,
+    /// Print the plan (runs and evaluations) and stop.
+    #[arg(long)]
+    plan: bool,
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> Result<()> {
+    let cli = Cli::parse();
+    let scale = Scale::by_name(&cli.scale)?;
+    let experiments = spec::all()?;
+    let mut plan = spec::plan(&experiments);
+    if !cli.only.is_empty() {
+        for v in &cli.only {
+            if !plan.contains_key(v) {
+                bail!(
+                    "--only {v}: no experiment trains `{v}`; planned: {}",
+                    plan.keys().cloned().collect::<Vec<_>>().join(", ")
+                );
+            }
         }
+        plan.retain(|k, _| cli.only.contains(k));
     }
-    if !["smoke", "small", "gpu", "paper"].contains(&scale.as_str()) {
-        bail!("unknown scale `{scale}`: expected one of smoke, small, gpu, paper");
+    eprintln!("reproduce: scale {} ({}); {}", scale.name, scale.about, gpt_model::runtime::describe());
+    if cli.plan || scale.name == "paper" {
+        for (v, needs) in &plan {
+            println!("{v}: {} evaluations", needs.len());
+        }
+        if scale.name == "paper" && !cli.plan {
+            bail!(
+                "the paper scale trains with torchrun on 8 GPUs (see the README); this process only plans it (--plan)"
+            );
+        }
+        return Ok(());
     }
-    println!("reproduce (scale: {scale})");
-    println!("runtime: {}", gpt_model::runtime::describe());
-    println!("\nparts of the paper:");
-    print!("{}", experiments::status::report());
-    let missing = experiments::status::PARTS.iter().filter(|p| p.missing.is_some()).count();
-    println!(
-        "\n{missing} of {} parts are not implemented yet: no results were produced, and none are shown.",
-        experiments::status::PARTS.len()
-    );
+    let out = cli.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(scale.name));
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let shown = if scale.name == "small" {
+        "cargo xtask reproduce".to_string()
+    } else {
+        format!("cargo xtask reproduce --scale {}", scale.name)
+    };
+    let start = Instant::now();
+    let results = runner::run_all(&scale, &plan, &out, &command)?;
+    let (report_path, figures_dir, figures_rel) = match (&cli.report, scale.meaningful) {
+        (Some(p), _) => {
+            let dir = p.parent().map(|d| d.join("figures")).unwrap_or_else(|| PathBuf::from("figures"));
+            (p.clone(), dir, "figures".to_string())
+        }
+        (None, true) => (PathBuf::from("docs/REPRODUCTION.md"), PathBuf::from("docs/figures"), "figures".to_string()),
+        (None, false) => (out.join("REPRODUCTION.md"), out.join("figures"), "figures".to_string()),
+    };
+    let ctx = report::Context {
+        scale: &scale,
+        command: &shown,
+        git_revision: &trainer::git_revision(),
+        wall_s: results.values().map(|r| r.train_wall_s).sum::<f64>().max(start.elapsed().as_secs_f64()),
+        figures_rel: &figures_rel,
+    };
+    report::write(&experiments, &results, &ctx, &report_path, &figures_dir).context("writing the report")?;
+    eprintln!("reproduce: wrote {} ({:.1} min)", report_path.display(), start.elapsed().as_secs_f64() / 60.0);
+    for v in report::verdicts(&experiments, &results) {
+        println!("- {v}");
+    }
     Ok(())
 }

@@ -1,0 +1,254 @@
+//! The runner: trains every variant the experiments need once per scale and evaluates it at every
+//! (RoPE, post-hoc `p`, length) they ask for. Each run lives in `<out>/<run>/` with its checkpoints,
+//! `metrics.jsonl` and `result.json`; results are written after every evaluation and a finished piece
+//! is never redone, so an interrupted `reproduce` continues where it stopped.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use gpt_model::model::Gpt;
+use serde::{Deserialize, Serialize};
+use trainer::config::TrainConfig;
+use trainer::data::corpus::{self, BuildOptions, TokenizerChoice};
+use trainer::eval::{self, LengthLoss};
+use trainer::train::{self, RunOptions, ShardSource, Single};
+
+use crate::scale::{Data, Scale};
+use crate::spec::EvalKey;
+
+/// Format tag and version of a run's `result.json`.
+pub const RESULT_FORMAT: &str = "lssa-experiment-run";
+/// Version of [`RESULT_FORMAT`].
+pub const RESULT_VERSION: u32 = 1;
+
+/// One trained variant and its evaluations.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunResult {
+    /// Format tag.
+    pub format: String,
+    /// Format version.
+    pub format_version: u32,
+    /// Scale name.
+    pub scale: String,
+    /// The trained variant.
+    pub variant: String,
+    /// The resolved training config (TOML).
+    pub config: String,
+    /// Git revision of the training.
+    pub git_revision: String,
+    /// The command that produced it.
+    pub command: String,
+    /// Training wall time in seconds.
+    pub train_wall_s: f64,
+    /// Mean training tokens per second.
+    pub tokens_per_s: f64,
+    /// Training loss of the last step.
+    pub final_train_loss: f64,
+    /// Every evaluation so far.
+    pub evals: Vec<(EvalKey, LengthLoss)>,
+    /// Why training failed (e.g. it diverged); the run then has no evaluations and is not retried.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+impl RunResult {
+    /// The loss of one evaluation.
+    pub fn loss(&self, key: &EvalKey) -> Option<f64> {
+        self.evals.iter().find(|(k, _)| k == key).map(|(_, l)| l.loss)
+    }
+}
+
+/// A directory name for a variant (`lssa+rw15` -> `lssa_rw15`).
+pub fn run_dir_name(variant: &str) -> String {
+    variant.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect()
+}
+
+fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
+    let tmp = path.with_extension("json.tmp");
+    std::fs::write(&tmp, serde_json::to_string_pretty(value)?).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))
+}
+
+/// Generated English-like text, tokenized by the real pipeline into `<out>/data` (the smoke scale).
+fn generated_data(out: &Path) -> Result<PathBuf> {
+    let dir = out.join("data");
+    if dir.join("manifest.json").exists() {
+        return Ok(dir);
+    }
+    let text = out.join("text");
+    std::fs::create_dir_all(&text).with_context(|| format!("creating {}", text.display()))?;
+    let words =
+        ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "its", "home", "with", "big", "red", "ball"];
+    let mut state = 2024u64;
+    for f in 0..12 {
+        let mut s = String::new();
+        for _ in 0..3000 {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s.push_str(words[(state >> 59) as usize % words.len()]);
+            s.push(if (state >> 40).is_multiple_of(9) { '.' } else { ' ' });
+        }
+        std::fs::write(text.join(format!("doc{f:02}.txt")), s)
+            .with_context(|| format!("writing {}", text.display()))?;
+    }
+    let corpus = corpus::input_documents(&[text])?;
+    let opts = BuildOptions { tokenizer: TokenizerChoice::Bpe { vocab_size: 320 }, ..BuildOptions::new(&dir) };
+    corpus::build(corpus, &opts)?;
+    Ok(dir)
+}
+
+/// Progress lines of the runner (stderr).
+fn say(line: &str) {
+    eprintln!("reproduce: {line}");
+}
+
+/// Runs (or continues) everything `plan` asks for at `scale` under `out`; returns every run's result.
+pub fn run_all(
+    scale: &Scale,
+    plan: &BTreeMap<String, Vec<EvalKey>>,
+    out: &Path,
+    command: &str,
+) -> Result<BTreeMap<String, RunResult>> {
+    std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let data_dir = match &scale.data {
+        Data::Generated => generated_data(out)?,
+        Data::Shards(d) => d.clone(),
+    };
+    let sd = trainer::data::shard::ShardDir::open(&data_dir)
+        .with_context(|| format!("{}: no training data (run `cargo xtask data` first)", data_dir.display()))?;
+    let mut base = scale.train.clone();
+    base.data_dir = data_dir.clone();
+    base.model.vocab_size = base.model.vocab_size.max(sd.vocab_size());
+    let val = trainer::data::loader::validation_tokens(&data_dir, scale.val_tokens, Some(sd.tokenizer_id()))?;
+    let total_steps = plan.len() * base.max_steps;
+    say(&format!(
+        "scale {}: {} training runs x {} steps; estimate {:.0} min for training on the machine this scale targets, plus evaluation",
+        scale.name,
+        plan.len(),
+        base.max_steps,
+        total_steps as f64 * scale.est_step_s / 60.0
+    ));
+    let started = Instant::now();
+    let mut results = BTreeMap::new();
+    for (i, (variant, needs)) in plan.iter().enumerate() {
+        let dir = out.join(run_dir_name(variant));
+        let cfg = TrainConfig {
+            model: gpt_model::ModelConfig { attention: variant.clone(), ..base.model.clone() },
+            out_dir: dir.clone(),
+            ..base.clone()
+        };
+        let r = run_one(scale, &cfg, needs, &val, command).with_context(|| format!("run `{variant}`"))?;
+        let done = i + 1;
+        let elapsed = started.elapsed().as_secs_f64();
+        say(&format!(
+            "[{done}/{}] {variant}: train loss {:.3}, val 1x {:.3} ({:.0} s so far, ~{:.0} min left)",
+            plan.len(),
+            r.final_train_loss,
+            r.loss(&EvalKey { ntk: true, posthoc: None, multiple: 1 }).unwrap_or(f64::NAN),
+            elapsed,
+            elapsed / done as f64 * (plan.len() - done) as f64 / 60.0
+        ));
+        results.insert(variant.clone(), r);
+    }
+    Ok(results)
+}
+
+fn run_one(scale: &Scale, cfg: &TrainConfig, needs: &[EvalKey], val: &[u16], command: &str) -> Result<RunResult> {
+    let result_path = cfg.out_dir.join("result.json");
+    let mut result: Option<RunResult> = match std::fs::read_to_string(&result_path) {
+        Ok(text) => {
+            let r: RunResult =
+                serde_json::from_str(&text).with_context(|| format!("reading {}", result_path.display()))?;
+            // A result of another config (e.g. the scale was edited) is redone from scratch.
+            if r.config == cfg.to_toml() && r.format_version == RESULT_VERSION { Some(r) } else { None }
+        }
+        Err(_) => None,
+    };
+    if result.is_none() {
+        // Train, continuing from the newest checkpoint if an earlier attempt was interrupted.
+        let resume = train::list_checkpoints(&cfg.out_dir)?.pop();
+        if resume.is_none() {
+            let _ = std::fs::remove_file(cfg.out_dir.join("metrics.jsonl"));
+        }
+        let mut data = ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, 0, 1)?;
+        let start = Instant::now();
+        let opts = RunOptions { resume, progress: false, val_tokens: Vec::new(), command: command.into() };
+        let run = match train::train(cfg, &mut data, &Single, &opts) {
+            Ok(run) => run,
+            Err(e) => {
+                // A variant that diverges is a result too (the report says so); the others go on.
+                say(&format!("{}: training failed: {e:#}", cfg.model.attention));
+                let failed = RunResult {
+                    format: RESULT_FORMAT.into(),
+                    format_version: RESULT_VERSION,
+                    scale: scale.name.into(),
+                    variant: cfg.model.attention.clone(),
+                    config: cfg.to_toml(),
+                    git_revision: trainer::git_revision(),
+                    command: command.into(),
+                    train_wall_s: start.elapsed().as_secs_f64(),
+                    tokens_per_s: 0.0,
+                    final_train_loss: f64::NAN,
+                    evals: Vec::new(),
+                    error: Some(format!("{e:#}")),
+                };
+                write_json(&result_path, &failed)?;
+                return Ok(failed);
+            }
+        };
+        result = Some(RunResult {
+            format: RESULT_FORMAT.into(),
+            format_version: RESULT_VERSION,
+            scale: scale.name.into(),
+            variant: cfg.model.attention.clone(),
+            config: cfg.to_toml(),
+            git_revision: trainer::git_revision(),
+            command: command.into(),
+            train_wall_s: start.elapsed().as_secs_f64(),
+            tokens_per_s: run.tokens_per_s,
+            final_train_loss: run.steps.last().map_or(f64::NAN, |s| s.loss),
+            evals: Vec::new(),
+            error: None,
+        });
+        write_json(&result_path, result.as_ref().expect("set above"))?;
+    }
+    let mut result = result.expect("loaded or trained");
+    if result.error.is_some() {
+        return Ok(result);
+    }
+    let missing: Vec<EvalKey> = needs.iter().filter(|k| result.loss(k).is_none()).copied().collect();
+    if missing.is_empty() {
+        return Ok(result);
+    }
+    let ckpt = train::list_checkpoints(&cfg.out_dir)?.pop().context("no checkpoint to evaluate")?;
+    let device = train::pick_device(cfg.device, 0)?;
+    let mut vs = tch::nn::VarStore::new(device);
+    let model = Gpt::new(&vs.root(), &cfg.model)?;
+    gpt_model::checkpoint::load(&mut vs, &cfg.model, &ckpt)?;
+    // Group by (RoPE, p) so each call scores all its lengths on the same span.
+    let mut groups: BTreeMap<(bool, Option<u32>), Vec<usize>> = BTreeMap::new();
+    for k in &missing {
+        groups.entry((k.ntk, k.posthoc)).or_default().push(k.multiple);
+    }
+    let longest = needs.iter().map(|k| k.multiple).max().unwrap_or(1);
+    for ((ntk, posthoc), multiples) in groups {
+        let key0 = EvalKey { ntk, posthoc, multiple: 1 };
+        let losses = eval::multi_length_on_span(
+            &model,
+            val,
+            &multiples,
+            longest,
+            key0.rope(),
+            posthoc,
+            scale.eval_batch_tokens,
+            device,
+        )?;
+        for l in losses {
+            result.evals.push((EvalKey { ntk, posthoc, multiple: l.multiple }, l));
+        }
+        result.evals.sort_by_key(|a| a.0);
+        write_json(&result_path, &result)?;
+    }
+    Ok(result)
+}

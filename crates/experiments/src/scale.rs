@@ -1,0 +1,140 @@
+//! The scales of the reproduction: the same experiments and code, different model, data and budget.
+
+use std::path::PathBuf;
+
+use gpt_model::ModelConfig;
+use gpt_model::config::AttnImpl;
+use trainer::config::{DeviceChoice, TrainConfig};
+
+/// Where a scale's training data comes from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Data {
+    /// Generated English-like text tokenized into `<out>/data` (no download; the test suite's scale).
+    Generated,
+    /// A shard directory (`cargo xtask data` writes `data/default`; FineWeb shards for `paper`).
+    Shards(PathBuf),
+}
+
+/// One scale.
+#[derive(Clone, Debug)]
+pub struct Scale {
+    /// `smoke`, `small`, `gpu` or `paper`.
+    pub name: &'static str,
+    /// What it is for, in the report.
+    pub about: &'static str,
+    /// The training config every run starts from (the variant is set per run).
+    pub train: TrainConfig,
+    /// Training data.
+    pub data: Data,
+    /// Validation tokens scored at every length (a multiple of the longest window is used).
+    pub val_tokens: usize,
+    /// Tokens per evaluation forward.
+    pub eval_batch_tokens: usize,
+    /// Whether its numbers mean anything (the report says so when they do not).
+    pub meaningful: bool,
+    /// Seconds per optimiser step on the machine it targets, for the up-front estimate.
+    pub est_step_s: f64,
+}
+
+/// Names accepted by [`Scale::by_name`].
+pub const SCALES: [&str; 4] = ["smoke", "small", "gpu", "paper"];
+
+impl Scale {
+    /// The scale called `name`.
+    pub fn by_name(name: &str) -> anyhow::Result<Scale> {
+        let base = TrainConfig::default();
+        Ok(match name {
+            // Seconds on 2 cores: proves the pipeline end to end in the test suite.
+            "smoke" => Scale {
+                name: "smoke",
+                about: "pipeline check: a 2-layer model trained for a few steps on generated text; the numbers mean nothing",
+                train: TrainConfig {
+                    model: ModelConfig {
+                        vocab_size: 320,
+                        context_len: 32,
+                        attn_impl: AttnImpl::Fused,
+                        ..ModelConfig::preset("tiny")?
+                    },
+                    batch_size: 4,
+                    tokens_per_step: 4 * 32,
+                    max_steps: 6,
+                    warmup_steps: 2,
+                    lr: 3e-3,
+                    eval_every: 0,
+                    eval_tokens: 1024,
+                    ckpt_every: 0,
+                    keep_last: 1,
+                    device: DeviceChoice::Cpu,
+                    ..base
+                },
+                data: Data::Generated,
+                val_tokens: 2 * 16 * 32 + 1,
+                eval_batch_tokens: 4096,
+                meaningful: false,
+                est_step_s: 0.05,
+            },
+            // The default of `cargo xtask reproduce`: about 2 hours on a 2-core CPU for everything.
+            "small" => Scale {
+                name: "small",
+                about: "cpu-small (4 layers, width 256, 4 heads of 64), T = 128, the default corpus (8K BPE), 2 CPU cores",
+                train: TrainConfig {
+                    model: ModelConfig { attn_impl: AttnImpl::Fused, ..ModelConfig::preset("cpu-small")? },
+                    max_steps: 400,
+                    warmup_steps: 20,
+                    eval_every: 0,
+                    ckpt_every: 100,
+                    keep_last: 1,
+                    device: DeviceChoice::Cpu,
+                    ..base
+                },
+                data: Data::Shards(PathBuf::from("data/default")),
+                val_tokens: 16 * 128 * 8 + 1,
+                eval_batch_tokens: 16_384,
+                meaningful: true,
+                est_step_s: 0.5,
+            },
+            // One GPU, about an hour: a 6-layer model at T = 512.
+            "gpu" => Scale {
+                name: "gpu",
+                about: "6 layers, width 384, 6 heads of 64, T = 512, the default corpus, one GPU",
+                train: TrainConfig {
+                    model: ModelConfig {
+                        n_layer: 6,
+                        n_head: 6,
+                        d_model: 384,
+                        context_len: 512,
+                        attn_impl: AttnImpl::Fused,
+                        ..ModelConfig::preset("cpu-small")?
+                    },
+                    batch_size: 16,
+                    tokens_per_step: 16 * 512,
+                    max_steps: 1500,
+                    warmup_steps: 100,
+                    lr: 1e-3,
+                    eval_every: 0,
+                    ckpt_every: 500,
+                    keep_last: 1,
+                    device: DeviceChoice::Auto,
+                    ..base
+                },
+                data: Data::Shards(PathBuf::from("data/default")),
+                val_tokens: 16 * 512 * 8 + 1,
+                eval_batch_tokens: 65_536,
+                meaningful: true,
+                est_step_s: 0.1,
+            },
+            // SPEC section 8 on FineWeb-10B shards supplied by the user (8 GPUs via torchrun).
+            "paper" => Scale {
+                name: "paper",
+                about: "GPT-2 124M, T = 1024, FineWeb-10B (llm.c shards in data/fineweb10B), the recipe of SPEC section 8",
+                train: TrainConfig { ckpt_every: 1000, keep_last: 1, ..TrainConfig::paper() },
+                data: Data::Shards(PathBuf::from("data/fineweb10B")),
+                val_tokens: 16 * 1024 * 64 + 1,
+                eval_batch_tokens: 262_144,
+                meaningful: true,
+                est_step_s: 0.35,
+            },
+            other => anyhow::bail!("unknown scale `{other}`: expected one of {}", SCALES.join(", ")),
+        })
+    }
+}

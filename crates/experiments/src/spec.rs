@@ -1,0 +1,179 @@
+//! The paper's tables and figures as data: `defs/<name>/experiment.toml` (one place per experiment,
+//! with its README beside it), embedded in the binary, parsed and checked here, and the set of training
+//! runs and evaluations they need.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use trainer::eval::Rope;
+
+/// What an experiment shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Kind {
+    /// Rows x lengths, next to the paper's numbers.
+    Table,
+    /// Loss against inference length, one line per row.
+    LengthCurve,
+    /// Loss against the post-hoc re-weighting power `p`, per row and length.
+    PSweep,
+}
+
+/// One row (a line of a figure).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Row {
+    /// Label in the report.
+    pub label: String,
+    /// The variant trained (attn-core name; a training-time re-weighting is part of it, `lssa+rw15`).
+    pub train: String,
+    /// Re-weighting applied after training to the model trained as `train` (the post-hoc reading).
+    #[serde(default)]
+    pub posthoc: Option<u32>,
+    /// The paper's numbers at the first lengths (validation loss), if it has them.
+    #[serde(default)]
+    pub paper: Vec<f64>,
+}
+
+/// One table or figure.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Experiment {
+    /// Stable name (`table4`).
+    pub name: String,
+    /// Title in the report.
+    pub title: String,
+    /// Table or figure type.
+    pub kind: Kind,
+    /// Multiples of the training length to evaluate.
+    pub lengths: Vec<usize>,
+    /// Post-hoc powers of a p sweep.
+    #[serde(default)]
+    pub powers: Vec<u32>,
+    /// Rows.
+    pub rows: Vec<Row>,
+    /// The experiment's README (filled in from `defs/<name>/README.md`).
+    #[serde(skip)]
+    pub readme: String,
+}
+
+/// The embedded definitions, in report order: (TOML, README).
+const DEFS: [(&str, &str); 6] = [
+    (include_str!("../defs/table1/experiment.toml"), include_str!("../defs/table1/README.md")),
+    (include_str!("../defs/table2/experiment.toml"), include_str!("../defs/table2/README.md")),
+    (include_str!("../defs/table3/experiment.toml"), include_str!("../defs/table3/README.md")),
+    (include_str!("../defs/table4/experiment.toml"), include_str!("../defs/table4/README.md")),
+    (include_str!("../defs/figure1/experiment.toml"), include_str!("../defs/figure1/README.md")),
+    (include_str!("../defs/figure2/experiment.toml"), include_str!("../defs/figure2/README.md")),
+];
+
+/// Every experiment, parsed and checked (variant names parse, powers are valid, paper columns fit).
+pub fn all() -> anyhow::Result<Vec<Experiment>> {
+    DEFS.iter()
+        .map(|(toml_text, readme)| {
+            let mut e: Experiment = toml::from_str(toml_text)?;
+            e.readme = readme.to_string();
+            e.check()?;
+            Ok(e)
+        })
+        .collect()
+}
+
+impl Experiment {
+    fn check(&self) -> anyhow::Result<()> {
+        anyhow::ensure!(!self.lengths.is_empty() && self.lengths.iter().all(|&l| l >= 1), "{}: lengths", self.name);
+        anyhow::ensure!(self.kind != Kind::PSweep || !self.powers.is_empty(), "{}: a p sweep needs powers", self.name);
+        for r in &self.rows {
+            let v: attn_core::Variant =
+                r.train.parse().map_err(|e| anyhow::anyhow!("{}: row `{}`: {e}", self.name, r.label))?;
+            if let Some(p) = r.posthoc {
+                v.with_reweight(p).map_err(|e| anyhow::anyhow!("{}: row `{}`: {e}", self.name, r.label))?;
+            }
+            anyhow::ensure!(
+                r.paper.len() <= self.lengths.len(),
+                "{}: row `{}` has more paper numbers than lengths",
+                self.name,
+                r.label
+            );
+        }
+        Ok(())
+    }
+}
+
+/// One evaluation of a trained model: a RoPE treatment, a post-hoc power, a length multiple.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct EvalKey {
+    /// `false`: plain RoPE, `true`: NTK-scaled.
+    pub ntk: bool,
+    /// Post-hoc re-weighting power.
+    pub posthoc: Option<u32>,
+    /// Multiple of the training length.
+    pub multiple: usize,
+}
+
+impl EvalKey {
+    /// The RoPE treatment.
+    pub fn rope(&self) -> Rope {
+        if self.ntk { Rope::Ntk } else { Rope::Plain }
+    }
+}
+
+/// Every training run (by trained variant name) and the evaluations each needs.
+pub fn plan(experiments: &[Experiment]) -> BTreeMap<String, Vec<EvalKey>> {
+    let mut out: BTreeMap<String, Vec<EvalKey>> = BTreeMap::new();
+    for e in experiments {
+        for r in &e.rows {
+            let needs = out.entry(r.train.clone()).or_default();
+            let mut add = |ntk: bool, posthoc: Option<u32>| {
+                for &m in &e.lengths {
+                    needs.push(EvalKey { ntk, posthoc, multiple: m });
+                }
+            };
+            match e.kind {
+                Kind::Table | Kind::LengthCurve => {
+                    add(true, r.posthoc);
+                    add(false, r.posthoc);
+                }
+                Kind::PSweep => {
+                    add(true, None);
+                    for &p in &e.powers {
+                        add(true, Some(p));
+                    }
+                }
+            }
+        }
+    }
+    for v in out.values_mut() {
+        v.sort();
+        v.dedup();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_definition_parses_and_the_plan_covers_every_row() {
+        let all = all().unwrap();
+        assert_eq!(
+            all.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
+            ["table1", "table2", "table3", "table4", "figure1", "figure2"]
+        );
+        let plan = plan(&all);
+        // Tables 1-4 train 26 distinct variants (Table 4's post-hoc rows reuse their base models).
+        assert_eq!(plan.len(), 26, "{:?}", plan.keys().collect::<Vec<_>>());
+        let lssa = &plan["lssa"];
+        for p in [None, Some(3), Some(15), Some(100)] {
+            assert!(lssa.contains(&EvalKey { ntk: true, posthoc: p, multiple: 16 }), "{p:?}");
+        }
+        assert!(lssa.contains(&EvalKey { ntk: false, posthoc: Some(15), multiple: 8 }));
+        // The paper's Table 4 numbers are carried for both readings of a re-weighted row.
+        let t4 = &all[3];
+        let rows: Vec<_> = t4.rows.iter().filter(|r| r.label.starts_with("LSSAR")).collect();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].paper, rows[1].paper);
+        assert_eq!(rows[1].posthoc, Some(15));
+    }
+}

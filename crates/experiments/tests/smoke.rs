@@ -1,0 +1,63 @@
+//! `reproduce --scale smoke` end to end: every experiment runs, the report and its figures are written,
+//! every run has its evaluations, and a second invocation redoes nothing.
+
+use std::path::Path;
+use std::process::Command;
+
+const REPRODUCE: &str = env!("CARGO_BIN_EXE_reproduce");
+
+fn reproduce(out: &Path) -> std::process::Output {
+    let o = Command::new(REPRODUCE)
+        .args(["--scale", "smoke", "--out", out.to_str().unwrap()])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "reproduce failed: {}", String::from_utf8_lossy(&o.stderr));
+    o
+}
+
+#[test]
+fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
+    let out = std::env::temp_dir().join(format!("lssa-smoke-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let first = reproduce(&out);
+    let report = std::fs::read_to_string(out.join("REPRODUCTION.md")).unwrap();
+    for title in ["Table 1", "Table 2", "Table 3", "Table 4", "Figure 1", "Figure 2", "## Verdicts", "not meaningful"] {
+        assert!(report.contains(title), "the report lacks `{title}`");
+    }
+    assert!(report.contains("3.1905"), "the paper's numbers are shown next to ours");
+    for fig in ["figure1", "figure2", "table1_length", "table4_length"] {
+        for ext in ["png", "svg"] {
+            let p = out.join("figures").join(format!("{fig}.{ext}"));
+            assert!(std::fs::metadata(&p).map(|m| m.len() > 1000).unwrap_or(false), "{} missing or empty", p.display());
+        }
+    }
+    // Every planned run has a result with every evaluation the experiments need.
+    let plan = experiments::spec::plan(&experiments::spec::all().unwrap());
+    assert_eq!(plan.len(), 26);
+    for (variant, needs) in &plan {
+        let path = out.join(experiments::runner::run_dir_name(variant)).join("result.json");
+        let r: experiments::runner::RunResult = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        assert_eq!(&r.variant, variant);
+        for k in needs {
+            let l = r.loss(k).unwrap_or_else(|| panic!("{variant}: no evaluation {k:?}"));
+            assert!(l.is_finite() && l > 0.0, "{variant} {k:?}: loss {l}");
+        }
+    }
+    // The same command again trains nothing: checkpoints and results are untouched.
+    let ckpt = std::fs::read_dir(out.join("lssa_rw15"))
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("ckpt_"))
+        .unwrap()
+        .path();
+    let before = std::fs::metadata(&ckpt).unwrap().modified().unwrap();
+    let second = reproduce(&out);
+    assert_eq!(std::fs::metadata(&ckpt).unwrap().modified().unwrap(), before, "a finished run was retrained");
+    assert_eq!(
+        String::from_utf8_lossy(&first.stdout),
+        String::from_utf8_lossy(&second.stdout),
+        "the verdicts changed without new work"
+    );
+    std::fs::remove_dir_all(&out).unwrap();
+}
