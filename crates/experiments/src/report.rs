@@ -367,23 +367,33 @@ pub fn verdicts(experiments: &[Experiment], results: &BTreeMap<String, RunResult
     if let (Some(s1), Some(s16), Some(r1), Some(r16)) =
         (l("softmax", None, 1), l("softmax", None, 16), l("lssa+rw15", None, 1), l("lssa+rw15", None, 16))
     {
-        let flat = (r16 - r1) < 0.5 * (s16 - s1).max(1e-9);
+        let (lssar, soft) = (r16 - r1, s16 - s1);
+        // The claim has two halves: softmax degrades (by more than seed noise, SPEC section 9) and LSSAR
+        // does not (it rises by less than half as much).
+        let verdict = if soft <= 0.1 {
+            "not reproduced: softmax itself does not degrade at this scale, so there is nothing for LSSAR to fix"
+        } else if lssar < 0.5 * soft {
+            "reproduced"
+        } else {
+            "not reproduced: LSSAR degrades about as much as softmax"
+        };
         out.push(format!(
-            "**LSSAR stays flat to 16x while softmax degrades**: {}. From 1x to 16x (NTK RoPE) LSSAR (p = 15, trained) changes by {:+.3} nats, softmax by {:+.3}.",
-            if flat { "reproduced" } else { "not reproduced" },
-            r16 - r1,
-            s16 - s1
+            "**LSSAR stays flat to 16x while softmax degrades**: {verdict}. From 1x to 16x (NTK RoPE) LSSAR (p = 15, trained) changes by {lssar:+.3} nats, softmax by {soft:+.3}."
         ));
     }
     if let (Some(s1), Some(s100), Some(a1), Some(a100)) =
         (l("softmax", Some(1), 1), l("softmax", Some(100), 1), l("lssa", Some(1), 1), l("lssa", Some(100), 1))
     {
-        let ok = (s100 - s1) > (a100 - a1) + 0.05;
+        let (soft, lssa) = (s100 - s1, a100 - a1);
+        let verdict = if soft <= 0.1 {
+            "not reproduced: softmax does not degrade at large p at this scale"
+        } else if lssa < 0.5 * soft {
+            "reproduced"
+        } else {
+            "not reproduced: LSSA degrades about as much as softmax"
+        };
         out.push(format!(
-            "**Softmax degrades at large p while LSSA stays stable** (post hoc, 1x): {}. From p = 1 to p = 100 softmax changes by {:+.3} nats, LSSA by {:+.3}.",
-            if ok { "reproduced" } else { "not reproduced" },
-            s100 - s1,
-            a100 - a1
+            "**Softmax degrades at large p while LSSA stays stable** (post hoc, 1x): {verdict}. From p = 1 to p = 100 softmax changes by {soft:+.3} nats, LSSA by {lssa:+.3}."
         ));
     }
     // Which reading of re-weighting reproduces Table 4's p = 15 rows: softmax+rw15 clearly worse than
@@ -410,6 +420,53 @@ pub fn verdicts(experiments: &[Experiment], results: &BTreeMap<String, RunResult
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn result(variant: &str, losses: &[(Option<u32>, usize, f64)]) -> RunResult {
+        RunResult {
+            format: crate::runner::RESULT_FORMAT.into(),
+            format_version: crate::runner::RESULT_VERSION,
+            scale: "test".into(),
+            variant: variant.into(),
+            config: String::new(),
+            git_revision: String::new(),
+            command: String::new(),
+            train_wall_s: 0.0,
+            tokens_per_s: 0.0,
+            final_train_loss: 0.0,
+            error: None,
+            evals: losses
+                .iter()
+                .map(|&(p, m, loss)| {
+                    let k = key(true, p, m);
+                    let l = trainer::eval::LengthLoss {
+                        multiple: m,
+                        seq_len: m,
+                        rope: trainer::eval::Rope::Ntk,
+                        reweight: p,
+                        loss,
+                        tokens: 1,
+                        windows: 1,
+                    };
+                    (k, l)
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn the_flatness_verdict_needs_softmax_to_degrade_first() {
+        let verdict = |soft16: f64, lssar16: f64| {
+            let results = BTreeMap::from([
+                ("softmax".to_string(), result("softmax", &[(None, 1, 3.0), (None, 16, soft16)])),
+                ("lssa+rw15".to_string(), result("lssa+rw15", &[(None, 1, 3.0), (None, 16, lssar16)])),
+            ]);
+            verdicts(&[], &results).into_iter().find(|v| v.contains("LSSAR stays flat")).unwrap()
+        };
+        assert!(verdict(6.0, 3.1).contains(": reproduced"), "{}", verdict(6.0, 3.1));
+        assert!(verdict(6.0, 5.5).contains("LSSAR degrades about as much"));
+        // Softmax improving with length is no evidence for LSSAR (a regression of this stop's first draft).
+        assert!(verdict(2.98, 2.996).contains("softmax itself does not degrade"));
+    }
 
     #[test]
     fn kendall_tau_counts_concordant_pairs() {
