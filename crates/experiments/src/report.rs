@@ -82,6 +82,17 @@ pub fn write(
     }
     let _ = writeln!(md, "- regenerate: `{}` (runs that already have results are not redone)", ctx.command);
     let _ = writeln!(md, "- git revision: `{}`; wall time: {:.1} min", ctx.git_revision, ctx.wall_s / 60.0);
+    let planned = crate::spec::plan(experiments);
+    let done = planned.keys().filter(|v| results.get(*v).is_some_and(|r| r.error.is_none())).count();
+    if done < planned.len() {
+        let missing: Vec<&str> = planned.keys().filter(|v| !results.contains_key(*v)).map(String::as_str).collect();
+        let _ = writeln!(
+            md,
+            "- **partial**: {done} of {} planned training runs have results; rows of the others show `-`. Missing: {}.",
+            planned.len(),
+            missing.iter().map(|v| format!("`{v}`")).collect::<Vec<_>>().join(", ")
+        );
+    }
     let _ = writeln!(
         md,
         "- training: {} steps of {} tokens, T_train = {}, validation: {} tokens scored at every length (the same target tokens at every length)",

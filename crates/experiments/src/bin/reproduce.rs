@@ -81,11 +81,14 @@ fn run() -> Result<()> {
     }
     let out = cli.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(scale.name));
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let shown = if scale.name == "small" {
+    let mut shown = if scale.name == "small" {
         "cargo xtask reproduce".to_string()
     } else {
         format!("cargo xtask reproduce --scale {}", scale.name)
     };
+    if !cli.only.is_empty() {
+        shown.push_str(&format!(" --only {}", cli.only.join(",")));
+    }
     let start = Instant::now();
     let results = runner::run_all(&scale, &plan, &out, &command)?;
     let (report_path, figures_dir, figures_rel) = match (&cli.report, scale.meaningful) {
