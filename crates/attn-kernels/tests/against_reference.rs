@@ -290,8 +290,14 @@ fn naive_f32_backward(
 /// Forward error bound: 2x the naive f32 error, plus a floor of 64 ulps of the output scale (for
 /// short rows the naive error is a handful of roundings and can be luckily small, while the
 /// re-weighting's `u = N a - 1` cancels and amplifies any rounding by `p / u`).
-fn forward_tolerance(naive_err: f64, reference: &Array4<f64>) -> f64 {
-    2.0 * naive_err + 64.0 * f32::EPSILON as f64 * max_abs(reference).max(1.0)
+/// With re-weighting the cancellation in `u` is multiplied by `p`, so both terms grow as in
+/// [`backward_tolerance`] (`lssa+rw15`, T = 15, d = 72, seed 619: 7x the naive error).
+fn forward_tolerance(naive_err: f64, reference: &Array4<f64>, p: Option<u32>) -> f64 {
+    let (factor, floor) = match p {
+        Some(p) => ((f64::from(p) / 4.0).max(8.0), (f64::from(p) / 4.0).max(1.0)),
+        _ => (2.0, 1.0),
+    };
+    factor * naive_err + floor * 64.0 * f32::EPSILON as f64 * max_abs(reference).max(1.0)
 }
 
 /// Backward error bound: 2x the naive f32 backward's error, plus a floor of 64 ulps of the gradient
@@ -301,10 +307,75 @@ fn forward_tolerance(naive_err: f64, reference: &Array4<f64>) -> f64 {
 /// (`p >= 15`) on adversarial rows (logits in the hundreds, or `p = 64`) the kernel's `dq`/`dk` error
 /// reaches 4-6x the naive one (relative error ~1e-5 of the largest entry), the same on every tile
 /// size, and unchanged when the per-entry re-weighting arithmetic is done in f64. The gradient there
-/// carries `p * rho^(p-1)`, which multiplies any rounding in `u` by `p`. Those cases get 8x.
+/// carries `p * rho^(p-1)`, which multiplies any rounding in `u` by `p`, so every re-weighted variant
+/// gets `max(8, p / 4)` (a random search of 8000 cases later found 14x at `p = 64`, `lssa+rw64`, T = 10,
+/// seed 183, and 4.8x at `p = 3`, `sigmoid-rowbias-l1+rw3`, T = 40, seed 420); stage-1 variants keep 2x.
 fn backward_tolerance(naive_err: f64, reference: &Array4<f64>, p: Option<u32>) -> f64 {
-    let factor = if p.is_some_and(|p| p >= 15) { 8.0 } else { 2.0 };
-    factor * naive_err + 64.0 * f32::EPSILON as f64 * max_abs(reference).max(1.0)
+    let (factor, floor) = match p {
+        // The floor grows with p too: a naive implementation can be exact by luck on short rows
+        // (`lssa+rw64`, T = 5, seed 604: naive 2e-11, kernel 3.6e-5 of a unit-scale gradient).
+        Some(p) => ((f64::from(p) / 4.0).max(8.0), (f64::from(p) / 4.0).max(1.0)),
+        _ => (2.0, 1.0),
+    };
+    factor * naive_err + floor * 64.0 * f32::EPSILON as f64 * max_abs(reference).max(1.0)
+}
+
+/// The backward's unavoidable f32 error on nearly zero-sum l1 rows (e.g. `relu-l1` with one score just
+/// above 0), as `[dq, dk]` bounds: `df_ij = (<g_i, v_j> - D_i) / Z_i` divides the rounding of
+/// `D_i = <g_i, o_i>` (about `eps |g_i| |o_i|`) by a tiny `Z_i`; that error reaches `dq_i` as
+/// `scale_i (dD_i / Z_i) sum_j phi'(s_ij) k_j` and `dk_j` as `sum_i scale_i (dD_i / Z_i) phi'(s_ij) q_i`.
+/// A naive f32 implementation can be exact there by luck (when `a` rounds to a one-hot row), so 2x its
+/// error is no bound; this first-order one is, and it is negligible wherever `Z_i` is of order 1
+/// (softmax's shifted rows have `Z_i >= 1`). Issue-4 regression: `relu-l1`, T = 4, d = 72, seed 392.
+fn l1_conditioning_tolerance(
+    v: &Variant,
+    q: &Array4<f32>,
+    k: &Array4<f32>,
+    g: &Array4<f32>,
+    o: &Array4<f64>,
+) -> [f64; 2] {
+    if v.stage1.norm != attn_core::Norm::L1 || v.stage1.scores == attn_core::Scores::Cosine {
+        return [0.0, 0.0];
+    }
+    let sh = q.shape();
+    let (t, d) = (sh[2], sh[3]);
+    let row = |x: &Array4<f32>, b: usize, h: usize, i: usize| -> Vec<f64> {
+        (0..d).map(|c| x[[b, h, i, c]] as f64).collect()
+    };
+    let norm = |x: &[f64]| x.iter().map(|a| a * a).sum::<f64>().sqrt();
+    let (mut dq_tol, mut dk_tol) = (0.0f64, 0.0f64);
+    for b in 0..sh[0] {
+        for h in 0..sh[1] {
+            let mut dk_acc = vec![0.0f64; t];
+            for i in 0..t {
+                let n = i + 1;
+                let qi = row(q, b, h, i);
+                let scores: Vec<f64> = (0..n)
+                    .map(|j| v.stage1.score(qi.iter().zip(row(k, b, h, j)).map(|(a, c)| a * c).sum(), n, d).unwrap())
+                    .collect();
+                let shift =
+                    if v.needs_running_max() { scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max) } else { 0.0 };
+                let z: f64 = scores.iter().map(|&s| v.activation().value(s - shift).abs()).sum();
+                if z <= 0.0 {
+                    continue; // a zero-sum row has zero gradient by definition ([choice] of attn-core)
+                }
+                let o_norm = (0..d).map(|c| o[[b, h, i, c]].powi(2)).sum::<f64>().sqrt();
+                let c_i = v.stage1.scale.value(n, d).abs() * norm(&row(g, b, h, i)) * o_norm / z;
+                let mut w = vec![0.0f64; d];
+                for (j, &s) in scores.iter().enumerate() {
+                    let dphi = v.activation().derivative(s - shift);
+                    for (wc, kc) in w.iter_mut().zip(row(k, b, h, j)) {
+                        *wc += dphi * kc;
+                    }
+                    dk_acc[j] += c_i * dphi.abs() * norm(&qi);
+                }
+                dq_tol = dq_tol.max(c_i * norm(&w));
+            }
+            dk_tol = dk_tol.max(dk_acc.iter().cloned().fold(0.0, f64::max));
+        }
+    }
+    let eps8 = 8.0 * f32::EPSILON as f64;
+    [eps8 * dq_tol, eps8 * dk_tol]
 }
 
 fn check_case(name: &str, shape: (usize, usize, usize, usize), seed: u64, qk_scale: f32, opts: &Options) {
@@ -317,13 +388,15 @@ fn check_case(name: &str, shape: (usize, usize, usize, usize), seed: u64, qk_sca
     let got = cpu::forward_with(&v, &q, &k, &val, opts).unwrap();
     let naive_err = max_abs_diff(&naive_f32(&v, &q, &k, &val), &want);
     let err = max_abs_diff(&got, &want);
-    let tol = forward_tolerance(naive_err, &want);
+    let tol = forward_tolerance(naive_err, &want, v.reweight);
     assert!(
         err <= tol,
         "{name} {shape:?} seed {seed} scale {qk_scale} {:?}: forward error {err:.3e} > {tol:.3e} (naive f32 {naive_err:.3e})",
         opts.isa
     );
 
+    let out64 = attn_core::forward(&v, &to64(&q), &to64(&k), &to64(&val)).unwrap();
+    let conditioning = l1_conditioning_tolerance(&v, &q, &k, &g, &out64);
     let want = attn_core::backward(&v, &to64(&q), &to64(&k), &to64(&val), &to64(&g)).unwrap();
     let naive = naive_f32_backward(&v, &q, &k, &val, &g);
     let got = cpu::backward_with(&v, &q, &k, &val, &g, opts).unwrap();
@@ -334,7 +407,13 @@ fn check_case(name: &str, shape: (usize, usize, usize, usize), seed: u64, qk_sca
     ] {
         let err = max_abs_diff(a, b);
         let naive_err = max_abs_diff(nv, b);
-        let tol = backward_tolerance(naive_err, b, v.reweight);
+        // dv has no 1/Z_i amplification.
+        let extra = match what {
+            "dq" => conditioning[0],
+            "dk" => conditioning[1],
+            _ => 0.0, // dv has no 1/Z_i amplification
+        };
+        let tol = backward_tolerance(naive_err, b, v.reweight) + extra;
         assert!(
             err <= tol,
             "{name} {shape:?} seed {seed} scale {qk_scale} {:?}: {what} error {err:.3e} > {tol:.3e} (naive f32 {naive_err:.3e})",
@@ -488,8 +567,33 @@ fn results_do_not_depend_on_thread_count() {
     assert!(dq_err < 1e-5, "{dq_err}");
 }
 
+/// Issue-6 regression (found by `random_shapes_match_the_reference`): a `relu-l1` row whose only
+/// positive score is 0.002, so `Z_i` is tiny and the backward is ill-conditioned; the error must stay
+/// within the first-order bound of [`l1_conditioning_tolerance`] on every ISA and tile size.
+#[test]
+fn cases_found_by_random_search_stay_within_their_bounds() {
+    for isa in [Isa::Scalar, Isa::detect()] {
+        for b in [1, 3, 16] {
+            let opts = Options { tuning: Tuning { block_q: b, block_k: b }, isa };
+            check_case("relu-l1", (1, 1, 4, 72), 392, 1.0, &opts);
+            check_case("relu2-l1", (1, 1, 21, 72), 392, 1.0, &opts);
+            check_case("lssa+rw64", (1, 1, 10, 64), 183, 1.0, &opts);
+            check_case("lssa+rw64", (1, 1, 5, 64), 604, 1.0, &opts);
+            check_case("lssa+rw15", (1, 1, 15, 72), 619, 1.0, &opts);
+            check_case("sigmoid-rowbias-l1+rw3", (1, 1, 40, 64), 420, 1.0, &opts);
+        }
+    }
+}
+
+/// The property tests' random source: fixed, so that CI is reproducible (a case that fails fails every
+/// time, on every machine); set `PROPTEST_RNG_SEED=<n>` (and `PROPTEST_CASES`) to explore other cases.
+fn proptest_config() -> ProptestConfig {
+    let seed = std::env::var("PROPTEST_RNG_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(20_261_122);
+    ProptestConfig { rng_seed: proptest::test_runner::RngSeed::Fixed(seed), ..ProptestConfig::with_cases(24) }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(proptest_config())]
     #[test]
     fn random_shapes_match_the_reference(
         t in 1usize..80,
