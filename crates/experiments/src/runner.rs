@@ -78,20 +78,7 @@ fn generated_data(out: &Path) -> Result<PathBuf> {
         return Ok(dir);
     }
     let text = out.join("text");
-    std::fs::create_dir_all(&text).with_context(|| format!("creating {}", text.display()))?;
-    let words =
-        ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "its", "home", "with", "big", "red", "ball"];
-    let mut state = 2024u64;
-    for f in 0..12 {
-        let mut s = String::new();
-        for _ in 0..3000 {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            s.push_str(words[(state >> 59) as usize % words.len()]);
-            s.push(if (state >> 40).is_multiple_of(9) { '.' } else { ' ' });
-        }
-        std::fs::write(text.join(format!("doc{f:02}.txt")), s)
-            .with_context(|| format!("writing {}", text.display()))?;
-    }
+    corpus::write_generated_text(&text, 12, 3000, 2024)?;
     let corpus = corpus::input_documents(&[text])?;
     let opts = BuildOptions { tokenizer: TokenizerChoice::Bpe { vocab_size: 320 }, ..BuildOptions::new(&dir) };
     corpus::build(corpus, &opts)?;
@@ -173,31 +160,7 @@ fn run_one(scale: &Scale, cfg: &TrainConfig, needs: &[EvalKey], val: &[u16], com
         }
         let mut data = ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, 0, 1)?;
         let start = Instant::now();
-        let opts = RunOptions { resume, progress: false, val_tokens: Vec::new(), command: command.into() };
-        let run = match train::train(cfg, &mut data, &Single, &opts) {
-            Ok(run) => run,
-            Err(e) => {
-                // A variant that diverges is a result too (the report says so); the others go on.
-                say(&format!("{}: training failed: {e:#}", cfg.model.attention));
-                let failed = RunResult {
-                    format: RESULT_FORMAT.into(),
-                    format_version: RESULT_VERSION,
-                    scale: scale.name.into(),
-                    variant: cfg.model.attention.clone(),
-                    config: cfg.to_toml(),
-                    git_revision: trainer::git_revision(),
-                    command: command.into(),
-                    train_wall_s: start.elapsed().as_secs_f64(),
-                    tokens_per_s: 0.0,
-                    final_train_loss: f64::NAN,
-                    evals: Vec::new(),
-                    error: Some(format!("{e:#}")),
-                };
-                write_json(&result_path, &failed)?;
-                return Ok(failed);
-            }
-        };
-        result = Some(RunResult {
+        let fresh = |final_train_loss: f64, tokens_per_s: f64| RunResult {
             format: RESULT_FORMAT.into(),
             format_version: RESULT_VERSION,
             scale: scale.name.into(),
@@ -206,11 +169,23 @@ fn run_one(scale: &Scale, cfg: &TrainConfig, needs: &[EvalKey], val: &[u16], com
             git_revision: trainer::git_revision(),
             command: command.into(),
             train_wall_s: start.elapsed().as_secs_f64(),
-            tokens_per_s: run.tokens_per_s,
-            final_train_loss: run.steps.last().map_or(f64::NAN, |s| s.loss),
+            tokens_per_s,
+            final_train_loss,
             evals: Vec::new(),
             error: None,
-        });
+        };
+        let opts = RunOptions { resume, progress: false, val_tokens: Vec::new(), command: command.into() };
+        let run = match train::train(cfg, &mut data, &Single, &opts) {
+            Ok(run) => run,
+            Err(e) => {
+                // A variant that diverges is a result too (the report says so); the others go on.
+                say(&format!("{}: training failed: {e:#}", cfg.model.attention));
+                let failed = RunResult { error: Some(format!("{e:#}")), ..fresh(f64::NAN, 0.0) };
+                write_json(&result_path, &failed)?;
+                return Ok(failed);
+            }
+        };
+        result = Some(fresh(run.steps.last().map_or(f64::NAN, |s| s.loss), run.tokens_per_s));
         write_json(&result_path, result.as_ref().expect("set above"))?;
     }
     let mut result = result.expect("loaded or trained");

@@ -23,19 +23,7 @@ fn scratch(name: &str) -> PathBuf {
 /// Generated English-like text files (deterministic), tokenized by `lssa-data` with a 320-token BPE.
 fn build_data(root: &Path) -> PathBuf {
     let text_dir = root.join("text");
-    std::fs::create_dir_all(&text_dir).unwrap();
-    let words =
-        ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "its", "home", "with", "big", "red", "ball"];
-    let mut state = 12345u64;
-    for f in 0..12 {
-        let mut s = String::new();
-        for _ in 0..3000 {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            s.push_str(words[(state >> 59) as usize % words.len()]);
-            s.push(if (state >> 40).is_multiple_of(9) { '.' } else { ' ' });
-        }
-        std::fs::write(text_dir.join(format!("doc{f:02}.txt")), s).unwrap();
-    }
+    trainer::data::corpus::write_generated_text(&text_dir, 12, 3000, 12345).unwrap();
     let out = root.join("shards");
     let st = Command::new(LSSA_DATA)
         .args(["--input", text_dir.to_str().unwrap(), "--out", out.to_str().unwrap(), "--vocab-size", "320", "--quiet"])
