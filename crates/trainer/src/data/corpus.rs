@@ -698,6 +698,27 @@ pub fn build(corpus: Corpus, opts: &BuildOptions) -> Result<BuildReport> {
     Ok(BuildReport { manifest, tokenizer_seconds, encode_seconds: t1.elapsed().as_secs_f64() })
 }
 
+/// Writes `files` text files of generated English-like sentences (`doc00.txt`, ...; `words` words each,
+/// deterministic in `seed`) to `dir`: a small corpus for tests and the reproduction's smoke scale that
+/// needs no download. Feed it to [`input_documents`] and [`build`].
+pub fn write_generated_text(dir: &Path, files: usize, words: usize, seed: u64) -> Result<()> {
+    const WORDS: [&str; 16] =
+        ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "its", "home", "with", "big", "red", "ball"];
+    std::fs::create_dir_all(dir).map_err(DataError::io(dir))?;
+    let mut state = seed;
+    for f in 0..files {
+        let mut s = String::with_capacity(words * 5);
+        for _ in 0..words {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s.push_str(WORDS[(state >> 59) as usize % WORDS.len()]);
+            s.push(if (state >> 40).is_multiple_of(9) { '.' } else { ' ' });
+        }
+        let path = dir.join(format!("doc{f:02}.txt"));
+        std::fs::write(&path, s).map_err(DataError::io(&path))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -887,25 +908,4 @@ mod tests {
         assert!(err.to_string().contains("refusing to replace"), "{err}");
         assert!(foreign.join("fineweb_val_000000.bin").exists());
     }
-}
-
-/// Writes `files` text files of generated English-like sentences (`doc00.txt`, ...; `words` words each,
-/// deterministic in `seed`) to `dir`: a small corpus for tests and the reproduction's smoke scale that
-/// needs no download. Feed it to [`input_documents`] and [`build`].
-pub fn write_generated_text(dir: &Path, files: usize, words: usize, seed: u64) -> Result<()> {
-    const WORDS: [&str; 16] =
-        ["the", "cat", "sat", "on", "a", "mat", "and", "dog", "ran", "to", "its", "home", "with", "big", "red", "ball"];
-    std::fs::create_dir_all(dir).map_err(DataError::io(dir))?;
-    let mut state = seed;
-    for f in 0..files {
-        let mut s = String::with_capacity(words * 5);
-        for _ in 0..words {
-            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            s.push_str(WORDS[(state >> 59) as usize % WORDS.len()]);
-            s.push(if (state >> 40).is_multiple_of(9) { '.' } else { ' ' });
-        }
-        let path = dir.join(format!("doc{f:02}.txt"));
-        std::fs::write(&path, s).map_err(DataError::io(&path))?;
-    }
-    Ok(())
 }
