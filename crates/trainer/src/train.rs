@@ -188,12 +188,20 @@ pub fn train(
     }
     if rank == 0 {
         std::fs::create_dir_all(&cfg.out_dir).with_context(|| format!("creating {}", cfg.out_dir.display()))?;
-        write_atomic(&cfg.out_dir.join("config.toml"), cfg.to_toml().as_bytes())?;
+        let toml = cfg.to_toml();
+        crate::data::shard::write_atomic(&cfg.out_dir.join("config.toml"), |w| w.write_all(toml.as_bytes()))?;
     }
 
-    tch::manual_seed(cfg.seed as i64);
-    let mut vs = VarStore::new(device);
-    let model = Gpt::new(&vs.root(), &cfg.model)?;
+    // libtorch's RNG is process-wide: seeding and initialising under one lock keeps the initial weights
+    // a function of the seed even when several trainings share a process (tests, experiment drivers).
+    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let (mut vs, model) = {
+        let _init = INIT.lock().unwrap_or_else(|e| e.into_inner());
+        tch::manual_seed(cfg.seed as i64);
+        let vs = VarStore::new(device);
+        let model = Gpt::new(&vs.root(), &cfg.model)?;
+        (vs, model)
+    };
     let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     let mut opt = AdamW::new(params, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay);
     let mut step = 0usize;
@@ -307,16 +315,6 @@ pub fn train(
     }
     let wall_s = start.elapsed().as_secs_f64();
     Ok(RunSummary { steps, checkpoint: last_ckpt, wall_s, tokens_per_s: tokens_seen as f64 / wall_s })
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    {
-        let mut f = std::fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
-        f.write_all(bytes).with_context(|| format!("writing {}", tmp.display()))?;
-        f.sync_all().with_context(|| format!("syncing {}", tmp.display()))?;
-    }
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
 }
 
 /// Writes the training state of `step` and deletes checkpoints beyond the newest `keep_last`.
