@@ -66,9 +66,8 @@ pub fn run_dir_name(variant: &str) -> String {
 }
 
 fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
-    let tmp = path.with_extension("json.tmp");
-    std::fs::write(&tmp, serde_json::to_string_pretty(value)?).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("renaming {}", tmp.display()))
+    let write = |w: &mut dyn std::io::Write| serde_json::to_writer_pretty(w, value).map_err(std::io::Error::other);
+    Ok(trainer::data::shard::write_atomic(path, write)?)
 }
 
 /// Generated English-like text, tokenized by the real pipeline into `<out>/data` (the smoke scale).

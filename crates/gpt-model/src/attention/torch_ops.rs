@@ -121,17 +121,7 @@ pub fn reweight(a: &Tensor, p: u32) -> Tensor {
     assert!(p >= 1, "re-weighting power p must be a positive integer, got {p}");
     let size = a.size();
     assert!(size.len() == 4 && size[2] == size[3], "a must be (B, H, T, T), got shape {size:?}");
-    let (t, kind, device) = (size[2], a.kind(), a.device());
-    let n = row_index(t, kind, device); // (T, 1): N_i = i, the unmasked count of row i
-    let off = n.gt(OFFSET_FREE_ROWS as f64).to_kind(kind); // (T, 1): 0 for i <= 3, else 1
-    let relu_u = (a * &n - off).relu(); // (B, H, T, T)
-    let m = relu_u.amax([-1i64], true).detach(); // (B, H, T, 1)
-    let sharpened = m.gt(0.0); // (B, H, T, 1) bool: false for rows that fall back to `a`
-    let ones = m.ones_like();
-    let r = (relu_u / m.where_self(&sharpened, &ones)).pow_tensor_scalar(p as i64); // (B, H, T, T), in [0, 1]
-    let w_sum = r.sum_dim_intlist(&[-1i64][..], true, kind); // (B, H, T, 1), >= 1 where sharpened
-    let w = r / w_sum.where_self(&sharpened, &ones); // (B, H, T, T)
-    w.where_self(&sharpened, a) // (B, H, T, T)
+    reweight_rows(a, p, &row_index(size[2], a.kind(), a.device()))
 }
 
 /// LSSA attention (SPEC 2.1), optionally followed by re-weighting with power `p` (LSSAR, SPEC 3).
