@@ -279,12 +279,16 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    /// A scratch directory unique to this test.
-    fn scratch(name: &str) -> PathBuf {
+    /// A scratch directory unique to this test, and the lock that runs these tests one at a time: they
+    /// write fake executables and run them, and a `fork` in a parallel test while a script is still
+    /// open for writing makes its `exec` fail with ETXTBSY ("Text file busy"), seen as "no Python".
+    fn scratch(name: &str) -> (PathBuf, std::sync::MutexGuard<'static, ()>) {
+        static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let guard = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let d = std::env::temp_dir().join(format!("xtask-setup-{}-{name}", std::process::id()));
         let _ = fs::remove_dir_all(&d);
         fs::create_dir_all(&d).unwrap();
-        d
+        (d, guard)
     }
 
     fn write_exe(path: &Path, body: &str) {
@@ -327,7 +331,7 @@ mod tests {
 
     #[test]
     fn installs_once_then_reuses_the_cache() {
-        let dir = scratch("reuse");
+        let (dir, _serial) = scratch("reuse");
         let opts = options(&dir, fake_python(&dir, &fake_torch("2.11.0+cu130")));
         let torch = ensure(&opts).unwrap();
         let venv = dir.join("cache/torch-2.11.0-py3.11");
@@ -341,7 +345,7 @@ mod tests {
 
     #[test]
     fn an_older_venv_gets_the_nccl_headers_once_and_a_failure_is_only_a_warning() {
-        let dir = scratch("headers");
+        let (dir, _serial) = scratch("headers");
         let opts = options(&dir, fake_python(&dir, &fake_torch("2.11.0+cu130")));
         ensure(&opts).unwrap();
         let venv = dir.join("cache/torch-2.11.0-py3.11");
@@ -372,7 +376,7 @@ mod tests {
 
     #[test]
     fn no_python_is_one_clear_error() {
-        let dir = scratch("nopython");
+        let (dir, _serial) = scratch("nopython");
         let err = ensure(&options(&dir, dir.join("does-not-exist/python3"))).unwrap_err().to_string();
         assert!(err.contains("no Python found") && err.contains("LSSA_PYTHON"), "{err}");
         assert!(!dir.join("cache").exists() && !dir.join("ws/.torch").exists());
@@ -381,7 +385,7 @@ mod tests {
 
     #[test]
     fn pip_failure_leaves_nothing_half_installed() {
-        let dir = scratch("pipfail");
+        let (dir, _serial) = scratch("pipfail");
         let opts = options(&dir, fake_python(&dir, "echo 'ERROR: No matching distribution' >&2; exit 1"));
         let err = format!("{:#}", ensure(&opts).unwrap_err());
         assert!(err.contains("pip install torch==2.11.0") && err.contains("nothing was left installed"), "{err}");
@@ -392,7 +396,7 @@ mod tests {
 
     #[test]
     fn wrong_version_from_pip_is_refused_and_removed() {
-        let dir = scratch("pipwrong");
+        let (dir, _serial) = scratch("pipwrong");
         let opts = options(&dir, fake_python(&dir, &fake_torch("2.10.0")));
         let err = format!("{:#}", ensure(&opts).unwrap_err());
         assert!(err.contains("version 2.10.0") && err.contains("2.11.0"), "{err}");
@@ -402,7 +406,7 @@ mod tests {
 
     #[test]
     fn wrong_version_already_in_cache_says_what_to_do() {
-        let dir = scratch("cachewrong");
+        let (dir, _serial) = scratch("cachewrong");
         let opts = options(&dir, fake_python(&dir, &fake_torch("2.11.0")));
         ensure(&opts).unwrap();
         let version_py = dir.join("cache/torch-2.11.0-py3.11/lib/python3.11/site-packages/torch/version.py");
@@ -417,7 +421,7 @@ mod tests {
 
     #[test]
     fn interrupted_install_is_redone() {
-        let dir = scratch("interrupted");
+        let (dir, _serial) = scratch("interrupted");
         let opts = options(&dir, fake_python(&dir, &fake_torch("2.11.0")));
         // A venv directory without its stamp, as a killed install leaves it.
         fs::create_dir_all(dir.join("cache/torch-2.11.0-py3.11/lib/junk")).unwrap();
@@ -429,7 +433,7 @@ mod tests {
 
     #[test]
     fn user_libtorch_is_verified_not_modified() {
-        let dir = scratch("user");
+        let (dir, _serial) = scratch("user");
         let user = dir.join("libtorch");
         fs::create_dir_all(user.join("lib")).unwrap();
         fs::write(user.join("build-version"), "2.4.0+cpu\n").unwrap();
