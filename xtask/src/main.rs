@@ -95,12 +95,20 @@ fn test(workspace: &Path, extra: &[String]) -> Result<()> {
 
 fn reproduce(workspace: &Path, extra: &[String]) -> Result<()> {
     setup::ensure(&setup::Options::from_env(workspace, false)?)?;
-    // The small and gpu scales train on the default corpus: build it first if it is not there.
+    // The small and gpu scales train on the default corpus: build it first if it is not there. The
+    // small scale's tokenizer is a 2K BPE in data/bpe2k (experiments::scale::SMALL_DATA_COMMAND).
     let scale =
         extra.iter().position(|a| a == "--scale").and_then(|i| extra.get(i + 1)).map_or("small", String::as_str);
-    if matches!(scale, "small" | "gpu") && !workspace.join("data/default/manifest.json").exists() {
-        eprintln!("xtask reproduce: no data/default yet: running `cargo xtask data` first");
-        data(workspace, &[])?;
+    let shards: Option<(&str, &[&str])> = match scale {
+        "small" => Some(("data/bpe2k", &["--vocab-size", "2048", "--out", "data/bpe2k"])),
+        "gpu" => Some(("data/default", &[])),
+        _ => None,
+    };
+    if let Some((dir, args)) = shards
+        && !workspace.join(dir).join("manifest.json").exists()
+    {
+        eprintln!("xtask reproduce: no {dir} yet: running `cargo xtask data {}` first", args.join(" "));
+        data(workspace, &args.iter().map(|a| a.to_string()).collect::<Vec<_>>())?;
     }
     let mut cmd = cargo(workspace);
     cmd.args(["run", "--release", "--quiet", "--package", "experiments", "--bin", "reproduce", "--"]).args(extra);

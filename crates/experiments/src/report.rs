@@ -442,6 +442,7 @@ mod tests {
             git_revision: String::new(),
             command: String::new(),
             train_wall_s: 0.0,
+            eval_wall_s: 0.0,
             tokens_per_s: 0.0,
             final_train_loss: 0.0,
             error: None,

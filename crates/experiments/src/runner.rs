@@ -42,6 +42,9 @@ pub struct RunResult {
     pub command: String,
     /// Training wall time in seconds.
     pub train_wall_s: f64,
+    /// Evaluation wall time in seconds (all evaluations so far).
+    #[serde(default)]
+    pub eval_wall_s: f64,
     /// Mean training tokens per second.
     pub tokens_per_s: f64,
     /// Training loss of the last step.
@@ -89,20 +92,28 @@ fn say(line: &str) {
     eprintln!("reproduce: {line}");
 }
 
-/// Runs (or continues) everything `plan` asks for at `scale` under `out`; returns every run's result.
+/// Runs (or continues) everything `plan` asks for at `scale` under `out`, `jobs` runs at a time (they
+/// share libtorch's thread pool); returns every run's result.
 pub fn run_all(
     scale: &Scale,
     plan: &BTreeMap<String, Vec<EvalKey>>,
     out: &Path,
     command: &str,
+    jobs: usize,
 ) -> Result<BTreeMap<String, RunResult>> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let data_dir = match &scale.data {
         Data::Generated => generated_data(out)?,
         Data::Shards(d) => d.clone(),
     };
-    let sd = trainer::data::shard::ShardDir::open(&data_dir)
-        .with_context(|| format!("{}: no training data (run `cargo xtask data` first)", data_dir.display()))?;
+    let sd = trainer::data::shard::ShardDir::open(&data_dir).with_context(|| {
+        let build = if data_dir == Path::new(crate::scale::SMALL_DATA) {
+            crate::scale::SMALL_DATA_COMMAND
+        } else {
+            "cargo xtask data"
+        };
+        format!("{}: no training data (run `{build}` first)", data_dir.display())
+    })?;
     let mut base = scale.train.clone();
     base.data_dir = data_dir.clone();
     base.model.vocab_size = base.model.vocab_size.max(sd.vocab_size());
@@ -116,28 +127,63 @@ pub fn run_all(
         total_steps as f64 * scale.est_step_s / 60.0
     ));
     let started = Instant::now();
-    let mut results = BTreeMap::new();
-    for (i, (variant, needs)) in plan.iter().enumerate() {
-        let dir = out.join(run_dir_name(variant));
-        let cfg = TrainConfig {
-            model: gpt_model::ModelConfig { attention: variant.clone(), ..base.model.clone() },
-            out_dir: dir.clone(),
-            ..base.clone()
-        };
-        let r = run_one(scale, &cfg, needs, &val, command).with_context(|| format!("run `{variant}`"))?;
-        let done = i + 1;
-        let elapsed = started.elapsed().as_secs_f64();
-        say(&format!(
-            "[{done}/{}] {variant}: train loss {:.3}, val 1x {:.3} ({:.0} s so far, ~{:.0} min left)",
-            plan.len(),
-            r.final_train_loss,
-            r.loss(&EvalKey { ntk: true, posthoc: None, multiple: 1 }).unwrap_or(f64::NAN),
-            elapsed,
-            elapsed / done as f64 * (plan.len() - done) as f64 / 60.0
-        ));
-        results.insert(variant.clone(), r);
+    let jobs = jobs.clamp(1, plan.len().max(1));
+    if jobs > 1 {
+        say(&format!("{jobs} runs at a time"));
     }
-    Ok(results)
+    let queue = std::sync::Mutex::new(plan.iter());
+    let results = std::sync::Mutex::new(BTreeMap::new());
+    let done = std::sync::atomic::AtomicUsize::new(0);
+    let failures = std::sync::Mutex::new(Vec::new());
+    let worker = || {
+        loop {
+            let Some((variant, needs)) = queue.lock().expect("queue").next() else { return };
+            let dir = out.join(run_dir_name(variant));
+            let cfg = TrainConfig {
+                model: gpt_model::ModelConfig { attention: variant.clone(), ..base.model.clone() },
+                out_dir: dir.clone(),
+                ..base.clone()
+            };
+            match run_one(scale, &cfg, needs, &val, command).with_context(|| format!("run `{variant}`")) {
+                Ok(r) => {
+                    let done = done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
+                    let elapsed = started.elapsed().as_secs_f64();
+                    say(&format!(
+                        "[{done}/{}] {variant}: train loss {:.3}, val 1x {:.3} ({:.0} s so far, ~{:.0} min left)",
+                        plan.len(),
+                        r.final_train_loss,
+                        r.loss(&EvalKey { ntk: true, posthoc: None, multiple: 1 }).unwrap_or(f64::NAN),
+                        elapsed,
+                        elapsed / done as f64 * (plan.len() - done) as f64 / 60.0
+                    ));
+                    results.lock().expect("results").insert(variant.clone(), r);
+                }
+                Err(e) => {
+                    // Stop taking new runs; the ones in flight finish (their results are kept).
+                    say(&format!("{e:#}"));
+                    failures.lock().expect("failures").push(e);
+                    while queue.lock().expect("queue").next().is_some() {}
+                    return;
+                }
+            }
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 0..jobs {
+            s.spawn(worker);
+        }
+    });
+    if let Some(e) = failures.into_inner().expect("failures").into_iter().next() {
+        return Err(e);
+    }
+    Ok(results.into_inner().expect("results"))
+}
+
+/// How many runs to train at once when `--jobs` is not given: one on a GPU or on fewer than 8 cores
+/// (each run's matrix products already use every core), else one per 4 cores, at most 4.
+pub fn default_jobs(cuda: bool) -> usize {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cuda || cores < 8 { 1 } else { (cores / 4).min(4) }
 }
 
 fn run_one(scale: &Scale, cfg: &TrainConfig, needs: &[EvalKey], val: &[u16], command: &str) -> Result<RunResult> {
@@ -152,6 +198,17 @@ fn run_one(scale: &Scale, cfg: &TrainConfig, needs: &[EvalKey], val: &[u16], com
         Err(_) => None,
     };
     if result.is_none() {
+        // Checkpoints of another config (the scale was edited since) are not continued: start over.
+        let saved = std::fs::read_to_string(cfg.out_dir.join("config.toml")).ok();
+        if saved.is_some_and(|s| s != cfg.to_toml()) {
+            say(&format!(
+                "{}: its config changed since the last attempt: training from scratch",
+                cfg.out_dir.display()
+            ));
+            for ckpt in train::list_checkpoints(&cfg.out_dir)? {
+                std::fs::remove_file(&ckpt).with_context(|| format!("removing {}", ckpt.display()))?;
+            }
+        }
         // Train, continuing from the newest checkpoint if an earlier attempt was interrupted.
         let resume = train::list_checkpoints(&cfg.out_dir)?.pop();
         if resume.is_none() {
@@ -168,6 +225,7 @@ fn run_one(scale: &Scale, cfg: &TrainConfig, needs: &[EvalKey], val: &[u16], com
             git_revision: trainer::git_revision(),
             command: command.into(),
             train_wall_s: start.elapsed().as_secs_f64(),
+            eval_wall_s: 0.0,
             tokens_per_s,
             final_train_loss,
             evals: Vec::new(),
@@ -207,6 +265,7 @@ fn run_one(scale: &Scale, cfg: &TrainConfig, needs: &[EvalKey], val: &[u16], com
     }
     let longest = needs.iter().map(|k| k.multiple).max().unwrap_or(1);
     for ((ntk, posthoc), multiples) in groups {
+        let started = Instant::now();
         let key0 = EvalKey { ntk, posthoc, multiple: 1 };
         let losses = eval::multi_length_on_span(
             &model,
@@ -222,6 +281,7 @@ fn run_one(scale: &Scale, cfg: &TrainConfig, needs: &[EvalKey], val: &[u16], com
             result.evals.push((EvalKey { ntk, posthoc, multiple: l.multiple }, l));
         }
         result.evals.sort_by_key(|a| a.0);
+        result.eval_wall_s += started.elapsed().as_secs_f64();
         write_json(&result_path, &result)?;
     }
     Ok(result)

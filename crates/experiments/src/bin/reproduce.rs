@@ -39,6 +39,9 @@ struct Cli {
     /// Only these trained variants (comma-separated attn-core names).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Runs trained at once [default: 1 on a GPU or under 8 cores, else one per 4 cores, at most 4].
+    #[arg(long)]
+    jobs: Option<usize>,
     /// Print the plan (runs and evaluations) and stop.
     #[arg(long)]
     plan: bool,
@@ -90,7 +93,8 @@ fn run() -> Result<()> {
         shown.push_str(&format!(" --only {}", cli.only.join(",")));
     }
     let start = Instant::now();
-    let results = runner::run_all(&scale, &plan, &out, &command)?;
+    let jobs = cli.jobs.unwrap_or_else(|| runner::default_jobs(tch::Cuda::is_available()));
+    let results = runner::run_all(&scale, &plan, &out, &command, jobs)?;
     let (report_path, figures_dir, figures_rel) = match (&cli.report, scale.meaningful) {
         (Some(p), _) => {
             let dir = p.parent().map(|d| d.join("figures")).unwrap_or_else(|| PathBuf::from("figures"));
@@ -103,7 +107,12 @@ fn run() -> Result<()> {
         scale: &scale,
         command: &shown,
         git_revision: &trainer::git_revision(),
-        wall_s: results.values().map(|r| r.train_wall_s).sum::<f64>().max(start.elapsed().as_secs_f64()),
+        // Training plus evaluation of every run, including earlier invocations of an interrupted reproduction.
+        wall_s: results
+            .values()
+            .map(|r| r.train_wall_s + r.eval_wall_s)
+            .sum::<f64>()
+            .max(start.elapsed().as_secs_f64()),
         figures_rel: &figures_rel,
     };
     report::write(&experiments, &results, &ctx, &report_path, &figures_dir).context("writing the report")?;

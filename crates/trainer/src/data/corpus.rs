@@ -291,15 +291,21 @@ pub fn input_documents(paths: &[PathBuf]) -> Result<Corpus> {
         }
         Ok(())
     }
-    let mut files = Vec::new();
-    for p in paths {
-        walk(p, &mut files)?;
-    }
+    // A document is named by its path below the argument that reached it (a file argument by its
+    // file name), so the same texts in another directory give the same names, shuffle and shards.
     let mut documents = Vec::new();
-    for f in &files {
-        let text = clean_text(&read_text(f)?);
-        if !text.is_empty() {
-            documents.push(Document { source: "input".into(), name: f.display().to_string(), text });
+    for p in paths {
+        let mut files = Vec::new();
+        walk(p, &mut files)?;
+        for f in &files {
+            let name = match f.strip_prefix(p) {
+                Ok(rel) if !rel.as_os_str().is_empty() => rel.display().to_string(),
+                _ => f.file_name().map_or_else(|| f.display().to_string(), |n| n.to_string_lossy().into_owned()),
+            };
+            let text = clean_text(&read_text(f)?);
+            if !text.is_empty() {
+                documents.push(Document { source: "input".into(), name, text });
+            }
         }
     }
     let origin = paths.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(" ");
@@ -815,13 +821,21 @@ mod tests {
             std::fs::write(d.join(file), text).unwrap();
         }
         let corpus = input_documents(&[d.to_path_buf()]).unwrap();
-        let got: Vec<(String, String)> = corpus
-            .documents
-            .iter()
-            .map(|doc| (doc.name.strip_prefix(&*d.to_string_lossy()).unwrap().to_string(), doc.text.clone()))
-            .collect();
-        let want = [("/a.txt", "first\n"), ("/b.txt", "B\n"), ("/sub/a.md", "A\n")];
+        let got: Vec<(String, String)> =
+            corpus.documents.iter().map(|doc| (doc.name.clone(), doc.text.clone())).collect();
+        let want = [("a.txt", "first\n"), ("b.txt", "B\n"), ("sub/a.md", "A\n")];
         assert_eq!(got, want.map(|(n, t)| (n.to_string(), t.to_string())));
+        // Names do not depend on where the directory is, so neither do the shuffle and the shards.
+        let moved = tempfile::tempdir().unwrap();
+        let copy = moved.path().join("elsewhere");
+        std::fs::create_dir_all(copy.join("sub")).unwrap();
+        for file in ["a.txt", "b.txt", "sub/a.md", "empty.txt"] {
+            std::fs::copy(d.join(file), copy.join(file)).unwrap();
+        }
+        let again = input_documents(&[copy]).unwrap();
+        assert_eq!(again.documents.iter().map(|doc| &doc.name).collect::<Vec<_>>(), ["a.txt", "b.txt", "sub/a.md"]);
+        let single = input_documents(&[d.join("sub/a.md")]).unwrap();
+        assert_eq!(single.documents[0].name, "a.md");
         std::fs::write(d.join("bad.txt"), [0xff, 0xfe, 0x00]).unwrap();
         let err = input_documents(&[d.join("bad.txt")]).unwrap_err();
         assert!(err.to_string().contains("bad.txt: not UTF-8 text"), "{err}");
