@@ -154,7 +154,11 @@ pub fn write(
     let _ = writeln!(md, "| trained variant | final train loss | train time (s) | tokens/s | git revision | note |");
     let _ = writeln!(md, "|---|---:|---:|---:|---|---|");
     for (v, r) in results {
-        let note = r.error.as_deref().map_or(String::new(), |e| format!("training failed: {}", e.replace('|', "/")));
+        let note = match (&r.error, &r.note) {
+            (Some(e), _) => format!("training failed: {}", e.replace('|', "/")),
+            (None, Some(n)) => n.replace('|', "/"),
+            (None, None) => String::new(),
+        };
         let _ = writeln!(
             md,
             "| `{v}` | {:.3} | {:.0} | {:.0} | `{}` | {note} |",
@@ -443,6 +447,8 @@ mod tests {
             command: String::new(),
             train_wall_s: 0.0,
             eval_wall_s: 0.0,
+            lr: 1e-3,
+            note: None,
             tokens_per_s: 0.0,
             final_train_loss: 0.0,
             error: None,

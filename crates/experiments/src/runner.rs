@@ -47,8 +47,15 @@ pub struct RunResult {
     pub eval_wall_s: f64,
     /// Mean training tokens per second.
     pub tokens_per_s: f64,
-    /// Training loss of the last step.
+    /// Training loss of the last step (NaN, written `null`, when training failed).
+    #[serde(deserialize_with = "trainer::eval::null_as_nan")]
     pub final_train_loss: f64,
+    /// The learning rate it was trained at (the scale's, or lower after a divergence).
+    #[serde(default)]
+    pub lr: f64,
+    /// What happened on the way (e.g. a divergence and the retry at a lower learning rate).
+    #[serde(default)]
+    pub note: Option<String>,
     /// Every evaluation so far.
     pub evals: Vec<(EvalKey, LengthLoss)>,
     /// Why training failed (e.g. it diverged); the run then has no evaluations and is not retried.
@@ -100,6 +107,7 @@ pub fn run_all(
     out: &Path,
     command: &str,
     jobs: usize,
+    launch: &Launch,
 ) -> Result<BTreeMap<String, RunResult>> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let data_dir = match &scale.data {
@@ -117,6 +125,12 @@ pub fn run_all(
     let mut base = scale.train.clone();
     base.data_dir = data_dir.clone();
     base.model.vocab_size = base.model.vocab_size.max(sd.vocab_size());
+    let world = match launch {
+        Launch::InProcess => 1,
+        Launch::Ranks { nproc, .. } => *nproc,
+    };
+    // Fail before training anything if the global batch does not split over the ranks.
+    base.accumulation(world)?;
     let val = trainer::data::loader::validation_tokens(&data_dir, scale.val_tokens, Some(sd.tokenizer_id()))?;
     let total_steps = plan.len() * base.max_steps;
     say(&format!(
@@ -144,7 +158,7 @@ pub fn run_all(
                 out_dir: dir.clone(),
                 ..base.clone()
             };
-            match run_one(scale, &cfg, needs, &val, command).with_context(|| format!("run `{variant}`")) {
+            match run_one(scale, &cfg, needs, &val, command, launch).with_context(|| format!("run `{variant}`")) {
                 Ok(r) => {
                     let done = done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
                     let elapsed = started.elapsed().as_secs_f64();
@@ -186,7 +200,114 @@ pub fn default_jobs(cuda: bool) -> usize {
     if cuda || cores < 8 { 1 } else { (cores / 4).min(4) }
 }
 
-fn run_one(scale: &Scale, cfg: &TrainConfig, needs: &[EvalKey], val: &[u16], command: &str) -> Result<RunResult> {
+/// How many times a diverging run is retried, each time at half the learning rate.
+pub const MAX_LR_HALVINGS: u32 = 2;
+
+/// Where training runs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Launch {
+    /// In this process, on one CPU or one GPU.
+    InProcess,
+    /// In `nproc` child processes of this binary (`reproduce --train-rank CONFIG`), data-parallel
+    /// over libtorch's process groups (NCCL on GPUs, Gloo on CPUs), started by the trainer's own
+    /// launcher or by `torchrun`.
+    Ranks {
+        /// Processes on this machine.
+        nproc: usize,
+        /// Start them with `torchrun --standalone` (must be on PATH) instead of the built-in launcher.
+        torchrun: bool,
+    },
+}
+
+/// File written by rank 0 of a [`Launch::Ranks`] training: final loss and throughput.
+const RANK_SUMMARY_FILE: &str = "train-summary.json";
+
+/// Removes a run's checkpoints, metrics and divergence marker (a fresh start).
+fn clear_training(dir: &Path) -> Result<()> {
+    for ckpt in train::list_checkpoints(dir)? {
+        std::fs::remove_file(&ckpt).with_context(|| format!("removing {}", ckpt.display()))?;
+    }
+    for f in ["metrics.jsonl", train::DIVERGED_FILE, RANK_SUMMARY_FILE] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+    Ok(())
+}
+
+/// One training attempt of `cfg` (resuming from `resume`); returns the last step's loss and the
+/// mean tokens per second.
+fn train_attempt(cfg: &TrainConfig, resume: Option<PathBuf>, launch: &Launch, command: &str) -> Result<(f64, f64)> {
+    match launch {
+        Launch::InProcess => {
+            let mut data = ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, 0, 1)?;
+            let opts = RunOptions { resume, progress: false, val_tokens: Vec::new(), command: command.into() };
+            let run = train::train(cfg, &mut data, &Single, &opts)?;
+            Ok((run.steps.last().map_or(f64::NAN, |s| s.loss), run.tokens_per_s))
+        }
+        Launch::Ranks { nproc, torchrun } => {
+            std::fs::create_dir_all(&cfg.out_dir).with_context(|| format!("creating {}", cfg.out_dir.display()))?;
+            let config = cfg.out_dir.join("rank-config.toml");
+            trainer::data::shard::write_atomic(&config, |w| w.write_all(cfg.to_toml().as_bytes()))?;
+            let _ = std::fs::remove_file(cfg.out_dir.join(RANK_SUMMARY_FILE));
+            let exe = std::env::current_exe().context("locating the reproduce binary")?;
+            let mut args = vec!["--train-rank".to_string(), config.display().to_string()];
+            if let Some(r) = &resume {
+                args.extend(["--resume".to_string(), r.display().to_string()]);
+            }
+            let status = if *torchrun {
+                let mut cmd = std::process::Command::new("torchrun");
+                cmd.args(["--standalone", &format!("--nproc-per-node={nproc}"), "--no-python"]).arg(&exe).args(&args);
+                say(&format!("{}: {cmd:?}", cfg.model.attention));
+                cmd.status()
+                    .context("starting torchrun (is it on PATH? it comes with the torch venv of `cargo xtask setup`)")?
+            } else {
+                trainer::launch::spawn(*nproc, &exe, &args)?;
+                std::process::ExitStatus::default()
+            };
+            anyhow::ensure!(status.success(), "torchrun failed ({status})");
+            let summary: serde_json::Value = serde_json::from_str(
+                &std::fs::read_to_string(cfg.out_dir.join(RANK_SUMMARY_FILE))
+                    .context("rank 0 wrote no training summary")?,
+            )?;
+            let num = |k: &str| summary[k].as_f64().unwrap_or(f64::NAN);
+            Ok((num("final_train_loss"), num("tokens_per_s")))
+        }
+    }
+}
+
+/// The body of `reproduce --train-rank CONFIG`: one rank of a [`Launch::Ranks`] training, its
+/// process group from torchrun's variables.
+pub fn train_rank(config: &Path, resume: Option<PathBuf>) -> Result<()> {
+    let text = std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
+    let cfg = TrainConfig::from_toml_with_overrides(&text, &config.display().to_string(), &[])?;
+    let pg = trainer::dist::ProcessGroup::from_env()?;
+    let coll: &dyn trainer::train::Collective = match &pg {
+        Some(pg) => pg,
+        None => &Single,
+    };
+    let mut data =
+        ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, coll.rank(), coll.world_size())?;
+    let command = std::env::args().collect::<Vec<_>>().join(" ");
+    let opts = RunOptions { resume, progress: false, val_tokens: Vec::new(), command };
+    let run = train::train(&cfg, &mut data, coll, &opts)?;
+    if coll.rank() == 0 {
+        let summary = serde_json::json!({
+            "final_train_loss": run.steps.last().map_or(f64::NAN, |s| s.loss),
+            "tokens_per_s": run.tokens_per_s,
+            "world_size": coll.world_size(),
+        });
+        write_json(&cfg.out_dir.join(RANK_SUMMARY_FILE), &summary)?;
+    }
+    Ok(())
+}
+
+fn run_one(
+    scale: &Scale,
+    cfg: &TrainConfig,
+    needs: &[EvalKey],
+    val: &[u16],
+    command: &str,
+    launch: &Launch,
+) -> Result<RunResult> {
     let result_path = cfg.out_dir.join("result.json");
     let mut result: Option<RunResult> = match std::fs::read_to_string(&result_path) {
         Ok(text) => {
@@ -205,18 +326,10 @@ fn run_one(scale: &Scale, cfg: &TrainConfig, needs: &[EvalKey], val: &[u16], com
                 "{}: its config changed since the last attempt: training from scratch",
                 cfg.out_dir.display()
             ));
-            for ckpt in train::list_checkpoints(&cfg.out_dir)? {
-                std::fs::remove_file(&ckpt).with_context(|| format!("removing {}", ckpt.display()))?;
-            }
+            clear_training(&cfg.out_dir)?;
         }
-        // Train, continuing from the newest checkpoint if an earlier attempt was interrupted.
-        let resume = train::list_checkpoints(&cfg.out_dir)?.pop();
-        if resume.is_none() {
-            let _ = std::fs::remove_file(cfg.out_dir.join("metrics.jsonl"));
-        }
-        let mut data = ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, 0, 1)?;
         let start = Instant::now();
-        let fresh = |final_train_loss: f64, tokens_per_s: f64| RunResult {
+        let fresh = |lr: f64, final_train_loss: f64, tokens_per_s: f64, note: Option<String>| RunResult {
             format: RESULT_FORMAT.into(),
             format_version: RESULT_VERSION,
             scale: scale.name.into(),
@@ -228,22 +341,57 @@ fn run_one(scale: &Scale, cfg: &TrainConfig, needs: &[EvalKey], val: &[u16], com
             eval_wall_s: 0.0,
             tokens_per_s,
             final_train_loss,
+            lr,
+            note,
             evals: Vec::new(),
             error: None,
         };
-        let opts = RunOptions { resume, progress: false, val_tokens: Vec::new(), command: command.into() };
-        let run = match train::train(cfg, &mut data, &Single, &opts) {
-            Ok(run) => run,
-            Err(e) => {
-                // A variant that diverges is a result too (the report says so); the others go on.
-                say(&format!("{}: training failed: {e:#}", cfg.model.attention));
-                let failed = RunResult { error: Some(format!("{e:#}")), ..fresh(f64::NAN, 0.0) };
-                write_json(&result_path, &failed)?;
-                return Ok(failed);
+        // A run that diverges is retried from scratch at half, then a quarter of the learning rate;
+        // the result says so. A variant that diverges at all three is a result too (the report says
+        // so) and is not retried by later invocations.
+        let mut diverged: Vec<String> = Vec::new();
+        for attempt in 0..=MAX_LR_HALVINGS {
+            let lr = cfg.lr / f64::from(1u32 << attempt);
+            let attempt_cfg = TrainConfig { lr, ..cfg.clone() };
+            if attempt > 0 {
+                clear_training(&cfg.out_dir)?;
             }
-        };
-        result = Some(fresh(run.steps.last().map_or(f64::NAN, |s| s.loss), run.tokens_per_s));
-        write_json(&result_path, result.as_ref().expect("set above"))?;
+            // Continue from the newest checkpoint if an earlier attempt was interrupted.
+            let resume = train::list_checkpoints(&cfg.out_dir)?.pop();
+            if resume.is_none() {
+                let _ = std::fs::remove_file(cfg.out_dir.join("metrics.jsonl"));
+            }
+            match train_attempt(&attempt_cfg, resume, launch, command) {
+                Ok((loss, tokens_per_s)) => {
+                    let note = (!diverged.is_empty())
+                        .then(|| format!("diverged at {}; trained at lr {lr}", diverged.join(", ")));
+                    result = Some(fresh(lr, loss, tokens_per_s, note));
+                    break;
+                }
+                Err(e) => match std::fs::read_to_string(cfg.out_dir.join(train::DIVERGED_FILE)) {
+                    Ok(marker) => {
+                        let step = serde_json::from_str::<serde_json::Value>(&marker)
+                            .ok()
+                            .and_then(|m| m["step"].as_u64())
+                            .map_or_else(|| "?".to_string(), |s| s.to_string());
+                        say(&format!("{}: {e:#}", cfg.model.attention));
+                        diverged.push(format!("lr {lr} (step {step})"));
+                    }
+                    // Not a divergence (a crash, a full disk, a killed rank): stop; the next
+                    // invocation resumes from the last checkpoint.
+                    Err(_) => return Err(e),
+                },
+            }
+        }
+        let r = result.take().unwrap_or_else(|| RunResult {
+            error: Some(format!("training diverged at {}", diverged.join(", "))),
+            ..fresh(cfg.lr, f64::NAN, 0.0, None)
+        });
+        write_json(&result_path, &r)?;
+        if r.error.is_some() {
+            return Ok(r);
+        }
+        result = Some(r);
     }
     let mut result = result.expect("loaded or trained");
     if result.error.is_some() {

@@ -63,7 +63,8 @@ impl Scale {
                         ..ModelConfig::preset("tiny")?
                     },
                     batch_size: 4,
-                    tokens_per_step: 4 * 32,
+                    // Two micro-batches: one process accumulates, two ranks (`--nproc-per-node 2`) split them.
+                    tokens_per_step: 2 * 4 * 32,
                     max_steps: 6,
                     warmup_steps: 2,
                     lr: 3e-3,

@@ -7,13 +7,44 @@ use std::process::Command;
 const REPRODUCE: &str = env!("CARGO_BIN_EXE_reproduce");
 
 fn reproduce(out: &Path) -> std::process::Output {
+    reproduce_with(out, &[])
+}
+
+fn reproduce_with(out: &Path, extra: &[&str]) -> std::process::Output {
     let o = Command::new(REPRODUCE)
         .args(["--scale", "smoke", "--out", out.to_str().unwrap()])
+        .args(extra)
         .env("RUST_LOG", "warn")
         .output()
         .unwrap();
     assert!(o.status.success(), "reproduce failed: {}", String::from_utf8_lossy(&o.stderr));
     o
+}
+
+fn result(out: &Path, variant: &str) -> experiments::runner::RunResult {
+    let path = out.join(experiments::runner::run_dir_name(variant)).join("result.json");
+    serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+#[test]
+fn a_diverging_run_is_retried_at_lower_learning_rates_then_recorded() {
+    let out = std::env::temp_dir().join(format!("lssa-smoke-diverge-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    // Unnormalised exp attention at an absurd learning rate diverges at every rate tried.
+    reproduce_with(&out, &["--only", "exp-nonorm", "--set", "lr=400", "--set", "warmup_steps=0"]);
+    let r = result(&out, "exp-nonorm");
+    let err = r.error.as_deref().expect("recorded as failed");
+    for lr in ["lr 400 ", "lr 200 ", "lr 100 "] {
+        assert!(err.contains(lr), "no attempt at {lr}: {err}");
+    }
+    assert!(r.evals.is_empty() && r.final_train_loss.is_nan());
+    let report = std::fs::read_to_string(out.join("REPRODUCTION.md")).unwrap();
+    assert!(report.contains("training failed: training diverged at lr 400"), "the report names the divergence");
+    // A later invocation reads the failed result back (its NaN loss was written as null) and does not retrain it.
+    let before = std::fs::read_to_string(out.join("exp-nonorm").join("result.json")).unwrap();
+    reproduce_with(&out, &["--only", "exp-nonorm", "--set", "lr=400", "--set", "warmup_steps=0"]);
+    assert_eq!(std::fs::read_to_string(out.join("exp-nonorm").join("result.json")).unwrap(), before);
+    std::fs::remove_dir_all(&out).unwrap();
 }
 
 #[test]
@@ -36,14 +67,30 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
     let plan = experiments::spec::plan(&experiments::spec::all().unwrap());
     assert_eq!(plan.len(), 26);
     for (variant, needs) in &plan {
-        let path = out.join(experiments::runner::run_dir_name(variant)).join("result.json");
-        let r: experiments::runner::RunResult = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        let r = result(&out, variant);
         assert_eq!(&r.variant, variant);
         for k in needs {
             let l = r.loss(k).unwrap_or_else(|| panic!("{variant}: no evaluation {k:?}"));
             assert!(l.is_finite() && l > 0.0, "{variant} {k:?}: loss {l}");
         }
     }
+    // The same run trained by two Gloo ranks (each half of the global batch, through the launcher)
+    // lands on the same losses as the single process that accumulated both halves.
+    let ranks = out.with_extension("ranks");
+    reproduce_with(&ranks, &["--only", "lssa", "--nproc-per-node", "2"]);
+    let one = result(&out, "lssa");
+    let two = result(&ranks, "lssa");
+    assert!(
+        (one.final_train_loss - two.final_train_loss).abs() < 1e-4,
+        "{} vs {}",
+        one.final_train_loss,
+        two.final_train_loss
+    );
+    for (k, l) in &two.evals {
+        let single = one.loss(k).unwrap();
+        assert!((single - l.loss).abs() < 1e-4, "{k:?}: one process {single}, two ranks {}", l.loss);
+    }
+    std::fs::remove_dir_all(&ranks).unwrap();
     // The same command again trains nothing: checkpoints and results are untouched.
     let ckpt = std::fs::read_dir(out.join("lssa_rw15"))
         .unwrap()

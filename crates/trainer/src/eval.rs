@@ -17,6 +17,12 @@ pub enum Rope {
     Ntk,
 }
 
+/// Reads a JSON number, or `null` as NaN: serde_json writes NaN and infinities as `null`, so a
+/// diverged loss must survive a round trip through a results file.
+pub fn null_as_nan<'de, D: serde::Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+    Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
+}
+
 /// One evaluated length.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct LengthLoss {
@@ -28,7 +34,8 @@ pub struct LengthLoss {
     pub rope: Rope,
     /// Post-hoc re-weighting power, if any.
     pub reweight: Option<u32>,
-    /// Mean cross-entropy in nats per token.
+    /// Mean cross-entropy in nats per token (JSON writes a non-finite loss as `null`, read back as NaN).
+    #[serde(deserialize_with = "null_as_nan")]
     pub loss: f64,
     /// Tokens scored.
     pub tokens: usize,

@@ -26,6 +26,28 @@ use crate::optim::{self, AdamW};
 /// Format tag of the metadata of training checkpoints.
 pub const CKPT_KIND: &str = "lssa-train-state";
 
+/// Written to `out_dir` by rank 0 when training diverges (`{"step": N, "loss": "NaN"}`), removed when
+/// a training starts, so a parent process can tell a divergence from a crash.
+pub const DIVERGED_FILE: &str = "diverged.json";
+
+/// The training loss became NaN or infinite (the error [`train`] returns; callers may retry at a
+/// lower learning rate, as the experiment runner does).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Diverged {
+    /// The step whose loss was not finite.
+    pub step: usize,
+    /// That loss.
+    pub loss: f64,
+}
+
+impl std::fmt::Display for Diverged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "training loss is {} at step {}: diverged (try a lower lr)", self.loss, self.step)
+    }
+}
+
+impl std::error::Error for Diverged {}
+
 /// A stream of training batches with a resumable position.
 pub trait BatchSource {
     /// The next `(x, y)` micro-batch of `batch x seq_len` token ids each (`y` is `x` shifted by one).
@@ -190,6 +212,12 @@ pub fn train(
         std::fs::create_dir_all(&cfg.out_dir).with_context(|| format!("creating {}", cfg.out_dir.display()))?;
         let toml = cfg.to_toml();
         crate::data::shard::write_atomic(&cfg.out_dir.join("config.toml"), |w| w.write_all(toml.as_bytes()))?;
+        match std::fs::remove_file(cfg.out_dir.join(DIVERGED_FILE)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(e).with_context(|| format!("removing {}", cfg.out_dir.join(DIVERGED_FILE).display()));
+            }
+            _ => {}
+        }
     }
 
     // libtorch's RNG is process-wide: seeding and initialising under one lock keeps the initial weights
@@ -260,7 +288,15 @@ pub fn train(
         opt.step(lr);
         step += 1;
         let loss = coll.all_reduce_sum_f64(loss_sum / accum as f64)? / world as f64;
-        ensure!(loss.is_finite(), "training loss is {loss} at step {step}: diverged (try a lower lr)");
+        if !loss.is_finite() {
+            let diverged = Diverged { step, loss };
+            if rank == 0 {
+                // A marker for whoever launched this run in another process (the experiment runner).
+                let marker = serde_json::json!({ "step": step, "loss": loss.to_string() }).to_string();
+                crate::data::shard::write_atomic(&cfg.out_dir.join(DIVERGED_FILE), |w| w.write_all(marker.as_bytes()))?;
+            }
+            return Err(diverged.into());
+        }
         let dt = t0.elapsed().as_secs_f64();
         let tokens = cfg.tokens_per_step;
         tokens_seen += tokens;

@@ -76,6 +76,23 @@ fn loss_falls_and_checkpoints_are_pruned() {
 }
 
 #[test]
+fn divergence_is_a_typed_error_with_a_marker_file() {
+    // Unnormalised exp attention with an absurd learning rate overflows within a few steps.
+    let cfg = TrainConfig { lr: 50.0, warmup_steps: 0, eval_every: 0, ..tiny_cfg("diverges", "exp-nonorm", 30) };
+    let err = train::train(&cfg, &mut source(&cfg), &Single, &RunOptions::default()).unwrap_err();
+    let d = err.downcast_ref::<train::Diverged>().unwrap_or_else(|| panic!("not a divergence: {err:#}"));
+    assert!(!d.loss.is_finite() && d.step >= 1 && d.step < 30, "{d:?}");
+    let marker: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cfg.out_dir.join(train::DIVERGED_FILE)).unwrap()).unwrap();
+    assert_eq!(marker["step"], d.step);
+    // A training that starts in the same directory removes the stale marker.
+    let ok = TrainConfig { lr: 1e-3, max_steps: 2, ..cfg.clone() };
+    train::train(&ok, &mut source(&ok), &Single, &RunOptions::default()).unwrap();
+    assert!(!ok.out_dir.join(train::DIVERGED_FILE).exists());
+    std::fs::remove_dir_all(&ok.out_dir).unwrap();
+}
+
+#[test]
 fn resume_continues_exactly() {
     // 2N steps straight vs N, then a resume for N more: identical losses.
     let straight_cfg = tiny_cfg("straight", "lssa", 20);

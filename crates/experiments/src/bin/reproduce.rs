@@ -14,8 +14,9 @@
 //! after a crash continues. The report goes to `docs/REPRODUCTION.md` (figures in `docs/figures/`) for
 //! the meaningful scales and to `runs/<scale>/REPRODUCTION.md` for `smoke`.
 //!
-//! The `paper` scale needs FineWeb-10B shards in `data/fineweb10B` and 8 GPUs; it is planned here and
-//! trained with torchrun (see the README), not in this process.
+//! The `paper` scale needs FineWeb-10B shards in `data/fineweb10B` and GPUs (8 in the paper): each run
+//! is trained data-parallel over every GPU of the machine (`--nproc-per-node`, `--torchrun`), then
+//! evaluated on the first.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -42,6 +43,23 @@ struct Cli {
     /// Runs trained at once [default: 1 on a GPU or under 8 cores, else one per 4 cores, at most 4].
     #[arg(long)]
     jobs: Option<usize>,
+    /// `key=value` overrides of the scale's training config (TOML values; dotted keys reach into
+    /// [model]), e.g. `--set max_steps=3000`. Runs whose config changes are retrained.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
+    /// Train each run data-parallel in this many processes on this machine (NCCL on GPUs, Gloo on
+    /// CPUs) [default: the number of GPUs for the paper scale, else 1 (in this process)].
+    #[arg(long)]
+    nproc_per_node: Option<usize>,
+    /// Start those processes with `torchrun --standalone` instead of the built-in launcher.
+    #[arg(long)]
+    torchrun: bool,
+    /// Internal: run one rank of a data-parallel training from this resolved config and exit.
+    #[arg(long, hide = true, value_name = "CONFIG")]
+    train_rank: Option<PathBuf>,
+    /// Internal, with --train-rank: the checkpoint to resume from.
+    #[arg(long, hide = true, requires = "train_rank")]
+    resume: Option<PathBuf>,
     /// Print the plan (runs and evaluations) and stop.
     #[arg(long)]
     plan: bool,
@@ -56,7 +74,14 @@ fn main() {
 
 fn run() -> Result<()> {
     let cli = Cli::parse();
-    let scale = Scale::by_name(&cli.scale)?;
+    if let Some(config) = &cli.train_rank {
+        return runner::train_rank(config, cli.resume.clone());
+    }
+    let mut scale = Scale::by_name(&cli.scale)?;
+    if !cli.set.is_empty() {
+        let name = format!("the {} scale with --set", scale.name);
+        scale.train = trainer::config::TrainConfig::from_toml_with_overrides(&scale.train.to_toml(), &name, &cli.set)?;
+    }
     let experiments = spec::all()?;
     let mut plan = spec::plan(&experiments);
     if !cli.only.is_empty() {
@@ -71,17 +96,29 @@ fn run() -> Result<()> {
         plan.retain(|k, _| cli.only.contains(k));
     }
     eprintln!("reproduce: scale {} ({}); {}", scale.name, scale.about, gpt_model::runtime::describe());
-    if cli.plan || scale.name == "paper" {
+    if cli.plan {
         for (v, needs) in &plan {
             println!("{v}: {} evaluations", needs.len());
         }
-        if scale.name == "paper" && !cli.plan {
-            bail!(
-                "the paper scale trains with torchrun on 8 GPUs (see the README); this process only plans it (--plan)"
-            );
-        }
         return Ok(());
     }
+    let gpus = if tch::Cuda::is_available() { tch::Cuda::device_count() as usize } else { 0 };
+    let nproc = match (cli.nproc_per_node, scale.name) {
+        (Some(n), _) => n,
+        (None, "paper") if gpus == 0 => {
+            bail!("the paper scale trains on GPUs (8 in the paper) and this machine has none; see the README")
+        }
+        (None, "paper") => gpus,
+        (None, _) => 1,
+    };
+    if nproc == 0 {
+        bail!("--nproc-per-node must be at least 1");
+    }
+    let launch = if nproc > 1 || cli.torchrun {
+        runner::Launch::Ranks { nproc, torchrun: cli.torchrun }
+    } else {
+        runner::Launch::InProcess
+    };
     let out = cli.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(scale.name));
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let mut shown = if scale.name == "small" {
@@ -89,12 +126,21 @@ fn run() -> Result<()> {
     } else {
         format!("cargo xtask reproduce --scale {}", scale.name)
     };
+    for kv in &cli.set {
+        shown.push_str(&format!(" --set {kv}"));
+    }
+    if let Some(n) = cli.nproc_per_node {
+        shown.push_str(&format!(" --nproc-per-node {n}"));
+    }
+    if cli.torchrun {
+        shown.push_str(" --torchrun");
+    }
     if !cli.only.is_empty() {
         shown.push_str(&format!(" --only {}", cli.only.join(",")));
     }
     let start = Instant::now();
     let jobs = cli.jobs.unwrap_or_else(|| runner::default_jobs(tch::Cuda::is_available()));
-    let results = runner::run_all(&scale, &plan, &out, &command, jobs)?;
+    let results = runner::run_all(&scale, &plan, &out, &command, jobs, &launch)?;
     let (report_path, figures_dir, figures_rel) = match (&cli.report, scale.meaningful) {
         (Some(p), _) => {
             let dir = p.parent().map(|d| d.join("figures")).unwrap_or_else(|| PathBuf::from("figures"));
