@@ -314,7 +314,12 @@ fn run_one(
             let r: RunResult =
                 serde_json::from_str(&text).with_context(|| format!("reading {}", result_path.display()))?;
             // A result of another config (e.g. the scale was edited) is redone from scratch.
-            if r.config == cfg.to_toml() && r.format_version == RESULT_VERSION { Some(r) } else { None }
+            if r.config == cfg.to_toml() && r.format_version == RESULT_VERSION {
+                // Results written before retries existed have no `lr`: they were trained at the config's.
+                Some(RunResult { lr: if r.lr > 0.0 { r.lr } else { cfg.lr }, ..r })
+            } else {
+                None
+            }
         }
         Err(_) => None,
     };
