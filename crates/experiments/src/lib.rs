@@ -12,7 +12,9 @@
 //! - [`runner`]: trains and evaluates, resumable, one `result.json` per run.
 //! - [`report`]: `REPRODUCTION.md`, its figures, and the verdicts.
 //! - [`status`]: what is not implemented yet, said plainly.
+//! - [`newton`]: orbits and the symbolic regression of force laws (Newton's-law experiment, in progress).
 
+pub mod newton;
 pub mod report;
 pub mod runner;
 pub mod scale;
