@@ -12,8 +12,11 @@
 //! - [`runner`]: trains and evaluates, resumable, one `result.json` per run.
 //! - [`report`]: `REPRODUCTION.md`, its figures, and the verdicts.
 //! - [`status`]: what is not implemented yet, said plainly.
+//! - [`downstream`]: lm-evaluation-harness-style multiple-choice scoring of user-supplied ARC, HellaSwag,
+//!   PIQA, SciQ and MMLU files (in progress: not yet wired to the model and the report).
 //! - [`newton`]: orbits and the symbolic regression of force laws (Newton's-law experiment, in progress).
 
+pub mod downstream;
 pub mod newton;
 pub mod report;
 pub mod runner;
