@@ -59,7 +59,8 @@ pub fn parse_item(task: &str, line: &str) -> Result<Item> {
             let choices = strings(&v["choices"]["text"], "choices.text")?;
             let labels = strings(&v["choices"]["label"], "choices.label")?;
             let key = text("answerKey")?;
-            let gold = labels.iter().position(|l| *l == key).with_context(|| format!("answerKey {key} not in {labels:?}"))?;
+            let gold =
+                labels.iter().position(|l| *l == key).with_context(|| format!("answerKey {key} not in {labels:?}"))?;
             Item {
                 context: format!("Question: {}\nAnswer:", text("question")?),
                 choices: choices.iter().map(|c| space(c)).collect(),
@@ -94,8 +95,10 @@ pub fn parse_item(task: &str, line: &str) -> Result<Item> {
             let choices = strings(&v["choices"], "choices")?;
             ensure!(choices.len() == 4, "mmlu needs 4 choices, got {}", choices.len());
             let subject = text("subject")?.replace('_', " ");
-            let mut context =
-                format!("The following are multiple choice questions (with answers) about {subject}.\n\n{}\n", text("question")?.trim());
+            let mut context = format!(
+                "The following are multiple choice questions (with answers) about {subject}.\n\n{}\n",
+                text("question")?.trim()
+            );
             for (letter, c) in ["A", "B", "C", "D"].iter().zip(&choices) {
                 context.push_str(&format!("{letter}. {c}\n"));
             }
@@ -139,6 +142,48 @@ pub fn read_items(task: &str, path: &Path) -> Result<Vec<Item>> {
 pub trait LogLikelihood {
     /// `ln p(continuation | context)`, summed over the continuation's tokens.
     fn loglik(&mut self, context: &str, continuation: &str) -> Result<f64>;
+}
+
+/// [`LogLikelihood`] of a trained model with its tokenizer, as the harness computes it: the context
+/// and the continuation are encoded together and the continuation's tokens are those after the
+/// context's; the sequence starts with the end-of-text token (as every training document does) and
+/// is cut from the left to the model's training length.
+pub struct ModelScorer<'a> {
+    /// The model.
+    pub model: &'a gpt_model::model::Gpt,
+    /// Its tokenizer.
+    pub tokenizer: &'a trainer::data::tokenizer::Tokenizer,
+    /// Where the model lives.
+    pub device: tch::Device,
+}
+
+impl LogLikelihood for ModelScorer<'_> {
+    fn loglik(&mut self, context: &str, continuation: &str) -> Result<f64> {
+        let whole = self.tokenizer.encode(&format!("{context}{continuation}"));
+        let ctx = self.tokenizer.encode(context);
+        let cont: Vec<u32> = if whole.len() > ctx.len() && whole.starts_with(&ctx) {
+            whole[ctx.len()..].to_vec()
+        } else {
+            self.tokenizer.encode(continuation)
+        };
+        ensure!(!cont.is_empty(), "the continuation {continuation:?} has no tokens");
+        let max_len = self.model.config().context_len;
+        ensure!(cont.len() <= max_len, "the continuation has {} tokens, more than the model's {max_len}", cont.len());
+        let mut seq: Vec<i64> =
+            std::iter::once(self.tokenizer.eot()).chain(ctx).chain(cont.iter().copied()).map(i64::from).collect();
+        if seq.len() > max_len + 1 {
+            seq.drain(..seq.len() - max_len - 1);
+        }
+        let n = seq.len() as i64;
+        let x = tch::Tensor::from_slice(&seq[..seq.len() - 1]).view([1, n - 1]).to(self.device);
+        let y = tch::Tensor::from_slice(&seq[1..]).view([1, n - 1, 1]).to(self.device);
+        let logits = tch::no_grad(|| self.model.forward(&x, &gpt_model::model::ForwardOptions::default()))?;
+        // Over the real vocabulary: the embedding's padding columns are not tokens.
+        let logits = logits.narrow(-1, 0, self.model.config().vocab_size as i64);
+        let picked = logits.log_softmax(-1, tch::Kind::Float).gather(-1, &y, false).squeeze_dim(-1);
+        let k = cont.len() as i64;
+        Ok(picked.narrow(1, n - 1 - k, k).sum(tch::Kind::Double).double_value(&[]))
+    }
 }
 
 /// A task's scores in lm-evaluation-harness's terms.
@@ -230,6 +275,41 @@ mod tests {
     }
 
     #[test]
+    fn a_models_log_likelihood_obeys_the_chain_rule() {
+        // ln p(x y | c) = ln p(x | c) + ln p(y | c x) when the tokens split cleanly at the joins.
+        let tok = trainer::data::tokenizer::Tokenizer::gpt2().unwrap();
+        tch::manual_seed(0);
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let cfg = gpt_model::ModelConfig {
+            vocab_size: tok.vocab_size(),
+            context_len: 16,
+            attention: "lssa+rw15".into(),
+            ..gpt_model::ModelConfig::preset("tiny").unwrap()
+        };
+        let model = gpt_model::model::Gpt::new(&vs.root(), &cfg).unwrap();
+        let mut m = ModelScorer { model: &model, tokenizer: &tok, device: tch::Device::Cpu };
+        let both = m.loglik("The", " cat sat").unwrap();
+        let (x, y) = (m.loglik("The", " cat").unwrap(), m.loglik("The cat", " sat").unwrap());
+        assert!(both < 0.0 && x < 0.0 && y < 0.0);
+        assert!((both - (x + y)).abs() < 1e-4, "{both} vs {x} + {y}");
+        // With an empty context it is minus the training loss of [eot, tokens...] times its targets:
+        // the same alignment of logits and targets as training.
+        let ids: Vec<i64> = std::iter::once(tok.eot()).chain(tok.encode(" cat sat")).map(i64::from).collect();
+        let n = ids.len() as i64;
+        let x = tch::Tensor::from_slice(&ids[..ids.len() - 1]).view([1, n - 1]);
+        let t = tch::Tensor::from_slice(&ids[1..]).view([1, n - 1]);
+        let loss = model.loss(&x, &t, &gpt_model::model::ForwardOptions::default()).unwrap().double_value(&[]);
+        let whole = m.loglik("", " cat sat").unwrap();
+        assert!((whole + loss * (n - 1) as f64).abs() < 1e-4, "{whole} vs -{loss} x {}", n - 1);
+        // An untrained model is close to uniform: about ln(1/V) per token.
+        let per_token = both / 2.0;
+        assert!((per_token + (tok.vocab_size() as f64).ln()).abs() < 1.0, "{per_token}");
+        // A context longer than the window is cut from the left; the score stays finite.
+        let long = "word ".repeat(40);
+        assert!(m.loglik(&long, " end").unwrap().is_finite());
+    }
+
+    #[test]
     fn every_layout_is_read_with_the_harness_prompts() {
         let arc = read_items("arc_easy", &Path::new(FIXTURES).join("arc.jsonl")).unwrap();
         assert_eq!(arc.len(), 3);
@@ -264,7 +344,8 @@ mod tests {
     fn bad_lines_are_named() {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("bad.jsonl");
-        std::fs::write(&p, "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 0}\n{\"goal\": \"g\"}\n").unwrap();
+        std::fs::write(&p, "{\"goal\": \"g\", \"sol1\": \"a\", \"sol2\": \"b\", \"label\": 0}\n{\"goal\": \"g\"}\n")
+            .unwrap();
         let err = format!("{:#}", read_items("piqa", &p).unwrap_err());
         assert!(err.contains("bad.jsonl:2") && err.contains("sol1"), "{err}");
         assert!(parse_item("winogrande", "{}").is_err());
@@ -274,7 +355,10 @@ mod tests {
 
     #[test]
     fn hellaswag_tags_are_cleaned_like_the_harness() {
-        assert_eq!(hellaswag_clean(" How to cook [title] Boil water. [step] Add salt.  "), "How to cook. Boil water. Add salt.");
+        assert_eq!(
+            hellaswag_clean(" How to cook [title] Boil water. [step] Add salt.  "),
+            "How to cook. Boil water. Add salt."
+        );
     }
 
     #[test]

@@ -14,11 +14,13 @@
 //! - [`status`]: what is not implemented yet, said plainly.
 //! - [`downstream`]: lm-evaluation-harness-style multiple-choice scoring of user-supplied ARC, HellaSwag,
 //!   PIQA, SciQ and MMLU files (in progress: not yet wired to the model and the report).
+//! - [`retrieval`]: passkey and needle-in-a-haystack prompts of exact length and depth (in progress).
 //! - [`newton`]: orbits and the symbolic regression of force laws (Newton's-law experiment, in progress).
 
 pub mod downstream;
 pub mod newton;
 pub mod report;
+pub mod retrieval;
 pub mod runner;
 pub mod scale;
 pub mod spec;

@@ -20,6 +20,8 @@ pub struct Context<'a> {
     pub scale: &'a Scale,
     /// The command that reproduces it.
     pub command: &'a str,
+    /// The same command without `--only`, to which each section appends its own `--only` list.
+    pub base_command: &'a str,
     /// Git revision.
     pub git_revision: &'a str,
     /// Wall time of the whole reproduction so far (training + evaluation), seconds.
@@ -114,6 +116,8 @@ pub fn write(
         let _ = writeln!(md, "## {}\n", e.title);
         let _ = writeln!(md, "{}", e.readme.lines().skip(1).collect::<Vec<_>>().join("\n").trim());
         let _ = writeln!(md);
+        let trained: Vec<String> = crate::spec::plan(std::slice::from_ref(e)).into_keys().collect();
+        let _ = writeln!(md, "Regenerate this section's runs: `{} --only {}`\n", ctx.base_command, trained.join(","));
         match e.kind {
             Kind::Table => {
                 table(&mut md, e, results);

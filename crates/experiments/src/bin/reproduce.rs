@@ -135,6 +135,7 @@ fn run() -> Result<()> {
     if cli.torchrun {
         shown.push_str(" --torchrun");
     }
+    let base_command = shown.clone();
     if !cli.only.is_empty() {
         shown.push_str(&format!(" --only {}", cli.only.join(",")));
     }
@@ -152,6 +153,7 @@ fn run() -> Result<()> {
     let ctx = report::Context {
         scale: &scale,
         command: &shown,
+        base_command: &base_command,
         git_revision: &trainer::git_revision(),
         // Training plus evaluation of every run, including earlier invocations of an interrupted reproduction.
         wall_s: results
