@@ -15,6 +15,7 @@
 //! - [`downstream`]: lm-evaluation-harness-style multiple-choice scoring of user-supplied ARC, HellaSwag,
 //!   PIQA, SciQ and MMLU files (in progress: not yet wired to the model and the report).
 //! - [`retrieval`]: passkey and needle-in-a-haystack prompts of exact length and depth (in progress).
+//! - [`sinks`]: attention-sink share and row entropy per layer, attention maps (in progress).
 //! - [`newton`]: orbits and the symbolic regression of force laws (Newton's-law experiment, in progress).
 
 pub mod downstream;
@@ -23,5 +24,6 @@ pub mod report;
 pub mod retrieval;
 pub mod runner;
 pub mod scale;
+pub mod sinks;
 pub mod spec;
 pub mod status;

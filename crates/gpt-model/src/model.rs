@@ -140,7 +140,19 @@ impl Gpt {
 
     /// Logits `(B, T, V_pad)` of token ids `idx` `(B, T)` (int64).
     pub fn forward(&self, idx: &Tensor, opts: &ForwardOptions) -> Result<Tensor, ModelError> {
-        self.forward_from(idx, 0, None, opts)
+        self.forward_from(idx, 0, None, opts, None)
+    }
+
+    /// [`Gpt::forward`] that also hands every layer's queries and keys (after RoPE, `(B, H, T, hd)`)
+    /// and the attention variant in use to `probe(layer, q, k, variant)`: for attention statistics
+    /// (sinks, entropy, maps) without a second copy of the model's forward pass.
+    pub fn forward_probed(
+        &self,
+        idx: &Tensor,
+        opts: &ForwardOptions,
+        probe: &mut dyn FnMut(usize, &Tensor, &Tensor, &attn_core::Variant),
+    ) -> Result<Tensor, ModelError> {
+        self.forward_from(idx, 0, None, opts, Some(probe))
     }
 
     /// Mean cross-entropy (nats/token) of predicting `targets` `(B, T)` from `idx` `(B, T)`, over the
@@ -171,7 +183,7 @@ impl Gpt {
             cache.layers = (0..self.cfg.n_layer).map(|_| LayerCache::default()).collect();
         }
         let offset = cache.len();
-        self.forward_from(idx, offset, Some(cache), opts)
+        self.forward_from(idx, offset, Some(cache), opts, None)
     }
 
     #[allow(clippy::assign_op_pattern)] // `x = x + ..` is out of place on purpose (see below)
@@ -181,6 +193,7 @@ impl Gpt {
         offset: i64,
         mut cache: Option<&mut KvCache>,
         opts: &ForwardOptions,
+        mut probe: Option<&mut dyn FnMut(usize, &Tensor, &Tensor, &attn_core::Variant)>,
     ) -> Result<Tensor, ModelError> {
         let size = idx.size();
         if size.len() != 2 {
@@ -211,6 +224,9 @@ impl Gpt {
                 }
                 lc.k = Some(k.shallow_clone());
                 lc.v = Some(v.shallow_clone());
+            }
+            if let Some(probe) = probe.as_deref_mut() {
+                probe(layer, &q, &k, &variant);
             }
             let y = attention::attend(&q, &k, &v, &variant, imp, offset)?; // (B, H, T, hd)
             let y = y.transpose(1, 2).contiguous().view([b, t, self.cfg.d_model as i64]);

@@ -244,6 +244,14 @@ fn outputs_do_not_depend_on_future_keys_or_values() {
         let b = torch_forward(name, &q, &k2, &v2).narrow(2, 0, keep);
         assert_close(&format!("{name} causality"), &b, &a, 0.0);
     }
+    // Every stage-1 variant through the generic path the model trains with (sign-changing and
+    // unnormalised ones included: a leak there would show up as a suspiciously low loss).
+    for name in attn_core::STAGE1_NAMES {
+        let variant = name.parse::<attn_core::Variant>().unwrap().with_train_len(16);
+        let a = torch_ops::attention(&q, &k, &v, &variant, 0).unwrap().narrow(2, 0, keep);
+        let b = torch_ops::attention(&q, &k2, &v2, &variant, 0).unwrap().narrow(2, 0, keep);
+        assert_close(&format!("{name} causality"), &b, &a, 0.0);
+    }
 }
 
 #[test]
