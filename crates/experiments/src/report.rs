@@ -138,6 +138,10 @@ pub fn write(
                     e.title, ctx.figures_rel, e.name, ctx.figures_rel, e.name
                 );
             }
+            Kind::Sinks => {
+                sinks_section(&mut md, e, results, figures_dir, ctx.figures_rel)?;
+                let _ = writeln!(md);
+            }
             Kind::PSweep => {
                 p_table(&mut md, e, results);
                 plot_p(e, results, &figures_dir.join(&e.name))?;
@@ -237,7 +241,7 @@ type Series = (String, usize, bool, Vec<(f64, f64)>);
 fn draw<DB: DrawingBackend>(
     root: DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
-    x_label: &str,
+    (x_label, y_label): (&str, &str),
     series: &[Series],
 ) -> Result<()>
 where
@@ -269,7 +273,7 @@ where
         .configure_mesh()
         .x_desc(x_label)
         .x_labels(((lx1 - lx0).ceil() as usize + 1).max(2))
-        .y_desc("validation loss (nats/token)")
+        .y_desc(y_label)
         .x_label_formatter(&|v| format!("{:.0}", 2f64.powf(*v))) // log2 axis, labelled in the original units
         .draw()
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
@@ -307,12 +311,133 @@ where
 
 /// Draws `series` (x on a log2 axis) to `<path>.png` and `<path>.svg`.
 fn save(path_no_ext: &Path, title: &str, x_label: &str, series: &[Series]) -> Result<()> {
+    save_with(path_no_ext, title, (x_label, "validation loss (nats/token)"), series)
+}
+
+fn save_with(path_no_ext: &Path, title: &str, labels: (&str, &str), series: &[Series]) -> Result<()> {
     let png = path_no_ext.with_extension("png");
     let svg = path_no_ext.with_extension("svg");
-    draw(BitMapBackend::new(&png, (900, 560)).into_drawing_area(), title, x_label, series)
+    draw(BitMapBackend::new(&png, (900, 560)).into_drawing_area(), title, labels, series)
         .with_context(|| format!("drawing {}", png.display()))?;
-    draw(SVGBackend::new(&svg, (900, 560)).into_drawing_area(), title, x_label, series)
+    draw(SVGBackend::new(&svg, (900, 560)).into_drawing_area(), title, labels, series)
         .with_context(|| format!("drawing {}", svg.display()))?;
+    Ok(())
+}
+
+/// Draws an attention map (rows = queries, columns = keys) as a PNG of at most 512 x 512 pixels:
+/// each row divided by its maximum, a pixel the largest value of the block it covers, white (0) to
+/// black (1) on a square-root scale so that small weights stay visible.
+pub fn draw_map(path: &Path, title: &str, map: &[Vec<f32>]) -> Result<()> {
+    let n = map.len();
+    anyhow::ensure!(n > 0 && map.iter().all(|r| r.len() == n), "an attention map must be square and non-empty");
+    let side = n.min(512);
+    let block = n.div_ceil(side);
+    let cells = n.div_ceil(block);
+    let mut shade = vec![0f32; cells * cells];
+    for (i, row) in map.iter().enumerate() {
+        let max = row.iter().copied().fold(0f32, f32::max);
+        if max <= 0.0 {
+            continue;
+        }
+        for (j, w) in row.iter().enumerate() {
+            let cell = &mut shade[(i / block) * cells + j / block];
+            *cell = cell.max((w / max).clamp(0.0, 1.0).sqrt());
+        }
+    }
+    let (w, h) = (cells as u32 * 2 + 20, cells as u32 * 2 + 50);
+    let root = BitMapBackend::new(path, (w.max(300), h)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    root.draw(&Text::new(title.to_string(), (10, 10), ("sans-serif", 14))).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    for r in 0..cells {
+        for c in 0..cells {
+            let v = (255.0 * (1.0 - shade[r * cells + c])) as u8;
+            let (x, y) = (10 + 2 * c as i32, 40 + 2 * r as i32);
+            root.draw(&Rectangle::new([(x, y), (x + 2, y + 2)], RGBColor(v, v, v).filled()))
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        }
+    }
+    root.present().map_err(|e| anyhow::anyhow!("drawing {}: {e:?}", path.display()))?;
+    Ok(())
+}
+
+/// The attention-sink section: a table per row and layer, two figures against length, the maps.
+fn sinks_section(
+    md: &mut String,
+    e: &Experiment,
+    results: &BTreeMap<String, RunResult>,
+    figures_dir: &Path,
+    figures_rel: &str,
+) -> Result<()> {
+    let find = |r: &Row, m: usize| {
+        results.get(&r.train).and_then(|x| x.sinks.iter().find(|s| s.key.posthoc == r.posthoc && s.key.multiple == m))
+    };
+    let mut head = String::from("| row | layer |");
+    let mut rule = String::from("|---|---:|");
+    for m in &e.lengths {
+        head.push_str(&format!(" {m}x first-token share / entropy |"));
+        rule.push_str("---:|");
+    }
+    let _ = writeln!(md, "{head}\n{rule}");
+    for r in &e.rows {
+        let layers = e.lengths.iter().filter_map(|&m| find(r, m)).map(|s| s.layers.len()).max().unwrap_or(0);
+        for layer in 0..layers {
+            let mut line = format!("| {} | {} |", r.label, layer + 1);
+            for &m in &e.lengths {
+                match find(r, m).and_then(|s| s.layers.get(layer)) {
+                    Some(l) => line.push_str(&format!(" {:.3} / {:.2} |", l.first_key, l.entropy)),
+                    None => line.push_str(" - |"),
+                }
+            }
+            let _ = writeln!(md, "{line}");
+        }
+    }
+    let mean = |s: &crate::runner::SinkEval, f: fn(&crate::sinks::LayerSinks) -> f64| {
+        s.layers.iter().map(f).sum::<f64>() / s.layers.len().max(1) as f64
+    };
+    for (what, name, f) in [
+        (
+            "share of attention on the first token (mean over layers)",
+            "sinks_first_key",
+            (|l: &crate::sinks::LayerSinks| l.first_key) as fn(&crate::sinks::LayerSinks) -> f64,
+        ),
+        ("attention row entropy in nats (mean over layers)", "sinks_entropy", |l: &crate::sinks::LayerSinks| l.entropy),
+    ] {
+        let series: Vec<Series> = e
+            .rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                let pts = e.lengths.iter().filter_map(|&m| find(r, m).map(|s| (m as f64, mean(s, f)))).collect();
+                (r.label.clone(), i, r.posthoc.is_some(), pts)
+            })
+            .collect();
+        save_with(
+            &figures_dir.join(name),
+            &format!("{} — {what}", e.title.split(':').next().unwrap_or("")),
+            ("inference length / training length (NTK RoPE)", what),
+            &series,
+        )?;
+        let _ = writeln!(md, "\n![{what}]({figures_rel}/{name}.png) ([SVG]({figures_rel}/{name}.svg))");
+    }
+    // The maps, copied next to the figures.
+    let mut maps = Vec::new();
+    for r in &e.rows {
+        for &m in &e.maps {
+            if let Some(src) = find(r, m).and_then(|s| s.map.as_ref()) {
+                let file = src.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+                if std::fs::copy(src, figures_dir.join(&file)).is_ok() {
+                    maps.push(format!("![{} at {m}x]({figures_rel}/{file})", r.label));
+                }
+            }
+        }
+    }
+    if !maps.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nAttention maps (one head of the last layer, first validation window; darker = more weight, rows scaled to their maximum):\n"
+        );
+        let _ = writeln!(md, "{}", maps.join("\n"));
+    }
     Ok(())
 }
 
@@ -453,6 +578,7 @@ mod tests {
             eval_wall_s: 0.0,
             lr: 1e-3,
             note: None,
+            sinks: Vec::new(),
             tokens_per_s: 0.0,
             final_train_loss: 0.0,
             error: None,

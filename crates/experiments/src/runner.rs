@@ -16,7 +16,7 @@ use trainer::eval::{self, LengthLoss};
 use trainer::train::{self, RunOptions, ShardSource, Single};
 
 use crate::scale::{Data, Scale};
-use crate::spec::EvalKey;
+use crate::spec::{EvalKey, SinkKey};
 
 /// Format tag and version of a run's `result.json`.
 pub const RESULT_FORMAT: &str = "lssa-experiment-run";
@@ -58,6 +58,9 @@ pub struct RunResult {
     pub note: Option<String>,
     /// Every evaluation so far.
     pub evals: Vec<(EvalKey, LengthLoss)>,
+    /// Attention-sink measurements (sinks experiment).
+    #[serde(default)]
+    pub sinks: Vec<SinkEval>,
     /// Why training failed (e.g. it diverged); the run then has no evaluations and is not retried.
     #[serde(default)]
     pub error: Option<String>,
@@ -69,6 +72,20 @@ impl RunResult {
         self.evals.iter().find(|(k, _)| k == key).map(|(_, l)| l.loss)
     }
 }
+
+/// One attention-sink measurement of a trained model.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SinkEval {
+    /// What was measured.
+    pub key: SinkKey,
+    /// Per layer, first to last.
+    pub layers: Vec<crate::sinks::LayerSinks>,
+    /// The attention-map PNG drawn for it, if any.
+    pub map: Option<PathBuf>,
+}
+
+/// Validation windows per attention-sink measurement.
+const SINK_WINDOWS: usize = 4;
 
 /// A directory name for a variant (`lssa+rw15` -> `lssa_rw15`).
 pub fn run_dir_name(variant: &str) -> String {
@@ -108,6 +125,7 @@ pub fn run_all(
     command: &str,
     jobs: usize,
     launch: &Launch,
+    sinks: &BTreeMap<String, Vec<SinkKey>>,
 ) -> Result<BTreeMap<String, RunResult>> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let data_dir = match &scale.data {
@@ -158,7 +176,10 @@ pub fn run_all(
                 out_dir: dir.clone(),
                 ..base.clone()
             };
-            match run_one(scale, &cfg, needs, &val, command, launch).with_context(|| format!("run `{variant}`")) {
+            let sink_needs = sinks.get(variant).map_or(&[][..], Vec::as_slice);
+            match run_one(scale, &cfg, needs, sink_needs, &val, command, launch)
+                .with_context(|| format!("run `{variant}`"))
+            {
                 Ok(r) => {
                     let done = done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
                     let elapsed = started.elapsed().as_secs_f64();
@@ -304,6 +325,7 @@ fn run_one(
     scale: &Scale,
     cfg: &TrainConfig,
     needs: &[EvalKey],
+    sink_needs: &[SinkKey],
     val: &[u16],
     command: &str,
     launch: &Launch,
@@ -349,6 +371,7 @@ fn run_one(
             lr,
             note,
             evals: Vec::new(),
+            sinks: Vec::new(),
             error: None,
         };
         // A run that diverges is retried from scratch at half, then a quarter of the learning rate;
@@ -403,7 +426,9 @@ fn run_one(
         return Ok(result);
     }
     let missing: Vec<EvalKey> = needs.iter().filter(|k| result.loss(k).is_none()).copied().collect();
-    if missing.is_empty() {
+    let missing_sinks: Vec<SinkKey> =
+        sink_needs.iter().filter(|k| !result.sinks.iter().any(|s| s.key == **k)).copied().collect();
+    if missing.is_empty() && missing_sinks.is_empty() {
         return Ok(result);
     }
     let ckpt = train::list_checkpoints(&cfg.out_dir)?.pop().context("no checkpoint to evaluate")?;
@@ -434,6 +459,46 @@ fn run_one(
             result.evals.push((EvalKey { ntk, posthoc, multiple: l.multiple }, l));
         }
         result.evals.sort_by_key(|a| a.0);
+        result.eval_wall_s += started.elapsed().as_secs_f64();
+        write_json(&result_path, &result)?;
+    }
+    for key in missing_sinks {
+        let started = Instant::now();
+        let t = cfg.model.context_len * key.multiple;
+        let windows = (val.len() / t).min(SINK_WINDOWS);
+        anyhow::ensure!(windows >= 1, "{} validation tokens cannot fill one {t}-token window", val.len());
+        let ids: Vec<i64> = val[..windows * t].iter().map(|&x| i64::from(x)).collect();
+        let idx = tch::Tensor::from_slice(&ids).view([windows as i64, t as i64]).to(device);
+        let opts = gpt_model::ForwardOptions {
+            length_scale: Some(key.multiple as f64),
+            ntk: true,
+            reweight: key.posthoc,
+            attn_impl: None,
+        };
+        let layers = crate::sinks::layer_stats(&model, &idx, &opts)?;
+        let map = if key.map {
+            let last = cfg.model.n_layer - 1;
+            let values = crate::sinks::attention_map(&model, &idx, &opts, last, 0)?;
+            let name = format!(
+                "map_{}{}_{}x.png",
+                run_dir_name(&cfg.model.attention),
+                key.posthoc.map_or(String::new(), |p| format!("_posthoc{p}")),
+                key.multiple
+            );
+            let path = cfg.out_dir.join(name);
+            let title = format!(
+                "{}{}, layer {}, head 0, T = {t}",
+                cfg.model.attention,
+                key.posthoc.map_or(String::new(), |p| format!(" (post hoc p = {p})")),
+                last + 1
+            );
+            crate::report::draw_map(&path, &title, &values)?;
+            Some(path)
+        } else {
+            None
+        };
+        result.sinks.push(SinkEval { key, layers, map });
+        result.sinks.sort_by_key(|s| s.key);
         result.eval_wall_s += started.elapsed().as_secs_f64();
         write_json(&result_path, &result)?;
     }

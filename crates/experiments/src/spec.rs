@@ -17,6 +17,8 @@ pub enum Kind {
     LengthCurve,
     /// Loss against the post-hoc re-weighting power `p`, per row and length.
     PSweep,
+    /// Attention-sink statistics per layer against length, and attention maps (no losses).
+    Sinks,
 }
 
 /// One row (a line of a figure).
@@ -50,6 +52,9 @@ pub struct Experiment {
     /// Post-hoc powers of a p sweep.
     #[serde(default)]
     pub powers: Vec<u32>,
+    /// Lengths (multiples) at which a sinks experiment draws attention maps.
+    #[serde(default)]
+    pub maps: Vec<usize>,
     /// Rows.
     pub rows: Vec<Row>,
     /// The experiment's README (filled in from `defs/<name>/README.md`).
@@ -58,13 +63,14 @@ pub struct Experiment {
 }
 
 /// The embedded definitions, in report order: (TOML, README).
-const DEFS: [(&str, &str); 6] = [
+const DEFS: [(&str, &str); 7] = [
     (include_str!("../defs/table1/experiment.toml"), include_str!("../defs/table1/README.md")),
     (include_str!("../defs/table2/experiment.toml"), include_str!("../defs/table2/README.md")),
     (include_str!("../defs/table3/experiment.toml"), include_str!("../defs/table3/README.md")),
     (include_str!("../defs/table4/experiment.toml"), include_str!("../defs/table4/README.md")),
     (include_str!("../defs/figure1/experiment.toml"), include_str!("../defs/figure1/README.md")),
     (include_str!("../defs/figure2/experiment.toml"), include_str!("../defs/figure2/README.md")),
+    (include_str!("../defs/sinks/experiment.toml"), include_str!("../defs/sinks/README.md")),
 ];
 
 /// Every experiment, parsed and checked (variant names parse, powers are valid, paper columns fit).
@@ -83,6 +89,11 @@ impl Experiment {
     fn check(&self) -> anyhow::Result<()> {
         anyhow::ensure!(!self.lengths.is_empty() && self.lengths.iter().all(|&l| l >= 1), "{}: lengths", self.name);
         anyhow::ensure!(self.kind != Kind::PSweep || !self.powers.is_empty(), "{}: a p sweep needs powers", self.name);
+        anyhow::ensure!(
+            self.maps.iter().all(|m| self.lengths.contains(m)),
+            "{}: every map length must be one of the lengths",
+            self.name
+        );
         for r in &self.rows {
             let v: attn_core::Variant =
                 r.train.parse().map_err(|e| anyhow::anyhow!("{}: row `{}`: {e}", self.name, r.label))?;
@@ -140,6 +151,37 @@ pub fn plan(experiments: &[Experiment]) -> BTreeMap<String, Vec<EvalKey>> {
                         add(true, Some(p));
                     }
                 }
+                // Trained, but measured by [`sink_plan`], not by losses.
+                Kind::Sinks => {}
+            }
+        }
+    }
+    for v in out.values_mut() {
+        v.sort();
+        v.dedup();
+    }
+    out
+}
+
+/// One attention-sink measurement: a post-hoc power (or none) at a length multiple, NTK RoPE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct SinkKey {
+    /// Post-hoc re-weighting power.
+    pub posthoc: Option<u32>,
+    /// Multiple of the training length.
+    pub multiple: usize,
+    /// Whether an attention map is drawn too.
+    pub map: bool,
+}
+
+/// The attention-sink measurements each trained variant needs.
+pub fn sink_plan(experiments: &[Experiment]) -> BTreeMap<String, Vec<SinkKey>> {
+    let mut out: BTreeMap<String, Vec<SinkKey>> = BTreeMap::new();
+    for e in experiments.iter().filter(|e| e.kind == Kind::Sinks) {
+        for r in &e.rows {
+            let needs = out.entry(r.train.clone()).or_default();
+            for &m in &e.lengths {
+                needs.push(SinkKey { posthoc: r.posthoc, multiple: m, map: e.maps.contains(&m) });
             }
         }
     }
@@ -159,8 +201,11 @@ mod tests {
         let all = all().unwrap();
         assert_eq!(
             all.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
-            ["table1", "table2", "table3", "table4", "figure1", "figure2"]
+            ["table1", "table2", "table3", "table4", "figure1", "figure2", "sinks"]
         );
+        let sinks = sink_plan(&all);
+        assert_eq!(sinks.keys().collect::<Vec<_>>(), ["lssa", "lssa+rw15", "softmax"]);
+        assert!(sinks["lssa"].contains(&SinkKey { posthoc: Some(15), multiple: 8, map: true }));
         let plan = plan(&all);
         // Tables 1-4 train 26 distinct variants (Table 4's post-hoc rows reuse their base models).
         assert_eq!(plan.len(), 26, "{:?}", plan.keys().collect::<Vec<_>>());

@@ -25,11 +25,7 @@ pub const PARTS: &[Part] = &[
         what: "passkey / needle-in-a-haystack accuracy vs length and depth",
         missing: Some("later evaluations"),
     },
-    Part {
-        name: "Attention sinks",
-        what: "weight on the first key and row entropy vs length",
-        missing: Some("later evaluations"),
-    },
+    Part { name: "Attention sinks", what: "weight on the first key and row entropy vs length", missing: None },
     Part {
         name: "Downstream",
         what: "zero-shot multiple choice (lm-eval scoring)",

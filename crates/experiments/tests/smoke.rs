@@ -57,7 +57,13 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
         assert!(report.contains(title), "the report lacks `{title}`");
     }
     assert!(report.contains("3.1905"), "the paper's numbers are shown next to ours");
-    for fig in ["figure1", "figure2", "table1_length", "table4_length"] {
+    assert!(report.contains("## Attention sinks"), "the sinks section");
+    assert!(
+        report.contains("map_softmax_8x.png") && report.contains("map_lssa_posthoc15_1x.png"),
+        "the attention maps"
+    );
+    assert!(out.join("figures/map_lssa_rw15_8x.png").exists());
+    for fig in ["figure1", "figure2", "table1_length", "table4_length", "sinks_first_key", "sinks_entropy"] {
         for ext in ["png", "svg"] {
             let p = out.join("figures").join(format!("{fig}.{ext}"));
             assert!(std::fs::metadata(&p).map(|m| m.len() > 1000).unwrap_or(false), "{} missing or empty", p.display());
@@ -72,6 +78,13 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
         for k in needs {
             let l = r.loss(k).unwrap_or_else(|| panic!("{variant}: no evaluation {k:?}"));
             assert!(l.is_finite() && l > 0.0, "{variant} {k:?}: loss {l}");
+        }
+        for k in experiments::spec::sink_plan(&experiments::spec::all().unwrap()).get(variant).into_iter().flatten() {
+            let s =
+                r.sinks.iter().find(|s| s.key == *k).unwrap_or_else(|| panic!("{variant}: no sink measurement {k:?}"));
+            assert_eq!(s.layers.len(), 2, "one entry per layer");
+            assert!(s.layers.iter().all(|l| l.first_key > 0.0 && l.first_key <= 1.0 && l.entropy >= 0.0));
+            assert_eq!(s.map.is_some(), k.map);
         }
     }
     // The same run trained by two Gloo ranks (each half of the global batch, through the launcher)

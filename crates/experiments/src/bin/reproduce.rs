@@ -84,6 +84,7 @@ fn run() -> Result<()> {
     }
     let experiments = spec::all()?;
     let mut plan = spec::plan(&experiments);
+    let mut sink_plan = spec::sink_plan(&experiments);
     if !cli.only.is_empty() {
         for v in &cli.only {
             if !plan.contains_key(v) {
@@ -94,6 +95,7 @@ fn run() -> Result<()> {
             }
         }
         plan.retain(|k, _| cli.only.contains(k));
+        sink_plan.retain(|k, _| cli.only.contains(k));
     }
     eprintln!("reproduce: scale {} ({}); {}", scale.name, scale.about, gpt_model::runtime::describe());
     if cli.plan {
@@ -141,7 +143,7 @@ fn run() -> Result<()> {
     }
     let start = Instant::now();
     let jobs = cli.jobs.unwrap_or_else(|| runner::default_jobs(tch::Cuda::is_available()));
-    let results = runner::run_all(&scale, &plan, &out, &command, jobs, &launch)?;
+    let results = runner::run_all(&scale, &plan, &out, &command, jobs, &launch, &sink_plan)?;
     let (report_path, figures_dir, figures_rel) = match (&cli.report, scale.meaningful) {
         (Some(p), _) => {
             let dir = p.parent().map(|d| d.join("figures")).unwrap_or_else(|| PathBuf::from("figures"));
