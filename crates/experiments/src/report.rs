@@ -159,22 +159,80 @@ pub fn write(
     }
     let _ = writeln!(md);
     let _ = writeln!(md, "## Runs\n");
-    let _ = writeln!(md, "| trained variant | final train loss | train time (s) | tokens/s | git revision | note |");
-    let _ = writeln!(md, "|---|---:|---:|---:|---|---|");
+    let _ = writeln!(
+        md,
+        "`late drop` is the mean training loss over the fourth fifth of the steps minus that over the last fifth: how much the loss still fell at the end (the learning rate decays over the last steps too, so part of it is annealing). Times include any other work the machine did meanwhile.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| trained variant | lr | final train loss | late drop | train time (s) | eval time (s) | tokens/s | git revision | note |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---|---|");
+    let mut curves: Vec<Series> = Vec::new();
     for (v, r) in results {
         let note = match (&r.error, &r.note) {
             (Some(e), _) => format!("training failed: {}", e.replace('|', "/")),
             (None, Some(n)) => n.replace('|', "/"),
             (None, None) => String::new(),
         };
+        let curve = if r.error.is_none() { train_curve(r) } else { Vec::new() };
+        let late = late_drop(&curve).map_or("-".to_string(), |d| format!("{d:.3}"));
         let _ = writeln!(
             md,
-            "| `{v}` | {:.3} | {:.0} | {:.0} | `{}` | {note} |",
-            r.final_train_loss, r.train_wall_s, r.tokens_per_s, r.git_revision
+            "| `{v}` | {} | {:.3} | {late} | {:.0} | {:.0} | {:.0} | `{}` | {note} |",
+            r.lr, r.final_train_loss, r.train_wall_s, r.eval_wall_s, r.tokens_per_s, r.git_revision
+        );
+        if ["softmax", "lssa", "lssa+rw15"].contains(&v.as_str()) && !curve.is_empty() {
+            // Means over blocks of 25 steps, so the figure shows the trend rather than batch noise.
+            let pts = curve
+                .chunks(25)
+                .map(|c| {
+                    (
+                        c.iter().map(|p| p.0).sum::<f64>() / c.len() as f64,
+                        c.iter().map(|p| p.1).sum::<f64>() / c.len() as f64,
+                    )
+                })
+                .collect();
+            curves.push((v.clone(), curves.len(), false, pts));
+        }
+    }
+    if !curves.is_empty() {
+        save_with(
+            &figures_dir.join("train_loss"),
+            "Training loss of the Figure 1 runs (means over 25 steps)",
+            ("training step (log scale)", "training loss (nats/token)"),
+            &curves,
+        )?;
+        let _ = writeln!(
+            md,
+            "\n![training loss]({}/train_loss.png) ([SVG]({}/train_loss.svg))",
+            ctx.figures_rel, ctx.figures_rel
         );
     }
     std::fs::write(report_path, md).with_context(|| format!("writing {}", report_path.display()))?;
     Ok(())
+}
+
+/// `(step, loss)` of a run's `metrics.jsonl` (in the `out_dir` of its config); empty if unreadable.
+fn train_curve(r: &RunResult) -> Vec<(f64, f64)> {
+    let Ok(cfg) = trainer::config::TrainConfig::from_toml_with_overrides(&r.config, "result", &[]) else {
+        return Vec::new();
+    };
+    let Ok(text) = std::fs::read_to_string(cfg.out_dir.join("metrics.jsonl")) else { return Vec::new() };
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| Some((v["step"].as_f64()?, v["loss"].as_f64()?)))
+        .collect()
+}
+
+/// Mean loss over the fourth fifth of the steps minus the mean over the last fifth.
+fn late_drop(curve: &[(f64, f64)]) -> Option<f64> {
+    let n = curve.len();
+    if n < 10 {
+        return None;
+    }
+    let mean = |s: &[(f64, f64)]| s.iter().map(|p| p.1).sum::<f64>() / s.len() as f64;
+    Some(mean(&curve[3 * n / 5..4 * n / 5]) - mean(&curve[4 * n / 5..]))
 }
 
 fn table(md: &mut String, e: &Experiment, results: &BTreeMap<String, RunResult>) {
