@@ -122,7 +122,10 @@ fn two_gloo_ranks_equal_one_process_with_the_same_global_batch() {
     for ((n1, t1), (n2, t2)) in w1.iter().zip(&w2) {
         assert_eq!(n1, n2);
         let diff = (t1 - t2).abs().max().double_value(&[]);
-        assert!(diff < 1e-5, "final weight {n1} differs by {diff}");
+        // The two runs sum the same gradients in a different order (accumulation vs all-reduce), and
+        // AdamW divides by sqrt(v): where a gradient entry is nearly zero, rounding moves its update
+        // by a visible fraction of lr. 1e-4 is 30x below one step (lr 3e-3); seen: 1.25e-5.
+        assert!(diff < 1e-4, "final weight {n1} differs by {diff}");
     }
     // result.json records the run, with both evaluation lengths.
     let result: serde_json::Value =
