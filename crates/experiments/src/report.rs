@@ -577,7 +577,8 @@ pub fn verdicts(experiments: &[Experiment], results: &BTreeMap<String, RunResult
         // The claim has two halves: softmax degrades (by more than seed noise, SPEC section 9) and LSSAR
         // does not (it rises by less than half as much).
         let verdict = if soft <= 0.0 {
-            "not reproduced: softmax itself does not degrade at this scale, so there is nothing for LSSAR to fix".to_string()
+            "not reproduced: softmax itself does not degrade at this scale, so there is nothing for LSSAR to fix"
+                .to_string()
         } else if soft <= DEGRADE_NATS {
             format!(
                 "not reproduced at this scale: softmax degrades by less than the {DEGRADE_NATS} nats set in advance as the least effect worth a verdict, so there is too little for LSSAR to fix{}",
@@ -682,7 +683,9 @@ mod tests {
         // Softmax improving with length is no evidence for LSSAR (a regression of this stop's first draft).
         assert!(verdict(2.98, 2.996).contains("softmax itself does not degrade"));
         // A rise under the threshold is not called an effect, but the shape is reported.
-        assert!(verdict(3.05, 3.0).contains("less than the 0.1 nats") && verdict(3.05, 3.0).contains("the shape is there"));
+        assert!(
+            verdict(3.05, 3.0).contains("less than the 0.1 nats") && verdict(3.05, 3.0).contains("the shape is there")
+        );
         assert!(!verdict(3.05, 3.05).contains("the shape is there"));
     }
 
