@@ -274,17 +274,17 @@ fn train_attempt(cfg: &TrainConfig, resume: Option<PathBuf>, launch: &Launch, co
             if let Some(r) = &resume {
                 args.extend(["--resume".to_string(), r.display().to_string()]);
             }
-            let status = if *torchrun {
+            if *torchrun {
                 let mut cmd = std::process::Command::new("torchrun");
                 cmd.args(["--standalone", &format!("--nproc-per-node={nproc}"), "--no-python"]).arg(&exe).args(&args);
                 say(&format!("{}: {cmd:?}", cfg.model.attention));
-                cmd.status()
-                    .context("starting torchrun (is it on PATH? it comes with the torch venv of `cargo xtask setup`)")?
+                let status = cmd.status().context(
+                    "starting torchrun (is it on PATH? it comes with the torch venv of `cargo xtask setup`)",
+                )?;
+                anyhow::ensure!(status.success(), "torchrun failed ({status})");
             } else {
                 trainer::launch::spawn(*nproc, &exe, &args)?;
-                std::process::ExitStatus::default()
-            };
-            anyhow::ensure!(status.success(), "torchrun failed ({status})");
+            }
             let summary: serde_json::Value = serde_json::from_str(
                 &std::fs::read_to_string(cfg.out_dir.join(RANK_SUMMARY_FILE))
                     .context("rank 0 wrote no training summary")?,
