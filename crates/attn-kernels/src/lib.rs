@@ -5,8 +5,9 @@
 //! - [`cpu`]: f32 kernels, tiled over (batch, head, query tile) with rayon (the caller's pool),
 //!   register-tiled micro-kernels and vectorised special functions compiled for AVX-512, AVX2+FMA
 //!   and a portable fallback, selected at run time ([`cpu::Isa`]).
-//! - [`cuda`]: the same API; without the `cuda` feature every call returns
-//!   [`Error::BuiltWithoutCuda`], so callers need no `cfg`.
+//! - [`cuda`]: the same API on NVIDIA GPUs: CUDA C++ compiled at run time by NVRTC (driver and
+//!   NVRTC loaded dynamically through `cudarc`, so this crate builds and tests on machines without
+//!   CUDA; calls there return [`Error::Cuda`]).
 //!
 //! The ground truth is `attn_core`: every kernel is tested against its f64 reference, forward and
 //! backward, and reuses its definitions (variant names, per-row scales and biases, re-weighting
@@ -48,9 +49,9 @@ pub enum Error {
         /// Why it cannot be fused.
         reason: &'static str,
     },
-    /// The CUDA kernels were not compiled in.
-    #[error("attn-kernels was built without CUDA: enable the `cuda` feature")]
-    BuiltWithoutCuda,
+    /// No usable GPU, driver or NVRTC, or a CUDA call failed (the message says which).
+    #[error("CUDA: {0}")]
+    Cuda(String),
     /// Invalid raw parameters (tile sizes, pointers).
     #[error("invalid kernel parameters: {0}")]
     BadParams(String),

@@ -85,7 +85,7 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
                             const at::Tensor& v_in, int64_t variant, int64_t stats_per_row) {
     at::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
     at::Tensor o = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));  // (B, H, T, d)
-    at::Tensor stats = at::empty({q.size(0), q.size(1), q.size(2), stats_per_row}, q.options());  // (B, H, T, S)
+    at::Tensor stats = at::empty({q.size(0), q.size(1), q.size(2), stats_per_row}, q.options().dtype(at::kFloat));  // (B, H, T, S)
     AttnParams p = base_params(q, k, v);
     p.o = raw(o);
     p.stats = stats.data_ptr<float>();

@@ -58,9 +58,9 @@ pub fn path_counts() -> PathCounts {
 /// Causal attention of `(B, H, T_q, d)` queries at absolute positions `q_offset..q_offset + T_q`
 /// over `(B, H, q_offset + T_q, d)` keys and values, with `variant`, by `imp`:
 ///
-/// - `Fused` with `q_offset == 0`: the fused kernels through the autograd bridge. A CUDA tensor (until
-///   the CUDA kernels exist) or a variant without a fused kernel falls back to the reference, with a
-///   one-time warning on stderr.
+/// - `Fused` with `q_offset == 0`: the fused kernels (CPU f32, or CUDA f32/f16/bf16) through the
+///   autograd bridge. A variant without a fused kernel, or CUDA kernels that cannot run (no NVRTC),
+///   fall back to the reference, with a one-time warning on stderr.
 /// - otherwise the reference. Without autograd (`tch::no_grad`) and with more than `EVAL_CHUNK`
 ///   query rows it runs chunked, so evaluation never holds a full `T x T` matrix.
 pub fn attend(
@@ -77,9 +77,9 @@ pub fn attend(
                 count(|c| c.fused += 1);
                 return Ok(out);
             }
-            Err(fused::FusedError::Cuda) => WARN_CUDA.call_once(|| {
-                eprintln!("warning: no CUDA attention kernels yet: using the reference attention on the GPU")
-            }),
+            Err(fused::FusedError::Cuda(why)) => {
+                WARN_CUDA.call_once(|| eprintln!("warning: {why}: using the reference attention on the GPU"))
+            }
             Err(fused::FusedError::NotFused { variant }) => WARN_NOT_FUSED.call_once(|| {
                 eprintln!("warning: variant `{variant}` has no fused kernel: using the reference attention")
             }),

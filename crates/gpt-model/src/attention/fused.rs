@@ -26,23 +26,24 @@ use std::sync::{Mutex, OnceLock};
 
 use attn_core::Variant;
 use attn_kernels::cpu::{self, Params};
+use attn_kernels::cuda;
 use tch::{Device, Kind, Tensor};
 
 /// Why the fused path did not run. [`FusedError::Cuda`], [`FusedError::NotFused`] and
 /// [`FusedError::Unsupported`] make the dispatch fall back to the reference; the others are real errors.
 #[derive(Debug, thiserror::Error)]
 pub enum FusedError {
-    /// The tensors are on a GPU, and there are no CUDA kernels in this build yet.
-    #[error("no fused CUDA attention kernels in this build")]
-    Cuda,
+    /// The tensors are on a GPU and the CUDA kernels cannot run there (no NVRTC, say): the reason.
+    #[error("fused CUDA attention unavailable: {0}")]
+    Cuda(String),
     /// The variant has no fused kernel (Table 1-2 transforms, custom activations are fine).
     #[error("variant `{variant}` has no fused kernel")]
     NotFused {
         /// The variant's name.
         variant: String,
     },
-    /// The tensors are not what the CPU kernels take (not f32).
-    #[error("fused attention needs f32 tensors, got {0:?}")]
+    /// The tensors are not what the kernels take (the CPU needs f32; CUDA takes f32, f16 and bf16).
+    #[error("fused attention does not take {0:?} tensors on this device")]
     Unsupported(Kind),
     /// Shapes do not fit.
     #[error("fused attention input: {0}")]
@@ -99,19 +100,72 @@ fn check_layout() -> Result<(), FusedError> {
 /// Whether [`attention`] would run `variant` fused for tensors on `device` of `kind` (else the
 /// dispatch uses the reference).
 pub fn supports(variant: &Variant, device: Device, kind: Kind) -> bool {
-    device == Device::Cpu && kind == Kind::Float && cpu::is_fused(variant)
+    match device {
+        Device::Cpu => kind == Kind::Float && cpu::is_fused(variant),
+        Device::Cuda(_) => cuda_dtype(kind).is_some() && cuda::Config::new(variant, 64).is_ok() && cuda::is_available(),
+        _ => false,
+    }
+}
+
+fn cuda_dtype(kind: Kind) -> Option<cuda::Dtype> {
+    match kind {
+        Kind::Float => Some(cuda::Dtype::F32),
+        Kind::Half => Some(cuda::Dtype::F16),
+        Kind::BFloat16 => Some(cuda::Dtype::Bf16),
+        _ => None,
+    }
+}
+
+/// Bit of a handle that marks CUDA tensors; bits 32..40 hold the dtype (see [`handle_for`]).
+const CUDA_BIT: u64 = 1 << 40;
+
+/// The handle the bridge passes back to the callbacks: the interned variant in the low 32 bits, and
+/// for CUDA tensors [`CUDA_BIT`] and the dtype, so the callbacks know which kernels to run.
+fn handle_for(variant: &Variant, dtype: Option<cuda::Dtype>) -> u64 {
+    let code = match dtype {
+        None => return intern(variant),
+        Some(cuda::Dtype::F32) => 0,
+        Some(cuda::Dtype::F16) => 1,
+        Some(cuda::Dtype::Bf16) => 2,
+    };
+    intern(variant) | CUDA_BIT | (code << 32)
+}
+
+fn decode(handle: u64) -> (u64, Option<cuda::Dtype>) {
+    let dtype = (handle & CUDA_BIT != 0).then(|| match (handle >> 32) & 0xff {
+        0 => cuda::Dtype::F32,
+        1 => cuda::Dtype::F16,
+        _ => cuda::Dtype::Bf16,
+    });
+    (handle & 0xffff_ffff, dtype)
 }
 
 /// Fused causal attention of `(B, H, T, d)` tensors, differentiable through libtorch's autograd.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, variant: &Variant) -> Result<Tensor, FusedError> {
-    if q.device() != Device::Cpu {
-        return Err(FusedError::Cuda);
-    }
-    if !cpu::is_fused(variant) {
-        return Err(FusedError::NotFused { variant: variant.to_string() });
-    }
+    let dtype = match q.device() {
+        Device::Cpu => {
+            if !cpu::is_fused(variant) {
+                return Err(FusedError::NotFused { variant: variant.to_string() });
+            }
+            None
+        }
+        Device::Cuda(_) => {
+            if cuda::Config::new(variant, q.size().last().copied().unwrap_or(64).max(1) as usize).is_err() {
+                return Err(FusedError::NotFused { variant: variant.to_string() });
+            }
+            if let Err(e) = cuda::nvrtc_location() {
+                return Err(FusedError::Cuda(e.to_string()));
+            }
+            Some(cuda_dtype(q.kind()).ok_or(FusedError::Unsupported(q.kind()))?)
+        }
+        other => return Err(FusedError::Cuda(format!("no fused kernels for {other:?}"))),
+    };
     for x in [q, k, v] {
-        if x.kind() != Kind::Float {
+        let ok = match dtype {
+            None => x.kind() == Kind::Float,
+            Some(_) => x.kind() == q.kind() && x.device() == q.device(),
+        };
+        if !ok {
             return Err(FusedError::Unsupported(x.kind()));
         }
     }
@@ -128,7 +182,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, variant: &Variant) -> Resul
     static LAYOUT: OnceLock<Result<(), String>> = OnceLock::new();
     LAYOUT.get_or_init(|| check_layout().map_err(|e| e.to_string())).clone().map_err(FusedError::Bridge)?;
 
-    let handle = intern(variant);
+    let handle = handle_for(variant, dtype);
     let mut out: *mut c_void = std::ptr::null_mut();
     // SAFETY: the three pointers are live `at::Tensor*` owned by `q`, `k`, `v` for the call; the
     // bridge only reads them and writes a freshly allocated tensor to `out`.
@@ -158,11 +212,12 @@ fn error_string(msg: String) -> *mut c_char {
 }
 
 /// Runs `f` for a callback: `Ok` is null, an error or a panic a Rust-owned message.
-fn callback(handle: u64, f: impl FnOnce(&Variant) -> attn_kernels::Result<()>) -> *mut c_char {
-    let Some(variant) = lookup(handle) else {
+fn callback(handle: u64, f: impl FnOnce(&Variant, Option<cuda::Dtype>) -> attn_kernels::Result<()>) -> *mut c_char {
+    let (index, dtype) = decode(handle);
+    let Some(variant) = lookup(index) else {
         return error_string(format!("unknown variant handle {handle}"));
     };
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&variant))) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&variant, dtype))) {
         Ok(Ok(())) => std::ptr::null_mut(),
         Ok(Err(e)) => error_string(e.to_string()),
         Err(panic) => {
@@ -183,7 +238,12 @@ fn callback(handle: u64, f: impl FnOnce(&Variant) -> attn_kernels::Result<()>) -
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpt_model_fused_forward(handle: u64, p: *const Params) -> *mut c_char {
     // SAFETY: see the function contract; `Params` is the C struct's layout (checked).
-    callback(handle, |variant| unsafe { cpu::forward_raw(variant, &*p, &cpu::Options::default()) })
+    callback(handle, |variant, dtype| unsafe {
+        match dtype {
+            None => cpu::forward_raw(variant, &*p, &cpu::Options::default()),
+            Some(dt) => cuda::forward_raw(variant, &*p, dt, cuda::Kernel::Auto),
+        }
+    })
 }
 
 /// Backward callback: writes `dq`, `dk`, `dv`.
@@ -193,7 +253,12 @@ pub unsafe extern "C" fn gpt_model_fused_forward(handle: u64, p: *const Params) 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpt_model_fused_backward(handle: u64, p: *const Params) -> *mut c_char {
     // SAFETY: see the function contract.
-    callback(handle, |variant| unsafe { cpu::backward_raw(variant, &*p, &cpu::Options::default()) })
+    callback(handle, |variant, dtype| unsafe {
+        match dtype {
+            None => cpu::backward_raw(variant, &*p, &cpu::Options::default()),
+            Some(dt) => cuda::backward_raw(variant, &*p, dt),
+        }
+    })
 }
 
 /// Releases an error string returned by a callback.

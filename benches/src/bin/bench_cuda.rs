@@ -1,0 +1,577 @@
+//! The CUDA kernel lab and benchmark (`cargo xtask bench cuda`): runs on a GPU machine from a binary
+//! built anywhere (libtorch and NVRTC are found at run time).
+//!
+//! - `check`: every fused variant, forward and backward, against the attn-core f64 reference on the
+//!   same (dtype-rounded) inputs, at awkward lengths, head dimensions 64, 128 and 48, f32 / f16 /
+//!   bf16, `p` in {1, 3, 15, 64}; next to the error of the plain tch-ops implementation in the same
+//!   dtype on the same GPU. Fails (exit 1) when an error exceeds its bound.
+//! - `speed`: TFLOP/s (FlashAttention's convention: `4 B H T^2 d`, halved for causal; backward 2.5x
+//!   the forward) for `T` in 1K..32K, `B T = 16K`, `H = 12`, bf16, causal: our LSSA and LSSAR
+//!   (`p = 15`), libtorch SDPA (softmax), and LSSA / LSSAR as tch ops; forward and forward+backward;
+//!   plus device memory at 16K and 64K.
+//! - `model`: a GPT-2 124M forward+backward step, fused vs reference attention, tokens/s.
+//!
+//! Results: a table on stdout, JSON to `--out` (default `docs/bench/cuda.json`).
+
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use attn_core::Variant;
+use attn_kernels::cpu::{Params, RawTensor, STATS_PER_ROW};
+use attn_kernels::cuda::{self, Dtype, Kernel};
+use clap::Parser;
+use ndarray::Array4;
+use serde_json::{Value, json};
+use tch::{Device, Kind, Tensor};
+
+#[derive(Parser, Debug)]
+#[command(about = "CUDA kernel lab: correctness against attn-core, speed against libtorch SDPA")]
+struct Args {
+    /// What to run: check, speed, model, or all.
+    #[arg(default_value = "all")]
+    what: String,
+    /// JSON output.
+    #[arg(long, default_value = "docs/bench/cuda.json")]
+    out: std::path::PathBuf,
+    /// Sequence lengths for `speed`.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![1024, 2048, 4096, 8192, 16384, 32768])]
+    lengths: Vec<i64>,
+    /// Head dimensions for `speed`.
+    #[arg(long, value_delimiter = ',', default_values_t = vec![64, 128])]
+    head_dims: Vec<i64>,
+    /// Timed repetitions (median reported).
+    #[arg(long, default_value_t = 10)]
+    reps: usize,
+    /// `check`: print each step to stderr as it starts (to find a hang).
+    #[arg(long)]
+    trace: bool,
+    /// `check`: only cases of these lengths (default: all).
+    #[arg(long, value_delimiter = ',')]
+    only_t: Vec<usize>,
+}
+
+fn trace(on: bool, what: std::fmt::Arguments<'_>) {
+    if on {
+        eprintln!(
+            "[{:?}] {what}",
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default()
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Random inputs (a fixed xorshift stream: reproducible, never zeros).
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.next().max(1e-300), self.next());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+    fn array(&mut self, shape: (usize, usize, usize, usize), scale: f64) -> Array4<f32> {
+        Array4::from_shape_simple_fn(shape, || (self.normal() * scale) as f32)
+    }
+}
+
+fn round_to(x: &Array4<f32>, dt: Dtype) -> Array4<f32> {
+    x.mapv(|v| match dt {
+        Dtype::F32 => v,
+        Dtype::F16 => half::f16::from_f32(v).to_f32(),
+        Dtype::Bf16 => half::bf16::from_f32(v).to_f32(),
+    })
+}
+
+fn rel_err(x: &Array4<f32>, r: &Array4<f64>) -> f64 {
+    let num: f64 = x.iter().zip(r).map(|(&a, &b)| (a as f64 - b).powi(2)).sum();
+    let den: f64 = r.iter().map(|&b| b * b).sum();
+    if x.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    (num / den.max(1e-300)).sqrt()
+}
+
+fn kind_of(dt: Dtype) -> Kind {
+    match dt {
+        Dtype::F32 => Kind::Float,
+        Dtype::F16 => Kind::Half,
+        Dtype::Bf16 => Kind::BFloat16,
+    }
+}
+
+fn to_tch(x: &Array4<f32>, dt: Dtype) -> Tensor {
+    let sh: Vec<i64> = x.shape().iter().map(|&s| s as i64).collect();
+    Tensor::from_slice(x.as_standard_layout().as_slice().unwrap())
+        .reshape(&sh)
+        .to_device(Device::Cuda(0))
+        .to_kind(kind_of(dt))
+}
+
+fn from_tch(x: &Tensor) -> Array4<f32> {
+    let x = x.to_kind(Kind::Float).to_device(Device::Cpu).contiguous();
+    let sh: Vec<usize> = x.size().iter().map(|&s| s as usize).collect();
+    let v: Vec<f32> = Vec::<f32>::try_from(x.flatten(0, -1)).unwrap();
+    Array4::from_shape_vec((sh[0], sh[1], sh[2], sh[3]), v).unwrap()
+}
+
+/// The plain tch-ops implementation (materialised T x T) in `dt` on the GPU: output and gradients.
+fn naive(
+    variant: &Variant,
+    q: &Array4<f32>,
+    k: &Array4<f32>,
+    v: &Array4<f32>,
+    g: &Array4<f32>,
+    dt: Dtype,
+) -> Result<[Array4<f32>; 4]> {
+    let (q, k, v, g) = (
+        to_tch(q, dt).set_requires_grad(true),
+        to_tch(k, dt).set_requires_grad(true),
+        to_tch(v, dt).set_requires_grad(true),
+        to_tch(g, dt),
+    );
+    let o = gpt_model::attention::torch_ops::attention(&q, &k, &v, variant, 0)?;
+    (&o * &g).sum(Kind::Float).backward();
+    Ok([from_tch(&o), from_tch(&q.grad()), from_tch(&k.grad()), from_tch(&v.grad())])
+}
+
+fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut all: Vec<(Variant, usize, usize, Dtype)> = Vec::new();
+    for name in attn_core::STAGE1_NAMES {
+        let v: Variant = match name.parse() {
+            Ok(v) => v,
+            Err(_) => format!("{name}:t_train=64").parse()?,
+        };
+        if cuda::Config::new(&v, 64).is_ok() {
+            for dt in [Dtype::F32, Dtype::Bf16] {
+                all.push((v.clone(), 77, 64, dt));
+            }
+        }
+    }
+    for name in
+        ["lssa", "lssa+rw1", "lssa+rw3", "lssa+rw15", "lssa+rw64", "softmax", "softmax+rw15", "sigmoid-rowbias-l1+rw15"]
+    {
+        let v: Variant = name.parse()?;
+        for dt in [Dtype::F32, Dtype::F16, Dtype::Bf16] {
+            for (t, d) in [(1, 64), (5, 64), (130, 64), (300, 64), (200, 128), (131, 48)] {
+                all.push((v.clone(), t, d, dt));
+            }
+        }
+    }
+    let mut ok = true;
+    println!(
+        "{:<26} {:>4} {:>4} {:>5} {:>6} | {:>9} {:>9} {:>9} {:>9} | {:>9} {:>9} | verdict",
+        "variant", "T", "d", "dtype", "fwd", "o", "dq", "dk", "dv", "naive o", "naive dq"
+    );
+    for (v, t, d, dt) in all {
+        if !args.only_t.is_empty() && !args.only_t.contains(&t) {
+            continue;
+        }
+        trace(args.trace, format_args!("{v} T={t} d={d} {dt:?}: inputs and reference"));
+        let shape = (2, 3, t, d);
+        let scale = if v.to_string().starts_with("softmax") || v.to_string().contains("sigmoid") { 1.0 } else { 0.7 };
+        let (q, k, vv, g) =
+            (rng.array(shape, scale), rng.array(shape, scale), rng.array(shape, 1.0), rng.array(shape, 1.0));
+        let (q, k, vv, g) = (round_to(&q, dt), round_to(&k, dt), round_to(&vv, dt), round_to(&g, dt));
+        let f64s = |x: &Array4<f32>| x.mapv(|a| a as f64);
+        let (q64, k64, v64, g64) = (f64s(&q), f64s(&k), f64s(&vv), f64s(&g));
+        let o_ref = attn_core::forward(&v, &q64, &k64, &v64)?;
+        let gr = attn_core::backward(&v, &q64, &k64, &v64, &g64)?;
+        let kernels: &[Kernel] =
+            if cuda::has_tensor_core_forward(d, dt) { &[Kernel::Simt, Kernel::TensorCore] } else { &[Kernel::Simt] };
+        trace(args.trace, format_args!("naive"));
+        let nv = naive(&v, &q, &k, &vv, &g, dt)?;
+        let n_o = rel_err(&nv[0], &o_ref);
+        let n_dq = rel_err(&nv[1], &gr.dq);
+        for &kern in kernels {
+            let opts = cuda::Options { dtype: dt, kernel: kern };
+            trace(args.trace, format_args!("forward {kern:?}"));
+            let o = cuda::forward_with(&v, &q, &k, &vv, &opts)?;
+            trace(args.trace, format_args!("backward"));
+            let grads = cuda::backward_with(&v, &q, &k, &vv, &g, &opts)?;
+            let e = [
+                rel_err(&o, &o_ref),
+                rel_err(&grads.dq, &gr.dq),
+                rel_err(&grads.dk, &gr.dk),
+                rel_err(&grads.dv, &gr.dv),
+            ];
+            // f32: far under 1e-3. f16/bf16: at most about 2x the naive error in the same dtype (plus a floor
+            // for rows where the naive error is tiny by luck).
+            let bound = |naive: f64| if dt == Dtype::F32 { 2e-4 } else { (2.5 * naive).max(4e-3) };
+            let pass = e[0] <= bound(n_o) && e[1..].iter().all(|&x| x <= bound(n_dq.max(n_o)));
+            ok &= pass;
+            println!(
+                "{:<26} {:>4} {:>4} {:>5} {:>6} | {:>9.2e} {:>9.2e} {:>9.2e} {:>9.2e} | {:>9.2e} {:>9.2e} | {}",
+                v.to_string(),
+                t,
+                d,
+                format!("{dt:?}"),
+                if kern == Kernel::Simt { "simt" } else { "mma" },
+                e[0],
+                e[1],
+                e[2],
+                e[3],
+                n_o,
+                n_dq,
+                if pass { "ok" } else { "FAIL" }
+            );
+            rows.push(json!({"variant": v.to_string(), "T": t, "d": d, "dtype": format!("{dt:?}"), "forward_kernel": format!("{kern:?}"),
+                "rel_err": {"o": e[0], "dq": e[1], "dk": e[2], "dv": e[3]}, "naive_rel_err": {"o": n_o, "dq": n_dq}, "pass": pass}));
+        }
+    }
+    Ok(ok)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Speed.
+
+fn raw<P>(t: &Tensor) -> RawTensor<*mut P> {
+    let s = t.stride();
+    RawTensor { ptr: t.data_ptr() as *mut P, strides: [s[0] as usize, s[1] as usize, s[2] as usize] }
+}
+
+struct Bufs {
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    stats: Tensor,
+    g: Tensor,
+    dq: Tensor,
+    dk: Tensor,
+    dv: Tensor,
+}
+
+impl Bufs {
+    fn new(b: i64, h: i64, t: i64, d: i64) -> Self {
+        let opts = (Kind::BFloat16, Device::Cuda(0));
+        let r = || Tensor::randn([b, h, t, d], opts);
+        Bufs {
+            q: r(),
+            k: r(),
+            v: r(),
+            o: Tensor::empty([b, h, t, d], opts),
+            stats: Tensor::empty([b, h, t, STATS_PER_ROW as i64], (Kind::Float, Device::Cuda(0))),
+            g: r(),
+            dq: Tensor::empty([b, h, t, d], opts),
+            dk: Tensor::empty([b, h, t, d], opts),
+            dv: Tensor::empty([b, h, t, d], opts),
+        }
+    }
+    fn params(&self) -> Params {
+        let sz = self.q.size();
+        Params {
+            batch: sz[0] as usize,
+            heads: sz[1] as usize,
+            seq_len: sz[2] as usize,
+            head_dim: sz[3] as usize,
+            q: raw::<f32>(&self.q).as_const(),
+            k: raw::<f32>(&self.k).as_const(),
+            v: raw::<f32>(&self.v).as_const(),
+            o: raw(&self.o),
+            stats: self.stats.data_ptr() as *mut f32,
+            d_out: raw::<f32>(&self.g).as_const(),
+            dq: raw(&self.dq),
+            dk: raw(&self.dk),
+            dv: raw(&self.dv),
+        }
+    }
+}
+
+fn sync() {
+    tch::Cuda::synchronize(0);
+}
+
+/// Median seconds per call of `f` (synchronised; warm-up first). `None` when it fails (e.g. OOM).
+fn time(reps: usize, mut f: impl FnMut() -> Result<()>) -> Option<f64> {
+    let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<f64> {
+        f()?;
+        sync();
+        // Calls per timed sample: enough for ~20 ms.
+        let t0 = Instant::now();
+        f()?;
+        sync();
+        let one = t0.elapsed().as_secs_f64().max(1e-6);
+        let inner = ((0.02 / one).ceil() as usize).clamp(1, 50);
+        let mut samples = Vec::new();
+        for _ in 0..reps {
+            let t0 = Instant::now();
+            for _ in 0..inner {
+                f()?;
+            }
+            sync();
+            samples.push(t0.elapsed().as_secs_f64() / inner as f64);
+        }
+        samples.sort_by(|a, b| a.total_cmp(b));
+        Ok(samples[samples.len() / 2])
+    }));
+    match run {
+        Ok(Ok(s)) => Some(s),
+        _ => None,
+    }
+}
+
+fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
+    let lssa: Variant = "lssa".parse()?;
+    let lssar: Variant = "lssa+rw15".parse()?;
+    println!("\nTFLOP/s, bf16, causal, H = 12, B*T = 16K (FlashAttention FLOP convention); '-' = failed (OOM)");
+    println!(
+        "{:>4} {:>6} {:>3} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8} | {:>7} {:>7}",
+        "d",
+        "T",
+        "B",
+        "SDPA",
+        "LSSA",
+        "LSSAR",
+        "ops-LSSA",
+        "ops-LSSAR",
+        "SDPA fb",
+        "LSSA fb",
+        "LSSAR fb",
+        "opsLSSA fb",
+        "LSSA/SD",
+        "fb/SD"
+    );
+    for &d in &args.head_dims {
+        for &t in &args.lengths {
+            let b = (16384 / t).max(1);
+            let h = 12;
+            let flops = 4.0 * (b * h) as f64 * (t as f64).powi(2) * d as f64 / 2.0;
+            let bufs = Bufs::new(b, h, t, d);
+            let p = bufs.params();
+            let tf = |s: Option<f64>, mult: f64| s.map(|s| mult * flops / s / 1e12);
+            let sdpa = time(args.reps, || {
+                let _ = Tensor::scaled_dot_product_attention(
+                    &bufs.q,
+                    &bufs.k,
+                    &bufs.v,
+                    None::<Tensor>,
+                    0.0,
+                    true,
+                    None,
+                    false,
+                );
+                Ok(())
+            });
+            let ours =
+                |v: &Variant| time(args.reps, || Ok(unsafe { cuda::forward_raw(v, &p, Dtype::Bf16, Kernel::Auto) }?));
+            let ours_fb = |v: &Variant| {
+                time(args.reps, || {
+                    unsafe {
+                        cuda::forward_raw(v, &p, Dtype::Bf16, Kernel::Auto)?;
+                        cuda::backward_raw(v, &p, Dtype::Bf16)?;
+                    }
+                    Ok(())
+                })
+            };
+            let (l, lr) = (ours(&lssa), ours(&lssar));
+            let (lfb, lrfb) = (ours_fb(&lssa), ours_fb(&lssar));
+            let ops = |pp: Option<u32>| {
+                if t > 16384 {
+                    return None; // (B, H, T, T) f32 intermediates: > 80 GB
+                }
+                time(args.reps.min(3), || {
+                    let _ = tch::no_grad(|| gpt_model::attention::torch_ops::lssa(&bufs.q, &bufs.k, &bufs.v, pp));
+                    Ok(())
+                })
+            };
+            let (ol, olr) = (ops(None), ops(Some(15)));
+            let req = |x: &Tensor| x.detach().set_requires_grad(true);
+            let sdpa_fb = time(args.reps, || {
+                let (q, k, v) = (req(&bufs.q), req(&bufs.k), req(&bufs.v));
+                let o = Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false);
+                (&o * &bufs.g).sum(Kind::Float).backward();
+                Ok(())
+            });
+            let ops_fb = if t > 8192 {
+                None
+            } else {
+                time(args.reps.min(3), || {
+                    let (q, k, v) = (req(&bufs.q), req(&bufs.k), req(&bufs.v));
+                    let o = gpt_model::attention::torch_ops::lssa(&q, &k, &v, None);
+                    (&o * &bufs.g).sum(Kind::Float).backward();
+                    Ok(())
+                })
+            };
+            let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1}"));
+            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                (Some(a), Some(b)) => format!("{:.2}", b / a),
+                _ => "-".into(),
+            };
+            println!(
+                "{:>4} {:>6} {:>3} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8} | {:>7} {:>7}",
+                d,
+                t,
+                b,
+                fmt(tf(sdpa, 1.0)),
+                fmt(tf(l, 1.0)),
+                fmt(tf(lr, 1.0)),
+                fmt(tf(ol, 1.0)),
+                fmt(tf(olr, 1.0)),
+                fmt(tf(sdpa_fb, 3.5)),
+                fmt(tf(lfb, 3.5)),
+                fmt(tf(lrfb, 3.5)),
+                fmt(tf(ops_fb, 3.5)),
+                ratio(sdpa, l),
+                ratio(sdpa_fb, lfb)
+            );
+            rows.push(json!({"d": d, "T": t, "B": b, "H": h, "seconds": {
+                "sdpa_fwd": sdpa, "lssa_fwd": l, "lssar15_fwd": lr, "ops_lssa_fwd": ol, "ops_lssar15_fwd": olr,
+                "sdpa_fwd_bwd": sdpa_fb, "lssa_fwd_bwd": lfb, "lssar15_fwd_bwd": lrfb, "ops_lssa_fwd_bwd": ops_fb},
+                "forward_flops": flops}));
+        }
+    }
+    Ok(())
+}
+
+fn memory(rows: &mut Vec<Value>) -> Result<()> {
+    println!("\nDevice memory of one forward+backward (bf16, B = 1, H = 12, d = 64), GiB: libtorch's peak allocation");
+    for t in [16384i64, 65536] {
+        for (name, which) in [("lssa (fused)", 0), ("lssa (tch ops)", 1), ("sdpa", 2)] {
+            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<f64> {
+                sync();
+                reset_peak();
+                let bufs = Bufs::new(1, 12, t, 64);
+                let p = bufs.params();
+                let base = peak_bytes();
+                match which {
+                    0 => unsafe {
+                        cuda::forward_raw(&"lssa".parse()?, &p, Dtype::Bf16, Kernel::Auto)?;
+                        cuda::backward_raw(&"lssa".parse()?, &p, Dtype::Bf16)?;
+                    },
+                    1 => {
+                        let q = bufs.q.detach().set_requires_grad(true);
+                        let o = gpt_model::attention::torch_ops::lssa(&q, &bufs.k, &bufs.v, None);
+                        (&o * &bufs.g).sum(Kind::Float).backward();
+                    }
+                    _ => {
+                        let q = bufs.q.detach().set_requires_grad(true);
+                        let o = Tensor::scaled_dot_product_attention(
+                            &q,
+                            &bufs.k,
+                            &bufs.v,
+                            None::<Tensor>,
+                            0.0,
+                            true,
+                            None,
+                            false,
+                        );
+                        (&o * &bufs.g).sum(Kind::Float).backward();
+                    }
+                }
+                sync();
+                Ok((peak_bytes().max(base)) as f64 / (1u64 << 30) as f64)
+            }));
+            let gib = match res {
+                Ok(Ok(g)) => Some(g),
+                _ => None,
+            };
+            println!("  T = {t:>6}  {name:<16} {}", gib.map_or("out of memory / failed".into(), |g| format!("{g:.2}")));
+            rows.push(json!({"T": t, "impl": name, "peak_gib": gib}));
+        }
+    }
+    Ok(())
+}
+
+// libtorch's allocator statistics through its C++ API are not in tch; device-wide used memory
+// (cuMemGetInfo) after emptying the cache bounds what a call needed.
+fn reset_peak() {
+    // Nothing to reset: `peak_bytes` reads the device's used memory, which the caching allocator keeps
+    // at its high-water mark until the cache is emptied; the bench process allocates nothing else.
+}
+fn peak_bytes() -> u64 {
+    used_device_bytes().unwrap_or(0)
+}
+fn used_device_bytes() -> Option<u64> {
+    let ctx = cudarc::driver::CudaContext::new(0).ok()?;
+    let (free, total) = ctx.mem_get_info().ok()?;
+    Some((total - free) as u64)
+}
+
+fn model(rows: &mut Vec<Value>) -> Result<()> {
+    use gpt_model::{AttnImpl, ForwardOptions, Gpt, ModelConfig};
+    println!("\nGPT-2 124M forward+backward step (bf16 weights and activations), tokens/s, B*T = 8K");
+    for t in [1024i64, 4096] {
+        for variant in ["lssa", "lssa+rw15"] {
+            let mut line = format!("  T = {t:>5} {variant:<10}");
+            let mut res = serde_json::Map::new();
+            for imp in [AttnImpl::Reference, AttnImpl::Fused] {
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<f64> {
+                    let mut cfg = ModelConfig::gpt2_124m();
+                    cfg.context_len = t as usize;
+                    cfg.attention = variant.into();
+                    cfg.attn_impl = imp;
+                    let mut vs = tch::nn::VarStore::new(Device::Cuda(0));
+                    let gpt = Gpt::new(&vs.root(), &cfg)?;
+                    vs.bfloat16();
+                    let b = (8192 / t).max(1);
+                    let idx = Tensor::randint(cfg.vocab_size as i64, [b, t], (Kind::Int64, Device::Cuda(0)));
+                    let step = || -> Result<()> {
+                        let loss = gpt.loss(&idx, &idx, &ForwardOptions::default())?;
+                        loss.backward();
+                        Ok(())
+                    };
+                    let s = time(3, step).context("step failed")?;
+                    Ok((b * t) as f64 / s)
+                }));
+                let v = match r {
+                    Ok(Ok(v)) => Some(v),
+                    Ok(Err(e)) => {
+                        eprintln!("    {imp:?}: {e:#}");
+                        None
+                    }
+                    Err(_) => None,
+                };
+                line.push_str(&format!("  {imp:?} {}", v.map_or("-".into(), |v| format!("{v:.0}"))));
+                res.insert(format!("{imp:?}"), json!(v));
+            }
+            println!("{line}");
+            rows.push(json!({"T": t, "variant": variant, "tokens_per_s": res}));
+        }
+    }
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let args = Args::parse();
+    if !tch::Cuda::is_available() {
+        bail!("no CUDA device visible to libtorch: run this on a GPU machine (see docs/GUIDE.md, CUDA kernels)");
+    }
+    println!("device: {}; NVRTC from {}", cuda::device_description()?, cuda::nvrtc_location()?.display());
+    let mut out = serde_json::Map::new();
+    out.insert("device".into(), json!(cuda::device_description()?));
+    let all = args.what == "all";
+    let mut failed = false;
+    if all || args.what == "check" {
+        let mut rows = Vec::new();
+        failed |= !check(&args, &mut rows)?;
+        out.insert("check".into(), Value::Array(rows));
+    }
+    if all || args.what == "speed" {
+        let mut rows = Vec::new();
+        speed(&args, &mut rows)?;
+        out.insert("speed".into(), Value::Array(rows));
+        let mut rows = Vec::new();
+        memory(&mut rows)?;
+        out.insert("memory".into(), Value::Array(rows));
+    }
+    if all || args.what == "model" {
+        let mut rows = Vec::new();
+        model(&mut rows)?;
+        out.insert("model".into(), Value::Array(rows));
+    }
+    if let Some(dir) = args.out.parent() {
+        std::fs::create_dir_all(dir).ok();
+    }
+    std::fs::write(&args.out, serde_json::to_string_pretty(&Value::Object(out))?)?;
+    println!("\nwrote {}", args.out.display());
+    if failed {
+        bail!("correctness check failed (rows marked FAIL)");
+    }
+    Ok(())
+}

@@ -1,0 +1,231 @@
+// Shared definitions of every CUDA kernel of attn-kernels. Compiled by NVRTC at run time, so it
+// includes no header: 16-bit floats are handled as raw bits with PTX conversions.
+//
+// The host (src/cuda/mod.rs) prepends the configuration of one variant as macros:
+//   ACT          0 exp, 1 softplus, 2 relu, 3 relu2, 4 relu6, 5 gelu, 6 sigmoid, 7 mish, 8 identity
+//   NORM         0 l1, 1 none, 2 divide by N_i
+//   RUNNING_MAX  1 for exp under l1 (softmax): subtract the running row maximum
+//   SIGNED       1 when phi may be negative (l1 sums |f|; its gradient carries sign(f))
+//   COSINE       1 for L2-normalised q and k (inverse norms precomputed by lssa_inv_norms)
+//   P            re-weighting power, 0 for none
+//   DTYPE        0 f32, 1 f16, 2 bf16 (inputs and outputs; all arithmetic is f32)
+//   HD           head dimension
+// Everything else (the per-row scale and bias constants, sizes, strides) is a kernel argument.
+// The maths mirrors src/cpu/engine.rs line for line; SPEC sections 2-6 are the definition.
+
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+
+struct Tensor4 {
+    u64 ptr;
+    long long sb, sh, st; // element strides of batch, head and row; the last axis is contiguous
+};
+
+struct KParams {
+    int B, H, T, D;
+    Tensor4 q, k, v, o, g, dq, dk, dv;
+    u64 stats;     // f32 (B, H, T, 4): Z, running max, m_i (u max), W_i
+    u64 inv_norms; // f32 (B*H, 2, T): 1 / max(||x||, 1e-12) of q rows then k rows (cosine only)
+    u64 rowgrad;   // f32 (B*H*T, 2): D'_i and C_i (backward only)
+    float scale_c; // scale_i = scale_c * (scale_log ? ln N_i : 1)
+    int scale_log;
+    float bias_c; // bias_i = bias_c - (bias_log ? ln N_i : 0)
+    int bias_log;
+};
+
+#define STATS 4
+#define ST_Z 0
+#define ST_MAX 1
+#define ST_UMAX 2
+#define ST_W 3
+
+// ---------------------------------------------------------------------------------------------
+// Element access in the configured dtype.
+
+__device__ __forceinline__ float to_f32(u16 h) {
+#if DTYPE == 1
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+#else
+    return __uint_as_float(((u32)h) << 16);
+#endif
+}
+
+__device__ __forceinline__ u16 from_f32(float x) {
+    u16 h;
+#if DTYPE == 1
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+#else
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+#endif
+    return h;
+}
+
+// Two floats into one register of two 16-bit values, `lo` in the low half (the lower index).
+__device__ __forceinline__ u32 pack2(float lo, float hi) {
+    u32 r;
+#if DTYPE == 1
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#else
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+#endif
+    return r;
+}
+
+__device__ __forceinline__ float ld(const Tensor4& x, int b, int h, long long row, int c) {
+    long long i = b * x.sb + h * x.sh + row * x.st + c;
+#if DTYPE == 0
+    return ((const float*)x.ptr)[i];
+#else
+    return to_f32(((const u16*)x.ptr)[i]);
+#endif
+}
+
+__device__ __forceinline__ void st(const Tensor4& x, int b, int h, long long row, int c, float v) {
+    long long i = b * x.sb + h * x.sh + row * x.st + c;
+#if DTYPE == 0
+    ((float*)x.ptr)[i] = v;
+#else
+    ((u16*)x.ptr)[i] = from_f32(v);
+#endif
+}
+
+// ---------------------------------------------------------------------------------------------
+// The positivity map phi and its derivative (f32).
+
+__device__ __forceinline__ float softplus_f(float x) {
+    // max(x, 0) + log1p(exp(-|x|)); log1p by its series below 1e-3, where log(1 + e) would round.
+    float e = __expf(-fabsf(x));
+    float l = e < 1e-3f ? e * (1.f - 0.5f * e) : __logf(1.f + e);
+    return fmaxf(x, 0.f) + l;
+}
+
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + __expf(-x)); }
+
+__device__ __forceinline__ float act(float x) {
+#if ACT == 0
+    return __expf(x);
+#elif ACT == 1
+    return softplus_f(x);
+#elif ACT == 2
+    return fmaxf(x, 0.f);
+#elif ACT == 3
+    return fmaxf(x, 0.f) * fmaxf(x, 0.f);
+#elif ACT == 4
+    return fminf(fmaxf(x, 0.f), 6.f);
+#elif ACT == 5
+    return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
+#elif ACT == 6
+    return sigmoid_f(x);
+#elif ACT == 7
+    return x * tanhf(softplus_f(x));
+#else
+    return x;
+#endif
+}
+
+// phi'(x), given f = phi(x).
+__device__ __forceinline__ float act_grad(float x, float f) {
+#if ACT == 0
+    return f;
+#elif ACT == 1
+    return sigmoid_f(x);
+#elif ACT == 2
+    return x > 0.f ? 1.f : 0.f;
+#elif ACT == 3
+    return 2.f * fmaxf(x, 0.f);
+#elif ACT == 4
+    return (x > 0.f && x < 6.f) ? 1.f : 0.f;
+#elif ACT == 5
+    return 0.5f * (1.f + erff(x * 0.70710678118654752f)) + x * 0.3989422804014327f * __expf(-0.5f * x * x);
+#elif ACT == 6
+    return f * (1.f - f);
+#elif ACT == 7
+    float t = tanhf(softplus_f(x));
+    return t + x * (1.f - t * t) * sigmoid_f(x);
+#else
+    return 1.f;
+#endif
+}
+
+// x^E for a compile-time E: repeated squaring, unrolled.
+template <int E> __device__ __forceinline__ float powi(float x) {
+    float acc = 1.f, base = x;
+#pragma unroll
+    for (int e = E; e > 0; e >>= 1) {
+        if (e & 1) acc *= base;
+        base *= base;
+    }
+    return acc;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Per-row constants.
+
+__device__ __forceinline__ float row_scale(const KParams& p, int n) {
+    return p.scale_log ? p.scale_c * __logf((float)n) : p.scale_c;
+}
+__device__ __forceinline__ float row_bias(const KParams& p, int n) {
+    return p.bias_log ? p.bias_c - __logf((float)n) : p.bias_c;
+}
+__device__ __forceinline__ float offset_of(int n) { return n <= 3 ? 0.f : 1.f; }
+
+// Stage-1 normalising factor: a_ij = f_ij * anorm.
+__device__ __forceinline__ float anorm(float z, int n) {
+#if NORM == 0
+    return z == 0.f ? 0.f : 1.f / z;
+#elif NORM == 1
+    return 1.f;
+#else
+    return 1.f / (float)n;
+#endif
+}
+
+__device__ __forceinline__ float inv_norm(const KParams& p, int bh, int which, int row) {
+    return ((const float*)p.inv_norms)[((long long)bh * 2 + which) * p.T + row];
+}
+
+// Order-preserving map of floats onto ints, for atomicMax on floats of either sign.
+__device__ __forceinline__ int ordered(float x) {
+    int i = __float_as_int(x);
+    return i >= 0 ? i : i ^ 0x7fffffff;
+}
+__device__ __forceinline__ float unordered(int i) { return __int_as_float(i >= 0 ? i : i ^ 0x7fffffff); }
+
+__device__ __forceinline__ float warp_sum(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+__device__ __forceinline__ float warp_max(float x) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+// Inverse L2 norms of every q and k row (cosine variants): one warp per row.
+extern "C" __global__ void lssa_inv_norms(KParams p) {
+    long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    int lane = threadIdx.x & 31;
+    long long rows = (long long)p.B * p.H * p.T;
+    if (w >= 2 * rows) return;
+    int which = (int)(w / rows);
+    long long r = w % rows;
+    int i = (int)(r % p.T);
+    int bh = (int)(r / p.T);
+    int b = bh / p.H, h = bh % p.H;
+    const Tensor4& x = which == 0 ? p.q : p.k;
+    float s = 0.f;
+    for (int c = lane; c < HD; c += 32) {
+        float v = ld(x, b, h, i, c);
+        s += v * v;
+    }
+    s = warp_sum(s);
+    if (lane == 0) ((float*)p.inv_norms)[((long long)bh * 2 + which) * p.T + i] = 1.f / fmaxf(sqrtf(s), 1e-12f);
+}

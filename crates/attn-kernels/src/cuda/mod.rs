@@ -1,0 +1,738 @@
+//! Fused attention on NVIDIA GPUs, with the API of [`crate::cpu`]: CUDA C++ kept in this crate as
+//! source (`common.cuh`, `simt.cu`, `mma.cu`), specialised per variant with preprocessor macros,
+//! compiled by NVRTC at first use and cached per (variant configuration, head dimension, dtype,
+//! architecture). The driver and NVRTC are loaded at run time through `cudarc`, so this crate builds
+//! and its tests run on machines without CUDA; there every call returns [`Error::Cuda`].
+//!
+//! Kernels (the lab numbers of `lab/README.md`):
+//!
+//! - v1 `lssa_fwd_simt`, `lssa_bwd_rows`, `lssa_bwd_keys`: f32 arithmetic on CUDA cores, any dtype
+//!   and head dimension. The f32 forward and every backward.
+//! - v2 `lssa_fwd_mma`: the f16 / bf16 forward at head dimension 64 or 128 on tensor cores
+//!   (`mma.sync` m16n8k16, f32 accumulation), FlashAttention-2 tiling. Other head dimensions run v1.
+//!
+//! Numerics: scores, activations, row sums and outputs are accumulated in f32 whatever the input
+//! dtype; the tensor-core kernel rounds the weights to the input dtype before `P V`, as
+//! FlashAttention does. The row statistics have [`crate::cpu::STATS_PER_ROW`] entries laid out as
+//! the CPU kernels lay them out, so a forward's statistics feed the backward of either.
+//!
+//! Streams and contexts: the kernels run in the device's primary context (the one libtorch's
+//! runtime API uses) on the legacy default stream, which is libtorch's current stream unless a
+//! caller installed another: work on tensors libtorch produced is therefore ordered after it, and
+//! libtorch's later work after ours, with no synchronisation. A caller that runs libtorch on a
+//! side stream must synchronise that stream before calling in.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::{CompileOptions, Ptx};
+use half::{bf16, f16};
+use ndarray::{Array4, ArrayView4, AsArray, Ix4};
+
+use attn_core::{Bias, Norm as CoreNorm, OutputNorm, Scale, Scores, Transform, Variant};
+
+use crate::cpu::{Params, STATS_PER_ROW};
+use crate::{Error, Grads, Result};
+
+/// The CUDA sources, in the order they are concatenated.
+pub const COMMON_SRC: &str = include_str!("common.cuh");
+/// SIMT kernels (lab v1).
+pub const SIMT_SRC: &str = include_str!("simt.cu");
+/// Tensor-core forward (lab v2).
+pub const MMA_SRC: &str = include_str!("mma.cu");
+
+/// Element type of `q`, `k`, `v`, `o` and the gradients on the device. Arithmetic is f32 in every case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Dtype {
+    /// IEEE single precision.
+    F32,
+    /// IEEE half precision.
+    F16,
+    /// bfloat16.
+    Bf16,
+}
+
+impl Dtype {
+    fn code(self) -> u32 {
+        match self {
+            Dtype::F32 => 0,
+            Dtype::F16 => 1,
+            Dtype::Bf16 => 2,
+        }
+    }
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        if self == Dtype::F32 { 4 } else { 2 }
+    }
+}
+
+/// Which forward kernel runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Kernel {
+    /// Tensor cores where they apply (f16 / bf16, head dimension 64 or 128, even strides), else SIMT.
+    #[default]
+    Auto,
+    /// The SIMT kernel (lab v1) in every case.
+    Simt,
+    /// The tensor-core kernel (lab v2); an error where it does not apply.
+    TensorCore,
+}
+
+/// Options of the ndarray entry points.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Options {
+    /// The dtype the f32 inputs are converted to on upload (results come back as f32).
+    pub dtype: Dtype,
+    /// The forward kernel.
+    pub kernel: Kernel,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { dtype: Dtype::F32, kernel: Kernel::Auto }
+    }
+}
+
+/// A variant resolved into the macros and constants of the kernels.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    act: u32,
+    norm: u32,
+    running_max: bool,
+    signed: bool,
+    cosine: bool,
+    p: u32,
+    scale_c: f32,
+    scale_log: bool,
+    bias_c: f32,
+    bias_log: bool,
+}
+
+fn not_fused(variant: &Variant, reason: &'static str) -> Error {
+    Error::NotFused { variant: variant.to_string(), reason }
+}
+
+impl Config {
+    /// Resolves `variant` for head dimension `head_dim`, or says why it has no CUDA kernel.
+    pub fn new(variant: &Variant, head_dim: usize) -> Result<Self> {
+        variant.validate()?;
+        let s1 = &variant.stage1;
+        if s1.transform != Transform::None {
+            return Err(not_fused(variant, "the Table-1 transforms (inverse, recentered) need the whole row"));
+        }
+        if s1.output_norm == OutputNorm::LayerNorm {
+            return Err(not_fused(variant, "the output layer norm (relu-ln) has no CUDA kernel"));
+        }
+        let name = s1.activation.name();
+        let act = match name {
+            "exp" => 0,
+            "softplus" => 1,
+            "relu" => 2,
+            "relu2" => 3,
+            "relu6" => 4,
+            "gelu" => 5,
+            "sigmoid" => 6,
+            "mish" => 7,
+            "identity" => 8,
+            _ => return Err(not_fused(variant, "user-defined activations have no CUDA kernel")),
+        };
+        if attn_core::activation_by_name(name).is_none() {
+            return Err(not_fused(variant, "user-defined activations have no CUDA kernel"));
+        }
+        let d = head_dim as f64;
+        let (scale_c, scale_log) = match s1.scale {
+            Scale::InvSqrtD => (1.0 / d.sqrt(), false),
+            Scale::LssaLog { d_factor } => (d_factor.unwrap_or_else(|| d.ln()), true),
+            Scale::LogNOverSqrtD => (1.0 / d.sqrt(), true),
+        };
+        let (bias_c, bias_log) = match s1.bias {
+            Bias::None => (0.0, false),
+            Bias::LogTrainLen { .. } => (s1.bias.value(1)?, false),
+            Bias::LogRowLen => (0.0, true),
+        };
+        Ok(Self {
+            act,
+            norm: match s1.norm {
+                CoreNorm::L1 => 0,
+                CoreNorm::None => 1,
+                CoreNorm::DivN => 2,
+            },
+            running_max: s1.needs_running_max(),
+            signed: !s1.activation.is_non_negative(),
+            cosine: s1.scores == Scores::Cosine,
+            p: variant.reweight.unwrap_or(0),
+            scale_c: scale_c as f32,
+            scale_log,
+            bias_c: bias_c as f32,
+            bias_log,
+        })
+    }
+
+    /// The compile-time part: what a compiled module is specialised on.
+    fn key(&self, head_dim: usize, dtype: Dtype) -> String {
+        format!(
+            "act{}-norm{}-max{}-signed{}-cos{}-p{}-hd{}-dt{}",
+            self.act,
+            self.norm,
+            self.running_max as u8,
+            self.signed as u8,
+            self.cosine as u8,
+            self.p,
+            head_dim,
+            dtype.code()
+        )
+    }
+}
+
+/// Whether the tensor-core forward exists for this head dimension and dtype.
+pub fn has_tensor_core_forward(head_dim: usize, dtype: Dtype) -> bool {
+    dtype != Dtype::F32 && (head_dim == 64 || head_dim == 128)
+}
+
+/// The complete CUDA source of one specialisation.
+pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype) -> String {
+    let mut s = format!(
+        "#define ACT {}\n#define NORM {}\n#define RUNNING_MAX {}\n#define SIGNED {}\n#define COSINE {}\n#define P {}\n#define DTYPE {}\n#define HD {}\n",
+        cfg.act,
+        cfg.norm,
+        cfg.running_max as u8,
+        cfg.signed as u8,
+        cfg.cosine as u8,
+        cfg.p,
+        dtype.code(),
+        head_dim
+    );
+    s.push_str(COMMON_SRC);
+    s.push_str(SIMT_SRC);
+    if has_tensor_core_forward(head_dim, dtype) {
+        s.push_str(MMA_SRC);
+    }
+    s
+}
+
+/// Directories where a `libnvrtc.so.13` may be: `$LSSA_NVRTC_DIR`, the torch venv that `LIBTORCH`
+/// points into (`site-packages/nvidia/cu13/lib`), the GPU machines' torch venv, `/usr/local/cuda`.
+fn nvrtc_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = std::env::var_os("LSSA_NVRTC_DIR") {
+        dirs.push(PathBuf::from(d));
+    }
+    if let Some(t) = std::env::var_os("LIBTORCH") {
+        let t = PathBuf::from(t);
+        let t = t.canonicalize().unwrap_or(t);
+        if let Some(sp) = t.parent() {
+            dirs.push(sp.join("nvidia/cu13/lib"));
+        }
+    }
+    dirs.push(PathBuf::from("/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib"));
+    dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
+    dirs
+}
+
+/// Loads NVRTC (and its builtins library, which NVRTC opens by name) by absolute path once, so that
+/// cudarc's later `dlopen("libnvrtc.so.13")` finds it without `LD_LIBRARY_PATH`. Returns where from.
+fn preload_nvrtc() -> Result<PathBuf> {
+    static LOADED: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            let tried = nvrtc_dirs();
+            for dir in &tried {
+                let lib = dir.join("libnvrtc.so.13");
+                if !lib.exists() {
+                    continue;
+                }
+                let builtins =
+                    std::fs::read_dir(dir).ok().into_iter().flatten().flatten().map(|e| e.path()).find(|p| {
+                        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libnvrtc-builtins.so.13"))
+                    });
+                // SAFETY: loading NVIDIA's shared libraries runs only their initialisers.
+                unsafe {
+                    if let Some(b) = builtins {
+                        if let Ok(l) = libloading::Library::new(&b) {
+                            std::mem::forget(l);
+                        }
+                    }
+                    match libloading::Library::new(&lib) {
+                        Ok(l) => std::mem::forget(l),
+                        Err(e) => return Err(format!("cannot load {}: {e}", lib.display())),
+                    }
+                }
+                return Ok(dir.clone());
+            }
+            // Last chance: whatever the loader finds by name.
+            // SAFETY: as above.
+            if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+                return Ok(PathBuf::from("(system search path)"));
+            }
+            Err(format!(
+                "no libnvrtc.so.13 in {} (set LSSA_NVRTC_DIR, or run `cargo xtask setup`, whose torch venv ships it)",
+                tried.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+            ))
+        })
+        .clone()
+        .map_err(Error::Cuda)
+}
+
+/// Where NVRTC was loaded from (loads it on first call).
+pub fn nvrtc_location() -> Result<PathBuf> {
+    preload_nvrtc()
+}
+
+/// Compiles one specialisation to PTX for `arch` (e.g. `"compute_90"`); needs NVRTC only, no GPU.
+/// The test suite calls this for every fused variant, so a kernel that does not compile fails CI.
+pub fn compile_ptx(variant: &Variant, head_dim: usize, dtype: Dtype, arch: &'static str) -> Result<String> {
+    let cfg = Config::new(variant, head_dim)?;
+    Ok(compile(&cfg, head_dim, dtype, arch)?.to_src())
+}
+
+fn compile(cfg: &Config, head_dim: usize, dtype: Dtype, arch: &'static str) -> Result<Ptx> {
+    preload_nvrtc()?;
+    let opts = CompileOptions {
+        arch: Some(arch),
+        options: vec!["--std=c++17".into(), "-lineinfo".into()],
+        name: Some(format!("lssa-{}.cu", cfg.key(head_dim, dtype))),
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(source(cfg, head_dim, dtype), opts)
+        .map_err(|e| Error::Cuda(format!("NVRTC failed on {}: {e:?}", cfg.key(head_dim, dtype))))
+}
+
+/// The NVRTC architecture name for a compute capability (PTX, so newer GPUs JIT it).
+fn arch_name(major: i32, minor: i32) -> Result<&'static str> {
+    Ok(match (major, minor) {
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 7) => "compute_87",
+        (8, 9) => "compute_89",
+        (9, _) => "compute_90",
+        (10, _) | (11, _) | (12, _) => "compute_90", // PTX for sm_90 runs on later GPUs (JIT)
+        _ => return Err(Error::Cuda(format!("compute capability {major}.{minor}: the kernels need sm_80 or newer"))),
+    })
+}
+
+/// One compiled specialisation.
+struct Module {
+    _module: Arc<CudaModule>,
+    inv_norms: CudaFunction,
+    fwd_simt: CudaFunction,
+    fwd_mma: Option<CudaFunction>,
+    bwd_rows: CudaFunction,
+    bwd_keys: CudaFunction,
+}
+
+/// The process-wide GPU state: device 0's primary context, its legacy default stream, the module cache.
+struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: &'static str,
+    cache: Mutex<HashMap<String, Arc<Module>>>,
+}
+
+fn gpu() -> Result<&'static Gpu> {
+    static GPU: OnceLock<std::result::Result<Gpu, String>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        // SAFETY: probing for the driver library only loads it.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err("no CUDA driver (libcuda.so) on this machine".into());
+        }
+        let n = CudaContext::device_count().map_err(|e| format!("cuInit / device count: {e:?}"))?;
+        if n < 1 {
+            return Err("no CUDA device".into());
+        }
+        let ctx = CudaContext::new(0).map_err(|e| format!("primary context of device 0: {e:?}"))?;
+        let (major, minor) = ctx.compute_capability().map_err(|e| format!("{e:?}"))?;
+        let arch = arch_name(major, minor).map_err(|e| e.to_string())?;
+        let stream = ctx.default_stream();
+        Ok(Gpu { ctx, stream, arch, cache: Mutex::new(HashMap::new()) })
+    })
+    .as_ref()
+    .map_err(|e| Error::Cuda(e.clone()))
+}
+
+/// Whether a CUDA device and driver are present (NVRTC is checked at first compile).
+pub fn is_available() -> bool {
+    gpu().is_ok()
+}
+
+/// The device's name and architecture, e.g. `"NVIDIA H100 80GB HBM3 (compute_90)"`.
+pub fn device_description() -> Result<String> {
+    let g = gpu()?;
+    Ok(format!("{} ({})", g.ctx.name().map_err(cuda_err)?, g.arch))
+}
+
+fn cuda_err(e: impl std::fmt::Debug) -> Error {
+    Error::Cuda(format!("{e:?}"))
+}
+
+fn module(cfg: &Config, head_dim: usize, dtype: Dtype) -> Result<Arc<Module>> {
+    let g = gpu()?;
+    let key = cfg.key(head_dim, dtype);
+    if let Some(m) = g.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(Arc::clone(m));
+    }
+    let ptx = compile(cfg, head_dim, dtype, g.arch)?;
+    let module = g.ctx.load_module(ptx).map_err(cuda_err)?;
+    let f = |name: &str| module.load_function(name).map_err(cuda_err);
+    let m = Arc::new(Module {
+        inv_norms: f("lssa_inv_norms")?,
+        fwd_simt: f("lssa_fwd_simt")?,
+        fwd_mma: if has_tensor_core_forward(head_dim, dtype) { Some(f("lssa_fwd_mma")?) } else { None },
+        bwd_rows: f("lssa_bwd_rows")?,
+        bwd_keys: f("lssa_bwd_keys")?,
+        _module: module,
+    });
+    g.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, Arc::clone(&m));
+    Ok(m)
+}
+
+/// One `(B, H, T, d)` tensor as the kernels see it (must match `Tensor4` in `common.cuh`).
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+struct Tensor4 {
+    ptr: u64,
+    sb: i64,
+    sh: i64,
+    st: i64,
+}
+
+/// The kernels' only argument (must match `KParams` in `common.cuh`).
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+struct KParams {
+    b: i32,
+    h: i32,
+    t: i32,
+    d: i32,
+    q: Tensor4,
+    k: Tensor4,
+    v: Tensor4,
+    o: Tensor4,
+    g: Tensor4,
+    dq: Tensor4,
+    dk: Tensor4,
+    dv: Tensor4,
+    stats: u64,
+    inv_norms: u64,
+    rowgrad: u64,
+    scale_c: f32,
+    scale_log: i32,
+    bias_c: f32,
+    bias_log: i32,
+}
+
+// SAFETY: plain old data with the C layout the kernels declare.
+unsafe impl DeviceRepr for KParams {}
+
+fn t4<P>(x: crate::cpu::RawTensor<*const P>) -> Tensor4 {
+    Tensor4 { ptr: x.ptr as u64, sb: x.strides[0] as i64, sh: x.strides[1] as i64, st: x.strides[2] as i64 }
+}
+fn t4m<P>(x: crate::cpu::RawTensor<*mut P>) -> Tensor4 {
+    t4(x.as_const())
+}
+
+fn kparams(cfg: &Config, p: &Params) -> Result<KParams> {
+    let fits =
+        |x: usize| i32::try_from(x).map_err(|_| Error::BadParams(format!("size {x} does not fit the kernels' i32")));
+    Ok(KParams {
+        b: fits(p.batch)?,
+        h: fits(p.heads)?,
+        t: fits(p.seq_len)?,
+        d: fits(p.head_dim)?,
+        q: t4(p.q),
+        k: t4(p.k),
+        v: t4(p.v),
+        o: t4m(p.o),
+        g: t4(p.d_out),
+        dq: t4m(p.dq),
+        dk: t4m(p.dk),
+        dv: t4m(p.dv),
+        stats: p.stats as u64,
+        inv_norms: 0,
+        rowgrad: 0,
+        scale_c: cfg.scale_c,
+        scale_log: cfg.scale_log as i32,
+        bias_c: cfg.bias_c,
+        bias_log: cfg.bias_log as i32,
+    })
+}
+
+/// Whether the tensor-core kernel can read these tensors: 32-bit aligned pairs of 16-bit values.
+fn pairs_aligned(p: &Params) -> bool {
+    let ok = |ptr: u64, s: [usize; 3]| ptr % 4 == 0 && s.iter().all(|x| x % 2 == 0);
+    ok(p.q.ptr as u64, p.q.strides)
+        && ok(p.k.ptr as u64, p.k.strides)
+        && ok(p.v.ptr as u64, p.v.strides)
+        && ok(p.o.ptr as u64, p.o.strides)
+}
+
+const ROWS_PER_BLOCK: u32 = 8; // ROWS in simt.cu
+const MMA_ROWS: u32 = 64; // BQ in mma.cu
+
+fn launch(f: &CudaFunction, grid: (u32, u32), block: u32, kp: &KParams) -> Result<()> {
+    let g = gpu()?;
+    let cfg = LaunchConfig { grid_dim: (grid.0, grid.1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+    let mut b = g.stream.launch_builder(f);
+    b.arg(kp);
+    // SAFETY: the kernel reads and writes only through the pointers in `kp`, whose validity the raw
+    // entry points' callers guarantee; `kp` is copied at launch.
+    unsafe { b.launch(cfg) }.map_err(cuda_err)?;
+    Ok(())
+}
+
+/// Device scratch of one call (freed in stream order when dropped).
+fn scratch(len: usize) -> Result<cudarc::driver::CudaSlice<f32>> {
+    gpu()?.stream.alloc_zeros::<f32>(len.max(1)).map_err(cuda_err)
+}
+
+fn inv_norms(m: &Module, cfg: &Config, kp: &mut KParams) -> Result<Option<cudarc::driver::CudaSlice<f32>>> {
+    if !cfg.cosine {
+        return Ok(None);
+    }
+    let rows = kp.b as usize * kp.h as usize * kp.t as usize;
+    let buf = scratch(2 * rows)?;
+    let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&buf, &gpu()?.stream);
+    kp.inv_norms = ptr;
+    drop(_sync);
+    let warps_per_block = 8u32;
+    let blocks = (2 * rows as u64).div_ceil(warps_per_block as u64);
+    let blocks = u32::try_from(blocks).map_err(|_| Error::BadParams("too many rows".into()))?;
+    launch(&m.inv_norms, (blocks, 1), 32 * warps_per_block, kp)?;
+    Ok(Some(buf))
+}
+
+fn check_params(p: &Params) -> Result<()> {
+    if p.batch == 0 || p.heads == 0 || p.seq_len == 0 || p.head_dim == 0 {
+        return Err(Error::BadParams(format!(
+            "empty tensor: B={} H={} T={} d={}",
+            p.batch, p.heads, p.seq_len, p.head_dim
+        )));
+    }
+    if p.head_dim > 256 {
+        return Err(Error::BadParams(format!("head dimension {} > 256 has no CUDA kernel", p.head_dim)));
+    }
+    Ok(())
+}
+
+/// Fused forward on device memory: writes `o` and the row statistics. `kernel` picks the forward.
+///
+/// # Safety
+/// As [`crate::cpu::forward_raw`], with device pointers of the current device holding `dtype`
+/// elements (the `Params` pointer types are nominal here); `stats` holds f32. Work is queued on the
+/// legacy default stream and not waited for.
+pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    check_params(p)?;
+    let cfg = Config::new(variant, p.head_dim)?;
+    let m = module(&cfg, p.head_dim, dtype)?;
+    let mut kp = kparams(&cfg, p)?;
+    let _norms = inv_norms(&m, &cfg, &mut kp)?;
+    let bh = u32::try_from(p.batch * p.heads).map_err(|_| Error::BadParams("B*H too large".into()))?;
+    let tc = has_tensor_core_forward(p.head_dim, dtype) && pairs_aligned(p);
+    let use_mma = match kernel {
+        Kernel::Auto => tc,
+        Kernel::Simt => false,
+        Kernel::TensorCore if tc => true,
+        Kernel::TensorCore => {
+            return Err(Error::BadParams(format!(
+                "no tensor-core forward for {dtype:?} at head dimension {} (or strides not even)",
+                p.head_dim
+            )));
+        }
+    };
+    if use_mma {
+        let f = m.fwd_mma.as_ref().expect("compiled with the tensor-core kernel");
+        launch(f, ((p.seq_len as u32).div_ceil(MMA_ROWS), bh), 128, &kp)
+    } else {
+        launch(&m.fwd_simt, ((p.seq_len as u32).div_ceil(ROWS_PER_BLOCK), bh), 32 * ROWS_PER_BLOCK, &kp)
+    }
+}
+
+/// Fused backward on device memory: reads `q`, `k`, `v`, `o`, `stats`, `d_out`; writes `dq`, `dk`, `dv`.
+///
+/// # Safety
+/// As [`forward_raw`], for every pointer of `p`.
+pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype) -> Result<()> {
+    check_params(p)?;
+    let cfg = Config::new(variant, p.head_dim)?;
+    let m = module(&cfg, p.head_dim, dtype)?;
+    let mut kp = kparams(&cfg, p)?;
+    let _norms = inv_norms(&m, &cfg, &mut kp)?;
+    let rows = p.batch * p.heads * p.seq_len;
+    let rowgrad = scratch(2 * rows)?;
+    let (ptr, sync) = cudarc::driver::DevicePtr::device_ptr(&rowgrad, &gpu()?.stream);
+    kp.rowgrad = ptr;
+    drop(sync);
+    let bh = u32::try_from(p.batch * p.heads).map_err(|_| Error::BadParams("B*H too large".into()))?;
+    let grid = ((p.seq_len as u32).div_ceil(ROWS_PER_BLOCK), bh);
+    launch(&m.bwd_rows, grid, 32 * ROWS_PER_BLOCK, &kp)?;
+    launch(&m.bwd_keys, grid, 32 * ROWS_PER_BLOCK, &kp)
+}
+
+// ---------------------------------------------------------------------------------------------
+// ndarray entry points: upload, run, download (for tests, the kernel lab and small users).
+
+/// A device buffer in `dtype` with the contents of an f32 array (standard layout).
+fn upload(x: &ArrayView4<'_, f32>, dtype: Dtype) -> Result<cudarc::driver::CudaSlice<u8>> {
+    let x = x.as_standard_layout();
+    let data = x.as_slice().expect("standard layout");
+    let bytes: Vec<u8> = match dtype {
+        Dtype::F32 => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        Dtype::F16 => data.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect(),
+        Dtype::Bf16 => data.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect(),
+    };
+    gpu()?.stream.clone_htod(&bytes).map_err(cuda_err)
+}
+
+fn download(
+    x: &cudarc::driver::CudaSlice<u8>,
+    dtype: Dtype,
+    shape: (usize, usize, usize, usize),
+) -> Result<Array4<f32>> {
+    let bytes = gpu()?.stream.clone_dtoh(x).map_err(cuda_err)?;
+    let data: Vec<f32> = match dtype {
+        Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        Dtype::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+        Dtype::Bf16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+    };
+    Array4::from_shape_vec(shape, data).map_err(|e| Error::BadParams(e.to_string()))
+}
+
+fn dev_ptr(x: &cudarc::driver::CudaSlice<u8>) -> Result<u64> {
+    let (ptr, sync) = cudarc::driver::DevicePtr::device_ptr(x, &gpu()?.stream);
+    drop(sync);
+    Ok(ptr)
+}
+
+fn raw_dev<P>(ptr: u64, shape: &[usize]) -> crate::cpu::RawTensor<*mut P> {
+    let (h, t, d) = (shape[1], shape[2], shape[3]);
+    crate::cpu::RawTensor { ptr: ptr as *mut P, strides: [h * t * d, t * d, d] }
+}
+
+struct DeviceCall {
+    shape: (usize, usize, usize, usize),
+    q: cudarc::driver::CudaSlice<u8>,
+    k: cudarc::driver::CudaSlice<u8>,
+    v: cudarc::driver::CudaSlice<u8>,
+    o: cudarc::driver::CudaSlice<u8>,
+    stats: cudarc::driver::CudaSlice<f32>,
+    params: Params,
+}
+
+fn device_forward(
+    variant: &Variant,
+    q: &ArrayView4<'_, f32>,
+    k: &ArrayView4<'_, f32>,
+    v: &ArrayView4<'_, f32>,
+    opts: &Options,
+) -> Result<DeviceCall> {
+    attn_core::check_inputs(variant, q, k, v, None)?;
+    if v.shape() != q.shape() {
+        return Err(not_fused(variant, "the fused kernels need v to have the head dimension of q and k"));
+    }
+    Config::new(variant, q.shape()[3])?;
+    let sh = q.shape().to_vec();
+    let shape = (sh[0], sh[1], sh[2], sh[3]);
+    let (qd, kd, vd) = (upload(q, opts.dtype)?, upload(k, opts.dtype)?, upload(v, opts.dtype)?);
+    let n = sh.iter().product::<usize>();
+    let o = gpu()?.stream.alloc_zeros::<u8>(n * opts.dtype.size()).map_err(cuda_err)?;
+    let stats = scratch(sh[0] * sh[1] * sh[2] * STATS_PER_ROW)?;
+    let (sp, sync) = cudarc::driver::DevicePtr::device_ptr(&stats, &gpu()?.stream);
+    drop(sync);
+    let null_c = crate::cpu::RawTensor { ptr: std::ptr::null(), strides: [0; 3] };
+    let null_m = crate::cpu::RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] };
+    let params = Params {
+        batch: sh[0],
+        heads: sh[1],
+        seq_len: sh[2],
+        head_dim: sh[3],
+        q: raw_dev::<f32>(dev_ptr(&qd)?, &sh).as_const(),
+        k: raw_dev::<f32>(dev_ptr(&kd)?, &sh).as_const(),
+        v: raw_dev::<f32>(dev_ptr(&vd)?, &sh).as_const(),
+        o: raw_dev(dev_ptr(&o)?, &sh),
+        stats: sp as *mut f32,
+        d_out: null_c,
+        dq: null_m,
+        dk: null_m,
+        dv: null_m,
+    };
+    // SAFETY: every pointer is a live device buffer of the shape given, in `opts.dtype`.
+    unsafe { forward_raw(variant, &params, opts.dtype, opts.kernel)? };
+    Ok(DeviceCall { shape, q: qd, k: kd, v: vd, o, stats, params })
+}
+
+/// Causal attention output of `variant` on the GPU (inputs converted to `opts.dtype`), as f32.
+pub fn forward_with<'a>(
+    variant: &Variant,
+    q: impl AsArray<'a, f32, Ix4>,
+    k: impl AsArray<'a, f32, Ix4>,
+    v: impl AsArray<'a, f32, Ix4>,
+    opts: &Options,
+) -> Result<Array4<f32>> {
+    let (q, k, v) = (q.into(), k.into(), v.into());
+    let call = device_forward(variant, &q, &k, &v, opts)?;
+    download(&call.o, opts.dtype, call.shape)
+}
+
+/// [`forward_with`] in f32 with the default kernel; see [`crate::cpu::forward`].
+pub fn forward<'a>(
+    variant: &Variant,
+    q: impl AsArray<'a, f32, Ix4>,
+    k: impl AsArray<'a, f32, Ix4>,
+    v: impl AsArray<'a, f32, Ix4>,
+) -> Result<Array4<f32>> {
+    forward_with(variant, q, k, v, &Options::default())
+}
+
+/// Gradients of `sum(d_out * forward(q, k, v))` on the GPU (runs the forward for its statistics).
+pub fn backward_with<'a>(
+    variant: &Variant,
+    q: impl AsArray<'a, f32, Ix4>,
+    k: impl AsArray<'a, f32, Ix4>,
+    v: impl AsArray<'a, f32, Ix4>,
+    d_out: impl AsArray<'a, f32, Ix4>,
+    opts: &Options,
+) -> Result<Grads> {
+    let (q, k, v, g) = (q.into(), k.into(), v.into(), d_out.into());
+    attn_core::check_inputs(variant, &q, &k, &v, Some(&g))?;
+    let call = device_forward(variant, &q, &k, &v, opts)?;
+    let sh = q.shape().to_vec();
+    let n = sh.iter().product::<usize>();
+    let gd = upload(&g, opts.dtype)?;
+    let stream = &gpu()?.stream;
+    let alloc = || stream.alloc_zeros::<u8>(n * opts.dtype.size()).map_err(cuda_err);
+    let (dq, dk, dv) = (alloc()?, alloc()?, alloc()?);
+    let mut p = call.params;
+    p.d_out = raw_dev::<f32>(dev_ptr(&gd)?, &sh).as_const();
+    p.dq = raw_dev(dev_ptr(&dq)?, &sh);
+    p.dk = raw_dev(dev_ptr(&dk)?, &sh);
+    p.dv = raw_dev(dev_ptr(&dv)?, &sh);
+    // SAFETY: as in `device_forward`; the gradient buffers are fresh.
+    unsafe { backward_raw(variant, &p, opts.dtype)? };
+    let grads = Grads {
+        dq: download(&dq, opts.dtype, call.shape)?,
+        dk: download(&dk, opts.dtype, call.shape)?,
+        dv: download(&dv, opts.dtype, call.shape)?,
+    };
+    drop((call.q, call.k, call.v, call.stats));
+    Ok(grads)
+}
+
+/// [`backward_with`] in f32; see [`crate::cpu::backward`].
+pub fn backward<'a>(
+    variant: &Variant,
+    q: impl AsArray<'a, f32, Ix4>,
+    k: impl AsArray<'a, f32, Ix4>,
+    v: impl AsArray<'a, f32, Ix4>,
+    d_out: impl AsArray<'a, f32, Ix4>,
+) -> Result<Grads> {
+    backward_with(variant, q, k, v, d_out, &Options::default())
+}
+
+/// Waits for every kernel queued so far (the kernels run on the legacy default stream).
+pub fn synchronize() -> Result<()> {
+    gpu()?.stream.synchronize().map_err(cuda_err)
+}
+
+/// Every architecture name the kernels are compiled for (CI compiles each kernel for each).
+pub const ARCHES: [&str; 2] = ["compute_80", "compute_90"];
