@@ -211,7 +211,11 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
                 t,
                 d,
                 format!("{dt:?}"),
-                if kern == Kernel::Simt { "simt" } else { "mma" },
+                match kern {
+                    Kernel::Simt => "v1",
+                    Kernel::TensorCoreV2 => "v2",
+                    _ => "v3",
+                },
                 e[0],
                 e[1],
                 e[2],
@@ -337,6 +341,7 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
         "LSSA/SD",
         "fb/SD"
     );
+    let mut lab = Vec::new();
     for &d in &args.head_dims {
         for &t in &args.lengths {
             let b = (16384 / t).max(1);
@@ -345,6 +350,7 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
             let bufs = Bufs::new(b, h, t, d);
             let p = bufs.params();
             let tf = |s: Option<f64>, mult: f64| s.map(|s| mult * flops / s / 1e12);
+            let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1}"));
             let sdpa = time(args.reps, || {
                 let _ = Tensor::scaled_dot_product_attention(
                     &bufs.q,
@@ -364,12 +370,17 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                 time(args.reps, || {
                     unsafe {
                         cuda::forward_raw(v, &p, Dtype::Bf16, Kernel::Auto)?;
-                        cuda::backward_raw(v, &p, Dtype::Bf16)?;
+                        cuda::backward_raw(v, &p, Dtype::Bf16, Kernel::Auto)?;
                     }
                     Ok(())
                 })
             };
             let (l, lr) = (ours(&lssa), ours(&lssar));
+            let version =
+                |k: Kernel| time(args.reps.min(5), || Ok(unsafe { cuda::forward_raw(&lssa, &p, Dtype::Bf16, k) }?));
+            let (v1, v2) =
+                if t <= 16384 { (version(Kernel::Simt), version(Kernel::TensorCoreV2)) } else { (None, None) };
+            lab.push(format!("{d:>4} {t:>6} | {:>8} {:>8} {:>8}", fmt(tf(v1, 1.0)), fmt(tf(v2, 1.0)), fmt(tf(l, 1.0))));
             let (lfb, lrfb) = (ours_fb(&lssa), ours_fb(&lssar));
             let ops = |pp: Option<u32>| {
                 if t > 16384 {
@@ -398,7 +409,6 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                     Ok(())
                 })
             };
-            let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1}"));
             let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
                 (Some(a), Some(b)) => format!("{:.2}", b / a),
                 _ => "-".into(),
@@ -422,72 +432,65 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
             );
             rows.push(json!({"d": d, "T": t, "B": b, "H": h, "seconds": {
                 "sdpa_fwd": sdpa, "lssa_fwd": l, "lssar15_fwd": lr, "ops_lssa_fwd": ol, "ops_lssar15_fwd": olr,
+                "lssa_fwd_v1": v1, "lssa_fwd_v2": v2,
                 "sdpa_fwd_bwd": sdpa_fb, "lssa_fwd_bwd": lfb, "lssar15_fwd_bwd": lrfb, "ops_lssa_fwd_bwd": ops_fb},
                 "forward_flops": flops}));
         }
+    }
+    println!("\nKernel lab, LSSA forward TFLOP/s by version (bf16, causal, H = 12, B*T = 16K)");
+    println!("{:>4} {:>6} | {:>8} {:>8} {:>8}", "d", "T", "v1 simt", "v2 mma", "v3 mma");
+    for l in lab {
+        println!("{l}");
     }
     Ok(())
 }
 
 fn memory(rows: &mut Vec<Value>) -> Result<()> {
-    println!("\nDevice memory of one forward+backward (bf16, B = 1, H = 12, d = 64), GiB: libtorch's peak allocation");
+    println!("\nDevice memory of one forward+backward (bf16, B = 1, H = 12, d = 64), GiB above the CUDA context,");
+    println!("each in a fresh process (libtorch's caching allocator keeps its high-water mark)");
+    let exe = std::env::current_exe()?;
     for t in [16384i64, 65536] {
-        for (name, which) in [("lssa (fused)", 0), ("lssa (tch ops)", 1), ("sdpa", 2)] {
-            let res = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<f64> {
-                sync();
-                reset_peak();
-                let bufs = Bufs::new(1, 12, t, 64);
-                let p = bufs.params();
-                let base = peak_bytes();
-                match which {
-                    0 => unsafe {
-                        cuda::forward_raw(&"lssa".parse()?, &p, Dtype::Bf16, Kernel::Auto)?;
-                        cuda::backward_raw(&"lssa".parse()?, &p, Dtype::Bf16)?;
-                    },
-                    1 => {
-                        let q = bufs.q.detach().set_requires_grad(true);
-                        let o = gpt_model::attention::torch_ops::lssa(&q, &bufs.k, &bufs.v, None);
-                        (&o * &bufs.g).sum(Kind::Float).backward();
-                    }
-                    _ => {
-                        let q = bufs.q.detach().set_requires_grad(true);
-                        let o = Tensor::scaled_dot_product_attention(
-                            &q,
-                            &bufs.k,
-                            &bufs.v,
-                            None::<Tensor>,
-                            0.0,
-                            true,
-                            None,
-                            false,
-                        );
-                        (&o * &bufs.g).sum(Kind::Float).backward();
-                    }
-                }
-                sync();
-                Ok((peak_bytes().max(base)) as f64 / (1u64 << 30) as f64)
-            }));
-            let gib = match res {
-                Ok(Ok(g)) => Some(g),
-                _ => None,
-            };
-            println!("  T = {t:>6}  {name:<16} {}", gib.map_or("out of memory / failed".into(), |g| format!("{g:.2}")));
-            rows.push(json!({"T": t, "impl": name, "peak_gib": gib}));
+        for which in ["fused", "ops", "sdpa"] {
+            let out = std::process::Command::new(&exe).args(["memory-one", which, &t.to_string()]).output()?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            let gib: Option<f64> =
+                text.lines().find_map(|l| l.strip_prefix("GIB ")).and_then(|v| v.trim().parse().ok());
+            println!("  T = {t:>6}  {which:<6} {}", gib.map_or("out of memory / failed".into(), |g| format!("{g:.2}")));
+            rows.push(json!({"T": t, "impl": which, "gib": gib}));
         }
     }
     Ok(())
 }
 
-// libtorch's allocator statistics through its C++ API are not in tch; device-wide used memory
-// (cuMemGetInfo) after emptying the cache bounds what a call needed.
-fn reset_peak() {
-    // Nothing to reset: `peak_bytes` reads the device's used memory, which the caching allocator keeps
-    // at its high-water mark until the cache is emptied; the bench process allocates nothing else.
+fn memory_one(which: &str, t: i64) -> Result<()> {
+    let base = used_device_bytes().context("cuMemGetInfo")?;
+    let bufs = Bufs::new(1, 12, t, 64);
+    let p = bufs.params();
+    let lssa: Variant = "lssa".parse()?;
+    match which {
+        "fused" => unsafe {
+            cuda::forward_raw(&lssa, &p, Dtype::Bf16, Kernel::Auto)?;
+            cuda::backward_raw(&lssa, &p, Dtype::Bf16, Kernel::Auto)?;
+        },
+        "ops" => {
+            let q = bufs.q.detach().set_requires_grad(true);
+            let o = gpt_model::attention::torch_ops::lssa(&q, &bufs.k, &bufs.v, None);
+            (&o * &bufs.g).sum(Kind::Float).backward();
+        }
+        _ => {
+            let q = bufs.q.detach().set_requires_grad(true);
+            let o = Tensor::scaled_dot_product_attention(&q, &bufs.k, &bufs.v, None::<Tensor>, 0.0, true, None, false);
+            (&o * &bufs.g).sum(Kind::Float).backward();
+        }
+    }
+    sync();
+    let used = used_device_bytes().context("cuMemGetInfo")?;
+    println!("GIB {}", used.saturating_sub(base) as f64 / (1u64 << 30) as f64);
+    Ok(())
 }
-fn peak_bytes() -> u64 {
-    used_device_bytes().unwrap_or(0)
-}
+
 fn used_device_bytes() -> Option<u64> {
+    sync();
     let ctx = cudarc::driver::CudaContext::new(0).ok()?;
     let (free, total) = ctx.mem_get_info().ok()?;
     Some((total - free) as u64)
@@ -538,6 +541,10 @@ fn model(rows: &mut Vec<Value>) -> Result<()> {
 }
 
 fn main() -> Result<()> {
+    let a: Vec<String> = std::env::args().collect();
+    if a.len() == 4 && a[1] == "memory-one" {
+        return memory_one(&a[2], a[3].parse()?); // internal: one measurement of `memory`, in its own process
+    }
     let args = Args::parse();
     if !tch::Cuda::is_available() {
         bail!("no CUDA device visible to libtorch: run this on a GPU machine (see docs/GUIDE.md, CUDA kernels)");

@@ -72,8 +72,18 @@ fn every_fused_variant_compiles_for_every_dtype_and_arch() {
                     }
                 }
                 let tc = cuda::has_tensor_core_forward(*hd, *dt);
-                if tc && !(ptx.contains(".entry lssa_fwd_mma") && ptx.contains("mma.sync.aligned.m16n8k16")) {
+                if tc && !(ptx.contains(".entry lssa_fwd_mma(") && ptx.contains("mma.sync.aligned.m16n8k16")) {
                     missing.push("lssa_fwd_mma with mma.sync");
+                }
+                if tc
+                    && !(ptx.contains(".entry lssa_fwd_mma3(")
+                        && ptx.contains("ldmatrix.sync.aligned.m8n8.x4.trans")
+                        && ptx.contains("cp.async"))
+                {
+                    missing.push("lssa_fwd_mma3 with ldmatrix.trans and cp.async");
+                }
+                if tc && !(ptx.contains(".entry lssa_bwd_rows_mma(") && ptx.contains(".entry lssa_bwd_keys_mma(")) {
+                    missing.push("the tensor-core backward");
                 }
                 if !tc && ptx.contains("lssa_fwd_mma") {
                     missing.push("(no tensor-core kernel expected)");

@@ -42,6 +42,10 @@ pub const COMMON_SRC: &str = include_str!("common.cuh");
 pub const SIMT_SRC: &str = include_str!("simt.cu");
 /// Tensor-core forward (lab v2).
 pub const MMA_SRC: &str = include_str!("mma.cu");
+/// Tensor-core forward with cp.async and ldmatrix (lab v3).
+pub const MMA3_SRC: &str = include_str!("mma3.cu");
+/// Tensor-core backward (lab v4).
+pub const MMA_BWD_SRC: &str = include_str!("mma_bwd.cu");
 
 /// Element type of `q`, `k`, `v`, `o` and the gradients on the device. Arithmetic is f32 in every case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -71,12 +75,14 @@ impl Dtype {
 /// Which forward kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kernel {
-    /// Tensor cores where they apply (f16 / bf16, head dimension 64 or 128, even strides), else SIMT.
+    /// The fastest that applies: v3 (16-byte aligned rows), else v2 (even strides), else SIMT.
     #[default]
     Auto,
     /// The SIMT kernel (lab v1) in every case.
     Simt,
-    /// The tensor-core kernel (lab v2); an error where it does not apply.
+    /// Tensor cores, lab v2 (synchronous loads); an error where it does not apply.
+    TensorCoreV2,
+    /// Tensor cores, lab v3 (cp.async pipeline, ldmatrix); an error where it does not apply.
     TensorCore,
 }
 
@@ -208,6 +214,8 @@ pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype) -> String {
     s.push_str(SIMT_SRC);
     if has_tensor_core_forward(head_dim, dtype) {
         s.push_str(MMA_SRC);
+        s.push_str(MMA3_SRC);
+        s.push_str(MMA_BWD_SRC);
     }
     s
 }
@@ -318,8 +326,11 @@ struct Module {
     inv_norms: CudaFunction,
     fwd_simt: CudaFunction,
     fwd_mma: Option<CudaFunction>,
+    fwd_mma3: Option<CudaFunction>,
     bwd_rows: CudaFunction,
     bwd_keys: CudaFunction,
+    bwd_rows_mma: Option<CudaFunction>,
+    bwd_keys_mma: Option<CudaFunction>,
 }
 
 /// The process-wide GPU state: device 0's primary context, its legacy default stream, the module cache.
@@ -373,12 +384,16 @@ fn module(cfg: &Config, head_dim: usize, dtype: Dtype) -> Result<Arc<Module>> {
         return Ok(Arc::clone(m));
     }
     let ptx = compile(cfg, head_dim, dtype, g.arch)?;
+    let tc = has_tensor_core_forward(head_dim, dtype);
     let module = g.ctx.load_module(ptx).map_err(cuda_err)?;
     let f = |name: &str| module.load_function(name).map_err(cuda_err);
     let m = Arc::new(Module {
         inv_norms: f("lssa_inv_norms")?,
         fwd_simt: f("lssa_fwd_simt")?,
         fwd_mma: if has_tensor_core_forward(head_dim, dtype) { Some(f("lssa_fwd_mma")?) } else { None },
+        fwd_mma3: tc.then(|| with_smem(f("lssa_fwd_mma3")?, mma3_smem(head_dim))).transpose()?,
+        bwd_rows_mma: tc.then(|| with_smem(f("lssa_bwd_rows_mma")?, mma3_smem(head_dim))).transpose()?,
+        bwd_keys_mma: tc.then(|| with_smem(f("lssa_bwd_keys_mma")?, bwd_keys_smem(head_dim))).transpose()?,
         bwd_rows: f("lssa_bwd_rows")?,
         bwd_keys: f("lssa_bwd_keys")?,
         _module: module,
@@ -467,12 +482,46 @@ fn pairs_aligned(p: &Params) -> bool {
         && ok(p.o.ptr as u64, p.o.strides)
 }
 
+/// Whether v3 can read these tensors: 16-byte aligned rows of 16-bit values.
+fn rows_aligned16(p: &Params) -> bool {
+    let ok = |ptr: u64, s: [usize; 3]| ptr % 16 == 0 && s.iter().all(|x| x % 8 == 0);
+    ok(p.q.ptr as u64, p.q.strides)
+        && ok(p.k.ptr as u64, p.k.strides)
+        && ok(p.v.ptr as u64, p.v.strides)
+        && pairs_aligned(p)
+}
+
 const ROWS_PER_BLOCK: u32 = 8; // ROWS in simt.cu
 const MMA_ROWS: u32 = 64; // BQ in mma.cu
+const MMA3_ROWS: u32 = 128; // BQ3 in mma3.cu
+
+/// Dynamic shared memory of v3 and of the v4 rows kernel: two stages of two tiles (K and V), each
+/// 64 rows of `d + 8` 16-bit values.
+fn mma3_smem(head_dim: usize) -> usize {
+    2 * 2 * 64 * (head_dim + 8) * 2
+}
+
+/// Dynamic shared memory of the v4 keys kernel: the block's K and V, then two stages of Q and G tiles.
+fn bwd_keys_smem(head_dim: usize) -> usize {
+    6 * 64 * (head_dim + 8) * 2
+}
+
+fn with_smem(f: CudaFunction, bytes: usize) -> Result<CudaFunction> {
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes as i32,
+    )
+    .map_err(cuda_err)?;
+    Ok(f)
+}
 
 fn launch(f: &CudaFunction, grid: (u32, u32), block: u32, kp: &KParams) -> Result<()> {
+    launch_smem(f, grid, block, 0, kp)
+}
+
+fn launch_smem(f: &CudaFunction, grid: (u32, u32), block: u32, smem: usize, kp: &KParams) -> Result<()> {
     let g = gpu()?;
-    let cfg = LaunchConfig { grid_dim: (grid.0, grid.1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+    let cfg = LaunchConfig { grid_dim: (grid.0, grid.1, 1), block_dim: (block, 1, 1), shared_mem_bytes: smem as u32 };
     let mut b = g.stream.launch_builder(f);
     b.arg(kp);
     // SAFETY: the kernel reads and writes only through the pointers in `kp`, whose validity the raw
@@ -528,31 +577,45 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: K
     let mut kp = kparams(&cfg, p)?;
     let _norms = inv_norms(&m, &cfg, &mut kp)?;
     let bh = u32::try_from(p.batch * p.heads).map_err(|_| Error::BadParams("B*H too large".into()))?;
-    let tc = has_tensor_core_forward(p.head_dim, dtype) && pairs_aligned(p);
-    let use_mma = match kernel {
-        Kernel::Auto => tc,
-        Kernel::Simt => false,
-        Kernel::TensorCore if tc => true,
-        Kernel::TensorCore => {
-            return Err(Error::BadParams(format!(
-                "no tensor-core forward for {dtype:?} at head dimension {} (or strides not even)",
-                p.head_dim
-            )));
-        }
+    let tc = has_tensor_core_forward(p.head_dim, dtype);
+    let (v2, v3) = (tc && pairs_aligned(p), tc && rows_aligned16(p));
+    let refuse = |what: &str| {
+        Err(Error::BadParams(format!(
+            "no tensor-core forward ({what}) for {dtype:?} at head dimension {} with these strides",
+            p.head_dim
+        )))
     };
-    if use_mma {
-        let f = m.fwd_mma.as_ref().expect("compiled with the tensor-core kernel");
-        launch(f, ((p.seq_len as u32).div_ceil(MMA_ROWS), bh), 128, &kp)
-    } else {
-        launch(&m.fwd_simt, ((p.seq_len as u32).div_ceil(ROWS_PER_BLOCK), bh), 32 * ROWS_PER_BLOCK, &kp)
+    let version = match kernel {
+        Kernel::Auto if v3 => 3,
+        Kernel::Auto if v2 => 2,
+        Kernel::Auto | Kernel::Simt => 1,
+        Kernel::TensorCoreV2 if v2 => 2,
+        Kernel::TensorCoreV2 => return refuse("v2"),
+        Kernel::TensorCore if v3 => 3,
+        Kernel::TensorCore => return refuse("v3"),
+    };
+    let t = p.seq_len as u32;
+    match version {
+        3 => {
+            let f = m.fwd_mma3.as_ref().expect("compiled with the tensor-core kernels");
+            launch_smem(f, (t.div_ceil(MMA3_ROWS), bh), 256, mma3_smem(p.head_dim), &kp)
+        }
+        2 => {
+            let f = m.fwd_mma.as_ref().expect("compiled with the tensor-core kernels");
+            launch(f, (t.div_ceil(MMA_ROWS), bh), 128, &kp)
+        }
+        _ => launch(&m.fwd_simt, (t.div_ceil(ROWS_PER_BLOCK), bh), 32 * ROWS_PER_BLOCK, &kp),
     }
 }
 
-/// Fused backward on device memory: reads `q`, `k`, `v`, `o`, `stats`, `d_out`; writes `dq`, `dk`, `dv`.
+/// Fused backward on device memory: reads `q`, `k`, `v`, `o`, `stats`, `d_out`; writes `dq`, `dk`,
+/// `dv`. `kernel`: [`Kernel::Auto`] and [`Kernel::TensorCore`] run the tensor-core backward (lab v4)
+/// where it applies (as v3: f16/bf16, d 64 or 128, 16-byte aligned rows), [`Kernel::Simt`] and
+/// [`Kernel::TensorCoreV2`] the SIMT one (v1).
 ///
 /// # Safety
 /// As [`forward_raw`], for every pointer of `p`.
-pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype) -> Result<()> {
+pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
     check_params(p)?;
     let cfg = Config::new(variant, p.head_dim)?;
     let m = module(&cfg, p.head_dim, dtype)?;
@@ -564,9 +627,33 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype) -> Resul
     kp.rowgrad = ptr;
     drop(sync);
     let bh = u32::try_from(p.batch * p.heads).map_err(|_| Error::BadParams("B*H too large".into()))?;
-    let grid = ((p.seq_len as u32).div_ceil(ROWS_PER_BLOCK), bh);
-    launch(&m.bwd_rows, grid, 32 * ROWS_PER_BLOCK, &kp)?;
-    launch(&m.bwd_keys, grid, 32 * ROWS_PER_BLOCK, &kp)
+    let all16 = rows_aligned16(p) && {
+        let ok = |ptr: u64, s: [usize; 3]| ptr % 16 == 0 && s.iter().all(|x| x % 8 == 0);
+        ok(p.d_out.ptr as u64, p.d_out.strides)
+            && ok(p.dq.ptr as u64, p.dq.strides)
+            && ok(p.dk.ptr as u64, p.dk.strides)
+            && ok(p.dv.ptr as u64, p.dv.strides)
+            && ok(p.o.ptr as u64, p.o.strides)
+    };
+    let tc = has_tensor_core_forward(p.head_dim, dtype) && all16;
+    let t = p.seq_len as u32;
+    match kernel {
+        Kernel::TensorCore if !tc => Err(Error::BadParams(format!(
+            "no tensor-core backward for {dtype:?} at head dimension {} with these strides",
+            p.head_dim
+        ))),
+        Kernel::Auto | Kernel::TensorCore if tc => {
+            let (rows, keys) = (m.bwd_rows_mma.as_ref(), m.bwd_keys_mma.as_ref());
+            let (rows, keys) = (rows.expect("compiled"), keys.expect("compiled"));
+            launch_smem(rows, (t.div_ceil(64), bh), 128, mma3_smem(p.head_dim), &kp)?;
+            launch_smem(keys, (t.div_ceil(64), bh), 128, bwd_keys_smem(p.head_dim), &kp)
+        }
+        _ => {
+            let grid = (t.div_ceil(ROWS_PER_BLOCK), bh);
+            launch(&m.bwd_rows, grid, 32 * ROWS_PER_BLOCK, &kp)?;
+            launch(&m.bwd_keys, grid, 32 * ROWS_PER_BLOCK, &kp)
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -708,7 +795,7 @@ pub fn backward_with<'a>(
     p.dk = raw_dev(dev_ptr(&dk)?, &sh);
     p.dv = raw_dev(dev_ptr(&dv)?, &sh);
     // SAFETY: as in `device_forward`; the gradient buffers are fresh.
-    unsafe { backward_raw(variant, &p, opts.dtype)? };
+    unsafe { backward_raw(variant, &p, opts.dtype, opts.kernel)? };
     let grads = Grads {
         dq: download(&dq, opts.dtype, call.shape)?,
         dk: download(&dk, opts.dtype, call.shape)?,

@@ -144,13 +144,13 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_fwd_simt(KParams p)
                 w = umax <= 0.f ? f * an : (vis ? powi<(P > 0 ? P : 1)>(fmaxf(fmaf(f, na, -off), 0.f) * inv_m) : 0.f);
                 wsum += warp_sum(w);
             }
+            // Every lane takes part in each shuffle (a shuffle under a lane-dependent branch hangs).
+            for (int l = 0; l < TK; l++) {
+                float wl = __shfl_sync(0xffffffffu, w, l);
 #pragma unroll
-            for (int m = 0; m < NC; m++) {
-                int c = lane + 32 * m;
-                if (c < HD) {
-                    float a = acc[m];
-                    for (int l = 0; l < TK; l++) a = fmaf(__shfl_sync(0xffffffffu, w, l), Vs[l][c], a);
-                    acc[m] = a;
+                for (int m = 0; m < NC; m++) {
+                    int c = lane + 32 * m;
+                    if (c < HD) acc[m] = fmaf(wl, Vs[l][c], acc[m]);
                 }
             }
         }
@@ -252,13 +252,12 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_bwd_rows(KParams p)
             float w, ds;
             entry_grad(x, gv, r, w, ds);
             ds = vis ? ds * fac * inkS[lane] : 0.f;
+            for (int l = 0; l < TK; l++) {
+                float dl = __shfl_sync(0xffffffffu, ds, l);
 #pragma unroll
-            for (int m = 0; m < NC; m++) {
-                int c = lane + 32 * m;
-                if (c < HD) {
-                    float a = y[m];
-                    for (int l = 0; l < TK; l++) a = fmaf(__shfl_sync(0xffffffffu, ds, l), Ks[l][c], a);
-                    y[m] = a;
+                for (int m = 0; m < NC; m++) {
+                    int c = lane + 32 * m;
+                    if (c < HD) y[m] = fmaf(dl, Ks[l][c], y[m]);
                 }
             }
         }
@@ -339,17 +338,15 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_bwd_keys(KParams p)
             entry_grad(x, gv, r, w, ds);
             ds *= facS[lane] * ink;
         }
+        for (int l = 0; l < TK; l++) {
+            float wl = __shfl_sync(0xffffffffu, w, l), dl = __shfl_sync(0xffffffffu, ds, l);
 #pragma unroll
-        for (int m = 0; m < NC; m++) {
-            int c = lane + 32 * m;
-            if (c < HD) {
-                float a = dv[m], d = dk[m];
-                for (int l = 0; l < TK; l++) {
-                    a = fmaf(__shfl_sync(0xffffffffu, w, l), Gs[l][c], a);
-                    d = fmaf(__shfl_sync(0xffffffffu, ds, l), Qs[l][c], d);
+            for (int m = 0; m < NC; m++) {
+                int c = lane + 32 * m;
+                if (c < HD) {
+                    dv[m] = fmaf(wl, Gs[l][c], dv[m]);
+                    dk[m] = fmaf(dl, Qs[l][c], dk[m]);
                 }
-                dv[m] = a;
-                dk[m] = d;
             }
         }
     }

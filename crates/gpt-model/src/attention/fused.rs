@@ -256,7 +256,7 @@ pub unsafe extern "C" fn gpt_model_fused_backward(handle: u64, p: *const Params)
     callback(handle, |variant, dtype| unsafe {
         match dtype {
             None => cpu::backward_raw(variant, &*p, &cpu::Options::default()),
-            Some(dt) => cuda::backward_raw(variant, &*p, dt),
+            Some(dt) => cuda::backward_raw(variant, &*p, dt, cuda::Kernel::Auto),
         }
     })
 }
