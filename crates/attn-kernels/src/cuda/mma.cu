@@ -5,7 +5,7 @@
 // Softplus needs no running maximum; softmax keeps one per row, reduced across the quad of threads
 // that share the row. Re-weighting runs two sweeps: the first only accumulates Z_i and max_j f_ij
 // (and a per-tile maximum of f over the block), the second skips key tiles in which no row of the
-// block has an above-mean key. Kernel lab: version 2 (see lab/README.md).
+// block has an above-mean key. Kernel lab: version 2 (see LAB.md beside this file).
 
 #define BQ 64
 #define BK 64

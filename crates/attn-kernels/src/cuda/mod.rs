@@ -4,12 +4,18 @@
 //! architecture). The driver and NVRTC are loaded at run time through `cudarc`, so this crate builds
 //! and its tests run on machines without CUDA; there every call returns [`Error::Cuda`].
 //!
-//! Kernels (the lab numbers of `lab/README.md`):
+//! Kernels (the version numbers of the kernel lab, `src/cuda/LAB.md`):
 //!
 //! - v1 `lssa_fwd_simt`, `lssa_bwd_rows`, `lssa_bwd_keys`: f32 arithmetic on CUDA cores, any dtype
 //!   and head dimension. The f32 forward and every backward.
 //! - v2 `lssa_fwd_mma`: the f16 / bf16 forward at head dimension 64 or 128 on tensor cores
-//!   (`mma.sync` m16n8k16, f32 accumulation), FlashAttention-2 tiling. Other head dimensions run v1.
+//!   (`mma.sync` m16n8k16, f32 accumulation), FlashAttention-2 tiling, synchronous loads.
+//! - v3 `lssa_fwd_mma3`: v2's maths with cp.async double buffering, ldmatrix and 128-row blocks; the
+//!   default forward where rows are 16-byte aligned.
+//! - v4 `lssa_bwd_rows_mma` + `lssa_bwd_keys_mma`: the tensor-core backward (dq and `E_i` per query
+//!   block; dk and dv per key block; no atomics). The default backward where v3 applies.
+//!
+//! Other head dimensions and f32 run v1.
 //!
 //! Numerics: scores, activations, row sums and outputs are accumulated in f32 whatever the input
 //! dtype; the tensor-core kernel rounds the weights to the input dtype before `P V`, as

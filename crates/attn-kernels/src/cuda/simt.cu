@@ -1,7 +1,7 @@
 // SIMT kernels (f32 arithmetic on CUDA cores; any dtype, any head dimension): the f32 forward, and
 // the backward of every dtype. One warp per query row (forward, backward rows) or per key
 // (backward keys); 32 keys (or query rows) per step, one per lane, staged in shared memory.
-// Kernel lab: version 1 (see lab/README.md).
+// Kernel lab: version 1 (see LAB.md beside this file).
 
 #define ROWS 8   // warps per block: query rows (or keys) per block
 #define TK 32    // keys (or query rows) per step

@@ -3,12 +3,15 @@
 //!
 //! tch has no custom-autograd API. The C++ file defines a `torch::autograd::Function` whose static
 //! forward and backward call back into the `extern "C"` functions below, which run
-//! `attn_kernels::cpu::forward_raw` / `backward_raw` on the tensors' memory. What crosses the bridge:
+//! `attn_kernels::cpu::forward_raw` / `backward_raw` (CPU f32 tensors) or `attn_kernels::cuda::`
+//! `forward_raw` / `backward_raw` (CUDA f32, f16, bf16 tensors) on the tensors' memory. The C++ side
+//! allocates every output on the input's device and dtype (row statistics in f32). What crosses the bridge:
 //!
 //! - Rust -> C++ ([`attention`]): the three `at::Tensor*` of `q`, `k`, `v` (tch's
 //!   `Tensor::as_mut_ptr`), a variant *handle* (an index into a process-wide registry of interned
-//!   [`Variant`]s, so the backward finds the same variant however long after the forward it runs), and
-//!   the number of statistics per row. The result comes back as a new `at::Tensor*` that Rust owns
+//!   [`Variant`]s, so the backward finds the same variant however long after the forward it runs;
+//!   for CUDA tensors bit 40 and the dtype in bits 32..40 are set, so the callbacks know which kernels
+//!   to run), and the number of statistics per row. The result comes back as a new `at::Tensor*` that Rust owns
 //!   (`Tensor::from_ptr`).
 //! - C++ -> Rust (callbacks): the handle and one `AttnParams` struct, which is
 //!   [`attn_kernels::cpu::Params`] field for field (`#[repr(C)]`; the sizes are checked on first use).
