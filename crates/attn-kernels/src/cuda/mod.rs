@@ -570,6 +570,25 @@ fn check_params(p: &Params) -> Result<()> {
     Ok(())
 }
 
+/// What every raw call needs: the compiled module, the kernel arguments (with the inverse norms of
+/// cosine variants computed, whose buffer must outlive the launches), and the grid's `B·H`.
+struct Call {
+    module: Arc<Module>,
+    kp: KParams,
+    _norms: Option<cudarc::driver::CudaSlice<f32>>,
+    bh: u32,
+}
+
+fn prepare(variant: &Variant, p: &Params, dtype: Dtype) -> Result<Call> {
+    check_params(p)?;
+    let cfg = Config::new(variant, p.head_dim)?;
+    let module = module(&cfg, p.head_dim, dtype)?;
+    let mut kp = kparams(&cfg, p)?;
+    let _norms = inv_norms(&module, &cfg, &mut kp)?;
+    let bh = u32::try_from(p.batch * p.heads).map_err(|_| Error::BadParams("B*H too large".into()))?;
+    Ok(Call { module, kp, _norms, bh })
+}
+
 /// Fused forward on device memory: writes `o` and the row statistics. `kernel` picks the forward.
 ///
 /// # Safety
@@ -577,12 +596,7 @@ fn check_params(p: &Params) -> Result<()> {
 /// elements (the `Params` pointer types are nominal here); `stats` holds f32. Work is queued on the
 /// legacy default stream and not waited for.
 pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
-    check_params(p)?;
-    let cfg = Config::new(variant, p.head_dim)?;
-    let m = module(&cfg, p.head_dim, dtype)?;
-    let mut kp = kparams(&cfg, p)?;
-    let _norms = inv_norms(&m, &cfg, &mut kp)?;
-    let bh = u32::try_from(p.batch * p.heads).map_err(|_| Error::BadParams("B*H too large".into()))?;
+    let Call { module: m, kp, _norms, bh } = prepare(variant, p, dtype)?;
     let tc = has_tensor_core_forward(p.head_dim, dtype);
     let (v2, v3) = (tc && pairs_aligned(p), tc && rows_aligned16(p));
     let refuse = |what: &str| {
@@ -622,17 +636,12 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: K
 /// # Safety
 /// As [`forward_raw`], for every pointer of `p`.
 pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
-    check_params(p)?;
-    let cfg = Config::new(variant, p.head_dim)?;
-    let m = module(&cfg, p.head_dim, dtype)?;
-    let mut kp = kparams(&cfg, p)?;
-    let _norms = inv_norms(&m, &cfg, &mut kp)?;
+    let Call { module: m, mut kp, _norms, bh } = prepare(variant, p, dtype)?;
     let rows = p.batch * p.heads * p.seq_len;
     let rowgrad = scratch(2 * rows)?;
     let (ptr, sync) = cudarc::driver::DevicePtr::device_ptr(&rowgrad, &gpu()?.stream);
     kp.rowgrad = ptr;
     drop(sync);
-    let bh = u32::try_from(p.batch * p.heads).map_err(|_| Error::BadParams("B*H too large".into()))?;
     let all16 = rows_aligned16(p) && {
         let ok = |ptr: u64, s: [usize; 3]| ptr % 16 == 0 && s.iter().all(|x| x % 8 == 0);
         ok(p.d_out.ptr as u64, p.d_out.strides)

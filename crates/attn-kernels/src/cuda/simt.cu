@@ -63,6 +63,25 @@ __device__ __forceinline__ void entry_grad(float x, float gv, const RowG& r, flo
     ds = df * act_grad(xs, f);
 }
 
+// Backward of the L2 normalisation for one row spread over a warp (lane holds columns lane + 32m):
+// y -= x <x, y> inv^2, with x the raw row; nothing when the norm was clamped (inv >= 1e12).
+// Warp-uniform arguments only (it shuffles).
+__device__ __forceinline__ void project_lanes(float* y, const float* x, float inv, int lane) {
+    if (!(inv < 1e12f)) return;
+    float dot = 0.f;
+#pragma unroll
+    for (int m = 0; m < NC; m++) {
+        int c = lane + 32 * m;
+        if (c < HD) dot += y[m] * x[c];
+    }
+    dot = warp_sum(dot) * inv * inv;
+#pragma unroll
+    for (int m = 0; m < NC; m++) {
+        int c = lane + 32 * m;
+        if (c < HD) y[m] -= x[c] * dot;
+    }
+}
+
 // Loads rows [r0, r0 + n) of one head of x into s (row stride lds), zeros past T.
 __device__ __forceinline__ void stage_rows(float* s, int lds, const Tensor4& x, int b, int h, int r0, int n, int T) {
     for (int e = threadIdx.x; e < n * HD; e += blockDim.x) {
@@ -269,20 +288,7 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_bwd_rows(KParams p)
         rg[0] = dp;
         rg[1] = r.c;
     }
-    if (COSINE && inq < 1e12f) {
-        float dot = 0.f;
-#pragma unroll
-        for (int m = 0; m < NC; m++) {
-            int c = lane + 32 * m;
-            if (c < HD) dot += y[m] * Qs[warp][c];
-        }
-        dot = warp_sum(dot) * inq * inq;
-#pragma unroll
-        for (int m = 0; m < NC; m++) {
-            int c = lane + 32 * m;
-            if (c < HD) y[m] -= Qs[warp][c] * dot;
-        }
-    }
+    if (COSINE) project_lanes(y, Qs[warp], inq, lane);
 #pragma unroll
     for (int m = 0; m < NC; m++) {
         int c = lane + 32 * m;
@@ -351,20 +357,7 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_bwd_keys(KParams p)
         }
     }
     if (!valid) return;
-    if (COSINE && ink < 1e12f) {
-        float dot = 0.f;
-#pragma unroll
-        for (int m = 0; m < NC; m++) {
-            int c = lane + 32 * m;
-            if (c < HD) dot += dk[m] * Kb[warp][c];
-        }
-        dot = warp_sum(dot) * ink * ink;
-#pragma unroll
-        for (int m = 0; m < NC; m++) {
-            int c = lane + 32 * m;
-            if (c < HD) dk[m] -= Kb[warp][c] * dot;
-        }
-    }
+    if (COSINE) project_lanes(dk, Kb[warp], ink, lane);
 #pragma unroll
     for (int m = 0; m < NC; m++) {
         int c = lane + 32 * m;
