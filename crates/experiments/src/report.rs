@@ -9,6 +9,7 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 use plotters::prelude::*;
 
+use crate::newton::experiment::PhysicsResult;
 use crate::runner::RunResult;
 use crate::scale::Scale;
 use crate::spec::{EvalKey, Experiment, Kind, Row};
@@ -28,6 +29,8 @@ pub struct Context<'a> {
     pub wall_s: f64,
     /// Figures directory, relative to the report.
     pub figures_rel: &'a str,
+    /// Results of the physics experiment, by variant (empty when it did not run).
+    pub physics: &'a BTreeMap<String, PhysicsResult>,
 }
 
 fn key(ntk: bool, posthoc: Option<u32>, multiple: usize) -> EvalKey {
@@ -108,7 +111,7 @@ pub fn write(
         "- numbers: validation loss in nats/token. `ntk / plain` = NTK-scaled RoPE / unscaled RoPE beyond 1x (SPEC section 9). The paper's numbers are GPT-2 124M on FineWeb-10B at T_train = 1024; at a small scale the absolute values differ, and what can be compared is the *shape*: the ordering at 1x and how each curve bends. Differences under about 0.1 nats need several seeds before they are called an effect.\n"
     );
     let _ = writeln!(md, "## Verdicts\n");
-    for v in verdicts(experiments, results) {
+    for v in verdicts(experiments, results).into_iter().chain(physics_verdicts(ctx.physics)) {
         let _ = writeln!(md, "- {v}");
     }
     let _ = writeln!(md);
@@ -116,7 +119,11 @@ pub fn write(
         let _ = writeln!(md, "## {}\n", e.title);
         let _ = writeln!(md, "{}", e.readme.lines().skip(1).collect::<Vec<_>>().join("\n").trim());
         let _ = writeln!(md);
-        let trained: Vec<String> = crate::spec::plan(std::slice::from_ref(e)).into_keys().collect();
+        let trained: Vec<String> = if e.kind == Kind::Physics {
+            vec![PHYSICS_ONLY.to_string()]
+        } else {
+            crate::spec::plan(std::slice::from_ref(e)).into_keys().collect()
+        };
         let _ = writeln!(md, "Regenerate this section's runs: `{} --only {}`\n", ctx.base_command, trained.join(","));
         match e.kind {
             Kind::Table => {
@@ -140,6 +147,10 @@ pub fn write(
             }
             Kind::Sinks => {
                 sinks_section(&mut md, e, results, figures_dir, ctx.figures_rel)?;
+                let _ = writeln!(md);
+            }
+            Kind::Physics => {
+                physics_section(&mut md, e, ctx.physics, figures_dir, ctx.figures_rel)?;
                 let _ = writeln!(md);
             }
             Kind::PSweep => {
@@ -380,6 +391,110 @@ fn save_with(path_no_ext: &Path, title: &str, labels: (&str, &str), series: &[Se
     draw(SVGBackend::new(&svg, (900, 560)).into_drawing_area(), title, labels, series)
         .with_context(|| format!("drawing {}", svg.display()))?;
     Ok(())
+}
+
+/// The `--only` name that selects the physics experiment.
+pub const PHYSICS_ONLY: &str = "newton";
+
+fn physics_section(
+    md: &mut String,
+    e: &Experiment,
+    physics: &BTreeMap<String, PhysicsResult>,
+    figures_dir: &Path,
+    figures_rel: &str,
+) -> Result<()> {
+    let Some(any) = e.rows.iter().find_map(|r| physics.get(&r.train)) else {
+        let _ = writeln!(md, "Not run in this invocation (select it with `--only {PHYSICS_ONLY}`).");
+        return Ok(());
+    };
+    let s = &any.settings;
+    let _ = writeln!(
+        md,
+        "Each model: {} layers, width {}, {} heads; {} training orbits of {} steps (dt = {}), {} Adam steps of {} orbits; forces read from {} held-out orbits.\n",
+        s.n_layer, s.d_model, s.n_head, s.train_orbits, s.seq_len, s.dt, s.steps, s.batch, s.test_orbits
+    );
+    let _ = writeln!(
+        md,
+        "| model | acceleration error (rel. RMSE) | best law (BIC) | its rel. RMSE | power-law fit: a (m1) | b (m2) | k (r) | Newton's law? | time |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+    let mut series: Vec<Series> = Vec::new();
+    for (i, r) in e.rows.iter().enumerate() {
+        let Some(p) = physics.get(&r.train) else {
+            let _ = writeln!(md, "| {} | - | - | - | - | - | - | - | - |", r.label);
+            continue;
+        };
+        let pl = |j: usize| p.power_law.map_or("-".to_string(), |(v, se)| format!("{:.2} ± {:.2}", v[j], se[j]));
+        let _ = writeln!(
+            md,
+            "| {} | {:.3} | `{}` | {:.3} | {} | {} | {} | {} | {:.0} s |",
+            r.label,
+            p.accel_rel_rmse,
+            p.best_law,
+            p.best_law_rel_rmse,
+            pl(1),
+            pl(2),
+            pl(3),
+            if p.newton_recovered { "**yes**" } else { "no" },
+            p.wall_s
+        );
+        series.push((r.label.clone(), i, false, p.ratio_by_r.iter().map(|&(x, y)| (x, y.log10())).collect()));
+    }
+    let _ = writeln!(
+        md,
+        "\nThe acceleration error is relative to the exact accelerations; predicting no correction to constant velocity scores 1. Newton's law is `a = 1, b = 1, k = -2` with `c = G = 1`.\n"
+    );
+    if let Some((lo, hi)) = series
+        .iter()
+        .flat_map(|s| s.3.iter().map(|p| p.0))
+        .fold(None, |acc: Option<(f64, f64)>, x| Some(acc.map_or((x, x), |(a, b)| (a.min(x), b.max(x)))))
+    {
+        series.push(("Newton".into(), 7, true, vec![(lo, 0.0), (hi, 0.0)]));
+    }
+    let name = format!("{}_force_ratio", e.name);
+    save_with(
+        &figures_dir.join(&name),
+        "Implied force over Newton's force against distance (median per bin)",
+        ("log2 of the distance r", "log10(implied / Newton)"),
+        &series,
+    )?;
+    let _ = writeln!(md, "![{}]({figures_rel}/{name}.png) ([SVG]({figures_rel}/{name}.svg))", e.title);
+    Ok(())
+}
+
+/// One verdict line per physics result: whether that model's implied forces follow Newton's law.
+pub fn physics_verdicts(physics: &BTreeMap<String, PhysicsResult>) -> Vec<String> {
+    if physics.is_empty() {
+        return Vec::new();
+    }
+    let get = |v: &str| physics.get(v);
+    let mut out = Vec::new();
+    let describe = |p: &PhysicsResult| {
+        let exps = p.power_law.map_or(String::new(), |(v, se)| {
+            format!(
+                " (fitted exponents a = {:.2} ± {:.2}, b = {:.2} ± {:.2}, k = {:.2} ± {:.2})",
+                v[1], se[1], v[2], se[2], v[3], se[3]
+            )
+        });
+        format!("{}: best law `{}`{exps}", p.variant, p.best_law)
+    };
+    match (get("softmax"), get("lssa+rw15")) {
+        (Some(s), Some(r)) => {
+            let claim = r.newton_recovered && !s.newton_recovered;
+            out.push(format!(
+                "**Newton's law recovered by LSSAR but not by softmax: {}.** {}; {}.",
+                if claim { "reproduced" } else { "not reproduced at this scale" },
+                describe(r),
+                describe(s)
+            ));
+        }
+        _ => {
+            for p in physics.values() {
+                out.push(format!("Newton's law: {}.", describe(p)));
+            }
+        }
+    }
+    out
 }
 
 /// Draws an attention map (rows = queries, columns = keys) as a PNG of at most 512 x 512 pixels:

@@ -19,6 +19,8 @@ pub enum Kind {
     PSweep,
     /// Attention-sink statistics per layer against length, and attention maps (no losses).
     Sinks,
+    /// The Newton's-law experiment: its own small model per row, trained on orbits (no language model).
+    Physics,
 }
 
 /// One row (a line of a figure).
@@ -63,7 +65,7 @@ pub struct Experiment {
 }
 
 /// The embedded definitions, in report order: (TOML, README).
-const DEFS: [(&str, &str); 7] = [
+const DEFS: [(&str, &str); 8] = [
     (include_str!("../defs/table1/experiment.toml"), include_str!("../defs/table1/README.md")),
     (include_str!("../defs/table2/experiment.toml"), include_str!("../defs/table2/README.md")),
     (include_str!("../defs/table3/experiment.toml"), include_str!("../defs/table3/README.md")),
@@ -71,6 +73,7 @@ const DEFS: [(&str, &str); 7] = [
     (include_str!("../defs/figure1/experiment.toml"), include_str!("../defs/figure1/README.md")),
     (include_str!("../defs/figure2/experiment.toml"), include_str!("../defs/figure2/README.md")),
     (include_str!("../defs/sinks/experiment.toml"), include_str!("../defs/sinks/README.md")),
+    (include_str!("../defs/newton/experiment.toml"), include_str!("../defs/newton/README.md")),
 ];
 
 /// Every experiment, parsed and checked (variant names parse, powers are valid, paper columns fit).
@@ -132,7 +135,7 @@ impl EvalKey {
 /// Every training run (by trained variant name) and the evaluations each needs.
 pub fn plan(experiments: &[Experiment]) -> BTreeMap<String, Vec<EvalKey>> {
     let mut out: BTreeMap<String, Vec<EvalKey>> = BTreeMap::new();
-    for e in experiments {
+    for e in experiments.iter().filter(|e| e.kind != Kind::Physics) {
         for r in &e.rows {
             let needs = out.entry(r.train.clone()).or_default();
             let mut add = |ntk: bool, posthoc: Option<u32>| {
@@ -153,6 +156,7 @@ pub fn plan(experiments: &[Experiment]) -> BTreeMap<String, Vec<EvalKey>> {
                 }
                 // Trained, but measured by [`sink_plan`], not by losses.
                 Kind::Sinks => {}
+                Kind::Physics => unreachable!("filtered above"),
             }
         }
     }

@@ -31,11 +31,7 @@ pub const PARTS: &[Part] = &[
         what: "zero-shot multiple choice (lm-eval scoring)",
         missing: Some("later evaluations"),
     },
-    Part {
-        name: "Newton's law",
-        what: "symbolic regression on orbit-trained transformers",
-        missing: Some("later evaluations"),
-    },
+    Part { name: "Newton's law", what: "symbolic regression on orbit-trained transformers", missing: None },
 ];
 
 /// The status table, one line per part.

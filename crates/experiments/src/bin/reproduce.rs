@@ -85,11 +85,13 @@ fn run() -> Result<()> {
     let experiments = spec::all()?;
     let mut plan = spec::plan(&experiments);
     let mut sink_plan = spec::sink_plan(&experiments);
+    let physics_only = report::PHYSICS_ONLY;
+    let run_physics = cli.only.is_empty() || cli.only.iter().any(|v| v == physics_only);
     if !cli.only.is_empty() {
-        for v in &cli.only {
+        for v in cli.only.iter().filter(|v| *v != physics_only) {
             if !plan.contains_key(v) {
                 bail!(
-                    "--only {v}: no experiment trains `{v}`; planned: {}",
+                    "--only {v}: no experiment trains `{v}`; planned: {}, and `{physics_only}` (the physics experiment)",
                     plan.keys().cloned().collect::<Vec<_>>().join(", ")
                 );
             }
@@ -144,6 +146,25 @@ fn run() -> Result<()> {
     let start = Instant::now();
     let jobs = cli.jobs.unwrap_or_else(|| runner::default_jobs(tch::Cuda::is_available()));
     let results = runner::run_all(&scale, &plan, &out, &command, jobs, &launch, &sink_plan)?;
+    let mut physics = std::collections::BTreeMap::new();
+    if run_physics {
+        let settings = experiments::newton::experiment::Settings::for_scale(scale.name);
+        for e in experiments.iter().filter(|e| e.kind == spec::Kind::Physics) {
+            for r in &e.rows {
+                if physics.contains_key(&r.train) {
+                    continue;
+                }
+                eprintln!("reproduce: physics experiment, `{}` ...", r.train);
+                let res = experiments::newton::experiment::run(&settings, &r.train, &out.join("newton"))
+                    .with_context(|| format!("the physics experiment with `{}`", r.train))?;
+                eprintln!(
+                    "reproduce: physics `{}`: acceleration error {:.3}, best law {} ({:.0} s)",
+                    r.train, res.accel_rel_rmse, res.best_law, res.wall_s
+                );
+                physics.insert(r.train.clone(), res);
+            }
+        }
+    }
     let (report_path, figures_dir, figures_rel) = match (&cli.report, scale.meaningful) {
         (Some(p), _) => {
             let dir = p.parent().map(|d| d.join("figures")).unwrap_or_else(|| PathBuf::from("figures"));
@@ -161,13 +182,15 @@ fn run() -> Result<()> {
         wall_s: results
             .values()
             .map(|r| r.train_wall_s + r.eval_wall_s)
+            .chain(physics.values().map(|p| p.wall_s))
             .sum::<f64>()
             .max(start.elapsed().as_secs_f64()),
         figures_rel: &figures_rel,
+        physics: &physics,
     };
     report::write(&experiments, &results, &ctx, &report_path, &figures_dir).context("writing the report")?;
     eprintln!("reproduce: wrote {} ({:.1} min)", report_path.display(), start.elapsed().as_secs_f64() / 60.0);
-    for v in report::verdicts(&experiments, &results) {
+    for v in report::verdicts(&experiments, &results).into_iter().chain(report::physics_verdicts(&physics)) {
         println!("- {v}");
     }
     Ok(())

@@ -1,7 +1,8 @@
-//! The Newton's-law experiment of the paper's later versions (issue 9), in progress: the orbit
-//! simulator ([`sim`]) and the symbolic regression that reads a force law back from forces
-//! ([`regress`]). The transformer trained on trajectories, whose predicted accelerations supply the
-//! forces, is not built yet; the report lists the experiment as not implemented.
+//! The Newton's-law experiment of the paper's later versions: the orbit simulator ([`sim`]), the
+//! symbolic regression that reads a force law back from forces ([`regress`]), and the experiment
+//! itself ([`experiment`]): a transformer trained on orbits per attention variant, whose predicted
+//! accelerations supply the forces.
 
+pub mod experiment;
 pub mod regress;
 pub mod sim;
