@@ -205,8 +205,12 @@ mod tests {
         let all = all().unwrap();
         assert_eq!(
             all.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
-            ["table1", "table2", "table3", "table4", "figure1", "figure2", "sinks"]
+            ["table1", "table2", "table3", "table4", "figure1", "figure2", "sinks", "newton"]
         );
+        // The physics experiment trains its own small models: it adds no language-model runs.
+        let physics: Vec<_> = all.iter().filter(|e| e.kind == Kind::Physics).cloned().collect();
+        assert_eq!(physics.len(), 1);
+        assert!(plan(&physics).is_empty());
         let sinks = sink_plan(&all);
         assert_eq!(sinks.keys().collect::<Vec<_>>(), ["lssa", "lssa+rw15", "softmax"]);
         assert!(sinks["lssa"].contains(&SinkKey { posthoc: Some(15), multiple: 8, map: true }));
