@@ -14,14 +14,17 @@
 //! - [`status`]: what is not implemented yet, said plainly.
 //! - [`downstream`]: lm-evaluation-harness-style multiple-choice scoring of user-supplied ARC, HellaSwag,
 //!   PIQA, SciQ and MMLU files (in progress: not yet wired to the model and the report).
-//! - [`retrieval`]: passkey and needle-in-a-haystack prompts of exact length and depth (in progress).
-//! - [`sinks`]: attention-sink share and row entropy per layer, attention maps (in progress).
-//! - [`newton`]: orbits and the symbolic regression of force laws (Newton's-law experiment, in progress).
+//! - [`retrieval`]: passkey and needle-in-a-haystack prompts of exact length and depth.
+//! - [`retrieval_eval`]: the retrieval experiment: passkey fine-tuning, greedy-decoding accuracy by
+//!   length and depth.
+//! - [`sinks`]: attention-sink share and row entropy per layer, attention maps.
+//! - [`newton`]: orbits, the orbit transformer and the symbolic regression of force laws.
 
 pub mod downstream;
 pub mod newton;
 pub mod report;
 pub mod retrieval;
+pub mod retrieval_eval;
 pub mod runner;
 pub mod scale;
 pub mod sinks;

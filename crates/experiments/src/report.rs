@@ -10,6 +10,7 @@ use anyhow::{Context as _, Result};
 use plotters::prelude::*;
 
 use crate::newton::experiment::PhysicsResult;
+use crate::retrieval_eval::RetrievalResult;
 use crate::runner::RunResult;
 use crate::scale::Scale;
 use crate::spec::{EvalKey, Experiment, Kind, Row};
@@ -31,6 +32,8 @@ pub struct Context<'a> {
     pub figures_rel: &'a str,
     /// Results of the physics experiment, by variant (empty when it did not run).
     pub physics: &'a BTreeMap<String, PhysicsResult>,
+    /// Results of the retrieval experiment, by row label (empty when it did not run).
+    pub retrieval: &'a BTreeMap<String, RetrievalResult>,
 }
 
 fn key(ntk: bool, posthoc: Option<u32>, multiple: usize) -> EvalKey {
@@ -111,7 +114,11 @@ pub fn write(
         "- numbers: validation loss in nats/token. `ntk / plain` = NTK-scaled RoPE / unscaled RoPE beyond 1x (SPEC section 9). The paper's numbers are GPT-2 124M on FineWeb-10B at T_train = 1024; at a small scale the absolute values differ, and what can be compared is the *shape*: the ordering at 1x and how each curve bends. Differences under about 0.1 nats need several seeds before they are called an effect.\n"
     );
     let _ = writeln!(md, "## Verdicts\n");
-    for v in verdicts(experiments, results).into_iter().chain(physics_verdicts(ctx.physics)) {
+    for v in verdicts(experiments, results)
+        .into_iter()
+        .chain(retrieval_verdicts(ctx.retrieval))
+        .chain(physics_verdicts(ctx.physics))
+    {
         let _ = writeln!(md, "- {v}");
     }
     let _ = writeln!(md);
@@ -121,6 +128,10 @@ pub fn write(
         let _ = writeln!(md);
         let trained: Vec<String> = if e.kind == Kind::Physics {
             vec![PHYSICS_ONLY.to_string()]
+        } else if e.kind == Kind::Retrieval {
+            let mut v: Vec<String> = crate::spec::plan(std::slice::from_ref(e)).into_keys().collect();
+            v.push(RETRIEVAL_ONLY.to_string());
+            v
         } else {
             crate::spec::plan(std::slice::from_ref(e)).into_keys().collect()
         };
@@ -147,6 +158,10 @@ pub fn write(
             }
             Kind::Sinks => {
                 sinks_section(&mut md, e, results, figures_dir, ctx.figures_rel)?;
+                let _ = writeln!(md);
+            }
+            Kind::Retrieval => {
+                retrieval_section(&mut md, e, ctx.retrieval, figures_dir, ctx.figures_rel)?;
                 let _ = writeln!(md);
             }
             Kind::Physics => {
@@ -391,6 +406,136 @@ fn save_with(path_no_ext: &Path, title: &str, labels: (&str, &str), series: &[Se
     draw(SVGBackend::new(&svg, (900, 560)).into_drawing_area(), title, labels, series)
         .with_context(|| format!("drawing {}", svg.display()))?;
     Ok(())
+}
+
+/// The `--only` name that selects the retrieval experiment (with the variants it needs trained).
+pub const RETRIEVAL_ONLY: &str = "retrieval";
+
+fn retrieval_section(
+    md: &mut String,
+    e: &Experiment,
+    retrieval: &BTreeMap<String, RetrievalResult>,
+    figures_dir: &Path,
+    figures_rel: &str,
+) -> Result<()> {
+    let Some(any) = e.rows.iter().find_map(|r| retrieval.get(&r.label)) else {
+        let _ = writeln!(md, "Not run in this invocation (select it with `--only {RETRIEVAL_ONLY}`).");
+        return Ok(());
+    };
+    let s = &any.settings;
+    let _ = writeln!(
+        md,
+        "Fine-tuning: {} steps of {} prompts at {}x the training length. Evaluation: {} prompts per cell, depths {:?}.\n",
+        s.steps, s.batch, any.train_multiple, s.prompts, s.depths
+    );
+    let _ = write!(md, "| row | fine-tune loss |");
+    for m in &s.multiples {
+        let _ = write!(md, " {m}x |");
+    }
+    let _ = writeln!(md, " example at {}x |", s.multiples.last().copied().unwrap_or(1));
+    let _ = writeln!(md, "|---|---:|{}---|", "---:|".repeat(s.multiples.len()));
+    let mut series: Vec<Series> = Vec::new();
+    for (i, r) in e.rows.iter().enumerate() {
+        let Some(res) = retrieval.get(&r.label) else {
+            let _ = writeln!(md, "| {} | - |{} - |", r.label, " - |".repeat(s.multiples.len()));
+            continue;
+        };
+        let _ = write!(md, "| {} | {:.3} |", r.label, res.finetune_loss);
+        for &m in &s.multiples {
+            let _ = write!(md, " {} |", res.mean_at(m).map_or("-".into(), |a| format!("{:.0}%", 100.0 * a)));
+        }
+        let _ = writeln!(md, " {} |", res.example.replace('|', "/"));
+        series.push((
+            r.label.clone(),
+            i,
+            r.posthoc.is_some(),
+            s.multiples.iter().filter_map(|&m| res.mean_at(m).map(|a| (m as f64, a))).collect(),
+        ));
+        let name = format!("{}_{}", e.name, crate::runner::run_dir_name(&r.label.replace([' ', '=', '(', ')'], "_")));
+        draw_grid(&figures_dir.join(&name), &format!("{}: passkey accuracy", r.label), res)?;
+    }
+    let _ = writeln!(md, "\nCells: accuracy averaged over depths. Heat maps (length x depth) per row below.\n");
+    let name = format!("{}_accuracy", e.name);
+    save_with(
+        &figures_dir.join(&name),
+        "Passkey accuracy against length (mean over depths)",
+        ("length multiple", "accuracy"),
+        &series,
+    )?;
+    let _ = writeln!(md, "![{}]({figures_rel}/{name}.png) ([SVG]({figures_rel}/{name}.svg))\n", e.title);
+    for r in e.rows.iter().filter(|r| retrieval.contains_key(&r.label)) {
+        let name = format!("{}_{}", e.name, crate::runner::run_dir_name(&r.label.replace([' ', '=', '(', ')'], "_")));
+        let _ = writeln!(md, "![{}]({figures_rel}/{name}.png)", r.label);
+    }
+    Ok(())
+}
+
+/// A length x depth heat map of accuracies (PNG): darker is more accurate, each cell labelled.
+fn draw_grid(path_no_ext: &Path, title: &str, res: &RetrievalResult) -> Result<()> {
+    let png = path_no_ext.with_extension("png");
+    let (ms, ds) = (&res.settings.multiples, &res.settings.depths);
+    let root = BitMapBackend::new(&png, (120 + 90 * ds.len() as u32, 90 + 50 * ms.len() as u32)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(10)
+        .x_label_area_size(30)
+        .y_label_area_size(50)
+        .build_cartesian_2d(0..ds.len() as i32, 0..ms.len() as i32)
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    chart
+        .configure_mesh()
+        .disable_mesh()
+        .x_labels(ds.len())
+        .y_labels(ms.len())
+        .x_desc("needle depth")
+        .y_desc("length")
+        .x_label_formatter(&|x| ds.get(*x as usize).map_or(String::new(), |d| format!("{d}")))
+        .y_label_formatter(&|y| ms.get(*y as usize).map_or(String::new(), |m| format!("{m}x")))
+        .draw()
+        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    for (yi, m) in ms.iter().enumerate() {
+        for (xi, d) in ds.iter().enumerate() {
+            let acc = res.cells.iter().find(|c| c.0 == *m && (c.1 - d).abs() < 1e-9).map_or(0.0, |c| c.2);
+            let shade = (255.0 * (1.0 - 0.8 * acc)) as u8;
+            let (x, y) = (xi as i32, yi as i32);
+            chart
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(x, y), (x + 1, y + 1)],
+                    RGBColor(shade, shade, 255).filled(),
+                )))
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+            chart
+                .draw_series(std::iter::once(Text::new(format!("{:.0}%", 100.0 * acc), (x, y + 1), ("sans-serif", 15))))
+                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
+        }
+    }
+    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
+    Ok(())
+}
+
+/// One verdict line on retrieval beyond the training length: LSSAR against softmax at the longest length.
+pub fn retrieval_verdicts(retrieval: &BTreeMap<String, RetrievalResult>) -> Vec<String> {
+    let (Some(s), Some(r)) = (retrieval.get("Softmax"), retrieval.get("LSSAR p=15 (train)")) else {
+        return Vec::new();
+    };
+    let Some(&last) = s.settings.multiples.last() else { return Vec::new() };
+    let first = s.settings.multiples[0];
+    let pct = |x: Option<f64>| x.map_or("-".to_string(), |a| format!("{:.0}%", 100.0 * a));
+    let (s1, sl, r1, rl) = (s.mean_at(first), s.mean_at(last), r.mean_at(first), r.mean_at(last));
+    let claim = matches!((sl, rl, r1), (Some(sl), Some(rl), Some(r1)) if rl > sl + 0.2 && r1 > 0.5);
+    vec![format!(
+        "**Passkey retrieval beyond the training length, LSSAR vs softmax**: {}. Accuracy {first}x -> {last}x: LSSAR (p = 15, trained) {} -> {}, softmax {} -> {}.",
+        if claim {
+            "reproduced (LSSAR holds more than 20 points above softmax at the longest length)"
+        } else {
+            "not reproduced at this scale"
+        },
+        pct(r1),
+        pct(rl),
+        pct(s1),
+        pct(sl)
+    )]
 }
 
 /// The `--only` name that selects the physics experiment.

@@ -116,17 +116,9 @@ fn say(line: &str) {
     eprintln!("reproduce: {line}");
 }
 
-/// Runs (or continues) everything `plan` asks for at `scale` under `out`, `jobs` runs at a time (they
-/// share libtorch's thread pool); returns every run's result.
-pub fn run_all(
-    scale: &Scale,
-    plan: &BTreeMap<String, Vec<EvalKey>>,
-    out: &Path,
-    command: &str,
-    jobs: usize,
-    launch: &Launch,
-    sinks: &BTreeMap<String, Vec<SinkKey>>,
-) -> Result<BTreeMap<String, RunResult>> {
+/// The data directory (generated for the smoke scale), its shards, and the scale's training
+/// configuration pointed at them: what every run of `scale` under `out` starts from.
+pub fn base_config(scale: &Scale, out: &Path) -> Result<(PathBuf, trainer::data::shard::ShardDir, TrainConfig)> {
     std::fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
     let data_dir = match &scale.data {
         Data::Generated => generated_data(out)?,
@@ -143,6 +135,21 @@ pub fn run_all(
     let mut base = scale.train.clone();
     base.data_dir = data_dir.clone();
     base.model.vocab_size = base.model.vocab_size.max(sd.vocab_size());
+    Ok((data_dir, sd, base))
+}
+
+/// Runs every planned training (in `jobs` parallel workers; on a CPU machine they
+/// share libtorch's thread pool); returns every run's result.
+pub fn run_all(
+    scale: &Scale,
+    plan: &BTreeMap<String, Vec<EvalKey>>,
+    out: &Path,
+    command: &str,
+    jobs: usize,
+    launch: &Launch,
+    sinks: &BTreeMap<String, Vec<SinkKey>>,
+) -> Result<BTreeMap<String, RunResult>> {
+    let (data_dir, sd, base) = base_config(scale, out)?;
     let world = match launch {
         Launch::InProcess => 1,
         Launch::Ranks { nproc, .. } => *nproc,

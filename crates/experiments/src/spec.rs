@@ -21,6 +21,8 @@ pub enum Kind {
     Sinks,
     /// The Newton's-law experiment: its own small model per row, trained on orbits (no language model).
     Physics,
+    /// Passkey retrieval by length and depth: the trained models, fine-tuned on the task (no losses).
+    Retrieval,
 }
 
 /// One row (a line of a figure).
@@ -65,7 +67,7 @@ pub struct Experiment {
 }
 
 /// The embedded definitions, in report order: (TOML, README).
-const DEFS: [(&str, &str); 8] = [
+const DEFS: [(&str, &str); 9] = [
     (include_str!("../defs/table1/experiment.toml"), include_str!("../defs/table1/README.md")),
     (include_str!("../defs/table2/experiment.toml"), include_str!("../defs/table2/README.md")),
     (include_str!("../defs/table3/experiment.toml"), include_str!("../defs/table3/README.md")),
@@ -73,6 +75,7 @@ const DEFS: [(&str, &str); 8] = [
     (include_str!("../defs/figure1/experiment.toml"), include_str!("../defs/figure1/README.md")),
     (include_str!("../defs/figure2/experiment.toml"), include_str!("../defs/figure2/README.md")),
     (include_str!("../defs/sinks/experiment.toml"), include_str!("../defs/sinks/README.md")),
+    (include_str!("../defs/retrieval/experiment.toml"), include_str!("../defs/retrieval/README.md")),
     (include_str!("../defs/newton/experiment.toml"), include_str!("../defs/newton/README.md")),
 ];
 
@@ -155,7 +158,7 @@ pub fn plan(experiments: &[Experiment]) -> BTreeMap<String, Vec<EvalKey>> {
                     }
                 }
                 // Trained, but measured by [`sink_plan`], not by losses.
-                Kind::Sinks => {}
+                Kind::Sinks | Kind::Retrieval => {}
                 Kind::Physics => unreachable!("filtered above"),
             }
         }
@@ -205,7 +208,7 @@ mod tests {
         let all = all().unwrap();
         assert_eq!(
             all.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
-            ["table1", "table2", "table3", "table4", "figure1", "figure2", "sinks", "newton"]
+            ["table1", "table2", "table3", "table4", "figure1", "figure2", "sinks", "retrieval", "newton"]
         );
         // The physics experiment trains its own small models: it adds no language-model runs.
         let physics: Vec<_> = all.iter().filter(|e| e.kind == Kind::Physics).cloned().collect();

@@ -63,7 +63,40 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
         "the attention maps"
     );
     assert!(out.join("figures/map_lssa_rw15_8x.png").exists());
-    for fig in ["figure1", "figure2", "table1_length", "table4_length", "sinks_first_key", "sinks_entropy"] {
+    // Retrieval: every row fine-tuned and evaluated, with its heat map; the physics experiment too.
+    assert!(report.contains("## Passkey retrieval") && report.contains("## Newton's law"));
+    for row in ["| Softmax |", "| LSSAR p=15 (post hoc) |"] {
+        let line = report
+            .lines()
+            .find(|l| l.starts_with(row) && l.contains('%'))
+            .unwrap_or_else(|| panic!("no retrieval row {row}"));
+        assert!(!line.contains("| - |"), "{line}");
+    }
+    let retrieval_figs: Vec<&str> = report
+        .lines()
+        .filter_map(|l| l.strip_prefix("![").and_then(|l| l.split("](").nth(1)))
+        .map(|l| l.split(')').next().unwrap())
+        .filter(|p| p.starts_with("figures/retrieval_"))
+        .collect();
+    assert_eq!(retrieval_figs.len(), 5, "the accuracy figure and a heat map per row: {retrieval_figs:?}");
+    for f in retrieval_figs {
+        assert!(out.join(f).exists(), "{f}");
+    }
+    let rr: experiments::retrieval_eval::RetrievalResult =
+        serde_json::from_str(&std::fs::read_to_string(out.join("retrieval").join("Softmax.json")).unwrap()).unwrap();
+    assert!(
+        !rr.cells.is_empty() && rr.cells.iter().all(|c| (0.0..=1.0).contains(&c.2)) && rr.finetune_loss.is_finite()
+    );
+    for fig in [
+        "figure1",
+        "figure2",
+        "table1_length",
+        "table4_length",
+        "sinks_first_key",
+        "sinks_entropy",
+        "retrieval_accuracy",
+        "newton_force_ratio",
+    ] {
         for ext in ["png", "svg"] {
             let p = out.join("figures").join(format!("{fig}.{ext}"));
             assert!(std::fs::metadata(&p).map(|m| m.len() > 1000).unwrap_or(false), "{} missing or empty", p.display());

@@ -73,7 +73,7 @@ fn main() {
 }
 
 fn run() -> Result<()> {
-    let cli = Cli::parse();
+    let mut cli = Cli::parse();
     if let Some(config) = &cli.train_rank {
         return runner::train_rank(config, cli.resume.clone());
     }
@@ -85,13 +85,20 @@ fn run() -> Result<()> {
     let experiments = spec::all()?;
     let mut plan = spec::plan(&experiments);
     let mut sink_plan = spec::sink_plan(&experiments);
-    let physics_only = report::PHYSICS_ONLY;
+    let (physics_only, retrieval_only) = (report::PHYSICS_ONLY, report::RETRIEVAL_ONLY);
     let run_physics = cli.only.is_empty() || cli.only.iter().any(|v| v == physics_only);
+    let run_retrieval = cli.only.is_empty() || cli.only.iter().any(|v| v == retrieval_only);
+    if run_retrieval && !cli.only.is_empty() {
+        // Retrieval needs its rows' models trained.
+        for e in experiments.iter().filter(|e| e.kind == spec::Kind::Retrieval) {
+            cli.only.extend(e.rows.iter().map(|r| r.train.clone()));
+        }
+    }
     if !cli.only.is_empty() {
-        for v in cli.only.iter().filter(|v| *v != physics_only) {
+        for v in cli.only.iter().filter(|v| *v != physics_only && *v != retrieval_only) {
             if !plan.contains_key(v) {
                 bail!(
-                    "--only {v}: no experiment trains `{v}`; planned: {}, and `{physics_only}` (the physics experiment)",
+                    "--only {v}: no experiment trains `{v}`; planned: {}, and `{physics_only}` / `{retrieval_only}` (the physics / retrieval experiments)",
                     plan.keys().cloned().collect::<Vec<_>>().join(", ")
                 );
             }
@@ -146,6 +153,33 @@ fn run() -> Result<()> {
     let start = Instant::now();
     let jobs = cli.jobs.unwrap_or_else(|| runner::default_jobs(tch::Cuda::is_available()));
     let results = runner::run_all(&scale, &plan, &out, &command, jobs, &launch, &sink_plan)?;
+    let mut retrieval = std::collections::BTreeMap::new();
+    if run_retrieval {
+        for e in experiments.iter().filter(|e| e.kind == spec::Kind::Retrieval) {
+            let mut by_variant: std::collections::BTreeMap<&str, Vec<(String, Option<u32>)>> = Default::default();
+            for r in &e.rows {
+                by_variant.entry(r.train.as_str()).or_default().push((r.label.clone(), r.posthoc));
+            }
+            for (variant, rows) in by_variant {
+                if results.get(variant).is_none_or(|r| r.error.is_some()) {
+                    eprintln!("reproduce: retrieval: no trained `{variant}` model, its rows stay empty");
+                    continue;
+                }
+                eprintln!("reproduce: retrieval experiment, `{variant}` (fine-tuning, then greedy decoding) ...");
+                for res in experiments::retrieval_eval::run(&scale, &out, variant, &rows)
+                    .with_context(|| format!("the retrieval experiment with `{variant}`"))?
+                {
+                    eprintln!(
+                        "reproduce: retrieval `{}`: accuracy by length {:?} ({:.0} s)",
+                        res.label,
+                        res.settings.multiples.iter().map(|&m| res.mean_at(m).unwrap_or(f64::NAN)).collect::<Vec<_>>(),
+                        res.wall_s
+                    );
+                    retrieval.insert(res.label.clone(), res);
+                }
+            }
+        }
+    }
     let mut physics = std::collections::BTreeMap::new();
     if run_physics {
         let settings = experiments::newton::experiment::Settings::for_scale(scale.name);
@@ -183,14 +217,20 @@ fn run() -> Result<()> {
             .values()
             .map(|r| r.train_wall_s + r.eval_wall_s)
             .chain(physics.values().map(|p| p.wall_s))
+            .chain(retrieval.values().filter(|r| r.posthoc.is_none()).map(|r| r.wall_s))
             .sum::<f64>()
             .max(start.elapsed().as_secs_f64()),
         figures_rel: &figures_rel,
         physics: &physics,
+        retrieval: &retrieval,
     };
     report::write(&experiments, &results, &ctx, &report_path, &figures_dir).context("writing the report")?;
     eprintln!("reproduce: wrote {} ({:.1} min)", report_path.display(), start.elapsed().as_secs_f64() / 60.0);
-    for v in report::verdicts(&experiments, &results).into_iter().chain(report::physics_verdicts(&physics)) {
+    for v in report::verdicts(&experiments, &results)
+        .into_iter()
+        .chain(report::retrieval_verdicts(&retrieval))
+        .chain(report::physics_verdicts(&physics))
+    {
         println!("- {v}");
     }
     Ok(())

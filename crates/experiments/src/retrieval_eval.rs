@@ -1,0 +1,240 @@
+//! The retrieval experiment (SPEC section 9): each trained language model is fine-tuned briefly on
+//! passkey prompts at the training length, then asked for the pass key by greedy decoding (with the
+//! KV cache) at 1x..16x the training length and at several needle depths.
+//!
+//! Choices (the paper gives no recipe for its small models):
+//!
+//! - Fine-tuning mix: passkey prompts ([`crate::retrieval::prompt`]) of exactly the training length
+//!   with the answer appended, next-token loss on every token, AdamW at the scale's learning rate /
+//!   4 with linear warm-down, on filler from the first half of the validation tokens. Evaluation
+//!   fillers come from the second half, so no evaluation text was seen in fine-tuning.
+//! - The same fine-tuned `lssa` model is also evaluated with post-hoc re-weighting (`p = 15`).
+//! - A prompt counts as correct when the generated continuation contains the pass key.
+//! - NTK-scaled RoPE beyond 1x, as in the report's other long-length numbers.
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+use tch::nn::OptimizerConfig;
+
+use gpt_model::{ForwardOptions, Gpt};
+use trainer::data::tokenizer::Tokenizer;
+
+use crate::retrieval::{self, Task};
+use crate::runner::run_dir_name;
+use crate::scale::Scale;
+
+/// Sizes of the retrieval experiment at one scale.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    /// Fine-tuning steps.
+    pub steps: usize,
+    /// Prompts per fine-tuning step.
+    pub batch: usize,
+    /// Length multiples evaluated.
+    pub multiples: Vec<usize>,
+    /// Needle depths evaluated.
+    pub depths: Vec<f64>,
+    /// Prompts per (length, depth) cell.
+    pub prompts: usize,
+    /// Length of fine-tuning prompts as a multiple of the training length (1 except where the
+    /// training length cannot hold the prompt's fixed text; doubled at run time until it does).
+    pub train_multiple: usize,
+    /// Seed of prompts and filler offsets.
+    pub seed: u64,
+}
+
+impl Settings {
+    /// `smoke`: seconds (in the test suite); others: a few minutes per model on two CPU cores.
+    pub fn for_scale(scale: &str) -> Self {
+        match scale {
+            "smoke" => Settings {
+                steps: 2,
+                batch: 2,
+                multiples: vec![8, 16],
+                depths: vec![0.5],
+                prompts: 1,
+                train_multiple: 8,
+                seed: 7,
+            },
+            _ => Settings {
+                steps: 300,
+                batch: 8,
+                multiples: vec![1, 2, 4, 8, 16],
+                depths: vec![0.0, 0.25, 0.5, 0.75, 1.0],
+                prompts: 6,
+                train_multiple: 1,
+                seed: 7,
+            },
+        }
+    }
+}
+
+/// The accuracy of one model (and post-hoc power) on the grid.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RetrievalResult {
+    /// Row label (variant, and `post hoc p` when applied).
+    pub label: String,
+    /// The trained variant.
+    pub variant: String,
+    /// Post-hoc re-weighting power at evaluation.
+    pub posthoc: Option<u32>,
+    /// Settings it ran with (cached results are reused only for the same settings).
+    pub settings: Settings,
+    /// Accuracy per `(multiple, depth)`.
+    pub cells: Vec<(usize, f64, f64)>,
+    /// The fine-tuning length actually used, as a multiple of the training length.
+    pub train_multiple: usize,
+    /// Fine-tuning loss over the last tenth of its steps.
+    pub finetune_loss: f64,
+    /// One example answer at the longest length (for the report), as generated.
+    pub example: String,
+    /// Fine-tuning and evaluation time, seconds.
+    pub wall_s: f64,
+}
+
+impl RetrievalResult {
+    /// Mean accuracy over depths at `multiple`.
+    pub fn mean_at(&self, multiple: usize) -> Option<f64> {
+        let xs: Vec<f64> = self.cells.iter().filter(|c| c.0 == multiple).map(|c| c.2).collect();
+        (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+    }
+}
+
+fn answer_tokens(tok: &Tokenizer, p: &retrieval::Prompt) -> Vec<u32> {
+    tok.encode(&format!(" {}.", p.answers.join(", ")))
+}
+
+/// Fine-tunes the trained model of `variant` (its last checkpoint under `out`) and evaluates it for
+/// each of `rows` (`(label, post-hoc power)`); results are cached under `out/retrieval`.
+pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32>)]) -> Result<Vec<RetrievalResult>> {
+    let settings = Settings::for_scale(scale.name);
+    let my_rows: Vec<(String, String, Option<u32>)> =
+        rows.iter().map(|(l, p)| (l.clone(), variant.to_string(), *p)).collect();
+    let cache_dir = out.join("retrieval");
+    let cache =
+        |label: &str| cache_dir.join(format!("{}.json", run_dir_name(&label.replace([' ', '=', '(', ')'], "_"))));
+    let cached: Vec<Option<RetrievalResult>> = my_rows
+        .iter()
+        .map(|(label, _, _)| {
+            std::fs::read_to_string(cache(label))
+                .ok()
+                .and_then(|t| serde_json::from_str::<RetrievalResult>(&t).ok())
+                .filter(|r| r.settings == settings)
+        })
+        .collect();
+    if cached.iter().all(Option::is_some) {
+        return Ok(cached.into_iter().flatten().collect());
+    }
+    let start = Instant::now();
+    let (data_dir, sd, base) = crate::runner::base_config(scale, out)?;
+    let tok = Tokenizer::load_for_dir(&data_dir)?;
+    let val = trainer::data::loader::validation_tokens(&data_dir, scale.val_tokens, Some(sd.tokenizer_id()))?;
+    let (tune_filler, eval_filler) = val.split_at(val.len() / 2);
+    let cfg = gpt_model::ModelConfig { attention: variant.to_string(), ..base.model.clone() };
+    let run_dir = out.join(run_dir_name(variant));
+    let ckpt = trainer::train::list_checkpoints(&run_dir)?
+        .pop()
+        .with_context(|| format!("no trained `{variant}` model in {} (train it first)", run_dir.display()))?;
+    let device = trainer::train::pick_device(base.device, 0)?;
+    let mut vs = tch::nn::VarStore::new(device);
+    let model = Gpt::new(&vs.root(), &cfg)?;
+    gpt_model::checkpoint::load(&mut vs, &cfg, &ckpt)?;
+    let t_train = cfg.context_len;
+    let mut rng = ChaCha8Rng::seed_from_u64(settings.seed);
+
+    // The prompt's fixed text (instructions, needle, question) plus some filler must fit.
+    let fits = |len: usize| {
+        retrieval::prompt(Task::Passkey, &tok, tune_filler, len, 0.5, &mut ChaCha8Rng::seed_from_u64(0)).is_ok()
+    };
+    let mut train_multiple = settings.train_multiple;
+    while !fits(t_train * train_multiple - 8) && train_multiple < 64 {
+        train_multiple *= 2;
+    }
+    // Fine-tuning.
+    let lr = base.lr / 4.0;
+    let mut opt = tch::nn::AdamW::default().build(&vs, lr)?;
+    let len = t_train * train_multiple;
+    let mut tail = Vec::new();
+    for step in 0..settings.steps {
+        opt.set_lr(lr * (1.0 - step as f64 / settings.steps as f64));
+        let mut seqs = Vec::with_capacity(settings.batch * (len + 1));
+        for _ in 0..settings.batch {
+            let depth = rand::Rng::random_range(&mut rng, 0.0..=1.0);
+            // The answer's length is known only once the key is drawn: build, then trim the filler.
+            let probe = retrieval::prompt(Task::Passkey, &tok, tune_filler, len, depth, &mut rng)?;
+            let ans = answer_tokens(&tok, &probe);
+            let p = retrieval::prompt(Task::Passkey, &tok, tune_filler, len + 1 - ans.len(), depth, &mut rng)?;
+            let ans = answer_tokens(&tok, &p);
+            let mut seq: Vec<i64> = p.tokens.iter().chain(&ans).map(|&t| i64::from(t)).collect();
+            seq.resize(len + 1, i64::from(tok.encode(".").first().copied().unwrap_or(0)));
+            seqs.extend(seq);
+        }
+        let all = Tensor::from_slice(&seqs).view([settings.batch as i64, (len + 1) as i64]).to(device);
+        let (idx, tgt) = (all.narrow(1, 0, len as i64), all.narrow(1, 1, len as i64));
+        let loss = model.loss(&idx, &tgt, &ForwardOptions::default())?;
+        opt.backward_step(&loss);
+        let l = loss.double_value(&[]);
+        anyhow::ensure!(l.is_finite(), "retrieval fine-tuning of `{variant}` diverged at step {step}");
+        if step + settings.steps.div_ceil(10) >= settings.steps {
+            tail.push(l);
+        }
+    }
+    let finetune_loss = tail.iter().sum::<f64>() / tail.len().max(1) as f64;
+    let tuned_s = start.elapsed().as_secs_f64();
+
+    let mut results = Vec::new();
+    for ((label, _, posthoc), cached) in my_rows.iter().zip(cached) {
+        if let Some(r) = cached {
+            results.push(r);
+            continue;
+        }
+        let started = Instant::now();
+        let mut eval_rng = ChaCha8Rng::seed_from_u64(settings.seed + 1);
+        let mut cells = Vec::new();
+        let mut example = String::new();
+        for &m in &settings.multiples {
+            let opts = ForwardOptions { length_scale: Some(m as f64), ntk: true, reweight: *posthoc, attn_impl: None };
+            if !fits(t_train * m) {
+                continue; // this length cannot hold the prompt's fixed text: no cell
+            }
+            for &depth in &settings.depths {
+                let mut correct = 0;
+                for _ in 0..settings.prompts {
+                    let p = retrieval::prompt(Task::Passkey, &tok, eval_filler, t_train * m, depth, &mut eval_rng)?;
+                    let ids: Vec<i64> = p.tokens.iter().map(|&t| i64::from(t)).collect();
+                    let out = tch::no_grad(|| model.generate(&ids, 8, None, &opts))?;
+                    let new: Vec<u32> = out[ids.len()..].iter().map(|&t| t as u32).collect();
+                    let text = tok.decode(&new);
+                    if retrieval::is_correct(&p, &text) {
+                        correct += 1;
+                    }
+                    if m == *settings.multiples.last().expect("multiples") && example.is_empty() {
+                        example = format!("key {} -> \"{}\"", p.answers.join(","), text.trim());
+                    }
+                }
+                cells.push((m, depth, correct as f64 / settings.prompts as f64));
+            }
+        }
+        let r = RetrievalResult {
+            label: label.clone(),
+            variant: variant.to_string(),
+            posthoc: *posthoc,
+            settings: settings.clone(),
+            train_multiple,
+            cells,
+            finetune_loss,
+            example,
+            wall_s: tuned_s + started.elapsed().as_secs_f64(),
+        };
+        std::fs::create_dir_all(&cache_dir)?;
+        std::fs::write(cache(label), serde_json::to_string_pretty(&r)?)?;
+        results.push(r);
+    }
+    Ok(results)
+}
