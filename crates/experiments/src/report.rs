@@ -442,24 +442,28 @@ fn retrieval_section(
         };
         let _ = write!(md, "| {} | {:.3} |", r.label, res.finetune_loss);
         for &m in &s.multiples {
-            let _ = write!(md, " {} |", res.mean_at(m).map_or("-".into(), |a| format!("{:.0}%", 100.0 * a)));
+            let pct = |x: Option<f64>| x.map_or("-".into(), |a| format!("{:.0}%", 100.0 * a));
+            let _ = write!(md, " {} / {} |", pct(res.mean_at(m)), pct(res.digits_at(m)));
         }
         let _ = writeln!(md, " {} |", res.example.replace('|', "/"));
         series.push((
             r.label.clone(),
             i,
             r.posthoc.is_some(),
-            s.multiples.iter().filter_map(|&m| res.mean_at(m).map(|a| (m as f64, a))).collect(),
+            s.multiples.iter().filter_map(|&m| res.digits_at(m).map(|a| (m as f64, a))).collect(),
         ));
         let name = format!("{}_{}", e.name, crate::runner::run_dir_name(&r.label.replace([' ', '=', '(', ')'], "_")));
-        draw_grid(&figures_dir.join(&name), &format!("{}: passkey accuracy", r.label), res)?;
+        draw_grid(&figures_dir.join(&name), &format!("{}: passkey digit accuracy", r.label), res)?;
     }
-    let _ = writeln!(md, "\nCells: accuracy averaged over depths. Heat maps (length x depth) per row below.\n");
+    let _ = writeln!(
+        md,
+        "\nCells: exact accuracy (the whole key) / digit accuracy (share of the key's digits in place; 10% is chance), averaged over depths. The figure and the heat maps (length x depth) show digit accuracy.\n"
+    );
     let name = format!("{}_accuracy", e.name);
     save_with(
         &figures_dir.join(&name),
-        "Passkey accuracy against length (mean over depths)",
-        ("length multiple", "accuracy"),
+        "Passkey digit accuracy against length (mean over depths)",
+        ("length multiple", "digit accuracy"),
         &series,
     )?;
     let _ = writeln!(md, "![{}]({figures_rel}/{name}.png) ([SVG]({figures_rel}/{name}.svg))\n", e.title);
@@ -496,7 +500,7 @@ fn draw_grid(path_no_ext: &Path, title: &str, res: &RetrievalResult) -> Result<(
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     for (yi, m) in ms.iter().enumerate() {
         for (xi, d) in ds.iter().enumerate() {
-            let acc = res.cells.iter().find(|c| c.0 == *m && (c.1 - d).abs() < 1e-9).map_or(0.0, |c| c.2);
+            let acc = res.digit_cells.iter().find(|c| c.0 == *m && (c.1 - d).abs() < 1e-9).map_or(0.0, |c| c.2);
             let shade = (255.0 * (1.0 - 0.8 * acc)) as u8;
             let (x, y) = (xi as i32, yi as i32);
             chart
@@ -524,17 +528,24 @@ pub fn retrieval_verdicts(retrieval: &BTreeMap<String, RetrievalResult>) -> Vec<
     let pct = |x: Option<f64>| x.map_or("-".to_string(), |a| format!("{:.0}%", 100.0 * a));
     let (s1, sl, r1, rl) = (s.mean_at(first), s.mean_at(last), r.mean_at(first), r.mean_at(last));
     let claim = matches!((sl, rl, r1), (Some(sl), Some(rl), Some(r1)) if rl > sl + 0.2 && r1 > 0.5);
+    let (sd1, sdl, rd1, rdl) = (s.digits_at(first), s.digits_at(last), r.digits_at(first), r.digits_at(last));
     vec![format!(
-        "**Passkey retrieval beyond the training length, LSSAR vs softmax**: {}. Accuracy {first}x -> {last}x: LSSAR (p = 15, trained) {} -> {}, softmax {} -> {}.",
+        "**Passkey retrieval beyond the training length, LSSAR vs softmax**: {}. Exact accuracy {first}x -> {last}x: LSSAR (p = 15, trained) {} -> {}, softmax {} -> {}; digit accuracy LSSAR {} -> {}, softmax {} -> {} (10% is chance).",
         if claim {
             "reproduced (LSSAR holds more than 20 points above softmax at the longest length)"
+        } else if r1.is_some_and(|a| a < 0.5) && s1.is_some_and(|a| a < 0.5) {
+            "not testable at this scale: neither model retrieves the key reliably even at the training length"
         } else {
             "not reproduced at this scale"
         },
         pct(r1),
         pct(rl),
         pct(s1),
-        pct(sl)
+        pct(sl),
+        pct(rd1),
+        pct(rdl),
+        pct(sd1),
+        pct(sdl)
     )]
 }
 

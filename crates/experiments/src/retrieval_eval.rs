@@ -5,8 +5,8 @@
 //! Choices (the paper gives no recipe for its small models):
 //!
 //! - Fine-tuning mix: passkey prompts ([`crate::retrieval::prompt`]) of exactly the training length
-//!   with the answer appended, next-token loss on every token, AdamW at the scale's learning rate /
-//!   4 with linear warm-down, on filler from the first half of the validation tokens. Evaluation
+//!   with the answer appended, next-token loss on the answer tokens only, AdamW at the scale's
+//!   learning rate / 2 with linear warm-down, on filler from the first half of the validation tokens. Evaluation
 //!   fillers come from the second half, so no evaluation text was seen in fine-tuning.
 //! - The same fine-tuned `lssa` model is also evaluated with post-hoc re-weighting (`p = 15`).
 //! - A prompt counts as correct when the generated continuation contains the pass key.
@@ -63,7 +63,7 @@ impl Settings {
                 seed: 7,
             },
             _ => Settings {
-                steps: 300,
+                steps: 1500,
                 batch: 8,
                 multiples: vec![1, 2, 4, 8, 16],
                 depths: vec![0.0, 0.25, 0.5, 0.75, 1.0],
@@ -86,8 +86,12 @@ pub struct RetrievalResult {
     pub posthoc: Option<u32>,
     /// Settings it ran with (cached results are reused only for the same settings).
     pub settings: Settings,
-    /// Accuracy per `(multiple, depth)`.
+    /// Accuracy per `(multiple, depth)`: the continuation contains the whole key.
     pub cells: Vec<(usize, f64, f64)>,
+    /// Digit accuracy per `(multiple, depth)`: the share of the key's digits that the first number
+    /// of the continuation has in the same place (partial retrieval; 0.1 is chance).
+    #[serde(default)]
+    pub digit_cells: Vec<(usize, f64, f64)>,
     /// The fine-tuning length actually used, as a multiple of the training length.
     pub train_multiple: usize,
     /// Fine-tuning loss over the last tenth of its steps.
@@ -101,8 +105,37 @@ pub struct RetrievalResult {
 impl RetrievalResult {
     /// Mean accuracy over depths at `multiple`.
     pub fn mean_at(&self, multiple: usize) -> Option<f64> {
-        let xs: Vec<f64> = self.cells.iter().filter(|c| c.0 == multiple).map(|c| c.2).collect();
-        (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+        mean_at(&self.cells, multiple)
+    }
+
+    /// Mean digit accuracy over depths at `multiple`.
+    pub fn digits_at(&self, multiple: usize) -> Option<f64> {
+        mean_at(&self.digit_cells, multiple)
+    }
+}
+
+fn mean_at(cells: &[(usize, f64, f64)], multiple: usize) -> Option<f64> {
+    let xs: Vec<f64> = cells.iter().filter(|c| c.0 == multiple).map(|c| c.2).collect();
+    (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+}
+
+/// The share of `key`'s digits found in the same place in the first run of digits of `text`.
+pub fn digit_accuracy(key: &str, text: &str) -> f64 {
+    let first: String = text.chars().skip_while(|c| !c.is_ascii_digit()).take_while(char::is_ascii_digit).collect();
+    let hits = key.chars().zip(first.chars()).filter(|(a, b)| a == b).count();
+    hits as f64 / key.len().max(1) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digit_accuracy_compares_the_first_number_place_by_place() {
+        assert_eq!(digit_accuracy("85722", " 85722."), 1.0);
+        assert_eq!(digit_accuracy("85722", "key 85. 722"), 0.4);
+        assert_eq!(digit_accuracy("85722", "the pass key?"), 0.0);
+        assert_eq!(digit_accuracy("85722", "95721"), 0.6);
     }
 }
 
@@ -157,13 +190,14 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
         train_multiple *= 2;
     }
     // Fine-tuning.
-    let lr = base.lr / 4.0;
+    let lr = base.lr / 2.0;
     let mut opt = tch::nn::AdamW::default().build(&vs, lr)?;
     let len = t_train * train_multiple;
     let mut tail = Vec::new();
     for step in 0..settings.steps {
         opt.set_lr(lr * (1.0 - step as f64 / settings.steps as f64));
         let mut seqs = Vec::with_capacity(settings.batch * (len + 1));
+        let mut masks: Vec<f32> = Vec::with_capacity(settings.batch * len);
         for _ in 0..settings.batch {
             let depth = rand::Rng::random_range(&mut rng, 0.0..=1.0);
             // The answer's length is known only once the key is drawn: build, then trim the filler.
@@ -174,10 +208,19 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
             let mut seq: Vec<i64> = p.tokens.iter().chain(&ans).map(|&t| i64::from(t)).collect();
             seq.resize(len + 1, i64::from(tok.encode(".").first().copied().unwrap_or(0)));
             seqs.extend(seq);
+            // Target position t predicts token t + 1: the answer occupies tokens [prompt, prompt + ans).
+            let (a0, a1) = (p.tokens.len() - 1, (p.tokens.len() - 1 + ans.len()).min(len));
+            masks.extend((0..len).map(|t| if (a0..a1).contains(&t) { 1.0 } else { 0.0 }));
         }
         let all = Tensor::from_slice(&seqs).view([settings.batch as i64, (len + 1) as i64]).to(device);
         let (idx, tgt) = (all.narrow(1, 0, len as i64), all.narrow(1, 1, len as i64));
-        let loss = model.loss(&idx, &tgt, &ForwardOptions::default())?;
+        // Next-token loss on the answer tokens only: the filler is ordinary text the model has
+        // already learned, and in a prompt of T_train tokens the answer is a few of them.
+        let mask = Tensor::from_slice(&masks).view([settings.batch as i64, len as i64]).to(device);
+        let logits = model.forward(&idx, &ForwardOptions::default())?;
+        let logp = logits.narrow(-1, 0, cfg.vocab_size as i64).to_kind(tch::Kind::Float).log_softmax(-1, tch::Kind::Float);
+        let nll = -logp.gather(-1, &tgt.unsqueeze(-1), false).squeeze_dim(-1);
+        let loss = (nll * &mask).sum(tch::Kind::Float) / mask.sum(tch::Kind::Float).clamp_min(1.0);
         opt.backward_step(&loss);
         let l = loss.double_value(&[]);
         anyhow::ensure!(l.is_finite(), "retrieval fine-tuning of `{variant}` diverged at step {step}");
@@ -197,6 +240,7 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
         let started = Instant::now();
         let mut eval_rng = ChaCha8Rng::seed_from_u64(settings.seed + 1);
         let mut cells = Vec::new();
+        let mut digit_cells = Vec::new();
         let mut example = String::new();
         for &m in &settings.multiples {
             let opts = ForwardOptions { length_scale: Some(m as f64), ntk: true, reweight: *posthoc, attn_impl: None };
@@ -205,6 +249,7 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
             }
             for &depth in &settings.depths {
                 let mut correct = 0;
+                let mut digits = 0.0;
                 for _ in 0..settings.prompts {
                     let p = retrieval::prompt(Task::Passkey, &tok, eval_filler, t_train * m, depth, &mut eval_rng)?;
                     let ids: Vec<i64> = p.tokens.iter().map(|&t| i64::from(t)).collect();
@@ -214,11 +259,13 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
                     if retrieval::is_correct(&p, &text) {
                         correct += 1;
                     }
+                    digits += digit_accuracy(&p.answers[0], &text);
                     if m == *settings.multiples.last().expect("multiples") && example.is_empty() {
                         example = format!("key {} -> \"{}\"", p.answers.join(","), text.trim());
                     }
                 }
                 cells.push((m, depth, correct as f64 / settings.prompts as f64));
+                digit_cells.push((m, depth, digits / settings.prompts as f64));
             }
         }
         let r = RetrievalResult {
@@ -228,6 +275,7 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
             settings: settings.clone(),
             train_multiple,
             cells,
+            digit_cells,
             finetune_loss,
             example,
             wall_s: tuned_s + started.elapsed().as_secs_f64(),
