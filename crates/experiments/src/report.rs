@@ -485,37 +485,47 @@ fn draw_grid(path_no_ext: &Path, title: &str, res: &RetrievalResult) -> Result<(
         .margin(10)
         .x_label_area_size(30)
         .y_label_area_size(50)
-        .build_cartesian_2d(0..ds.len() as i32, 0..ms.len() as i32)
+        // Cell (i, j) is centred on integer coordinates, so the labels sit under the cells.
+        .build_cartesian_2d(-0.5f64..ds.len() as f64 - 0.5, -0.5f64..ms.len() as f64 - 0.5)
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     chart
         .configure_mesh()
         .disable_mesh()
-        .x_labels(ds.len())
-        .y_labels(ms.len())
+        .x_labels(4 * ds.len())
+        .y_labels(4 * ms.len())
         .x_desc("needle depth")
         .y_desc("length")
-        .x_label_formatter(&|x| ds.get(*x as usize).map_or(String::new(), |d| format!("{d}")))
-        .y_label_formatter(&|y| ms.get(*y as usize).map_or(String::new(), |m| format!("{m}x")))
+        .x_label_formatter(&|x| at_integer(*x).and_then(|i| ds.get(i)).map_or(String::new(), |d| format!("{d}")))
+        .y_label_formatter(&|y| at_integer(*y).and_then(|i| ms.get(i)).map_or(String::new(), |m| format!("{m}x")))
         .draw()
         .map_err(|e| anyhow::anyhow!("{e:?}"))?;
     for (yi, m) in ms.iter().enumerate() {
         for (xi, d) in ds.iter().enumerate() {
             let acc = res.digit_cells.iter().find(|c| c.0 == *m && (c.1 - d).abs() < 1e-9).map_or(0.0, |c| c.2);
             let shade = (255.0 * (1.0 - 0.8 * acc)) as u8;
-            let (x, y) = (xi as i32, yi as i32);
+            let (x, y) = (xi as f64, yi as f64);
             chart
                 .draw_series(std::iter::once(Rectangle::new(
-                    [(x, y), (x + 1, y + 1)],
+                    [(x - 0.5, y - 0.5), (x + 0.5, y + 0.5)],
                     RGBColor(shade, shade, 255).filled(),
                 )))
                 .map_err(|e| anyhow::anyhow!("{e:?}"))?;
             chart
-                .draw_series(std::iter::once(Text::new(format!("{:.0}%", 100.0 * acc), (x, y + 1), ("sans-serif", 15))))
+                .draw_series(std::iter::once(Text::new(
+                    format!("{:.0}%", 100.0 * acc),
+                    (x - 0.15, y + 0.1),
+                    ("sans-serif", 15),
+                )))
                 .map_err(|e| anyhow::anyhow!("{e:?}"))?;
         }
     }
     root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
     Ok(())
+}
+
+/// `Some(i)` when `x` is (to rounding) the non-negative integer `i`: tick labels only at cell centres.
+fn at_integer(x: f64) -> Option<usize> {
+    ((x - x.round()).abs() < 1e-6 && x > -0.5).then(|| x.round() as usize)
 }
 
 /// One verdict line on retrieval beyond the training length: LSSAR against softmax at the longest length.

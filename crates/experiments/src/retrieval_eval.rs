@@ -218,7 +218,8 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
         // already learned, and in a prompt of T_train tokens the answer is a few of them.
         let mask = Tensor::from_slice(&masks).view([settings.batch as i64, len as i64]).to(device);
         let logits = model.forward(&idx, &ForwardOptions::default())?;
-        let logp = logits.narrow(-1, 0, cfg.vocab_size as i64).to_kind(tch::Kind::Float).log_softmax(-1, tch::Kind::Float);
+        let logp =
+            logits.narrow(-1, 0, cfg.vocab_size as i64).to_kind(tch::Kind::Float).log_softmax(-1, tch::Kind::Float);
         let nll = -logp.gather(-1, &tgt.unsqueeze(-1), false).squeeze_dim(-1);
         let loss = (nll * &mask).sum(tch::Kind::Float) / mask.sum(tch::Kind::Float).clamp_min(1.0);
         opt.backward_step(&loss);
