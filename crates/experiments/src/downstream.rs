@@ -1,4 +1,4 @@
-//! Downstream multiple choice scored the way lm-evaluation-harness scores it (issue 9, in progress):
+//! Downstream multiple choice scored the way lm-evaluation-harness scores it:
 //! each choice is a continuation of a context; the model's summed log-likelihood of the continuation
 //! picks the answer (`acc`), and the same divided by the continuation's length in characters picks it
 //! for `acc_norm`. The readers take the JSONL layouts the data sets are published in; the files come
@@ -15,7 +15,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// One multiple-choice question.
@@ -187,7 +187,7 @@ impl LogLikelihood for ModelScorer<'_> {
 }
 
 /// A task's scores in lm-evaluation-harness's terms.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Scores {
     /// Items scored.
     pub n: usize,
@@ -382,4 +382,61 @@ mod tests {
         assert!((json["results"]["piqa"]["acc_norm,none"].as_f64().unwrap() - 2.0 / 3.0).abs() < 1e-12);
         assert_eq!(json["n-samples"]["piqa"]["effective"], 3);
     }
+}
+
+/// One task's scores for one model, with the size of the file they came from (a changed file is rescored).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TaskScores {
+    /// The task (one of [`TASKS`]).
+    pub task: String,
+    /// Bytes of `<task>.jsonl` when it was scored.
+    pub file_bytes: u64,
+    /// The scores.
+    pub scores: Scores,
+}
+
+/// Scores the trained `variant` of `scale` (under `out`) on every `<task>.jsonl` of [`TASKS`] found
+/// in `dir`, zero-shot; results are cached in `out/downstream/<variant>.json` (and written in
+/// lm-evaluation-harness's layout beside it, `<variant>.lm-eval.json`).
+pub fn run(scale: &crate::scale::Scale, out: &Path, variant: &str, dir: &Path) -> Result<Vec<TaskScores>> {
+    let cache_dir = out.join("downstream");
+    let name = crate::runner::run_dir_name(variant);
+    let cache = cache_dir.join(format!("{name}.json"));
+    let old: Vec<TaskScores> =
+        std::fs::read_to_string(&cache).ok().and_then(|t| serde_json::from_str(&t).ok()).unwrap_or_default();
+    let files: Vec<(String, std::path::PathBuf, u64)> = TASKS
+        .iter()
+        .map(|t| (t.to_string(), dir.join(format!("{t}.jsonl"))))
+        .filter_map(|(t, p)| std::fs::metadata(&p).ok().map(|m| (t, p, m.len())))
+        .collect();
+    ensure!(
+        !files.is_empty(),
+        "{}: none of {} found (see experiments::downstream for the layouts)",
+        dir.display(),
+        TASKS.iter().map(|t| format!("{t}.jsonl")).collect::<Vec<_>>().join(", ")
+    );
+    let mut trained: Option<crate::runner::Trained> = None;
+    let mut out_scores = Vec::new();
+    for (task, path, bytes) in files {
+        if let Some(done) = old.iter().find(|s| s.task == task && s.file_bytes == bytes) {
+            out_scores.push(done.clone());
+            continue;
+        }
+        if trained.is_none() {
+            trained = Some(crate::runner::load_trained(scale, out, variant)?);
+        }
+        let t = trained.as_ref().expect("loaded");
+        let items = read_items(&task, &path)?;
+        let mut scorer = ModelScorer { model: &t.model, tokenizer: &t.tokenizer, device: t.device };
+        let scores = score(&items, &mut scorer).with_context(|| format!("scoring {task} with `{variant}`"))?;
+        out_scores.push(TaskScores { task, file_bytes: bytes, scores });
+    }
+    std::fs::create_dir_all(&cache_dir)?;
+    std::fs::write(&cache, serde_json::to_string_pretty(&out_scores)?)?;
+    let pairs: Vec<(String, Scores)> = out_scores.iter().map(|s| (s.task.clone(), s.scores.clone())).collect();
+    std::fs::write(
+        cache_dir.join(format!("{name}.lm-eval.json")),
+        serde_json::to_string_pretty(&lm_eval_json(&pairs))?,
+    )?;
+    Ok(out_scores)
 }

@@ -34,6 +34,8 @@ pub struct Context<'a> {
     pub physics: &'a BTreeMap<String, PhysicsResult>,
     /// Results of the retrieval experiment, by row label (empty when it did not run).
     pub retrieval: &'a BTreeMap<String, RetrievalResult>,
+    /// Downstream scores by trained variant (empty without `--downstream DIR`).
+    pub downstream: &'a BTreeMap<String, Vec<crate::downstream::TaskScores>>,
 }
 
 fn key(ntk: bool, posthoc: Option<u32>, multiple: usize) -> EvalKey {
@@ -135,7 +137,13 @@ pub fn write(
         } else {
             crate::spec::plan(std::slice::from_ref(e)).into_keys().collect()
         };
-        let _ = writeln!(md, "Regenerate this section's runs: `{} --only {}`\n", ctx.base_command, trained.join(","));
+        let extra = if e.kind == Kind::Downstream { " --downstream DIR" } else { "" };
+        let _ = writeln!(
+            md,
+            "Regenerate this section's runs: `{} --only {}{extra}`\n",
+            ctx.base_command,
+            trained.join(",")
+        );
         match e.kind {
             Kind::Table => {
                 table(&mut md, e, results);
@@ -160,6 +168,10 @@ pub fn write(
                 sinks_section(&mut md, e, results, figures_dir, ctx.figures_rel)?;
                 let _ = writeln!(md);
             }
+            Kind::Downstream => {
+                downstream_section(&mut md, e, ctx.downstream);
+                let _ = writeln!(md);
+            }
             Kind::Retrieval => {
                 retrieval_section(&mut md, e, ctx.retrieval, figures_dir, ctx.figures_rel)?;
                 let _ = writeln!(md);
@@ -179,11 +191,14 @@ pub fn write(
             }
         }
     }
-    let _ = writeln!(md, "## Not reproduced yet\n");
-    for part in crate::status::PARTS.iter().filter(|p| p.missing.is_some()) {
-        let _ = writeln!(md, "- {} ({}): not implemented yet, no numbers shown.", part.name, part.what);
+    let missing: Vec<_> = crate::status::PARTS.iter().filter(|p| p.missing.is_some()).collect();
+    if !missing.is_empty() {
+        let _ = writeln!(md, "## Not reproduced yet\n");
+        for part in missing {
+            let _ = writeln!(md, "- {} ({}): not implemented yet, no numbers shown.", part.name, part.what);
+        }
+        let _ = writeln!(md);
     }
-    let _ = writeln!(md);
     let _ = writeln!(md, "## Runs\n");
     let _ = writeln!(
         md,
@@ -406,6 +421,57 @@ fn save_with(path_no_ext: &Path, title: &str, labels: (&str, &str), series: &[Se
     draw(SVGBackend::new(&svg, (900, 560)).into_drawing_area(), title, labels, series)
         .with_context(|| format!("drawing {}", svg.display()))?;
     Ok(())
+}
+
+fn downstream_section(
+    md: &mut String,
+    e: &Experiment,
+    downstream: &BTreeMap<String, Vec<crate::downstream::TaskScores>>,
+) {
+    if downstream.is_empty() {
+        let _ = writeln!(
+            md,
+            "Not run: no data supplied. Put the task files in a folder and add `--downstream DIR` (see above); the scores go to `runs/<scale>/downstream/`, also in lm-evaluation-harness's JSON layout."
+        );
+        return;
+    }
+    let tasks: Vec<&str> = crate::downstream::TASKS
+        .iter()
+        .copied()
+        .filter(|t| downstream.values().any(|v| v.iter().any(|s| s.task == *t)))
+        .collect();
+    let _ = writeln!(md, "acc_norm ± standard error (acc), zero-shot.\n");
+    let _ = writeln!(md, "| row | {} |", tasks.join(" | "));
+    let _ = writeln!(md, "|---|{}", "---:|".repeat(tasks.len()));
+    for r in &e.rows {
+        let _ = write!(md, "| {} |", r.label);
+        for t in &tasks {
+            let cell =
+                downstream.get(&r.train).and_then(|v| v.iter().find(|s| s.task == *t)).map_or("-".to_string(), |s| {
+                    format!(
+                        "{:.2} ± {:.2} ({:.2}; n = {})",
+                        100.0 * s.scores.acc_norm,
+                        100.0 * s.scores.acc_norm_stderr,
+                        100.0 * s.scores.acc,
+                        s.scores.n
+                    )
+                });
+            let _ = write!(md, " {cell} |");
+        }
+        let _ = writeln!(md);
+    }
+    let paper = |t: &str| match t {
+        "arc_easy" => "40.57",
+        "arc_challenge" => "22.61",
+        "piqa" => "65.34",
+        "mmlu" => "22.97",
+        _ => "-",
+    };
+    let _ = writeln!(
+        md,
+        "| paper, LSSAR (GPT-2 124M) | {} |",
+        tasks.iter().map(|t| paper(t)).collect::<Vec<_>>().join(" | ")
+    );
 }
 
 /// The `--only` name that selects the retrieval experiment (with the variants it needs trained).

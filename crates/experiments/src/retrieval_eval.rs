@@ -15,14 +15,14 @@
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 use tch::nn::OptimizerConfig;
 
-use gpt_model::{ForwardOptions, Gpt};
+use gpt_model::ForwardOptions;
 use trainer::data::tokenizer::Tokenizer;
 
 use crate::retrieval::{self, Task};
@@ -165,19 +165,10 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
         return Ok(cached.into_iter().flatten().collect());
     }
     let start = Instant::now();
-    let (data_dir, sd, base) = crate::runner::base_config(scale, out)?;
-    let tok = Tokenizer::load_for_dir(&data_dir)?;
-    let val = trainer::data::loader::validation_tokens(&data_dir, scale.val_tokens, Some(sd.tokenizer_id()))?;
+    let crate::runner::Trained { vs, model, tokenizer: tok, val, cfg: train_cfg, device } =
+        crate::runner::load_trained(scale, out, variant)?;
     let (tune_filler, eval_filler) = val.split_at(val.len() / 2);
-    let cfg = gpt_model::ModelConfig { attention: variant.to_string(), ..base.model.clone() };
-    let run_dir = out.join(run_dir_name(variant));
-    let ckpt = trainer::train::list_checkpoints(&run_dir)?
-        .pop()
-        .with_context(|| format!("no trained `{variant}` model in {} (train it first)", run_dir.display()))?;
-    let device = trainer::train::pick_device(base.device, 0)?;
-    let mut vs = tch::nn::VarStore::new(device);
-    let model = Gpt::new(&vs.root(), &cfg)?;
-    gpt_model::checkpoint::load(&mut vs, &cfg, &ckpt)?;
+    let (cfg, base_lr) = (&train_cfg.model, train_cfg.lr);
     let t_train = cfg.context_len;
     let mut rng = ChaCha8Rng::seed_from_u64(settings.seed);
 
@@ -190,7 +181,7 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
         train_multiple *= 2;
     }
     // Fine-tuning.
-    let lr = base.lr / 2.0;
+    let lr = base_lr / 2.0;
     let mut opt = tch::nn::AdamW::default().build(&vs, lr)?;
     let len = t_train * train_multiple;
     let mut tail = Vec::new();

@@ -138,6 +138,43 @@ pub fn base_config(scale: &Scale, out: &Path) -> Result<(PathBuf, trainer::data:
     Ok((data_dir, sd, base))
 }
 
+/// A trained language model loaded for an experiment that runs after the trainings.
+pub struct Trained {
+    /// The variables (kept alive with the model; fine-tuning updates them).
+    pub vs: tch::nn::VarStore,
+    /// The model, from the run's last checkpoint.
+    pub model: Gpt,
+    /// The data directory's tokenizer.
+    pub tokenizer: trainer::data::tokenizer::Tokenizer,
+    /// The scale's validation tokens.
+    pub val: Vec<u16>,
+    /// The training configuration the run used.
+    pub cfg: TrainConfig,
+    /// Where the model lives.
+    pub device: tch::Device,
+}
+
+/// Loads the trained `variant` of `scale` under `out` (its last checkpoint), with its tokenizer and
+/// the validation tokens.
+pub fn load_trained(scale: &Scale, out: &Path, variant: &str) -> Result<Trained> {
+    let (data_dir, sd, base) = base_config(scale, out)?;
+    let tokenizer = trainer::data::tokenizer::Tokenizer::load_for_dir(&data_dir)?;
+    let val = trainer::data::loader::validation_tokens(&data_dir, scale.val_tokens, Some(sd.tokenizer_id()))?;
+    let cfg = TrainConfig {
+        model: gpt_model::ModelConfig { attention: variant.to_string(), ..base.model.clone() },
+        out_dir: out.join(run_dir_name(variant)),
+        ..base
+    };
+    let ckpt = train::list_checkpoints(&cfg.out_dir)?
+        .pop()
+        .with_context(|| format!("no trained `{variant}` model in {} (train it first)", cfg.out_dir.display()))?;
+    let device = train::pick_device(cfg.device, 0)?;
+    let mut vs = tch::nn::VarStore::new(device);
+    let model = Gpt::new(&vs.root(), &cfg.model)?;
+    gpt_model::checkpoint::load(&mut vs, &cfg.model, &ckpt)?;
+    Ok(Trained { vs, model, tokenizer, val, cfg, device })
+}
+
 /// Runs every planned training (in `jobs` parallel workers; on a CPU machine they
 /// share libtorch's thread pool); returns every run's result.
 pub fn run_all(

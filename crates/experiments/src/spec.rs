@@ -23,6 +23,8 @@ pub enum Kind {
     Physics,
     /// Passkey retrieval by length and depth: the trained models, fine-tuned on the task (no losses).
     Retrieval,
+    /// Zero-shot multiple choice on user-supplied data sets (`--downstream DIR`).
+    Downstream,
 }
 
 /// One row (a line of a figure).
@@ -67,7 +69,7 @@ pub struct Experiment {
 }
 
 /// The embedded definitions, in report order: (TOML, README).
-const DEFS: [(&str, &str); 9] = [
+const DEFS: [(&str, &str); 10] = [
     (include_str!("../defs/table1/experiment.toml"), include_str!("../defs/table1/README.md")),
     (include_str!("../defs/table2/experiment.toml"), include_str!("../defs/table2/README.md")),
     (include_str!("../defs/table3/experiment.toml"), include_str!("../defs/table3/README.md")),
@@ -76,6 +78,7 @@ const DEFS: [(&str, &str); 9] = [
     (include_str!("../defs/figure2/experiment.toml"), include_str!("../defs/figure2/README.md")),
     (include_str!("../defs/sinks/experiment.toml"), include_str!("../defs/sinks/README.md")),
     (include_str!("../defs/retrieval/experiment.toml"), include_str!("../defs/retrieval/README.md")),
+    (include_str!("../defs/downstream/experiment.toml"), include_str!("../defs/downstream/README.md")),
     (include_str!("../defs/newton/experiment.toml"), include_str!("../defs/newton/README.md")),
 ];
 
@@ -158,7 +161,7 @@ pub fn plan(experiments: &[Experiment]) -> BTreeMap<String, Vec<EvalKey>> {
                     }
                 }
                 // Trained, but measured by [`sink_plan`], not by losses.
-                Kind::Sinks | Kind::Retrieval => {}
+                Kind::Sinks | Kind::Retrieval | Kind::Downstream => {}
                 Kind::Physics => unreachable!("filtered above"),
             }
         }
@@ -208,7 +211,18 @@ mod tests {
         let all = all().unwrap();
         assert_eq!(
             all.iter().map(|e| e.name.as_str()).collect::<Vec<_>>(),
-            ["table1", "table2", "table3", "table4", "figure1", "figure2", "sinks", "retrieval", "newton"]
+            [
+                "table1",
+                "table2",
+                "table3",
+                "table4",
+                "figure1",
+                "figure2",
+                "sinks",
+                "retrieval",
+                "downstream",
+                "newton"
+            ]
         );
         // The physics experiment trains its own small models: it adds no language-model runs.
         let physics: Vec<_> = all.iter().filter(|e| e.kind == Kind::Physics).cloned().collect();

@@ -28,8 +28,8 @@ pub const PARTS: &[Part] = &[
     Part { name: "Attention sinks", what: "weight on the first key and row entropy vs length", missing: None },
     Part {
         name: "Downstream",
-        what: "zero-shot multiple choice (lm-eval scoring)",
-        missing: Some("later evaluations"),
+        what: "zero-shot multiple choice (lm-eval scoring; runs with --downstream DIR of user-supplied files)",
+        missing: None,
     },
     Part { name: "Newton's law", what: "symbolic regression on orbit-trained transformers", missing: None },
 ];

@@ -51,8 +51,25 @@ fn a_diverging_run_is_retried_at_lower_learning_rates_then_recorded() {
 fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
     let out = std::env::temp_dir().join(format!("lssa-smoke-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
-    let first = reproduce(&out);
+    // Downstream data as a user supplies it: the test fixtures under the names the runner looks for.
+    let mc = out.join("mc");
+    std::fs::create_dir_all(&mc).unwrap();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/downstream");
+    for (from, to) in [("arc.jsonl", "arc_easy.jsonl"), ("piqa.jsonl", "piqa.jsonl"), ("mmlu.jsonl", "mmlu.jsonl")] {
+        std::fs::copy(fixtures.join(from), mc.join(to)).unwrap();
+    }
+    let first = reproduce_with(&out, &["--downstream", mc.to_str().unwrap()]);
     let report = std::fs::read_to_string(out.join("REPRODUCTION.md")).unwrap();
+    // Downstream: every row scored on the three files, in the report and in lm-eval's layout.
+    let row =
+        report.lines().find(|l| l.starts_with("| LSSAR p=15 (train) |") && l.contains("n = ")).expect("downstream row");
+    assert_eq!(row.matches("n = ").count(), 3, "{row}");
+    let lm: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("downstream/softmax.lm-eval.json")).unwrap()).unwrap();
+    for task in ["arc_easy", "piqa", "mmlu"] {
+        let acc = lm["results"][task]["acc_norm,none"].as_f64().unwrap();
+        assert!((0.0..=1.0).contains(&acc), "{task}: {acc}");
+    }
     for title in ["Table 1", "Table 2", "Table 3", "Table 4", "Figure 1", "Figure 2", "## Verdicts", "not meaningful"] {
         assert!(report.contains(title), "the report lacks `{title}`");
     }

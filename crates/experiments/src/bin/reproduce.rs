@@ -63,6 +63,11 @@ struct Cli {
     /// Print the plan (runs and evaluations) and stop.
     #[arg(long)]
     plan: bool,
+    /// Score the downstream section's models on the multiple-choice files in DIR
+    /// (`arc_easy.jsonl`, `arc_challenge.jsonl`, `hellaswag.jsonl`, `piqa.jsonl`, `sciq.jsonl`,
+    /// `mmlu.jsonl`; any subset). Nothing is downloaded.
+    #[arg(long, value_name = "DIR")]
+    downstream: Option<PathBuf>,
 }
 
 fn main() {
@@ -180,6 +185,24 @@ fn run() -> Result<()> {
             }
         }
     }
+    let mut downstream = std::collections::BTreeMap::new();
+    if let Some(dir) = &cli.downstream {
+        for e in experiments.iter().filter(|e| e.kind == spec::Kind::Downstream) {
+            for r in &e.rows {
+                if downstream.contains_key(&r.train) {
+                    continue;
+                }
+                if results.get(&r.train).is_none_or(|x| x.error.is_some()) {
+                    eprintln!("reproduce: downstream: no trained `{}` model, its row stays empty", r.train);
+                    continue;
+                }
+                eprintln!("reproduce: downstream, `{}` on {} ...", r.train, dir.display());
+                let scores = experiments::downstream::run(&scale, &out, &r.train, dir)
+                    .with_context(|| format!("downstream scoring of `{}`", r.train))?;
+                downstream.insert(r.train.clone(), scores);
+            }
+        }
+    }
     let mut physics = std::collections::BTreeMap::new();
     if run_physics {
         let settings = experiments::newton::experiment::Settings::for_scale(scale.name);
@@ -223,6 +246,7 @@ fn run() -> Result<()> {
         figures_rel: &figures_rel,
         physics: &physics,
         retrieval: &retrieval,
+        downstream: &downstream,
     };
     report::write(&experiments, &results, &ctx, &report_path, &figures_dir).context("writing the report")?;
     eprintln!("reproduce: wrote {} ({:.1} min)", report_path.display(), start.elapsed().as_secs_f64() / 60.0);
