@@ -344,13 +344,9 @@ fn train_attempt(cfg: &TrainConfig, resume: Option<PathBuf>, launch: &Launch, co
 pub fn train_rank(config: &Path, resume: Option<PathBuf>) -> Result<()> {
     let text = std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
     let cfg = TrainConfig::from_toml_with_overrides(&text, &config.display().to_string(), &[])?;
-    let pg = trainer::dist::ProcessGroup::from_env()?;
-    let coll: &dyn trainer::train::Collective = match &pg {
-        Some(pg) => pg,
-        None => &Single,
-    };
-    let mut data =
-        ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, coll.rank(), coll.world_size())?;
+    let me = train::Rank::from_env()?;
+    let coll = me.collective();
+    let mut data = me.open_data(&cfg)?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
     let opts = RunOptions { resume, progress: false, val_tokens: Vec::new(), command };
     let run = train::train(&cfg, &mut data, coll, &opts)?;

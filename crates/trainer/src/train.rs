@@ -96,6 +96,34 @@ impl Collective for Single {
     }
 }
 
+/// This process's place in a run: the process group when torchrun's variables (or the built-in
+/// launcher's) are set, else [`Single`]. What every rank entry point starts from.
+pub struct Rank {
+    pg: Option<crate::dist::ProcessGroup>,
+}
+
+impl Rank {
+    /// Joins the process group named by the environment, if any.
+    pub fn from_env() -> Result<Self> {
+        Ok(Self { pg: crate::dist::ProcessGroup::from_env()? })
+    }
+
+    /// The collectives of this rank ([`Single`] outside a process group).
+    pub fn collective(&self) -> &dyn Collective {
+        match &self.pg {
+            Some(pg) => pg,
+            None => &Single,
+        }
+    }
+
+    /// This rank's share of the training split of `cfg.data_dir`.
+    pub fn open_data(&self, cfg: &TrainConfig) -> Result<ShardSource> {
+        let c = self.collective();
+        ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, c.rank(), c.world_size())
+            .with_context(|| format!("opening the training data in {}", cfg.data_dir.display()))
+    }
+}
+
 /// One line of `metrics.jsonl`.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct StepMetrics {

@@ -40,9 +40,8 @@ use gpt_model::model::Gpt;
 use serde::Serialize;
 use trainer::config::TrainConfig;
 use trainer::data::loader::validation_tokens;
-use trainer::dist::ProcessGroup;
 use trainer::eval::{self, LengthLoss, Rope};
-use trainer::train::{self, Collective, RunOptions, ShardSource, Single};
+use trainer::train::{self, RunOptions};
 
 /// Format tag and version of `result.json` and `eval` output.
 const RESULT_FORMAT: &str = "lssa-train-result";
@@ -197,18 +196,14 @@ fn train_cmd(a: TrainArgs) -> Result<()> {
         return Ok(trainer::launch::spawn(a.nproc_per_node, &exe, &args)?);
     }
     let cfg = load_config(&a)?;
-    let pg = ProcessGroup::from_env()?;
-    let coll: &dyn Collective = match &pg {
-        Some(pg) => pg,
-        None => &Single,
-    };
+    let me = train::Rank::from_env()?;
+    let coll = me.collective();
     let (rank, world) = (coll.rank(), coll.world_size());
     if rank == 0 {
         eprintln!("trainer: resolved config\n{}", cfg.to_toml());
         eprintln!("trainer: {}; {} rank(s)", gpt_model::runtime::describe(), world);
     }
-    let mut data = ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, rank, world)
-        .with_context(|| format!("opening the training data in {}", cfg.data_dir.display()))?;
+    let mut data = me.open_data(&cfg)?;
     let dir = trainer::data::shard::ShardDir::open(&cfg.data_dir)?;
     if dir.vocab_size() > cfg.model.vocab_size {
         bail!(
