@@ -22,8 +22,10 @@
 //! FlashAttention does. The row statistics have [`crate::cpu::STATS_PER_ROW`] entries laid out as
 //! the CPU kernels lay them out, so a forward's statistics feed the backward of either.
 //!
-//! Streams and contexts: the kernels run in the device's primary context (the one libtorch's
-//! runtime API uses) on the legacy default stream, which is libtorch's current stream unless a
+//! Devices, streams and contexts: the raw entry points run on the GPU that holds `q` (asked of the
+//! driver from the pointer, so each data-parallel rank uses its own GPU; the ndarray entry points use
+//! device 0), in that device's primary context (the one libtorch's runtime API uses) on its legacy
+//! default stream, which is libtorch's current stream unless a
 //! caller installed another: work on tensors libtorch produced is therefore ordered after it, and
 //! libtorch's later work after ours, with no synchronisation. A caller that runs libtorch on a
 //! side stream must synchronise that stream before calling in.
@@ -339,7 +341,7 @@ struct Module {
     bwd_keys_mma: Option<CudaFunction>,
 }
 
-/// The process-wide GPU state: device 0's primary context, its legacy default stream, the module cache.
+/// The state of one GPU: its primary context, that context's legacy default stream, the module cache.
 struct Gpu {
     ctx: Arc<CudaContext>,
     stream: Arc<CudaStream>,
@@ -347,18 +349,73 @@ struct Gpu {
     cache: Mutex<HashMap<String, Arc<Module>>>,
 }
 
+/// Number of CUDA devices, or why there are none.
+fn device_count() -> Result<usize> {
+    static COUNT: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
+    COUNT
+        .get_or_init(|| {
+            // SAFETY: probing for the driver library only loads it.
+            if !unsafe { cudarc::driver::sys::is_culib_present() } {
+                return Err("no CUDA driver (libcuda.so) on this machine".into());
+            }
+            let n = CudaContext::device_count().map_err(|e| format!("cuInit / device count: {e:?}"))?;
+            if n < 1 {
+                return Err("no CUDA device".into());
+            }
+            Ok(n as usize)
+        })
+        .clone()
+        .map_err(Error::Cuda)
+}
+
+thread_local! {
+    /// The device the calls of this thread run on: set by the raw entry points from their tensors'
+    /// memory (so each data-parallel rank uses its own GPU), 0 for the ndarray entry points.
+    static DEVICE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f` with this thread's kernels on `ordinal`, restoring the previous device afterwards.
+fn on_device<T>(ordinal: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let before = DEVICE.with(|d| d.replace(ordinal));
+    let out = f();
+    DEVICE.with(|d| d.set(before));
+    out
+}
+
+/// The device ordinal that holds the device memory at `ptr`.
+fn device_of(ptr: u64) -> Result<usize> {
+    device_count()?;
+    let mut ordinal: i32 = -1;
+    // SAFETY: the driver writes one int for this attribute; `ptr` is only looked up, never dereferenced.
+    let r = unsafe {
+        cudarc::driver::sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut i32).cast(),
+            cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    };
+    if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS || ordinal < 0 {
+        return Err(Error::BadParams(format!("{ptr:#x} is not CUDA device memory ({r:?})")));
+    }
+    Ok(ordinal as usize)
+}
+
+/// The device of a raw call: the one holding `q`. Should the driver not answer for the pointer, the
+/// thread's current device (0 unless set), which is what every call used before devices were told apart.
+fn device_for(p: &Params) -> Result<usize> {
+    device_count()?;
+    Ok(device_of(p.q.ptr as u64).unwrap_or_else(|_| DEVICE.with(std::cell::Cell::get)))
+}
+
+/// The GPU this thread's calls run on (see [`on_device`]).
 fn gpu() -> Result<&'static Gpu> {
-    static GPU: OnceLock<std::result::Result<Gpu, String>> = OnceLock::new();
-    GPU.get_or_init(|| {
-        // SAFETY: probing for the driver library only loads it.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err("no CUDA driver (libcuda.so) on this machine".into());
-        }
-        let n = CudaContext::device_count().map_err(|e| format!("cuInit / device count: {e:?}"))?;
-        if n < 1 {
-            return Err("no CUDA device".into());
-        }
-        let ctx = CudaContext::new(0).map_err(|e| format!("primary context of device 0: {e:?}"))?;
+    static GPUS: OnceLock<Vec<OnceLock<std::result::Result<Gpu, String>>>> = OnceLock::new();
+    let n = device_count()?;
+    let gpus = GPUS.get_or_init(|| (0..n).map(|_| OnceLock::new()).collect());
+    let ordinal = DEVICE.with(std::cell::Cell::get);
+    let slot = gpus.get(ordinal).ok_or_else(|| Error::Cuda(format!("no CUDA device {ordinal} (there are {n})")))?;
+    slot.get_or_init(|| {
+        let ctx = CudaContext::new(ordinal).map_err(|e| format!("primary context of device {ordinal}: {e:?}"))?;
         let (major, minor) = ctx.compute_capability().map_err(|e| format!("{e:?}"))?;
         let arch = arch_name(major, minor).map_err(|e| e.to_string())?;
         let stream = ctx.default_stream();
@@ -596,6 +653,16 @@ fn prepare(variant: &Variant, p: &Params, dtype: Dtype) -> Result<Call> {
 /// elements (the `Params` pointer types are nominal here); `stats` holds f32. Work is queued on the
 /// legacy default stream and not waited for.
 pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    check_params(p)?;
+    // SAFETY: forwarded from our caller.
+    on_device(device_for(p)?, || unsafe { forward_on_device(variant, p, dtype, kernel) })
+}
+
+/// [`forward_raw`] on this thread's current device.
+///
+/// # Safety
+/// As [`forward_raw`].
+unsafe fn forward_on_device(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
     let Call { module: m, kp, _norms, bh } = prepare(variant, p, dtype)?;
     let tc = has_tensor_core_forward(p.head_dim, dtype);
     let (v2, v3) = (tc && pairs_aligned(p), tc && rows_aligned16(p));
@@ -636,6 +703,16 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: K
 /// # Safety
 /// As [`forward_raw`], for every pointer of `p`.
 pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    check_params(p)?;
+    // SAFETY: forwarded from our caller.
+    on_device(device_for(p)?, || unsafe { backward_on_device(variant, p, dtype, kernel) })
+}
+
+/// [`backward_raw`] on this thread's current device.
+///
+/// # Safety
+/// As [`backward_raw`].
+unsafe fn backward_on_device(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
     let Call { module: m, mut kp, _norms, bh } = prepare(variant, p, dtype)?;
     let rows = p.batch * p.heads * p.seq_len;
     let rowgrad = scratch(2 * rows)?;
