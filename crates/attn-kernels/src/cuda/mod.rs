@@ -538,20 +538,18 @@ fn kparams(cfg: &Config, p: &Params) -> Result<KParams> {
 
 /// Whether the tensor-core kernel can read these tensors: 32-bit aligned pairs of 16-bit values.
 fn pairs_aligned(p: &Params) -> bool {
-    let ok = |ptr: u64, s: [usize; 3]| ptr % 4 == 0 && s.iter().all(|x| x % 2 == 0);
-    ok(p.q.ptr as u64, p.q.strides)
-        && ok(p.k.ptr as u64, p.k.strides)
-        && ok(p.v.ptr as u64, p.v.strides)
-        && ok(p.o.ptr as u64, p.o.strides)
+    [t4(p.q), t4(p.k), t4(p.v), t4m(p.o)].iter().all(|x| aligned(x, 4, 2))
+}
+
+/// Whether `x` starts on a `bytes`-byte boundary and every row, head and batch stride is a multiple
+/// of `elems` elements.
+fn aligned(x: &Tensor4, bytes: u64, elems: i64) -> bool {
+    x.ptr % bytes == 0 && [x.sb, x.sh, x.st].iter().all(|s| s % elems == 0)
 }
 
 /// Whether v3 can read these tensors: 16-byte aligned rows of 16-bit values.
 fn rows_aligned16(p: &Params) -> bool {
-    let ok = |ptr: u64, s: [usize; 3]| ptr % 16 == 0 && s.iter().all(|x| x % 8 == 0);
-    ok(p.q.ptr as u64, p.q.strides)
-        && ok(p.k.ptr as u64, p.k.strides)
-        && ok(p.v.ptr as u64, p.v.strides)
-        && pairs_aligned(p)
+    [t4(p.q), t4(p.k), t4(p.v)].iter().all(|x| aligned(x, 16, 8)) && pairs_aligned(p)
 }
 
 const ROWS_PER_BLOCK: u32 = 8; // ROWS in simt.cu
@@ -604,9 +602,7 @@ fn inv_norms(m: &Module, cfg: &Config, kp: &mut KParams) -> Result<Option<cudarc
     }
     let rows = kp.b as usize * kp.h as usize * kp.t as usize;
     let buf = scratch(2 * rows)?;
-    let (ptr, _sync) = cudarc::driver::DevicePtr::device_ptr(&buf, &gpu()?.stream);
-    kp.inv_norms = ptr;
-    drop(_sync);
+    kp.inv_norms = dev_ptr(&buf)?;
     let warps_per_block = 8u32;
     let blocks = (2 * rows as u64).div_ceil(warps_per_block as u64);
     let blocks = u32::try_from(blocks).map_err(|_| Error::BadParams("too many rows".into()))?;
@@ -636,8 +632,8 @@ struct Call {
     bh: u32,
 }
 
+/// Expects `p` checked by [`check_params`] (the raw entry points do it first).
 fn prepare(variant: &Variant, p: &Params, dtype: Dtype) -> Result<Call> {
-    check_params(p)?;
     let cfg = Config::new(variant, p.head_dim)?;
     let module = module(&cfg, p.head_dim, dtype)?;
     let mut kp = kparams(&cfg, p)?;
@@ -716,17 +712,9 @@ unsafe fn backward_on_device(variant: &Variant, p: &Params, dtype: Dtype, kernel
     let Call { module: m, mut kp, _norms, bh } = prepare(variant, p, dtype)?;
     let rows = p.batch * p.heads * p.seq_len;
     let rowgrad = scratch(2 * rows)?;
-    let (ptr, sync) = cudarc::driver::DevicePtr::device_ptr(&rowgrad, &gpu()?.stream);
-    kp.rowgrad = ptr;
-    drop(sync);
-    let all16 = rows_aligned16(p) && {
-        let ok = |ptr: u64, s: [usize; 3]| ptr % 16 == 0 && s.iter().all(|x| x % 8 == 0);
-        ok(p.d_out.ptr as u64, p.d_out.strides)
-            && ok(p.dq.ptr as u64, p.dq.strides)
-            && ok(p.dk.ptr as u64, p.dk.strides)
-            && ok(p.dv.ptr as u64, p.dv.strides)
-            && ok(p.o.ptr as u64, p.o.strides)
-    };
+    kp.rowgrad = dev_ptr(&rowgrad)?;
+    let all16 =
+        rows_aligned16(p) && [t4(p.d_out), t4m(p.dq), t4m(p.dk), t4m(p.dv), t4m(p.o)].iter().all(|x| aligned(x, 16, 8));
     let tc = has_tensor_core_forward(p.head_dim, dtype) && all16;
     let t = p.seq_len as u32;
     match kernel {
@@ -777,7 +765,8 @@ fn download(
     Array4::from_shape_vec(shape, data).map_err(|e| Error::BadParams(e.to_string()))
 }
 
-fn dev_ptr(x: &cudarc::driver::CudaSlice<u8>) -> Result<u64> {
+/// The device address of a buffer of ours.
+fn dev_ptr<T>(x: &cudarc::driver::CudaSlice<T>) -> Result<u64> {
     let (ptr, sync) = cudarc::driver::DevicePtr::device_ptr(x, &gpu()?.stream);
     drop(sync);
     Ok(ptr)
@@ -816,8 +805,7 @@ fn device_forward(
     let n = sh.iter().product::<usize>();
     let o = gpu()?.stream.alloc_zeros::<u8>(n * opts.dtype.size()).map_err(cuda_err)?;
     let stats = scratch(sh[0] * sh[1] * sh[2] * STATS_PER_ROW)?;
-    let (sp, sync) = cudarc::driver::DevicePtr::device_ptr(&stats, &gpu()?.stream);
-    drop(sync);
+    let sp = dev_ptr(&stats)?;
     let null_c = crate::cpu::RawTensor { ptr: std::ptr::null(), strides: [0; 3] };
     let null_m = crate::cpu::RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] };
     let params = Params {
