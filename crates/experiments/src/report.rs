@@ -518,7 +518,7 @@ fn retrieval_section(
             r.posthoc.is_some(),
             s.multiples.iter().filter_map(|&m| res.digits_at(m).map(|a| (m as f64, a))).collect(),
         ));
-        let name = format!("{}_{}", e.name, crate::runner::run_dir_name(&r.label.replace([' ', '=', '(', ')'], "_")));
+        let name = format!("{}_{}", e.name, crate::runner::run_dir_name(&r.label));
         draw_grid(&figures_dir.join(&name), &format!("{}: passkey digit accuracy", r.label), res)?;
     }
     let _ = writeln!(
@@ -534,7 +534,7 @@ fn retrieval_section(
     )?;
     let _ = writeln!(md, "![{}]({figures_rel}/{name}.png) ([SVG]({figures_rel}/{name}.svg))\n", e.title);
     for r in e.rows.iter().filter(|r| retrieval.contains_key(&r.label)) {
-        let name = format!("{}_{}", e.name, crate::runner::run_dir_name(&r.label.replace([' ', '=', '(', ')'], "_")));
+        let name = format!("{}_{}", e.name, crate::runner::run_dir_name(&r.label));
         let _ = writeln!(md, "![{}]({figures_rel}/{name}.png)", r.label);
     }
     Ok(())

@@ -150,8 +150,7 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
     let my_rows: Vec<(String, String, Option<u32>)> =
         rows.iter().map(|(l, p)| (l.clone(), variant.to_string(), *p)).collect();
     let cache_dir = out.join("retrieval");
-    let cache =
-        |label: &str| cache_dir.join(format!("{}.json", run_dir_name(&label.replace([' ', '=', '(', ')'], "_"))));
+    let cache = |label: &str| cache_dir.join(format!("{}.json", run_dir_name(label)));
     let cached: Vec<Option<RetrievalResult>> = my_rows
         .iter()
         .map(|(label, _, _)| {

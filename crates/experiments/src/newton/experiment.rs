@@ -239,7 +239,7 @@ fn batch(o: &Orbits, idx: &[usize], device: Device) -> (Tensor, Tensor, Tensor, 
 
 /// Runs (or reuses from `cache`) the physics experiment for `variant`.
 pub fn run(settings: &Settings, variant: &str, cache: &Path) -> Result<PhysicsResult> {
-    let file = cache.join(format!("{}.json", variant.replace(['+', ':', '='], "_")));
+    let file = cache.join(format!("{}.json", crate::runner::run_dir_name(variant)));
     if let Ok(text) = std::fs::read_to_string(&file)
         && let Ok(r) = serde_json::from_str::<PhysicsResult>(&text)
         && r.settings == *settings
