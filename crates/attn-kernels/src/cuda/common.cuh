@@ -17,6 +17,13 @@
 #define INFINITY __int_as_float(0x7f800000)
 #endif
 
+// Dynamic shared memory; the CPU emulator (emu.h, LSSA_EMU) hands out its own buffer.
+#ifdef LSSA_EMU
+#define DYN_SMEM(T, name) T* name = (T*)emu_dyn_smem()
+#else
+#define DYN_SMEM(T, name) extern __shared__ __align__(16) T name[]
+#endif
+
 typedef unsigned short u16;
 typedef unsigned int u32;
 typedef unsigned long long u64;
@@ -48,7 +55,9 @@ struct KParams {
 // Element access in the configured dtype.
 
 __device__ __forceinline__ float to_f32(u16 h) {
-#if DTYPE == 1
+#if DTYPE == 1 && defined(LSSA_EMU)
+    return emu::f16_to_f32(h);
+#elif DTYPE == 1
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
@@ -59,7 +68,9 @@ __device__ __forceinline__ float to_f32(u16 h) {
 
 __device__ __forceinline__ u16 from_f32(float x) {
     u16 h;
-#if DTYPE == 1
+#if defined(LSSA_EMU)
+    h = DTYPE == 1 ? emu::f32_to_f16(x) : emu::f32_to_bf16(x);
+#elif DTYPE == 1
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
 #else
     asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
@@ -70,7 +81,9 @@ __device__ __forceinline__ u16 from_f32(float x) {
 // Two floats into one register of two 16-bit values, `lo` in the low half (the lower index).
 __device__ __forceinline__ u32 pack2(float lo, float hi) {
     u32 r;
-#if DTYPE == 1
+#if defined(LSSA_EMU)
+    r = (u32)from_f32(lo) | ((u32)from_f32(hi) << 16);
+#elif DTYPE == 1
     asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
 #else
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));

@@ -14,7 +14,9 @@
 #define MAX_TILES 2048  // tiles whose block maximum is kept for skipping (T <= 131072)
 
 __device__ __forceinline__ void mma16816(float* c, const u32* a, u32 b0, u32 b1) {
-#if DTYPE == 1
+#if defined(LSSA_EMU)
+    emu::mma16816(c, a, b0, b1, DTYPE == 1);
+#elif DTYPE == 1
     asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
                  : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

@@ -13,6 +13,14 @@
 #define TILE3 (BK3 * KP3) // elements of one K or V tile in shared memory
 #define MAX_TILES3 2048
 
+#ifdef LSSA_EMU
+__device__ __forceinline__ void cp_async16(u16* s, const u16* g, bool pred) { emu::cp_async16(s, g, pred); }
+__device__ __forceinline__ void cp_commit() { emu::cp_commit(); }
+template <int N> __device__ __forceinline__ void cp_wait() { emu::cp_wait(N); }
+__device__ __forceinline__ void ldsm4(u32* r, const u16* p) { emu::ldsm4(r, p, false); }
+__device__ __forceinline__ void ldsm4t(u32* r, const u16* p) { emu::ldsm4(r, p, true); }
+__device__ __forceinline__ void mma3(float* c, const u32* a, u32 b0, u32 b1) { emu::mma16816(c, a, b0, b1, DTYPE == 1); }
+#else
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ void cp_async16(u16* s, const u16* g, bool pred) {
@@ -43,6 +51,7 @@ __device__ __forceinline__ void mma3(float* c, const u32* a, u32 b0, u32 b1) {
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 #endif
 }
+#endif // LSSA_EMU
 
 // Queues rows [r0, r0 + nrows) of one head into s (row stride KP3).
 __device__ __forceinline__ void load_async(u16* s, const Tensor4& x, int b, int h, int r0, int nrows, int T) {
@@ -55,7 +64,7 @@ __device__ __forceinline__ void load_async(u16* s, const Tensor4& x, int b, int 
 }
 
 extern "C" __global__ void __launch_bounds__(NW3 * 32) lssa_fwd_mma3(KParams p) {
-    extern __shared__ __align__(16) u16 smem3[]; // [stage][K | V] tiles
+    DYN_SMEM(u16, smem3); // [stage][K | V] tiles
     __shared__ float inkS[2][BK3];
 #if P > 0
     __shared__ int tmaxS[MAX_TILES3];

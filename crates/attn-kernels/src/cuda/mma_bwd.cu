@@ -91,7 +91,7 @@ __device__ __forceinline__ void store_rows(const Tensor4& x, int b, int h, const
 }
 
 extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rows_mma(KParams p) {
-    extern __shared__ __align__(16) u16 smb[]; // [stage][K | V] tiles of BB rows
+    DYN_SMEM(u16, smb); // [stage][K | V] tiles of BB rows
     __shared__ float inkS[2][BB];
     __shared__ float dpS[BB];
     const int nqb = (p.T + BB - 1) / BB;
@@ -227,7 +227,7 @@ struct RowTile {
 };
 
 extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_keys_mma(KParams p) {
-    extern __shared__ __align__(16) u16 smb[]; // K block, V block, then [stage][Q | G] tiles
+    DYN_SMEM(u16, smb); // K block, V block, then [stage][Q | G] tiles
     __shared__ RowTile rt[2];
     const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;

@@ -30,6 +30,8 @@
 //! libtorch's later work after ours, with no synchronisation. A caller that runs libtorch on a
 //! side stream must synchronise that stream before calling in.
 
+pub mod emu;
+
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -328,17 +330,67 @@ fn arch_name(major: i32, minor: i32) -> Result<&'static str> {
     })
 }
 
-/// One compiled specialisation.
+/// The kernels of the sources, by their `extern "C"` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Kern {
+    InvNorms,
+    FwdSimt,
+    FwdMma,
+    FwdMma3,
+    BwdRows,
+    BwdKeys,
+    BwdRowsMma,
+    BwdKeysMma,
+}
+
+impl Kern {
+    const ALL: [Kern; 8] = [
+        Kern::InvNorms,
+        Kern::FwdSimt,
+        Kern::FwdMma,
+        Kern::FwdMma3,
+        Kern::BwdRows,
+        Kern::BwdKeys,
+        Kern::BwdRowsMma,
+        Kern::BwdKeysMma,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kern::InvNorms => "lssa_inv_norms",
+            Kern::FwdSimt => "lssa_fwd_simt",
+            Kern::FwdMma => "lssa_fwd_mma",
+            Kern::FwdMma3 => "lssa_fwd_mma3",
+            Kern::BwdRows => "lssa_bwd_rows",
+            Kern::BwdKeys => "lssa_bwd_keys",
+            Kern::BwdRowsMma => "lssa_bwd_rows_mma",
+            Kern::BwdKeysMma => "lssa_bwd_keys_mma",
+        }
+    }
+
+    /// Dynamic shared memory of one block, in bytes.
+    pub(crate) fn smem(self, head_dim: usize) -> usize {
+        match self {
+            Kern::FwdMma3 | Kern::BwdRowsMma => mma3_smem(head_dim),
+            Kern::BwdKeysMma => bwd_keys_smem(head_dim),
+            _ => 0,
+        }
+    }
+
+    /// The kernels one specialisation's source defines (the tensor-core files are included only
+    /// where [`has_tensor_core_forward`]).
+    pub(crate) fn present(head_dim: usize, dtype: Dtype) -> impl Iterator<Item = Kern> {
+        let tc = has_tensor_core_forward(head_dim, dtype);
+        Self::ALL
+            .into_iter()
+            .filter(move |k| tc || !matches!(k, Kern::FwdMma | Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma))
+    }
+}
+
+/// One compiled specialisation on a GPU.
 struct Module {
     _module: Arc<CudaModule>,
-    inv_norms: CudaFunction,
-    fwd_simt: CudaFunction,
-    fwd_mma: Option<CudaFunction>,
-    fwd_mma3: Option<CudaFunction>,
-    bwd_rows: CudaFunction,
-    bwd_keys: CudaFunction,
-    bwd_rows_mma: Option<CudaFunction>,
-    bwd_keys_mma: Option<CudaFunction>,
+    functions: HashMap<Kern, CudaFunction>,
 }
 
 /// The state of one GPU: its primary context, that context's legacy default stream, the module cache.
@@ -447,20 +499,14 @@ fn module(cfg: &Config, head_dim: usize, dtype: Dtype) -> Result<Arc<Module>> {
         return Ok(Arc::clone(m));
     }
     let ptx = compile(cfg, head_dim, dtype, g.arch)?;
-    let tc = has_tensor_core_forward(head_dim, dtype);
     let module = g.ctx.load_module(ptx).map_err(cuda_err)?;
-    let f = |name: &str| module.load_function(name).map_err(cuda_err);
-    let m = Arc::new(Module {
-        inv_norms: f("lssa_inv_norms")?,
-        fwd_simt: f("lssa_fwd_simt")?,
-        fwd_mma: if has_tensor_core_forward(head_dim, dtype) { Some(f("lssa_fwd_mma")?) } else { None },
-        fwd_mma3: tc.then(|| with_smem(f("lssa_fwd_mma3")?, mma3_smem(head_dim))).transpose()?,
-        bwd_rows_mma: tc.then(|| with_smem(f("lssa_bwd_rows_mma")?, mma3_smem(head_dim))).transpose()?,
-        bwd_keys_mma: tc.then(|| with_smem(f("lssa_bwd_keys_mma")?, bwd_keys_smem(head_dim))).transpose()?,
-        bwd_rows: f("lssa_bwd_rows")?,
-        bwd_keys: f("lssa_bwd_keys")?,
-        _module: module,
-    });
+    let mut functions = HashMap::new();
+    for k in Kern::present(head_dim, dtype) {
+        let f = module.load_function(k.name()).map_err(cuda_err)?;
+        let smem = k.smem(head_dim);
+        functions.insert(k, if smem > 0 { with_smem(f, smem)? } else { f });
+    }
+    let m = Arc::new(Module { _module: module, functions });
     g.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, Arc::clone(&m));
     Ok(m)
 }
@@ -468,7 +514,7 @@ fn module(cfg: &Config, head_dim: usize, dtype: Dtype) -> Result<Arc<Module>> {
 /// One `(B, H, T, d)` tensor as the kernels see it (must match `Tensor4` in `common.cuh`).
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C)]
-struct Tensor4 {
+pub(crate) struct Tensor4 {
     ptr: u64,
     sb: i64,
     sh: i64,
@@ -478,7 +524,7 @@ struct Tensor4 {
 /// The kernels' only argument (must match `KParams` in `common.cuh`).
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C)]
-struct KParams {
+pub(crate) struct KParams {
     b: i32,
     h: i32,
     t: i32,
@@ -576,40 +622,6 @@ fn with_smem(f: CudaFunction, bytes: usize) -> Result<CudaFunction> {
     Ok(f)
 }
 
-fn launch(f: &CudaFunction, grid: (u32, u32), block: u32, kp: &KParams) -> Result<()> {
-    launch_smem(f, grid, block, 0, kp)
-}
-
-fn launch_smem(f: &CudaFunction, grid: (u32, u32), block: u32, smem: usize, kp: &KParams) -> Result<()> {
-    let g = gpu()?;
-    let cfg = LaunchConfig { grid_dim: (grid.0, grid.1, 1), block_dim: (block, 1, 1), shared_mem_bytes: smem as u32 };
-    let mut b = g.stream.launch_builder(f);
-    b.arg(kp);
-    // SAFETY: the kernel reads and writes only through the pointers in `kp`, whose validity the raw
-    // entry points' callers guarantee; `kp` is copied at launch.
-    unsafe { b.launch(cfg) }.map_err(cuda_err)?;
-    Ok(())
-}
-
-/// Device scratch of one call (freed in stream order when dropped).
-fn scratch(len: usize) -> Result<cudarc::driver::CudaSlice<f32>> {
-    gpu()?.stream.alloc_zeros::<f32>(len.max(1)).map_err(cuda_err)
-}
-
-fn inv_norms(m: &Module, cfg: &Config, kp: &mut KParams) -> Result<Option<cudarc::driver::CudaSlice<f32>>> {
-    if !cfg.cosine {
-        return Ok(None);
-    }
-    let rows = kp.b as usize * kp.h as usize * kp.t as usize;
-    let buf = scratch(2 * rows)?;
-    kp.inv_norms = dev_ptr(&buf)?;
-    let warps_per_block = 8u32;
-    let blocks = (2 * rows as u64).div_ceil(warps_per_block as u64);
-    let blocks = u32::try_from(blocks).map_err(|_| Error::BadParams("too many rows".into()))?;
-    launch(&m.inv_norms, (blocks, 1), 32 * warps_per_block, kp)?;
-    Ok(Some(buf))
-}
-
 fn check_params(p: &Params) -> Result<()> {
     if p.batch == 0 || p.heads == 0 || p.seq_len == 0 || p.head_dim == 0 {
         return Err(Error::BadParams(format!(
@@ -623,43 +635,131 @@ fn check_params(p: &Params) -> Result<()> {
     Ok(())
 }
 
-/// What every raw call needs: the compiled module, the kernel arguments (with the inverse norms of
-/// cosine variants computed, whose buffer must outlive the launches), and the grid's `B·H`.
-struct Call {
+/// A buffer in the memory the kernels run on: device memory, or host memory aligned to 16 bytes for
+/// the emulator ([`emu`]).
+pub(crate) enum Buf {
+    Device { mem: cudarc::driver::CudaSlice<u8>, addr: u64 },
+    Host(Vec<u128>),
+}
+
+impl Buf {
+    /// The address the kernels see.
+    pub(crate) fn addr(&self) -> u64 {
+        match self {
+            Buf::Device { addr, .. } => *addr,
+            Buf::Host(v) => v.as_ptr() as u64,
+        }
+    }
+}
+
+/// Where the kernels of one specialisation run: a GPU ([`GpuExec`]) or the CPU emulator
+/// ([`emu`]). The host logic (kernel choice, grids, scratch, checks) is written once against this,
+/// so the emulator tests it too.
+pub(crate) trait Exec {
+    /// Queues kernel `k` on a `grid` of blocks of `block` threads, with `k`'s dynamic shared memory.
+    fn launch(&self, k: Kern, grid: (u32, u32), block: u32, kp: &KParams) -> Result<()>;
+    /// `bytes` zeroed bytes.
+    fn zeros(&self, bytes: usize) -> Result<Buf>;
+    /// A copy of `bytes`.
+    fn upload(&self, bytes: &[u8]) -> Result<Buf>;
+    /// The contents of `b` (after the work queued before).
+    fn download(&self, b: &Buf) -> Result<Vec<u8>>;
+}
+
+/// The kernels of one specialisation on this thread's GPU.
+struct GpuExec {
+    gpu: &'static Gpu,
     module: Arc<Module>,
+    head_dim: usize,
+}
+
+impl GpuExec {
+    fn new(cfg: &Config, head_dim: usize, dtype: Dtype) -> Result<Self> {
+        Ok(Self { gpu: gpu()?, module: module(cfg, head_dim, dtype)?, head_dim })
+    }
+
+    fn device(&self, mem: cudarc::driver::CudaSlice<u8>) -> Buf {
+        let (addr, sync) = cudarc::driver::DevicePtr::device_ptr(&mem, &self.gpu.stream);
+        drop(sync);
+        Buf::Device { mem, addr }
+    }
+}
+
+impl Exec for GpuExec {
+    fn launch(&self, k: Kern, grid: (u32, u32), block: u32, kp: &KParams) -> Result<()> {
+        let f = self.module.functions.get(&k).ok_or_else(|| Error::Cuda(format!("{} is not compiled", k.name())))?;
+        let smem = k.smem(self.head_dim) as u32;
+        let cfg = LaunchConfig { grid_dim: (grid.0, grid.1, 1), block_dim: (block, 1, 1), shared_mem_bytes: smem };
+        let mut b = self.gpu.stream.launch_builder(f);
+        b.arg(kp);
+        // SAFETY: the kernel reads and writes only through the pointers in `kp`, whose validity the raw
+        // entry points' callers guarantee; `kp` is copied at launch.
+        unsafe { b.launch(cfg) }.map_err(cuda_err)?;
+        Ok(())
+    }
+
+    fn zeros(&self, bytes: usize) -> Result<Buf> {
+        Ok(self.device(self.gpu.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(cuda_err)?))
+    }
+
+    fn upload(&self, bytes: &[u8]) -> Result<Buf> {
+        Ok(self.device(self.gpu.stream.clone_htod(bytes).map_err(cuda_err)?))
+    }
+
+    fn download(&self, b: &Buf) -> Result<Vec<u8>> {
+        match b {
+            Buf::Device { mem, .. } => self.gpu.stream.clone_dtoh(mem).map_err(cuda_err),
+            Buf::Host(_) => Err(Error::Cuda("a host buffer given to the GPU".into())),
+        }
+    }
+}
+
+/// Kernel arguments ready for launches: the inverse norms of cosine variants computed (their buffer
+/// must outlive the launches), and the grid's `B·H`.
+struct Call {
     kp: KParams,
-    _norms: Option<cudarc::driver::CudaSlice<f32>>,
+    _norms: Option<Buf>,
     bh: u32,
 }
 
-/// Expects `p` checked by [`check_params`] (the raw entry points do it first).
-fn prepare(variant: &Variant, p: &Params, dtype: Dtype) -> Result<Call> {
-    let cfg = Config::new(variant, p.head_dim)?;
-    let module = module(&cfg, p.head_dim, dtype)?;
-    let mut kp = kparams(&cfg, p)?;
-    let _norms = inv_norms(&module, &cfg, &mut kp)?;
+fn prepare(x: &dyn Exec, cfg: &Config, p: &Params) -> Result<Call> {
+    let mut kp = kparams(cfg, p)?;
     let bh = u32::try_from(p.batch * p.heads).map_err(|_| Error::BadParams("B*H too large".into()))?;
-    Ok(Call { module, kp, _norms, bh })
+    if !cfg.cosine {
+        return Ok(Call { kp, _norms: None, bh });
+    }
+    let rows = p.batch * p.heads * p.seq_len;
+    let norms = x.zeros(2 * rows * 4)?;
+    kp.inv_norms = norms.addr();
+    let warps_per_block = 8u32;
+    let blocks = (2 * rows as u64).div_ceil(warps_per_block as u64);
+    let blocks = u32::try_from(blocks).map_err(|_| Error::BadParams("too many rows".into()))?;
+    x.launch(Kern::InvNorms, (blocks, 1), 32 * warps_per_block, &kp)?;
+    Ok(Call { kp, _norms: Some(norms), bh })
 }
 
 /// Fused forward on device memory: writes `o` and the row statistics. `kernel` picks the forward.
 ///
 /// # Safety
-/// As [`crate::cpu::forward_raw`], with device pointers of the current device holding `dtype`
-/// elements (the `Params` pointer types are nominal here); `stats` holds f32. Work is queued on the
-/// legacy default stream and not waited for.
+/// As [`crate::cpu::forward_raw`], with device pointers holding `dtype` elements (the `Params`
+/// pointer types are nominal here); `stats` holds f32. Work is queued on the legacy default stream
+/// of the GPU holding `q` and not waited for.
 pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
     check_params(p)?;
-    // SAFETY: forwarded from our caller.
-    on_device(device_for(p)?, || unsafe { forward_on_device(variant, p, dtype, kernel) })
+    let cfg = Config::new(variant, p.head_dim)?;
+    on_device(device_for(p)?, || {
+        let x = GpuExec::new(&cfg, p.head_dim, dtype)?;
+        // SAFETY: forwarded from our caller.
+        unsafe { forward_exec(&x, &cfg, p, dtype, kernel) }
+    })
 }
 
-/// [`forward_raw`] on this thread's current device.
+/// The forward on `x`: picks the kernel and launches it.
 ///
 /// # Safety
-/// As [`forward_raw`].
-unsafe fn forward_on_device(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
-    let Call { module: m, kp, _norms, bh } = prepare(variant, p, dtype)?;
+/// As [`forward_raw`], with addresses of `x`'s memory.
+unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    check_params(p)?;
     let tc = has_tensor_core_forward(p.head_dim, dtype);
     let (v2, v3) = (tc && pairs_aligned(p), tc && rows_aligned16(p));
     let refuse = |what: &str| {
@@ -677,17 +777,12 @@ unsafe fn forward_on_device(variant: &Variant, p: &Params, dtype: Dtype, kernel:
         Kernel::TensorCore if v3 => 3,
         Kernel::TensorCore => return refuse("v3"),
     };
+    let Call { kp, _norms, bh } = prepare(x, cfg, p)?;
     let t = p.seq_len as u32;
     match version {
-        3 => {
-            let f = m.fwd_mma3.as_ref().expect("compiled with the tensor-core kernels");
-            launch_smem(f, (t.div_ceil(MMA3_ROWS), bh), 256, mma3_smem(p.head_dim), &kp)
-        }
-        2 => {
-            let f = m.fwd_mma.as_ref().expect("compiled with the tensor-core kernels");
-            launch(f, (t.div_ceil(MMA_ROWS), bh), 128, &kp)
-        }
-        _ => launch(&m.fwd_simt, (t.div_ceil(ROWS_PER_BLOCK), bh), 32 * ROWS_PER_BLOCK, &kp),
+        3 => x.launch(Kern::FwdMma3, (t.div_ceil(MMA3_ROWS), bh), 256, &kp),
+        2 => x.launch(Kern::FwdMma, (t.div_ceil(MMA_ROWS), bh), 128, &kp),
+        _ => x.launch(Kern::FwdSimt, (t.div_ceil(ROWS_PER_BLOCK), bh), 32 * ROWS_PER_BLOCK, &kp),
     }
 }
 
@@ -700,112 +795,106 @@ unsafe fn forward_on_device(variant: &Variant, p: &Params, dtype: Dtype, kernel:
 /// As [`forward_raw`], for every pointer of `p`.
 pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
     check_params(p)?;
-    // SAFETY: forwarded from our caller.
-    on_device(device_for(p)?, || unsafe { backward_on_device(variant, p, dtype, kernel) })
+    let cfg = Config::new(variant, p.head_dim)?;
+    on_device(device_for(p)?, || {
+        let x = GpuExec::new(&cfg, p.head_dim, dtype)?;
+        // SAFETY: forwarded from our caller.
+        unsafe { backward_exec(&x, &cfg, p, dtype, kernel) }
+    })
 }
 
-/// [`backward_raw`] on this thread's current device.
+/// The backward on `x`.
 ///
 /// # Safety
-/// As [`backward_raw`].
-unsafe fn backward_on_device(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
-    let Call { module: m, mut kp, _norms, bh } = prepare(variant, p, dtype)?;
-    let rows = p.batch * p.heads * p.seq_len;
-    let rowgrad = scratch(2 * rows)?;
-    kp.rowgrad = dev_ptr(&rowgrad)?;
+/// As [`backward_raw`], with addresses of `x`'s memory.
+unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    check_params(p)?;
     let all16 =
         rows_aligned16(p) && [t4(p.d_out), t4m(p.dq), t4m(p.dk), t4m(p.dv), t4m(p.o)].iter().all(|x| aligned(x, 16, 8));
     let tc = has_tensor_core_forward(p.head_dim, dtype) && all16;
-    let t = p.seq_len as u32;
-    match kernel {
-        Kernel::TensorCore if !tc => Err(Error::BadParams(format!(
+    if kernel == Kernel::TensorCore && !tc {
+        return Err(Error::BadParams(format!(
             "no tensor-core backward for {dtype:?} at head dimension {} with these strides",
             p.head_dim
-        ))),
-        Kernel::Auto | Kernel::TensorCore if tc => {
-            let (rows, keys) = (m.bwd_rows_mma.as_ref(), m.bwd_keys_mma.as_ref());
-            let (rows, keys) = (rows.expect("compiled"), keys.expect("compiled"));
-            launch_smem(rows, (t.div_ceil(64), bh), 128, mma3_smem(p.head_dim), &kp)?;
-            launch_smem(keys, (t.div_ceil(64), bh), 128, bwd_keys_smem(p.head_dim), &kp)
-        }
-        _ => {
-            let grid = (t.div_ceil(ROWS_PER_BLOCK), bh);
-            launch(&m.bwd_rows, grid, 32 * ROWS_PER_BLOCK, &kp)?;
-            launch(&m.bwd_keys, grid, 32 * ROWS_PER_BLOCK, &kp)
-        }
+        )));
+    }
+    let Call { mut kp, _norms, bh } = prepare(x, cfg, p)?;
+    let rowgrad = x.zeros(2 * p.batch * p.heads * p.seq_len * 4)?;
+    kp.rowgrad = rowgrad.addr();
+    let t = p.seq_len as u32;
+    if tc && matches!(kernel, Kernel::Auto | Kernel::TensorCore) {
+        x.launch(Kern::BwdRowsMma, (t.div_ceil(64), bh), 128, &kp)?;
+        x.launch(Kern::BwdKeysMma, (t.div_ceil(64), bh), 128, &kp)
+    } else {
+        let grid = (t.div_ceil(ROWS_PER_BLOCK), bh);
+        x.launch(Kern::BwdRows, grid, 32 * ROWS_PER_BLOCK, &kp)?;
+        x.launch(Kern::BwdKeys, grid, 32 * ROWS_PER_BLOCK, &kp)
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// ndarray entry points: upload, run, download (for tests, the kernel lab and small users).
+// ndarray entry points: upload, run, download (for tests, the kernel lab and small users), written
+// once for the GPU and the emulator.
 
-/// A device buffer in `dtype` with the contents of an f32 array (standard layout).
-fn upload(x: &ArrayView4<'_, f32>, dtype: Dtype) -> Result<cudarc::driver::CudaSlice<u8>> {
+/// An f32 array (any layout) as the bytes of a standard-layout array in `dtype`.
+fn to_bytes(x: &ArrayView4<'_, f32>, dtype: Dtype) -> Vec<u8> {
     let x = x.as_standard_layout();
     let data = x.as_slice().expect("standard layout");
-    let bytes: Vec<u8> = match dtype {
+    match dtype {
         Dtype::F32 => data.iter().flat_map(|v| v.to_le_bytes()).collect(),
         Dtype::F16 => data.iter().flat_map(|&v| f16::from_f32(v).to_le_bytes()).collect(),
         Dtype::Bf16 => data.iter().flat_map(|&v| bf16::from_f32(v).to_le_bytes()).collect(),
-    };
-    gpu()?.stream.clone_htod(&bytes).map_err(cuda_err)
+    }
 }
 
-fn download(
-    x: &cudarc::driver::CudaSlice<u8>,
-    dtype: Dtype,
-    shape: (usize, usize, usize, usize),
-) -> Result<Array4<f32>> {
-    let bytes = gpu()?.stream.clone_dtoh(x).map_err(cuda_err)?;
+fn from_bytes(bytes: &[u8], dtype: Dtype, shape: (usize, usize, usize, usize)) -> Result<Array4<f32>> {
     let data: Vec<f32> = match dtype {
         Dtype::F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
         Dtype::F16 => bytes.chunks_exact(2).map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
         Dtype::Bf16 => bytes.chunks_exact(2).map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
     };
+    let n = shape.0 * shape.1 * shape.2 * shape.3;
+    let data = data.into_iter().take(n).collect();
     Array4::from_shape_vec(shape, data).map_err(|e| Error::BadParams(e.to_string()))
 }
 
-/// The device address of a buffer of ours.
-fn dev_ptr<T>(x: &cudarc::driver::CudaSlice<T>) -> Result<u64> {
-    let (ptr, sync) = cudarc::driver::DevicePtr::device_ptr(x, &gpu()?.stream);
-    drop(sync);
-    Ok(ptr)
-}
-
-fn raw_dev<P>(ptr: u64, shape: &[usize]) -> crate::cpu::RawTensor<*mut P> {
-    let (h, t, d) = (shape[1], shape[2], shape[3]);
-    crate::cpu::RawTensor { ptr: ptr as *mut P, strides: [h * t * d, t * d, d] }
-}
-
-struct DeviceCall {
-    shape: (usize, usize, usize, usize),
-    q: cudarc::driver::CudaSlice<u8>,
-    k: cudarc::driver::CudaSlice<u8>,
-    v: cudarc::driver::CudaSlice<u8>,
-    o: cudarc::driver::CudaSlice<u8>,
-    stats: cudarc::driver::CudaSlice<f32>,
-    params: Params,
-}
-
-fn device_forward(
+/// Checks the ndarray inputs and resolves the variant for their head dimension.
+fn checked(
     variant: &Variant,
     q: &ArrayView4<'_, f32>,
     k: &ArrayView4<'_, f32>,
     v: &ArrayView4<'_, f32>,
-    opts: &Options,
-) -> Result<DeviceCall> {
-    attn_core::check_inputs(variant, q, k, v, None)?;
+    d_out: Option<&ArrayView4<'_, f32>>,
+) -> Result<Config> {
+    attn_core::check_inputs(variant, q, k, v, d_out)?;
     if v.shape() != q.shape() {
         return Err(not_fused(variant, "the fused kernels need v to have the head dimension of q and k"));
     }
-    Config::new(variant, q.shape()[3])?;
-    let sh = q.shape().to_vec();
+    Config::new(variant, q.shape()[3])
+}
+
+fn contiguous<P>(addr: u64, shape: (usize, usize, usize, usize)) -> crate::cpu::RawTensor<*mut P> {
+    let (_, h, t, d) = shape;
+    crate::cpu::RawTensor { ptr: addr as *mut P, strides: [h * t * d, t * d, d] }
+}
+
+/// The inputs, output and statistics of one forward in `x`'s memory.
+struct Staged {
+    shape: (usize, usize, usize, usize),
+    _inputs: [Buf; 3],
+    o: Buf,
+    _stats: Buf,
+    params: Params,
+}
+
+fn staged_forward(x: &dyn Exec, cfg: &Config, [q, k, v]: [&ArrayView4<'_, f32>; 3], opts: &Options) -> Result<Staged> {
+    let sh = q.shape();
     let shape = (sh[0], sh[1], sh[2], sh[3]);
-    let (qd, kd, vd) = (upload(q, opts.dtype)?, upload(k, opts.dtype)?, upload(v, opts.dtype)?);
     let n = sh.iter().product::<usize>();
-    let o = gpu()?.stream.alloc_zeros::<u8>(n * opts.dtype.size()).map_err(cuda_err)?;
-    let stats = scratch(sh[0] * sh[1] * sh[2] * STATS_PER_ROW)?;
-    let sp = dev_ptr(&stats)?;
+    let inputs =
+        [x.upload(&to_bytes(q, opts.dtype))?, x.upload(&to_bytes(k, opts.dtype))?, x.upload(&to_bytes(v, opts.dtype))?];
+    let o = x.zeros(n * opts.dtype.size())?;
+    let stats = x.zeros(sh[0] * sh[1] * sh[2] * STATS_PER_ROW * 4)?;
     let null_c = crate::cpu::RawTensor { ptr: std::ptr::null(), strides: [0; 3] };
     let null_m = crate::cpu::RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] };
     let params = Params {
@@ -813,19 +902,57 @@ fn device_forward(
         heads: sh[1],
         seq_len: sh[2],
         head_dim: sh[3],
-        q: raw_dev::<f32>(dev_ptr(&qd)?, &sh).as_const(),
-        k: raw_dev::<f32>(dev_ptr(&kd)?, &sh).as_const(),
-        v: raw_dev::<f32>(dev_ptr(&vd)?, &sh).as_const(),
-        o: raw_dev(dev_ptr(&o)?, &sh),
-        stats: sp as *mut f32,
+        q: contiguous::<f32>(inputs[0].addr(), shape).as_const(),
+        k: contiguous::<f32>(inputs[1].addr(), shape).as_const(),
+        v: contiguous::<f32>(inputs[2].addr(), shape).as_const(),
+        o: contiguous(o.addr(), shape),
+        stats: stats.addr() as *mut f32,
         d_out: null_c,
         dq: null_m,
         dk: null_m,
         dv: null_m,
     };
-    // SAFETY: every pointer is a live device buffer of the shape given, in `opts.dtype`.
-    unsafe { forward_raw(variant, &params, opts.dtype, opts.kernel)? };
-    Ok(DeviceCall { shape, q: qd, k: kd, v: vd, o, stats, params })
+    // SAFETY: every pointer is a live buffer of `x` of the shape given, in `opts.dtype`.
+    unsafe { forward_exec(x, cfg, &params, opts.dtype, opts.kernel)? };
+    Ok(Staged { shape, _inputs: inputs, o, _stats: stats, params })
+}
+
+/// The forward of the ndarray entry points on `x`.
+pub(crate) fn forward_on(
+    x: &dyn Exec,
+    cfg: &Config,
+    qkv: [&ArrayView4<'_, f32>; 3],
+    opts: &Options,
+) -> Result<Array4<f32>> {
+    let s = staged_forward(x, cfg, qkv, opts)?;
+    from_bytes(&x.download(&s.o)?, opts.dtype, s.shape)
+}
+
+/// The backward of the ndarray entry points on `x` (runs the forward for its statistics).
+pub(crate) fn backward_on(
+    x: &dyn Exec,
+    cfg: &Config,
+    qkv: [&ArrayView4<'_, f32>; 3],
+    d_out: &ArrayView4<'_, f32>,
+    opts: &Options,
+) -> Result<Grads> {
+    let s = staged_forward(x, cfg, qkv, opts)?;
+    let n = s.shape.0 * s.shape.1 * s.shape.2 * s.shape.3;
+    let g = x.upload(&to_bytes(d_out, opts.dtype))?;
+    let (dq, dk, dv) =
+        (x.zeros(n * opts.dtype.size())?, x.zeros(n * opts.dtype.size())?, x.zeros(n * opts.dtype.size())?);
+    let mut p = s.params;
+    p.d_out = contiguous::<f32>(g.addr(), s.shape).as_const();
+    p.dq = contiguous(dq.addr(), s.shape);
+    p.dk = contiguous(dk.addr(), s.shape);
+    p.dv = contiguous(dv.addr(), s.shape);
+    // SAFETY: as in `staged_forward`; the gradient buffers are fresh.
+    unsafe { backward_exec(x, cfg, &p, opts.dtype, opts.kernel)? };
+    Ok(Grads {
+        dq: from_bytes(&x.download(&dq)?, opts.dtype, s.shape)?,
+        dk: from_bytes(&x.download(&dk)?, opts.dtype, s.shape)?,
+        dv: from_bytes(&x.download(&dv)?, opts.dtype, s.shape)?,
+    })
 }
 
 /// Causal attention output of `variant` on the GPU (inputs converted to `opts.dtype`), as f32.
@@ -837,8 +964,8 @@ pub fn forward_with<'a>(
     opts: &Options,
 ) -> Result<Array4<f32>> {
     let (q, k, v) = (q.into(), k.into(), v.into());
-    let call = device_forward(variant, &q, &k, &v, opts)?;
-    download(&call.o, opts.dtype, call.shape)
+    let cfg = checked(variant, &q, &k, &v, None)?;
+    forward_on(&GpuExec::new(&cfg, q.shape()[3], opts.dtype)?, &cfg, [&q, &k, &v], opts)
 }
 
 /// [`forward_with`] in f32 with the default kernel; see [`crate::cpu::forward`].
@@ -861,28 +988,8 @@ pub fn backward_with<'a>(
     opts: &Options,
 ) -> Result<Grads> {
     let (q, k, v, g) = (q.into(), k.into(), v.into(), d_out.into());
-    attn_core::check_inputs(variant, &q, &k, &v, Some(&g))?;
-    let call = device_forward(variant, &q, &k, &v, opts)?;
-    let sh = q.shape().to_vec();
-    let n = sh.iter().product::<usize>();
-    let gd = upload(&g, opts.dtype)?;
-    let stream = &gpu()?.stream;
-    let alloc = || stream.alloc_zeros::<u8>(n * opts.dtype.size()).map_err(cuda_err);
-    let (dq, dk, dv) = (alloc()?, alloc()?, alloc()?);
-    let mut p = call.params;
-    p.d_out = raw_dev::<f32>(dev_ptr(&gd)?, &sh).as_const();
-    p.dq = raw_dev(dev_ptr(&dq)?, &sh);
-    p.dk = raw_dev(dev_ptr(&dk)?, &sh);
-    p.dv = raw_dev(dev_ptr(&dv)?, &sh);
-    // SAFETY: as in `device_forward`; the gradient buffers are fresh.
-    unsafe { backward_raw(variant, &p, opts.dtype, opts.kernel)? };
-    let grads = Grads {
-        dq: download(&dq, opts.dtype, call.shape)?,
-        dk: download(&dk, opts.dtype, call.shape)?,
-        dv: download(&dv, opts.dtype, call.shape)?,
-    };
-    drop((call.q, call.k, call.v, call.stats));
-    Ok(grads)
+    let cfg = checked(variant, &q, &k, &v, Some(&g))?;
+    backward_on(&GpuExec::new(&cfg, q.shape()[3], opts.dtype)?, &cfg, [&q, &k, &v], &g, opts)
 }
 
 /// [`backward_with`] in f32; see [`crate::cpu::backward`].

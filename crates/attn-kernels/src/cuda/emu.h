@@ -1,0 +1,432 @@
+// A CPU emulator of the CUDA subset that attn-kernels' kernel sources use, so that the kernels'
+// logic (fragment layouts, pipelines, masking, reductions, barriers) is tested on machines with no
+// GPU. Prepended to the same concatenated source NVRTC compiles, with LSSA_EMU defined; built by
+// the host C++ compiler into a shared library (src/cuda/emu.rs). Slow (about a million times slower
+// than the GPU), exact in what it checks, meant for tests at small sizes.
+//
+// Model: a launch runs its blocks one after another. Every thread of a block is a fiber (ucontext)
+// on one OS thread, and a deterministic scheduler runs each fiber until it reaches a barrier:
+//   __syncthreads          all live threads of the block (exited threads count as arrived);
+//   warp collectives       all 32 lanes of the warp at the same collective (shfl, mma.sync, ldmatrix);
+//                          a lane that exited or waits elsewhere is reported as a deadlock, as a
+//                          divergent __shfl_sync would hang or misbehave on the GPU.
+// __shared__ variables are function statics (one block runs at a time); the dynamic shared memory is
+// refilled with a NaN pattern before every block, so reading bytes no one wrote shows up as NaN.
+// cp.async copies are queued per thread and land only at the cp.async.wait_group that waits for
+// their group, so reading a stage before waiting for it reads stale data, as it may on the GPU.
+// ldmatrix and cp.async check the 16-byte alignment the hardware requires.
+// Arithmetic: f32 as on the GPU (no fused multiply-add contraction guarantees); mma.sync multiplies
+// the 16-bit operands exactly and accumulates in f32; 16-bit conversions round to nearest even.
+
+#include <ucontext.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <mutex>
+#include <string>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+
+struct emu_dim3 {
+    unsigned x, y, z;
+};
+
+namespace emu {
+
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+enum State { READY, AT_BLOCK, AT_WARP, DONE, FAILED };
+
+struct Copy {
+    void* dst;
+    const void* src;
+    bool pred;
+};
+
+struct Thread {
+    ucontext_t ctx;
+    State state;
+    int op; // which collective the lane waits at (warp barriers)
+    std::vector<Copy> open;                 // cp.async not yet committed
+    std::vector<std::vector<Copy>> groups;  // committed, oldest first
+};
+
+// One warp's exchange area for collectives: 64 bytes per lane.
+struct WarpX {
+    alignas(16) unsigned char slot[32][64];
+};
+
+static std::vector<Thread> threads;
+static std::vector<WarpX> warpx;
+static std::vector<char> stacks;
+static const size_t STACK = 256 * 1024;
+static ucontext_t sched;
+static int cur = 0;
+static std::string error;
+static std::vector<unsigned char> dyn;
+static emu_dim3 g_tid, g_bid, g_bdim, g_gdim;
+static void (*g_kernel)(const void*) = nullptr;
+static const void* g_params = nullptr;
+
+static void fail(const std::string& why) {
+    if (error.empty()) {
+        char where[96];
+        snprintf(where, sizeof where, " (block %u,%u thread %d)", g_bid.x, g_bid.y, cur);
+        error = why + where;
+    }
+    threads[cur].state = FAILED;
+    swapcontext(&threads[cur].ctx, &sched);
+    abort(); // a failed fiber is never resumed
+}
+
+static void do_copy(const Copy& c) {
+    if (c.pred)
+        memcpy(c.dst, c.src, 16);
+    else
+        memset(c.dst, 0, 16);
+}
+
+static void flush_all(Thread& t) {
+    for (auto& g : t.groups)
+        for (auto& c : g) do_copy(c);
+    for (auto& c : t.open) do_copy(c);
+    t.groups.clear();
+    t.open.clear();
+}
+
+static void trampoline() {
+    g_kernel(g_params);
+    flush_all(threads[cur]);
+    threads[cur].state = DONE;
+    swapcontext(&threads[cur].ctx, &sched);
+}
+
+static inline int lane() { return cur & 31; }
+static inline WarpX& wx() { return warpx[cur >> 5]; }
+
+static void block_barrier() {
+    threads[cur].state = AT_BLOCK;
+    swapcontext(&threads[cur].ctx, &sched);
+}
+
+static void warp_barrier(int op) {
+    threads[cur].state = AT_WARP;
+    threads[cur].op = op;
+    swapcontext(&threads[cur].ctx, &sched);
+}
+
+enum Op { OP_SHFL = 1, OP_MMA, OP_LDSM, OP_LDSMT };
+
+static const char* op_name(int op) {
+    switch (op) {
+    case OP_SHFL: return "shfl";
+    case OP_MMA: return "mma.sync";
+    case OP_LDSM: return "ldmatrix";
+    case OP_LDSMT: return "ldmatrix.trans";
+    }
+    return "?";
+}
+
+// Runs one block to completion; false (with `error` set) on a deadlock or a failed check.
+static bool run_block(int nthreads) {
+    for (int i = 0; i < nthreads; i++) {
+        Thread& t = threads[i];
+        t.state = READY;
+        t.open.clear();
+        t.groups.clear();
+        getcontext(&t.ctx);
+        t.ctx.uc_stack.ss_sp = stacks.data() + (size_t)i * STACK;
+        t.ctx.uc_stack.ss_size = STACK;
+        t.ctx.uc_link = nullptr;
+        makecontext(&t.ctx, trampoline, 0);
+    }
+    memset(dyn.data(), 0xff, dyn.size()); // NaN in f32, f16 and bf16
+    const int nwarps = (nthreads + 31) / 32;
+    for (;;) {
+        for (int i = 0; i < nthreads; i++) {
+            if (threads[i].state != READY) continue;
+            cur = i;
+            g_tid = {(unsigned)i, 0, 0};
+            swapcontext(&sched, &threads[i].ctx);
+            if (threads[i].state == FAILED) return false;
+        }
+        bool released = false;
+        int live = 0, at_block = 0;
+        for (int w = 0; w < nwarps; w++) {
+            int lo = w * 32, hi = lo + 32 < nthreads ? lo + 32 : nthreads;
+            int waiting = 0, op = 0;
+            bool same = true;
+            for (int i = lo; i < hi; i++) {
+                if (threads[i].state == AT_WARP) {
+                    if (waiting && threads[i].op != op) same = false;
+                    op = threads[i].op;
+                    waiting++;
+                }
+            }
+            if (waiting == hi - lo) {
+                if (!same) {
+                    error = "warp " + std::to_string(w) + ": lanes wait at different collectives";
+                    return false;
+                }
+                for (int i = lo; i < hi; i++) threads[i].state = READY;
+                released = true;
+            }
+        }
+        for (int i = 0; i < nthreads; i++) {
+            if (threads[i].state != DONE) live++;
+            if (threads[i].state == AT_BLOCK) at_block++;
+        }
+        if (live == 0) return true;
+        if (released) continue;
+        if (at_block == live) {
+            for (int i = 0; i < nthreads; i++)
+                if (threads[i].state == AT_BLOCK) threads[i].state = READY;
+            continue;
+        }
+        // Nothing can move: describe the first warp that waits at a collective.
+        for (int w = 0; w < nwarps; w++) {
+            int lo = w * 32, hi = lo + 32 < nthreads ? lo + 32 : nthreads;
+            int waiting = 0, done = 0, blocked = 0, op = 0;
+            for (int i = lo; i < hi; i++) {
+                waiting += threads[i].state == AT_WARP;
+                done += threads[i].state == DONE;
+                blocked += threads[i].state == AT_BLOCK;
+                if (threads[i].state == AT_WARP) op = threads[i].op;
+            }
+            if (waiting) {
+                char msg[200];
+                snprintf(msg, sizeof msg,
+                         "deadlock in block (%u,%u), warp %d: %d lanes at %s, %d exited, %d at __syncthreads",
+                         g_bid.x, g_bid.y, w, waiting, op_name(op), done, blocked);
+                error = msg;
+                return false;
+            }
+        }
+        error = "deadlock: no thread can move";
+        return false;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warp collectives.
+
+template <class T> static T shfl(unsigned mask, T v, int src) {
+    static_assert(sizeof(T) <= 8, "shfl of a wide type");
+    if (mask != 0xffffffffu) fail("__shfl_sync with a partial mask is not emulated");
+    memcpy(wx().slot[lane()], &v, sizeof(T));
+    warp_barrier(OP_SHFL);
+    T r;
+    memcpy(&r, wx().slot[src & 31], sizeof(T));
+    warp_barrier(OP_SHFL);
+    return r;
+}
+
+static inline float bits_f(u32 u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static inline u32 f_bits(float f) {
+    u32 u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static float f16_to_f32(u16 h) {
+    u32 sign = (u32)(h & 0x8000) << 16, e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    if (e == 0) return bits_f(sign) + (sign ? -1.f : 1.f) * ldexpf((float)m, -24);
+    if (e == 31) return bits_f(sign | 0x7f800000 | (m << 13));
+    return bits_f(sign | ((e + 112) << 23) | (m << 13));
+}
+
+static u16 f32_to_f16(float f) {
+    u32 x = f_bits(f), sign = (x >> 16) & 0x8000;
+    x &= 0x7fffffff;
+    if (x >= 0x7f800000) return (u16)(sign | (x > 0x7f800000 ? 0x7e00 : 0x7c00));
+    if (x >= 0x477ff000) return (u16)(sign | 0x7c00); // rounds to infinity (>= 65520)
+    if (x < 0x38800000) return (u16)(sign | (u32)rintf(bits_f(x) * 16777216.f)); // subnormal or zero
+    x += 0xfff + ((x >> 13) & 1);
+    return (u16)(sign | ((x - 0x38000000) >> 13));
+}
+
+static float bf16_to_f32(u16 h) { return bits_f((u32)h << 16); }
+
+static u16 f32_to_bf16(float f) {
+    u32 x = f_bits(f);
+    if ((x & 0x7fffffff) > 0x7f800000) return (u16)((x >> 16) | 0x40);
+    x += 0x7fff + ((x >> 16) & 1);
+    return (u16)(x >> 16);
+}
+
+// mma.sync.m16n8k16.row.col, f32 accumulation; `f16` picks the operand type (else bf16).
+static void mma16816(float* c, const u32* a, u32 b0, u32 b1, bool f16) {
+    struct Frag {
+        u32 a[4], b[2];
+        float c[4];
+    };
+    static_assert(sizeof(Frag) <= 64, "fragment slot");
+    Frag mine = {{a[0], a[1], a[2], a[3]}, {b0, b1}, {c[0], c[1], c[2], c[3]}};
+    memcpy(wx().slot[lane()], &mine, sizeof mine);
+    warp_barrier(OP_MMA);
+    auto half = [&](u32 reg, int hi) -> float {
+        u16 v = (u16)(hi ? reg >> 16 : reg & 0xffff);
+        return f16 ? f16_to_f32(v) : bf16_to_f32(v);
+    };
+    const Frag* s = (const Frag*)&wx().slot[0][0];
+    auto frag = [&](int l) -> const Frag& { return *(const Frag*)((const unsigned char*)s + l * 64); };
+    // A[r][k]: lane (r % 8) * 4 + (k % 8) / 2, register (r >= 8) + 2 (k >= 8), half k & 1.
+    // B[k][n]: lane n * 4 + (k % 8) / 2, register (k >= 8), half k & 1.
+    const int g = lane() >> 2, t = lane() & 3;
+    float d[4];
+    for (int e = 0; e < 4; e++) {
+        int r = g + (e >= 2 ? 8 : 0), n = 2 * t + (e & 1);
+        float acc = c[e];
+        for (int k = 0; k < 16; k++) {
+            float x = half(frag((r % 8) * 4 + (k % 8) / 2).a[(r >= 8) + 2 * (k >= 8)], k & 1);
+            float y = half(frag(n * 4 + (k % 8) / 2).b[k >= 8], k & 1);
+            acc += x * y;
+        }
+        d[e] = acc;
+    }
+    warp_barrier(OP_MMA);
+    for (int e = 0; e < 4; e++) c[e] = d[e];
+}
+
+// ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lanes 8m..8m+7 address the rows of matrix m.
+static void ldsm4(u32* r, const u16* p, bool trans) {
+    if ((uintptr_t)p % 16) fail("ldmatrix row address not 16-byte aligned");
+    memcpy(wx().slot[lane()], &p, sizeof p);
+    const int op = trans ? OP_LDSMT : OP_LDSM;
+    warp_barrier(op);
+    auto row = [&](int m, int i) -> const u16* {
+        const u16* q;
+        memcpy(&q, wx().slot[8 * m + i], sizeof q);
+        return q;
+    };
+    const int l = lane();
+    u32 out[4];
+    for (int m = 0; m < 4; m++) {
+        u16 lo, hi;
+        if (!trans) {
+            lo = row(m, l / 4)[2 * (l % 4)];
+            hi = row(m, l / 4)[2 * (l % 4) + 1];
+        } else {
+            lo = row(m, 2 * (l % 4))[l / 4];
+            hi = row(m, 2 * (l % 4) + 1)[l / 4];
+        }
+        out[m] = (u32)lo | ((u32)hi << 16);
+    }
+    warp_barrier(op);
+    for (int m = 0; m < 4; m++) r[m] = out[m];
+}
+
+static void cp_async16(void* dst, const void* src, bool pred) {
+    if ((uintptr_t)dst % 16 || (pred && (uintptr_t)src % 16)) fail("cp.async address not 16-byte aligned");
+    threads[cur].open.push_back({dst, src, pred});
+}
+static void cp_commit() {
+    Thread& t = threads[cur];
+    t.groups.push_back(t.open);
+    t.open.clear();
+}
+static void cp_wait(int n) {
+    Thread& t = threads[cur];
+    while ((int)t.groups.size() > n) {
+        for (auto& c : t.groups.front()) do_copy(c);
+        t.groups.erase(t.groups.begin());
+    }
+}
+
+static std::mutex launch_mutex;
+
+} // namespace emu
+
+// ---------------------------------------------------------------------------------------------
+// The CUDA names the kernels use.
+
+#define threadIdx (emu::g_tid)
+#define blockIdx (emu::g_bid)
+#define blockDim (emu::g_bdim)
+#define gridDim (emu::g_gdim)
+
+static inline void __syncthreads() { emu::block_barrier(); }
+template <class T> static inline T __shfl_xor_sync(unsigned mask, T v, int m) {
+    return emu::shfl(mask, v, emu::lane() ^ m);
+}
+template <class T> static inline T __shfl_sync(unsigned mask, T v, int src) { return emu::shfl(mask, v, src); }
+
+#define __expf expf // glibc declares its own __expf and __logf
+#define __logf logf
+static inline float __int_as_float(int i) { return emu::bits_f((unsigned)i); }
+static inline float __uint_as_float(unsigned u) { return emu::bits_f(u); }
+static inline int __float_as_int(float f) { return (int)emu::f_bits(f); }
+
+static inline int min(int a, int b) { return a < b ? a : b; }
+static inline int max(int a, int b) { return a > b ? a : b; }
+static inline long long min(long long a, long long b) { return a < b ? a : b; }
+static inline long long max(long long a, long long b) { return a > b ? a : b; }
+
+// One block runs at a time on one OS thread, so shared-memory atomics are plain updates.
+static inline int atomicOr(int* a, int v) {
+    int o = *a;
+    *a = o | v;
+    return o;
+}
+static inline int atomicMin(int* a, int v) {
+    int o = *a;
+    *a = o < v ? o : v;
+    return o;
+}
+static inline int atomicMax(int* a, int v) {
+    int o = *a;
+    *a = o > v ? o : v;
+    return o;
+}
+
+// The launch entry point, called from Rust (src/cuda/emu.rs). `kernel` is one of the kernels of the
+// source (looked up by the generated `emu_kernel` table); `params` points at the KParams. Returns 0,
+// or 1 with a message in `err`.
+extern "C" void* emu_kernel(const char* name);
+
+extern "C" int emu_launch(const char* kernel, unsigned gx, unsigned gy, unsigned block, size_t smem,
+                          const void* params, char* err, size_t errlen) {
+    std::lock_guard<std::mutex> lock(emu::launch_mutex);
+    void* k = emu_kernel(kernel);
+    auto out = [&](const std::string& m) {
+        snprintf(err, errlen, "%s", m.c_str());
+        return 1;
+    };
+    if (!k) return out(std::string("no kernel ") + kernel + " in this specialisation");
+    if (block == 0 || block > 1024 || gx == 0 || gy == 0) return out("bad launch shape");
+    emu::threads.assign(block, emu::Thread());
+    emu::warpx.assign((block + 31) / 32, emu::WarpX());
+    if (emu::stacks.size() < (size_t)block * emu::STACK) emu::stacks.resize((size_t)block * emu::STACK);
+    emu::dyn.assign(smem + 16, 0);
+    emu::error.clear();
+    emu::g_kernel = (void (*)(const void*))k;
+    emu::g_params = params;
+    emu::g_bdim = {block, 1, 1};
+    emu::g_gdim = {gx, gy, 1};
+    for (unsigned y = 0; y < gy; y++)
+        for (unsigned x = 0; x < gx; x++) {
+            emu::g_bid = {x, y, 0};
+            if (!emu::run_block((int)block)) return out(emu::error);
+        }
+    return 0;
+}
+
+static inline void* emu_dyn_smem() {
+    // 16-byte aligned start (std::vector<unsigned char> storage is malloc-aligned).
+    return emu::dyn.data();
+}
