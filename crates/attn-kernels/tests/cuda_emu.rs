@@ -1,0 +1,340 @@
+//! The CUDA kernels run in the CPU emulator (`cuda::emu`, `src/cuda/emu.h`) against attn-core's f64
+//! reference: every kernel version (v1 SIMT, v2, v3 tensor-core forwards; v1 and v4 backwards),
+//! every fused variant, the three dtypes, head dimensions 64, 128 and 48, awkward lengths, and
+//! strided inputs through the raw entry point. The emulator executes the same source NVRTC
+//! compiles (with the PTX instructions replaced by their documented semantics) and the same host
+//! code, so a wrong fragment layout, pipeline, mask or reduction fails here without a GPU. The last
+//! test plants such bugs and checks that they are caught.
+//!
+//! Needs the host C++ compiler (`$CXX` or `c++`), which building tch already requires.
+
+use attn_core::Variant;
+use attn_kernels::cpu::{Params, RawTensor, STATS_PER_ROW};
+use attn_kernels::cuda::{Dtype, Kernel, Options, emu};
+use half::{bf16, f16};
+use ndarray::Array4;
+use rayon::prelude::*;
+
+/// A fixed xorshift stream of standard normals.
+struct Rng(u64);
+
+impl Rng {
+    fn uniform(&mut self) -> f64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        (self.0 >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        let (u, v) = (self.uniform().max(1e-300), self.uniform());
+        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
+    }
+    /// Normals times `scale`, rounded to `dt` (so the kernels and the reference see the same inputs).
+    fn array(&mut self, shape: (usize, usize, usize, usize), scale: f64, dt: Dtype) -> Array4<f32> {
+        Array4::from_shape_simple_fn(shape, || round(dt, (self.normal() * scale) as f32))
+    }
+}
+
+fn round(dt: Dtype, x: f32) -> f32 {
+    match dt {
+        Dtype::F32 => x,
+        Dtype::F16 => f16::from_f32(x).to_f32(),
+        Dtype::Bf16 => bf16::from_f32(x).to_f32(),
+    }
+}
+
+/// Unit roundoff of the storage dtype.
+fn unit(dt: Dtype) -> f64 {
+    match dt {
+        Dtype::F32 => 2f64.powi(-24),
+        Dtype::F16 => 2f64.powi(-11),
+        Dtype::Bf16 => 2f64.powi(-8),
+    }
+}
+
+/// Relative error in the Frobenius norm (infinite if anything is not finite).
+fn rel_err(x: &Array4<f32>, r: &Array4<f64>) -> f64 {
+    if x.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let num: f64 = x.iter().zip(r).map(|(&a, &b)| (a as f64 - b).powi(2)).sum();
+    let den: f64 = r.iter().map(|&b| b * b).sum();
+    (num / den.max(1e-300)).sqrt()
+}
+
+/// One problem: inputs in `dt` and the f64 reference output and gradients.
+struct Case {
+    v: Variant,
+    dt: Dtype,
+    q: Array4<f32>,
+    k: Array4<f32>,
+    vv: Array4<f32>,
+    g: Array4<f32>,
+    o: Array4<f64>,
+    grads: attn_core::Grads<f64>,
+}
+
+fn case(name: &str, t: usize, d: usize, dt: Dtype, seed: u64) -> Case {
+    let v: Variant = name.parse().unwrap();
+    let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+    // Softmax and sigmoid scores are raw dot products: unit inputs keep them in a sane range.
+    let scale = if name.starts_with("softmax") || name.contains("sigmoid") { 0.5 } else { 0.8 };
+    let shape = (1, 2, t, d);
+    let (q, k) = (rng.array(shape, scale, dt), rng.array(shape, scale, dt));
+    let (vv, g) = (rng.array(shape, 1.0, dt), rng.array(shape, 1.0, dt));
+    let f = |x: &Array4<f32>| x.mapv(|a| a as f64);
+    let o = attn_core::forward(&v, &f(&q), &f(&k), &f(&vv)).unwrap();
+    let grads = attn_core::backward(&v, &f(&q), &f(&k), &f(&vv), &f(&g)).unwrap();
+    Case { v, dt, q, k, vv, g, o, grads }
+}
+
+/// The error bounds: f32 arithmetic in f32 storage; in 16-bit storage the output and the weights
+/// before `P V` are rounded (measured on an H100: 0.5-0.7 units of roundoff for the output, up to
+/// 1.3 for the gradients of re-weighting), so 1.5 and 3 units.
+fn bounds(dt: Dtype) -> (f64, f64) {
+    match dt {
+        Dtype::F32 => (1e-4, 1e-4),
+        _ => (1.5 * unit(dt), 3.0 * unit(dt)),
+    }
+}
+
+fn check_forward(c: &Case, kernel: Kernel) -> Result<(), String> {
+    let opts = Options { dtype: c.dt, kernel };
+    let o = emu::forward_with(&c.v, &c.q, &c.k, &c.vv, &opts).map_err(|e| e.to_string())?;
+    let e = rel_err(&o, &c.o);
+    if e <= bounds(c.dt).0 { Ok(()) } else { Err(format!("output error {e:.2e} > {:.2e}", bounds(c.dt).0)) }
+}
+
+fn check_backward(c: &Case, kernel: Kernel) -> Result<(), String> {
+    let opts = Options { dtype: c.dt, kernel };
+    let gr = emu::backward_with(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts).map_err(|e| e.to_string())?;
+    let errs = [
+        ("dq", rel_err(&gr.dq, &c.grads.dq)),
+        ("dk", rel_err(&gr.dk, &c.grads.dk)),
+        ("dv", rel_err(&gr.dv, &c.grads.dv)),
+    ];
+    let bad: Vec<String> =
+        errs.iter().filter(|(_, e)| *e > bounds(c.dt).1).map(|(n, e)| format!("{n} error {e:.2e}")).collect();
+    if bad.is_empty() { Ok(()) } else { Err(format!("{} > {:.2e}", bad.join(", "), bounds(c.dt).1)) }
+}
+
+/// Runs every job (in parallel; the emulator serialises launches of one library) and reports all
+/// failures at once.
+fn run_all(jobs: Vec<(String, Box<dyn Fn() -> Result<(), String> + Send + Sync>)>) {
+    let failures: Vec<String> =
+        jobs.par_iter().filter_map(|(name, job)| job().err().map(|e| format!("{name}: {e}"))).collect();
+    assert!(failures.is_empty(), "{} of {} failed:\n{}", failures.len(), jobs.len(), failures.join("\n"));
+}
+
+fn kernel_jobs(
+    name: &str,
+    t: usize,
+    d: usize,
+    dt: Dtype,
+    fwd: &[Kernel],
+    bwd: &[Kernel],
+) -> Vec<(String, Box<dyn Fn() -> Result<(), String> + Send + Sync>)> {
+    let c = std::sync::Arc::new(case(name, t, d, dt, (t * 1000 + d) as u64));
+    let mut jobs: Vec<(String, Box<dyn Fn() -> Result<(), String> + Send + Sync>)> = Vec::new();
+    for &k in fwd {
+        let c = c.clone();
+        jobs.push((format!("{name} T={t} d={d} {dt:?} forward {k:?}"), Box::new(move || check_forward(&c, k))));
+    }
+    for &k in bwd {
+        let c = c.clone();
+        jobs.push((format!("{name} T={t} d={d} {dt:?} backward {k:?}"), Box::new(move || check_backward(&c, k))));
+    }
+    jobs
+}
+
+const ALL_FWD: [Kernel; 3] = [Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore];
+const BOTH_BWD: [Kernel; 2] = [Kernel::Simt, Kernel::TensorCore];
+
+#[test]
+fn every_kernel_version_matches_the_reference() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    let mut jobs = Vec::new();
+    // T = 200: two 128-row blocks (v3), four 64-row blocks (v2, v4), a partial last key tile.
+    for name in ["lssa", "lssa+rw15", "softmax+rw15"] {
+        jobs.extend(kernel_jobs(name, 200, 64, Dtype::Bf16, &ALL_FWD, &BOTH_BWD));
+    }
+    jobs.extend(kernel_jobs("softmax", 130, 64, Dtype::F16, &ALL_FWD, &BOTH_BWD));
+    jobs.extend(kernel_jobs("lssa+rw3", 130, 128, Dtype::F16, &[Kernel::TensorCore], &[Kernel::TensorCore]));
+    jobs.extend(kernel_jobs("lssa+rw64", 77, 64, Dtype::Bf16, &[Kernel::TensorCore], &[Kernel::TensorCore]));
+    jobs.extend(kernel_jobs("lssa+rw1", 77, 64, Dtype::F16, &[Kernel::TensorCore], &[Kernel::TensorCore]));
+    // f32 and head dimensions without tensor-core kernels run v1.
+    jobs.extend(kernel_jobs("lssa+rw15", 100, 64, Dtype::F32, &[Kernel::Auto], &[Kernel::Auto]));
+    jobs.extend(kernel_jobs("lssa", 131, 48, Dtype::Bf16, &[Kernel::Auto], &[Kernel::Auto]));
+    // Awkward lengths: a single row, fewer rows than a quad, one past a block.
+    for t in [1, 5, 129] {
+        jobs.extend(kernel_jobs("lssa+rw15", t, 64, Dtype::Bf16, &[Kernel::TensorCore], &[Kernel::TensorCore]));
+    }
+    run_all(jobs);
+}
+
+#[test]
+fn every_fused_variant_runs_on_tensor_cores() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    let mut names: Vec<String> = Vec::new();
+    for name in attn_core::STAGE1_NAMES {
+        let name = if name.starts_with("sigmoid-bias") { format!("{name}:t_train=64") } else { name.to_string() };
+        let v: Variant = name.parse().unwrap();
+        if attn_kernels::cuda::Config::new(&v, 64).is_ok() {
+            names.push(name);
+        }
+    }
+    assert_eq!(names.len(), 16, "stage-1 variants with a CUDA kernel: {names:?}");
+    names.push("sigmoid-rowbias-l1+rw15".into());
+    let mut jobs = Vec::new();
+    for name in &names {
+        jobs.extend(kernel_jobs(name, 77, 64, Dtype::Bf16, &[Kernel::TensorCore], &[Kernel::TensorCore]));
+    }
+    run_all(jobs);
+}
+
+/// Host buffers in the raw layout: each row padded to `stride` elements.
+struct Padded {
+    bytes: Vec<u128>,
+}
+
+impl Padded {
+    fn new(x: &Array4<f32>, stride: usize, dt: Dtype) -> Self {
+        let (b, h, t, _) = x.dim();
+        let n = b * h * t * stride;
+        let mut raw = vec![0u8; n * 2 + 16];
+        for ((bi, hi, ti, di), &v) in x.indexed_iter() {
+            let bits = match dt {
+                Dtype::F16 => f16::from_f32(v).to_bits(),
+                _ => bf16::from_f32(v).to_bits(),
+            };
+            let at = 2 * (((bi * h + hi) * t + ti) * stride + di);
+            raw[at..at + 2].copy_from_slice(&bits.to_le_bytes());
+        }
+        let bytes = raw.chunks(16).map(|c| u128::from_le_bytes(c.try_into().unwrap())).collect();
+        Self { bytes }
+    }
+    fn zeros(like: &Array4<f32>, stride: usize) -> Self {
+        let (b, h, t, _) = like.dim();
+        Self { bytes: vec![0; (b * h * t * stride * 2).div_ceil(16) + 1] }
+    }
+    fn raw<P>(&mut self, shape: (usize, usize, usize, usize), stride: usize) -> RawTensor<*mut P> {
+        let (_, h, t, _) = shape;
+        RawTensor { ptr: self.bytes.as_mut_ptr().cast(), strides: [h * t * stride, t * stride, stride] }
+    }
+    fn read(&self, shape: (usize, usize, usize, usize), stride: usize, dt: Dtype) -> Array4<f32> {
+        let raw: Vec<u8> = self.bytes.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let (_, h, t, _) = shape;
+        Array4::from_shape_fn(shape, |(bi, hi, ti, di)| {
+            let at = 2 * (((bi * h + hi) * t + ti) * stride + di);
+            let bits = u16::from_le_bytes([raw[at], raw[at + 1]]);
+            match dt {
+                Dtype::F16 => f16::from_bits(bits).to_f32(),
+                _ => bf16::from_bits(bits).to_f32(),
+            }
+        })
+    }
+}
+
+/// Forward and backward through the raw entry points on rows padded to `stride` elements.
+fn raw_run(c: &Case, stride: usize, kernel: Kernel) -> attn_kernels::Result<[Array4<f32>; 4]> {
+    let shape = c.q.dim();
+    let (mut q, mut k, mut v, mut g) = (
+        Padded::new(&c.q, stride, c.dt),
+        Padded::new(&c.k, stride, c.dt),
+        Padded::new(&c.vv, stride, c.dt),
+        Padded::new(&c.g, stride, c.dt),
+    );
+    let (mut o, mut dq, mut dk, mut dv) = (
+        Padded::zeros(&c.q, stride),
+        Padded::zeros(&c.q, stride),
+        Padded::zeros(&c.q, stride),
+        Padded::zeros(&c.q, stride),
+    );
+    let mut stats = vec![0f32; shape.0 * shape.1 * shape.2 * STATS_PER_ROW];
+    let p = Params {
+        batch: shape.0,
+        heads: shape.1,
+        seq_len: shape.2,
+        head_dim: shape.3,
+        q: q.raw::<f32>(shape, stride).as_const(),
+        k: k.raw::<f32>(shape, stride).as_const(),
+        v: v.raw::<f32>(shape, stride).as_const(),
+        o: o.raw(shape, stride),
+        stats: stats.as_mut_ptr(),
+        d_out: g.raw::<f32>(shape, stride).as_const(),
+        dq: dq.raw(shape, stride),
+        dk: dk.raw(shape, stride),
+        dv: dv.raw(shape, stride),
+    };
+    // SAFETY: every pointer is a live host buffer of the shape and strides given, in `c.dt`.
+    unsafe {
+        emu::forward_raw(&c.v, &p, c.dt, kernel)?;
+        emu::backward_raw(&c.v, &p, c.dt, kernel)?;
+    }
+    Ok([
+        o.read(shape, stride, c.dt),
+        dq.read(shape, stride, c.dt),
+        dk.read(shape, stride, c.dt),
+        dv.read(shape, stride, c.dt),
+    ])
+}
+
+#[test]
+fn strided_inputs_get_the_kernel_that_can_read_them() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    let c = case("lssa+rw15", 100, 64, Dtype::Bf16, 7);
+    let (bo, bg) = bounds(c.dt);
+    let check = |out: [Array4<f32>; 4], what: &str| {
+        let e = [
+            rel_err(&out[0], &c.o),
+            rel_err(&out[1], &c.grads.dq),
+            rel_err(&out[2], &c.grads.dk),
+            rel_err(&out[3], &c.grads.dv),
+        ];
+        assert!(e[0] <= bo && e[1..].iter().all(|&x| x <= bg), "{what}: errors (o, dq, dk, dv) {e:?}");
+    };
+    // 16-byte aligned rows: v3 and v4.
+    check(raw_run(&c, 72, Kernel::TensorCore).unwrap(), "stride 72, v3 + v4");
+    // Rows 4-byte aligned only: Auto runs v2 and the v1 backward; v3 is refused with a reason.
+    check(raw_run(&c, 66, Kernel::Auto).unwrap(), "stride 66, auto");
+    let err = raw_run(&c, 66, Kernel::TensorCore).unwrap_err().to_string();
+    assert!(err.contains("no tensor-core forward"), "{err}");
+    // Odd strides: only the SIMT kernels can read them.
+    check(raw_run(&c, 65, Kernel::Auto).unwrap(), "stride 65, auto");
+    let err = raw_run(&c, 65, Kernel::TensorCoreV2).unwrap_err().to_string();
+    assert!(err.contains("v2"), "{err}");
+}
+
+#[test]
+fn the_emulator_catches_planted_kernel_bugs() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    let c = case("lssa", 200, 64, Dtype::Bf16, 11);
+    let opts = Options { dtype: c.dt, kernel: Kernel::TensorCore };
+    let run = |edit: &dyn Fn(String) -> String| emu::forward_edited(&c.v, &c.q, &c.k, &c.vv, &opts, Some(edit));
+    // The unedited source passes: what fails below fails because of the edit.
+    assert!(rel_err(&run(&|s| s).unwrap(), &c.o) < bounds(c.dt).0);
+    let planted: [(&str, &str, &str, Option<&str>); 4] = [
+        // v3 multiplies the current K/V tile without waiting for its copy.
+        ("cp_wait<1>();\n            } else {", "cp_wait<2>();\n            } else {", "pipeline wait", None),
+        // V's fragments loaded without the transpose.
+        ("ldsm4t(bf, Vs +", "ldsm4(bf, Vs +", "ldmatrix without .trans", None),
+        // Half of a warp skips a full-mask shuffle (the bug that hung the SIMT kernels at d = 48).
+        ("    s = warp_sum(s);", "    if (lane < 16) s = warp_sum(s);", "divergent shuffle", Some("deadlock")),
+        // Shared-memory rows padded by 8 bytes instead of 16.
+        ("#define KP3 (HD + 8)", "#define KP3 (HD + 4)", "misaligned rows", Some("16-byte aligned")),
+    ];
+    for (from, to, what, message) in planted {
+        let edit = move |s: String| {
+            assert!(s.contains(from), "{what}: the source no longer contains {from:?}");
+            s.replacen(from, to, 1)
+        };
+        match (run(&edit), message) {
+            (Ok(o), None) => {
+                let e = rel_err(&o, &c.o);
+                assert!(e > 0.05, "{what}: planted bug not caught (error {e:.2e})");
+            }
+            (Err(e), Some(m)) => assert!(e.to_string().contains(m), "{what}: {e}"),
+            (r, _) => panic!("{what}: unexpected outcome {:?}", r.map(|o| rel_err(&o, &c.o))),
+        }
+    }
+}
