@@ -118,24 +118,20 @@ fn check_backward(c: &Case, kernel: Kernel) -> Result<(), String> {
     if bad.is_empty() { Ok(()) } else { Err(format!("{} > {:.2e}", bad.join(", "), bounds(c.dt).1)) }
 }
 
+/// A named check.
+type Job = (String, Box<dyn Fn() -> Result<(), String> + Send + Sync>);
+
 /// Runs every job (in parallel; the emulator serialises launches of one library) and reports all
 /// failures at once.
-fn run_all(jobs: Vec<(String, Box<dyn Fn() -> Result<(), String> + Send + Sync>)>) {
+fn run_all(jobs: Vec<Job>) {
     let failures: Vec<String> =
         jobs.par_iter().filter_map(|(name, job)| job().err().map(|e| format!("{name}: {e}"))).collect();
     assert!(failures.is_empty(), "{} of {} failed:\n{}", failures.len(), jobs.len(), failures.join("\n"));
 }
 
-fn kernel_jobs(
-    name: &str,
-    t: usize,
-    d: usize,
-    dt: Dtype,
-    fwd: &[Kernel],
-    bwd: &[Kernel],
-) -> Vec<(String, Box<dyn Fn() -> Result<(), String> + Send + Sync>)> {
+fn kernel_jobs(name: &str, t: usize, d: usize, dt: Dtype, fwd: &[Kernel], bwd: &[Kernel]) -> Vec<Job> {
     let c = std::sync::Arc::new(case(name, t, d, dt, (t * 1000 + d) as u64));
-    let mut jobs: Vec<(String, Box<dyn Fn() -> Result<(), String> + Send + Sync>)> = Vec::new();
+    let mut jobs: Vec<Job> = Vec::new();
     for &k in fwd {
         let c = c.clone();
         jobs.push((format!("{name} T={t} d={d} {dt:?} forward {k:?}"), Box::new(move || check_forward(&c, k))));

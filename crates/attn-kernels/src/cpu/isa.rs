@@ -1,4 +1,4 @@
-//! Runtime CPU-feature detection ([`Isa`]) and the multiversioning pattern ([`multiversion!`]) that
+//! Runtime CPU-feature detection ([`Isa`]) and the multiversioning pattern ([`multiversion!`](crate::multiversion)) that
 //! compiles one kernel body three times (AVX-512, AVX2+FMA, portable) and picks one at run time.
 //!
 //! # Why multiversioning, and why not closures
@@ -16,7 +16,7 @@
 //! 3. a dispatcher that `match`es on an [`Isa`] (checked with [`Isa::assert_supported`]) and calls
 //!    the matching wrapper.
 //!
-//! [`multiversion!`] writes all of that from one function definition. The body is generic over a
+//! [`multiversion!`](crate::multiversion) writes all of that from one function definition. The body is generic over a
 //! `const FMA: bool` that the macro sets to `true` under AVX2/AVX-512 and to [`SCALAR_FMA`] on the
 //! portable path: [`f32::mul_add`] is one instruction where FMA is enabled but a slow libm call
 //! (which also blocks vectorisation) where it is not, so the math functions take the same flag and
@@ -106,7 +106,7 @@ impl Isa {
     }
 
     /// Whether this CPU can run code compiled for `self`. Cheap (a cached atomic load per feature);
-    /// called by every [`multiversion!`] dispatch.
+    /// called by every [`multiversion!`](crate::multiversion) dispatch.
     #[inline]
     pub fn is_supported(self) -> bool {
         match self {

@@ -9,7 +9,7 @@
 //! layout therefore shows up as an error or a wrong result, as on a GPU, where the NVRTC compile
 //! test alone would pass.
 //!
-//! The host side is the GPU's own (kernel choice, grids, scratch, checks: [`super::Exec`]), so
+//! The host side is the GPU's own (kernel choice, grids, scratch, checks: the `Exec` trait), so
 //! the emulator tests it too. What it does not model: timing, races between threads that the
 //! scheduler happens to order (it runs fibers in a fixed order), memory outside the buffers given
 //! (no bounds checks), and the GPU's exact accumulation order in `mma.sync`.

@@ -17,6 +17,9 @@
 //!
 //! Other head dimensions and f32 run v1.
 //!
+//! [`emu`] runs the same kernels, and the same host code (the `Exec` trait), in a CPU emulator:
+//! how the test suite checks them on machines without a GPU.
+//!
 //! Numerics: scores, activations, row sums and outputs are accumulated in f32 whatever the input
 //! dtype; the tensor-core kernel rounds the weights to the input dtype before `P V`, as
 //! FlashAttention does. The row statistics have [`crate::cpu::STATS_PER_ROW`] entries laid out as
@@ -267,10 +270,8 @@ fn preload_nvrtc() -> Result<PathBuf> {
                     });
                 // SAFETY: loading NVIDIA's shared libraries runs only their initialisers.
                 unsafe {
-                    if let Some(b) = builtins {
-                        if let Ok(l) = libloading::Library::new(&b) {
-                            std::mem::forget(l);
-                        }
+                    if let Some(Ok(l)) = builtins.map(|b| libloading::Library::new(&b)) {
+                        std::mem::forget(l);
                     }
                     match libloading::Library::new(&lib) {
                         Ok(l) => std::mem::forget(l),
@@ -590,7 +591,7 @@ fn pairs_aligned(p: &Params) -> bool {
 /// Whether `x` starts on a `bytes`-byte boundary and every row, head and batch stride is a multiple
 /// of `elems` elements.
 fn aligned(x: &Tensor4, bytes: u64, elems: i64) -> bool {
-    x.ptr % bytes == 0 && [x.sb, x.sh, x.st].iter().all(|s| s % elems == 0)
+    x.ptr.is_multiple_of(bytes) && [x.sb, x.sh, x.st].iter().all(|s| s % elems == 0)
 }
 
 /// Whether v3 can read these tensors: 16-byte aligned rows of 16-bit values.
