@@ -205,7 +205,9 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         let (q64, k64, v64, g64) = (f64s(&q), f64s(&k), f64s(&vv), f64s(&g));
         let o_ref = attn_core::forward(&v, &q64, &k64, &v64)?;
         let gr = attn_core::backward(&v, &q64, &k64, &v64, &g64)?;
-        let kernels: &[Kernel] = if cuda::has_tensor_core_forward(d, dt) {
+        let kernels: &[Kernel] = if cuda::has_tensor_core_forward(d, dt) && d == 64 {
+            &[Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore, Kernel::TensorCoreV5]
+        } else if cuda::has_tensor_core_forward(d, dt) {
             &[Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore]
         } else {
             &[Kernel::Simt]
@@ -240,6 +242,7 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
                 match kern {
                     Kernel::Simt => "v1",
                     Kernel::TensorCoreV2 => "v2",
+                    Kernel::TensorCoreV5 => "v5",
                     _ => "v3",
                 },
                 e[0],
@@ -464,11 +467,34 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                 })
             };
             let (l, lr) = (ours(&lssa), ours(&lssar));
-            let version =
-                |k: Kernel| time(args.reps.min(5), || Ok(unsafe { cuda::forward_raw(&lssa, &p, Dtype::Bf16, k) }?));
-            let (v1, v2) =
-                if t <= 16384 { (version(Kernel::Simt), version(Kernel::TensorCoreV2)) } else { (None, None) };
-            lab.push(format!("{d:>4} {t:>6} | {:>8} {:>8} {:>8}", fmt(tf(v1, 1.0)), fmt(tf(v2, 1.0)), fmt(tf(l, 1.0))));
+            let version = |v: &Variant, k: Kernel| {
+                time(args.reps.min(5), || Ok(unsafe { cuda::forward_raw(v, &p, Dtype::Bf16, k) }?))
+            };
+            let (v1, v2) = if t <= 16384 {
+                (version(&lssa, Kernel::Simt), version(&lssa, Kernel::TensorCoreV2))
+            } else {
+                (None, None)
+            };
+            // v3 is what Auto runs; v5 (head dimension 64 only) is timed beside it until it replaces it.
+            let (v3, v5, r3, r5) = if d == 64 {
+                (
+                    version(&lssa, Kernel::TensorCore),
+                    version(&lssa, Kernel::TensorCoreV5),
+                    version(&lssar, Kernel::TensorCore),
+                    version(&lssar, Kernel::TensorCoreV5),
+                )
+            } else {
+                (version(&lssa, Kernel::TensorCore), None, version(&lssar, Kernel::TensorCore), None)
+            };
+            lab.push(format!(
+                "{d:>4} {t:>6} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8}",
+                fmt(tf(v1, 1.0)),
+                fmt(tf(v2, 1.0)),
+                fmt(tf(v3, 1.0)),
+                fmt(tf(v5, 1.0)),
+                fmt(tf(r3, 1.0)),
+                fmt(tf(r5, 1.0))
+            ));
             let (lfb, lrfb) = (ours_fb(&lssa), ours_fb(&lssar));
             let ops = |pp: Option<u32>| {
                 if t > 16384 {
@@ -520,13 +546,24 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
             );
             rows.push(json!({"d": d, "T": t, "B": b, "H": h, "seconds": {
                 "sdpa_fwd": sdpa, "lssa_fwd": l, "lssar15_fwd": lr, "ops_lssa_fwd": ol, "ops_lssar15_fwd": olr,
-                "lssa_fwd_v1": v1, "lssa_fwd_v2": v2,
+                "lssa_fwd_v1": v1, "lssa_fwd_v2": v2, "lssa_fwd_v3": v3, "lssa_fwd_v5": v5,
+                "lssar15_fwd_v3": r3, "lssar15_fwd_v5": r5,
                 "sdpa_fwd_bwd": sdpa_fb, "lssa_fwd_bwd": lfb, "lssar15_fwd_bwd": lrfb, "ops_lssa_fwd_bwd": ops_fb},
                 "forward_flops": flops}));
         }
     }
-    say!("\nKernel lab, LSSA forward TFLOP/s by version (bf16, causal, H = 12, B*T = 16K)");
-    say!("{:>4} {:>6} | {:>8} {:>8} {:>8}", "d", "T", "v1 simt", "v2 mma", "v3 mma");
+    say!("\nKernel lab, forward TFLOP/s by version (bf16, causal, H = 12, B*T = 16K)");
+    say!(
+        "{:>4} {:>6} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8}",
+        "d",
+        "T",
+        "LSSA v1",
+        "v2",
+        "v3",
+        "v5",
+        "LSSAR v3",
+        "v5"
+    );
     for l in lab {
         say!("{l}");
     }

@@ -85,6 +85,9 @@ fn every_fused_variant_compiles_for_every_dtype_and_arch() {
                 {
                     missing.push("lssa_fwd_mma3 with ldmatrix.trans and cp.async");
                 }
+                if (tc && *hd == 64) != ptx.contains(".entry lssa_fwd_mma5(") {
+                    missing.push("lssa_fwd_mma5 exactly at head dimension 64");
+                }
                 if tc && !(ptx.contains(".entry lssa_bwd_rows_mma(") && ptx.contains(".entry lssa_bwd_keys_mma(")) {
                     missing.push("the tensor-core backward");
                 }

@@ -143,7 +143,8 @@ fn kernel_jobs(name: &str, t: usize, d: usize, dt: Dtype, fwd: &[Kernel], bwd: &
     jobs
 }
 
-const ALL_FWD: [Kernel; 3] = [Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore];
+const ALL_FWD: [Kernel; 4] = [Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore, Kernel::TensorCoreV5];
+const TC_FWD: [Kernel; 2] = [Kernel::TensorCore, Kernel::TensorCoreV5];
 const BOTH_BWD: [Kernel; 2] = [Kernel::Simt, Kernel::TensorCore];
 
 #[test]
@@ -156,14 +157,14 @@ fn every_kernel_version_matches_the_reference() {
     }
     jobs.extend(kernel_jobs("softmax", 130, 64, Dtype::F16, &ALL_FWD, &BOTH_BWD));
     jobs.extend(kernel_jobs("lssa+rw3", 130, 128, Dtype::F16, &[Kernel::TensorCore], &[Kernel::TensorCore]));
-    jobs.extend(kernel_jobs("lssa+rw64", 77, 64, Dtype::Bf16, &[Kernel::TensorCore], &[Kernel::TensorCore]));
-    jobs.extend(kernel_jobs("lssa+rw1", 77, 64, Dtype::F16, &[Kernel::TensorCore], &[Kernel::TensorCore]));
+    jobs.extend(kernel_jobs("lssa+rw64", 77, 64, Dtype::Bf16, &TC_FWD, &[Kernel::TensorCore]));
+    jobs.extend(kernel_jobs("lssa+rw1", 77, 64, Dtype::F16, &TC_FWD, &[Kernel::TensorCore]));
     // f32 and head dimensions without tensor-core kernels run v1.
     jobs.extend(kernel_jobs("lssa+rw15", 100, 64, Dtype::F32, &[Kernel::Auto], &[Kernel::Auto]));
     jobs.extend(kernel_jobs("lssa", 131, 48, Dtype::Bf16, &[Kernel::Auto], &[Kernel::Auto]));
     // Awkward lengths: a single row, fewer rows than a quad, one past a block.
     for t in [1, 5, 129] {
-        jobs.extend(kernel_jobs("lssa+rw15", t, 64, Dtype::Bf16, &[Kernel::TensorCore], &[Kernel::TensorCore]));
+        jobs.extend(kernel_jobs("lssa+rw15", t, 64, Dtype::Bf16, &TC_FWD, &[Kernel::TensorCore]));
     }
     run_all(jobs);
 }
@@ -183,7 +184,7 @@ fn every_fused_variant_runs_on_tensor_cores() {
     names.push("sigmoid-rowbias-l1+rw15".into());
     let mut jobs = Vec::new();
     for name in &names {
-        jobs.extend(kernel_jobs(name, 77, 64, Dtype::Bf16, &[Kernel::TensorCore], &[Kernel::TensorCore]));
+        jobs.extend(kernel_jobs(name, 77, 64, Dtype::Bf16, &TC_FWD, &[Kernel::TensorCore]));
     }
     run_all(jobs);
 }

@@ -57,6 +57,8 @@ pub const SIMT_SRC: &str = include_str!("simt.cu");
 pub const MMA_SRC: &str = include_str!("mma.cu");
 /// Tensor-core forward with cp.async and ldmatrix (lab v3).
 pub const MMA3_SRC: &str = include_str!("mma3.cu");
+/// Tensor-core forward, 2 x 16 rows per warp, log2-domain activations (lab v5).
+pub const MMA5_SRC: &str = include_str!("mma5.cu");
 /// Tensor-core backward (lab v4).
 pub const MMA_BWD_SRC: &str = include_str!("mma_bwd.cu");
 
@@ -97,6 +99,10 @@ pub enum Kernel {
     TensorCoreV2,
     /// Tensor cores, lab v3 (cp.async pipeline, ldmatrix); an error where it does not apply.
     TensorCore,
+    /// Tensor cores, lab v5 (v3 with 2 x 16 rows per warp, log2-domain activations, one
+    /// special-function op per softplus score); where v3 applies at head dimension 64. Checked in
+    /// the emulator, not yet timed on a GPU, so [`Kernel::Auto`] does not choose it yet.
+    TensorCoreV5,
 }
 
 /// Options of the ndarray entry points.
@@ -228,6 +234,7 @@ pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype) -> String {
     if has_tensor_core_forward(head_dim, dtype) {
         s.push_str(MMA_SRC);
         s.push_str(MMA3_SRC);
+        s.push_str(MMA5_SRC);
         s.push_str(MMA_BWD_SRC);
     }
     s
@@ -338,6 +345,7 @@ pub(crate) enum Kern {
     FwdSimt,
     FwdMma,
     FwdMma3,
+    FwdMma5,
     BwdRows,
     BwdKeys,
     BwdRowsMma,
@@ -345,11 +353,12 @@ pub(crate) enum Kern {
 }
 
 impl Kern {
-    const ALL: [Kern; 8] = [
+    const ALL: [Kern; 9] = [
         Kern::InvNorms,
         Kern::FwdSimt,
         Kern::FwdMma,
         Kern::FwdMma3,
+        Kern::FwdMma5,
         Kern::BwdRows,
         Kern::BwdKeys,
         Kern::BwdRowsMma,
@@ -362,6 +371,7 @@ impl Kern {
             Kern::FwdSimt => "lssa_fwd_simt",
             Kern::FwdMma => "lssa_fwd_mma",
             Kern::FwdMma3 => "lssa_fwd_mma3",
+            Kern::FwdMma5 => "lssa_fwd_mma5",
             Kern::BwdRows => "lssa_bwd_rows",
             Kern::BwdKeys => "lssa_bwd_keys",
             Kern::BwdRowsMma => "lssa_bwd_rows_mma",
@@ -372,7 +382,7 @@ impl Kern {
     /// Dynamic shared memory of one block, in bytes.
     pub(crate) fn smem(self, head_dim: usize) -> usize {
         match self {
-            Kern::FwdMma3 | Kern::BwdRowsMma => mma3_smem(head_dim),
+            Kern::FwdMma3 | Kern::FwdMma5 | Kern::BwdRowsMma => mma3_smem(head_dim),
             Kern::BwdKeysMma => bwd_keys_smem(head_dim),
             _ => 0,
         }
@@ -382,9 +392,11 @@ impl Kern {
     /// where [`has_tensor_core_forward`]).
     pub(crate) fn present(head_dim: usize, dtype: Dtype) -> impl Iterator<Item = Kern> {
         let tc = has_tensor_core_forward(head_dim, dtype);
-        Self::ALL
-            .into_iter()
-            .filter(move |k| tc || !matches!(k, Kern::FwdMma | Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma))
+        Self::ALL.into_iter().filter(move |k| match k {
+            Kern::FwdMma5 => tc && head_dim == 64,
+            Kern::FwdMma | Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma => tc,
+            Kern::InvNorms | Kern::FwdSimt | Kern::BwdRows | Kern::BwdKeys => true,
+        })
     }
 }
 
@@ -602,6 +614,7 @@ fn rows_aligned16(p: &Params) -> bool {
 const ROWS_PER_BLOCK: u32 = 8; // ROWS in simt.cu
 const MMA_ROWS: u32 = 64; // BQ in mma.cu
 const MMA3_ROWS: u32 = 128; // BQ3 in mma3.cu
+const MMA5_ROWS: u32 = 128; // BQ5 in mma5.cu
 
 /// Dynamic shared memory of v3 and of the v4 rows kernel: two stages of two tiles (K and V), each
 /// 64 rows of `d + 8` 16-bit values.
@@ -777,10 +790,13 @@ unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ker
         Kernel::TensorCoreV2 => return refuse("v2"),
         Kernel::TensorCore if v3 => 3,
         Kernel::TensorCore => return refuse("v3"),
+        Kernel::TensorCoreV5 if v3 && p.head_dim == 64 => 5,
+        Kernel::TensorCoreV5 => return refuse("v5"),
     };
     let Call { kp, _norms, bh } = prepare(x, cfg, p)?;
     let t = p.seq_len as u32;
     match version {
+        5 => x.launch(Kern::FwdMma5, (t.div_ceil(MMA5_ROWS), bh), 128, &kp),
         3 => x.launch(Kern::FwdMma3, (t.div_ceil(MMA3_ROWS), bh), 256, &kp),
         2 => x.launch(Kern::FwdMma, (t.div_ceil(MMA_ROWS), bh), 128, &kp),
         _ => x.launch(Kern::FwdSimt, (t.div_ceil(ROWS_PER_BLOCK), bh), 32 * ROWS_PER_BLOCK, &kp),
@@ -788,9 +804,9 @@ unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ker
 }
 
 /// Fused backward on device memory: reads `q`, `k`, `v`, `o`, `stats`, `d_out`; writes `dq`, `dk`,
-/// `dv`. `kernel`: [`Kernel::Auto`] and [`Kernel::TensorCore`] run the tensor-core backward (lab v4)
-/// where it applies (as v3: f16/bf16, d 64 or 128, 16-byte aligned rows), [`Kernel::Simt`] and
-/// [`Kernel::TensorCoreV2`] the SIMT one (v1).
+/// `dv`. `kernel`: [`Kernel::Auto`], [`Kernel::TensorCore`] and [`Kernel::TensorCoreV5`] run the
+/// tensor-core backward (lab v4) where it applies (as v3: f16/bf16, d 64 or 128, 16-byte aligned
+/// rows), [`Kernel::Simt`] and [`Kernel::TensorCoreV2`] the SIMT one (v1).
 ///
 /// # Safety
 /// As [`forward_raw`], for every pointer of `p`.
@@ -813,7 +829,7 @@ unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ke
     let all16 =
         rows_aligned16(p) && [t4(p.d_out), t4m(p.dq), t4m(p.dk), t4m(p.dv), t4m(p.o)].iter().all(|x| aligned(x, 16, 8));
     let tc = has_tensor_core_forward(p.head_dim, dtype) && all16;
-    if kernel == Kernel::TensorCore && !tc {
+    if matches!(kernel, Kernel::TensorCore | Kernel::TensorCoreV5) && !tc {
         return Err(Error::BadParams(format!(
             "no tensor-core backward for {dtype:?} at head dimension {} with these strides",
             p.head_dim
@@ -823,7 +839,7 @@ unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ke
     let rowgrad = x.zeros(2 * p.batch * p.heads * p.seq_len * 4)?;
     kp.rowgrad = rowgrad.addr();
     let t = p.seq_len as u32;
-    if tc && matches!(kernel, Kernel::Auto | Kernel::TensorCore) {
+    if tc && matches!(kernel, Kernel::Auto | Kernel::TensorCore | Kernel::TensorCoreV5) {
         x.launch(Kern::BwdRowsMma, (t.div_ceil(64), bh), 128, &kp)?;
         x.launch(Kern::BwdKeysMma, (t.div_ceil(64), bh), 128, &kp)
     } else {

@@ -1,0 +1,389 @@
+// Tensor-core forward, lab version 5: version 3's data movement with FlashAttention-2's warp shape
+// and one special-function op per score.
+// - 4 warps of 2 x 16 rows (128 rows per block): every K and V fragment from ldmatrix feeds two
+//   mma.sync instead of one, which halves the shared-memory traffic per score (v3 needed as many
+//   ldmatrix bytes per tile as the tensor cores needed cycles, twice over) and gives each warp two
+//   independent accumulator chains.
+// - Softplus and exp work in log2 units: log2(e) is folded into the per-row scale and bias, so
+//   exp is one ex2.approx; softplus is max(y, 0) + log2(1 + 2^-|y|) with the log by a degree-5
+//   polynomial e * q(e) on [0, 1] (relative error 9.5e-6, fitted by least squares on Chebyshev
+//   nodes; SPEC's ln-based softplus is ln 2 times this). ln 2 cancels in the l1 normaliser and is
+//   applied once per row otherwise; the saved statistics are in natural units, as the backward
+//   and the other kernels have them.
+// - Key tiles entirely below the diagonal skip the mask (and the visibility test): masked entries
+//   get f = 0 directly in the diagonal tiles, so no -inf passes through an activation.
+// Needs 16-byte aligned rows, as v3, and head dimension 64: at 128 the doubled accumulators spill
+// (ptxas: 660 bytes at sm_90), so v3 stays the kernel there. Kernel lab: version 5 (LAB.md).
+
+#if HD == 64
+
+#define BQ5 128
+#define BK5 64
+#define NW5 4
+#define KP5 (HD + 8)
+#define TILE5 (BK5 * KP5)
+#define MAX_TILES5 2048
+
+#if ACT == 0 || ACT == 1
+#define LOG2D 1 // scores are carried as y = x * log2(e)
+#else
+#define LOG2D 0
+#endif
+#if ACT == 1
+#define F_UNIT 0.69314718055994531f // f = F_UNIT * (what the kernel accumulates)
+#else
+#define F_UNIT 1.f
+#endif
+#define LOG2E_F 1.44269504088896341f
+#define LN2_F 0.69314718055994531f
+
+__device__ __forceinline__ float ex2_fast(float x) {
+#ifdef LSSA_EMU
+    return exp2f(x);
+#else
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#endif
+}
+
+// The activation on y, in the kernel's units (f / F_UNIT).
+__device__ __forceinline__ float act5(float y) {
+#if ACT == 0
+    return ex2_fast(y);
+#elif ACT == 1
+    float e = ex2_fast(-fabsf(y));
+    float q = fmaf(fmaf(fmaf(fmaf(fmaf(-0.0336934812f, e, 0.144150004f), e, -0.301359147f), e, 0.468561947f), e,
+                        -0.720347941f),
+                   e, 1.44268143f);
+    return fmaxf(y, 0.f) + e * q;
+#else
+    return act(y);
+#endif
+}
+
+// Re-weighting's per-row constants from the first sweep, in the kernel's units: a_ij = f5_ij * an2,
+// u_ij = f5_ij * na2 - off, umax = max_j u_ij (clamped at 0; 0 means the fallback a_ij).
+struct Rw5 {
+    float an2, na2, off, umax;
+};
+__device__ __forceinline__ Rw5 rw_row5(float z, float fmx, int n) {
+    Rw5 c;
+    c.an2 = anorm(z * F_UNIT, n) * F_UNIT;
+    c.na2 = (float)n * c.an2;
+    c.off = offset_of(n);
+    c.umax = fmaxf(fmaf(RUNNING_MAX ? 1.f : fmx, c.na2, -c.off), 0.f);
+    return c;
+}
+
+// One tile's element-wise step for one warp (2 x 16 rows x 64 keys): y to f in place, row sums and
+// maxima. MASK: the tile crosses the diagonal or the end of the sequence.
+template <bool MASK>
+__device__ __forceinline__ void tile_f5(float (*s)[BK5 / 8][4], const int* rows, int j0, int T, const int t4,
+                                        const int pass, const float* mx, float* z, float* fmx, float* tile_fmax,
+                                        const float* ra, const float* rb, const bool* fallback, float* wsum) {
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nn = 0; nn < BK5 / 8; nn++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = 2 * mt + (e >> 1), cl = nn * 8 + 2 * t4 + (e & 1);
+                const bool in = !MASK || (j0 + cl <= rows[r] && j0 + cl < T);
+                const float y = s[mt][nn][e];
+#if RUNNING_MAX
+                float f = in ? ex2_fast(y - mx[r]) : 0.f;
+#else
+                float f = act5(y);
+                if (MASK) f = in ? f : 0.f;
+#endif
+                if (pass == 0) {
+                    z[r] += SIGNED ? fabsf(f) : f;
+                    if (P > 0 && (!MASK || in)) {
+                        fmx[r] = fmaxf(fmx[r], f);
+                        *tile_fmax = fmaxf(*tile_fmax, f);
+                    }
+                }
+#if P > 0
+                if (pass == 1) {
+                    // u / umax = f * ra + rb; the fallback rows have ra = an2, rb = 0.
+                    const float u = fmaf(f, ra[r], rb[r]);
+                    f = fallback[r] ? u : powi<P>(fmaxf(u, 0.f));
+                    if (MASK) f = in ? f : 0.f;
+                    wsum[r] += f;
+                }
+#endif
+                s[mt][nn][e] = f;
+            }
+}
+
+extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) {
+    DYN_SMEM(u16, smem5); // [stage][K | V] tiles
+    __shared__ float inkS[2][BK5];
+#if P > 0
+    __shared__ int tmaxS[MAX_TILES5];
+    __shared__ int thrMin;
+    __shared__ int anyFallback;
+#endif
+    const int nqb = (p.T + BQ5 - 1) / BQ5;
+    const int qb = nqb - 1 - blockIdx.x; // the longest rows first
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int lm = lane >> 3, lr = lane & 7; // ldmatrix: which 8x8 matrix this lane addresses, and its row
+    const int i0 = qb * BQ5, w0 = i0 + warp * 32;
+    const int ktiles = (p.T + BK5 - 1) / BK5;
+    const int nkt = min(ktiles, (i0 + BQ5 + BK5 - 1) / BK5); // causal
+
+    // Q fragments (A operand) of the warp's two 16-row tiles, staged through the first 128 rows.
+    load_async(smem5, p.q, b, h, i0, BQ5, p.T);
+    cp_commit();
+    cp_wait<0>();
+    __syncthreads();
+    u32 qf[2][HD / 16][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            ldsm4(qf[mt][kk], smem5 + (warp * 32 + mt * 16 + (lm & 1) * 8 + lr) * KP5 + kk * 16 + (lm >> 1) * 8);
+    __syncthreads();
+
+    // Row r = 2 * mt + q of this thread: w0 + 16 mt + g + 8 q.
+    int rows[4];
+    float fac[4], bias[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        rows[r] = w0 + 16 * (r >> 1) + g + 8 * (r & 1);
+        int n = rows[r] + 1;
+        fac[r] = row_scale(p, n) * ((COSINE && rows[r] < p.T) ? inv_norm(p, bh, 0, rows[r]) : 1.f);
+        bias[r] = row_bias(p, n);
+        if (LOG2D) {
+            fac[r] *= LOG2E_F;
+            bias[r] *= LOG2E_F;
+        }
+    }
+    float oacc[2][HD / 8][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nn = 0; nn < HD / 8; nn++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) oacc[mt][nn][e] = 0.f;
+    float z[4] = {0.f, 0.f, 0.f, 0.f}, mx[4], fmx[4];
+#pragma unroll
+    for (int r = 0; r < 4; r++) mx[r] = fmx[r] = -INFINITY;
+#if P > 0
+    for (int t = threadIdx.x; t < MAX_TILES5; t += blockDim.x) tmaxS[t] = ordered(-INFINITY);
+#endif
+
+    for (int pass = 0; pass < (P > 0 ? 2 : 1); pass++) {
+        const bool want_v = P == 0 || pass == 1;
+        float ra[4] = {0.f, 0.f, 0.f, 0.f}, rb[4] = {0.f, 0.f, 0.f, 0.f}, wsum[4] = {0.f, 0.f, 0.f, 0.f};
+        bool fallback[4] = {false, false, false, false};
+        bool skipping = false;
+        float thr_min = INFINITY;
+        (void)skipping;
+        (void)thr_min;
+#if P > 0
+        if (pass == 1) {
+            if (threadIdx.x == 0) {
+                thrMin = ordered(INFINITY);
+                anyFallback = 0;
+            }
+            __syncthreads();
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const Rw5 c = rw_row5(z[r], fmx[r], rows[r] + 1);
+                fallback[r] = c.umax <= 0.f;
+                ra[r] = fallback[r] ? c.an2 : c.na2 / c.umax;
+                rb[r] = fallback[r] ? 0.f : -c.off / c.umax;
+                if (rows[r] < p.T) {
+                    if (fallback[r]) atomicOr(&anyFallback, 1);
+                    atomicMin(&thrMin, ordered(c.an2 > 0.f ? c.off / c.na2 : INFINITY));
+                }
+            }
+            __syncthreads();
+            skipping = !RUNNING_MAX && anyFallback == 0 && nkt <= MAX_TILES5;
+            thr_min = unordered(thrMin);
+        }
+#endif
+        // The key tiles this pass visits, in order (block-uniform).
+        auto needed = [&](int kt) -> bool {
+#if P > 0
+            return !skipping || unordered(tmaxS[kt]) > thr_min;
+#else
+            return true;
+#endif
+        };
+        auto next_tile = [&](int kt) -> int {
+            for (int t = kt; t < nkt; t++)
+                if (needed(t)) return t;
+            return nkt;
+        };
+        auto issue = [&](int kt, int stage) {
+            u16* ks = smem5 + stage * 2 * TILE5;
+            load_async(ks, p.k, b, h, kt * BK5, BK5, p.T);
+            if (want_v) load_async(ks + TILE5, p.v, b, h, kt * BK5, BK5, p.T);
+            cp_commit();
+            if (threadIdx.x < BK5) {
+                int j = kt * BK5 + threadIdx.x;
+                inkS[stage][threadIdx.x] = (COSINE && j < p.T) ? inv_norm(p, bh, 1, j) : 1.f;
+            }
+        };
+        int kt = next_tile(0);
+        int stage = 0;
+        if (kt < nkt) issue(kt, 0);
+        while (kt < nkt) {
+            const int nxt = next_tile(kt + 1);
+            if (nxt < nkt) {
+                issue(nxt, stage ^ 1);
+                cp_wait<1>();
+            } else {
+                cp_wait<0>();
+            }
+            __syncthreads();
+            const u16* Ks = smem5 + stage * 2 * TILE5;
+            const u16* Vs = Ks + TILE5;
+            const float* ink = inkS[stage];
+            const int j0 = kt * BK5;
+            // S = Q K^T: 2 x 16 rows x 64 keys per warp; each K fragment serves both row tiles.
+            float s[2][BK5 / 8][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nn = 0; nn < BK5 / 8; nn++) s[mt][nn][0] = s[mt][nn][1] = s[mt][nn][2] = s[mt][nn][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++) {
+#pragma unroll
+                for (int np = 0; np < BK5 / 16; np++) {
+                    u32 bf[4];
+                    ldsm4(bf, Ks + (np * 16 + (lm >> 1) * 8 + lr) * KP5 + kk * 16 + (lm & 1) * 8);
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        mma3(s[mt][2 * np], qf[mt][kk], bf[0], bf[1]);
+                        mma3(s[mt][2 * np + 1], qf[mt][kk], bf[2], bf[3]);
+                    }
+                }
+            }
+            const bool diag = j0 + BK5 > w0 + 1 || j0 + BK5 > p.T; // some key of the tile is masked for some row
+            // Scores to y = scale_i * cos_ij + bias_i (times log2 e where LOG2D).
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                for (int nn = 0; nn < BK5 / 8; nn++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = 2 * mt + (e >> 1), cl = nn * 8 + 2 * t4 + (e & 1);
+                        s[mt][nn][e] = fmaf(s[mt][nn][e] * fac[r], ink[cl], bias[r]);
+                    }
+#if RUNNING_MAX
+            if (pass == 0) {
+                // The running maximum of y per row, and the rescaling of what was accumulated.
+#pragma unroll
+                for (int r = 0; r < 4; r++) {
+                    float tm = -INFINITY;
+#pragma unroll
+                    for (int nn = 0; nn < BK5 / 8; nn++)
+#pragma unroll
+                        for (int c = 0; c < 2; c++) {
+                            int cl = nn * 8 + 2 * t4 + c;
+                            bool in = !diag || (j0 + cl <= rows[r] && j0 + cl < p.T);
+                            tm = in ? fmaxf(tm, s[r >> 1][nn][2 * (r & 1) + c]) : tm;
+                        }
+                    tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 1));
+                    tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 2));
+                    if (tm > mx[r]) {
+                        float sc = mx[r] == -INFINITY ? 0.f : ex2_fast(mx[r] - tm);
+                        z[r] *= sc;
+#pragma unroll
+                        for (int nn = 0; nn < HD / 8; nn++) {
+                            oacc[r >> 1][nn][2 * (r & 1)] *= sc;
+                            oacc[r >> 1][nn][2 * (r & 1) + 1] *= sc;
+                        }
+                        mx[r] = tm;
+                    }
+                }
+            }
+#endif
+            float tile_fmax = -INFINITY;
+            if (diag)
+                tile_f5<true>(s, rows, j0, p.T, t4, pass, mx, z, fmx, &tile_fmax, ra, rb, fallback, wsum);
+            else
+                tile_f5<false>(s, rows, j0, p.T, t4, pass, mx, z, fmx, &tile_fmax, ra, rb, fallback, wsum);
+#if P > 0
+            if (pass == 0) {
+                tile_fmax = warp_max(tile_fmax);
+                if (lane == 0 && kt < MAX_TILES5) atomicMax(&tmaxS[kt], ordered(tile_fmax));
+            }
+#endif
+            if (want_v) {
+                // O += P V; each V fragment serves both row tiles.
+#pragma unroll
+                for (int kb = 0; kb < BK5 / 16; kb++) {
+                    u32 a[2][4];
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        a[mt][0] = pack2(s[mt][2 * kb][0], s[mt][2 * kb][1]);
+                        a[mt][1] = pack2(s[mt][2 * kb][2], s[mt][2 * kb][3]);
+                        a[mt][2] = pack2(s[mt][2 * kb + 1][0], s[mt][2 * kb + 1][1]);
+                        a[mt][3] = pack2(s[mt][2 * kb + 1][2], s[mt][2 * kb + 1][3]);
+                    }
+#pragma unroll
+                    for (int dp = 0; dp < HD / 16; dp++) {
+                        u32 bf[4];
+                        ldsm4t(bf, Vs + (kb * 16 + (lm & 1) * 8 + lr) * KP5 + dp * 16 + (lm >> 1) * 8);
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++) {
+                            mma3(oacc[mt][2 * dp], a[mt], bf[0], bf[1]);
+                            mma3(oacc[mt][2 * dp + 1], a[mt], bf[2], bf[3]);
+                        }
+                    }
+                }
+            }
+            __syncthreads(); // this stage is free for the load after next
+            kt = nxt;
+            stage ^= 1;
+        }
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            if (pass == 0) {
+                z[r] += __shfl_xor_sync(0xffffffffu, z[r], 1);
+                z[r] += __shfl_xor_sync(0xffffffffu, z[r], 2);
+                fmx[r] = fmaxf(fmx[r], __shfl_xor_sync(0xffffffffu, fmx[r], 1));
+                fmx[r] = fmaxf(fmx[r], __shfl_xor_sync(0xffffffffu, fmx[r], 2));
+            } else {
+                wsum[r] += __shfl_xor_sync(0xffffffffu, wsum[r], 1);
+                wsum[r] += __shfl_xor_sync(0xffffffffu, wsum[r], 2);
+            }
+        }
+        if (pass == (P > 0 ? 1 : 0)) {
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int row = rows[r], mt = r >> 1, q = r & 1;
+                if (row >= p.T) continue;
+#if P > 0
+                const float umax = rw_row5(z[r], fmx[r], row + 1).umax; // as in the pass-1 set-up
+                float sc = fallback[r] ? 1.f : 1.f / wsum[r];
+#else
+                float sc = anorm(z[r] * F_UNIT, row + 1) * F_UNIT;
+#endif
+                u16* o = (u16*)p.o.ptr + b * p.o.sb + h * p.o.sh + (long long)row * p.o.st;
+#pragma unroll
+                for (int nn = 0; nn < HD / 8; nn++)
+                    *(u32*)(o + nn * 8 + 2 * t4) = pack2(oacc[mt][nn][2 * q] * sc, oacc[mt][nn][2 * q + 1] * sc);
+                if (t4 == 0) {
+                    float* stt = (float*)p.stats + ((long long)bh * p.T + row) * STATS;
+                    stt[ST_Z] = z[r] * F_UNIT;
+                    stt[ST_MAX] = RUNNING_MAX ? mx[r] * LN2_F : 0.f;
+#if P > 0
+                    stt[ST_UMAX] = umax;
+                    stt[ST_W] = wsum[r];
+#else
+                    stt[ST_UMAX] = 0.f;
+                    stt[ST_W] = 0.f;
+#endif
+                }
+            }
+        }
+    }
+}
+#endif // HD == 64
