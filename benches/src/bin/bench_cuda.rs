@@ -457,15 +457,16 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
             });
             let ours =
                 |v: &Variant| time(args.reps, || Ok(unsafe { cuda::forward_raw(v, &p, Dtype::Bf16, Kernel::Auto) }?));
-            let ours_fb = |v: &Variant| {
+            let ours_fb_with = |v: &Variant, k: Kernel| {
                 time(args.reps, || {
                     unsafe {
-                        cuda::forward_raw(v, &p, Dtype::Bf16, Kernel::Auto)?;
-                        cuda::backward_raw(v, &p, Dtype::Bf16, Kernel::Auto)?;
+                        cuda::forward_raw(v, &p, Dtype::Bf16, k)?;
+                        cuda::backward_raw(v, &p, Dtype::Bf16, k)?;
                     }
                     Ok(())
                 })
             };
+            let ours_fb = |v: &Variant| ours_fb_with(v, Kernel::Auto);
             let (l, lr) = (ours(&lssa), ours(&lssar));
             let version = |v: &Variant, k: Kernel| {
                 time(args.reps.min(5), || Ok(unsafe { cuda::forward_raw(v, &p, Dtype::Bf16, k) }?))
@@ -486,16 +487,19 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
             } else {
                 (version(&lssa, Kernel::TensorCore), None, version(&lssar, Kernel::TensorCore), None)
             };
+            let (lfb, lrfb) = (ours_fb(&lssa), ours_fb(&lssar));
+            let lfb6 = ours_fb_with(&lssa, Kernel::TensorCoreV5);
             lab.push(format!(
-                "{d:>4} {t:>6} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8}",
+                "{d:>4} {t:>6} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} | {:>8} {:>8}",
                 fmt(tf(v1, 1.0)),
                 fmt(tf(v2, 1.0)),
                 fmt(tf(v3, 1.0)),
                 fmt(tf(v5, 1.0)),
                 fmt(tf(r3, 1.0)),
-                fmt(tf(r5, 1.0))
+                fmt(tf(r5, 1.0)),
+                fmt(tf(lfb, 3.5)),
+                fmt(tf(lfb6, 3.5))
             ));
-            let (lfb, lrfb) = (ours_fb(&lssa), ours_fb(&lssar));
             let ops = |pp: Option<u32>| {
                 if t > 16384 {
                     return None; // (B, H, T, T) f32 intermediates: > 80 GB
@@ -547,14 +551,14 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
             rows.push(json!({"d": d, "T": t, "B": b, "H": h, "seconds": {
                 "sdpa_fwd": sdpa, "lssa_fwd": l, "lssar15_fwd": lr, "ops_lssa_fwd": ol, "ops_lssar15_fwd": olr,
                 "lssa_fwd_v1": v1, "lssa_fwd_v2": v2, "lssa_fwd_v3": v3, "lssa_fwd_v5": v5,
-                "lssar15_fwd_v3": r3, "lssar15_fwd_v5": r5,
+                "lssar15_fwd_v3": r3, "lssar15_fwd_v5": r5, "lssa_fwd_bwd_v5_v6": lfb6,
                 "sdpa_fwd_bwd": sdpa_fb, "lssa_fwd_bwd": lfb, "lssar15_fwd_bwd": lrfb, "ops_lssa_fwd_bwd": ops_fb},
                 "forward_flops": flops}));
         }
     }
     say!("\nKernel lab, forward TFLOP/s by version (bf16, causal, H = 12, B*T = 16K)");
     say!(
-        "{:>4} {:>6} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8}",
+        "{:>4} {:>6} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} | {:>8} {:>8}",
         "d",
         "T",
         "LSSA v1",
@@ -562,7 +566,9 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
         "v3",
         "v5",
         "LSSAR v3",
-        "v5"
+        "v5",
+        "fb v3+v4",
+        "v5+v6"
     );
     for l in lab {
         say!("{l}");

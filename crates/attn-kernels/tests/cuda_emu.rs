@@ -145,7 +145,8 @@ fn kernel_jobs(name: &str, t: usize, d: usize, dt: Dtype, fwd: &[Kernel], bwd: &
 
 const ALL_FWD: [Kernel; 4] = [Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore, Kernel::TensorCoreV5];
 const TC_FWD: [Kernel; 2] = [Kernel::TensorCore, Kernel::TensorCoreV5];
-const BOTH_BWD: [Kernel; 2] = [Kernel::Simt, Kernel::TensorCore];
+const BOTH_BWD: [Kernel; 3] = [Kernel::Simt, Kernel::TensorCore, Kernel::TensorCoreV5];
+const TC_BWD: [Kernel; 2] = [Kernel::TensorCore, Kernel::TensorCoreV5];
 
 #[test]
 fn every_kernel_version_matches_the_reference() {
@@ -156,15 +157,15 @@ fn every_kernel_version_matches_the_reference() {
         jobs.extend(kernel_jobs(name, 200, 64, Dtype::Bf16, &ALL_FWD, &BOTH_BWD));
     }
     jobs.extend(kernel_jobs("softmax", 130, 64, Dtype::F16, &ALL_FWD, &BOTH_BWD));
-    jobs.extend(kernel_jobs("lssa+rw3", 130, 128, Dtype::F16, &[Kernel::TensorCore], &[Kernel::TensorCore]));
-    jobs.extend(kernel_jobs("lssa+rw64", 77, 64, Dtype::Bf16, &TC_FWD, &[Kernel::TensorCore]));
-    jobs.extend(kernel_jobs("lssa+rw1", 77, 64, Dtype::F16, &TC_FWD, &[Kernel::TensorCore]));
+    jobs.extend(kernel_jobs("lssa+rw3", 130, 128, Dtype::F16, &TC_FWD, &TC_BWD));
+    jobs.extend(kernel_jobs("lssa+rw64", 77, 64, Dtype::Bf16, &TC_FWD, &TC_BWD));
+    jobs.extend(kernel_jobs("lssa+rw1", 77, 64, Dtype::F16, &TC_FWD, &TC_BWD));
     // f32 and head dimensions without tensor-core kernels run v1.
     jobs.extend(kernel_jobs("lssa+rw15", 100, 64, Dtype::F32, &[Kernel::Auto], &[Kernel::Auto]));
     jobs.extend(kernel_jobs("lssa", 131, 48, Dtype::Bf16, &[Kernel::Auto], &[Kernel::Auto]));
     // Awkward lengths: a single row, fewer rows than a quad, one past a block.
     for t in [1, 5, 129] {
-        jobs.extend(kernel_jobs("lssa+rw15", t, 64, Dtype::Bf16, &TC_FWD, &[Kernel::TensorCore]));
+        jobs.extend(kernel_jobs("lssa+rw15", t, 64, Dtype::Bf16, &TC_FWD, &TC_BWD));
     }
     run_all(jobs);
 }
@@ -184,7 +185,7 @@ fn every_fused_variant_runs_on_tensor_cores() {
     names.push("sigmoid-rowbias-l1+rw15".into());
     let mut jobs = Vec::new();
     for name in &names {
-        jobs.extend(kernel_jobs(name, 77, 64, Dtype::Bf16, &TC_FWD, &[Kernel::TensorCore]));
+        jobs.extend(kernel_jobs(name, 77, 64, Dtype::Bf16, &TC_FWD, &TC_BWD));
     }
     run_all(jobs);
 }
@@ -292,10 +293,13 @@ fn strided_inputs_get_the_kernel_that_can_read_them() {
     };
     // 16-byte aligned rows: v3 and v4.
     check(raw_run(&c, 72, Kernel::TensorCore).unwrap(), "stride 72, v3 + v4");
+    check(raw_run(&c, 72, Kernel::TensorCoreV5).unwrap(), "stride 72, v5 + v6");
     // Rows 4-byte aligned only: Auto runs v2 and the v1 backward; v3 is refused with a reason.
     check(raw_run(&c, 66, Kernel::Auto).unwrap(), "stride 66, auto");
-    let err = raw_run(&c, 66, Kernel::TensorCore).unwrap_err().to_string();
-    assert!(err.contains("no tensor-core forward"), "{err}");
+    for k in [Kernel::TensorCore, Kernel::TensorCoreV5] {
+        let err = raw_run(&c, 66, k).unwrap_err().to_string();
+        assert!(err.contains("no tensor-core forward"), "{err}");
+    }
     // Odd strides: only the SIMT kernels can read them.
     check(raw_run(&c, 65, Kernel::Auto).unwrap(), "stride 65, auto");
     let err = raw_run(&c, 65, Kernel::TensorCoreV2).unwrap_err().to_string();
@@ -334,4 +338,14 @@ fn the_emulator_catches_planted_kernel_bugs() {
             (r, _) => panic!("{what}: unexpected outcome {:?}", r.map(|o| rel_err(&o, &c.o))),
         }
     }
+    // The v6 backward with the sigmoid of negative scores taken as that of positive ones.
+    let (from, to) = ("gp = y >= 0.f ? rr : e * rr;", "gp = rr;");
+    let edit = move |s: String| {
+        assert!(s.contains(from), "the source no longer contains {from:?}");
+        s.replacen(from, to, 1)
+    };
+    let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV5 };
+    let gr = emu::backward_edited(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, Some(&edit)).unwrap();
+    let e = rel_err(&gr.dq, &c.grads.dq);
+    assert!(e > 0.05, "wrong sigmoid in the v6 backward not caught (dq error {e:.2e})");
 }

@@ -368,6 +368,7 @@ template <class T> static inline T __shfl_sync(unsigned mask, T v, int src) { re
 
 #define __expf expf // glibc declares its own __expf and __logf
 #define __logf logf
+static inline float __fdividef(float a, float b) { return a / b; }
 static inline float __int_as_float(int i) { return emu::bits_f((unsigned)i); }
 static inline float __uint_as_float(unsigned u) { return emu::bits_f(u); }
 static inline int __float_as_int(float f) { return (int)emu::f_bits(f); }

@@ -14,8 +14,7 @@
 //   get f = 0 directly in the diagonal tiles, so no -inf passes through an activation.
 // Needs 16-byte aligned rows, as v3, and head dimension 64: at 128 the doubled accumulators spill
 // (ptxas: 660 bytes at sm_90), so v3 stays the kernel there. Kernel lab: version 5 (LAB.md).
-
-#if HD == 64
+// The log2-domain helpers are compiled at every head dimension (the v6 backward uses them).
 
 #define BQ5 128
 #define BK5 64
@@ -47,20 +46,27 @@ __device__ __forceinline__ float ex2_fast(float x) {
 #endif
 }
 
+// log2(1 + e) / e on [0, 1]: degree-5 least-squares fit on Chebyshev nodes, relative error 9.5e-6
+// in f32 (so softplus needs one special-function op, ex2, per score; see ANCHORS.md).
+__device__ __forceinline__ float log2_1p_over(float e) {
+    return fmaf(fmaf(fmaf(fmaf(fmaf(-0.0336934812f, e, 0.144150004f), e, -0.301359147f), e, 0.468561947f), e,
+                     -0.720347941f),
+                e, 1.44268143f);
+}
+
 // The activation on y, in the kernel's units (f / F_UNIT).
 __device__ __forceinline__ float act5(float y) {
 #if ACT == 0
     return ex2_fast(y);
 #elif ACT == 1
     float e = ex2_fast(-fabsf(y));
-    float q = fmaf(fmaf(fmaf(fmaf(fmaf(-0.0336934812f, e, 0.144150004f), e, -0.301359147f), e, 0.468561947f), e,
-                        -0.720347941f),
-                   e, 1.44268143f);
-    return fmaxf(y, 0.f) + e * q;
+    return fmaxf(y, 0.f) + e * log2_1p_over(e);
 #else
     return act(y);
 #endif
 }
+
+#if HD == 64
 
 // Re-weighting's per-row constants from the first sweep, in the kernel's units: a_ij = f5_ij * an2,
 // u_ij = f5_ij * na2 - off, umax = max_j u_ij (clamped at 0; 0 means the fallback a_ij).

@@ -61,6 +61,8 @@ pub const MMA3_SRC: &str = include_str!("mma3.cu");
 pub const MMA5_SRC: &str = include_str!("mma5.cu");
 /// Tensor-core backward (lab v4).
 pub const MMA_BWD_SRC: &str = include_str!("mma_bwd.cu");
+/// Tensor-core backward with log2-domain, branch-free entry maths (lab v6).
+pub const MMA_BWD6_SRC: &str = include_str!("mma_bwd6.cu");
 
 /// Element type of `q`, `k`, `v`, `o` and the gradients on the device. Arithmetic is f32 in every case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -99,9 +101,11 @@ pub enum Kernel {
     TensorCoreV2,
     /// Tensor cores, lab v3 (cp.async pipeline, ldmatrix); an error where it does not apply.
     TensorCore,
-    /// Tensor cores, lab v5 (v3 with 2 x 16 rows per warp, log2-domain activations, one
-    /// special-function op per softplus score); where v3 applies at head dimension 64. Checked in
-    /// the emulator, not yet timed on a GPU, so [`Kernel::Auto`] does not choose it yet.
+    /// The second generation of tensor-core kernels: forward lab v5 (v3 with 2 x 16 rows per warp,
+    /// log2-domain activations, one special-function op per softplus score; at head dimension 64,
+    /// v3 at 128) and backward lab v6 (v4 with two special-function ops per entry instead
+    /// of four, no branch per entry; where v4 applies). Checked in the emulator, not yet timed on a
+    /// GPU, so [`Kernel::Auto`] does not choose them yet.
     TensorCoreV5,
 }
 
@@ -236,6 +240,7 @@ pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype) -> String {
         s.push_str(MMA3_SRC);
         s.push_str(MMA5_SRC);
         s.push_str(MMA_BWD_SRC);
+        s.push_str(MMA_BWD6_SRC);
     }
     s
 }
@@ -350,10 +355,12 @@ pub(crate) enum Kern {
     BwdKeys,
     BwdRowsMma,
     BwdKeysMma,
+    BwdRowsMma6,
+    BwdKeysMma6,
 }
 
 impl Kern {
-    const ALL: [Kern; 9] = [
+    const ALL: [Kern; 11] = [
         Kern::InvNorms,
         Kern::FwdSimt,
         Kern::FwdMma,
@@ -363,6 +370,8 @@ impl Kern {
         Kern::BwdKeys,
         Kern::BwdRowsMma,
         Kern::BwdKeysMma,
+        Kern::BwdRowsMma6,
+        Kern::BwdKeysMma6,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -376,14 +385,16 @@ impl Kern {
             Kern::BwdKeys => "lssa_bwd_keys",
             Kern::BwdRowsMma => "lssa_bwd_rows_mma",
             Kern::BwdKeysMma => "lssa_bwd_keys_mma",
+            Kern::BwdRowsMma6 => "lssa_bwd_rows_mma6",
+            Kern::BwdKeysMma6 => "lssa_bwd_keys_mma6",
         }
     }
 
     /// Dynamic shared memory of one block, in bytes.
     pub(crate) fn smem(self, head_dim: usize) -> usize {
         match self {
-            Kern::FwdMma3 | Kern::FwdMma5 | Kern::BwdRowsMma => mma3_smem(head_dim),
-            Kern::BwdKeysMma => bwd_keys_smem(head_dim),
+            Kern::FwdMma3 | Kern::FwdMma5 | Kern::BwdRowsMma | Kern::BwdRowsMma6 => mma3_smem(head_dim),
+            Kern::BwdKeysMma | Kern::BwdKeysMma6 => bwd_keys_smem(head_dim),
             _ => 0,
         }
     }
@@ -395,6 +406,7 @@ impl Kern {
         Self::ALL.into_iter().filter(move |k| match k {
             Kern::FwdMma5 => tc && head_dim == 64,
             Kern::FwdMma | Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma => tc,
+            Kern::BwdRowsMma6 | Kern::BwdKeysMma6 => tc,
             Kern::InvNorms | Kern::FwdSimt | Kern::BwdRows | Kern::BwdKeys => true,
         })
     }
@@ -791,6 +803,7 @@ unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ker
         Kernel::TensorCore if v3 => 3,
         Kernel::TensorCore => return refuse("v3"),
         Kernel::TensorCoreV5 if v3 && p.head_dim == 64 => 5,
+        Kernel::TensorCoreV5 if v3 => 3, // v5 exists at head dimension 64 only
         Kernel::TensorCoreV5 => return refuse("v5"),
     };
     let Call { kp, _norms, bh } = prepare(x, cfg, p)?;
@@ -804,9 +817,9 @@ unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ker
 }
 
 /// Fused backward on device memory: reads `q`, `k`, `v`, `o`, `stats`, `d_out`; writes `dq`, `dk`,
-/// `dv`. `kernel`: [`Kernel::Auto`], [`Kernel::TensorCore`] and [`Kernel::TensorCoreV5`] run the
-/// tensor-core backward (lab v4) where it applies (as v3: f16/bf16, d 64 or 128, 16-byte aligned
-/// rows), [`Kernel::Simt`] and [`Kernel::TensorCoreV2`] the SIMT one (v1).
+/// `dv`. `kernel`: [`Kernel::Auto`] and [`Kernel::TensorCore`] run the tensor-core backward (lab
+/// v4) where it applies (as v3: f16/bf16, d 64 or 128, 16-byte aligned rows), [`Kernel::TensorCoreV5`]
+/// its successor v6 there, [`Kernel::Simt`] and [`Kernel::TensorCoreV2`] the SIMT one (v1).
 ///
 /// # Safety
 /// As [`forward_raw`], for every pointer of `p`.
@@ -839,7 +852,10 @@ unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ke
     let rowgrad = x.zeros(2 * p.batch * p.heads * p.seq_len * 4)?;
     kp.rowgrad = rowgrad.addr();
     let t = p.seq_len as u32;
-    if tc && matches!(kernel, Kernel::Auto | Kernel::TensorCore | Kernel::TensorCoreV5) {
+    if tc && kernel == Kernel::TensorCoreV5 {
+        x.launch(Kern::BwdRowsMma6, (t.div_ceil(64), bh), 128, &kp)?;
+        x.launch(Kern::BwdKeysMma6, (t.div_ceil(64), bh), 128, &kp)
+    } else if tc && matches!(kernel, Kernel::Auto | Kernel::TensorCore) {
         x.launch(Kern::BwdRowsMma, (t.div_ceil(64), bh), 128, &kp)?;
         x.launch(Kern::BwdKeysMma, (t.div_ceil(64), bh), 128, &kp)
     } else {

@@ -1,0 +1,331 @@
+// Tensor-core backward, lab version 6: version 4's two kernels and data movement with cheaper
+// per-entry maths.
+// - Scores in log2 units where the activation is exp or softplus (as v5): softplus and its
+//   derivative share one ex2, softplus's log is v5's polynomial and the sigmoid one approximate
+//   reciprocal, so an entry costs two special-function ops instead of four plus an IEEE division
+//   and a divergent branch (v4's softplus_f and sigmoid_f).
+// - No branch per entry: masked entries and re-weighting's fallback rows are selects, and key (or
+//   query) tiles wholly inside the causal triangle skip the mask.
+// - Each row's constants are folded once per tile into one 64-byte record (RowK6) in shared memory
+//   (keys kernel) or registers (rows kernel): rho = max(f k1 + k0, 0) instead of
+//   (f n an - off) / umax, and so on.
+// f16 / bf16 at head dimension 64 or 128, 16-byte aligned rows (as v4). Uses v5's log2 helpers and
+// v4's tile helpers (a_frags, mma_rows_t, mma_acc_rows, project_rows, store_rows).
+
+// Per-row constants of the backward (natural units unless noted).
+struct __align__(16) RowK6 {
+    float fac2, bias2; // y = s * fac2 * ink + bias2, in log2 units where LOG2D
+    float facn;        // the natural per-row factor of the score: dL/d(q.k) = ds * facn * ink
+    float m2;          // the softmax running maximum, in y units
+    float an, an_df;   // a = f an; an_df = an, or 0 for the first row under l1 (a_11 = 1 whatever f)
+    float c, dp;       // C_i (D'_i without re-weighting) and D'_i
+    float k1, k0;      // rho = max(f k1 + k0, 0) = max(f n an - off, 0) / umax
+    float k2, inv_w;   // da = (gv - D'_i) k2 rho^(P-1), k2 = n P / (W umax); w = rho^P / W
+    float fb;          // 1 where the row falls back to stage 1 (umax <= 0)
+    float pad[3];
+};
+
+__device__ __forceinline__ RowK6 row_k6(const KParams& p, int bh, int i, int n, float dp, float c) {
+    RowG g = row_g(p, bh, i, dp, c);
+    RowK6 r;
+    r.facn = row_scale(p, n) * (COSINE ? inv_norm(p, bh, 0, i) : 1.f);
+    float bias = row_bias(p, n);
+    r.fac2 = LOG2D ? r.facn * LOG2E_F : r.facn;
+    r.bias2 = LOG2D ? bias * LOG2E_F : bias;
+    r.m2 = g.mx * LOG2E_F;
+    r.an = g.an;
+    r.an_df = (NORM == 0 && n == 1) ? 0.f : g.an;
+    r.c = g.c;
+    r.dp = g.dp;
+    r.fb = g.umax > 0.f ? 0.f : 1.f;
+    r.k1 = (float)n * g.an * g.inv_m;
+    r.k0 = -offset_of(n) * g.inv_m;
+    r.k2 = (float)n * (float)(P > 0 ? P : 1) * g.inv_w * g.inv_m;
+    r.inv_w = g.inv_w;
+    r.pad[0] = r.pad[1] = r.pad[2] = 0.f;
+    return r;
+}
+
+// phi and phi' at the score y (log2 units where LOG2D); f in natural units.
+__device__ __forceinline__ void phi6(float y, const RowK6& r, float& f, float& gp) {
+#if ACT == 1
+    float e = ex2_fast(-fabsf(y));
+    f = F_UNIT * (fmaxf(y, 0.f) + e * log2_1p_over(e));
+    float rr = __fdividef(1.f, 1.f + e);
+    gp = y >= 0.f ? rr : e * rr; // sigmoid(x)
+#elif ACT == 0
+    f = ex2_fast(RUNNING_MAX ? y - r.m2 : y);
+    gp = f;
+#else
+    f = act(y);
+    gp = act_grad(y, f);
+#endif
+}
+
+// One entry: the final weight w and dL/d(q.k) / ink (times ink by the caller). Mirrors entry_grad.
+template <bool MASK>
+__device__ __forceinline__ void entry6(float y, float gv, const RowK6& r, bool in, float& w, float& ds) {
+    float f, gp;
+    phi6(y, r, f, gp);
+    float da;
+#if P > 0
+    float rho = fmaxf(fmaf(f, r.k1, r.k0), 0.f);
+    float rp = P == 1 ? (rho > 0.f ? 1.f : 0.f) : powi<(P > 1 ? P - 1 : 0)>(rho);
+    bool fb = r.fb != 0.f;
+    da = fb ? gv : (gv - r.dp) * r.k2 * rp;
+    w = fb ? f * r.an : rho * rp * r.inv_w;
+#else
+    da = gv;
+    w = f * r.an;
+#endif
+#if NORM == 0
+    float sg = SIGNED ? (f > 0.f ? 1.f : (f < 0.f ? -1.f : 0.f)) : 1.f;
+    float df = (da - sg * r.c) * r.an_df;
+#elif NORM == 1
+    float df = da;
+#else
+    float df = da * r.an;
+#endif
+    ds = df * gp * r.facn;
+    if (MASK) {
+        w = in ? w : 0.f;
+        ds = in ? ds : 0.f;
+    }
+}
+
+// Re-weighting's E_i term of one entry: f rho^(P-1) (gv - D'_i), 0 for fallback rows.
+__device__ __forceinline__ float e_term6(float y, float gv, const RowK6& r) {
+    float f, gp;
+    phi6(y, r, f, gp);
+    float rho = fmaxf(fmaf(f, r.k1, r.k0), 0.f);
+    float rp = P == 1 ? (rho > 0.f ? 1.f : 0.f) : powi<(P > 1 ? P - 1 : 0)>(rho);
+    return r.fb != 0.f ? 0.f : f * rp * (gv - r.dp);
+}
+
+// dS (rows kernel) for one tile: s holds the scores on entry and dS / ink... times ink on exit.
+template <bool MASK>
+__device__ __forceinline__ void rows_tile6(float (*s)[4], const float (*gv)[4], const RowK6* rk, const float* ink,
+                                           const int* rows, int j0, int t4) {
+#pragma unroll
+    for (int nn = 0; nn < BB / 8; nn++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int q = x >> 1, cl = nn * 8 + 2 * t4 + (x & 1);
+            float w, ds;
+            entry6<MASK>(fmaf(s[nn][x] * rk[q].fac2, ink[cl], rk[q].bias2), gv[nn][x], rk[q], j0 + cl <= rows[q], w,
+                         ds);
+            s[nn][x] = ds * ink[cl];
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rows_mma6(KParams p) {
+    DYN_SMEM(u16, smb); // [stage][K | V] tiles of BB rows
+    __shared__ float inkS[2][BB];
+    __shared__ float dpS[BB];
+    const int nqb = (p.T + BB - 1) / BB;
+    const int qb = nqb - 1 - blockIdx.x;
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int lm = lane >> 3, lr = lane & 7;
+    const int i0 = qb * BB;
+    const int nkt = qb + 1;
+    const int TILE = BB * KP3;
+
+    // Q and G fragments, staged through the first two tiles.
+    load_async(smb, p.q, b, h, i0, BB, p.T);
+    load_async(smb + TILE, p.g, b, h, i0, BB, p.T);
+    cp_commit();
+    // D'_i = <g_i, o_i>, one warp per row.
+    for (int r = warp; r < BB; r += NWB) {
+        int i = i0 + r;
+        float d = 0.f;
+        if (i < p.T)
+            for (int c = lane; c < HD; c += 32) d += ld(p.g, b, h, i, c) * ld(p.o, b, h, i, c);
+        d = warp_sum(d);
+        if (lane == 0) dpS[r] = d;
+    }
+    cp_wait<0>();
+    __syncthreads();
+    u32 qf[HD / 16][4], gf[HD / 16][4];
+    a_frags(qf, smb, warp, lm, lr);
+    a_frags(gf, smb + TILE, warp, lm, lr);
+    __syncthreads();
+
+    int rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
+    float inq[2];
+    RowK6 rk[2];
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        int i = rows[q] < p.T ? rows[q] : p.T - 1;
+        inq[q] = COSINE ? inv_norm(p, bh, 0, i) : 1.f;
+        float dp = dpS[warp * 16 + g + 8 * q];
+        rk[q] = row_k6(p, bh, i, rows[q] + 1, dp, dp);
+    }
+    float dq[HD / 8][4];
+#pragma unroll
+    for (int nn = 0; nn < HD / 8; nn++) dq[nn][0] = dq[nn][1] = dq[nn][2] = dq[nn][3] = 0.f;
+
+    for (int pass = (P > 0 ? 0 : 1); pass < 2; pass++) {
+        float e[2] = {0.f, 0.f};
+        auto issue = [&](int kt, int stage) {
+            u16* ks = smb + stage * 2 * TILE;
+            load_async(ks, p.k, b, h, kt * BB, BB, p.T);
+            load_async(ks + TILE, p.v, b, h, kt * BB, BB, p.T);
+            cp_commit();
+            if (threadIdx.x < BB) {
+                int j = kt * BB + threadIdx.x;
+                inkS[stage][threadIdx.x] = (COSINE && j < p.T) ? inv_norm(p, bh, 1, j) : 1.f;
+            }
+        };
+        issue(0, 0);
+        for (int kt = 0; kt < nkt; kt++) {
+            const int stage = kt & 1;
+            if (kt + 1 < nkt) {
+                issue(kt + 1, stage ^ 1);
+                cp_wait<1>();
+            } else {
+                cp_wait<0>();
+            }
+            __syncthreads();
+            const u16* Ks = smb + stage * 2 * TILE;
+            const u16* Vs = Ks + TILE;
+            const float* ink = inkS[stage];
+            const int j0 = kt * BB;
+            // Some key of the tile is after some row of this warp (rows past T are never stored).
+            const bool diag = j0 + BB - 1 > i0 + warp * 16;
+            float s[BB / 8][4], gv[BB / 8][4];
+            mma_rows_t(s, qf, Ks, lm, lr);
+            mma_rows_t(gv, gf, Vs, lm, lr);
+            if (pass == 0) {
+#if P > 0
+#pragma unroll
+                for (int nn = 0; nn < BB / 8; nn++)
+#pragma unroll
+                    for (int x = 0; x < 4; x++) {
+                        const int q = x >> 1, cl = nn * 8 + 2 * t4 + (x & 1);
+                        float term = e_term6(fmaf(s[nn][x] * rk[q].fac2, ink[cl], rk[q].bias2), gv[nn][x], rk[q]);
+                        e[q] += (!diag || j0 + cl <= rows[q]) ? term : 0.f;
+                    }
+#endif
+            } else {
+                if (diag)
+                    rows_tile6<true>(s, gv, rk, ink, rows, j0, t4);
+                else
+                    rows_tile6<false>(s, gv, rk, ink, rows, j0, t4);
+                mma_acc_rows(dq, s, Ks, lm, lr);
+            }
+            __syncthreads();
+        }
+        if (pass == 0) {
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                e[q] += __shfl_xor_sync(0xffffffffu, e[q], 1);
+                e[q] += __shfl_xor_sync(0xffffffffu, e[q], 2);
+                if (rk[q].fb == 0.f) rk[q].c = e[q] * rk[q].k2 * rk[q].an; // n E_i an P / (W umax)
+            }
+        }
+    }
+    if (t4 == 0) {
+#pragma unroll
+        for (int q = 0; q < 2; q++) {
+            if (rows[q] >= p.T) continue;
+            float* r = (float*)p.rowgrad + ((long long)bh * p.T + rows[q]) * 2;
+            r[0] = rk[q].dp;
+            r[1] = rk[q].c;
+        }
+    }
+    if (COSINE) project_rows(dq, p.q, b, h, rows, inq, p.T, t4);
+    store_rows(p.dq, b, h, rows, dq, p.T, t4);
+}
+
+// w and dS^T for one tile of the keys kernel (st: scores on entry, w on exit; gvt: <g_i, v_j> on
+// entry, dS^T on exit).
+template <bool MASK>
+__device__ __forceinline__ void keys_tile6(float (*st)[4], float (*gvt)[4], const RowK6* rt, const float* ink,
+                                           const int* keys, int i0, int T, int t4) {
+#pragma unroll
+    for (int nn = 0; nn < BB / 8; nn++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            const int q = x >> 1, cl = nn * 8 + 2 * t4 + (x & 1), i = i0 + cl;
+            const RowK6& r = rt[cl];
+            float w, ds;
+            entry6<MASK>(fmaf(st[nn][x] * r.fac2, ink[q], r.bias2), gvt[nn][x], r, i >= keys[q] && i < T, w, ds);
+            st[nn][x] = w;
+            gvt[nn][x] = ds * ink[q];
+        }
+}
+
+extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_keys_mma6(KParams p) {
+    DYN_SMEM(u16, smb); // K block, V block, then [stage][Q | G] tiles
+    __shared__ RowK6 rt[2][BB];
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    const int lm = lane >> 3, lr = lane & 7;
+    const int jb = blockIdx.x * BB; // the first blocks have the most query rows: launched first
+    const int nqt = (p.T + BB - 1) / BB;
+    const int TILE = BB * KP3;
+    u16* Kb = smb;
+    u16* Vb = smb + TILE;
+    u16* stages = smb + 2 * TILE;
+
+    load_async(Kb, p.k, b, h, jb, BB, p.T);
+    load_async(Vb, p.v, b, h, jb, BB, p.T);
+    cp_commit();
+    int keys[2] = {jb + warp * 16 + g, jb + warp * 16 + g + 8};
+    float ink[2];
+#pragma unroll
+    for (int q = 0; q < 2; q++) ink[q] = (COSINE && keys[q] < p.T) ? inv_norm(p, bh, 1, keys[q]) : 1.f;
+    float dk[HD / 8][4], dv[HD / 8][4];
+#pragma unroll
+    for (int nn = 0; nn < HD / 8; nn++)
+#pragma unroll
+        for (int x = 0; x < 4; x++) dk[nn][x] = dv[nn][x] = 0.f;
+
+    auto issue = [&](int qt, int stage) {
+        u16* qs = stages + stage * 2 * TILE;
+        load_async(qs, p.q, b, h, qt * BB, BB, p.T);
+        load_async(qs + TILE, p.g, b, h, qt * BB, BB, p.T);
+        cp_commit();
+        if (threadIdx.x < BB) {
+            int r = threadIdx.x, i = qt * BB + r;
+            int ic = i < p.T ? i : p.T - 1;
+            const float* rgp = (const float*)p.rowgrad + ((long long)bh * p.T + ic) * 2;
+            rt[stage][r] = row_k6(p, bh, ic, i + 1, rgp[0], rgp[1]);
+        }
+    };
+    const int qt0 = jb / BB;
+    const int kmax = jb + warp * 16 + 15; // this warp's last key
+    issue(qt0, 0);
+    for (int qt = qt0; qt < nqt; qt++) {
+        const int stage = (qt - qt0) & 1;
+        if (qt + 1 < nqt) {
+            issue(qt + 1, stage ^ 1);
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+        const u16* Qs = stages + stage * 2 * TILE;
+        const u16* Gs = Qs + TILE;
+        const int i0 = qt * BB;
+        // This warp's 16 keys as A operands (read from shared memory for each tile: registers are short).
+        u32 kf[HD / 16][4], vf[HD / 16][4];
+        a_frags(kf, Kb, warp, lm, lr);
+        a_frags(vf, Vb, warp, lm, lr);
+        float st[BB / 8][4], gvt[BB / 8][4];
+        mma_rows_t(st, kf, Qs, lm, lr);
+        mma_rows_t(gvt, vf, Gs, lm, lr);
+        // Some row of the tile is before some key of this warp, or past the end.
+        if (i0 < kmax || i0 + BB > p.T)
+            keys_tile6<true>(st, gvt, rt[stage], ink, keys, i0, p.T, t4);
+        else
+            keys_tile6<false>(st, gvt, rt[stage], ink, keys, i0, p.T, t4);
+        mma_acc_rows(dv, st, Gs, lm, lr);
+        mma_acc_rows(dk, gvt, Qs, lm, lr);
+        __syncthreads();
+    }
+    if (COSINE) project_rows(dk, p.k, b, h, keys, ink, p.T, t4);
+    store_rows(p.dk, b, h, keys, dk, p.T, t4);
+    store_rows(p.dv, b, h, keys, dv, p.T, t4);
+}
