@@ -4,8 +4,9 @@
 // the host C++ compiler into a shared library (src/cuda/emu.rs). Slow (about a million times slower
 // than the GPU), exact in what it checks, meant for tests at small sizes.
 //
-// Model: a launch runs its blocks one after another. Every thread of a block is a fiber (ucontext)
-// on one OS thread, and a deterministic scheduler runs each fiber until it reaches a barrier:
+// Model: a launch runs its blocks one after another. Every thread of a block is a fiber on one OS
+// thread (an x86-64 stack switch of our own, ucontext elsewhere), and a deterministic scheduler
+// runs each fiber until it reaches a barrier:
 //   __syncthreads          all live threads of the block (exited threads count as arrived);
 //   warp collectives       all 32 lanes of the warp at the same collective (shfl, mma.sync, ldmatrix);
 //                          a lane that exited or waits elsewhere is reported as a deadlock, as a
@@ -54,8 +55,51 @@ struct Copy {
     bool pred;
 };
 
+// Switching fibers. glibc's swapcontext saves and restores the signal mask with a system call on
+// every switch, which made it a third of the emulator's time; on x86-64 a switch is the System V
+// callee-saved registers, the SSE and x87 control words and the stack pointer (LSSA_EMU_UCONTEXT
+// forces the portable path).
+#if defined(__x86_64__) && !defined(LSSA_EMU_UCONTEXT)
+extern "C" void lssa_emu_switch(void** save_sp, void* load_sp);
+__asm__(".text\n"
+        ".globl lssa_emu_switch\n"
+        ".hidden lssa_emu_switch\n"
+        ".type lssa_emu_switch,@function\n"
+        ".p2align 4\n"
+        "lssa_emu_switch:\n"
+        "  pushq %rbp\n"
+        "  pushq %rbx\n"
+        "  pushq %r12\n"
+        "  pushq %r13\n"
+        "  pushq %r14\n"
+        "  pushq %r15\n"
+        "  subq $8, %rsp\n"
+        "  stmxcsr (%rsp)\n"
+        "  fnstcw 4(%rsp)\n"
+        "  movq %rsp, (%rdi)\n"
+        "  movq %rsi, %rsp\n"
+        "  ldmxcsr (%rsp)\n"
+        "  fldcw 4(%rsp)\n"
+        "  addq $8, %rsp\n"
+        "  popq %r15\n"
+        "  popq %r14\n"
+        "  popq %r13\n"
+        "  popq %r12\n"
+        "  popq %rbx\n"
+        "  popq %rbp\n"
+        "  ret\n"
+        ".size lssa_emu_switch, .-lssa_emu_switch\n");
+struct Context {
+    void* sp;
+};
+#else
+struct Context {
+    ucontext_t uc;
+};
+#endif
+
 struct Thread {
-    ucontext_t ctx;
+    Context ctx;
     State state;
     int op; // which collective the lane waits at (warp barriers)
     std::vector<Copy> open;                 // cp.async not yet committed
@@ -71,13 +115,15 @@ static std::vector<Thread> threads;
 static std::vector<WarpX> warpx;
 static std::vector<char> stacks;
 static const size_t STACK = 256 * 1024;
-static ucontext_t sched;
+static Context sched;
 static int cur = 0;
 static std::string error;
 static std::vector<unsigned char> dyn;
 static emu_dim3 g_tid, g_bid, g_bdim, g_gdim;
 static void (*g_kernel)(const void*) = nullptr;
 static const void* g_params = nullptr;
+
+static void to_scheduler();
 
 static void fail(const std::string& why) {
     if (error.empty()) {
@@ -86,7 +132,7 @@ static void fail(const std::string& why) {
         error = why + where;
     }
     threads[cur].state = FAILED;
-    swapcontext(&threads[cur].ctx, &sched);
+    to_scheduler();
     abort(); // a failed fiber is never resumed
 }
 
@@ -109,21 +155,54 @@ static void trampoline() {
     g_kernel(g_params);
     flush_all(threads[cur]);
     threads[cur].state = DONE;
-    swapcontext(&threads[cur].ctx, &sched);
+    to_scheduler();
+    abort(); // a finished fiber is never resumed
 }
+
+#if defined(__x86_64__) && !defined(LSSA_EMU_UCONTEXT)
+static void to_scheduler() { lssa_emu_switch(&threads[cur].ctx.sp, sched.sp); }
+static void to_fiber(int i) { lssa_emu_switch(&sched.sp, threads[i].ctx.sp); }
+// A fresh fiber's stack as lssa_emu_switch leaves one: control words, six registers, and the return
+// address `trampoline` (entered with the stack aligned as after a call).
+static void start_fiber(Context& c, char* stack, size_t size) {
+    uintptr_t top = ((uintptr_t)stack + size) & ~(uintptr_t)15;
+    void** sp = (void**)top;
+    *--sp = nullptr; // trampoline's own return address: never used
+    *--sp = (void*)&trampoline;
+    for (int r = 0; r < 6; r++) *--sp = nullptr;
+    --sp;
+    unsigned csr;
+    unsigned short cw;
+    __asm__ volatile("stmxcsr %0" : "=m"(csr));
+    __asm__ volatile("fnstcw %0" : "=m"(cw));
+    memcpy((char*)sp, &csr, 4);
+    memcpy((char*)sp + 4, &cw, 2);
+    c.sp = sp;
+}
+#else
+static void to_scheduler() { swapcontext(&threads[cur].ctx.uc, &sched.uc); }
+static void to_fiber(int i) { swapcontext(&sched.uc, &threads[i].ctx.uc); }
+static void start_fiber(Context& c, char* stack, size_t size) {
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = stack;
+    c.uc.uc_stack.ss_size = size;
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, trampoline, 0);
+}
+#endif
 
 static inline int lane() { return cur & 31; }
 static inline WarpX& wx() { return warpx[cur >> 5]; }
 
 static void block_barrier() {
     threads[cur].state = AT_BLOCK;
-    swapcontext(&threads[cur].ctx, &sched);
+    to_scheduler();
 }
 
 static void warp_barrier(int op) {
     threads[cur].state = AT_WARP;
     threads[cur].op = op;
-    swapcontext(&threads[cur].ctx, &sched);
+    to_scheduler();
 }
 
 enum Op { OP_SHFL = 1, OP_MMA, OP_LDSM, OP_LDSMT };
@@ -145,11 +224,7 @@ static bool run_block(int nthreads) {
         t.state = READY;
         t.open.clear();
         t.groups.clear();
-        getcontext(&t.ctx);
-        t.ctx.uc_stack.ss_sp = stacks.data() + (size_t)i * STACK;
-        t.ctx.uc_stack.ss_size = STACK;
-        t.ctx.uc_link = nullptr;
-        makecontext(&t.ctx, trampoline, 0);
+        start_fiber(t.ctx, stacks.data() + (size_t)i * STACK, STACK);
     }
     memset(dyn.data(), 0xff, dyn.size()); // NaN in f32, f16 and bf16
     const int nwarps = (nthreads + 31) / 32;
@@ -158,7 +233,7 @@ static bool run_block(int nthreads) {
             if (threads[i].state != READY) continue;
             cur = i;
             g_tid = {(unsigned)i, 0, 0};
-            swapcontext(&sched, &threads[i].ctx);
+            to_fiber(i);
             if (threads[i].state == FAILED) return false;
         }
         bool released = false;
