@@ -634,7 +634,14 @@ fn model(rows: &mut Vec<Value>) -> Result<()> {
         for variant in ["lssa", "lssa+rw15"] {
             let mut line = format!("  T = {t:>5} {variant:<10}");
             let mut res = serde_json::Map::new();
-            for imp in [AttnImpl::Reference, AttnImpl::Fused] {
+            // The fused step with the default kernels, then with the second generation (v5 + v6).
+            for (imp, kernel) in [
+                (AttnImpl::Reference, Kernel::Auto),
+                (AttnImpl::Fused, Kernel::Auto),
+                (AttnImpl::Fused, Kernel::TensorCoreV5),
+            ] {
+                gpt_model::attention::fused::set_cuda_kernel(kernel);
+                let label = if kernel == Kernel::TensorCoreV5 { "FusedV5".to_string() } else { format!("{imp:?}") };
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<f64> {
                     let mut cfg = ModelConfig::gpt2_124m();
                     cfg.context_len = t as usize;
@@ -661,9 +668,10 @@ fn model(rows: &mut Vec<Value>) -> Result<()> {
                     }
                     Err(_) => None,
                 };
-                line.push_str(&format!("  {imp:?} {}", v.map_or("-".into(), |v| format!("{v:.0}"))));
-                res.insert(format!("{imp:?}"), json!(v));
+                line.push_str(&format!("  {label} {}", v.map_or("-".into(), |v| format!("{v:.0}"))));
+                res.insert(label, json!(v));
             }
+            gpt_model::attention::fused::set_cuda_kernel(Kernel::Auto);
             say!("{line}");
             rows.push(json!({"T": t, "variant": variant, "tokens_per_s": res}));
         }

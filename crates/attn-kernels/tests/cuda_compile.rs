@@ -126,3 +126,16 @@ fn without_a_gpu_calls_fail_with_a_clear_error() {
     let err = cuda::forward(&"lssa".parse().unwrap(), &q, &q, &q).unwrap_err().to_string();
     assert!(err.contains("CUDA"), "{err}");
 }
+
+#[test]
+fn kernel_names_parse() {
+    use cuda::Kernel;
+    for (s, k) in
+        [("auto", Kernel::Auto), ("V1", Kernel::Simt), ("v2", Kernel::TensorCoreV2), ("v3", Kernel::TensorCore)]
+    {
+        assert_eq!(s.parse::<Kernel>().unwrap(), k, "{s}");
+    }
+    assert_eq!(" v5 ".parse::<Kernel>().unwrap(), Kernel::TensorCoreV5);
+    let err = "v4.5".parse::<Kernel>().unwrap_err().to_string();
+    assert!(err.contains("auto, v1, v2, v3 or v5"), "{err}");
+}

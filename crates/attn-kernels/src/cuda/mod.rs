@@ -109,6 +109,23 @@ pub enum Kernel {
     TensorCoreV5,
 }
 
+impl std::str::FromStr for Kernel {
+    type Err = Error;
+
+    /// `auto`, `v1` (or `simt`), `v2`, `v3` (the first tensor-core generation, v3 + v4), `v5` (the
+    /// second, v5 + v6), case-insensitive.
+    fn from_str(s: &str) -> Result<Self> {
+        Ok(match s.trim().to_ascii_lowercase().as_str() {
+            "auto" => Kernel::Auto,
+            "v1" | "simt" => Kernel::Simt,
+            "v2" => Kernel::TensorCoreV2,
+            "v3" | "v4" => Kernel::TensorCore,
+            "v5" | "v6" => Kernel::TensorCoreV5,
+            _ => return Err(Error::BadParams(format!("unknown CUDA kernel {s:?}: auto, v1, v2, v3 or v5"))),
+        })
+    }
+}
+
 /// Options of the ndarray entry points.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {

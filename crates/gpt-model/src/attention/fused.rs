@@ -20,6 +20,9 @@
 //! gradients); the callbacks only read and write through the pointers while they run. The autograd
 //! context saves `q`, `k`, `v`, the output and the statistics, nothing `T x T`.
 //!
+//! CUDA kernels: [`cuda::Kernel::Auto`] unless `LSSA_CUDA_KERNEL` (`auto`, `v1`, `v2`, `v3`, `v5`;
+//! read at first use) or [`set_cuda_kernel`] says otherwise.
+//!
 //! Errors: a kernel error (or a panic, caught) becomes a heap string returned to C++, which raises a
 //! `c10::Error`; [`attention`] gets every C++ exception back as a message ([`FusedError::Bridge`]). A
 //! failure in the backward surfaces where tch's `backward()` reports libtorch errors.
@@ -234,6 +237,28 @@ fn callback(handle: u64, f: impl FnOnce(&Variant, Option<cuda::Dtype>) -> attn_k
     }
 }
 
+/// The CUDA kernel the bridge runs, once set or read from `LSSA_CUDA_KERNEL`.
+static CUDA_KERNEL: Mutex<Option<cuda::Kernel>> = Mutex::new(None);
+
+/// Makes the bridge run `kernel` on CUDA tensors from now on, whatever `LSSA_CUDA_KERNEL` says.
+pub fn set_cuda_kernel(kernel: cuda::Kernel) {
+    *CUDA_KERNEL.lock().unwrap_or_else(|e| e.into_inner()) = Some(kernel);
+}
+
+/// The CUDA kernel of the bridge: [`set_cuda_kernel`]'s, else `LSSA_CUDA_KERNEL`'s, else `Auto`.
+pub fn cuda_kernel() -> attn_kernels::Result<cuda::Kernel> {
+    let mut k = CUDA_KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(k) = *k {
+        return Ok(k);
+    }
+    let chosen = match std::env::var("LSSA_CUDA_KERNEL") {
+        Ok(s) => s.parse()?,
+        Err(_) => cuda::Kernel::Auto,
+    };
+    *k = Some(chosen);
+    Ok(chosen)
+}
+
 /// Forward callback: writes `o` and the row statistics.
 ///
 /// # Safety
@@ -244,7 +269,7 @@ pub unsafe extern "C" fn gpt_model_fused_forward(handle: u64, p: *const Params) 
     callback(handle, |variant, dtype| unsafe {
         match dtype {
             None => cpu::forward_raw(variant, &*p, &cpu::Options::default()),
-            Some(dt) => cuda::forward_raw(variant, &*p, dt, cuda::Kernel::Auto),
+            Some(dt) => cuda::forward_raw(variant, &*p, dt, cuda_kernel()?),
         }
     })
 }
@@ -259,7 +284,7 @@ pub unsafe extern "C" fn gpt_model_fused_backward(handle: u64, p: *const Params)
     callback(handle, |variant, dtype| unsafe {
         match dtype {
             None => cpu::backward_raw(variant, &*p, &cpu::Options::default()),
-            Some(dt) => cuda::backward_raw(variant, &*p, dt, cuda::Kernel::Auto),
+            Some(dt) => cuda::backward_raw(variant, &*p, dt, cuda_kernel()?),
         }
     })
 }
