@@ -186,6 +186,8 @@ fn every_fused_variant_runs_on_tensor_cores() {
     let mut jobs = Vec::new();
     for name in &names {
         jobs.extend(kernel_jobs(name, 77, 64, Dtype::Bf16, &TC_FWD, &TC_BWD));
+        // f32 runs the SIMT kernels (v1), as the model's f32 CUDA tensors do.
+        jobs.extend(kernel_jobs(name, 40, 64, Dtype::F32, &[Kernel::Auto], &[Kernel::Auto]));
     }
     run_all(jobs);
 }

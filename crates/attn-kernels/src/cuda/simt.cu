@@ -112,9 +112,10 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_fwd_simt(KParams p)
 #pragma unroll
     for (int m = 0; m < NC; m++) acc[m] = 0.f;
     float z = 0.f, mx = -INFINITY, fmx = -INFINITY;
+    float umax = 0.f, wsum = 0.f; // re-weighting's, from the second sweep (0 without)
 
     for (int pass = 0; pass < (P > 0 ? 2 : 1); pass++) {
-        float an = 0.f, umax = 0.f, inv_m = 0.f, wsum = 0.f, na = 0.f, off = offset_of(n);
+        float an = 0.f, inv_m = 0.f, na = 0.f, off = offset_of(n);
         if (pass == 1) {
             an = anorm(z, n);
             float ftop = RUNNING_MAX ? 1.f : fmx;
@@ -173,39 +174,22 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_fwd_simt(KParams p)
                 }
             }
         }
-        if (pass == 1 && valid) {
-            float sc = umax <= 0.f ? 1.f : 1.f / wsum;
-#pragma unroll
-            for (int m = 0; m < NC; m++) {
-                int c = lane + 32 * m;
-                if (c < HD) st(p.o, b, h, i, c, acc[m] * sc);
-            }
-            if (lane == 0) {
-                float* s = (float*)p.stats + ((long long)bh * p.T + i) * STATS;
-                s[ST_Z] = z;
-                s[ST_MAX] = RUNNING_MAX ? mx : 0.f;
-                s[ST_UMAX] = umax;
-                s[ST_W] = wsum;
-            }
-        }
-        if (P > 0 && pass == 0) {
-#pragma unroll
-            for (int m = 0; m < NC; m++) acc[m] = 0.f;
-        }
     }
-    if (P == 0 && valid) {
-        float an = anorm(z, n);
+    // The first sweep of re-weighting accumulates nothing into acc (it skips P V), so acc holds the
+    // last sweep's sum.
+    if (valid) {
+        float sc = P > 0 ? (umax <= 0.f ? 1.f : 1.f / wsum) : anorm(z, n);
 #pragma unroll
         for (int m = 0; m < NC; m++) {
             int c = lane + 32 * m;
-            if (c < HD) st(p.o, b, h, i, c, acc[m] * an);
+            if (c < HD) st(p.o, b, h, i, c, acc[m] * sc);
         }
         if (lane == 0) {
             float* s = (float*)p.stats + ((long long)bh * p.T + i) * STATS;
             s[ST_Z] = z;
             s[ST_MAX] = RUNNING_MAX ? mx : 0.f;
-            s[ST_UMAX] = 0.f;
-            s[ST_W] = 0.f;
+            s[ST_UMAX] = umax;
+            s[ST_W] = wsum;
         }
     }
 }
