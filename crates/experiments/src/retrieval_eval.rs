@@ -161,8 +161,10 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
         })
         .collect();
     if cached.iter().all(Option::is_some) {
+        crate::runner::say(&format!("retrieval experiment, `{variant}`: cached in {}", cache_dir.display()));
         return Ok(cached.into_iter().flatten().collect());
     }
+    crate::runner::say(&format!("retrieval experiment, `{variant}` (fine-tuning, then greedy decoding) ..."));
     let start = Instant::now();
     let crate::runner::Trained { vs, model, tokenizer: tok, val, cfg: train_cfg, device } =
         crate::runner::load_trained(scale, out, variant)?;

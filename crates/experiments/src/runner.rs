@@ -111,8 +111,8 @@ fn generated_data(out: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Progress lines of the runner (stderr).
-fn say(line: &str) {
+/// Progress lines of the reproduction (stderr).
+pub(crate) fn say(line: &str) {
     eprintln!("reproduce: {line}");
 }
 

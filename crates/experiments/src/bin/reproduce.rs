@@ -170,7 +170,6 @@ fn run() -> Result<()> {
                     eprintln!("reproduce: retrieval: no trained `{variant}` model, its rows stay empty");
                     continue;
                 }
-                eprintln!("reproduce: retrieval experiment, `{variant}` (fine-tuning, then greedy decoding) ...");
                 for res in experiments::retrieval_eval::run(&scale, &out, variant, &rows)
                     .with_context(|| format!("the retrieval experiment with `{variant}`"))?
                 {
@@ -211,7 +210,6 @@ fn run() -> Result<()> {
                 if physics.contains_key(&r.train) {
                     continue;
                 }
-                eprintln!("reproduce: physics experiment, `{}` ...", r.train);
                 let res = experiments::newton::experiment::run(&settings, &r.train, &out.join("newton"))
                     .with_context(|| format!("the physics experiment with `{}`", r.train))?;
                 eprintln!(

@@ -245,8 +245,10 @@ pub fn run(settings: &Settings, variant: &str, cache: &Path) -> Result<PhysicsRe
         && r.settings == *settings
         && r.variant == variant
     {
+        crate::runner::say(&format!("physics experiment, `{variant}`: cached in {}", file.display()));
         return Ok(r);
     }
+    crate::runner::say(&format!("physics experiment, `{variant}` ..."));
     let start = std::time::Instant::now();
     let parsed: Variant = variant.parse().with_context(|| format!("physics variant `{variant}`"))?;
     let device = Device::cuda_if_available();

@@ -176,24 +176,18 @@ pub fn search(samples: &[Sample]) -> Vec<Law> {
     }
     // Each basis divided by F (relative-error least squares).
     let columns: Vec<Vec<f64>> = shapes.iter().map(|t| samples.iter().map(|s| t.basis(s) / s.f).collect()).collect();
-    let mut laws = Vec::new();
-    for (t, col) in shapes.iter().zip(&columns) {
+    // Single terms, with the grid index of their shape (the seeds of the two-term search).
+    let mut singles: Vec<(usize, Law)> = Vec::new();
+    for (i, (t, col)) in shapes.iter().zip(&columns).enumerate() {
         if let Some((c, rss)) = solve(&[col]) {
-            laws.push(Law {
-                terms: vec![Term { coef: c[0], ..*t }],
-                rel_rmse: (rss / n as f64).sqrt(),
-                bic: bic(n, rss, 1),
-            });
+            let law =
+                Law { terms: vec![Term { coef: c[0], ..*t }], rel_rmse: (rss / n as f64).sqrt(), bic: bic(n, rss, 1) };
+            singles.push((i, law));
         }
     }
-    laws.sort_by(|x, y| x.bic.total_cmp(&y.bic));
-    let seeds: Vec<usize> = laws
-        .iter()
-        .take(SUM_SEEDS)
-        .map(|l| {
-            shapes.iter().position(|t| t.same_shape(l.terms[0].a, l.terms[0].b, l.terms[0].k)).expect("a grid shape")
-        })
-        .collect();
+    singles.sort_by(|x, y| x.1.bic.total_cmp(&y.1.bic));
+    let seeds: Vec<usize> = singles.iter().take(SUM_SEEDS).map(|(i, _)| *i).collect();
+    let mut laws: Vec<Law> = singles.into_iter().map(|(_, l)| l).collect();
     for &i in &seeds {
         for j in 0..shapes.len() {
             if j == i {
