@@ -75,11 +75,16 @@ struct Case {
 }
 
 fn case(name: &str, t: usize, d: usize, dt: Dtype, seed: u64) -> Case {
+    case_b(name, 1, t, d, dt, seed)
+}
+
+/// [`case`] with `b` batch entries (two heads each), so batch and head strides both matter.
+fn case_b(name: &str, b: usize, t: usize, d: usize, dt: Dtype, seed: u64) -> Case {
     let v: Variant = name.parse().unwrap();
     let mut rng = Rng(0x2545_f491_4f6c_dd1d ^ seed.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     // Softmax and sigmoid scores are raw dot products: unit inputs keep them in a sane range.
     let scale = if name.starts_with("softmax") || name.contains("sigmoid") { 0.5 } else { 0.8 };
-    let shape = (1, 2, t, d);
+    let shape = (b, 2, t, d);
     let (q, k) = (rng.array(shape, scale, dt), rng.array(shape, scale, dt));
     let (vv, g) = (rng.array(shape, 1.0, dt), rng.array(shape, 1.0, dt));
     let f = |x: &Array4<f32>| x.mapv(|a| a as f64);
@@ -88,13 +93,19 @@ fn case(name: &str, t: usize, d: usize, dt: Dtype, seed: u64) -> Case {
     Case { v, dt, q, k, vv, g, o, grads }
 }
 
-/// The error bounds: f32 arithmetic in f32 storage; in 16-bit storage the output and the weights
-/// before `P V` are rounded (measured on an H100: 0.5-0.7 units of roundoff for the output, up to
-/// 1.3 for the gradients of re-weighting), so 1.5 and 3 units.
-fn bounds(dt: Dtype) -> (f64, f64) {
-    match dt {
+/// The error bounds of a case (output, gradients): f32 arithmetic in f32 storage; in 16-bit
+/// storage the output and the weights before `P V` are rounded (measured on an H100: 0.5-0.7 units
+/// of roundoff for the output, up to 1.3 for the gradients of re-weighting), so 1.5 and 3 units.
+/// The l1-normalised ReLU family is worse conditioned: a row with one or two positive scores has a
+/// tiny Z_i, and its gradient (g.v_j - D'_i) / Z_i cancels against D'_i = <g_i, o_i>, which the
+/// backward reads from the rounded output as FlashAttention does: eight random cases measured
+/// 0.5-1.2 units, one more 3.6 (v4 and v6 alike, so the storage and not a kernel), hence 6 there.
+fn bounds(c: &Case) -> (f64, f64) {
+    let name = c.v.to_string();
+    let ill = name.starts_with("relu") && name.contains("-l1");
+    match c.dt {
         Dtype::F32 => (1e-4, 1e-4),
-        _ => (1.5 * unit(dt), 3.0 * unit(dt)),
+        dt => (1.5 * unit(dt), if ill { 6.0 } else { 3.0 } * unit(dt)),
     }
 }
 
@@ -102,7 +113,7 @@ fn check_forward(c: &Case, kernel: Kernel) -> Result<(), String> {
     let opts = Options { dtype: c.dt, kernel };
     let o = emu::forward_with(&c.v, &c.q, &c.k, &c.vv, &opts).map_err(|e| e.to_string())?;
     let e = rel_err(&o, &c.o);
-    if e <= bounds(c.dt).0 { Ok(()) } else { Err(format!("output error {e:.2e} > {:.2e}", bounds(c.dt).0)) }
+    if e <= bounds(c).0 { Ok(()) } else { Err(format!("output error {e:.2e} > {:.2e}", bounds(c).0)) }
 }
 
 fn check_backward(c: &Case, kernel: Kernel) -> Result<(), String> {
@@ -114,8 +125,8 @@ fn check_backward(c: &Case, kernel: Kernel) -> Result<(), String> {
         ("dv", rel_err(&gr.dv, &c.grads.dv)),
     ];
     let bad: Vec<String> =
-        errs.iter().filter(|(_, e)| *e > bounds(c.dt).1).map(|(n, e)| format!("{n} error {e:.2e}")).collect();
-    if bad.is_empty() { Ok(()) } else { Err(format!("{} > {:.2e}", bad.join(", "), bounds(c.dt).1)) }
+        errs.iter().filter(|(_, e)| *e > bounds(c).1).map(|(n, e)| format!("{n} error {e:.2e}")).collect();
+    if bad.is_empty() { Ok(()) } else { Err(format!("{} > {:.2e}", bad.join(", "), bounds(c).1)) }
 }
 
 /// A named check.
@@ -130,15 +141,19 @@ fn run_all(jobs: Vec<Job>) {
 }
 
 fn kernel_jobs(name: &str, t: usize, d: usize, dt: Dtype, fwd: &[Kernel], bwd: &[Kernel]) -> Vec<Job> {
-    let c = std::sync::Arc::new(case(name, t, d, dt, (t * 1000 + d) as u64));
+    kernel_jobs_b(name, 1, t, d, dt, fwd, bwd)
+}
+
+fn kernel_jobs_b(name: &str, b: usize, t: usize, d: usize, dt: Dtype, fwd: &[Kernel], bwd: &[Kernel]) -> Vec<Job> {
+    let c = std::sync::Arc::new(case_b(name, b, t, d, dt, (b * 100_000 + t * 1000 + d) as u64));
     let mut jobs: Vec<Job> = Vec::new();
     for &k in fwd {
         let c = c.clone();
-        jobs.push((format!("{name} T={t} d={d} {dt:?} forward {k:?}"), Box::new(move || check_forward(&c, k))));
+        jobs.push((format!("{name} B={b} T={t} d={d} {dt:?} forward {k:?}"), Box::new(move || check_forward(&c, k))));
     }
     for &k in bwd {
         let c = c.clone();
-        jobs.push((format!("{name} T={t} d={d} {dt:?} backward {k:?}"), Box::new(move || check_backward(&c, k))));
+        jobs.push((format!("{name} B={b} T={t} d={d} {dt:?} backward {k:?}"), Box::new(move || check_backward(&c, k))));
     }
     jobs
 }
@@ -163,6 +178,8 @@ fn every_kernel_version_matches_the_reference() {
     // f32 and head dimensions without tensor-core kernels run v1.
     jobs.extend(kernel_jobs("lssa+rw15", 100, 64, Dtype::F32, &[Kernel::Auto], &[Kernel::Auto]));
     jobs.extend(kernel_jobs("lssa", 131, 48, Dtype::Bf16, &[Kernel::Auto], &[Kernel::Auto]));
+    // Two batch entries of two heads: every kernel's batch and head strides.
+    jobs.extend(kernel_jobs_b("lssa+rw15", 2, 70, 64, Dtype::Bf16, &ALL_FWD, &BOTH_BWD));
     // Awkward lengths: a single row, fewer rows than a quad, one past a block.
     for t in [1, 5, 129] {
         jobs.extend(kernel_jobs("lssa+rw15", t, 64, Dtype::Bf16, &TC_FWD, &TC_BWD));
@@ -282,8 +299,8 @@ fn raw_run(c: &Case, stride: usize, kernel: Kernel) -> attn_kernels::Result<[Arr
 #[test]
 fn strided_inputs_get_the_kernel_that_can_read_them() {
     assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
-    let c = case("lssa+rw15", 100, 64, Dtype::Bf16, 7);
-    let (bo, bg) = bounds(c.dt);
+    let c = case_b("lssa+rw15", 2, 100, 64, Dtype::Bf16, 7);
+    let (bo, bg) = bounds(&c);
     let check = |out: [Array4<f32>; 4], what: &str| {
         let e = [
             rel_err(&out[0], &c.o),
@@ -315,7 +332,7 @@ fn the_emulator_catches_planted_kernel_bugs() {
     let opts = Options { dtype: c.dt, kernel: Kernel::TensorCore };
     let run = |edit: &dyn Fn(String) -> String| emu::forward_edited(&c.v, &c.q, &c.k, &c.vv, &opts, Some(edit));
     // The unedited source passes: what fails below fails because of the edit.
-    assert!(rel_err(&run(&|s| s).unwrap(), &c.o) < bounds(c.dt).0);
+    assert!(rel_err(&run(&|s| s).unwrap(), &c.o) < bounds(&c).0);
     let planted: [(&str, &str, &str, Option<&str>); 4] = [
         // v3 multiplies the current K/V tile without waiting for its copy.
         ("cp_wait<1>();\n            } else {", "cp_wait<2>();\n            } else {", "pipeline wait", None),
