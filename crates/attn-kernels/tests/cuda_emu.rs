@@ -11,6 +11,7 @@
 use attn_core::Variant;
 use attn_kernels::cpu::{Params, RawTensor, STATS_PER_ROW};
 use attn_kernels::cuda::{Dtype, Kernel, Options, emu};
+use emu::Lab;
 use half::{bf16, f16};
 use ndarray::Array4;
 use rayon::prelude::*;
@@ -87,6 +88,11 @@ fn case_b(name: &str, b: usize, t: usize, d: usize, dt: Dtype, seed: u64) -> Cas
     let shape = (b, 2, t, d);
     let (q, k) = (rng.array(shape, scale, dt), rng.array(shape, scale, dt));
     let (vv, g) = (rng.array(shape, 1.0, dt), rng.array(shape, 1.0, dt));
+    case_of(v, dt, q, k, vv, g)
+}
+
+/// A case on given inputs (already in `dt`): the references.
+fn case_of(v: Variant, dt: Dtype, q: Array4<f32>, k: Array4<f32>, vv: Array4<f32>, g: Array4<f32>) -> Case {
     let f = |x: &Array4<f32>| x.mapv(|a| a as f64);
     let o = attn_core::forward(&v, &f(&q), &f(&k), &f(&vv)).unwrap();
     let grads = attn_core::backward(&v, &f(&q), &f(&k), &f(&vv), &f(&g)).unwrap();
@@ -109,16 +115,16 @@ fn bounds(c: &Case) -> (f64, f64) {
     }
 }
 
-fn check_forward(c: &Case, kernel: Kernel) -> Result<(), String> {
-    let opts = Options { dtype: c.dt, kernel };
-    let o = emu::forward_with(&c.v, &c.q, &c.k, &c.vv, &opts).map_err(|e| e.to_string())?;
+fn check_forward(c: &Case, kernel: Kernel, reverse: bool) -> Result<(), String> {
+    let (opts, lab) = (Options { dtype: c.dt, kernel }, Lab { reverse, ..Lab::default() });
+    let o = emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &lab).map_err(|e| e.to_string())?;
     let e = rel_err(&o, &c.o);
     if e <= bounds(c).0 { Ok(()) } else { Err(format!("output error {e:.2e} > {:.2e}", bounds(c).0)) }
 }
 
-fn check_backward(c: &Case, kernel: Kernel) -> Result<(), String> {
-    let opts = Options { dtype: c.dt, kernel };
-    let gr = emu::backward_with(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts).map_err(|e| e.to_string())?;
+fn check_backward(c: &Case, kernel: Kernel, reverse: bool) -> Result<(), String> {
+    let (opts, lab) = (Options { dtype: c.dt, kernel }, Lab { reverse, ..Lab::default() });
+    let gr = emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &lab).map_err(|e| e.to_string())?;
     let errs = [
         ("dq", rel_err(&gr.dq, &c.grads.dq)),
         ("dk", rel_err(&gr.dk, &c.grads.dk)),
@@ -141,19 +147,35 @@ fn run_all(jobs: Vec<Job>) {
 }
 
 fn kernel_jobs(name: &str, t: usize, d: usize, dt: Dtype, fwd: &[Kernel], bwd: &[Kernel]) -> Vec<Job> {
-    kernel_jobs_b(name, 1, t, d, dt, fwd, bwd)
+    kernel_jobs_b(name, 1, t, d, dt, fwd, bwd, &[false])
 }
 
-fn kernel_jobs_b(name: &str, b: usize, t: usize, d: usize, dt: Dtype, fwd: &[Kernel], bwd: &[Kernel]) -> Vec<Job> {
+/// Jobs for `b` batch entries, each kernel once per thread order in `orders` (`true`: reversed).
+#[allow(clippy::too_many_arguments)]
+fn kernel_jobs_b(
+    name: &str,
+    b: usize,
+    t: usize,
+    d: usize,
+    dt: Dtype,
+    fwd: &[Kernel],
+    bwd: &[Kernel],
+    orders: &[bool],
+) -> Vec<Job> {
     let c = std::sync::Arc::new(case_b(name, b, t, d, dt, (b * 100_000 + t * 1000 + d) as u64));
     let mut jobs: Vec<Job> = Vec::new();
-    for &k in fwd {
-        let c = c.clone();
-        jobs.push((format!("{name} B={b} T={t} d={d} {dt:?} forward {k:?}"), Box::new(move || check_forward(&c, k))));
-    }
-    for &k in bwd {
-        let c = c.clone();
-        jobs.push((format!("{name} B={b} T={t} d={d} {dt:?} backward {k:?}"), Box::new(move || check_backward(&c, k))));
+    for &rev in orders {
+        let order = if rev { ", threads reversed" } else { "" };
+        for &k in fwd {
+            let c = c.clone();
+            let what = format!("{name} B={b} T={t} d={d} {dt:?} forward {k:?}{order}");
+            jobs.push((what, Box::new(move || check_forward(&c, k, rev))));
+        }
+        for &k in bwd {
+            let c = c.clone();
+            let what = format!("{name} B={b} T={t} d={d} {dt:?} backward {k:?}{order}");
+            jobs.push((what, Box::new(move || check_backward(&c, k, rev))));
+        }
     }
     jobs
 }
@@ -179,7 +201,10 @@ fn every_kernel_version_matches_the_reference() {
     jobs.extend(kernel_jobs("lssa+rw15", 100, 64, Dtype::F32, &[Kernel::Auto], &[Kernel::Auto]));
     jobs.extend(kernel_jobs("lssa", 131, 48, Dtype::Bf16, &[Kernel::Auto], &[Kernel::Auto]));
     // Two batch entries of two heads: every kernel's batch and head strides.
-    jobs.extend(kernel_jobs_b("lssa+rw15", 2, 70, 64, Dtype::Bf16, &ALL_FWD, &BOTH_BWD));
+    // Every kernel also runs its threads in reverse order between barriers (a missing barrier
+    // shows as a different result).
+    jobs.extend(kernel_jobs_b("lssa+rw15", 2, 70, 64, Dtype::Bf16, &ALL_FWD, &BOTH_BWD, &[false, true]));
+    jobs.extend(kernel_jobs_b("softmax", 1, 150, 64, Dtype::F16, &ALL_FWD, &BOTH_BWD, &[true]));
     // Awkward lengths: a single row, fewer rows than a quad, one past a block.
     for t in [1, 5, 129] {
         jobs.extend(kernel_jobs("lssa+rw15", t, 64, Dtype::Bf16, &TC_FWD, &TC_BWD));
@@ -330,7 +355,9 @@ fn the_emulator_catches_planted_kernel_bugs() {
     assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
     let c = case("lssa", 200, 64, Dtype::Bf16, 11);
     let opts = Options { dtype: c.dt, kernel: Kernel::TensorCore };
-    let run = |edit: &dyn Fn(String) -> String| emu::forward_edited(&c.v, &c.q, &c.k, &c.vv, &opts, Some(edit));
+    let run = |edit: &dyn Fn(String) -> String| {
+        emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { edit: Some(edit), reverse: false })
+    };
     // The unedited source passes: what fails below fails because of the edit.
     assert!(rel_err(&run(&|s| s).unwrap(), &c.o) < bounds(&c).0);
     let planted: [(&str, &str, &str, Option<&str>); 4] = [
@@ -364,7 +391,69 @@ fn the_emulator_catches_planted_kernel_bugs() {
         s.replacen(from, to, 1)
     };
     let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV5 };
-    let gr = emu::backward_edited(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, Some(&edit)).unwrap();
+    let lab = Lab { edit: Some(&edit), reverse: false };
+    let gr = emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &lab).unwrap();
     let e = rel_err(&gr.dq, &c.grads.dq);
     assert!(e > 0.05, "wrong sigmoid in the v6 backward not caught (dq error {e:.2e})");
+}
+
+/// Inputs where re-weighting is at its edges (T = 200, d = 64, one head): queries along one
+/// direction u, keys 0..63 along u and the rest along -u, so rows below 64 are exactly uniform
+/// (u_ij = 0 up to rounding: umax is a rounding residue, or 0 and the row falls back), later rows
+/// put their mass on the first key tile (the others can be skipped), and ten zero queries in the
+/// second 128-row block give uniform rows that fall back and need every tile.
+fn degenerate(name: &str, dt: Dtype) -> Case {
+    let (t, d) = (200, 64);
+    let mut rng = Rng(13);
+    let u: Vec<f32> = (0..d).map(|_| rng.normal() as f32).collect();
+    let zero = |i: usize| (170..180).contains(&i);
+    let q = Array4::from_shape_fn((1, 1, t, d), |(_, _, i, c)| if zero(i) { 0.0 } else { round(dt, u[c]) });
+    let k = Array4::from_shape_fn((1, 1, t, d), |(_, _, j, c)| round(dt, if j < 64 { u[c] } else { -u[c] }));
+    let (vv, g) = (rng.array((1, 1, t, d), 1.0, dt), rng.array((1, 1, t, d), 1.0, dt));
+    case_of(name.parse().unwrap(), dt, q, k, vv, g)
+}
+
+/// The forward of every kernel on `degenerate` inputs. This found v5's first version folding
+/// 1 / umax into its per-row constants, which cancels catastrophically where umax is a rounding
+/// residue and turned the uniform rows into NaN (the emulator said so before any GPU did). The
+/// backward is not checked here: its exact value is unbounded on these rows (it scales with
+/// 1 / umax, and with 1 / |q| at the zero queries), so kernels and reference rightly disagree.
+#[test]
+fn degenerate_rows_on_every_forward_kernel() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    let mut jobs: Vec<Job> = Vec::new();
+    for name in ["lssa", "lssa+rw15", "lssa+rw1", "softmax+rw15"] {
+        let c = std::sync::Arc::new(degenerate(name, Dtype::Bf16));
+        for k in ALL_FWD {
+            let c = c.clone();
+            jobs.push((format!("degenerate {name} forward {k:?}"), Box::new(move || check_forward(&c, k, false))));
+        }
+    }
+    run_all(jobs);
+}
+
+#[test]
+fn reversed_thread_order_finds_a_missing_barrier() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    // v5's second sweep: thread 0 resets the block's skipping state, then every thread updates it
+    // (a row that falls back to stage 1 turns skipping off). Without the barrier between the two,
+    // the result depends on which threads run first; on `degenerate` inputs it matters.
+    let c = degenerate("lssa+rw15", Dtype::Bf16);
+    let from = "                anyFallback = 0;\n            }\n            __syncthreads();";
+    let to = "                anyFallback = 0;\n            }";
+    let edit = move |s: String| {
+        assert_eq!(s.matches(from).count(), 3, "v2, v3 and v5 each reset the threshold once");
+        // The last occurrence is v5's (mma5.cu follows mma.cu and mma3.cu).
+        let at = s.rfind(from).unwrap();
+        format!("{}{}{}", &s[..at], to, &s[at + from.len()..])
+    };
+    let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV5 };
+    let err = |reverse: bool| {
+        let o = emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { edit: Some(&edit), reverse }).unwrap();
+        rel_err(&o, &c.o)
+    };
+    // Thread 0 happens to run first in the forward order, so the race is invisible there.
+    assert!(err(false) < bounds(&c).0, "forward order: {:.2e}", err(false));
+    let e = err(true);
+    assert!(!(e < 0.05), "the missing barrier was not caught in reverse order (error {e:.2e})");
 }

@@ -15,7 +15,8 @@
 // refilled with a NaN pattern before every block, so reading bytes no one wrote shows up as NaN.
 // cp.async copies are queued per thread and land only at the cp.async.wait_group that waits for
 // their group, so reading a stage before waiting for it reads stale data, as it may on the GPU.
-// ldmatrix and cp.async check the 16-byte alignment the hardware requires.
+// ldmatrix and cp.async check the 16-byte alignment the hardware requires. Threads run from the
+// first to the last between barriers, or (Lab::reverse on the Rust side) from the last to the first.
 // Arithmetic: f32 as on the GPU (no fused multiply-add contraction guarantees); mma.sync multiplies
 // the 16-bit operands exactly and accumulates in f32; 16-bit conversions round to nearest even.
 
@@ -121,6 +122,7 @@ static std::string error;
 static std::vector<unsigned char> dyn;
 static emu_dim3 g_tid, g_bid, g_bdim, g_gdim;
 static void (*g_kernel)(const void*) = nullptr;
+static bool g_reverse = false; // run a block's threads from the last to the first between barriers
 static const void* g_params = nullptr;
 
 static void to_scheduler();
@@ -229,7 +231,8 @@ static bool run_block(int nthreads) {
     memset(dyn.data(), 0xff, dyn.size()); // NaN in f32, f16 and bf16
     const int nwarps = (nthreads + 31) / 32;
     for (;;) {
-        for (int i = 0; i < nthreads; i++) {
+        for (int k = 0; k < nthreads; k++) {
+            const int i = g_reverse ? nthreads - 1 - k : k;
             if (threads[i].state != READY) continue;
             cur = i;
             g_tid = {(unsigned)i, 0, 0};
@@ -471,12 +474,14 @@ static inline int atomicMax(int* a, int v) {
 }
 
 // The launch entry point, called from Rust (src/cuda/emu.rs). `kernel` is one of the kernels of the
-// source (looked up by the generated `emu_kernel` table); `params` points at the KParams. Returns 0,
-// or 1 with a message in `err`.
+// source (looked up by the generated `emu_kernel` table); `params` points at the KParams; `reverse`
+// runs each block's threads from the last to the first between barriers (between two barriers the
+// GPU may run them in any order, so a result that depends on the order is a missing barrier).
+// Returns 0, or 1 with a message in `err`.
 extern "C" void* emu_kernel(const char* name);
 
 extern "C" int emu_launch(const char* kernel, unsigned gx, unsigned gy, unsigned block, size_t smem,
-                          const void* params, char* err, size_t errlen) {
+                          const void* params, int reverse, char* err, size_t errlen) {
     std::lock_guard<std::mutex> lock(emu::launch_mutex);
     void* k = emu_kernel(kernel);
     auto out = [&](const std::string& m) {
@@ -492,6 +497,7 @@ extern "C" int emu_launch(const char* kernel, unsigned gx, unsigned gy, unsigned
     emu::error.clear();
     emu::g_kernel = (void (*)(const void*))k;
     emu::g_params = params;
+    emu::g_reverse = reverse != 0;
     emu::g_bdim = {block, 1, 1};
     emu::g_gdim = {gx, gy, 1};
     for (unsigned y = 0; y < gy; y++)

@@ -53,7 +53,8 @@ pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype) -> String {
     s
 }
 
-type LaunchFn = unsafe extern "C" fn(*const c_char, u32, u32, u32, usize, *const c_void, *mut c_char, usize) -> c_int;
+type LaunchFn =
+    unsafe extern "C" fn(*const c_char, u32, u32, u32, usize, *const c_void, c_int, *mut c_char, usize) -> c_int;
 
 /// One specialisation compiled for the emulator.
 struct Library {
@@ -76,6 +77,18 @@ pub fn is_available() -> bool {
 
 /// A source edit, for the emulator's own tests (a planted bug must be caught).
 type Edit<'a> = Option<&'a dyn Fn(String) -> String>;
+
+/// Variations of an emulated run, for kernel development and the emulator's own tests.
+#[derive(Clone, Copy, Default)]
+pub struct Lab<'a> {
+    /// Applied to the complete source before it is compiled (plants a bug, tries a change).
+    pub edit: Option<&'a dyn Fn(String) -> String>,
+    /// Runs each block's threads from the last to the first between barriers. Between two barriers
+    /// a GPU may run threads in any order, so a kernel whose result changes with this flag is
+    /// missing a barrier (or a fence) somewhere; the forward order alone hides a reader that a
+    /// barrier-less writer with a lower index happens to precede.
+    pub reverse: bool,
+}
 
 fn build(src: &str, stem: &str, cxx: &str) -> std::result::Result<Library, String> {
     let dir = cache_dir();
@@ -133,11 +146,12 @@ fn library(cfg: &Config, head_dim: usize, dtype: Dtype, edit: Edit<'_>) -> Resul
 struct EmuExec {
     lib: Arc<Library>,
     head_dim: usize,
+    reverse: bool,
 }
 
 impl EmuExec {
-    fn new(cfg: &Config, head_dim: usize, dtype: Dtype, edit: Edit<'_>) -> Result<Self> {
-        Ok(Self { lib: library(cfg, head_dim, dtype, edit)?, head_dim })
+    fn new(cfg: &Config, head_dim: usize, dtype: Dtype, lab: &Lab<'_>) -> Result<Self> {
+        Ok(Self { lib: library(cfg, head_dim, dtype, lab.edit)?, head_dim, reverse: lab.reverse })
     }
 }
 
@@ -155,6 +169,7 @@ impl Exec for EmuExec {
                 block,
                 k.smem(self.head_dim),
                 (kp as *const KParams).cast(),
+                self.reverse as c_int,
                 err.as_mut_ptr().cast(),
                 err.len(),
             )
@@ -196,22 +211,21 @@ pub fn forward_with<'a>(
     v: impl AsArray<'a, f32, Ix4>,
     opts: &Options,
 ) -> Result<Array4<f32>> {
-    forward_edited(variant, q, k, v, opts, None)
+    forward_lab(variant, q, k, v, opts, &Lab::default())
 }
 
-/// [`forward_with`] on kernel sources edited by `edit` (the emulator's own tests plant bugs with it).
-#[doc(hidden)]
-pub fn forward_edited<'a>(
+/// [`forward_with`] with the variations of `lab`.
+pub fn forward_lab<'a>(
     variant: &Variant,
     q: impl AsArray<'a, f32, Ix4>,
     k: impl AsArray<'a, f32, Ix4>,
     v: impl AsArray<'a, f32, Ix4>,
     opts: &Options,
-    edit: Edit<'_>,
+    lab: &Lab<'_>,
 ) -> Result<Array4<f32>> {
     let (q, k, v) = (q.into(), k.into(), v.into());
     let cfg = super::checked(variant, &q, &k, &v, None)?;
-    super::forward_on(&EmuExec::new(&cfg, q.shape()[3], opts.dtype, edit)?, &cfg, [&q, &k, &v], opts)
+    super::forward_on(&EmuExec::new(&cfg, q.shape()[3], opts.dtype, lab)?, &cfg, [&q, &k, &v], opts)
 }
 
 /// [`super::backward_with`] in the emulator.
@@ -223,23 +237,22 @@ pub fn backward_with<'a>(
     d_out: impl AsArray<'a, f32, Ix4>,
     opts: &Options,
 ) -> Result<Grads> {
-    backward_edited(variant, q, k, v, d_out, opts, None)
+    backward_lab(variant, q, k, v, d_out, opts, &Lab::default())
 }
 
-/// [`backward_with`] on kernel sources edited by `edit`.
-#[doc(hidden)]
-pub fn backward_edited<'a>(
+/// [`backward_with`] with the variations of `lab`.
+pub fn backward_lab<'a>(
     variant: &Variant,
     q: impl AsArray<'a, f32, Ix4>,
     k: impl AsArray<'a, f32, Ix4>,
     v: impl AsArray<'a, f32, Ix4>,
     d_out: impl AsArray<'a, f32, Ix4>,
     opts: &Options,
-    edit: Edit<'_>,
+    lab: &Lab<'_>,
 ) -> Result<Grads> {
     let (q, k, v, g) = (q.into(), k.into(), v.into(), d_out.into());
     let cfg = super::checked(variant, &q, &k, &v, Some(&g))?;
-    super::backward_on(&EmuExec::new(&cfg, q.shape()[3], opts.dtype, edit)?, &cfg, [&q, &k, &v], &g, opts)
+    super::backward_on(&EmuExec::new(&cfg, q.shape()[3], opts.dtype, lab)?, &cfg, [&q, &k, &v], &g, opts)
 }
 
 /// [`super::forward_raw`] in the emulator, on host memory.
@@ -251,7 +264,7 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: K
     super::check_params(p)?;
     let cfg = Config::new(variant, p.head_dim)?;
     // SAFETY: forwarded from our caller.
-    unsafe { super::forward_exec(&EmuExec::new(&cfg, p.head_dim, dtype, None)?, &cfg, p, dtype, kernel) }
+    unsafe { super::forward_exec(&EmuExec::new(&cfg, p.head_dim, dtype, &Lab::default())?, &cfg, p, dtype, kernel) }
 }
 
 /// [`super::backward_raw`] in the emulator, on host memory.
@@ -262,5 +275,5 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: 
     super::check_params(p)?;
     let cfg = Config::new(variant, p.head_dim)?;
     // SAFETY: forwarded from our caller.
-    unsafe { super::backward_exec(&EmuExec::new(&cfg, p.head_dim, dtype, None)?, &cfg, p, dtype, kernel) }
+    unsafe { super::backward_exec(&EmuExec::new(&cfg, p.head_dim, dtype, &Lab::default())?, &cfg, p, dtype, kernel) }
 }

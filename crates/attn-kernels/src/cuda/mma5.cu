@@ -87,7 +87,8 @@ __device__ __forceinline__ Rw5 rw_row5(float z, float fmx, int n) {
 template <bool MASK>
 __device__ __forceinline__ void tile_f5(float (*s)[BK5 / 8][4], const int* rows, int j0, int T, const int t4,
                                         const int pass, const float* mx, float* z, float* fmx, float* tile_fmax,
-                                        const float* ra, const float* rb, const bool* fallback, float* wsum) {
+                                        const float* ra, const float* rb, const float* rc, const bool* fallback,
+                                        float* wsum) {
 #pragma unroll
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -112,8 +113,10 @@ __device__ __forceinline__ void tile_f5(float (*s)[BK5 / 8][4], const int* rows,
                 }
 #if P > 0
                 if (pass == 1) {
-                    // u / umax = f * ra + rb; the fallback rows have ra = an2, rb = 0.
-                    const float u = fmaf(f, ra[r], rb[r]);
+                    // u / umax = (f na2 - off) / umax, computed as umax was (folding 1 / umax into
+                    // the constants cancels catastrophically in nearly uniform rows, where umax is
+                    // a rounding residue); the fallback rows have (ra, rb, rc) = (an2, 0, 1).
+                    const float u = fmaf(f, ra[r], rb[r]) * rc[r];
                     f = fallback[r] ? u : powi<P>(fmaxf(u, 0.f));
                     if (MASK) f = in ? f : 0.f;
                     wsum[r] += f;
@@ -183,7 +186,8 @@ extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) 
 
     for (int pass = 0; pass < (P > 0 ? 2 : 1); pass++) {
         const bool want_v = P == 0 || pass == 1;
-        float ra[4] = {0.f, 0.f, 0.f, 0.f}, rb[4] = {0.f, 0.f, 0.f, 0.f}, wsum[4] = {0.f, 0.f, 0.f, 0.f};
+        float ra[4] = {0.f, 0.f, 0.f, 0.f}, rb[4] = {0.f, 0.f, 0.f, 0.f}, rc[4] = {0.f, 0.f, 0.f, 0.f};
+        float wsum[4] = {0.f, 0.f, 0.f, 0.f};
         bool fallback[4] = {false, false, false, false};
         bool skipping = false;
         float thr_min = INFINITY;
@@ -200,8 +204,9 @@ extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) 
             for (int r = 0; r < 4; r++) {
                 const Rw5 c = rw_row5(z[r], fmx[r], rows[r] + 1);
                 fallback[r] = c.umax <= 0.f;
-                ra[r] = fallback[r] ? c.an2 : c.na2 / c.umax;
-                rb[r] = fallback[r] ? 0.f : -c.off / c.umax;
+                ra[r] = fallback[r] ? c.an2 : c.na2;
+                rb[r] = fallback[r] ? 0.f : -c.off;
+                rc[r] = fallback[r] ? 1.f : 1.f / c.umax;
                 if (rows[r] < p.T) {
                     if (fallback[r]) atomicOr(&anyFallback, 1);
                     atomicMin(&thrMin, ordered(c.an2 > 0.f ? c.off / c.na2 : INFINITY));
@@ -312,9 +317,9 @@ extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) 
 #endif
             float tile_fmax = -INFINITY;
             if (diag)
-                tile_f5<true>(s, rows, j0, p.T, t4, pass, mx, z, fmx, &tile_fmax, ra, rb, fallback, wsum);
+                tile_f5<true>(s, rows, j0, p.T, t4, pass, mx, z, fmx, &tile_fmax, ra, rb, rc, fallback, wsum);
             else
-                tile_f5<false>(s, rows, j0, p.T, t4, pass, mx, z, fmx, &tile_fmax, ra, rb, fallback, wsum);
+                tile_f5<false>(s, rows, j0, p.T, t4, pass, mx, z, fmx, &tile_fmax, ra, rb, rc, fallback, wsum);
 #if P > 0
             if (pass == 0) {
                 tile_fmax = warp_max(tile_fmax);

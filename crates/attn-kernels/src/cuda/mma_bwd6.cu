@@ -6,9 +6,8 @@
 //   and a divergent branch (v4's softplus_f and sigmoid_f).
 // - No branch per entry: masked entries and re-weighting's fallback rows are selects, and key (or
 //   query) tiles wholly inside the causal triangle skip the mask.
-// - Each row's constants are folded once per tile into one 64-byte record (RowK6) in shared memory
-//   (keys kernel) or registers (rows kernel): rho = max(f k1 + k0, 0) instead of
-//   (f n an - off) / umax, and so on.
+// - Each row's constants are computed once per tile into one 64-byte record (RowK6) in shared
+//   memory (keys kernel) or registers (rows kernel) instead of once per entry.
 // f16 / bf16 at head dimension 64 or 128, 16-byte aligned rows (as v4). Uses v5's log2 helpers and
 // v4's tile helpers (a_frags, mma_rows_t, mma_acc_rows, project_rows, store_rows).
 
@@ -19,10 +18,11 @@ struct __align__(16) RowK6 {
     float m2;          // the softmax running maximum, in y units
     float an, an_df;   // a = f an; an_df = an, or 0 for the first row under l1 (a_11 = 1 whatever f)
     float c, dp;       // C_i (D'_i without re-weighting) and D'_i
-    float k1, k0;      // rho = max(f k1 + k0, 0) = max(f n an - off, 0) / umax
+    float k1, k0;      // rho = max(f k1 + k0, 0) inv_m = max(f n an - off, 0) / umax, computed as umax
+    float inv_m;       // was (1 / umax folded into k1 and k0 cancels in nearly uniform rows)
     float k2, inv_w;   // da = (gv - D'_i) k2 rho^(P-1), k2 = n P / (W umax); w = rho^P / W
     float fb;          // 1 where the row falls back to stage 1 (umax <= 0)
-    float pad[3];
+    float pad[2];
 };
 
 __device__ __forceinline__ RowK6 row_k6(const KParams& p, int bh, int i, int n, float dp, float c) {
@@ -38,11 +38,12 @@ __device__ __forceinline__ RowK6 row_k6(const KParams& p, int bh, int i, int n, 
     r.c = g.c;
     r.dp = g.dp;
     r.fb = g.umax > 0.f ? 0.f : 1.f;
-    r.k1 = (float)n * g.an * g.inv_m;
-    r.k0 = -offset_of(n) * g.inv_m;
+    r.k1 = (float)n * g.an;
+    r.k0 = -offset_of(n);
+    r.inv_m = g.inv_m;
     r.k2 = (float)n * (float)(P > 0 ? P : 1) * g.inv_w * g.inv_m;
     r.inv_w = g.inv_w;
-    r.pad[0] = r.pad[1] = r.pad[2] = 0.f;
+    r.pad[0] = r.pad[1] = 0.f;
     return r;
 }
 
@@ -69,7 +70,7 @@ __device__ __forceinline__ void entry6(float y, float gv, const RowK6& r, bool i
     phi6(y, r, f, gp);
     float da;
 #if P > 0
-    float rho = fmaxf(fmaf(f, r.k1, r.k0), 0.f);
+    float rho = fmaxf(fmaf(f, r.k1, r.k0), 0.f) * r.inv_m;
     float rp = P == 1 ? (rho > 0.f ? 1.f : 0.f) : powi<(P > 1 ? P - 1 : 0)>(rho);
     bool fb = r.fb != 0.f;
     da = fb ? gv : (gv - r.dp) * r.k2 * rp;
@@ -97,7 +98,7 @@ __device__ __forceinline__ void entry6(float y, float gv, const RowK6& r, bool i
 __device__ __forceinline__ float e_term6(float y, float gv, const RowK6& r) {
     float f, gp;
     phi6(y, r, f, gp);
-    float rho = fmaxf(fmaf(f, r.k1, r.k0), 0.f);
+    float rho = fmaxf(fmaf(f, r.k1, r.k0), 0.f) * r.inv_m;
     float rp = P == 1 ? (rho > 0.f ? 1.f : 0.f) : powi<(P > 1 ? P - 1 : 0)>(rho);
     return r.fb != 0.f ? 0.f : f * rp * (gv - r.dp);
 }
