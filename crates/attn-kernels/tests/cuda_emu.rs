@@ -455,5 +455,5 @@ fn reversed_thread_order_finds_a_missing_barrier() {
     // Thread 0 happens to run first in the forward order, so the race is invisible there.
     assert!(err(false) < bounds(&c).0, "forward order: {:.2e}", err(false));
     let e = err(true);
-    assert!(!(e < 0.05), "the missing barrier was not caught in reverse order (error {e:.2e})");
+    assert!(e.is_nan() || e >= 0.05, "the missing barrier was not caught in reverse order (error {e:.2e})");
 }
