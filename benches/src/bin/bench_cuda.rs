@@ -489,8 +489,9 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
             };
             let (lfb, lrfb) = (ours_fb(&lssa), ours_fb(&lssar));
             let lfb6 = ours_fb_with(&lssa, Kernel::TensorCoreV5);
+            let lfb7 = ours_fb_with(&lssa, Kernel::TensorCoreV7);
             lab.push(format!(
-                "{d:>4} {t:>6} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} | {:>8} {:>8}",
+                "{d:>4} {t:>6} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} | {:>8} {:>8} {:>8}",
                 fmt(tf(v1, 1.0)),
                 fmt(tf(v2, 1.0)),
                 fmt(tf(v3, 1.0)),
@@ -498,7 +499,8 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                 fmt(tf(r3, 1.0)),
                 fmt(tf(r5, 1.0)),
                 fmt(tf(lfb, 3.5)),
-                fmt(tf(lfb6, 3.5))
+                fmt(tf(lfb6, 3.5)),
+                fmt(tf(lfb7, 3.5))
             ));
             let ops = |pp: Option<u32>| {
                 if t > 16384 {
@@ -551,14 +553,14 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
             rows.push(json!({"d": d, "T": t, "B": b, "H": h, "seconds": {
                 "sdpa_fwd": sdpa, "lssa_fwd": l, "lssar15_fwd": lr, "ops_lssa_fwd": ol, "ops_lssar15_fwd": olr,
                 "lssa_fwd_v1": v1, "lssa_fwd_v2": v2, "lssa_fwd_v3": v3, "lssa_fwd_v5": v5,
-                "lssar15_fwd_v3": r3, "lssar15_fwd_v5": r5, "lssa_fwd_bwd_v5_v6": lfb6,
+                "lssar15_fwd_v3": r3, "lssar15_fwd_v5": r5, "lssa_fwd_bwd_v5_v6": lfb6, "lssa_fwd_bwd_v5_v7": lfb7,
                 "sdpa_fwd_bwd": sdpa_fb, "lssa_fwd_bwd": lfb, "lssar15_fwd_bwd": lrfb, "ops_lssa_fwd_bwd": ops_fb},
                 "forward_flops": flops}));
         }
     }
     say!("\nKernel lab, forward TFLOP/s by version (bf16, causal, H = 12, B*T = 16K)");
     say!(
-        "{:>4} {:>6} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} | {:>8} {:>8}",
+        "{:>4} {:>6} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} | {:>8} {:>8} {:>8}",
         "d",
         "T",
         "LSSA v1",
@@ -568,7 +570,8 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
         "LSSAR v3",
         "v5",
         "fb v3+v4",
-        "v5+v6"
+        "v5+v6",
+        "v5+v7"
     );
     for l in lab {
         say!("{l}");
@@ -634,14 +637,19 @@ fn model(rows: &mut Vec<Value>) -> Result<()> {
         for variant in ["lssa", "lssa+rw15"] {
             let mut line = format!("  T = {t:>5} {variant:<10}");
             let mut res = serde_json::Map::new();
-            // The fused step with the default kernels, then with the second generation (v5 + v6).
+            // The fused step with the default kernels, then with the newer ones (v5 + v6, v5 + v7).
             for (imp, kernel) in [
                 (AttnImpl::Reference, Kernel::Auto),
                 (AttnImpl::Fused, Kernel::Auto),
                 (AttnImpl::Fused, Kernel::TensorCoreV5),
+                (AttnImpl::Fused, Kernel::TensorCoreV7),
             ] {
                 gpt_model::attention::fused::set_cuda_kernel(kernel);
-                let label = if kernel == Kernel::TensorCoreV5 { "FusedV5".to_string() } else { format!("{imp:?}") };
+                let label = match kernel {
+                    Kernel::TensorCoreV5 => "FusedV5V6".to_string(),
+                    Kernel::TensorCoreV7 => "FusedV5V7".to_string(),
+                    _ => format!("{imp:?}"),
+                };
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<f64> {
                     let mut cfg = ModelConfig::gpt2_124m();
                     cfg.context_len = t as usize;

@@ -137,5 +137,6 @@ fn kernel_names_parse() {
     }
     assert_eq!(" v5 ".parse::<Kernel>().unwrap(), Kernel::TensorCoreV5);
     let err = "v4.5".parse::<Kernel>().unwrap_err().to_string();
-    assert!(err.contains("auto, v1, v2, v3 or v5"), "{err}");
+    assert_eq!("V7".parse::<Kernel>().unwrap(), Kernel::TensorCoreV7);
+    assert!(err.contains("auto, v1, v2, v3, v5 or v7"), "{err}");
 }

@@ -182,8 +182,8 @@ fn kernel_jobs_b(
 
 const ALL_FWD: [Kernel; 4] = [Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore, Kernel::TensorCoreV5];
 const TC_FWD: [Kernel; 2] = [Kernel::TensorCore, Kernel::TensorCoreV5];
-const BOTH_BWD: [Kernel; 3] = [Kernel::Simt, Kernel::TensorCore, Kernel::TensorCoreV5];
-const TC_BWD: [Kernel; 2] = [Kernel::TensorCore, Kernel::TensorCoreV5];
+const BOTH_BWD: [Kernel; 4] = [Kernel::Simt, Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV7];
+const TC_BWD: [Kernel; 3] = [Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV7];
 
 #[test]
 fn every_kernel_version_matches_the_reference() {
@@ -338,6 +338,7 @@ fn strided_inputs_get_the_kernel_that_can_read_them() {
     // 16-byte aligned rows: v3 and v4.
     check(raw_run(&c, 72, Kernel::TensorCore).unwrap(), "stride 72, v3 + v4");
     check(raw_run(&c, 72, Kernel::TensorCoreV5).unwrap(), "stride 72, v5 + v6");
+    check(raw_run(&c, 72, Kernel::TensorCoreV7).unwrap(), "stride 72, v5 + v7");
     // Rows 4-byte aligned only: Auto runs v2 and the v1 backward; v3 is refused with a reason.
     check(raw_run(&c, 66, Kernel::Auto).unwrap(), "stride 66, auto");
     for k in [Kernel::TensorCore, Kernel::TensorCoreV5] {

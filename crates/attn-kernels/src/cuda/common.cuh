@@ -39,6 +39,7 @@ struct KParams {
     u64 stats;     // f32 (B, H, T, 4): Z, running max, m_i (u max), W_i
     u64 inv_norms; // f32 (B*H, 2, T): 1 / max(||x||, 1e-12) of q rows then k rows (cosine only)
     u64 rowgrad;   // f32 (B*H*T, 2): D'_i and C_i (backward only)
+    u64 dq_acc;    // f32 (B*H*T, HD): dq before the projection and the dtype (backward v7 only)
     float scale_c; // scale_i = scale_c * (scale_log ? ln N_i : 1)
     int scale_log;
     float bias_c; // bias_i = bias_c - (bias_log ? ln N_i : 0)

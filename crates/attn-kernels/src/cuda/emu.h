@@ -467,6 +467,11 @@ static inline int atomicMin(int* a, int v) {
     *a = o < v ? o : v;
     return o;
 }
+static inline float atomicAdd(float* a, float v) {
+    float o = *a;
+    *a = o + v;
+    return o;
+}
 static inline int atomicMax(int* a, int v) {
     int o = *a;
     *a = o > v ? o : v;
@@ -478,9 +483,15 @@ static inline int atomicMax(int* a, int v) {
 // runs each block's threads from the last to the first between barriers (between two barriers the
 // GPU may run them in any order, so a result that depends on the order is a missing barrier).
 // Returns 0, or 1 with a message in `err`.
-extern "C" void* emu_kernel(const char* name);
+// The library is compiled with hidden visibility (emu.rs) and exports these two only. Everything
+// else must stay private to it: several specialisations are loaded at once, and a default-visibility
+// static inside an inline or template function (a __shared__ array in a templated kernel body) is
+// bound process-wide by the dynamic linker (STB_GNU_UNIQUE), so two libraries running at the same
+// time on two threads would share, and corrupt, each other's shared memory.
+#define EMU_EXPORT __attribute__((visibility("default")))
+extern "C" EMU_EXPORT void* emu_kernel(const char* name);
 
-extern "C" int emu_launch(const char* kernel, unsigned gx, unsigned gy, unsigned block, size_t smem,
+extern "C" EMU_EXPORT int emu_launch(const char* kernel, unsigned gx, unsigned gy, unsigned block, size_t smem,
                           const void* params, int reverse, char* err, size_t errlen) {
     std::lock_guard<std::mutex> lock(emu::launch_mutex);
     void* k = emu_kernel(kernel);

@@ -45,7 +45,7 @@ pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype) -> String {
     for k in Kern::present(head_dim, dtype) {
         s.push_str(&format!("static void emu_thunk_{0}(const void* p) {{ {0}(*(const KParams*)p); }}\n", k.name()));
     }
-    s.push_str("extern \"C\" void* emu_kernel(const char* name) {\n");
+    s.push_str("extern \"C\" EMU_EXPORT void* emu_kernel(const char* name) {\n");
     for k in Kern::present(head_dim, dtype) {
         s.push_str(&format!("    if (!strcmp(name, \"{0}\")) return (void*)&emu_thunk_{0};\n", k.name()));
     }
@@ -100,7 +100,7 @@ fn build(src: &str, stem: &str, cxx: &str) -> std::result::Result<Library, Strin
         let (cpp, tmp_so) = (dir.join(format!("{tmp}.cpp")), dir.join(format!("{tmp}.so")));
         std::fs::write(&cpp, src).map_err(|e| format!("{}: {e}", cpp.display()))?;
         let out = Command::new(cxx)
-            .args(["-std=c++17", "-O1", "-fPIC", "-shared", "-w", "-o"])
+            .args(["-std=c++17", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-w", "-o"])
             .arg(&tmp_so)
             .arg(&cpp)
             .output()

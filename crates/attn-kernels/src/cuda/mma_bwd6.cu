@@ -63,6 +63,47 @@ __device__ __forceinline__ void phi6(float y, const RowK6& r, float& f, float& g
 #endif
 }
 
+// v7: this block's share of dq for one query tile. dst holds dS (times ink) for this warp's 16 keys
+// x the tile's 64 rows (accumulator layout); it goes through shared memory (ds, [key][row]) so that
+// each warp can take 16 query rows x all 64 keys as an A operand (ldmatrix.trans), times the block's
+// K (Kb); the 16 x HD result is added to p.dq_acc with f32 atomics.
+__device__ __forceinline__ void dq_from_keys7(const float (*dst)[4], const u16* Kb, u16* ds, const KParams& p, int bh,
+                                              int i0, int warp, int lane) {
+    const int g = lane >> 2, t4 = lane & 3, lm = lane >> 3, lr = lane & 7;
+#pragma unroll
+    for (int nn = 0; nn < BB / 8; nn++)
+#pragma unroll
+        for (int q = 0; q < 2; q++)
+            *(u32*)(ds + (warp * 16 + g + 8 * q) * KP3 + nn * 8 + 2 * t4) = pack2(dst[nn][2 * q], dst[nn][2 * q + 1]);
+    __syncthreads();
+    float acc[HD / 8][4];
+#pragma unroll
+    for (int nn = 0; nn < HD / 8; nn++) acc[nn][0] = acc[nn][1] = acc[nn][2] = acc[nn][3] = 0.f;
+#pragma unroll
+    for (int kb = 0; kb < BB / 16; kb++) {
+        u32 a[4]; // rows warp*16.., keys kb*16..: the transpose of what ds stores
+        ldsm4t(a, ds + (kb * 16 + (lm >> 1) * 8 + lr) * KP3 + warp * 16 + (lm & 1) * 8);
+#pragma unroll
+        for (int dp = 0; dp < HD / 16; dp++) {
+            u32 bf[4];
+            ldsm4t(bf, Kb + (kb * 16 + (lm & 1) * 8 + lr) * KP3 + dp * 16 + (lm >> 1) * 8);
+            mma3(acc[2 * dp], a, bf[0], bf[1]);
+            mma3(acc[2 * dp + 1], a, bf[2], bf[3]);
+        }
+    }
+    float* dqa = (float*)p.dq_acc + (long long)bh * p.T * HD;
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        const int i = i0 + warp * 16 + g + 8 * q;
+        if (i >= p.T) continue;
+#pragma unroll
+        for (int nn = 0; nn < HD / 8; nn++) {
+            atomicAdd(dqa + (long long)i * HD + nn * 8 + 2 * t4, acc[nn][2 * q]);
+            atomicAdd(dqa + (long long)i * HD + nn * 8 + 2 * t4 + 1, acc[nn][2 * q + 1]);
+        }
+    }
+}
+
 // One entry: the final weight w and dL/d(q.k) / ink (times ink by the caller). Mirrors entry_grad.
 template <bool MASK>
 __device__ __forceinline__ void entry6(float y, float gv, const RowK6& r, bool in, float& w, float& ds) {
@@ -119,7 +160,9 @@ __device__ __forceinline__ void rows_tile6(float (*s)[4], const float (*gv)[4], 
         }
 }
 
-extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rows_mma6(KParams p) {
+// The rows kernel's body. DQ: v6 (E_i, then dq); without, v7's row pass (D'_i and, with
+// re-weighting, the E_i sweep for C_i; v7's keys kernel accumulates dq).
+template <bool DQ> __device__ __forceinline__ void bwd_rows6(const KParams& p) {
     DYN_SMEM(u16, smb); // [stage][K | V] tiles of BB rows
     __shared__ float inkS[2][BB];
     __shared__ float dpS[BB];
@@ -132,10 +175,14 @@ extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rows_mma6(KParam
     const int nkt = qb + 1;
     const int TILE = BB * KP3;
 
+    // The sweeps over key tiles: the E_i sweep (re-weighting), the dq sweep (DQ).
+    constexpr int first_pass = P > 0 ? 0 : 1, end_pass = DQ ? 2 : 1;
     // Q and G fragments, staged through the first two tiles.
-    load_async(smb, p.q, b, h, i0, BB, p.T);
-    load_async(smb + TILE, p.g, b, h, i0, BB, p.T);
-    cp_commit();
+    if (first_pass < end_pass) {
+        load_async(smb, p.q, b, h, i0, BB, p.T);
+        load_async(smb + TILE, p.g, b, h, i0, BB, p.T);
+        cp_commit();
+    }
     // D'_i = <g_i, o_i>, one warp per row.
     for (int r = warp; r < BB; r += NWB) {
         int i = i0 + r;
@@ -148,9 +195,11 @@ extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rows_mma6(KParam
     cp_wait<0>();
     __syncthreads();
     u32 qf[HD / 16][4], gf[HD / 16][4];
-    a_frags(qf, smb, warp, lm, lr);
-    a_frags(gf, smb + TILE, warp, lm, lr);
-    __syncthreads();
+    if (first_pass < end_pass) {
+        a_frags(qf, smb, warp, lm, lr);
+        a_frags(gf, smb + TILE, warp, lm, lr);
+        __syncthreads();
+    }
 
     int rows[2] = {i0 + warp * 16 + g, i0 + warp * 16 + g + 8};
     float inq[2];
@@ -166,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rows_mma6(KParam
 #pragma unroll
     for (int nn = 0; nn < HD / 8; nn++) dq[nn][0] = dq[nn][1] = dq[nn][2] = dq[nn][3] = 0.f;
 
-    for (int pass = (P > 0 ? 0 : 1); pass < 2; pass++) {
+    for (int pass = first_pass; pass < end_pass; pass++) {
         float e[2] = {0.f, 0.f};
         auto issue = [&](int kt, int stage) {
             u16* ks = smb + stage * 2 * TILE;
@@ -235,9 +284,13 @@ extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rows_mma6(KParam
             r[1] = rk[q].c;
         }
     }
-    if (COSINE) project_rows(dq, p.q, b, h, rows, inq, p.T, t4);
-    store_rows(p.dq, b, h, rows, dq, p.T, t4);
+    if (DQ) {
+        if (COSINE) project_rows(dq, p.q, b, h, rows, inq, p.T, t4);
+        store_rows(p.dq, b, h, rows, dq, p.T, t4);
+    }
 }
+
+extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rows_mma6(KParams p) { bwd_rows6<true>(p); }
 
 // w and dS^T for one tile of the keys kernel (st: scores on entry, w on exit; gvt: <g_i, v_j> on
 // entry, dS^T on exit).
@@ -257,8 +310,10 @@ __device__ __forceinline__ void keys_tile6(float (*st)[4], float (*gvt)[4], cons
         }
 }
 
-extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_keys_mma6(KParams p) {
-    DYN_SMEM(u16, smb); // K block, V block, then [stage][Q | G] tiles
+// The keys kernel's body. DQ: v7, which also accumulates dq = dS K (f32 atomics into
+// p.dq_acc) from this block's keys, through a shared-memory copy of dS (one more tile).
+template <bool DQ> __device__ __forceinline__ void bwd_keys6(const KParams& p) {
+    DYN_SMEM(u16, smb); // K block, V block, then [stage][Q | G] tiles (then dS^T with DQ)
     __shared__ RowK6 rt[2][BB];
     const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
@@ -324,9 +379,12 @@ extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_keys_mma6(KParam
             keys_tile6<false>(st, gvt, rt[stage], ink, keys, i0, p.T, t4);
         mma_acc_rows(dv, st, Gs, lm, lr);
         mma_acc_rows(dk, gvt, Qs, lm, lr);
+        if (DQ) dq_from_keys7(gvt, Kb, stages + 4 * TILE, p, bh, i0, warp, lane);
         __syncthreads();
     }
     if (COSINE) project_rows(dk, p.k, b, h, keys, ink, p.T, t4);
     store_rows(p.dk, b, h, keys, dk, p.T, t4);
     store_rows(p.dv, b, h, keys, dv, p.T, t4);
 }
+
+extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_keys_mma6(KParams p) { bwd_keys6<false>(p); }

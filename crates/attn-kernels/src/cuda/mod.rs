@@ -15,6 +15,11 @@
 //! - v4 `lssa_bwd_rows_mma` + `lssa_bwd_keys_mma`: the tensor-core backward (dq and `E_i` per query
 //!   block; dk and dv per key block; no atomics). The default backward where v3 applies.
 //!
+//! - v5 `lssa_fwd_mma5` (d = 64), v6 (`lssa_bwd_{rows,keys}_mma6`) and v7 (`lssa_bwd_rowstats7`,
+//!   `lssa_bwd_keys_mma7`, `lssa_bwd_dq7`): the second generation, selected by
+//!   [`Kernel::TensorCoreV5`] (v5 + v6) and [`Kernel::TensorCoreV7`] (v5 + v7); checked in the
+//!   emulator, not yet timed on a GPU.
+//!
 //! Other head dimensions and f32 run v1.
 //!
 //! [`emu`] runs the same kernels, and the same host code (the `Exec` trait), in a CPU emulator:
@@ -63,6 +68,8 @@ pub const MMA5_SRC: &str = include_str!("mma5.cu");
 pub const MMA_BWD_SRC: &str = include_str!("mma_bwd.cu");
 /// Tensor-core backward with log2-domain, branch-free entry maths (lab v6).
 pub const MMA_BWD6_SRC: &str = include_str!("mma_bwd6.cu");
+/// v6 with dq accumulated by the keys kernel (lab v7).
+pub const MMA_BWD7_SRC: &str = include_str!("mma_bwd7.cu");
 
 /// Element type of `q`, `k`, `v`, `o` and the gradients on the device. Arithmetic is f32 in every case.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -107,13 +114,17 @@ pub enum Kernel {
     /// of four, no branch per entry; where v4 applies). Checked in the emulator, not yet timed on a
     /// GPU, so [`Kernel::Auto`] does not choose them yet.
     TensorCoreV5,
+    /// Forward as [`Kernel::TensorCoreV5`], backward lab v7: v6 with dq accumulated in f32 by the
+    /// keys kernel (atomics), so S, G V^T and the entry gradients are computed once instead of
+    /// twice. Checked in the emulator, not yet timed on a GPU.
+    TensorCoreV7,
 }
 
 impl std::str::FromStr for Kernel {
     type Err = Error;
 
     /// `auto`, `v1` (or `simt`), `v2`, `v3` (the first tensor-core generation, v3 + v4), `v5` (the
-    /// second, v5 + v6), case-insensitive.
+    /// second, v5 + v6), `v7` (v5 + v7), case-insensitive.
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Kernel::Auto,
@@ -121,7 +132,8 @@ impl std::str::FromStr for Kernel {
             "v2" => Kernel::TensorCoreV2,
             "v3" | "v4" => Kernel::TensorCore,
             "v5" | "v6" => Kernel::TensorCoreV5,
-            _ => return Err(Error::BadParams(format!("unknown CUDA kernel {s:?}: auto, v1, v2, v3 or v5"))),
+            "v7" => Kernel::TensorCoreV7,
+            _ => return Err(Error::BadParams(format!("unknown CUDA kernel {s:?}: auto, v1, v2, v3, v5 or v7"))),
         })
     }
 }
@@ -258,6 +270,7 @@ pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype) -> String {
         s.push_str(MMA5_SRC);
         s.push_str(MMA_BWD_SRC);
         s.push_str(MMA_BWD6_SRC);
+        s.push_str(MMA_BWD7_SRC);
     }
     s
 }
@@ -374,10 +387,13 @@ pub(crate) enum Kern {
     BwdKeysMma,
     BwdRowsMma6,
     BwdKeysMma6,
+    BwdRowStats7,
+    BwdKeysMma7,
+    BwdDq7,
 }
 
 impl Kern {
-    const ALL: [Kern; 11] = [
+    const ALL: [Kern; 14] = [
         Kern::InvNorms,
         Kern::FwdSimt,
         Kern::FwdMma,
@@ -389,6 +405,9 @@ impl Kern {
         Kern::BwdKeysMma,
         Kern::BwdRowsMma6,
         Kern::BwdKeysMma6,
+        Kern::BwdRowStats7,
+        Kern::BwdKeysMma7,
+        Kern::BwdDq7,
     ];
 
     pub(crate) fn name(self) -> &'static str {
@@ -404,14 +423,21 @@ impl Kern {
             Kern::BwdKeysMma => "lssa_bwd_keys_mma",
             Kern::BwdRowsMma6 => "lssa_bwd_rows_mma6",
             Kern::BwdKeysMma6 => "lssa_bwd_keys_mma6",
+            Kern::BwdRowStats7 => "lssa_bwd_rowstats7",
+            Kern::BwdKeysMma7 => "lssa_bwd_keys_mma7",
+            Kern::BwdDq7 => "lssa_bwd_dq7",
         }
     }
 
     /// Dynamic shared memory of one block, in bytes.
     pub(crate) fn smem(self, head_dim: usize) -> usize {
         match self {
-            Kern::FwdMma3 | Kern::FwdMma5 | Kern::BwdRowsMma | Kern::BwdRowsMma6 => mma3_smem(head_dim),
+            Kern::FwdMma3 | Kern::FwdMma5 | Kern::BwdRowsMma | Kern::BwdRowsMma6 | Kern::BwdRowStats7 => {
+                mma3_smem(head_dim)
+            }
             Kern::BwdKeysMma | Kern::BwdKeysMma6 => bwd_keys_smem(head_dim),
+            // One more tile: dS on its way to the dq product.
+            Kern::BwdKeysMma7 => bwd_keys_smem(head_dim) / 6 * 7,
             _ => 0,
         }
     }
@@ -424,6 +450,7 @@ impl Kern {
             Kern::FwdMma5 => tc && head_dim == 64,
             Kern::FwdMma | Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma => tc,
             Kern::BwdRowsMma6 | Kern::BwdKeysMma6 => tc,
+            Kern::BwdRowStats7 | Kern::BwdKeysMma7 | Kern::BwdDq7 => tc,
             Kern::InvNorms | Kern::FwdSimt | Kern::BwdRows | Kern::BwdKeys => true,
         })
     }
@@ -582,6 +609,7 @@ pub(crate) struct KParams {
     stats: u64,
     inv_norms: u64,
     rowgrad: u64,
+    dq_acc: u64,
     scale_c: f32,
     scale_log: i32,
     bias_c: f32,
@@ -617,6 +645,7 @@ fn kparams(cfg: &Config, p: &Params) -> Result<KParams> {
         stats: p.stats as u64,
         inv_norms: 0,
         rowgrad: 0,
+        dq_acc: 0,
         scale_c: cfg.scale_c,
         scale_log: cfg.scale_log as i32,
         bias_c: cfg.bias_c,
@@ -819,9 +848,9 @@ unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ker
         Kernel::TensorCoreV2 => return refuse("v2"),
         Kernel::TensorCore if v3 => 3,
         Kernel::TensorCore => return refuse("v3"),
-        Kernel::TensorCoreV5 if v3 && p.head_dim == 64 => 5,
-        Kernel::TensorCoreV5 if v3 => 3, // v5 exists at head dimension 64 only
-        Kernel::TensorCoreV5 => return refuse("v5"),
+        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 if v3 && p.head_dim == 64 => 5,
+        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 if v3 => 3, // v5 exists at head dimension 64 only
+        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 => return refuse("v5"),
     };
     let Call { kp, _norms, bh } = prepare(x, cfg, p)?;
     let t = p.seq_len as u32;
@@ -836,7 +865,8 @@ unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ker
 /// Fused backward on device memory: reads `q`, `k`, `v`, `o`, `stats`, `d_out`; writes `dq`, `dk`,
 /// `dv`. `kernel`: [`Kernel::Auto`] and [`Kernel::TensorCore`] run the tensor-core backward (lab
 /// v4) where it applies (as v3: f16/bf16, d 64 or 128, 16-byte aligned rows), [`Kernel::TensorCoreV5`]
-/// its successor v6 there, [`Kernel::Simt`] and [`Kernel::TensorCoreV2`] the SIMT one (v1).
+/// its successor v6 there, [`Kernel::TensorCoreV7`] v7, [`Kernel::Simt`] and
+/// [`Kernel::TensorCoreV2`] the SIMT one (v1).
 ///
 /// # Safety
 /// As [`forward_raw`], for every pointer of `p`.
@@ -859,7 +889,7 @@ unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ke
     let all16 =
         rows_aligned16(p) && [t4(p.d_out), t4m(p.dq), t4m(p.dk), t4m(p.dv), t4m(p.o)].iter().all(|x| aligned(x, 16, 8));
     let tc = has_tensor_core_forward(p.head_dim, dtype) && all16;
-    if matches!(kernel, Kernel::TensorCore | Kernel::TensorCoreV5) && !tc {
+    if matches!(kernel, Kernel::TensorCore | Kernel::TensorCoreV5 | Kernel::TensorCoreV7) && !tc {
         return Err(Error::BadParams(format!(
             "no tensor-core backward for {dtype:?} at head dimension {} with these strides",
             p.head_dim
@@ -869,7 +899,13 @@ unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ke
     let rowgrad = x.zeros(2 * p.batch * p.heads * p.seq_len * 4)?;
     kp.rowgrad = rowgrad.addr();
     let t = p.seq_len as u32;
-    if tc && kernel == Kernel::TensorCoreV5 {
+    if tc && kernel == Kernel::TensorCoreV7 {
+        let dq_acc = x.zeros(p.batch * p.heads * p.seq_len * p.head_dim * 4)?;
+        kp.dq_acc = dq_acc.addr();
+        x.launch(Kern::BwdRowStats7, (t.div_ceil(64), bh), 128, &kp)?;
+        x.launch(Kern::BwdKeysMma7, (t.div_ceil(64), bh), 128, &kp)?;
+        x.launch(Kern::BwdDq7, (t.div_ceil(ROWS_PER_BLOCK), bh), 32 * ROWS_PER_BLOCK, &kp)
+    } else if tc && kernel == Kernel::TensorCoreV5 {
         x.launch(Kern::BwdRowsMma6, (t.div_ceil(64), bh), 128, &kp)?;
         x.launch(Kern::BwdKeysMma6, (t.div_ceil(64), bh), 128, &kp)
     } else if tc && matches!(kernel, Kernel::Auto | Kernel::TensorCore) {
