@@ -255,9 +255,23 @@ impl Padded {
         let bytes = raw.chunks(16).map(|c| u128::from_le_bytes(c.try_into().unwrap())).collect();
         Self { bytes }
     }
-    fn zeros(like: &Array4<f32>, stride: usize) -> Self {
+    /// An output buffer: every byte SENTINEL, so that writes outside the elements show.
+    fn outputs(like: &Array4<f32>, stride: usize) -> Self {
         let (b, h, t, _) = like.dim();
-        Self { bytes: vec![0; (b * h * t * stride * 2).div_ceil(16) + 1] }
+        Self { bytes: vec![u128::from_le_bytes([SENTINEL; 16]); (b * h * t * stride * 2).div_ceil(16) + 1] }
+    }
+    /// The bytes outside the elements of `shape` that were written (padding columns, slack at the end).
+    fn written_outside(&self, shape: (usize, usize, usize, usize), stride: usize) -> usize {
+        let raw: Vec<u8> = self.bytes.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let d = shape.3;
+        raw.iter()
+            .enumerate()
+            .filter(|&(at, &byte)| {
+                let (row, col) = (at / 2 / stride, at / 2 % stride);
+                let inside = row < shape.0 * shape.1 * shape.2 && col < d;
+                !inside && byte != SENTINEL
+            })
+            .count()
     }
     fn raw<P>(&mut self, shape: (usize, usize, usize, usize), stride: usize) -> RawTensor<*mut P> {
         let (_, h, t, _) = shape;
@@ -277,7 +291,11 @@ impl Padded {
     }
 }
 
-/// Forward and backward through the raw entry points on rows padded to `stride` elements.
+/// What output buffers hold before a kernel runs.
+const SENTINEL: u8 = 0x7e;
+
+/// Forward and backward through the raw entry points on rows padded to `stride` elements; fails if
+/// a kernel wrote outside the elements of an output (into the padding or past the end).
 fn raw_run(c: &Case, stride: usize, kernel: Kernel) -> attn_kernels::Result<[Array4<f32>; 4]> {
     let shape = c.q.dim();
     let (mut q, mut k, mut v, mut g) = (
@@ -287,10 +305,10 @@ fn raw_run(c: &Case, stride: usize, kernel: Kernel) -> attn_kernels::Result<[Arr
         Padded::new(&c.g, stride, c.dt),
     );
     let (mut o, mut dq, mut dk, mut dv) = (
-        Padded::zeros(&c.q, stride),
-        Padded::zeros(&c.q, stride),
-        Padded::zeros(&c.q, stride),
-        Padded::zeros(&c.q, stride),
+        Padded::outputs(&c.q, stride),
+        Padded::outputs(&c.q, stride),
+        Padded::outputs(&c.q, stride),
+        Padded::outputs(&c.q, stride),
     );
     let mut stats = vec![0f32; shape.0 * shape.1 * shape.2 * STATS_PER_ROW];
     let p = Params {
@@ -312,6 +330,10 @@ fn raw_run(c: &Case, stride: usize, kernel: Kernel) -> attn_kernels::Result<[Arr
     unsafe {
         emu::forward_raw(&c.v, &p, c.dt, kernel)?;
         emu::backward_raw(&c.v, &p, c.dt, kernel)?;
+    }
+    for (name, x) in [("o", &o), ("dq", &dq), ("dk", &dk), ("dv", &dv)] {
+        let n = x.written_outside(shape, stride);
+        assert_eq!(n, 0, "{kernel:?}, stride {stride}: {n} bytes of {name} written outside its elements");
     }
     Ok([
         o.read(shape, stride, c.dt),
