@@ -205,10 +205,9 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         let (q64, k64, v64, g64) = (f64s(&q), f64s(&k), f64s(&vv), f64s(&g));
         let o_ref = attn_core::forward(&v, &q64, &k64, &v64)?;
         let gr = attn_core::backward(&v, &q64, &k64, &v64, &g64)?;
-        let kernels: &[Kernel] = if cuda::has_tensor_core_forward(d, dt) && d == 64 {
-            &[Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore, Kernel::TensorCoreV5]
-        } else if cuda::has_tensor_core_forward(d, dt) {
-            &[Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore]
+        // TensorCoreV5 / V7: forward v5 (v3 at d = 128), backward v6 / v7.
+        let kernels: &[Kernel] = if cuda::has_tensor_core_forward(d, dt) {
+            &[Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV7]
         } else {
             &[Kernel::Simt]
         };
@@ -242,8 +241,9 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
                 match kern {
                     Kernel::Simt => "v1",
                     Kernel::TensorCoreV2 => "v2",
-                    Kernel::TensorCoreV5 => "v5",
-                    _ => "v3",
+                    Kernel::TensorCoreV5 => "v5+v6",
+                    Kernel::TensorCoreV7 => "v5+v7",
+                    _ => "v3+v4",
                 },
                 e[0],
                 e[1],
