@@ -62,6 +62,10 @@ struct Library {
     _lib: libloading::Library,
 }
 
+/// How the emulator's libraries are compiled (part of their cache key). Hidden visibility keeps
+/// every symbol but the two entry points private to its library: see `EMU_EXPORT` in emu.h.
+const CXX_FLAGS: [&str; 6] = ["-std=c++17", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-w"];
+
 fn compiler() -> String {
     std::env::var("CXX").unwrap_or_else(|_| "c++".into())
 }
@@ -100,7 +104,8 @@ fn build(src: &str, stem: &str, cxx: &str) -> std::result::Result<Library, Strin
         let (cpp, tmp_so) = (dir.join(format!("{tmp}.cpp")), dir.join(format!("{tmp}.so")));
         std::fs::write(&cpp, src).map_err(|e| format!("{}: {e}", cpp.display()))?;
         let out = Command::new(cxx)
-            .args(["-std=c++17", "-O1", "-fPIC", "-shared", "-fvisibility=hidden", "-w", "-o"])
+            .args(CXX_FLAGS)
+            .arg("-o")
             .arg(&tmp_so)
             .arg(&cpp)
             .output()
@@ -133,7 +138,7 @@ fn library(cfg: &Config, head_dim: usize, dtype: Dtype, edit: Edit<'_>) -> Resul
     }
     let cxx = compiler();
     let mut h = std::collections::hash_map::DefaultHasher::new();
-    (&src, &cxx).hash(&mut h);
+    (&src, &cxx, CXX_FLAGS).hash(&mut h);
     let stem = format!("{}-{:016x}", cfg.key(head_dim, dtype), h.finish());
     let slot = {
         let mut map = LIBS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
