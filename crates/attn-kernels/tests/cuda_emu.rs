@@ -379,7 +379,7 @@ fn the_emulator_catches_planted_kernel_bugs() {
     let c = case("lssa", 200, 64, Dtype::Bf16, 11);
     let opts = Options { dtype: c.dt, kernel: Kernel::TensorCore };
     let run = |edit: &dyn Fn(String) -> String| {
-        emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { edit: Some(edit), reverse: false })
+        emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { edit: Some(edit), ..Lab::default() })
     };
     // The unedited source passes: what fails below fails because of the edit.
     assert!(rel_err(&run(&|s| s).unwrap(), &c.o) < bounds(&c).0);
@@ -414,7 +414,7 @@ fn the_emulator_catches_planted_kernel_bugs() {
         s.replacen(from, to, 1)
     };
     let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV5 };
-    let lab = Lab { edit: Some(&edit), reverse: false };
+    let lab = Lab { edit: Some(&edit), ..Lab::default() };
     let gr = emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &lab).unwrap();
     let e = rel_err(&gr.dq, &c.grads.dq);
     assert!(e > 0.05, "wrong sigmoid in the v6 backward not caught (dq error {e:.2e})");
@@ -472,11 +472,52 @@ fn reversed_thread_order_finds_a_missing_barrier() {
     };
     let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV5 };
     let err = |reverse: bool| {
-        let o = emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { edit: Some(&edit), reverse }).unwrap();
+        let o = emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { edit: Some(&edit), reverse, ..Lab::default() })
+            .unwrap();
         rel_err(&o, &c.o)
     };
     // Thread 0 happens to run first in the forward order, so the race is invisible there.
     assert!(err(false) < bounds(&c).0, "forward order: {:.2e}", err(false));
     let e = err(true);
     assert!(e.is_nan() || e >= 0.05, "the missing barrier was not caught in reverse order (error {e:.2e})");
+}
+
+/// The work counts behind the second generation's predictions, as a regression guard: they are
+/// deterministic (the emulator counts instructions, it does not time them), so a change that
+/// quietly brings back a second special-function op per score, or v3's shared-memory traffic,
+/// fails here. LSSA, bf16, one head of T = 512, d = 64.
+#[test]
+fn the_second_generation_does_less_work() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    let c = case_b("lssa", 1, 512, 64, Dtype::Bf16, 17);
+    let profile = |kernel: Kernel| {
+        let opts = Options { dtype: c.dt, kernel };
+        let (f, fb) = (std::cell::Cell::new(emu::Profile::default()), std::cell::Cell::new(emu::Profile::default()));
+        emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { profile: Some(&f), ..Lab::default() }).unwrap();
+        emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &Lab { profile: Some(&fb), ..Lab::default() }).unwrap();
+        let (f, fb) = (f.get(), fb.get()); // backward_lab runs the forward first
+        let b = emu::Profile {
+            mma: fb.mma - f.mma,
+            ldmatrix: fb.ldmatrix - f.ldmatrix,
+            special: fb.special - f.special,
+            ..emu::Profile::default()
+        };
+        (f, b)
+    };
+    let ((f3, b4), (f5, b6), (_, b7)) =
+        (profile(Kernel::TensorCore), profile(Kernel::TensorCoreV5), profile(Kernel::TensorCoreV7));
+    // Scores the forward computes: 128-row blocks times 64-key tiles up to the diagonal, two heads.
+    let tiles: u64 = (0..512 / 128).map(|qb| ((qb * 128 + 128 + 63) / 64).min(512 / 64) as u64).sum();
+    let scores = (tiles * 128 * 64 * 2) as f64;
+    // Entries one backward sweep computes: 64 x 64 tile pairs up to the diagonal, two heads.
+    let entries = (8 * 9 / 2 * 64 * 64 * 2) as f64;
+    let per = |n: u64, d: f64| n as f64 / d;
+    assert_eq!(f5.mma, f3.mma, "v5 does v3's tensor-core work");
+    assert!(per(f5.ldmatrix, 1.0) <= 0.55 * f3.ldmatrix as f64, "ldmatrix: v3 {} v5 {}", f3.ldmatrix, f5.ldmatrix);
+    assert!(per(f5.special, scores) <= 1.02, "v5: {:.3} special-function ops per score", per(f5.special, scores));
+    assert!(per(f3.special, scores) >= 1.3, "v3: {:.3} special-function ops per score", per(f3.special, scores));
+    assert!(per(b6.special, 2.0 * entries) <= 1.02 * 2.0, "v6: {:.3} per entry", per(b6.special, 2.0 * entries));
+    assert!(b4.special > b6.special, "v4 {} v6 {}", b4.special, b6.special);
+    assert!(per(b7.mma, b6.mma as f64) <= 5.0 / 7.0 + 0.01, "mma: v6 {} v7 {}", b6.mma, b7.mma);
+    assert!(per(b7.special, b6.special as f64) <= 0.52, "special: v6 {} v7 {}", b6.special, b7.special);
 }

@@ -112,6 +112,15 @@ struct WarpX {
     alignas(16) unsigned char slot[32][64];
 };
 
+// What a launch did, for comparing kernel versions without a GPU (a deterministic work count, not
+// a timing): warp-level tensor-core and shared-memory operations, shuffles, block barriers (once per
+// block), cp.async bytes, and special-function calls (ex2 / lg2 / rcp: __expf, __logf, the v5-v7
+// ex2, __fdividef) per thread. Must match `Profile` in emu.rs.
+struct Counts {
+    unsigned long long mma, ldmatrix, shfl, barriers, cp_async_bytes, special;
+};
+static Counts counts;
+
 static std::vector<Thread> threads;
 static std::vector<WarpX> warpx;
 static std::vector<char> stacks;
@@ -197,6 +206,7 @@ static inline int lane() { return cur & 31; }
 static inline WarpX& wx() { return warpx[cur >> 5]; }
 
 static void block_barrier() {
+    if (cur == 0) counts.barriers++;
     threads[cur].state = AT_BLOCK;
     to_scheduler();
 }
@@ -302,6 +312,7 @@ static bool run_block(int nthreads) {
 template <class T> static T shfl(unsigned mask, T v, int src) {
     static_assert(sizeof(T) <= 8, "shfl of a wide type");
     if (mask != 0xffffffffu) fail("__shfl_sync with a partial mask is not emulated");
+    if (lane() == 0) counts.shfl++;
     memcpy(wx().slot[lane()], &v, sizeof(T));
     warp_barrier(OP_SHFL);
     T r;
@@ -354,6 +365,7 @@ static void mma16816(float* c, const u32* a, u32 b0, u32 b1, bool f16) {
         float c[4];
     };
     static_assert(sizeof(Frag) <= 64, "fragment slot");
+    if (lane() == 0) counts.mma++;
     Frag mine = {{a[0], a[1], a[2], a[3]}, {b0, b1}, {c[0], c[1], c[2], c[3]}};
     memcpy(wx().slot[lane()], &mine, sizeof mine);
     warp_barrier(OP_MMA);
@@ -384,6 +396,7 @@ static void mma16816(float* c, const u32* a, u32 b0, u32 b1, bool f16) {
 // ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lanes 8m..8m+7 address the rows of matrix m.
 static void ldsm4(u32* r, const u16* p, bool trans) {
     if ((uintptr_t)p % 16) fail("ldmatrix row address not 16-byte aligned");
+    if (lane() == 0) counts.ldmatrix++;
     memcpy(wx().slot[lane()], &p, sizeof p);
     const int op = trans ? OP_LDSMT : OP_LDSM;
     warp_barrier(op);
@@ -412,6 +425,7 @@ static void ldsm4(u32* r, const u16* p, bool trans) {
 static void cp_async16(void* dst, const void* src, bool pred) {
     if ((uintptr_t)dst % 16 || (pred && (uintptr_t)src % 16)) fail("cp.async address not 16-byte aligned");
     threads[cur].open.push_back({dst, src, pred});
+    counts.cp_async_bytes += 16;
 }
 static void cp_commit() {
     Thread& t = threads[cur];
@@ -444,9 +458,25 @@ template <class T> static inline T __shfl_xor_sync(unsigned mask, T v, int m) {
 }
 template <class T> static inline T __shfl_sync(unsigned mask, T v, int src) { return emu::shfl(mask, v, src); }
 
-#define __expf expf // glibc declares its own __expf and __logf
-#define __logf logf
-static inline float __fdividef(float a, float b) { return a / b; }
+// Special functions, counted (glibc declares its own __expf and __logf, hence the macros).
+static inline float emu_expf(float x) {
+    emu::counts.special++;
+    return expf(x);
+}
+static inline float emu_logf(float x) {
+    emu::counts.special++;
+    return logf(x);
+}
+static inline float emu_ex2(float x) {
+    emu::counts.special++;
+    return exp2f(x);
+}
+#define __expf emu_expf
+#define __logf emu_logf
+static inline float __fdividef(float a, float b) {
+    emu::counts.special++;
+    return a / b;
+}
 static inline float __int_as_float(int i) { return emu::bits_f((unsigned)i); }
 static inline float __uint_as_float(unsigned u) { return emu::bits_f(u); }
 static inline int __float_as_int(float f) { return (int)emu::f_bits(f); }
@@ -492,7 +522,8 @@ static inline int atomicMax(int* a, int v) {
 extern "C" EMU_EXPORT void* emu_kernel(const char* name);
 
 extern "C" EMU_EXPORT int emu_launch(const char* kernel, unsigned gx, unsigned gy, unsigned block, size_t smem,
-                          const void* params, int reverse, char* err, size_t errlen) {
+                          const void* params, int reverse, emu::Counts* counts_out, char* err,
+                                     size_t errlen) {
     std::lock_guard<std::mutex> lock(emu::launch_mutex);
     void* k = emu_kernel(kernel);
     auto out = [&](const std::string& m) {
@@ -509,6 +540,7 @@ extern "C" EMU_EXPORT int emu_launch(const char* kernel, unsigned gx, unsigned g
     emu::g_kernel = (void (*)(const void*))k;
     emu::g_params = params;
     emu::g_reverse = reverse != 0;
+    emu::counts = emu::Counts();
     emu::g_bdim = {block, 1, 1};
     emu::g_gdim = {gx, gy, 1};
     for (unsigned y = 0; y < gy; y++)
@@ -516,6 +548,7 @@ extern "C" EMU_EXPORT int emu_launch(const char* kernel, unsigned gx, unsigned g
             emu::g_bid = {x, y, 0};
             if (!emu::run_block((int)block)) return out(emu::error);
         }
+    *counts_out = emu::counts;
     return 0;
 }
 

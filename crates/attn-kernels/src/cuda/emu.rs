@@ -53,8 +53,50 @@ pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype) -> String {
     s
 }
 
-type LaunchFn =
-    unsafe extern "C" fn(*const c_char, u32, u32, u32, usize, *const c_void, c_int, *mut c_char, usize) -> c_int;
+type LaunchFn = unsafe extern "C" fn(
+    *const c_char,
+    u32,
+    u32,
+    u32,
+    usize,
+    *const c_void,
+    c_int,
+    *mut Profile,
+    *mut c_char,
+    usize,
+) -> c_int;
+
+/// What the emulated launches of a call did: a deterministic count of the work that bounds these
+/// kernels on a GPU, for comparing kernel versions without one (not a timing). Must match `Counts`
+/// in emu.h.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Profile {
+    /// `mma.sync` m16n8k16 instructions (per warp).
+    pub mma: u64,
+    /// `ldmatrix.x4` instructions (per warp; 512 bytes of shared memory each).
+    pub ldmatrix: u64,
+    /// Shuffles (per warp).
+    pub shfl: u64,
+    /// `__syncthreads` (per block).
+    pub barriers: u64,
+    /// Bytes copied by `cp.async`.
+    pub cp_async_bytes: u64,
+    /// Special-function calls (ex2, lg2, rcp: `__expf`, `__logf`, the log2-domain ex2,
+    /// `__fdividef`), per thread.
+    pub special: u64,
+}
+
+impl std::ops::AddAssign for Profile {
+    fn add_assign(&mut self, o: Self) {
+        self.mma += o.mma;
+        self.ldmatrix += o.ldmatrix;
+        self.shfl += o.shfl;
+        self.barriers += o.barriers;
+        self.cp_async_bytes += o.cp_async_bytes;
+        self.special += o.special;
+    }
+}
 
 /// One specialisation compiled for the emulator.
 struct Library {
@@ -92,6 +134,8 @@ pub struct Lab<'a> {
     /// missing a barrier (or a fence) somewhere; the forward order alone hides a reader that a
     /// barrier-less writer with a lower index happens to precede.
     pub reverse: bool,
+    /// Where to add the [`Profile`] of every launch of the call.
+    pub profile: Option<&'a std::cell::Cell<Profile>>,
 }
 
 fn build(src: &str, stem: &str, cxx: &str) -> std::result::Result<Library, String> {
@@ -148,22 +192,25 @@ fn library(cfg: &Config, head_dim: usize, dtype: Dtype, edit: Edit<'_>) -> Resul
 }
 
 /// The kernels of one specialisation in the emulator.
-struct EmuExec {
+struct EmuExec<'a> {
     lib: Arc<Library>,
     head_dim: usize,
     reverse: bool,
+    profile: Option<&'a std::cell::Cell<Profile>>,
 }
 
-impl EmuExec {
-    fn new(cfg: &Config, head_dim: usize, dtype: Dtype, lab: &Lab<'_>) -> Result<Self> {
-        Ok(Self { lib: library(cfg, head_dim, dtype, lab.edit)?, head_dim, reverse: lab.reverse })
+impl<'a> EmuExec<'a> {
+    fn new(cfg: &Config, head_dim: usize, dtype: Dtype, lab: &Lab<'a>) -> Result<Self> {
+        let lib = library(cfg, head_dim, dtype, lab.edit)?;
+        Ok(Self { lib, head_dim, reverse: lab.reverse, profile: lab.profile })
     }
 }
 
-impl Exec for EmuExec {
+impl Exec for EmuExec<'_> {
     fn launch(&self, k: Kern, grid: (u32, u32), block: u32, kp: &KParams) -> Result<()> {
         let name = CString::new(k.name()).expect("kernel names have no NUL");
         let mut err = vec![0u8; 1024];
+        let mut counts = Profile::default();
         // SAFETY: `kp` outlives the (synchronous) call; its pointers are host buffers whose validity
         // the entry points' callers guarantee; `err` has the length passed.
         let r = unsafe {
@@ -175,11 +222,17 @@ impl Exec for EmuExec {
                 k.smem(self.head_dim),
                 (kp as *const KParams).cast(),
                 self.reverse as c_int,
+                &mut counts,
                 err.as_mut_ptr().cast(),
                 err.len(),
             )
         };
         if r == 0 {
+            if let Some(p) = self.profile {
+                let mut total = p.get();
+                total += counts;
+                p.set(total);
+            }
             return Ok(());
         }
         let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());

@@ -38,7 +38,7 @@
 
 __device__ __forceinline__ float ex2_fast(float x) {
 #ifdef LSSA_EMU
-    return exp2f(x);
+    return emu_ex2(x);
 #else
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
