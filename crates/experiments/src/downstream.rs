@@ -270,7 +270,7 @@ mod tests {
     impl LogLikelihood for Oracle {
         fn loglik(&mut self, _context: &str, continuation: &str) -> Result<f64> {
             let chars = continuation.chars().count() as f64;
-            Ok(if continuation.contains("right") { -0.5 * chars } else { -1.0 * chars })
+            Ok(if continuation.contains("right") { -0.5 * chars } else { -chars })
         }
     }
 

@@ -126,19 +126,6 @@ pub fn digit_accuracy(key: &str, text: &str) -> f64 {
     hits as f64 / key.len().max(1) as f64
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn digit_accuracy_compares_the_first_number_place_by_place() {
-        assert_eq!(digit_accuracy("85722", " 85722."), 1.0);
-        assert_eq!(digit_accuracy("85722", "key 85. 722"), 0.4);
-        assert_eq!(digit_accuracy("85722", "the pass key?"), 0.0);
-        assert_eq!(digit_accuracy("85722", "95721"), 0.6);
-    }
-}
-
 fn answer_tokens(tok: &Tokenizer, p: &retrieval::Prompt) -> Vec<u32> {
     tok.encode(&format!(" {}.", p.answers.join(", ")))
 }
@@ -278,4 +265,17 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
         results.push(r);
     }
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn digit_accuracy_compares_the_first_number_place_by_place() {
+        assert_eq!(digit_accuracy("85722", " 85722."), 1.0);
+        assert_eq!(digit_accuracy("85722", "key 85. 722"), 0.4);
+        assert_eq!(digit_accuracy("85722", "the pass key?"), 0.0);
+        assert_eq!(digit_accuracy("85722", "95721"), 0.6);
+    }
 }

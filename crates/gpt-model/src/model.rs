@@ -3,6 +3,9 @@
 
 use tch::nn;
 
+/// What [`Gpt::forward_probed`] calls per layer: `(layer, q, k, variant)`.
+pub type AttnProbe<'a> = dyn FnMut(usize, &Tensor, &Tensor, &attn_core::Variant) + 'a;
+
 use tch::{Device, Kind, Tensor};
 
 use crate::attention::{self, AttentionError};
@@ -150,7 +153,7 @@ impl Gpt {
         &self,
         idx: &Tensor,
         opts: &ForwardOptions,
-        probe: &mut dyn FnMut(usize, &Tensor, &Tensor, &attn_core::Variant),
+        probe: &mut AttnProbe<'_>,
     ) -> Result<Tensor, ModelError> {
         self.forward_from(idx, 0, None, opts, Some(probe))
     }
@@ -193,7 +196,7 @@ impl Gpt {
         offset: i64,
         mut cache: Option<&mut KvCache>,
         opts: &ForwardOptions,
-        mut probe: Option<&mut dyn FnMut(usize, &Tensor, &Tensor, &attn_core::Variant)>,
+        mut probe: Option<&mut AttnProbe<'_>>,
     ) -> Result<Tensor, ModelError> {
         let size = idx.size();
         if size.len() != 2 {

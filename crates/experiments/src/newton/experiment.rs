@@ -205,7 +205,7 @@ impl OrbitModel {
             let split = |i: i64| y.narrow(2, i * d, d).reshape([b, t, self.n_head, hd]).transpose(1, 2);
             let (q, k, v) = (split(0), split(1), split(2));
             let a = gpt_model::attention::attend(&q, &k, &v, &self.variant, AttnImpl::Fused, 0)?;
-            h = h + proj.forward(&a.transpose(1, 2).reshape([b, t, d]));
+            h = &h + proj.forward(&a.transpose(1, 2).reshape([b, t, d]));
             h = &h + fc2.forward(&fc.forward(&ln2.forward(&h)).gelu("none"));
         }
         Ok(self.out.forward(&self.ln_f.forward(&h)))

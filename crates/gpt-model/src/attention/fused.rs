@@ -138,7 +138,7 @@ fn handle_for(variant: &Variant, dtype: Option<cuda::Dtype>) -> u64 {
 }
 
 fn decode(handle: u64) -> (u64, Option<cuda::Dtype>) {
-    let dtype = (handle & CUDA_BIT != 0).then(|| match (handle >> 32) & 0xff {
+    let dtype = (handle & CUDA_BIT != 0).then_some(match (handle >> 32) & 0xff {
         0 => cuda::Dtype::F32,
         1 => cuda::Dtype::F16,
         _ => cuda::Dtype::Bf16,

@@ -112,7 +112,7 @@ pub fn softmax_weights(q: &Tensor, k: &Tensor) -> Tensor {
 ///
 /// Computed in the overflow-free form `r = (ReLU(u) / m)^p`; `m` is detached because it cancels in
 /// `w = r / sum r` (no gradient flows through it). Rows where every `u <= 0` (e.g. an exactly uniform
-/// row past row 3) fall back to `w = a`, **[choice]** of SPEC section 3, without any division by zero
+/// row past row 3) fall back to `w = a`, **\[choice\]** of SPEC section 3, without any division by zero
 /// (so autograd stays finite there too).
 ///
 /// # Panics
