@@ -10,12 +10,15 @@
 //! test alone would pass.
 //!
 //! The host side is the GPU's own (kernel choice, grids, scratch, checks: the `Exec` trait), so
-//! the emulator tests it too. What it does not model: timing, races between threads that the
-//! scheduler happens to order (it runs fibers in a fixed order), memory outside the buffers given
-//! (no bounds checks), and the GPU's exact accumulation order in `mma.sync`.
+//! the emulator tests it too. [`Lab`] varies a run: an edit of the source, the threads of each
+//! block in reverse order between barriers (a missing barrier changes the result), and a
+//! [`Profile`] of the work done (instructions counted, not timed). What it does not model: timing,
+//! races that neither thread order exposes, memory outside the buffers given (no bounds checks),
+//! and the GPU's exact accumulation order in `mma.sync`.
 //!
 //! About a million times slower than a GPU: for tests at a few hundred rows. Libraries are cached
-//! per source in `$LSSA_EMU_DIR` (default: the system's temporary directory, `lssa-emu/`).
+//! per source, compiler and flags in `$LSSA_EMU_DIR` (default: the system's temporary directory,
+//! `lssa-emu/`).
 
 use std::collections::HashMap;
 use std::ffi::{CString, c_char, c_int, c_void};
