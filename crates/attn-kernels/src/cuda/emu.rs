@@ -131,7 +131,7 @@ type Edit<'a> = Option<&'a dyn Fn(String) -> String>;
 #[derive(Clone, Copy, Default)]
 pub struct Lab<'a> {
     /// Applied to the complete source before it is compiled (plants a bug, tries a change).
-    pub edit: Option<&'a dyn Fn(String) -> String>,
+    pub edit: Edit<'a>,
     /// Runs each block's threads from the last to the first between barriers. Between two barriers
     /// a GPU may run threads in any order, so a kernel whose result changes with this flag is
     /// missing a barrier (or a fence) somewhere; the forward order alone hides a reader that a

@@ -104,6 +104,14 @@ __device__ __forceinline__ void dq_from_keys7(const float (*dst)[4], const u16* 
     }
 }
 
+// Re-weighting's sharpening of one entry: rho = max(f n an - off, 0) / umax (computed as umax was),
+// and rp = rho^(P-1), the power whose derivative the gradient needs.
+__device__ __forceinline__ float rho6(float f, const RowK6& r, float& rp) {
+    float rho = fmaxf(fmaf(f, r.k1, r.k0), 0.f) * r.inv_m;
+    rp = P == 1 ? (rho > 0.f ? 1.f : 0.f) : powi<(P > 1 ? P - 1 : 0)>(rho);
+    return rho;
+}
+
 // One entry: the final weight w and dL/d(q.k) / ink (times ink by the caller). Mirrors entry_grad.
 template <bool MASK>
 __device__ __forceinline__ void entry6(float y, float gv, const RowK6& r, bool in, float& w, float& ds) {
@@ -111,8 +119,8 @@ __device__ __forceinline__ void entry6(float y, float gv, const RowK6& r, bool i
     phi6(y, r, f, gp);
     float da;
 #if P > 0
-    float rho = fmaxf(fmaf(f, r.k1, r.k0), 0.f) * r.inv_m;
-    float rp = P == 1 ? (rho > 0.f ? 1.f : 0.f) : powi<(P > 1 ? P - 1 : 0)>(rho);
+    float rp;
+    float rho = rho6(f, r, rp);
     bool fb = r.fb != 0.f;
     da = fb ? gv : (gv - r.dp) * r.k2 * rp;
     w = fb ? f * r.an : rho * rp * r.inv_w;
@@ -139,8 +147,8 @@ __device__ __forceinline__ void entry6(float y, float gv, const RowK6& r, bool i
 __device__ __forceinline__ float e_term6(float y, float gv, const RowK6& r) {
     float f, gp;
     phi6(y, r, f, gp);
-    float rho = fmaxf(fmaf(f, r.k1, r.k0), 0.f) * r.inv_m;
-    float rp = P == 1 ? (rho > 0.f ? 1.f : 0.f) : powi<(P > 1 ? P - 1 : 0)>(rho);
+    float rp;
+    rho6(f, r, rp);
     return r.fb != 0.f ? 0.f : f * rp * (gv - r.dp);
 }
 
