@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use attn_core::Variant;
+use attn_core::fixtures::Rng;
 use attn_kernels::cpu::{Params, RawTensor, STATS_PER_ROW};
 use attn_kernels::cuda::{self, Dtype, Kernel};
 use clap::Parser;
@@ -74,23 +75,11 @@ macro_rules! say {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Random inputs (a fixed xorshift stream: reproducible, never zeros).
+// Random inputs (attn-core's seeded generator: reproducible).
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> f64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        (self.0 >> 11) as f64 / (1u64 << 53) as f64
-    }
-    fn normal(&mut self) -> f64 {
-        let (u, v) = (self.next().max(1e-300), self.next());
-        (-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()
-    }
-    fn array(&mut self, shape: (usize, usize, usize, usize), scale: f64) -> Array4<f32> {
-        Array4::from_shape_simple_fn(shape, || (self.normal() * scale) as f32)
-    }
+/// Standard normals times `scale`.
+fn normals(rng: &mut Rng, shape: (usize, usize, usize, usize), scale: f64) -> Array4<f32> {
+    Array4::from_shape_simple_fn(shape, || (rng.normal() * scale) as f32)
 }
 
 fn round_to(x: &Array4<f32>, dt: Dtype) -> Array4<f32> {
@@ -154,7 +143,7 @@ fn naive(
 }
 
 fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
-    let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+    let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
     let mut all: Vec<(Variant, usize, usize, Dtype)> = Vec::new();
     for name in attn_core::STAGE1_NAMES {
         // sigmoid-bias needs its training length.
@@ -198,8 +187,12 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         trace(args.trace, format_args!("{v} T={t} d={d} {dt:?}: inputs and reference"));
         let shape = (2, 3, t, d);
         let scale = if v.to_string().starts_with("softmax") || v.to_string().contains("sigmoid") { 1.0 } else { 0.7 };
-        let (q, k, vv, g) =
-            (rng.array(shape, scale), rng.array(shape, scale), rng.array(shape, 1.0), rng.array(shape, 1.0));
+        let (q, k, vv, g) = (
+            normals(&mut rng, shape, scale),
+            normals(&mut rng, shape, scale),
+            normals(&mut rng, shape, 1.0),
+            normals(&mut rng, shape, 1.0),
+        );
         let (q, k, vv, g) = (round_to(&q, dt), round_to(&k, dt), round_to(&vv, dt), round_to(&g, dt));
         let f64s = |x: &Array4<f32>| x.mapv(|a| a as f64);
         let (q64, k64, v64, g64) = (f64s(&q), f64s(&k), f64s(&vv), f64s(&g));
