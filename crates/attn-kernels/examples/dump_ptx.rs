@@ -1,5 +1,6 @@
 //! Writes the PTX of one specialisation, for reading the compiler's resource report offline:
-//! `cargo run -p attn-kernels --example dump_ptx -- lssa 64 bf16 out.ptx`, then `ptxas -arch=sm_90 -v out.ptx`.
+//! `cargo run -p attn-kernels --example dump_ptx -- lssa 64 bf16 out.ptx [compute_90a]`, then
+//! `ptxas -arch=sm_90a -v out.ptx` (the architecture defaults to compute_90a, whose PTX has lab v8).
 use attn_kernels::cuda::{self, Dtype};
 
 fn main() {
@@ -10,6 +11,7 @@ fn main() {
         "f16" => Dtype::F16,
         _ => Dtype::Bf16,
     };
-    let ptx = cuda::compile_ptx(&variant.parse().unwrap(), hd, dt, "compute_90").unwrap();
+    let arch = cuda::ARCHES.into_iter().find(|x| a.get(5).is_some_and(|y| y == x)).unwrap_or("compute_90a");
+    let ptx = cuda::compile_ptx(&variant.parse().unwrap(), hd, dt, arch).unwrap();
     std::fs::write(out, ptx).unwrap();
 }

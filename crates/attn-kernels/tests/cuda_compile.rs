@@ -88,6 +88,12 @@ fn every_fused_variant_compiles_for_every_dtype_and_arch() {
                 if (tc && *hd == 64) != ptx.contains(".entry lssa_fwd_mma5(") {
                     missing.push("lssa_fwd_mma5 exactly at head dimension 64");
                 }
+                let wg = tc && *hd == 64 && *arch == "compute_90a";
+                if wg
+                    != (ptx.contains(".entry lssa_fwd_wg8(") && ptx.contains("wgmma.mma_async.sync.aligned.m64n64k16"))
+                {
+                    missing.push("lssa_fwd_wg8 with wgmma exactly at head dimension 64 on compute_90a");
+                }
                 if tc && !(ptx.contains(".entry lssa_bwd_rows_mma(") && ptx.contains(".entry lssa_bwd_keys_mma(")) {
                     missing.push("the tensor-core backward");
                 }
@@ -138,5 +144,84 @@ fn kernel_names_parse() {
     assert_eq!(" v5 ".parse::<Kernel>().unwrap(), Kernel::TensorCoreV5);
     let err = "v4.5".parse::<Kernel>().unwrap_err().to_string();
     assert_eq!("V7".parse::<Kernel>().unwrap(), Kernel::TensorCoreV7);
-    assert!(err.contains("auto, v1, v2, v3, v5 or v7"), "{err}");
+    assert_eq!("v8".parse::<Kernel>().unwrap(), Kernel::TensorCoreV8);
+    assert!(err.contains("auto, v1, v2, v3, v5, v7 or v8"), "{err}");
+}
+
+/// ptxas, which the torch wheel ships next to libtorch (`torch/bin/ptxas`): `$LSSA_PTXAS`, then
+/// `$LIBTORCH/bin`, then the CUDA toolkit.
+fn ptxas() -> Option<std::path::PathBuf> {
+    let mut c: Vec<std::path::PathBuf> = Vec::new();
+    if let Some(p) = std::env::var_os("LSSA_PTXAS") {
+        c.push(p.into());
+    }
+    if let Some(t) = std::env::var_os("LIBTORCH") {
+        let t = std::path::PathBuf::from(t);
+        c.push(t.canonicalize().unwrap_or(t).join("bin/ptxas"));
+    }
+    c.push("/usr/local/cuda/bin/ptxas".into());
+    c.into_iter().find(|p| p.is_file())
+}
+
+/// NVRTC checks the C++, not the PTX inside `asm` statements (mma.sync, ldmatrix, cp.async,
+/// wgmma): ptxas assembles the PTX for the real architectures here, so a malformed instruction
+/// fails CI rather than the first GPU run. Also a resource check: v8 at head dimension 64 must not
+/// spill, and ptxas must not serialise its wgmma (it does, with a warning, when registers an
+/// in-flight wgmma uses are touched). (v5 with re-weighting spills 16 bytes at 255 registers.)
+#[test]
+fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let Some(ptxas) = ptxas() else {
+        assert!(std::env::var_os("LSSA_REQUIRE_NVRTC").is_none(), "no ptxas (torch/bin/ptxas of the torch venv)");
+        eprintln!("SKIPPED: no ptxas");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("lssa-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut jobs = Vec::new();
+    for v in ["lssa", "lssa+rw15", "softmax"] {
+        jobs.push((v, 64, Dtype::Bf16, "compute_90a", "sm_90a"));
+        jobs.push((v, 64, Dtype::F16, "compute_80", "sm_80"));
+    }
+    jobs.push(("lssa+rw3", 128, Dtype::Bf16, "compute_90a", "sm_90a"));
+    jobs.push(("lssa", 64, Dtype::F16, "compute_90a", "sm_90a"));
+    let failures: Vec<String> = jobs
+        .par_iter()
+        .enumerate()
+        .filter_map(|(i, (v, hd, dt, arch, sm))| {
+            let what = format!("{v} d={hd} {dt:?} {sm}");
+            let ptx =
+                cuda::compile_ptx(&v.parse().unwrap(), *hd, *dt, arch).map_err(|e| format!("{what}: {e}")).ok()?;
+            let (src, out) = (dir.join(format!("{i}.ptx")), dir.join(format!("{i}.cubin")));
+            std::fs::write(&src, ptx).unwrap();
+            let r = std::process::Command::new(&ptxas)
+                .args([format!("-arch={sm}"), "-v".into()])
+                .arg(&src)
+                .arg("-o")
+                .arg(&out)
+                .output()
+                .unwrap();
+            let log = String::from_utf8_lossy(&r.stderr).to_string() + &String::from_utf8_lossy(&r.stdout);
+            if !r.status.success() {
+                return Some(format!("{what}: ptxas failed:\n{log}"));
+            }
+            if log.contains("serialized") {
+                return Some(format!("{what}: ptxas serialised wgmma:\n{log}"));
+            }
+            // ptxas reports "Compiling entry function 'NAME'", then its properties with the spills.
+            for entry in ["lssa_fwd_wg8"] {
+                if let Some(at) = log.find(&format!("entry function '{entry}'")) {
+                    let props = log[at..].lines().take(4).collect::<Vec<_>>().join("\n");
+                    if !props.contains("0 bytes spill stores") {
+                        return Some(format!("{what}: {entry} spills:\n{props}"));
+                    }
+                }
+            }
+            None
+        })
+        .collect();
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -180,8 +180,9 @@ fn kernel_jobs_b(
     jobs
 }
 
-const ALL_FWD: [Kernel; 4] = [Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore, Kernel::TensorCoreV5];
-const TC_FWD: [Kernel; 2] = [Kernel::TensorCore, Kernel::TensorCoreV5];
+const ALL_FWD: [Kernel; 5] =
+    [Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV8];
+const TC_FWD: [Kernel; 3] = [Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV8];
 const BOTH_BWD: [Kernel; 4] = [Kernel::Simt, Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV7];
 const TC_BWD: [Kernel; 3] = [Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV7];
 
@@ -418,6 +419,32 @@ fn the_emulator_catches_planted_kernel_bugs() {
     let gr = emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &lab).unwrap();
     let e = rel_err(&gr.dq, &c.grads.dq);
     assert!(e > 0.05, "wrong sigmoid in the v6 backward not caught (dq error {e:.2e})");
+    // v8 (wgmma): V read as K-major (the descriptor's offsets swapped), or the scores used before
+    // the wgmma that computes them is waited for.
+    let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV8 };
+    let planted: [(&str, &str, &str); 2] = [
+        ("wg_desc(Vs + kb * 16 * HD, HD * 16, 128)", "wg_desc(Vs + kb * 16 * HD, 128, HD * 16)", "V's descriptor"),
+        (
+            "                wg_commit();\n                wg_wait<0>();\n            } else {",
+            "                wg_commit();\n            } else {",
+            "wgmma wait",
+        ),
+    ];
+    for (from, to, what) in planted {
+        let edit = move |s: String| {
+            assert!(s.contains(from), "{what}: the source no longer contains {from:?}");
+            s.replacen(from, to, 1)
+        };
+        let lab = Lab { edit: Some(&edit), ..Lab::default() };
+        match emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &lab) {
+            Ok(o) => {
+                let e = rel_err(&o, &c.o);
+                assert!(e.is_nan() || e > 0.05, "v8 {what}: planted bug not caught (error {e:.2e})");
+            }
+            // Reported: the swapped offsets reach past the shared memory at the last tile.
+            Err(e) => assert!(e.to_string().contains("wgmma"), "v8 {what}: {e}"),
+        }
+    }
 }
 
 /// Inputs where re-weighting is at its edges (T = 200, d = 64, one head): queries along one
@@ -504,8 +531,12 @@ fn the_second_generation_does_less_work() {
         };
         (f, b)
     };
-    let ((f3, b4), (f5, b6), (_, b7)) =
-        (profile(Kernel::TensorCore), profile(Kernel::TensorCoreV5), profile(Kernel::TensorCoreV7));
+    let ((f3, b4), (f5, b6), (_, b7), (f8, _)) = (
+        profile(Kernel::TensorCore),
+        profile(Kernel::TensorCoreV5),
+        profile(Kernel::TensorCoreV7),
+        profile(Kernel::TensorCoreV8),
+    );
     // Scores the forward computes: 128-row blocks times 64-key tiles up to the diagonal, two heads.
     let tiles: u64 = (0..512 / 128).map(|qb| ((qb * 128 + 128 + 63) / 64).min(512 / 64) as u64).sum();
     let scores = (tiles * 128 * 64 * 2) as f64;
@@ -520,4 +551,8 @@ fn the_second_generation_does_less_work() {
     assert!(b4.special > b6.special, "v4 {} v6 {}", b4.special, b6.special);
     assert!(per(b7.mma, b6.mma as f64) <= 5.0 / 7.0 + 0.01, "mma: v6 {} v7 {}", b6.mma, b7.mma);
     assert!(per(b7.special, b6.special as f64) <= 0.52, "special: v6 {} v7 {}", b6.special, b7.special);
+    // v8: v5's work, with K and V read by the tensor cores (ldmatrix only for Q, once per block).
+    assert_eq!(f8.mma, f5.mma, "v8 does v5's tensor-core work");
+    assert_eq!(f8.special, f5.special, "v8 does v5's special-function work");
+    assert_eq!(f8.ldmatrix, 2 * 4 * 4 * 2 * 4, "v8: Q's fragments only (2 heads x 4 blocks x 4 warps x 2 x 4)");
 }

@@ -47,8 +47,9 @@ namespace emu {
 
 typedef unsigned int u32;
 typedef unsigned short u16;
+typedef unsigned long long u64;
 
-enum State { READY, AT_BLOCK, AT_WARP, DONE, FAILED };
+enum State { READY, AT_BLOCK, AT_WARP, AT_WG, DONE, FAILED };
 
 struct Copy {
     void* dst;
@@ -99,12 +100,25 @@ struct Context {
 };
 #endif
 
+// One wgmma.mma_async of one thread, queued until the wgmma.wait_group that covers it: the A
+// fragments of the thread's whole warp (copied at issue, as the hardware may read them any time
+// before the wait), the B descriptor, and where the accumulators live.
+struct WgOp {
+    float* d;
+    int n;
+    bool scale_d, tnsp, f16;
+    u64 desc;
+    u32 a[32][4];
+};
+
 struct Thread {
     Context ctx;
     State state;
-    int op; // which collective the lane waits at (warp barriers)
+    int op; // which collective the lane waits at (warp and warpgroup barriers)
     std::vector<Copy> open;                 // cp.async not yet committed
     std::vector<std::vector<Copy>> groups;  // committed, oldest first
+    std::vector<WgOp> wg_open;              // wgmma not yet committed
+    std::vector<std::vector<WgOp>> wg_groups;
 };
 
 // One warp's exchange area for collectives: 64 bytes per lane.
@@ -164,6 +178,8 @@ static void flush_all(Thread& t) {
 
 static void trampoline() {
     g_kernel(g_params);
+    if (!threads[cur].wg_open.empty() || !threads[cur].wg_groups.empty())
+        fail("exited with wgmma.mma_async not waited for (wgmma.wait_group)");
     flush_all(threads[cur]);
     threads[cur].state = DONE;
     to_scheduler();
@@ -217,7 +233,14 @@ static void warp_barrier(int op) {
     to_scheduler();
 }
 
-enum Op { OP_SHFL = 1, OP_MMA, OP_LDSM, OP_LDSMT };
+// All 128 threads of the calling thread's warpgroup (sm_90 wgmma collectives).
+static void wg_barrier(int op) {
+    threads[cur].state = AT_WG;
+    threads[cur].op = op;
+    to_scheduler();
+}
+
+enum Op { OP_SHFL = 1, OP_MMA, OP_LDSM, OP_LDSMT, OP_WGMMA, OP_WGFENCE, OP_WGCOMMIT, OP_WGWAIT };
 
 static const char* op_name(int op) {
     switch (op) {
@@ -225,6 +248,10 @@ static const char* op_name(int op) {
     case OP_MMA: return "mma.sync";
     case OP_LDSM: return "ldmatrix";
     case OP_LDSMT: return "ldmatrix.trans";
+    case OP_WGMMA: return "wgmma.mma_async";
+    case OP_WGFENCE: return "wgmma.fence";
+    case OP_WGCOMMIT: return "wgmma.commit_group";
+    case OP_WGWAIT: return "wgmma.wait_group";
     }
     return "?";
 }
@@ -236,6 +263,8 @@ static bool run_block(int nthreads) {
         t.state = READY;
         t.open.clear();
         t.groups.clear();
+        t.wg_open.clear();
+        t.wg_groups.clear();
         start_fiber(t.ctx, stacks.data() + (size_t)i * STACK, STACK);
     }
     memset(dyn.data(), 0xff, dyn.size()); // NaN in f32, f16 and bf16
@@ -271,6 +300,24 @@ static bool run_block(int nthreads) {
                 released = true;
             }
         }
+        for (int lo = 0; lo + 128 <= nthreads; lo += 128) {
+            int waiting = 0, op = threads[lo].op;
+            bool same = true;
+            for (int i = lo; i < lo + 128; i++) {
+                if (threads[i].state == AT_WG) {
+                    waiting++;
+                    same = same && threads[i].op == op;
+                }
+            }
+            if (waiting == 128) {
+                if (!same) {
+                    error = "warpgroup " + std::to_string(lo / 128) + ": threads wait at different wgmma collectives";
+                    return false;
+                }
+                for (int i = lo; i < lo + 128; i++) threads[i].state = READY;
+                released = true;
+            }
+        }
         for (int i = 0; i < nthreads; i++) {
             if (threads[i].state != DONE) live++;
             if (threads[i].state == AT_BLOCK) at_block++;
@@ -291,6 +338,20 @@ static bool run_block(int nthreads) {
                 done += threads[i].state == DONE;
                 blocked += threads[i].state == AT_BLOCK;
                 if (threads[i].state == AT_WARP) op = threads[i].op;
+            }
+            int at_wg = 0;
+            for (int i = lo; i < hi; i++) at_wg += threads[i].state == AT_WG;
+            if (at_wg) {
+                int wop = 0;
+                for (int i = lo; i < hi; i++)
+                    if (threads[i].state == AT_WG) wop = threads[i].op;
+                char msg[200];
+                snprintf(msg, sizeof msg,
+                         "deadlock in block (%u,%u), warp %d: %d threads at %s (a warpgroup collective needs all 128 "
+                         "threads of the warpgroup), %d exited, %d at __syncthreads",
+                         g_bid.x, g_bid.y, w, at_wg, op_name(wop), done, blocked);
+                error = msg;
+                return false;
             }
             if (waiting) {
                 char msg[200];
@@ -437,6 +498,96 @@ static void cp_wait(int n) {
     while ((int)t.groups.size() > n) {
         for (auto& c : t.groups.front()) do_copy(c);
         t.groups.erase(t.groups.begin());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Warpgroup collectives (sm_90a): wgmma.mma_async m64nNk16 with A from registers and B from shared
+// memory through a matrix descriptor, f32 accumulation. Warp w % 4 of the warpgroup owns rows
+// 16 (w % 4) .. + 15; its A fragment and accumulator layouts are mma.sync m16n8k16's (accumulator i:
+// row g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 t + (i & 1)). The descriptor (PTX ISA, "matrix
+// descriptor"): bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte
+// offset >> 4, 49-51 base offset, 62-63 swizzle. Only the no-swizzle ("interleave") canonical
+// layouts are emulated: core matrices of 8 rows x 16 bytes, stored contiguously (128 bytes); the
+// leading byte offset steps between core matrices along K, the stride byte offset along M/N. With B
+// K-major (tnsp 0) a core matrix's rows are 8 values of N, 8 values of K each; MN-major (tnsp 1),
+// 8 values of K, 8 values of N each. Shared addresses are offsets into the dynamic shared memory.
+// The operation runs at the wait that covers it, on the shared memory and accumulators of that
+// moment, so a kernel that overwrites an operand or reads an accumulator before waiting sees the
+// wrong values, as it may on the GPU.
+
+static u32 smem_offset(const void* p) {
+    const unsigned char* c = (const unsigned char*)p;
+    if (c < dyn.data() || c >= dyn.data() + dyn.size()) fail("wgmma operand outside the dynamic shared memory");
+    return (u32)(c - dyn.data());
+}
+
+static void wg_check_shape() {
+    if (g_bdim.x % 128) fail("a warpgroup collective in a block whose size is not a multiple of 128");
+}
+
+static void wgmma(float* d, const u32* a, u64 desc, int n, bool scale_d, bool tnsp, bool f16) {
+    wg_check_shape();
+    if (lane() == 0) counts.mma += n / 8; // in m16n8k16 units per warp
+    memcpy(wx().slot[lane()], a, 16);
+    wg_barrier(OP_WGMMA);
+    WgOp op;
+    op.d = d;
+    op.n = n;
+    op.scale_d = scale_d;
+    op.tnsp = tnsp;
+    op.f16 = f16;
+    op.desc = desc;
+    for (int l = 0; l < 32; l++) memcpy(op.a[l], wx().slot[l], 16);
+    wg_barrier(OP_WGMMA);
+    threads[cur].wg_open.push_back(op);
+}
+
+static void wg_run(const WgOp& op) {
+    const u64 desc = op.desc;
+    if ((desc >> 62) != 0 || ((desc >> 49) & 7) != 0) fail("only no-swizzle wgmma descriptors with base offset 0 are emulated");
+    const size_t start = (size_t)(desc & 0x3fff) << 4, lbo = (size_t)((desc >> 16) & 0x3fff) << 4,
+                 sbo = (size_t)((desc >> 32) & 0x3fff) << 4;
+    auto half = [&](u16 v) -> float { return op.f16 ? f16_to_f32(v) : bf16_to_f32(v); };
+    auto b = [&](int k, int nn) -> float {
+        size_t off = op.tnsp ? start + (k / 8) * lbo + (nn / 8) * sbo + (k % 8) * 16 + (nn % 8) * 2
+                             : start + (nn / 8) * sbo + (k / 8) * lbo + (nn % 8) * 16 + (k % 8) * 2;
+        if (off + 2 > dyn.size()) fail("wgmma B operand past the end of the dynamic shared memory");
+        u16 v;
+        memcpy(&v, dyn.data() + off, 2);
+        return half(v);
+    };
+    auto aval = [&](int r, int k) -> float {
+        u32 reg = op.a[(r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)];
+        return half((u16)((k & 1) ? reg >> 16 : reg & 0xffff));
+    };
+    const int g = lane() >> 2, t = lane() & 3;
+    for (int i = 0; i < op.n / 2; i++) {
+        const int r = g + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * t + (i & 1);
+        float acc = op.scale_d ? op.d[i] : 0.f;
+        for (int k = 0; k < 16; k++) acc += aval(r, k) * b(k, col);
+        op.d[i] = acc;
+    }
+}
+
+static void wg_fence() {
+    wg_check_shape();
+    wg_barrier(OP_WGFENCE);
+}
+static void wg_commit() {
+    wg_check_shape();
+    Thread& t = threads[cur];
+    t.wg_groups.push_back(t.wg_open);
+    t.wg_open.clear();
+    wg_barrier(OP_WGCOMMIT);
+}
+static void wg_wait(int n) {
+    wg_check_shape();
+    wg_barrier(OP_WGWAIT);
+    Thread& t = threads[cur];
+    while ((int)t.wg_groups.size() > n) {
+        for (auto& op : t.wg_groups.front()) wg_run(op);
+        t.wg_groups.erase(t.wg_groups.begin());
     }
 }
 

@@ -66,6 +66,90 @@ __device__ __forceinline__ float act5(float y) {
 #endif
 }
 
+// ---------------------------------------------------------------------------------------------
+// Lab version 8: version 5 on Hopper's warpgroup tensor cores (sm_90a). The block's 4 warps are one
+// warpgroup; each key tile is two wgmma.mma_async m64n64k16 chains per product (one per 64-row
+// half of the block's 128 rows) instead of 32 mma.sync per warp, with K and V read by the tensor
+// cores straight from shared memory (no ldmatrix: 0 shared-memory instructions per score) and Q and
+// P as register operands, as FlashAttention-3 does. K and V tiles are stored in the no-swizzle
+// canonical layout of core matrices (8 rows x 16 bytes, contiguous); the same bytes are K-major B
+// for Q K^T and MN-major B for P V. Everything else is version 5's (the body below is shared).
+// Emulated in emu.h (wgmma_*); compiled only where NVRTC targets sm_90a.
+
+#if defined(LSSA_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define HAVE_WGMMA 1
+#else
+#define HAVE_WGMMA 0
+#endif
+
+#ifdef LSSA_EMU
+__device__ __forceinline__ void wg_fence() { emu::wg_fence(); }
+__device__ __forceinline__ void wg_commit() { emu::wg_commit(); }
+template <int N> __device__ __forceinline__ void wg_wait() { emu::wg_wait(N); }
+__device__ __forceinline__ void fence_async_smem() {}
+__device__ __forceinline__ unsigned wg_smem_addr(const void* p) { return emu::smem_offset(p); }
+template <int TNSP> __device__ __forceinline__ void wgmma64(float* d, const u32* a, u64 desc, int scale_d) {
+    emu::wgmma(d, a, desc, 64, scale_d != 0, TNSP != 0, DTYPE == 1);
+}
+#elif HAVE_WGMMA
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wg_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Shared memory written through the generic proxy (cp.async, st.shared) is read by wgmma through
+// the async proxy: each writer fences before the barrier that publishes the tile.
+__device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+__device__ __forceinline__ unsigned wg_smem_addr(const void* p) { return smem_addr(p); }
+#if DTYPE == 1
+#define WG_TYPES "f16.f16"
+#else
+#define WG_TYPES "bf16.bf16"
+#endif
+// D (64 x 64, f32) = A (64 x 16, registers) B (16 x 64, shared memory) + (scale_d ? D : 0);
+// TNSP: B is MN-major.
+template <int TNSP> __device__ __forceinline__ void wgmma64(float* d, const u32* a, u64 desc, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPES " "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "{%32, %33, %34, %35}, %36, p, 1, 1, %37;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TNSP), "r"(scale_d));
+}
+#else
+// Declared for the shared body's discarded branches; never called off sm_90a.
+__device__ __forceinline__ void wg_fence() {}
+__device__ __forceinline__ void wg_commit() {}
+template <int N> __device__ __forceinline__ void wg_wait() {}
+__device__ __forceinline__ void fence_async_smem() {}
+__device__ __forceinline__ unsigned wg_smem_addr(const void*) { return 0; }
+template <int TNSP> __device__ __forceinline__ void wgmma64(float*, const u32*, u64, int) {}
+#endif
+
+// A no-swizzle matrix descriptor: start address, leading byte offset (between core matrices along
+// K) and stride byte offset (along M or N).
+__device__ __forceinline__ u64 wg_desc(const void* p, unsigned lbo, unsigned sbo) {
+    return (u64)((wg_smem_addr(p) >> 4) & 0x3fff) | ((u64)((lbo >> 4) & 0x3fff) << 16) |
+           ((u64)((sbo >> 4) & 0x3fff) << 32);
+}
+
+// Queues rows [r0, r0 + nrows) of one head (nrows a multiple of 8) into s in core-matrix order:
+// row r, columns 8c..8c+7 at element (r / 8) HD 8 + 64 c + 8 (r % 8). Eight consecutive threads
+// fill one core matrix, 128 contiguous bytes, so the stores are free of bank conflicts.
+__device__ __forceinline__ void load_async_cm(u16* s, const Tensor4& x, int b, int h, int r0, int nrows, int T) {
+    const u16* base = (const u16*)x.ptr + b * x.sb + h * x.sh;
+    for (int e = threadIdx.x; e < nrows * (HD / 8); e += blockDim.x) {
+        const int r8 = e & 7, c = (e >> 3) % (HD / 8), rb = (e >> 3) / (HD / 8), r = rb * 8 + r8;
+        const bool ok = r0 + r < T;
+        cp_async16(s + rb * HD * 8 + c * 64 + r8 * 8, base + (long long)(ok ? r0 + r : 0) * x.st + c * 8, ok);
+    }
+}
+
 #if HD == 64
 
 // Re-weighting's per-row constants from the first sweep, in the kernel's units: a_ij = f5_ij * an2,
@@ -126,7 +210,10 @@ __device__ __forceinline__ void tile_f5(float (*s)[BK5 / 8][4], const int* rows,
             }
 }
 
-extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) {
+// The forward of versions 5 (GEN 5: mma.sync, 2 x 16 consecutive rows per warp) and 8 (GEN 8:
+// wgmma, warp w has rows 16w.. and 64 + 16w.. of the block, the two m64 halves).
+template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
+    constexpr bool WG = GEN == 8;
     DYN_SMEM(u16, smem5); // [stage][K | V] tiles
     __shared__ float inkS[2][BK5];
 #if P > 0
@@ -139,7 +226,10 @@ extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) 
     const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int lm = lane >> 3, lr = lane & 7; // ldmatrix: which 8x8 matrix this lane addresses, and its row
-    const int i0 = qb * BQ5, w0 = i0 + warp * 32;
+    const int i0 = qb * BQ5;
+    // The first row of the warp's row tile mt (16 rows each).
+    auto tile_row = [&](int mt) { return WG ? i0 + 64 * mt + 16 * warp : i0 + 32 * warp + 16 * mt; };
+    const int w0 = tile_row(0); // the warp's smallest row
     const int ktiles = (p.T + BK5 - 1) / BK5;
     const int nkt = min(ktiles, (i0 + BQ5 + BK5 - 1) / BK5); // causal
 
@@ -153,15 +243,15 @@ extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) 
     for (int mt = 0; mt < 2; mt++)
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)
-            ldsm4(qf[mt][kk], smem5 + (warp * 32 + mt * 16 + (lm & 1) * 8 + lr) * KP5 + kk * 16 + (lm >> 1) * 8);
+            ldsm4(qf[mt][kk], smem5 + (tile_row(mt) - i0 + (lm & 1) * 8 + lr) * KP5 + kk * 16 + (lm >> 1) * 8);
     __syncthreads();
 
-    // Row r = 2 * mt + q of this thread: w0 + 16 mt + g + 8 q.
+    // Row r = 2 * mt + q of this thread: tile_row(mt) + g + 8 q.
     int rows[4];
     float fac[4], bias[4];
 #pragma unroll
     for (int r = 0; r < 4; r++) {
-        rows[r] = w0 + 16 * (r >> 1) + g + 8 * (r & 1);
+        rows[r] = tile_row(r >> 1) + g + 8 * (r & 1);
         int n = rows[r] + 1;
         fac[r] = row_scale(p, n) * ((COSINE && rows[r] < p.T) ? inv_norm(p, bh, 0, rows[r]) : 1.f);
         bias[r] = row_bias(p, n);
@@ -232,8 +322,13 @@ extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) 
         };
         auto issue = [&](int kt, int stage) {
             u16* ks = smem5 + stage * 2 * TILE5;
-            load_async(ks, p.k, b, h, kt * BK5, BK5, p.T);
-            if (want_v) load_async(ks + TILE5, p.v, b, h, kt * BK5, BK5, p.T);
+            if (WG) {
+                load_async_cm(ks, p.k, b, h, kt * BK5, BK5, p.T);
+                if (want_v) load_async_cm(ks + TILE5, p.v, b, h, kt * BK5, BK5, p.T);
+            } else {
+                load_async(ks, p.k, b, h, kt * BK5, BK5, p.T);
+                if (want_v) load_async(ks + TILE5, p.v, b, h, kt * BK5, BK5, p.T);
+            }
             cp_commit();
             if (threadIdx.x < BK5) {
                 int j = kt * BK5 + threadIdx.x;
@@ -251,6 +346,7 @@ extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) 
             } else {
                 cp_wait<0>();
             }
+            if (WG) fence_async_smem();
             __syncthreads();
             const u16* Ks = smem5 + stage * 2 * TILE5;
             const u16* Vs = Ks + TILE5;
@@ -258,6 +354,17 @@ extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) 
             const int j0 = kt * BK5;
             // S = Q K^T: 2 x 16 rows x 64 keys per warp; each K fragment serves both row tiles.
             float s[2][BK5 / 8][4];
+            if constexpr (WG) {
+                // K-major B: key blocks of 8 (N) HD 16 bytes apart, 8-column chunks (K) 128 bytes apart.
+                wg_fence();
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int kk = 0; kk < HD / 16; kk++)
+                        wgmma64<0>(&s[mt][0][0], qf[mt][kk], wg_desc(Ks + kk * 128, 128, HD * 16), kk);
+                wg_commit();
+                wg_wait<0>();
+            } else {
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
 #pragma unroll
@@ -274,6 +381,7 @@ extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) 
                         mma3(s[mt][2 * np + 1], qf[mt][kk], bf[2], bf[3]);
                     }
                 }
+            }
             }
             const bool diag = j0 + BK5 > w0 + 1 || j0 + BK5 > p.T; // some key of the tile is masked for some row
             // Scores to y = scale_i * cos_ij + bias_i (times log2 e where LOG2D).
@@ -326,7 +434,30 @@ extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) 
                 if (lane == 0 && kt < MAX_TILES5) atomicMax(&tmaxS[kt], ordered(tile_fmax));
             }
 #endif
-            if (want_v) {
+            if (WG && want_v) {
+                // O += P V, P from registers; MN-major B: key blocks (K) HD 16 bytes apart, 8-column
+                // chunks (N) 128 bytes apart.
+                // Every P fragment is packed before the first wgmma reads one (registers an
+                // in-flight wgmma reads must not be written).
+                u32 pa[BK5 / 16][2][4];
+#pragma unroll
+                for (int kb = 0; kb < BK5 / 16; kb++)
+#pragma unroll
+                    for (int mt = 0; mt < 2; mt++) {
+                        pa[kb][mt][0] = pack2(s[mt][2 * kb][0], s[mt][2 * kb][1]);
+                        pa[kb][mt][1] = pack2(s[mt][2 * kb][2], s[mt][2 * kb][3]);
+                        pa[kb][mt][2] = pack2(s[mt][2 * kb + 1][0], s[mt][2 * kb + 1][1]);
+                        pa[kb][mt][3] = pack2(s[mt][2 * kb + 1][2], s[mt][2 * kb + 1][3]);
+                    }
+                wg_fence();
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int kb = 0; kb < BK5 / 16; kb++)
+                        wgmma64<1>(&oacc[mt][0][0], pa[kb][mt], wg_desc(Vs + kb * 16 * HD, HD * 16, 128), 1);
+                wg_commit();
+                wg_wait<0>();
+            } else if (want_v) {
                 // O += P V; each V fragment serves both row tiles.
 #pragma unroll
                 for (int kb = 0; kb < BK5 / 16; kb++) {
@@ -397,4 +528,10 @@ extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) 
         }
     }
 }
+
+extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) { fwd5_body<5>(p); }
+
+#if HAVE_WGMMA
+extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_wg8(KParams p) { fwd5_body<8>(p); }
+#endif
 #endif // HD == 64

@@ -19,6 +19,9 @@
 //!   `lssa_bwd_keys_mma7`, `lssa_bwd_dq7`): the second generation, selected by
 //!   [`Kernel::TensorCoreV5`] (v5 + v6) and [`Kernel::TensorCoreV7`] (v5 + v7); checked in the
 //!   emulator, not yet timed on a GPU.
+//! - v8 `lssa_fwd_wg8` (d = 64, sm_90a: the PTX for compute capability 9.0 is arch-specific):
+//!   v5 on Hopper's warpgroup tensor cores (`wgmma.mma_async`, K and V read from shared memory by
+//!   descriptor); [`Kernel::TensorCoreV8`] (v8 + v7). Checked in the emulator, not yet timed.
 //!
 //! Other head dimensions and f32 run v1.
 //!
@@ -118,13 +121,17 @@ pub enum Kernel {
     /// keys kernel (atomics), so S, G V^T and the entry gradients are computed once instead of
     /// twice. Checked in the emulator, not yet timed on a GPU.
     TensorCoreV7,
+    /// Forward lab v8 (v5 on Hopper's warpgroup tensor cores, `wgmma.mma_async`; sm_90 at head
+    /// dimension 64; elsewhere what [`Kernel::TensorCoreV5`] runs), backward v7. Checked in the
+    /// emulator, not yet timed on a GPU.
+    TensorCoreV8,
 }
 
 impl std::str::FromStr for Kernel {
     type Err = Error;
 
     /// `auto`, `v1` (or `simt`), `v2`, `v3` (the first tensor-core generation, v3 + v4), `v5` (the
-    /// second, v5 + v6), `v7` (v5 + v7), case-insensitive.
+    /// second, v5 + v6), `v7` (v5 + v7), `v8` (v8 + v7), case-insensitive.
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Kernel::Auto,
@@ -133,7 +140,8 @@ impl std::str::FromStr for Kernel {
             "v3" | "v4" => Kernel::TensorCore,
             "v5" | "v6" => Kernel::TensorCoreV5,
             "v7" => Kernel::TensorCoreV7,
-            _ => return Err(Error::BadParams(format!("unknown CUDA kernel {s:?}: auto, v1, v2, v3, v5 or v7"))),
+            "v8" => Kernel::TensorCoreV8,
+            _ => return Err(Error::BadParams(format!("unknown CUDA kernel {s:?}: auto, v1, v2, v3, v5, v7 or v8"))),
         })
     }
 }
@@ -367,10 +375,17 @@ fn arch_name(major: i32, minor: i32) -> Result<&'static str> {
         (8, 6) => "compute_86",
         (8, 7) => "compute_87",
         (8, 9) => "compute_89",
+        // Arch-specific PTX (wgmma, lab v8) for sm_90 itself; it does not JIT to later GPUs.
+        (9, 0) => "compute_90a",
         (9, _) => "compute_90",
         (10, _) | (11, _) | (12, _) => "compute_90", // PTX for sm_90 runs on later GPUs (JIT)
         _ => return Err(Error::Cuda(format!("compute capability {major}.{minor}: the kernels need sm_80 or newer"))),
     })
+}
+
+/// Whether PTX for `arch` may use sm_90a's warpgroup instructions (lab v8).
+fn has_wgmma(arch: &str) -> bool {
+    arch == "compute_90a"
 }
 
 /// The kernels of the sources, by their `extern "C"` names.
@@ -381,6 +396,7 @@ pub(crate) enum Kern {
     FwdMma,
     FwdMma3,
     FwdMma5,
+    FwdWg8,
     BwdRows,
     BwdKeys,
     BwdRowsMma,
@@ -393,12 +409,13 @@ pub(crate) enum Kern {
 }
 
 impl Kern {
-    const ALL: [Kern; 14] = [
+    const ALL: [Kern; 15] = [
         Kern::InvNorms,
         Kern::FwdSimt,
         Kern::FwdMma,
         Kern::FwdMma3,
         Kern::FwdMma5,
+        Kern::FwdWg8,
         Kern::BwdRows,
         Kern::BwdKeys,
         Kern::BwdRowsMma,
@@ -417,6 +434,7 @@ impl Kern {
             Kern::FwdMma => "lssa_fwd_mma",
             Kern::FwdMma3 => "lssa_fwd_mma3",
             Kern::FwdMma5 => "lssa_fwd_mma5",
+            Kern::FwdWg8 => "lssa_fwd_wg8",
             Kern::BwdRows => "lssa_bwd_rows",
             Kern::BwdKeys => "lssa_bwd_keys",
             Kern::BwdRowsMma => "lssa_bwd_rows_mma",
@@ -432,9 +450,12 @@ impl Kern {
     /// Dynamic shared memory of one block, in bytes.
     pub(crate) fn smem(self, head_dim: usize) -> usize {
         match self {
-            Kern::FwdMma3 | Kern::FwdMma5 | Kern::BwdRowsMma | Kern::BwdRowsMma6 | Kern::BwdRowStats7 => {
-                mma3_smem(head_dim)
-            }
+            Kern::FwdMma3
+            | Kern::FwdMma5
+            | Kern::FwdWg8
+            | Kern::BwdRowsMma
+            | Kern::BwdRowsMma6
+            | Kern::BwdRowStats7 => mma3_smem(head_dim),
             Kern::BwdKeysMma | Kern::BwdKeysMma6 => bwd_keys_smem(head_dim),
             // One more tile: dS on its way to the dq product.
             Kern::BwdKeysMma7 => bwd_keys_smem(head_dim) / 6 * 7,
@@ -443,11 +464,12 @@ impl Kern {
     }
 
     /// The kernels one specialisation's source defines (the tensor-core files are included only
-    /// where [`has_tensor_core_forward`]).
-    pub(crate) fn present(head_dim: usize, dtype: Dtype) -> impl Iterator<Item = Kern> {
+    /// where [`has_tensor_core_forward`]); `wgmma`: compiled for sm_90a (or the emulator).
+    pub(crate) fn present(head_dim: usize, dtype: Dtype, wgmma: bool) -> impl Iterator<Item = Kern> {
         let tc = has_tensor_core_forward(head_dim, dtype);
         Self::ALL.into_iter().filter(move |k| match k {
             Kern::FwdMma5 => tc && head_dim == 64,
+            Kern::FwdWg8 => tc && head_dim == 64 && wgmma,
             Kern::FwdMma | Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma => tc,
             Kern::BwdRowsMma6 | Kern::BwdKeysMma6 => tc,
             Kern::BwdRowStats7 | Kern::BwdKeysMma7 | Kern::BwdDq7 => tc,
@@ -570,7 +592,7 @@ fn module(cfg: &Config, head_dim: usize, dtype: Dtype) -> Result<Arc<Module>> {
     let ptx = compile(cfg, head_dim, dtype, g.arch)?;
     let module = g.ctx.load_module(ptx).map_err(cuda_err)?;
     let mut functions = HashMap::new();
-    for k in Kern::present(head_dim, dtype) {
+    for k in Kern::present(head_dim, dtype, has_wgmma(g.arch)) {
         let f = module.load_function(k.name()).map_err(cuda_err)?;
         let smem = k.smem(head_dim);
         functions.insert(k, if smem > 0 { with_smem(f, smem)? } else { f });
@@ -736,6 +758,8 @@ pub(crate) trait Exec {
     fn upload(&self, bytes: &[u8]) -> Result<Buf>;
     /// The contents of `b` (after the work queued before).
     fn download(&self, b: &Buf) -> Result<Vec<u8>>;
+    /// Whether the warpgroup kernels (lab v8) are there.
+    fn wgmma(&self) -> bool;
 }
 
 /// The kernels of one specialisation on this thread's GPU.
@@ -783,6 +807,10 @@ impl Exec for GpuExec {
             Buf::Device { mem, .. } => self.gpu.stream.clone_dtoh(mem).map_err(cuda_err),
             Buf::Host(_) => Err(Error::Cuda("a host buffer given to the GPU".into())),
         }
+    }
+
+    fn wgmma(&self) -> bool {
+        has_wgmma(self.gpu.arch)
     }
 }
 
@@ -848,13 +876,16 @@ unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ker
         Kernel::TensorCoreV2 => return refuse("v2"),
         Kernel::TensorCore if v3 => 3,
         Kernel::TensorCore => return refuse("v3"),
-        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 if v3 && p.head_dim == 64 => 5,
-        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 if v3 => 3, // v5 exists at head dimension 64 only
-        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 => return refuse("v5"),
+        Kernel::TensorCoreV8 if v3 && p.head_dim == 64 && x.wgmma() => 8,
+        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 if v3 && p.head_dim == 64 => 5,
+        // v5 exists at head dimension 64 only, v8 there on sm_90 only.
+        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 if v3 => 3,
+        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 => return refuse("v5"),
     };
     let Call { kp, _norms, bh } = prepare(x, cfg, p)?;
     let t = p.seq_len as u32;
     match version {
+        8 => x.launch(Kern::FwdWg8, (t.div_ceil(MMA5_ROWS), bh), 128, &kp),
         5 => x.launch(Kern::FwdMma5, (t.div_ceil(MMA5_ROWS), bh), 128, &kp),
         3 => x.launch(Kern::FwdMma3, (t.div_ceil(MMA3_ROWS), bh), 256, &kp),
         2 => x.launch(Kern::FwdMma, (t.div_ceil(MMA_ROWS), bh), 128, &kp),
@@ -865,7 +896,7 @@ unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ker
 /// Fused backward on device memory: reads `q`, `k`, `v`, `o`, `stats`, `d_out`; writes `dq`, `dk`,
 /// `dv`. `kernel`: [`Kernel::Auto`] and [`Kernel::TensorCore`] run the tensor-core backward (lab
 /// v4) where it applies (as v3: f16/bf16, d 64 or 128, 16-byte aligned rows), [`Kernel::TensorCoreV5`]
-/// its successor v6 there, [`Kernel::TensorCoreV7`] v7, [`Kernel::Simt`] and
+/// its successor v6 there, [`Kernel::TensorCoreV7`] and [`Kernel::TensorCoreV8`] v7, [`Kernel::Simt`] and
 /// [`Kernel::TensorCoreV2`] the SIMT one (v1).
 ///
 /// # Safety
@@ -889,7 +920,8 @@ unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ke
     let all16 =
         rows_aligned16(p) && [t4(p.d_out), t4m(p.dq), t4m(p.dk), t4m(p.dv), t4m(p.o)].iter().all(|x| aligned(x, 16, 8));
     let tc = has_tensor_core_forward(p.head_dim, dtype) && all16;
-    if matches!(kernel, Kernel::TensorCore | Kernel::TensorCoreV5 | Kernel::TensorCoreV7) && !tc {
+    if matches!(kernel, Kernel::TensorCore | Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8) && !tc
+    {
         return Err(Error::BadParams(format!(
             "no tensor-core backward for {dtype:?} at head dimension {} with these strides",
             p.head_dim
@@ -899,7 +931,7 @@ unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ke
     let rowgrad = x.zeros(2 * p.batch * p.heads * p.seq_len * 4)?;
     kp.rowgrad = rowgrad.addr();
     let t = p.seq_len as u32;
-    if tc && kernel == Kernel::TensorCoreV7 {
+    if tc && matches!(kernel, Kernel::TensorCoreV7 | Kernel::TensorCoreV8) {
         let dq_acc = x.zeros(p.batch * p.heads * p.seq_len * p.head_dim * 4)?;
         kp.dq_acc = dq_acc.addr();
         x.launch(Kern::BwdRowStats7, (t.div_ceil(64), bh), 128, &kp)?;
@@ -1095,4 +1127,4 @@ pub fn synchronize() -> Result<()> {
 }
 
 /// Every architecture name the kernels are compiled for (CI compiles each kernel for each).
-pub const ARCHES: [&str; 2] = ["compute_80", "compute_90"];
+pub const ARCHES: [&str; 3] = ["compute_80", "compute_90", "compute_90a"];
