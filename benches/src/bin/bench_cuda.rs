@@ -198,9 +198,17 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         let (q64, k64, v64, g64) = (f64s(&q), f64s(&k), f64s(&vv), f64s(&g));
         let o_ref = attn_core::forward(&v, &q64, &k64, &v64)?;
         let gr = attn_core::backward(&v, &q64, &k64, &v64, &g64)?;
-        // TensorCoreV5 / V7: forward v5 (v3 at d = 128), backward v6 / v7.
+        // TensorCoreV5 / V7: forward v5 (v3 at d = 128), backward v6 / v7; V8: forward v8 (sm_90, d = 64;
+        // else as V5), backward v7.
         let kernels: &[Kernel] = if cuda::has_tensor_core_forward(d, dt) {
-            &[Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV7]
+            &[
+                Kernel::Simt,
+                Kernel::TensorCoreV2,
+                Kernel::TensorCore,
+                Kernel::TensorCoreV5,
+                Kernel::TensorCoreV7,
+                Kernel::TensorCoreV8,
+            ]
         } else {
             &[Kernel::Simt]
         };
@@ -236,6 +244,7 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
                     Kernel::TensorCoreV2 => "v2",
                     Kernel::TensorCoreV5 => "v5+v6",
                     Kernel::TensorCoreV7 => "v5+v7",
+                    Kernel::TensorCoreV8 => "v8+v7",
                     _ => "v3+v4",
                 },
                 e[0],
@@ -470,30 +479,37 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                 (None, None)
             };
             // v3 is what Auto runs; v5 (head dimension 64 only) is timed beside it until it replaces it.
-            let (v3, v5, r3, r5) = if d == 64 {
+            // v8 (wgmma) needs sm_90 and d = 64; elsewhere TensorCoreV8 runs v5 or v3, so it is not timed.
+            let (v3, v5, v8, r3, r5, r8) = if d == 64 {
                 (
                     version(&lssa, Kernel::TensorCore),
                     version(&lssa, Kernel::TensorCoreV5),
+                    version(&lssa, Kernel::TensorCoreV8),
                     version(&lssar, Kernel::TensorCore),
                     version(&lssar, Kernel::TensorCoreV5),
+                    version(&lssar, Kernel::TensorCoreV8),
                 )
             } else {
-                (version(&lssa, Kernel::TensorCore), None, version(&lssar, Kernel::TensorCore), None)
+                (version(&lssa, Kernel::TensorCore), None, None, version(&lssar, Kernel::TensorCore), None, None)
             };
             let (lfb, lrfb) = (ours_fb(&lssa), ours_fb(&lssar));
             let lfb6 = ours_fb_with(&lssa, Kernel::TensorCoreV5);
             let lfb7 = ours_fb_with(&lssa, Kernel::TensorCoreV7);
+            let lfb8 = if d == 64 { ours_fb_with(&lssa, Kernel::TensorCoreV8) } else { None };
             lab.push(format!(
-                "{d:>4} {t:>6} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} | {:>8} {:>8} {:>8}",
+                "{d:>4} {t:>6} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8}",
                 fmt(tf(v1, 1.0)),
                 fmt(tf(v2, 1.0)),
                 fmt(tf(v3, 1.0)),
                 fmt(tf(v5, 1.0)),
+                fmt(tf(v8, 1.0)),
                 fmt(tf(r3, 1.0)),
                 fmt(tf(r5, 1.0)),
+                fmt(tf(r8, 1.0)),
                 fmt(tf(lfb, 3.5)),
                 fmt(tf(lfb6, 3.5)),
-                fmt(tf(lfb7, 3.5))
+                fmt(tf(lfb7, 3.5)),
+                fmt(tf(lfb8, 3.5))
             ));
             let ops = |pp: Option<u32>| {
                 if t > 16384 {
@@ -545,26 +561,30 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
             );
             rows.push(json!({"d": d, "T": t, "B": b, "H": h, "seconds": {
                 "sdpa_fwd": sdpa, "lssa_fwd": l, "lssar15_fwd": lr, "ops_lssa_fwd": ol, "ops_lssar15_fwd": olr,
-                "lssa_fwd_v1": v1, "lssa_fwd_v2": v2, "lssa_fwd_v3": v3, "lssa_fwd_v5": v5,
-                "lssar15_fwd_v3": r3, "lssar15_fwd_v5": r5, "lssa_fwd_bwd_v5_v6": lfb6, "lssa_fwd_bwd_v5_v7": lfb7,
+                "lssa_fwd_v1": v1, "lssa_fwd_v2": v2, "lssa_fwd_v3": v3, "lssa_fwd_v5": v5, "lssa_fwd_v8": v8,
+                "lssar15_fwd_v3": r3, "lssar15_fwd_v5": r5, "lssar15_fwd_v8": r8,
+                "lssa_fwd_bwd_v5_v6": lfb6, "lssa_fwd_bwd_v5_v7": lfb7, "lssa_fwd_bwd_v8_v7": lfb8,
                 "sdpa_fwd_bwd": sdpa_fb, "lssa_fwd_bwd": lfb, "lssar15_fwd_bwd": lrfb, "ops_lssa_fwd_bwd": ops_fb},
                 "forward_flops": flops}));
         }
     }
     say!("\nKernel lab, forward TFLOP/s by version (bf16, causal, H = 12, B*T = 16K)");
     say!(
-        "{:>4} {:>6} | {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} | {:>8} {:>8} {:>8}",
+        "{:>4} {:>6} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8}",
         "d",
         "T",
         "LSSA v1",
         "v2",
         "v3",
         "v5",
+        "v8",
         "LSSAR v3",
         "v5",
+        "v8",
         "fb v3+v4",
         "v5+v6",
-        "v5+v7"
+        "v5+v7",
+        "v8+v7"
     );
     for l in lab {
         say!("{l}");
@@ -630,17 +650,19 @@ fn model(rows: &mut Vec<Value>) -> Result<()> {
         for variant in ["lssa", "lssa+rw15"] {
             let mut line = format!("  T = {t:>5} {variant:<10}");
             let mut res = serde_json::Map::new();
-            // The fused step with the default kernels, then with the newer ones (v5 + v6, v5 + v7).
+            // The fused step with the default kernels, then with the newer ones (v5 + v6, v5 + v7, v8 + v7).
             for (imp, kernel) in [
                 (AttnImpl::Reference, Kernel::Auto),
                 (AttnImpl::Fused, Kernel::Auto),
                 (AttnImpl::Fused, Kernel::TensorCoreV5),
                 (AttnImpl::Fused, Kernel::TensorCoreV7),
+                (AttnImpl::Fused, Kernel::TensorCoreV8),
             ] {
                 gpt_model::attention::fused::set_cuda_kernel(kernel);
                 let label = match kernel {
                     Kernel::TensorCoreV5 => "FusedV5V6".to_string(),
                     Kernel::TensorCoreV7 => "FusedV5V7".to_string(),
+                    Kernel::TensorCoreV8 => "FusedV8V7".to_string(),
                     _ => format!("{imp:?}"),
                 };
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<f64> {

@@ -166,10 +166,12 @@ __device__ __forceinline__ Rw5 rw_row5(float z, float fmx, int n) {
     return c;
 }
 
-// One tile's element-wise step for one warp (2 x 16 rows x 64 keys): y to f in place, row sums and
-// maxima. MASK: the tile crosses the diagonal or the end of the sequence.
+// One tile's element-wise step for one warp (row tiles [m0, m1) of 16 rows x 64 keys; constants
+// once inlined): y to f in place, row sums and maxima. MASK: the tile crosses the diagonal or the
+// end of the sequence.
 template <bool MASK>
-__device__ __forceinline__ void tile_f5(float (*s)[BK5 / 8][4], const int* rows, int j0, int T, const int t4,
+__device__ __forceinline__ void tile_f5(int m0, int m1, float (*s)[BK5 / 8][4], const int* rows, int j0, int T,
+                                        const int t4,
                                         const int pass, const float* mx, float* z, float* fmx, float* tile_fmax,
                                         const float* ra, const float* rb, const float* rc, const bool* fallback,
                                         float* wsum) {
@@ -179,6 +181,7 @@ __device__ __forceinline__ void tile_f5(float (*s)[BK5 / 8][4], const int* rows,
         for (int nn = 0; nn < BK5 / 8; nn++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
+                if (mt < m0 || mt >= m1) continue;
                 const int r = 2 * mt + (e >> 1), cl = nn * 8 + 2 * t4 + (e & 1);
                 const bool in = !MASK || (j0 + cl <= rows[r] && j0 + cl < T);
                 const float y = s[mt][nn][e];
@@ -352,112 +355,131 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
             const u16* Vs = Ks + TILE5;
             const float* ink = inkS[stage];
             const int j0 = kt * BK5;
-            // S = Q K^T: 2 x 16 rows x 64 keys per warp; each K fragment serves both row tiles.
+            // S = Q K^T: 2 x 16 rows x 64 keys per warp.
             float s[2][BK5 / 8][4];
-            if constexpr (WG) {
-                // K-major B: key blocks of 8 (N) HD 16 bytes apart, 8-column chunks (K) 128 bytes apart.
-                wg_fence();
+            const bool diag = j0 + BK5 > w0 + 1 || j0 + BK5 > p.T; // some key of the tile is masked for some row
+            float tile_fmax = -INFINITY;
+            // The element-wise step of row tiles [M0, M1): scores to y = scale_i * cos_ij + bias_i
+            // (times log2 e where LOG2D), the running maximum (softmax), the activation.
+            // [m0, m1) are constants at every call; the loops below run over both row tiles and
+            // skip the others, so that they unroll with constant indices.
+            auto elementwise = [&](int m0, int m1) {
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
 #pragma unroll
+                    for (int nn = 0; nn < BK5 / 8; nn++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int r = 2 * mt + (e >> 1), cl = nn * 8 + 2 * t4 + (e & 1);
+                            if (mt >= m0 && mt < m1) s[mt][nn][e] = fmaf(s[mt][nn][e] * fac[r], ink[cl], bias[r]);
+                        }
+#if RUNNING_MAX
+                if (pass == 0) {
+                    // The running maximum of y per row, and the rescaling of what was accumulated.
+#pragma unroll
+                    for (int r = 0; r < 4; r++) {
+                        if ((r >> 1) < m0 || (r >> 1) >= m1) continue;
+                        float tm = -INFINITY;
+#pragma unroll
+                        for (int nn = 0; nn < BK5 / 8; nn++)
+#pragma unroll
+                            for (int c = 0; c < 2; c++) {
+                                int cl = nn * 8 + 2 * t4 + c;
+                                bool in = !diag || (j0 + cl <= rows[r] && j0 + cl < p.T);
+                                tm = in ? fmaxf(tm, s[r >> 1][nn][2 * (r & 1) + c]) : tm;
+                            }
+                        tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 1));
+                        tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 2));
+                        if (tm > mx[r]) {
+                            float sc = mx[r] == -INFINITY ? 0.f : ex2_fast(mx[r] - tm);
+                            z[r] *= sc;
+#pragma unroll
+                            for (int nn = 0; nn < HD / 8; nn++) {
+                                oacc[r >> 1][nn][2 * (r & 1)] *= sc;
+                                oacc[r >> 1][nn][2 * (r & 1) + 1] *= sc;
+                            }
+                            mx[r] = tm;
+                        }
+                    }
+                }
+#endif
+                if (diag)
+                    tile_f5<true>(m0, m1, s, rows, j0, p.T, t4, pass, mx, z, fmx, &tile_fmax, ra, rb, rc, fallback,
+                                  wsum);
+                else
+                    tile_f5<false>(m0, m1, s, rows, j0, p.T, t4, pass, mx, z, fmx, &tile_fmax, ra, rb, rc, fallback,
+                                   wsum);
+            };
+            if constexpr (WG) {
+                // Two commit groups, one per 64-row half, so the tensor cores work on one half
+                // while the other's element-wise step runs: S0, S1 | f(S0), P0 V | f(S1), P1 V.
+                // K-major B: key blocks of 8 (N) HD 16 bytes apart, 8-column chunks (K) 128 apart.
+                // MN-major V: key blocks (K) HD 16 bytes apart, 8-column chunks (N) 128 apart.
+                // P fragments are packed before the wgmma that reads them is issued (registers an
+                // in-flight wgmma reads must not be written).
+                auto pv = [&](int mt) {
+                    u32 pa[BK5 / 16][4];
+#pragma unroll
+                    for (int kb = 0; kb < BK5 / 16; kb++) {
+                        pa[kb][0] = pack2(s[mt][2 * kb][0], s[mt][2 * kb][1]);
+                        pa[kb][1] = pack2(s[mt][2 * kb][2], s[mt][2 * kb][3]);
+                        pa[kb][2] = pack2(s[mt][2 * kb + 1][0], s[mt][2 * kb + 1][1]);
+                        pa[kb][3] = pack2(s[mt][2 * kb + 1][2], s[mt][2 * kb + 1][3]);
+                    }
+                    wg_fence();
+#pragma unroll
+                    for (int kb = 0; kb < BK5 / 16; kb++)
+                        wgmma64<1>(&oacc[mt][0][0], pa[kb], wg_desc(Vs + kb * 16 * HD, HD * 16, 128), 1);
+                    wg_commit();
+                };
+                wg_fence();
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++) {
+#pragma unroll
                     for (int kk = 0; kk < HD / 16; kk++)
                         wgmma64<0>(&s[mt][0][0], qf[mt][kk], wg_desc(Ks + kk * 128, 128, HD * 16), kk);
-                wg_commit();
+                    wg_commit();
+                }
+                wg_wait<1>(); // S0
+                elementwise(0, 1);
+                if (want_v) {
+                    pv(0);
+                    wg_wait<1>(); // S1 (P0 V may still run)
+                } else {
+                    wg_wait<0>();
+                }
+                elementwise(1, 2);
+                if (want_v) pv(1);
                 wg_wait<0>();
             } else {
 #pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int nn = 0; nn < BK5 / 8; nn++) s[mt][nn][0] = s[mt][nn][1] = s[mt][nn][2] = s[mt][nn][3] = 0.f;
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-#pragma unroll
-                for (int np = 0; np < BK5 / 16; np++) {
-                    u32 bf[4];
-                    ldsm4(bf, Ks + (np * 16 + (lm >> 1) * 8 + lr) * KP5 + kk * 16 + (lm & 1) * 8);
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
-                        mma3(s[mt][2 * np], qf[mt][kk], bf[0], bf[1]);
-                        mma3(s[mt][2 * np + 1], qf[mt][kk], bf[2], bf[3]);
-                    }
-                }
-            }
-            }
-            const bool diag = j0 + BK5 > w0 + 1 || j0 + BK5 > p.T; // some key of the tile is masked for some row
-            // Scores to y = scale_i * cos_ij + bias_i (times log2 e where LOG2D).
-#pragma unroll
-            for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                for (int nn = 0; nn < BK5 / 8; nn++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int r = 2 * mt + (e >> 1), cl = nn * 8 + 2 * t4 + (e & 1);
-                        s[mt][nn][e] = fmaf(s[mt][nn][e] * fac[r], ink[cl], bias[r]);
-                    }
-#if RUNNING_MAX
-            if (pass == 0) {
-                // The running maximum of y per row, and the rescaling of what was accumulated.
-#pragma unroll
-                for (int r = 0; r < 4; r++) {
-                    float tm = -INFINITY;
+                for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                     for (int nn = 0; nn < BK5 / 8; nn++)
+                        s[mt][nn][0] = s[mt][nn][1] = s[mt][nn][2] = s[mt][nn][3] = 0.f;
+                // Each K fragment serves both row tiles.
 #pragma unroll
-                        for (int c = 0; c < 2; c++) {
-                            int cl = nn * 8 + 2 * t4 + c;
-                            bool in = !diag || (j0 + cl <= rows[r] && j0 + cl < p.T);
-                            tm = in ? fmaxf(tm, s[r >> 1][nn][2 * (r & 1) + c]) : tm;
-                        }
-                    tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 1));
-                    tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 2));
-                    if (tm > mx[r]) {
-                        float sc = mx[r] == -INFINITY ? 0.f : ex2_fast(mx[r] - tm);
-                        z[r] *= sc;
+                for (int kk = 0; kk < HD / 16; kk++) {
 #pragma unroll
-                        for (int nn = 0; nn < HD / 8; nn++) {
-                            oacc[r >> 1][nn][2 * (r & 1)] *= sc;
-                            oacc[r >> 1][nn][2 * (r & 1) + 1] *= sc;
+                    for (int np = 0; np < BK5 / 16; np++) {
+                        u32 bf[4];
+                        ldsm4(bf, Ks + (np * 16 + (lm >> 1) * 8 + lr) * KP5 + kk * 16 + (lm & 1) * 8);
+#pragma unroll
+                        for (int mt = 0; mt < 2; mt++) {
+                            mma3(s[mt][2 * np], qf[mt][kk], bf[0], bf[1]);
+                            mma3(s[mt][2 * np + 1], qf[mt][kk], bf[2], bf[3]);
                         }
-                        mx[r] = tm;
                     }
                 }
+                elementwise(0, 2);
             }
-#endif
-            float tile_fmax = -INFINITY;
-            if (diag)
-                tile_f5<true>(s, rows, j0, p.T, t4, pass, mx, z, fmx, &tile_fmax, ra, rb, rc, fallback, wsum);
-            else
-                tile_f5<false>(s, rows, j0, p.T, t4, pass, mx, z, fmx, &tile_fmax, ra, rb, rc, fallback, wsum);
 #if P > 0
             if (pass == 0) {
                 tile_fmax = warp_max(tile_fmax);
                 if (lane == 0 && kt < MAX_TILES5) atomicMax(&tmaxS[kt], ordered(tile_fmax));
             }
 #endif
-            if (WG && want_v) {
-                // O += P V, P from registers; MN-major B: key blocks (K) HD 16 bytes apart, 8-column
-                // chunks (N) 128 bytes apart.
-                // Every P fragment is packed before the first wgmma reads one (registers an
-                // in-flight wgmma reads must not be written).
-                u32 pa[BK5 / 16][2][4];
-#pragma unroll
-                for (int kb = 0; kb < BK5 / 16; kb++)
-#pragma unroll
-                    for (int mt = 0; mt < 2; mt++) {
-                        pa[kb][mt][0] = pack2(s[mt][2 * kb][0], s[mt][2 * kb][1]);
-                        pa[kb][mt][1] = pack2(s[mt][2 * kb][2], s[mt][2 * kb][3]);
-                        pa[kb][mt][2] = pack2(s[mt][2 * kb + 1][0], s[mt][2 * kb + 1][1]);
-                        pa[kb][mt][3] = pack2(s[mt][2 * kb + 1][2], s[mt][2 * kb + 1][3]);
-                    }
-                wg_fence();
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int kb = 0; kb < BK5 / 16; kb++)
-                        wgmma64<1>(&oacc[mt][0][0], pa[kb][mt], wg_desc(Vs + kb * 16 * HD, HD * 16, 128), 1);
-                wg_commit();
-                wg_wait<0>();
-            } else if (want_v) {
+            if (!WG && want_v) {
                 // O += P V; each V fragment serves both row tiles.
 #pragma unroll
                 for (int kb = 0; kb < BK5 / 16; kb++) {
