@@ -198,8 +198,8 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         let (q64, k64, v64, g64) = (f64s(&q), f64s(&k), f64s(&vv), f64s(&g));
         let o_ref = attn_core::forward(&v, &q64, &k64, &v64)?;
         let gr = attn_core::backward(&v, &q64, &k64, &v64, &g64)?;
-        // TensorCoreV5 / V7: forward v5 (v3 at d = 128), backward v6 / v7; V8: forward v8 (sm_90, d = 64;
-        // else as V5), backward v7.
+        // TensorCoreV5 / V7: forward v5 (v3 at d = 128), backward v6 / v7; V8: v8 + v9 (sm_90, d = 64;
+        // else as V7).
         let kernels: &[Kernel] = if cuda::has_tensor_core_forward(d, dt) {
             &[
                 Kernel::Simt,
@@ -244,7 +244,7 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
                     Kernel::TensorCoreV2 => "v2",
                     Kernel::TensorCoreV5 => "v5+v6",
                     Kernel::TensorCoreV7 => "v5+v7",
-                    Kernel::TensorCoreV8 => "v8+v7",
+                    Kernel::TensorCoreV8 => "v8+v9",
                     _ => "v3+v4",
                 },
                 e[0],
@@ -563,7 +563,7 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                 "sdpa_fwd": sdpa, "lssa_fwd": l, "lssar15_fwd": lr, "ops_lssa_fwd": ol, "ops_lssar15_fwd": olr,
                 "lssa_fwd_v1": v1, "lssa_fwd_v2": v2, "lssa_fwd_v3": v3, "lssa_fwd_v5": v5, "lssa_fwd_v8": v8,
                 "lssar15_fwd_v3": r3, "lssar15_fwd_v5": r5, "lssar15_fwd_v8": r8,
-                "lssa_fwd_bwd_v5_v6": lfb6, "lssa_fwd_bwd_v5_v7": lfb7, "lssa_fwd_bwd_v8_v7": lfb8,
+                "lssa_fwd_bwd_v5_v6": lfb6, "lssa_fwd_bwd_v5_v7": lfb7, "lssa_fwd_bwd_v8_v9": lfb8,
                 "sdpa_fwd_bwd": sdpa_fb, "lssa_fwd_bwd": lfb, "lssar15_fwd_bwd": lrfb, "ops_lssa_fwd_bwd": ops_fb},
                 "forward_flops": flops}));
         }
@@ -584,7 +584,7 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
         "fb v3+v4",
         "v5+v6",
         "v5+v7",
-        "v8+v7"
+        "v8+v9"
     );
     for l in lab {
         say!("{l}");
@@ -650,7 +650,7 @@ fn model(rows: &mut Vec<Value>) -> Result<()> {
         for variant in ["lssa", "lssa+rw15"] {
             let mut line = format!("  T = {t:>5} {variant:<10}");
             let mut res = serde_json::Map::new();
-            // The fused step with the default kernels, then with the newer ones (v5 + v6, v5 + v7, v8 + v7).
+            // The fused step with the default kernels, then with the newer ones (v5 + v6, v5 + v7, v8 + v9).
             for (imp, kernel) in [
                 (AttnImpl::Reference, Kernel::Auto),
                 (AttnImpl::Fused, Kernel::Auto),
@@ -662,7 +662,7 @@ fn model(rows: &mut Vec<Value>) -> Result<()> {
                 let label = match kernel {
                     Kernel::TensorCoreV5 => "FusedV5V6".to_string(),
                     Kernel::TensorCoreV7 => "FusedV5V7".to_string(),
-                    Kernel::TensorCoreV8 => "FusedV8V7".to_string(),
+                    Kernel::TensorCoreV8 => "FusedV8V9".to_string(),
                     _ => format!("{imp:?}"),
                 };
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<f64> {

@@ -94,6 +94,9 @@ fn every_fused_variant_compiles_for_every_dtype_and_arch() {
                 {
                     missing.push("lssa_fwd_wg8 with wgmma exactly at head dimension 64 on compute_90a");
                 }
+                if wg != ptx.contains(".entry lssa_bwd_keys_wg9(") {
+                    missing.push("lssa_bwd_keys_wg9 exactly at head dimension 64 on compute_90a");
+                }
                 if tc && !(ptx.contains(".entry lssa_bwd_rows_mma(") && ptx.contains(".entry lssa_bwd_keys_mma(")) {
                     missing.push("the tensor-core backward");
                 }
@@ -145,6 +148,7 @@ fn kernel_names_parse() {
     let err = "v4.5".parse::<Kernel>().unwrap_err().to_string();
     assert_eq!("V7".parse::<Kernel>().unwrap(), Kernel::TensorCoreV7);
     assert_eq!("v8".parse::<Kernel>().unwrap(), Kernel::TensorCoreV8);
+    assert_eq!("v9".parse::<Kernel>().unwrap(), Kernel::TensorCoreV8);
     assert!(err.contains("auto, v1, v2, v3, v5, v7 or v8"), "{err}");
 }
 
@@ -165,10 +169,10 @@ fn ptxas() -> Option<std::path::PathBuf> {
 
 /// NVRTC checks the C++, not the PTX inside `asm` statements (mma.sync, ldmatrix, cp.async,
 /// wgmma): ptxas assembles the PTX for the real architectures here, so a malformed instruction
-/// fails CI rather than the first GPU run. Also a resource check: v8 without re-weighting must not
-/// spill at head dimension 64, and ptxas must not serialise its wgmma (it does, with a warning, when
-/// registers an in-flight wgmma uses are touched). (With re-weighting v5 and v8 spill 12 to 16 bytes
-/// at 255 registers.)
+/// fails CI rather than the first GPU run. Also a resource check: the v9 backward, and v8 without
+/// re-weighting, must not spill at head dimension 64, and ptxas must not serialise their wgmma (it
+/// does, with a warning, when registers an in-flight wgmma uses are touched). (With re-weighting v5
+/// and v8 spill 12 to 16 bytes at 255 registers.)
 #[test]
 fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
     if !nvrtc_or_skip() {
@@ -212,7 +216,9 @@ fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
                 return Some(format!("{what}: ptxas serialised wgmma:\n{log}"));
             }
             // ptxas reports "Compiling entry function 'NAME'", then its properties with the spills.
-            for entry in ["lssa_fwd_wg8"].into_iter().filter(|_| !v.contains("+rw")) {
+            let entries =
+                if v.contains("+rw") { &["lssa_bwd_keys_wg9"][..] } else { &["lssa_fwd_wg8", "lssa_bwd_keys_wg9"] };
+            for entry in entries {
                 if let Some(at) = log.find(&format!("entry function '{entry}'")) {
                     let props = log[at..].lines().take(4).collect::<Vec<_>>().join("\n");
                     if !props.contains("0 bytes spill stores") {

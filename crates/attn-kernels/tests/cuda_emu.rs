@@ -183,8 +183,9 @@ fn kernel_jobs_b(
 const ALL_FWD: [Kernel; 5] =
     [Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV8];
 const TC_FWD: [Kernel; 3] = [Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV8];
-const BOTH_BWD: [Kernel; 4] = [Kernel::Simt, Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV7];
-const TC_BWD: [Kernel; 3] = [Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV7];
+const BOTH_BWD: [Kernel; 5] =
+    [Kernel::Simt, Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV7, Kernel::TensorCoreV8];
+const TC_BWD: [Kernel; 4] = [Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV7, Kernel::TensorCoreV8];
 
 #[test]
 fn every_kernel_version_matches_the_reference() {
@@ -419,6 +420,18 @@ fn the_emulator_catches_planted_kernel_bugs() {
     let gr = emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &lab).unwrap();
     let e = rel_err(&gr.dq, &c.grads.dq);
     assert!(e > 0.05, "wrong sigmoid in the v6 backward not caught (dq error {e:.2e})");
+    // v9 (wgmma backward): dS read as a K-major A operand.
+    let (from, to) = ("wgmma64_ss<1, 1>(", "wgmma64_ss<0, 1>(");
+    let edit = move |s: String| {
+        assert!(s.contains(from), "the source no longer contains {from:?}");
+        s.replacen(from, to, 1)
+    };
+    let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV8 };
+    let lab = Lab { edit: Some(&edit), ..Lab::default() };
+    let gr = emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &lab).unwrap();
+    let e = rel_err(&gr.dq, &c.grads.dq);
+    assert!(e > 0.05, "dS as K-major in the v9 backward not caught (dq error {e:.2e})");
+    assert!(rel_err(&gr.dk, &c.grads.dk) < bounds(&c).1, "v9: dk does not depend on the dq product");
     // v8 (wgmma): V read as K-major (the descriptor's offsets swapped), or the scores used before
     // the wgmma that computes them is waited for.
     let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV8 };
@@ -527,7 +540,7 @@ fn the_second_generation_does_less_work() {
         };
         (f, b)
     };
-    let ((f3, b4), (f5, b6), (_, b7), (f8, _)) = (
+    let ((f3, b4), (f5, b6), (_, b7), (f8, b9)) = (
         profile(Kernel::TensorCore),
         profile(Kernel::TensorCoreV5),
         profile(Kernel::TensorCoreV7),
@@ -551,4 +564,7 @@ fn the_second_generation_does_less_work() {
     assert_eq!(f8.mma, f5.mma, "v8 does v5's tensor-core work");
     assert_eq!(f8.special, f5.special, "v8 does v5's special-function work");
     assert_eq!(f8.ldmatrix, 2 * 4 * 4 * 2 * 4, "v8: Q's fragments only (2 heads x 4 blocks x 4 warps x 2 x 4)");
+    // v9: v7's work, with ldmatrix only for the keys' K and V fragments (2 x 4 per warp and tile pair).
+    assert_eq!((b9.mma, b9.special), (b7.mma, b7.special), "v9 does v7's tensor-core and special-function work");
+    assert_eq!(b9.ldmatrix, 2 * 36 * 4 * 2 * 4, "v9: 2 heads x 36 tile pairs x 4 warps x 2 x 4");
 }

@@ -108,6 +108,8 @@ struct WgOp {
     int n;
     bool scale_d, tnsp, f16;
     u64 desc;
+    bool a_smem, tnsp_a; // A from shared memory (desc_a), else the registers in a
+    u64 desc_a;
     u32 a[32][4];
 };
 
@@ -502,8 +504,8 @@ static void cp_wait(int n) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Warpgroup collectives (sm_90a): wgmma.mma_async m64nNk16 with A from registers and B from shared
-// memory through a matrix descriptor, f32 accumulation. Warp w % 4 of the warpgroup owns rows
+// Warpgroup collectives (sm_90a): wgmma.mma_async m64nNk16 with A from registers or from shared
+// memory, B from shared memory, through matrix descriptors, f32 accumulation. Warp w % 4 of the warpgroup owns rows
 // 16 (w % 4) .. + 15; its A fragment and accumulator layouts are mma.sync m16n8k16's (accumulator i:
 // row g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 t + (i & 1)). The descriptor (PTX ISA, "matrix
 // descriptor"): bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte
@@ -511,7 +513,8 @@ static void cp_wait(int n) {
 // layouts are emulated: core matrices of 8 rows x 16 bytes, stored contiguously (128 bytes); the
 // leading byte offset steps between core matrices along K, the stride byte offset along M/N. With B
 // K-major (tnsp 0) a core matrix's rows are 8 values of N, 8 values of K each; MN-major (tnsp 1),
-// 8 values of K, 8 values of N each. Shared addresses are offsets into the dynamic shared memory.
+// 8 values of K, 8 values of N each; likewise for A from shared memory with M for N (its descriptor
+// covers the warpgroup's 64 rows). Shared addresses are offsets into the dynamic shared memory.
 // The operation runs at the wait that covers it, on the shared memory and accumulators of that
 // moment, so a kernel that overwrites an operand or reads an accumulator before waiting sees the
 // wrong values, as it may on the GPU.
@@ -526,11 +529,19 @@ static void wg_check_shape() {
     if (g_bdim.x % 128) fail("a warpgroup collective in a block whose size is not a multiple of 128");
 }
 
-static void wgmma(float* d, const u32* a, u64 desc, int n, bool scale_d, bool tnsp, bool f16) {
+static void wgmma_issue(WgOp op, const u32* a) {
     wg_check_shape();
-    if (lane() == 0) counts.mma += n / 8; // in m16n8k16 units per warp
-    memcpy(wx().slot[lane()], a, 16);
+    if (lane() == 0) counts.mma += op.n / 8; // in m16n8k16 units per warp
+    if (a) memcpy(wx().slot[lane()], a, 16);
     wg_barrier(OP_WGMMA);
+    if (a)
+        for (int l = 0; l < 32; l++) memcpy(op.a[l], wx().slot[l], 16);
+    wg_barrier(OP_WGMMA);
+    threads[cur].wg_open.push_back(op);
+}
+
+// A from registers.
+static void wgmma(float* d, const u32* a, u64 desc, int n, bool scale_d, bool tnsp, bool f16) {
     WgOp op;
     op.d = d;
     op.n = n;
@@ -538,26 +549,45 @@ static void wgmma(float* d, const u32* a, u64 desc, int n, bool scale_d, bool tn
     op.tnsp = tnsp;
     op.f16 = f16;
     op.desc = desc;
-    for (int l = 0; l < 32; l++) memcpy(op.a[l], wx().slot[l], 16);
-    wg_barrier(OP_WGMMA);
-    threads[cur].wg_open.push_back(op);
+    op.a_smem = op.tnsp_a = false;
+    op.desc_a = 0;
+    wgmma_issue(op, a);
 }
 
-static void wg_run(const WgOp& op) {
-    const u64 desc = op.desc;
+// A from shared memory.
+static void wgmma_ss(float* d, u64 desc_a, u64 desc, int n, bool scale_d, bool tnsp_a, bool tnsp, bool f16) {
+    WgOp op;
+    op.d = d;
+    op.n = n;
+    op.scale_d = scale_d;
+    op.tnsp = tnsp;
+    op.f16 = f16;
+    op.desc = desc;
+    op.a_smem = true;
+    op.tnsp_a = tnsp_a;
+    op.desc_a = desc_a;
+    wgmma_issue(op, nullptr);
+}
+
+// Element (mn, k) of a 16-bit operand in shared memory, by its descriptor.
+static float desc_elem(u64 desc, bool tnsp, int k, int mn, bool f16) {
     if ((desc >> 62) != 0 || ((desc >> 49) & 7) != 0) fail("only no-swizzle wgmma descriptors with base offset 0 are emulated");
     const size_t start = (size_t)(desc & 0x3fff) << 4, lbo = (size_t)((desc >> 16) & 0x3fff) << 4,
                  sbo = (size_t)((desc >> 32) & 0x3fff) << 4;
+    size_t off = tnsp ? start + (k / 8) * lbo + (mn / 8) * sbo + (k % 8) * 16 + (mn % 8) * 2
+                      : start + (mn / 8) * sbo + (k / 8) * lbo + (mn % 8) * 16 + (k % 8) * 2;
+    if (off + 2 > dyn.size()) fail("wgmma operand past the end of the dynamic shared memory");
+    u16 v;
+    memcpy(&v, dyn.data() + off, 2);
+    return f16 ? f16_to_f32(v) : bf16_to_f32(v);
+}
+
+static void wg_run(const WgOp& op) {
     auto half = [&](u16 v) -> float { return op.f16 ? f16_to_f32(v) : bf16_to_f32(v); };
-    auto b = [&](int k, int nn) -> float {
-        size_t off = op.tnsp ? start + (k / 8) * lbo + (nn / 8) * sbo + (k % 8) * 16 + (nn % 8) * 2
-                             : start + (nn / 8) * sbo + (k / 8) * lbo + (nn % 8) * 16 + (k % 8) * 2;
-        if (off + 2 > dyn.size()) fail("wgmma B operand past the end of the dynamic shared memory");
-        u16 v;
-        memcpy(&v, dyn.data() + off, 2);
-        return half(v);
-    };
+    auto b = [&](int k, int nn) -> float { return desc_elem(op.desc, op.tnsp, k, nn, op.f16); };
+    const int wrow = 16 * ((cur >> 5) & 3); // the warp's first row of the 64
     auto aval = [&](int r, int k) -> float {
+        if (op.a_smem) return desc_elem(op.desc_a, op.tnsp_a, k, wrow + r, op.f16);
         u32 reg = op.a[(r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)];
         return half((u16)((k & 1) ? reg >> 16 : reg & 0xffff));
     };

@@ -91,6 +91,9 @@ __device__ __forceinline__ unsigned wg_smem_addr(const void* p) { return emu::sm
 template <int TNSP> __device__ __forceinline__ void wgmma64(float* d, const u32* a, u64 desc, int scale_d) {
     emu::wgmma(d, a, desc, 64, scale_d != 0, TNSP != 0, DTYPE == 1);
 }
+template <int TA, int TB> __device__ __forceinline__ void wgmma64_ss(float* d, u64 da, u64 db, int scale_d) {
+    emu::wgmma_ss(d, da, db, 64, scale_d != 0, TA != 0, TB != 0, DTYPE == 1);
+}
 #elif HAVE_WGMMA
 __device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
@@ -121,6 +124,20 @@ template <int TNSP> __device__ __forceinline__ void wgmma64(float* d, const u32*
                    "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(TNSP), "r"(scale_d));
 }
+// The same with A (64 x 16) from shared memory too; TA: A is MN-major.
+template <int TA, int TB> __device__ __forceinline__ void wgmma64_ss(float* d, u64 da, u64 db, int scale_d) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %36, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32." WG_TYPES " "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
+                 "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, %34, %35;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                   "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),
+                   "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),
+                   "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),
+                   "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "n"(TA), "n"(TB), "r"(scale_d));
+}
 #else
 // Declared for the shared body's discarded branches; never called off sm_90a.
 __device__ __forceinline__ void wg_fence() {}
@@ -129,6 +146,7 @@ template <int N> __device__ __forceinline__ void wg_wait() {}
 __device__ __forceinline__ void fence_async_smem() {}
 __device__ __forceinline__ unsigned wg_smem_addr(const void*) { return 0; }
 template <int TNSP> __device__ __forceinline__ void wgmma64(float*, const u32*, u64, int) {}
+template <int TA, int TB> __device__ __forceinline__ void wgmma64_ss(float*, u64, u64, int) {}
 #endif
 
 // A no-swizzle matrix descriptor: start address, leading byte offset (between core matrices along
@@ -138,6 +156,9 @@ __device__ __forceinline__ u64 wg_desc(const void* p, unsigned lbo, unsigned sbo
            ((u64)((sbo >> 4) & 0x3fff) << 32);
 }
 
+// Element (r, c) of a tile of HD columns in core-matrix order (below).
+__device__ __forceinline__ int cm_index(int r, int c) { return (r >> 3) * HD * 8 + (c >> 3) * 64 + (r & 7) * 8 + (c & 7); }
+
 // Queues rows [r0, r0 + nrows) of one head (nrows a multiple of 8) into s in core-matrix order:
 // row r, columns 8c..8c+7 at element (r / 8) HD 8 + 64 c + 8 (r % 8). Eight consecutive threads
 // fill one core matrix, 128 contiguous bytes, so the stores are free of bank conflicts.
@@ -146,7 +167,7 @@ __device__ __forceinline__ void load_async_cm(u16* s, const Tensor4& x, int b, i
     for (int e = threadIdx.x; e < nrows * (HD / 8); e += blockDim.x) {
         const int r8 = e & 7, c = (e >> 3) % (HD / 8), rb = (e >> 3) / (HD / 8), r = rb * 8 + r8;
         const bool ok = r0 + r < T;
-        cp_async16(s + rb * HD * 8 + c * 64 + r8 * 8, base + (long long)(ok ? r0 + r : 0) * x.st + c * 8, ok);
+        cp_async16(s + cm_index(r, c * 8), base + (long long)(ok ? r0 + r : 0) * x.st + c * 8, ok);
     }
 }
 

@@ -63,6 +63,23 @@ __device__ __forceinline__ void phi6(float y, const RowK6& r, float& f, float& g
 #endif
 }
 
+// Adds a 16-row x HD block of dq (accumulator layout, rows i0 + 16 warp + ..) to p.dq_acc (f32 atomics).
+__device__ __forceinline__ void dq_atomic_add(const float (*acc)[4], const KParams& p, int bh, int i0, int warp,
+                                              int lane) {
+    const int g = lane >> 2, t4 = lane & 3;
+    float* dqa = (float*)p.dq_acc + (long long)bh * p.T * HD;
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        const int i = i0 + warp * 16 + g + 8 * q;
+        if (i >= p.T) continue;
+#pragma unroll
+        for (int nn = 0; nn < HD / 8; nn++) {
+            atomicAdd(dqa + (long long)i * HD + nn * 8 + 2 * t4, acc[nn][2 * q]);
+            atomicAdd(dqa + (long long)i * HD + nn * 8 + 2 * t4 + 1, acc[nn][2 * q + 1]);
+        }
+    }
+}
+
 // v7: this block's share of dq for one query tile. dst holds dS (times ink) for this warp's 16 keys
 // x the tile's 64 rows (accumulator layout); it goes through shared memory (ds, [key][row]) so that
 // each warp can take 16 query rows x all 64 keys as an A operand (ldmatrix.trans), times the block's
@@ -91,16 +108,23 @@ __device__ __forceinline__ void dq_from_keys7(const float (*dst)[4], const u16* 
             mma3(acc[2 * dp + 1], a, bf[2], bf[3]);
         }
     }
-    float* dqa = (float*)p.dq_acc + (long long)bh * p.T * HD;
+    dq_atomic_add(acc, p, bh, i0, warp, lane);
+}
+
+// The A fragments (16 rows x HD) of this warp's rows from a tile in core-matrix order (cm_index).
+__device__ __forceinline__ void a_frags_cm(u32 (*fr)[4], const u16* s, int warp, int lm, int lr) {
 #pragma unroll
-    for (int q = 0; q < 2; q++) {
-        const int i = i0 + warp * 16 + g + 8 * q;
-        if (i >= p.T) continue;
+    for (int kk = 0; kk < HD / 16; kk++) ldsm4(fr[kk], s + cm_index(warp * 16 + (lm & 1) * 8 + lr, kk * 16 + (lm >> 1) * 8));
+}
+
+// A operand fragments (16 rows x 16 columns, columns 16 kb..) of a 16 x 64 accumulator tile.
+__device__ __forceinline__ void acc_to_a(u32 (*a)[4], const float (*x)[4]) {
 #pragma unroll
-        for (int nn = 0; nn < HD / 8; nn++) {
-            atomicAdd(dqa + (long long)i * HD + nn * 8 + 2 * t4, acc[nn][2 * q]);
-            atomicAdd(dqa + (long long)i * HD + nn * 8 + 2 * t4 + 1, acc[nn][2 * q + 1]);
-        }
+    for (int kb = 0; kb < BB / 16; kb++) {
+        a[kb][0] = pack2(x[2 * kb][0], x[2 * kb][1]);
+        a[kb][1] = pack2(x[2 * kb][2], x[2 * kb][3]);
+        a[kb][2] = pack2(x[2 * kb + 1][0], x[2 * kb + 1][1]);
+        a[kb][3] = pack2(x[2 * kb + 1][2], x[2 * kb + 1][3]);
     }
 }
 
@@ -320,7 +344,12 @@ __device__ __forceinline__ void keys_tile6(float (*st)[4], float (*gvt)[4], cons
 
 // The keys kernel's body. DQ: v7, which also accumulates dq = dS K (f32 atomics into
 // p.dq_acc) from this block's keys, through a shared-memory copy of dS (one more tile).
-template <bool DQ> __device__ __forceinline__ void bwd_keys6(const KParams& p) {
+// WG (lab v9, with DQ, head dimension 64, sm_90a): the products on warpgroup tensor cores, as v8
+// does the forward's. The block's 4 warps are one warpgroup and its 64 keys one m64 tile: S^T = K Q^T
+// and (G V^T)^T with K and V fragments from registers and Q, G tiles (core-matrix order) as K-major
+// B; dv += W^T G and dk += dS^T Q with W^T, dS^T from registers and G, Q as MN-major B; dq = dS K
+// with dS^T stored to shared memory (core-matrix order) as an MN-major A and K as MN-major B.
+template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_keys6(const KParams& p) {
     DYN_SMEM(u16, smb); // K block, V block, then [stage][Q | G] tiles (then dS^T with DQ)
     __shared__ RowK6 rt[2][BB];
     const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
@@ -333,8 +362,14 @@ template <bool DQ> __device__ __forceinline__ void bwd_keys6(const KParams& p) {
     u16* Vb = smb + TILE;
     u16* stages = smb + 2 * TILE;
 
-    load_async(Kb, p.k, b, h, jb, BB, p.T);
-    load_async(Vb, p.v, b, h, jb, BB, p.T);
+    auto load = [&](u16* s, const Tensor4& x, int r0) {
+        if (WG)
+            load_async_cm(s, x, b, h, r0, BB, p.T);
+        else
+            load_async(s, x, b, h, r0, BB, p.T);
+    };
+    load(Kb, p.k, jb);
+    load(Vb, p.v, jb);
     cp_commit();
     int keys[2] = {jb + warp * 16 + g, jb + warp * 16 + g + 8};
     float ink[2];
@@ -348,8 +383,8 @@ template <bool DQ> __device__ __forceinline__ void bwd_keys6(const KParams& p) {
 
     auto issue = [&](int qt, int stage) {
         u16* qs = stages + stage * 2 * TILE;
-        load_async(qs, p.q, b, h, qt * BB, BB, p.T);
-        load_async(qs + TILE, p.g, b, h, qt * BB, BB, p.T);
+        load(qs, p.q, qt * BB);
+        load(qs + TILE, p.g, qt * BB);
         cp_commit();
         if (threadIdx.x < BB) {
             int r = threadIdx.x, i = qt * BB + r;
@@ -369,25 +404,76 @@ template <bool DQ> __device__ __forceinline__ void bwd_keys6(const KParams& p) {
         } else {
             cp_wait<0>();
         }
+        if (WG) fence_async_smem();
         __syncthreads();
         const u16* Qs = stages + stage * 2 * TILE;
         const u16* Gs = Qs + TILE;
         const int i0 = qt * BB;
         // This warp's 16 keys as A operands (read from shared memory for each tile: registers are short).
         u32 kf[HD / 16][4], vf[HD / 16][4];
-        a_frags(kf, Kb, warp, lm, lr);
-        a_frags(vf, Vb, warp, lm, lr);
         float st[BB / 8][4], gvt[BB / 8][4];
-        mma_rows_t(st, kf, Qs, lm, lr);
-        mma_rows_t(gvt, vf, Gs, lm, lr);
+        if constexpr (WG) {
+            a_frags_cm(kf, Kb, warp, lm, lr);
+            a_frags_cm(vf, Vb, warp, lm, lr);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma64<0>(&st[0][0], kf[kk], wg_desc(Qs + kk * 128, 128, HD * 16), kk);
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                wgmma64<0>(&gvt[0][0], vf[kk], wg_desc(Gs + kk * 128, 128, HD * 16), kk);
+            wg_commit();
+            wg_wait<0>();
+        } else {
+            a_frags(kf, Kb, warp, lm, lr);
+            a_frags(vf, Vb, warp, lm, lr);
+            mma_rows_t(st, kf, Qs, lm, lr);
+            mma_rows_t(gvt, vf, Gs, lm, lr);
+        }
         // Some row of the tile is before some key of this warp, or past the end.
         if (i0 < kmax || i0 + BB > p.T)
             keys_tile6<true>(st, gvt, rt[stage], ink, keys, i0, p.T, t4);
         else
             keys_tile6<false>(st, gvt, rt[stage], ink, keys, i0, p.T, t4);
-        mma_acc_rows(dv, st, Gs, lm, lr);
-        mma_acc_rows(dk, gvt, Qs, lm, lr);
-        if (DQ) dq_from_keys7(gvt, Kb, stages + 4 * TILE, p, bh, i0, warp, lane);
+        if constexpr (WG) {
+            u32 wa[BB / 16][4], da[BB / 16][4];
+            acc_to_a(wa, st);
+            acc_to_a(da, gvt);
+            wg_fence();
+#pragma unroll
+            for (int kb = 0; kb < BB / 16; kb++)
+                wgmma64<1>(&dv[0][0], wa[kb], wg_desc(Gs + kb * 16 * HD, HD * 16, 128), 1);
+#pragma unroll
+            for (int kb = 0; kb < BB / 16; kb++)
+                wgmma64<1>(&dk[0][0], da[kb], wg_desc(Qs + kb * 16 * HD, HD * 16, 128), 1);
+            wg_commit();
+            // dS^T to shared memory as [key][query] in core-matrix order (tiles of BB columns),
+            // while the tensor cores work on dv and dk.
+            u16* ds = stages + 4 * TILE;
+#pragma unroll
+            for (int nn = 0; nn < BB / 8; nn++)
+#pragma unroll
+                for (int q = 0; q < 2; q++)
+                    *(u32*)(ds + cm_index(warp * 16 + g + 8 * q, nn * 8 + 2 * t4)) =
+                        pack2(gvt[nn][2 * q], gvt[nn][2 * q + 1]);
+            fence_async_smem();
+            __syncthreads();
+            // dq (queries x HD) = dS (queries x keys: MN-major A, key blocks HD 16 bytes apart,
+            // query chunks 128) times K (MN-major B).
+            float dqt[HD / 8][4];
+            wg_fence();
+#pragma unroll
+            for (int kb = 0; kb < BB / 16; kb++)
+                wgmma64_ss<1, 1>(&dqt[0][0], wg_desc(ds + kb * 16 * HD, HD * 16, 128),
+                                 wg_desc(Kb + kb * 16 * HD, HD * 16, 128), kb);
+            wg_commit();
+            wg_wait<0>();
+            dq_atomic_add(dqt, p, bh, i0, warp, lane);
+        } else {
+            mma_acc_rows(dv, st, Gs, lm, lr);
+            mma_acc_rows(dk, gvt, Qs, lm, lr);
+            if (DQ) dq_from_keys7(gvt, Kb, stages + 4 * TILE, p, bh, i0, warp, lane);
+        }
         __syncthreads();
     }
     if (COSINE) project_rows(dk, p.k, b, h, keys, ink, p.T, t4);

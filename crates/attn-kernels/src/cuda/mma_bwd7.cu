@@ -12,6 +12,12 @@ extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rowstats7(KParam
 // dk and dv as v6, plus this block's share of dq into p.dq_acc.
 extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_keys_mma7(KParams p) { bwd_keys6<true>(p); }
 
+// Lab version 9: version 7's keys kernel on warpgroup tensor cores (wgmma; head dimension 64, sm_90a),
+// with v7's row-statistics and dq kernels.
+#if HAVE_WGMMA && HD == 64
+extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_keys_wg9(KParams p) { bwd_keys6<true, true>(p); }
+#endif
+
 // dq from its f32 accumulator: the L2-normalisation projection (cosine variants), then the dtype.
 // One warp per row.
 extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_bwd_dq7(KParams p) {

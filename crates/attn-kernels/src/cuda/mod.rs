@@ -19,9 +19,10 @@
 //!   `lssa_bwd_keys_mma7`, `lssa_bwd_dq7`): the second generation, selected by
 //!   [`Kernel::TensorCoreV5`] (v5 + v6) and [`Kernel::TensorCoreV7`] (v5 + v7); checked in the
 //!   emulator, not yet timed on a GPU.
-//! - v8 `lssa_fwd_wg8` (d = 64, sm_90a: the PTX for compute capability 9.0 is arch-specific):
-//!   v5 on Hopper's warpgroup tensor cores (`wgmma.mma_async`, K and V read from shared memory by
-//!   descriptor); [`Kernel::TensorCoreV8`] (v8 + v7). Checked in the emulator, not yet timed.
+//! - v8 `lssa_fwd_wg8` and v9 `lssa_bwd_keys_wg9` (d = 64, sm_90a: the PTX for compute capability
+//!   9.0 is arch-specific): v5 and v7's keys kernel on Hopper's warpgroup tensor cores
+//!   (`wgmma.mma_async`, tiles read from shared memory by descriptor); [`Kernel::TensorCoreV8`].
+//!   Checked in the emulator, not yet timed.
 //!
 //! Other head dimensions and f32 run v1.
 //!
@@ -121,9 +122,9 @@ pub enum Kernel {
     /// keys kernel (atomics), so S, G V^T and the entry gradients are computed once instead of
     /// twice. Checked in the emulator, not yet timed on a GPU.
     TensorCoreV7,
-    /// Forward lab v8 (v5 on Hopper's warpgroup tensor cores, `wgmma.mma_async`; sm_90 at head
-    /// dimension 64; elsewhere what [`Kernel::TensorCoreV5`] runs), backward v7. Checked in the
-    /// emulator, not yet timed on a GPU.
+    /// The Hopper generation, on warpgroup tensor cores (`wgmma.mma_async`) at head dimension 64 on
+    /// sm_90: forward lab v8 (v5's maths), backward v9 (v7's keys kernel); elsewhere what
+    /// [`Kernel::TensorCoreV7`] runs (v5 + v7). Checked in the emulator, not yet timed on a GPU.
     TensorCoreV8,
 }
 
@@ -131,7 +132,7 @@ impl std::str::FromStr for Kernel {
     type Err = Error;
 
     /// `auto`, `v1` (or `simt`), `v2`, `v3` (the first tensor-core generation, v3 + v4), `v5` (the
-    /// second, v5 + v6), `v7` (v5 + v7), `v8` (v8 + v7), case-insensitive.
+    /// second, v5 + v6), `v7` (v5 + v7), `v8` or `v9` (v8 + v9), case-insensitive.
     fn from_str(s: &str) -> Result<Self> {
         Ok(match s.trim().to_ascii_lowercase().as_str() {
             "auto" => Kernel::Auto,
@@ -140,7 +141,7 @@ impl std::str::FromStr for Kernel {
             "v3" | "v4" => Kernel::TensorCore,
             "v5" | "v6" => Kernel::TensorCoreV5,
             "v7" => Kernel::TensorCoreV7,
-            "v8" => Kernel::TensorCoreV8,
+            "v8" | "v9" => Kernel::TensorCoreV8,
             _ => return Err(Error::BadParams(format!("unknown CUDA kernel {s:?}: auto, v1, v2, v3, v5, v7 or v8"))),
         })
     }
@@ -405,11 +406,12 @@ pub(crate) enum Kern {
     BwdKeysMma6,
     BwdRowStats7,
     BwdKeysMma7,
+    BwdKeysWg9,
     BwdDq7,
 }
 
 impl Kern {
-    const ALL: [Kern; 15] = [
+    const ALL: [Kern; 16] = [
         Kern::InvNorms,
         Kern::FwdSimt,
         Kern::FwdMma,
@@ -424,6 +426,7 @@ impl Kern {
         Kern::BwdKeysMma6,
         Kern::BwdRowStats7,
         Kern::BwdKeysMma7,
+        Kern::BwdKeysWg9,
         Kern::BwdDq7,
     ];
 
@@ -443,6 +446,7 @@ impl Kern {
             Kern::BwdKeysMma6 => "lssa_bwd_keys_mma6",
             Kern::BwdRowStats7 => "lssa_bwd_rowstats7",
             Kern::BwdKeysMma7 => "lssa_bwd_keys_mma7",
+            Kern::BwdKeysWg9 => "lssa_bwd_keys_wg9",
             Kern::BwdDq7 => "lssa_bwd_dq7",
         }
     }
@@ -458,7 +462,7 @@ impl Kern {
             | Kern::BwdRowStats7 => mma3_smem(head_dim),
             Kern::BwdKeysMma | Kern::BwdKeysMma6 => bwd_keys_smem(head_dim),
             // One more tile: dS on its way to the dq product.
-            Kern::BwdKeysMma7 => bwd_keys_smem(head_dim) / 6 * 7,
+            Kern::BwdKeysMma7 | Kern::BwdKeysWg9 => bwd_keys_smem(head_dim) / 6 * 7,
             _ => 0,
         }
     }
@@ -469,7 +473,7 @@ impl Kern {
         let tc = has_tensor_core_forward(head_dim, dtype);
         Self::ALL.into_iter().filter(move |k| match k {
             Kern::FwdMma5 => tc && head_dim == 64,
-            Kern::FwdWg8 => tc && head_dim == 64 && wgmma,
+            Kern::FwdWg8 | Kern::BwdKeysWg9 => tc && head_dim == 64 && wgmma,
             Kern::FwdMma | Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma => tc,
             Kern::BwdRowsMma6 | Kern::BwdKeysMma6 => tc,
             Kern::BwdRowStats7 | Kern::BwdKeysMma7 | Kern::BwdDq7 => tc,
@@ -896,7 +900,8 @@ unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ker
 /// Fused backward on device memory: reads `q`, `k`, `v`, `o`, `stats`, `d_out`; writes `dq`, `dk`,
 /// `dv`. `kernel`: [`Kernel::Auto`] and [`Kernel::TensorCore`] run the tensor-core backward (lab
 /// v4) where it applies (as v3: f16/bf16, d 64 or 128, 16-byte aligned rows), [`Kernel::TensorCoreV5`]
-/// its successor v6 there, [`Kernel::TensorCoreV7`] and [`Kernel::TensorCoreV8`] v7, [`Kernel::Simt`] and
+/// its successor v6 there, [`Kernel::TensorCoreV7`] v7, [`Kernel::TensorCoreV8`] v9 (v7 where v9 does
+/// not apply), [`Kernel::Simt`] and
 /// [`Kernel::TensorCoreV2`] the SIMT one (v1).
 ///
 /// # Safety
@@ -934,8 +939,9 @@ unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ke
     if tc && matches!(kernel, Kernel::TensorCoreV7 | Kernel::TensorCoreV8) {
         let dq_acc = x.zeros(p.batch * p.heads * p.seq_len * p.head_dim * 4)?;
         kp.dq_acc = dq_acc.addr();
+        let v9 = kernel == Kernel::TensorCoreV8 && p.head_dim == 64 && x.wgmma();
         x.launch(Kern::BwdRowStats7, (t.div_ceil(64), bh), 128, &kp)?;
-        x.launch(Kern::BwdKeysMma7, (t.div_ceil(64), bh), 128, &kp)?;
+        x.launch(if v9 { Kern::BwdKeysWg9 } else { Kern::BwdKeysMma7 }, (t.div_ceil(64), bh), 128, &kp)?;
         x.launch(Kern::BwdDq7, (t.div_ceil(ROWS_PER_BLOCK), bh), 32 * ROWS_PER_BLOCK, &kp)
     } else if tc && kernel == Kernel::TensorCoreV5 {
         x.launch(Kern::BwdRowsMma6, (t.div_ceil(64), bh), 128, &kp)?;
