@@ -166,6 +166,21 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         }
     }
     let mut ok = true;
+    // The warpgroup operand layouts v8 and v9 assume, one product each, before the kernels that use them.
+    match cuda::wgmma_probe() {
+        Ok(errs) => {
+            say!("wgmma layout probe (error relative to the largest entry; assumed layouts must match):");
+            let mut probe = Vec::new();
+            for ((what, assumed), e) in cuda::WGMMA_PROBE_MODES.iter().zip(errs) {
+                let pass = if *assumed { e < 1e-5 } else { e > 0.1 };
+                ok &= pass;
+                say!("  {what:<46} {e:>9.2e}  {}", if pass { "ok" } else { "FAIL" });
+                probe.push(json!({"mode": what, "assumed": assumed, "rel_err": e, "pass": pass}));
+            }
+            rows.push(json!({"wgmma_probe": probe}));
+        }
+        Err(e) => say!("wgmma layout probe not run: {e}"),
+    }
     say!(
         "{:<26} {:>4} {:>4} {:>5} {:>6} | {:>9} {:>9} {:>9} {:>9} | {:>9} {:>9} | verdict",
         "variant",

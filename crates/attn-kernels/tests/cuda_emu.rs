@@ -568,3 +568,19 @@ fn the_second_generation_does_less_work() {
     assert_eq!((b9.mma, b9.special), (b7.mma, b7.special), "v9 does v7's tensor-core and special-function work");
     assert_eq!(b9.ldmatrix, 2 * 36 * 4 * 2 * 4, "v9: 2 heads x 36 tile pairs x 4 warps x 2 x 4");
 }
+
+/// The probe that a first GPU run uses to check v8 and v9's operand layouts tells them from their
+/// likeliest misreadings in the emulator (whose wgmma follows the PTX ISA's canonical layouts).
+#[test]
+fn the_wgmma_probe_tells_the_layouts_apart() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    let errs = emu::wgmma_probe().unwrap();
+    assert_eq!(errs.len(), attn_kernels::cuda::WGMMA_PROBE_MODES.len());
+    for ((what, assumed), e) in attn_kernels::cuda::WGMMA_PROBE_MODES.iter().zip(errs) {
+        if *assumed {
+            assert!(e < 1e-5, "{what}: error {e:.2e}");
+        } else {
+            assert!(e > 0.1, "{what}: a misreading matches (error {e:.2e})");
+        }
+    }
+}

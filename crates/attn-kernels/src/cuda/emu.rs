@@ -320,6 +320,12 @@ pub fn backward_lab<'a>(
     super::backward_on(&EmuExec::new(&cfg, q.shape()[3], opts.dtype, lab)?, &cfg, [&q, &k, &v], &g, opts)
 }
 
+/// [`super::wgmma_probe`] in the emulator.
+pub fn wgmma_probe() -> Result<Vec<f64>> {
+    let cfg = Config::new(&"lssa".parse().expect("a stage-1 name"), 64)?;
+    super::wgmma_probe_on(&EmuExec::new(&cfg, 64, Dtype::Bf16, &Lab::default())?)
+}
+
 /// [`super::forward_raw`] in the emulator, on host memory.
 ///
 /// # Safety

@@ -576,5 +576,53 @@ extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) 
 
 #if HAVE_WGMMA
 extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_wg8(KParams p) { fwd5_body<8>(p); }
+
+// A probe of the warpgroup operand layouts v8 and v9 assume, for the first run on a new GPU (bench-cuda
+// check; `cuda::wgmma_probe`): one m64n64k16 product D = A B of row-major A (64 x 16, at p.q.ptr)
+// and B (16 x 64, at p.k.ptr), D (64 x 64, f32) to p.o.ptr in the accumulator layout assumed, with
+// the operands laid out as p.B says:
+//   0  A from registers, B K-major in shared memory (v8's Q K^T, v9's K Q^T)
+//   1  as 0 with the descriptor's two byte offsets swapped: must not match
+//   2  A from registers, B MN-major (v8's P V, v9's dv and dk)
+//   3  as 2, offsets swapped: must not match
+//   4  A MN-major from shared memory, B as 2 (v9's dq)
+extern "C" __global__ void __launch_bounds__(128) lssa_wg_probe(KParams p) {
+    DYN_SMEM(u16, sm);
+    const u16* ga = (const u16*)p.q.ptr;
+    const u16* gb = (const u16*)p.k.ptr;
+    const int mode = p.B, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    u16* sa = sm;           // A, 64 x 16, MN-major core matrices: k blocks 1024 bytes apart, m chunks 128
+    u16* sb = sm + 64 * 16; // B, 16 x 64
+    for (int e = threadIdx.x; e < 16 * 64; e += blockDim.x) {
+        const int k = e / 64, n = e % 64;
+        // K-major: n blocks 256 bytes apart, k chunks 128; MN-major: k blocks 1024 bytes apart, n chunks 128.
+        const int bi = mode <= 1 ? (n >> 3) * 128 + (k >> 3) * 64 + (n & 7) * 8 + (k & 7)
+                                 : (k >> 3) * 512 + (n >> 3) * 64 + (k & 7) * 8 + (n & 7);
+        sb[bi] = gb[e];
+        const int m = e / 16, ka = e % 16; // A's element e
+        sa[(ka >> 3) * 512 + (m >> 3) * 64 + (ka & 7) * 8 + (m & 7)] = ga[e];
+    }
+    u32 a[4];
+    const int r0 = 16 * warp + g;
+    for (int x = 0; x < 4; x++) {
+        const int r = r0 + 8 * (x & 1), k = 2 * t4 + 8 * (x >> 1);
+        a[x] = (u32)ga[r * 16 + k] | ((u32)ga[r * 16 + k + 1] << 16);
+    }
+    fence_async_smem();
+    __syncthreads();
+    float d[32];
+    wg_fence();
+    switch (mode) {
+    case 0: wgmma64<0>(d, a, wg_desc(sb, 128, 256), 0); break;
+    case 1: wgmma64<0>(d, a, wg_desc(sb, 256, 128), 0); break;
+    case 2: wgmma64<1>(d, a, wg_desc(sb, 1024, 128), 0); break;
+    case 3: wgmma64<1>(d, a, wg_desc(sb, 128, 1024), 0); break;
+    default: wgmma64_ss<1, 1>(d, wg_desc(sa, 1024, 128), wg_desc(sb, 1024, 128), 0); break;
+    }
+    wg_commit();
+    wg_wait<0>();
+    float* out = (float*)p.o.ptr;
+    for (int i = 0; i < 32; i++) out[(r0 + 8 * ((i >> 1) & 1)) * 64 + 8 * (i >> 2) + 2 * t4 + (i & 1)] = d[i];
+}
 #endif
 #endif // HD == 64

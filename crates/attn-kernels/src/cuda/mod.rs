@@ -407,11 +407,12 @@ pub(crate) enum Kern {
     BwdRowStats7,
     BwdKeysMma7,
     BwdKeysWg9,
+    WgProbe,
     BwdDq7,
 }
 
 impl Kern {
-    const ALL: [Kern; 16] = [
+    const ALL: [Kern; 17] = [
         Kern::InvNorms,
         Kern::FwdSimt,
         Kern::FwdMma,
@@ -427,6 +428,7 @@ impl Kern {
         Kern::BwdRowStats7,
         Kern::BwdKeysMma7,
         Kern::BwdKeysWg9,
+        Kern::WgProbe,
         Kern::BwdDq7,
     ];
 
@@ -447,6 +449,7 @@ impl Kern {
             Kern::BwdRowStats7 => "lssa_bwd_rowstats7",
             Kern::BwdKeysMma7 => "lssa_bwd_keys_mma7",
             Kern::BwdKeysWg9 => "lssa_bwd_keys_wg9",
+            Kern::WgProbe => "lssa_wg_probe",
             Kern::BwdDq7 => "lssa_bwd_dq7",
         }
     }
@@ -463,6 +466,8 @@ impl Kern {
             Kern::BwdKeysMma | Kern::BwdKeysMma6 => bwd_keys_smem(head_dim),
             // One more tile: dS on its way to the dq product.
             Kern::BwdKeysMma7 | Kern::BwdKeysWg9 => bwd_keys_smem(head_dim) / 6 * 7,
+            // Room for the probe's misread operands (offsets swapped) too.
+            Kern::WgProbe => 16 * 1024,
             _ => 0,
         }
     }
@@ -473,7 +478,7 @@ impl Kern {
         let tc = has_tensor_core_forward(head_dim, dtype);
         Self::ALL.into_iter().filter(move |k| match k {
             Kern::FwdMma5 => tc && head_dim == 64,
-            Kern::FwdWg8 | Kern::BwdKeysWg9 => tc && head_dim == 64 && wgmma,
+            Kern::FwdWg8 | Kern::BwdKeysWg9 | Kern::WgProbe => tc && head_dim == 64 && wgmma,
             Kern::FwdMma | Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma => tc,
             Kern::BwdRowsMma6 | Kern::BwdKeysMma6 => tc,
             Kern::BwdRowStats7 | Kern::BwdKeysMma7 | Kern::BwdDq7 => tc,
@@ -1125,6 +1130,60 @@ pub fn backward<'a>(
     d_out: impl AsArray<'a, f32, Ix4>,
 ) -> Result<Grads> {
     backward_with(variant, q, k, v, d_out, &Options::default())
+}
+
+/// The modes of the wgmma layout probe (`lssa_wg_probe` in `mma5.cu`), and whether each must match.
+pub const WGMMA_PROBE_MODES: [(&str, bool); 5] = [
+    ("A registers, B K-major (v8 Q K^T, v9 K Q^T)", true),
+    ("  the same, descriptor offsets swapped", false),
+    ("A registers, B MN-major (v8 P V, v9 dv, dk)", true),
+    ("  the same, descriptor offsets swapped", false),
+    ("A MN-major shared, B MN-major (v9 dq)", true),
+];
+
+/// Runs the wgmma layout probe on `x`: for each of [`WGMMA_PROBE_MODES`], the largest error of
+/// one m64n64k16 bf16 product against the exact one, relative to the largest exact entry.
+fn wgmma_probe_on(x: &dyn Exec) -> Result<Vec<f64>> {
+    if !x.wgmma() {
+        return Err(Error::Cuda("no warpgroup MMA here (needs sm_90)".into()));
+    }
+    let mut rng = attn_core::fixtures::Rng::new(5);
+    let mut rand = |n: usize| -> Vec<bf16> { (0..n).map(|_| bf16::from_f32(rng.normal() as f32)).collect() };
+    let (a, b) = (rand(64 * 16), rand(16 * 64));
+    let bytes = |v: &[bf16]| v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect::<Vec<u8>>();
+    let (da, db) = (x.upload(&bytes(&a))?, x.upload(&bytes(&b))?);
+    let mut exact = vec![0f64; 64 * 64];
+    for (m, row) in exact.chunks_mut(64).enumerate() {
+        for (n, e) in row.iter_mut().enumerate() {
+            *e = (0..16).map(|k| a[m * 16 + k].to_f64() * b[k * 64 + n].to_f64()).sum();
+        }
+    }
+    let scale = exact.iter().fold(0f64, |m, v| m.max(v.abs()));
+    let mut errs = Vec::new();
+    for mode in 0..WGMMA_PROBE_MODES.len() {
+        let out = x.upload(&vec![0xffu8; 64 * 64 * 4])?; // NaN where nothing is written
+        let mut kp = KParams { b: mode as i32, ..KParams::default() };
+        kp.q.ptr = da.addr();
+        kp.k.ptr = db.addr();
+        kp.o.ptr = out.addr();
+        x.launch(Kern::WgProbe, (1, 1), 128, &kp)?;
+        let got = x.download(&out)?;
+        let err = exact
+            .iter()
+            .zip(got.chunks_exact(4))
+            .map(|(e, g)| (f32::from_le_bytes(g.try_into().unwrap()) as f64 - e).abs())
+            .fold(0f64, |m, d| if d.is_nan() { f64::INFINITY } else { m.max(d) });
+        errs.push(err / scale);
+    }
+    Ok(errs)
+}
+
+/// The wgmma layout probe on this thread's GPU (needs sm_90): the relative error of each of
+/// [`WGMMA_PROBE_MODES`]. The modes marked `true` are the layouts lab v8 and v9 assume (about
+/// 1e-7 where the assumption holds), the others their likeliest misreadings (order 1).
+pub fn wgmma_probe() -> Result<Vec<f64>> {
+    let cfg = Config::new(&"lssa".parse().expect("a stage-1 name"), 64)?;
+    wgmma_probe_on(&GpuExec::new(&cfg, 64, Dtype::Bf16)?)
 }
 
 /// Waits for every kernel queued so far (the kernels run on the legacy default stream).
