@@ -421,9 +421,9 @@ fn the_emulator_catches_planted_kernel_bugs() {
     let e = rel_err(&gr.dq, &c.grads.dq);
     assert!(e > 0.05, "wrong sigmoid in the v6 backward not caught (dq error {e:.2e})");
     // v9 (wgmma backward): dS read as a K-major A operand.
-    let (from, to) = ("wgmma64_ss<1, 1>(", "wgmma64_ss<0, 1>(");
+    let (from, to) = ("wgmma64_ss<1, 1>(&dqt", "wgmma64_ss<0, 1>(&dqt");
     let edit = move |s: String| {
-        assert!(s.contains(from), "the source no longer contains {from:?}");
+        assert_eq!(s.matches(from).count(), 1, "the source no longer contains {from:?} once");
         s.replacen(from, to, 1)
     };
     let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV8 };
