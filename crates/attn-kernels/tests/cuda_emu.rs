@@ -375,6 +375,14 @@ fn strided_inputs_get_the_kernel_that_can_read_them() {
     assert!(err.contains("v2"), "{err}");
 }
 
+/// A source edit for `Lab::edit`: the first `from` becomes `to` (which must be there).
+fn replace_first(from: &'static str, to: &'static str) -> impl Fn(String) -> String {
+    move |s: String| {
+        assert!(s.contains(from), "the source no longer contains {from:?}");
+        s.replacen(from, to, 1)
+    }
+}
+
 #[test]
 fn the_emulator_catches_planted_kernel_bugs() {
     assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
@@ -396,11 +404,7 @@ fn the_emulator_catches_planted_kernel_bugs() {
         ("#define KP3 (HD + 8)", "#define KP3 (HD + 4)", "misaligned rows", Some("16-byte aligned")),
     ];
     for (from, to, what, message) in planted {
-        let edit = move |s: String| {
-            assert!(s.contains(from), "{what}: the source no longer contains {from:?}");
-            s.replacen(from, to, 1)
-        };
-        match (run(&edit), message) {
+        match (run(&replace_first(from, to)), message) {
             (Ok(o), None) => {
                 let e = rel_err(&o, &c.o);
                 assert!(e > 0.05, "{what}: planted bug not caught (error {e:.2e})");
@@ -410,22 +414,14 @@ fn the_emulator_catches_planted_kernel_bugs() {
         }
     }
     // The v6 backward with the sigmoid of negative scores taken as that of positive ones.
-    let (from, to) = ("gp = y >= 0.f ? rr : e * rr;", "gp = rr;");
-    let edit = move |s: String| {
-        assert!(s.contains(from), "the source no longer contains {from:?}");
-        s.replacen(from, to, 1)
-    };
+    let edit = replace_first("gp = y >= 0.f ? rr : e * rr;", "gp = rr;");
     let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV5 };
     let lab = Lab { edit: Some(&edit), ..Lab::default() };
     let gr = emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &lab).unwrap();
     let e = rel_err(&gr.dq, &c.grads.dq);
     assert!(e > 0.05, "wrong sigmoid in the v6 backward not caught (dq error {e:.2e})");
     // v9 (wgmma backward): dS read as a K-major A operand.
-    let (from, to) = ("wgmma64_ss<1, 1>(&dqt", "wgmma64_ss<0, 1>(&dqt");
-    let edit = move |s: String| {
-        assert_eq!(s.matches(from).count(), 1, "the source no longer contains {from:?} once");
-        s.replacen(from, to, 1)
-    };
+    let edit = replace_first("wgmma64_ss<1, 1>(&dqt", "wgmma64_ss<0, 1>(&dqt");
     let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV8 };
     let lab = Lab { edit: Some(&edit), ..Lab::default() };
     let gr = emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &lab).unwrap();
@@ -440,10 +436,7 @@ fn the_emulator_catches_planted_kernel_bugs() {
         ("                wg_wait<1>(); // S0\n", "", "wgmma wait"),
     ];
     for (from, to, what) in planted {
-        let edit = move |s: String| {
-            assert!(s.contains(from), "{what}: the source no longer contains {from:?}");
-            s.replacen(from, to, 1)
-        };
+        let edit = replace_first(from, to);
         let lab = Lab { edit: Some(&edit), ..Lab::default() };
         match emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &lab) {
             Ok(o) => {

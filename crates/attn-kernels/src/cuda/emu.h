@@ -540,8 +540,7 @@ static void wgmma_issue(WgOp op, const u32* a) {
     threads[cur].wg_open.push_back(op);
 }
 
-// A from registers.
-static void wgmma(float* d, const u32* a, u64 desc, int n, bool scale_d, bool tnsp, bool f16) {
+static WgOp wg_op(float* d, u64 desc, int n, bool scale_d, bool tnsp, bool f16) {
     WgOp op;
     op.d = d;
     op.n = n;
@@ -551,18 +550,17 @@ static void wgmma(float* d, const u32* a, u64 desc, int n, bool scale_d, bool tn
     op.desc = desc;
     op.a_smem = op.tnsp_a = false;
     op.desc_a = 0;
-    wgmma_issue(op, a);
+    return op;
+}
+
+// A from registers.
+static void wgmma(float* d, const u32* a, u64 desc, int n, bool scale_d, bool tnsp, bool f16) {
+    wgmma_issue(wg_op(d, desc, n, scale_d, tnsp, f16), a);
 }
 
 // A from shared memory.
 static void wgmma_ss(float* d, u64 desc_a, u64 desc, int n, bool scale_d, bool tnsp_a, bool tnsp, bool f16) {
-    WgOp op;
-    op.d = d;
-    op.n = n;
-    op.scale_d = scale_d;
-    op.tnsp = tnsp;
-    op.f16 = f16;
-    op.desc = desc;
+    WgOp op = wg_op(d, desc, n, scale_d, tnsp, f16);
     op.a_smem = true;
     op.tnsp_a = tnsp_a;
     op.desc_a = desc_a;
