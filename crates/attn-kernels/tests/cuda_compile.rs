@@ -171,7 +171,8 @@ fn ptxas() -> Option<std::path::PathBuf> {
 /// wgmma): ptxas assembles the PTX for the real architectures here, so a malformed instruction
 /// fails CI rather than the first GPU run. Also a resource check: the v9 backward, and v8 without
 /// re-weighting, must not spill at head dimension 64, and ptxas must not serialise their wgmma (it
-/// does, with a warning, when registers an in-flight wgmma uses are touched). (With re-weighting v5
+/// does, with a warning, when registers an in-flight wgmma uses are touched; or injects waits, with
+/// a note). (With re-weighting v5
 /// and v8 spill 12 to 16 bytes at 255 registers.)
 #[test]
 fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
@@ -212,8 +213,15 @@ fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
             if !r.status.success() {
                 return Some(format!("{what}: ptxas failed:\n{log}"));
             }
-            if log.contains("serialized") {
-                return Some(format!("{what}: ptxas serialised wgmma:\n{log}"));
+            // "wgmma.mma_async instructions are serialized", "warpgroup.arrive is injected": ptxas
+            // had to add waits because registers an in-flight wgmma uses were touched.
+            // (The layout probe, lssa_wg_probe, is not a kernel whose speed matters.)
+            let waits: Vec<&str> = log
+                .lines()
+                .filter(|l| (l.contains("serialized") || l.contains("injected")) && !l.contains("lssa_wg_probe"))
+                .collect();
+            if !waits.is_empty() {
+                return Some(format!("{what}: ptxas serialised or fenced wgmma itself:\n{}", waits.join("\n")));
             }
             // ptxas reports "Compiling entry function 'NAME'", then its properties with the spills.
             let entries =
