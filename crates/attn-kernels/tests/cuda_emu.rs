@@ -511,6 +511,22 @@ fn reversed_thread_order_finds_a_missing_barrier() {
     assert!(e.is_nan() || e >= 0.05, "the missing barrier was not caught in reverse order (error {e:.2e})");
 }
 
+/// The work counts of the forward and of the backward alone with `kernel` on `c`.
+fn profile_of(c: &Case, kernel: Kernel) -> (emu::Profile, emu::Profile) {
+    let opts = Options { dtype: c.dt, kernel };
+    let (f, fb) = (std::cell::Cell::new(emu::Profile::default()), std::cell::Cell::new(emu::Profile::default()));
+    emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { profile: Some(&f), ..Lab::default() }).unwrap();
+    emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &Lab { profile: Some(&fb), ..Lab::default() }).unwrap();
+    let (f, fb) = (f.get(), fb.get()); // backward_lab runs the forward first
+    let b = emu::Profile {
+        mma: fb.mma - f.mma,
+        ldmatrix: fb.ldmatrix - f.ldmatrix,
+        special: fb.special - f.special,
+        ..emu::Profile::default()
+    };
+    (f, b)
+}
+
 /// The work counts behind the second generation's predictions, as a regression guard: they are
 /// deterministic (the emulator counts instructions, it does not time them), so a change that
 /// quietly brings back a second special-function op per score, or v3's shared-memory traffic,
@@ -519,20 +535,7 @@ fn reversed_thread_order_finds_a_missing_barrier() {
 fn the_second_generation_does_less_work() {
     assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
     let c = case_b("lssa", 1, 512, 64, Dtype::Bf16, 17);
-    let profile = |kernel: Kernel| {
-        let opts = Options { dtype: c.dt, kernel };
-        let (f, fb) = (std::cell::Cell::new(emu::Profile::default()), std::cell::Cell::new(emu::Profile::default()));
-        emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { profile: Some(&f), ..Lab::default() }).unwrap();
-        emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &Lab { profile: Some(&fb), ..Lab::default() }).unwrap();
-        let (f, fb) = (f.get(), fb.get()); // backward_lab runs the forward first
-        let b = emu::Profile {
-            mma: fb.mma - f.mma,
-            ldmatrix: fb.ldmatrix - f.ldmatrix,
-            special: fb.special - f.special,
-            ..emu::Profile::default()
-        };
-        (f, b)
-    };
+    let profile = |kernel: Kernel| profile_of(&c, kernel);
     let ((f3, b4), (f5, b6), (_, b7), (f8, b9)) = (
         profile(Kernel::TensorCore),
         profile(Kernel::TensorCoreV5),
@@ -560,6 +563,18 @@ fn the_second_generation_does_less_work() {
     // v9: v7's work, with ldmatrix only for the keys' K and V fragments (2 x 4 per warp and tile pair).
     assert_eq!((b9.mma, b9.special), (b7.mma, b7.special), "v9 does v7's tensor-core and special-function work");
     assert_eq!(b9.ldmatrix, 2 * 36 * 4 * 2 * 4, "v9: 2 heads x 36 tile pairs x 4 warps x 2 x 4");
+    // With re-weighting v9's row statistics sweep E_i on wgmma too: ldmatrix only for its Q and G
+    // fragments, once per 64-row block (2 heads x 8 blocks x 4 warps x 2 x 4).
+    let r = case_b("lssa+rw15", 1, 512, 64, Dtype::Bf16, 17);
+    let ((_, r7), (_, r9)) = (profile_of(&r, Kernel::TensorCoreV7), profile_of(&r, Kernel::TensorCoreV8));
+    assert_eq!((r9.mma, r9.special), (r7.mma, r7.special), "v9 does v7's work with re-weighting");
+    assert_eq!(
+        r9.ldmatrix,
+        b9.ldmatrix + 2 * 8 * 4 * 2 * 4,
+        "v9 with re-weighting: v7 {} v9 {}",
+        r7.ldmatrix,
+        r9.ldmatrix
+    );
 }
 
 /// The probe that a first GPU run uses to check v8 and v9's operand layouts tells them from their

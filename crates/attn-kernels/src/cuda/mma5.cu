@@ -453,6 +453,13 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
                         wgmma64<1>(&oacc[mt][0][0], pa[kb], wg_desc(Vs + kb * 16 * HD, HD * 16, 128), 1);
                     wg_commit();
                 };
+                // (The first product ignores the accumulators, but they are defined before the
+                // fence so that no instruction defines them while a wgmma is in flight.)
+#pragma unroll
+                for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+                    for (int nn = 0; nn < BK5 / 8; nn++)
+                        s[mt][nn][0] = s[mt][nn][1] = s[mt][nn][2] = s[mt][nn][3] = 0.f;
                 wg_fence();
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++) {
@@ -461,11 +468,19 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
                         wgmma64<0>(&s[mt][0][0], qf[mt][kk], wg_desc(Ks + kk * 128, 128, HD * 16), kk);
                     wg_commit();
                 }
-                wg_wait<1>(); // S0
+                // Softmax rescales O in its element-wise step, so no wgmma may be in flight then
+                // (ptxas would serialise every wgmma of the kernel): no overlap there.
+                if (RUNNING_MAX)
+                    wg_wait<0>();
+                else
+                    wg_wait<1>(); // S0
                 elementwise(0, 1);
                 if (want_v) {
                     pv(0);
-                    wg_wait<1>(); // S1 (P0 V may still run)
+                    if (RUNNING_MAX)
+                        wg_wait<0>();
+                    else
+                        wg_wait<1>(); // S1 (P0 V may still run)
                 } else {
                     wg_wait<0>();
                 }

@@ -193,8 +193,11 @@ __device__ __forceinline__ void rows_tile6(float (*s)[4], const float (*gv)[4], 
 }
 
 // The rows kernel's body. DQ: v6 (E_i, then dq); without, v7's row pass (D'_i and, with
-// re-weighting, the E_i sweep for C_i; v7's keys kernel accumulates dq).
-template <bool DQ> __device__ __forceinline__ void bwd_rows6(const KParams& p) {
+// re-weighting, the E_i sweep for C_i; v7's keys kernel accumulates dq). WG (without DQ; head
+// dimension 64, sm_90a): v9's, with the E_i sweep's S = Q K^T and G V^T as wgmma (Q and G from
+// registers, K and V tiles in core-matrix order as K-major B).
+template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_rows6(const KParams& p) {
+    static_assert(!(DQ && WG), "the warpgroup rows kernel has no dq sweep");
     DYN_SMEM(u16, smb); // [stage][K | V] tiles of BB rows
     __shared__ float inkS[2][BB];
     __shared__ float dpS[BB];
@@ -210,9 +213,15 @@ template <bool DQ> __device__ __forceinline__ void bwd_rows6(const KParams& p) {
     // The sweeps over key tiles: the E_i sweep (re-weighting), the dq sweep (DQ).
     constexpr int first_pass = P > 0 ? 0 : 1, end_pass = DQ ? 2 : 1;
     // Q and G fragments, staged through the first two tiles.
+    auto load = [&](u16* s, const Tensor4& x, int r0) {
+        if (WG)
+            load_async_cm(s, x, b, h, r0, BB, p.T);
+        else
+            load_async(s, x, b, h, r0, BB, p.T);
+    };
     if (first_pass < end_pass) {
-        load_async(smb, p.q, b, h, i0, BB, p.T);
-        load_async(smb + TILE, p.g, b, h, i0, BB, p.T);
+        load(smb, p.q, i0);
+        load(smb + TILE, p.g, i0);
         cp_commit();
     }
     // D'_i = <g_i, o_i>, one warp per row.
@@ -228,8 +237,13 @@ template <bool DQ> __device__ __forceinline__ void bwd_rows6(const KParams& p) {
     __syncthreads();
     u32 qf[HD / 16][4], gf[HD / 16][4];
     if (first_pass < end_pass) {
-        a_frags(qf, smb, warp, lm, lr);
-        a_frags(gf, smb + TILE, warp, lm, lr);
+        if (WG) {
+            a_frags_cm(qf, smb, warp, lm, lr);
+            a_frags_cm(gf, smb + TILE, warp, lm, lr);
+        } else {
+            a_frags(qf, smb, warp, lm, lr);
+            a_frags(gf, smb + TILE, warp, lm, lr);
+        }
         __syncthreads();
     }
 
@@ -251,8 +265,8 @@ template <bool DQ> __device__ __forceinline__ void bwd_rows6(const KParams& p) {
         float e[2] = {0.f, 0.f};
         auto issue = [&](int kt, int stage) {
             u16* ks = smb + stage * 2 * TILE;
-            load_async(ks, p.k, b, h, kt * BB, BB, p.T);
-            load_async(ks + TILE, p.v, b, h, kt * BB, BB, p.T);
+            load(ks, p.k, kt * BB);
+            load(ks + TILE, p.v, kt * BB);
             cp_commit();
             if (threadIdx.x < BB) {
                 int j = kt * BB + threadIdx.x;
@@ -268,6 +282,7 @@ template <bool DQ> __device__ __forceinline__ void bwd_rows6(const KParams& p) {
             } else {
                 cp_wait<0>();
             }
+            if (WG) fence_async_smem();
             __syncthreads();
             const u16* Ks = smb + stage * 2 * TILE;
             const u16* Vs = Ks + TILE;
@@ -276,8 +291,20 @@ template <bool DQ> __device__ __forceinline__ void bwd_rows6(const KParams& p) {
             // Some key of the tile is after some row of this warp (rows past T are never stored).
             const bool diag = j0 + BB - 1 > i0 + warp * 16;
             float s[BB / 8][4], gv[BB / 8][4];
-            mma_rows_t(s, qf, Ks, lm, lr);
-            mma_rows_t(gv, gf, Vs, lm, lr);
+            if constexpr (WG) {
+                wg_fence();
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++)
+                    wgmma64<0>(&s[0][0], qf[kk], wg_desc(Ks + kk * 128, 128, HD * 16), kk);
+#pragma unroll
+                for (int kk = 0; kk < HD / 16; kk++)
+                    wgmma64<0>(&gv[0][0], gf[kk], wg_desc(Vs + kk * 128, 128, HD * 16), kk);
+                wg_commit();
+                wg_wait<0>();
+            } else {
+                mma_rows_t(s, qf, Ks, lm, lr);
+                mma_rows_t(gv, gf, Vs, lm, lr);
+            }
             if (pass == 0) {
 #if P > 0
 #pragma unroll

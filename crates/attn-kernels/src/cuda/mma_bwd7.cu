@@ -12,9 +12,10 @@ extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rowstats7(KParam
 // dk and dv as v6, plus this block's share of dq into p.dq_acc.
 extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_keys_mma7(KParams p) { bwd_keys6<true>(p); }
 
-// Lab version 9: version 7's keys kernel on warpgroup tensor cores (wgmma; head dimension 64, sm_90a),
-// with v7's row-statistics and dq kernels.
+// Lab version 9: version 7's row-statistics and keys kernels on warpgroup tensor cores (wgmma; head
+// dimension 64, sm_90a), with v7's dq kernel.
 #if HAVE_WGMMA && HD == 64
+extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rowstats9(KParams p) { bwd_rows6<false, true>(p); }
 extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_keys_wg9(KParams p) { bwd_keys6<true, true>(p); }
 #endif
 

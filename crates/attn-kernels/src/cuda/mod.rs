@@ -19,8 +19,8 @@
 //!   `lssa_bwd_keys_mma7`, `lssa_bwd_dq7`): the second generation, selected by
 //!   [`Kernel::TensorCoreV5`] (v5 + v6) and [`Kernel::TensorCoreV7`] (v5 + v7); checked in the
 //!   emulator, not yet timed on a GPU.
-//! - v8 `lssa_fwd_wg8` and v9 `lssa_bwd_keys_wg9` (d = 64, sm_90a: the PTX for compute capability
-//!   9.0 is arch-specific): v5 and v7's keys kernel on Hopper's warpgroup tensor cores
+//! - v8 `lssa_fwd_wg8` and v9 `lssa_bwd_rowstats9` + `lssa_bwd_keys_wg9` (d = 64, sm_90a: the PTX
+//!   for compute capability 9.0 is arch-specific): v5 and v7 on Hopper's warpgroup tensor cores
 //!   (`wgmma.mma_async`, tiles read from shared memory by descriptor); [`Kernel::TensorCoreV8`].
 //!   Checked in the emulator, not yet timed.
 //!
@@ -406,13 +406,14 @@ pub(crate) enum Kern {
     BwdKeysMma6,
     BwdRowStats7,
     BwdKeysMma7,
+    BwdRowStats9,
     BwdKeysWg9,
     WgProbe,
     BwdDq7,
 }
 
 impl Kern {
-    const ALL: [Kern; 17] = [
+    const ALL: [Kern; 18] = [
         Kern::InvNorms,
         Kern::FwdSimt,
         Kern::FwdMma,
@@ -427,6 +428,7 @@ impl Kern {
         Kern::BwdKeysMma6,
         Kern::BwdRowStats7,
         Kern::BwdKeysMma7,
+        Kern::BwdRowStats9,
         Kern::BwdKeysWg9,
         Kern::WgProbe,
         Kern::BwdDq7,
@@ -448,6 +450,7 @@ impl Kern {
             Kern::BwdKeysMma6 => "lssa_bwd_keys_mma6",
             Kern::BwdRowStats7 => "lssa_bwd_rowstats7",
             Kern::BwdKeysMma7 => "lssa_bwd_keys_mma7",
+            Kern::BwdRowStats9 => "lssa_bwd_rowstats9",
             Kern::BwdKeysWg9 => "lssa_bwd_keys_wg9",
             Kern::WgProbe => "lssa_wg_probe",
             Kern::BwdDq7 => "lssa_bwd_dq7",
@@ -462,7 +465,8 @@ impl Kern {
             | Kern::FwdWg8
             | Kern::BwdRowsMma
             | Kern::BwdRowsMma6
-            | Kern::BwdRowStats7 => mma3_smem(head_dim),
+            | Kern::BwdRowStats7
+            | Kern::BwdRowStats9 => mma3_smem(head_dim),
             Kern::BwdKeysMma | Kern::BwdKeysMma6 => bwd_keys_smem(head_dim),
             // One more tile: dS on its way to the dq product.
             Kern::BwdKeysMma7 | Kern::BwdKeysWg9 => bwd_keys_smem(head_dim) / 6 * 7,
@@ -478,7 +482,7 @@ impl Kern {
         let tc = has_tensor_core_forward(head_dim, dtype);
         Self::ALL.into_iter().filter(move |k| match k {
             Kern::FwdMma5 => tc && head_dim == 64,
-            Kern::FwdWg8 | Kern::BwdKeysWg9 | Kern::WgProbe => tc && head_dim == 64 && wgmma,
+            Kern::FwdWg8 | Kern::BwdRowStats9 | Kern::BwdKeysWg9 | Kern::WgProbe => tc && head_dim == 64 && wgmma,
             Kern::FwdMma | Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma => tc,
             Kern::BwdRowsMma6 | Kern::BwdKeysMma6 => tc,
             Kern::BwdRowStats7 | Kern::BwdKeysMma7 | Kern::BwdDq7 => tc,
@@ -945,8 +949,10 @@ unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ke
         let dq_acc = x.zeros(p.batch * p.heads * p.seq_len * p.head_dim * 4)?;
         kp.dq_acc = dq_acc.addr();
         let v9 = kernel == Kernel::TensorCoreV8 && p.head_dim == 64 && x.wgmma();
-        x.launch(Kern::BwdRowStats7, (t.div_ceil(64), bh), 128, &kp)?;
-        x.launch(if v9 { Kern::BwdKeysWg9 } else { Kern::BwdKeysMma7 }, (t.div_ceil(64), bh), 128, &kp)?;
+        let (rows, keys) =
+            if v9 { (Kern::BwdRowStats9, Kern::BwdKeysWg9) } else { (Kern::BwdRowStats7, Kern::BwdKeysMma7) };
+        x.launch(rows, (t.div_ceil(64), bh), 128, &kp)?;
+        x.launch(keys, (t.div_ceil(64), bh), 128, &kp)?;
         x.launch(Kern::BwdDq7, (t.div_ceil(ROWS_PER_BLOCK), bh), 32 * ROWS_PER_BLOCK, &kp)
     } else if tc && kernel == Kernel::TensorCoreV5 {
         x.launch(Kern::BwdRowsMma6, (t.div_ceil(64), bh), 128, &kp)?;
