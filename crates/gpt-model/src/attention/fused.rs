@@ -20,7 +20,7 @@
 //! gradients); the callbacks only read and write through the pointers while they run. The autograd
 //! context saves `q`, `k`, `v`, the output and the statistics, nothing `T x T`.
 //!
-//! CUDA kernels: [`cuda::Kernel::Auto`] unless `LSSA_CUDA_KERNEL` (`auto`, `v1`, `v2`, `v3`, `v5`, `v7`;
+//! CUDA kernels: [`cuda::Kernel::Auto`] unless `LSSA_CUDA_KERNEL` (`auto`, `v1`, `v2`, `v3`, `v5`, `v7`, `v8`;
 //! read at first use) or [`set_cuda_kernel`] says otherwise.
 //!
 //! Errors: a kernel error (or a panic, caught) becomes a heap string returned to C++, which raises a
