@@ -495,6 +495,8 @@ impl Kern {
 struct Module {
     _module: Arc<CudaModule>,
     functions: HashMap<Kern, CudaFunction>,
+    /// Compiled for sm_90a, with the warpgroup kernels (lab v8, v9).
+    wgmma: bool,
 }
 
 /// The state of one GPU: its primary context, that context's legacy default stream, the module cache.
@@ -602,15 +604,28 @@ fn module(cfg: &Config, head_dim: usize, dtype: Dtype) -> Result<Arc<Module>> {
     if let Some(m) = g.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(Arc::clone(m));
     }
-    let ptx = compile(cfg, head_dim, dtype, g.arch)?;
-    let module = g.ctx.load_module(ptx).map_err(cuda_err)?;
-    let mut functions = HashMap::new();
-    for k in Kern::present(head_dim, dtype, has_wgmma(g.arch)) {
-        let f = module.load_function(k.name()).map_err(cuda_err)?;
-        let smem = k.smem(head_dim);
-        functions.insert(k, if smem > 0 { with_smem(f, smem)? } else { f });
-    }
-    let m = Arc::new(Module { _module: module, functions });
+    let load = |arch: &'static str| -> Result<Module> {
+        let ptx = compile(cfg, head_dim, dtype, arch)?;
+        let module = g.ctx.load_module(ptx).map_err(cuda_err)?;
+        let wgmma = has_wgmma(arch);
+        let mut functions = HashMap::new();
+        for k in Kern::present(head_dim, dtype, wgmma) {
+            let f = module.load_function(k.name()).map_err(cuda_err)?;
+            let smem = k.smem(head_dim);
+            functions.insert(k, if smem > 0 { with_smem(f, smem)? } else { f });
+        }
+        Ok(Module { _module: module, functions, wgmma })
+    };
+    // The arch-specific PTX (sm_90a) holds the not yet measured warpgroup kernels: should the
+    // driver refuse it, the other kernels still run, from plain compute_90 PTX.
+    let m = match load(g.arch) {
+        Err(e) if has_wgmma(g.arch) => {
+            eprintln!("attn-kernels: {} failed to load ({e}); falling back to compute_90 (no lab v8, v9)", g.arch);
+            load("compute_90")?
+        }
+        r => r?,
+    };
+    let m = Arc::new(m);
     g.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, Arc::clone(&m));
     Ok(m)
 }
@@ -823,7 +838,7 @@ impl Exec for GpuExec {
     }
 
     fn wgmma(&self) -> bool {
-        has_wgmma(self.gpu.arch)
+        self.module.wgmma
     }
 }
 
