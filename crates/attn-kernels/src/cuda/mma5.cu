@@ -364,14 +364,23 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
         if (kt < nkt) issue(kt, 0);
         while (kt < nkt) {
             const int nxt = next_tile(kt + 1);
-            if (nxt < nkt) {
-                issue(nxt, stage ^ 1);
-                cp_wait<1>();
-            } else {
+            if (WG) {
+                // Wait for this tile, fence it for the async proxy (a MEMBAR.ALL.CTA in SASS),
+                // publish it, and only then start the next tile's copy: no cp.async is in flight
+                // at the fence.
                 cp_wait<0>();
+                fence_async_smem();
+                __syncthreads();
+                if (nxt < nkt) issue(nxt, stage ^ 1);
+            } else {
+                if (nxt < nkt) {
+                    issue(nxt, stage ^ 1);
+                    cp_wait<1>();
+                } else {
+                    cp_wait<0>();
+                }
+                __syncthreads();
             }
-            if (WG) fence_async_smem();
-            __syncthreads();
             const u16* Ks = smem5 + stage * 2 * TILE5;
             const u16* Vs = Ks + TILE5;
             const float* ink = inkS[stage];
