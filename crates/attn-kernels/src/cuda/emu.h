@@ -10,12 +10,16 @@
 //   __syncthreads          all live threads of the block (exited threads count as arrived);
 //   warp collectives       all 32 lanes of the warp at the same collective (shfl, mma.sync, ldmatrix);
 //                          a lane that exited or waits elsewhere is reported as a deadlock, as a
-//                          divergent __shfl_sync would hang or misbehave on the GPU.
+//                          divergent __shfl_sync would hang or misbehave on the GPU;
+//   warpgroup collectives  all 128 threads of the warpgroup (wgmma.fence, wgmma.mma_async, its
+//                          commit and wait), likewise.
 // __shared__ variables are function statics (one block runs at a time); the dynamic shared memory is
 // refilled with a NaN pattern before every block, so reading bytes no one wrote shows up as NaN.
 // cp.async copies are queued per thread and land only at the cp.async.wait_group that waits for
 // their group, so reading a stage before waiting for it reads stale data, as it may on the GPU.
-// ldmatrix and cp.async check the 16-byte alignment the hardware requires. Threads run from the
+// ldmatrix and cp.async check the 16-byte alignment the hardware requires. wgmma.mma_async runs at
+// the wgmma.wait_group that covers it (see "Warpgroup collectives" below), and refuses shared memory
+// that a cp.async wrote unless the writing thread has executed fence.proxy.async since. Threads run from the
 // first to the last between barriers, or (Lab::reverse on the Rust side) from the last to the first.
 // Arithmetic: f32 as on the GPU (no fused multiply-add contraction guarantees); mma.sync multiplies
 // the 16-bit operands exactly and accumulates in f32; 16-bit conversions round to nearest even.
@@ -121,6 +125,8 @@ struct Thread {
     std::vector<std::vector<Copy>> groups;  // committed, oldest first
     std::vector<WgOp> wg_open;              // wgmma not yet committed
     std::vector<std::vector<WgOp>> wg_groups;
+    std::vector<size_t> unfenced;           // dynamic shared memory this thread's cp.async wrote, not yet
+                                            // fenced for the async proxy (offsets of 16-byte chunks)
 };
 
 // One warp's exchange area for collectives: 64 bytes per lane.
@@ -145,6 +151,9 @@ static Context sched;
 static int cur = 0;
 static std::string error;
 static std::vector<unsigned char> dyn;
+// Per 16-byte chunk of dyn: written by a cp.async whose thread has not yet executed
+// fence.proxy.async since (wgmma, in the async proxy, may not see it).
+static std::vector<unsigned char> unfenced;
 static emu_dim3 g_tid, g_bid, g_bdim, g_gdim;
 static void (*g_kernel)(const void*) = nullptr;
 static bool g_reverse = false; // run a block's threads from the last to the first between barriers
@@ -168,6 +177,12 @@ static void do_copy(const Copy& c) {
         memcpy(c.dst, c.src, 16);
     else
         memset(c.dst, 0, 16);
+    const unsigned char* d = (const unsigned char*)c.dst;
+    if (d >= dyn.data() && d < dyn.data() + dyn.size()) {
+        const size_t chunk = (size_t)(d - dyn.data()) / 16;
+        unfenced[chunk] = 1;
+        threads[cur].unfenced.push_back(chunk);
+    }
 }
 
 static void flush_all(Thread& t) {
@@ -267,9 +282,11 @@ static bool run_block(int nthreads) {
         t.groups.clear();
         t.wg_open.clear();
         t.wg_groups.clear();
+        t.unfenced.clear();
         start_fiber(t.ctx, stacks.data() + (size_t)i * STACK, STACK);
     }
     memset(dyn.data(), 0xff, dyn.size()); // NaN in f32, f16 and bf16
+    unfenced.assign(dyn.size() / 16 + 1, 0);
     const int nwarps = (nthreads + 31) / 32;
     for (;;) {
         for (int k = 0; k < nthreads; k++) {
@@ -575,6 +592,7 @@ static float desc_elem(u64 desc, bool tnsp, int k, int mn, bool f16) {
     size_t off = tnsp ? start + (k / 8) * lbo + (mn / 8) * sbo + (k % 8) * 16 + (mn % 8) * 2
                       : start + (mn / 8) * sbo + (k / 8) * lbo + (mn % 8) * 16 + (k % 8) * 2;
     if (off + 2 > dyn.size()) fail("wgmma operand past the end of the dynamic shared memory");
+    if (unfenced[off / 16]) fail("wgmma reads shared memory a cp.async wrote, with no fence.proxy.async since");
     u16 v;
     memcpy(&v, dyn.data() + off, 2);
     return f16 ? f16_to_f32(v) : bf16_to_f32(v);
@@ -596,6 +614,15 @@ static void wg_run(const WgOp& op) {
         for (int k = 0; k < 16; k++) acc += aval(r, k) * b(k, col);
         op.d[i] = acc;
     }
+}
+
+// fence.proxy.async.shared::cta: this thread's completed cp.async writes become visible to the
+// async proxy (to wgmma, after a barrier). Only cp.async writes are tracked: a plain store that
+// wgmma reads without a fence is not detected.
+static void fence_proxy_async() {
+    Thread& t = threads[cur];
+    for (size_t c : t.unfenced) unfenced[c] = 0;
+    t.unfenced.clear();
 }
 
 static void wg_fence() {

@@ -3,11 +3,14 @@
 //! The kernel sources are compiled by the host C++ compiler (`$CXX`, else `c++`) with `emu.h`
 //! in front of them, which implements the CUDA subset they use on the CPU: every thread of a block
 //! is a fiber, `__syncthreads` and the warp collectives (`__shfl*_sync`, `mma.sync`, `ldmatrix`)
-//! are barriers of a deterministic scheduler, `cp.async` copies land only when their group is
-//! waited for, and dynamic shared memory starts every block as NaN. A divergent collective, a read
-//! of a pipeline stage before its wait, a misaligned `ldmatrix` or `cp.async`, or a wrong fragment
-//! layout therefore shows up as an error or a wrong result, as on a GPU, where the NVRTC compile
-//! test alone would pass.
+//! and warpgroup collectives (`wgmma.*`, sm_90a) are barriers of a deterministic scheduler,
+//! `cp.async` copies land only when their group is waited for, a `wgmma.mma_async` runs at the
+//! `wgmma.wait_group` that covers it, and dynamic shared memory starts every block as NaN. A
+//! divergent collective, a read of a pipeline stage before its wait, an accumulator read before its
+//! `wgmma` is waited for, a `cp.async` tile handed to `wgmma` without `fence.proxy.async`, a
+//! misaligned `ldmatrix` or `cp.async`, or a wrong fragment layout therefore shows up as an error or
+//! a wrong result, as on a GPU, where the NVRTC compile test alone would pass. (`wgmma`'s operand
+//! layouts are the PTX ISA's, as read here; `cuda::wgmma_probe` checks them on a GPU.)
 //!
 //! The host side is the GPU's own (kernel choice, grids, scratch, checks: the `Exec` trait), so
 //! the emulator tests it too. [`Lab`] varies a run: an edit of the source, the threads of each

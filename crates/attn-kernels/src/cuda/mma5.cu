@@ -86,7 +86,7 @@ __device__ __forceinline__ float act5(float y) {
 __device__ __forceinline__ void wg_fence() { emu::wg_fence(); }
 __device__ __forceinline__ void wg_commit() { emu::wg_commit(); }
 template <int N> __device__ __forceinline__ void wg_wait() { emu::wg_wait(N); }
-__device__ __forceinline__ void fence_async_smem() {}
+__device__ __forceinline__ void fence_async_smem() { emu::fence_proxy_async(); }
 __device__ __forceinline__ unsigned wg_smem_addr(const void* p) { return emu::smem_offset(p); }
 template <int TNSP> __device__ __forceinline__ void wgmma64(float* d, const u32* a, u64 desc, int scale_d) {
     emu::wgmma(d, a, desc, 64, scale_d != 0, TNSP != 0, DTYPE == 1);
