@@ -149,6 +149,17 @@ template <int TNSP> __device__ __forceinline__ void wgmma64(float*, const u32*, 
 template <int TA, int TB> __device__ __forceinline__ void wgmma64_ss(float*, u64, u64, int) {}
 #endif
 
+// A operand fragments (16 rows x 16 columns, columns 16 kb..) of a 16 x BK5 accumulator tile.
+__device__ __forceinline__ void acc_to_a(u32 (*a)[4], const float (*x)[4]) {
+#pragma unroll
+    for (int kb = 0; kb < BK5 / 16; kb++) {
+        a[kb][0] = pack2(x[2 * kb][0], x[2 * kb][1]);
+        a[kb][1] = pack2(x[2 * kb][2], x[2 * kb][3]);
+        a[kb][2] = pack2(x[2 * kb + 1][0], x[2 * kb + 1][1]);
+        a[kb][3] = pack2(x[2 * kb + 1][2], x[2 * kb + 1][3]);
+    }
+}
+
 // A no-swizzle matrix descriptor: start address, leading byte offset (between core matrices along
 // K) and stride byte offset (along M or N).
 __device__ __forceinline__ u64 wg_desc(const void* p, unsigned lbo, unsigned sbo) {
@@ -449,13 +460,7 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
                 // in-flight wgmma reads must not be written).
                 auto pv = [&](int mt) {
                     u32 pa[BK5 / 16][4];
-#pragma unroll
-                    for (int kb = 0; kb < BK5 / 16; kb++) {
-                        pa[kb][0] = pack2(s[mt][2 * kb][0], s[mt][2 * kb][1]);
-                        pa[kb][1] = pack2(s[mt][2 * kb][2], s[mt][2 * kb][3]);
-                        pa[kb][2] = pack2(s[mt][2 * kb + 1][0], s[mt][2 * kb + 1][1]);
-                        pa[kb][3] = pack2(s[mt][2 * kb + 1][2], s[mt][2 * kb + 1][3]);
-                    }
+                    acc_to_a(pa, s[mt]);
                     wg_fence();
 #pragma unroll
                     for (int kb = 0; kb < BK5 / 16; kb++)

@@ -117,16 +117,7 @@ __device__ __forceinline__ void a_frags_cm(u32 (*fr)[4], const u16* s, int warp,
     for (int kk = 0; kk < HD / 16; kk++) ldsm4(fr[kk], s + cm_index(warp * 16 + (lm & 1) * 8 + lr, kk * 16 + (lm >> 1) * 8));
 }
 
-// A operand fragments (16 rows x 16 columns, columns 16 kb..) of a 16 x 64 accumulator tile.
-__device__ __forceinline__ void acc_to_a(u32 (*a)[4], const float (*x)[4]) {
-#pragma unroll
-    for (int kb = 0; kb < BB / 16; kb++) {
-        a[kb][0] = pack2(x[2 * kb][0], x[2 * kb][1]);
-        a[kb][1] = pack2(x[2 * kb][2], x[2 * kb][3]);
-        a[kb][2] = pack2(x[2 * kb + 1][0], x[2 * kb + 1][1]);
-        a[kb][3] = pack2(x[2 * kb + 1][2], x[2 * kb + 1][3]);
-    }
-}
+static_assert(BB == BK5, "acc_to_a (mma5.cu) packs tiles of BK5 columns");
 
 // Re-weighting's sharpening of one entry: rho = max(f n an - off, 0) / umax (computed as umax was),
 // and rp = rho^(P-1), the power whose derivative the gradient needs.
