@@ -431,6 +431,28 @@ fn time(reps: usize, mut f: impl FnMut() -> Result<()>) -> Option<f64> {
 fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
     let lssa: Variant = "lssa".parse()?;
     let lssar: Variant = "lssa+rw15".parse()?;
+    // What the driver made of each kernel: registers, spills, shared memory and blocks per SM explain
+    // much of a timing (and differ from an offline ptxas when the driver's JIT is another version).
+    for v in [&lssa, &lssar] {
+        for &d in &args.head_dims {
+            say!("\nKernels of {v} at d = {d}, bf16: threads, registers, local bytes, shared bytes, blocks per SM");
+            let mut res = Vec::new();
+            for k in cuda::kernel_resources(v, d as usize, Dtype::Bf16)? {
+                say!(
+                    "  {:<22} {:>4} {:>4} {:>6} {:>7} {:>3}",
+                    k.name,
+                    k.threads,
+                    k.registers,
+                    k.local_bytes,
+                    k.shared_bytes,
+                    k.blocks_per_sm
+                );
+                res.push(json!({"kernel": k.name, "threads": k.threads, "registers": k.registers,
+                    "local_bytes": k.local_bytes, "shared_bytes": k.shared_bytes, "blocks_per_sm": k.blocks_per_sm}));
+            }
+            rows.push(json!({"variant": v.to_string(), "d": d, "kernel_resources": res}));
+        }
+    }
     say!("\nTFLOP/s, bf16, causal, H = 12, B*T = 16K (FlashAttention FLOP convention); '-' = failed (OOM)");
     say!(
         "{:>4} {:>6} {:>3} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8} | {:>7} {:>7}",

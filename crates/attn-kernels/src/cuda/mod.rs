@@ -457,6 +457,15 @@ impl Kern {
         }
     }
 
+    /// Threads per block (each kernel's `__launch_bounds__`).
+    pub(crate) fn threads(self) -> u32 {
+        match self {
+            Kern::InvNorms | Kern::FwdMma3 => 256,
+            Kern::FwdSimt | Kern::BwdRows | Kern::BwdKeys | Kern::BwdDq7 => 32 * ROWS_PER_BLOCK,
+            _ => 128,
+        }
+    }
+
     /// Dynamic shared memory of one block, in bytes.
     pub(crate) fn smem(self, head_dim: usize) -> usize {
         match self {
@@ -778,8 +787,8 @@ impl Buf {
 /// ([`emu`]). The host logic (kernel choice, grids, scratch, checks) is written once against this,
 /// so the emulator tests it too.
 pub(crate) trait Exec {
-    /// Queues kernel `k` on a `grid` of blocks of `block` threads, with `k`'s dynamic shared memory.
-    fn launch(&self, k: Kern, grid: (u32, u32), block: u32, kp: &KParams) -> Result<()>;
+    /// Queues kernel `k` on a `grid` of blocks of [`Kern::threads`], with `k`'s dynamic shared memory.
+    fn launch(&self, k: Kern, grid: (u32, u32), kp: &KParams) -> Result<()>;
     /// `bytes` zeroed bytes.
     fn zeros(&self, bytes: usize) -> Result<Buf>;
     /// A copy of `bytes`.
@@ -810,10 +819,11 @@ impl GpuExec {
 }
 
 impl Exec for GpuExec {
-    fn launch(&self, k: Kern, grid: (u32, u32), block: u32, kp: &KParams) -> Result<()> {
+    fn launch(&self, k: Kern, grid: (u32, u32), kp: &KParams) -> Result<()> {
         let f = self.module.functions.get(&k).ok_or_else(|| Error::Cuda(format!("{} is not compiled", k.name())))?;
         let smem = k.smem(self.head_dim) as u32;
-        let cfg = LaunchConfig { grid_dim: (grid.0, grid.1, 1), block_dim: (block, 1, 1), shared_mem_bytes: smem };
+        let cfg =
+            LaunchConfig { grid_dim: (grid.0, grid.1, 1), block_dim: (k.threads(), 1, 1), shared_mem_bytes: smem };
         let mut b = self.gpu.stream.launch_builder(f);
         b.arg(kp);
         // SAFETY: the kernel reads and writes only through the pointers in `kp`, whose validity the raw
@@ -859,10 +869,9 @@ fn prepare(x: &dyn Exec, cfg: &Config, p: &Params) -> Result<Call> {
     let rows = p.batch * p.heads * p.seq_len;
     let norms = x.zeros(2 * rows * 4)?;
     kp.inv_norms = norms.addr();
-    let warps_per_block = 8u32;
-    let blocks = (2 * rows as u64).div_ceil(warps_per_block as u64);
+    let blocks = (2 * rows as u64).div_ceil(Kern::InvNorms.threads() as u64 / 32); // a warp per row
     let blocks = u32::try_from(blocks).map_err(|_| Error::BadParams("too many rows".into()))?;
-    x.launch(Kern::InvNorms, (blocks, 1), 32 * warps_per_block, &kp)?;
+    x.launch(Kern::InvNorms, (blocks, 1), &kp)?;
     Ok(Call { kp, _norms: Some(norms), bh })
 }
 
@@ -913,11 +922,11 @@ unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ker
     let Call { kp, _norms, bh } = prepare(x, cfg, p)?;
     let t = p.seq_len as u32;
     match version {
-        8 => x.launch(Kern::FwdWg8, (t.div_ceil(MMA5_ROWS), bh), 128, &kp),
-        5 => x.launch(Kern::FwdMma5, (t.div_ceil(MMA5_ROWS), bh), 128, &kp),
-        3 => x.launch(Kern::FwdMma3, (t.div_ceil(MMA3_ROWS), bh), 256, &kp),
-        2 => x.launch(Kern::FwdMma, (t.div_ceil(MMA_ROWS), bh), 128, &kp),
-        _ => x.launch(Kern::FwdSimt, (t.div_ceil(ROWS_PER_BLOCK), bh), 32 * ROWS_PER_BLOCK, &kp),
+        8 => x.launch(Kern::FwdWg8, (t.div_ceil(MMA5_ROWS), bh), &kp),
+        5 => x.launch(Kern::FwdMma5, (t.div_ceil(MMA5_ROWS), bh), &kp),
+        3 => x.launch(Kern::FwdMma3, (t.div_ceil(MMA3_ROWS), bh), &kp),
+        2 => x.launch(Kern::FwdMma, (t.div_ceil(MMA_ROWS), bh), &kp),
+        _ => x.launch(Kern::FwdSimt, (t.div_ceil(ROWS_PER_BLOCK), bh), &kp),
     }
 }
 
@@ -966,19 +975,19 @@ unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ke
         let v9 = kernel == Kernel::TensorCoreV8 && p.head_dim == 64 && x.wgmma();
         let (rows, keys) =
             if v9 { (Kern::BwdRowStats9, Kern::BwdKeysWg9) } else { (Kern::BwdRowStats7, Kern::BwdKeysMma7) };
-        x.launch(rows, (t.div_ceil(64), bh), 128, &kp)?;
-        x.launch(keys, (t.div_ceil(64), bh), 128, &kp)?;
-        x.launch(Kern::BwdDq7, (t.div_ceil(ROWS_PER_BLOCK), bh), 32 * ROWS_PER_BLOCK, &kp)
+        x.launch(rows, (t.div_ceil(64), bh), &kp)?;
+        x.launch(keys, (t.div_ceil(64), bh), &kp)?;
+        x.launch(Kern::BwdDq7, (t.div_ceil(ROWS_PER_BLOCK), bh), &kp)
     } else if tc && kernel == Kernel::TensorCoreV5 {
-        x.launch(Kern::BwdRowsMma6, (t.div_ceil(64), bh), 128, &kp)?;
-        x.launch(Kern::BwdKeysMma6, (t.div_ceil(64), bh), 128, &kp)
+        x.launch(Kern::BwdRowsMma6, (t.div_ceil(64), bh), &kp)?;
+        x.launch(Kern::BwdKeysMma6, (t.div_ceil(64), bh), &kp)
     } else if tc && matches!(kernel, Kernel::Auto | Kernel::TensorCore) {
-        x.launch(Kern::BwdRowsMma, (t.div_ceil(64), bh), 128, &kp)?;
-        x.launch(Kern::BwdKeysMma, (t.div_ceil(64), bh), 128, &kp)
+        x.launch(Kern::BwdRowsMma, (t.div_ceil(64), bh), &kp)?;
+        x.launch(Kern::BwdKeysMma, (t.div_ceil(64), bh), &kp)
     } else {
         let grid = (t.div_ceil(ROWS_PER_BLOCK), bh);
-        x.launch(Kern::BwdRows, grid, 32 * ROWS_PER_BLOCK, &kp)?;
-        x.launch(Kern::BwdKeys, grid, 32 * ROWS_PER_BLOCK, &kp)
+        x.launch(Kern::BwdRows, grid, &kp)?;
+        x.launch(Kern::BwdKeys, grid, &kp)
     }
 }
 
@@ -1153,6 +1162,46 @@ pub fn backward<'a>(
     backward_with(variant, q, k, v, d_out, &Options::default())
 }
 
+/// What the driver made of one kernel (after its JIT of the PTX): for reading timings.
+#[derive(Clone, Debug)]
+pub struct KernelResources {
+    /// The kernel's `extern "C"` name.
+    pub name: &'static str,
+    /// Threads per block at launch.
+    pub threads: u32,
+    /// Registers per thread.
+    pub registers: i32,
+    /// Local memory per thread in bytes (spills and stack).
+    pub local_bytes: i32,
+    /// Static plus dynamic shared memory per block in bytes.
+    pub shared_bytes: usize,
+    /// Blocks that fit on one multiprocessor at once (the occupancy calculator's answer).
+    pub blocks_per_sm: u32,
+}
+
+/// [`KernelResources`] of every kernel of one specialisation on this thread's GPU.
+pub fn kernel_resources(variant: &Variant, head_dim: usize, dtype: Dtype) -> Result<Vec<KernelResources>> {
+    use cudarc::driver::sys::CUfunction_attribute_enum as A;
+    let cfg = Config::new(variant, head_dim)?;
+    let m = module(&cfg, head_dim, dtype)?;
+    let mut out = Vec::new();
+    for k in Kern::ALL {
+        let Some(f) = m.functions.get(&k) else { continue };
+        let dynamic = k.smem(head_dim);
+        out.push(KernelResources {
+            name: k.name(),
+            threads: k.threads(),
+            registers: f.num_regs().map_err(cuda_err)?,
+            local_bytes: f.get_attribute(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES).map_err(cuda_err)?,
+            shared_bytes: f.shared_size_bytes().map_err(cuda_err)? as usize + dynamic,
+            blocks_per_sm: f
+                .occupancy_max_active_blocks_per_multiprocessor(k.threads(), dynamic, None)
+                .map_err(cuda_err)?,
+        });
+    }
+    Ok(out)
+}
+
 /// The modes of the wgmma layout probe (`lssa_wg_probe` in `mma5.cu`), and whether each must match.
 pub const WGMMA_PROBE_MODES: [(&str, bool); 5] = [
     ("A registers, B K-major (v8 Q K^T, v9 K Q^T)", true),
@@ -1187,7 +1236,7 @@ fn wgmma_probe_on(x: &dyn Exec) -> Result<Vec<f64>> {
         kp.q.ptr = da.addr();
         kp.k.ptr = db.addr();
         kp.o.ptr = out.addr();
-        x.launch(Kern::WgProbe, (1, 1), 128, &kp)?;
+        x.launch(Kern::WgProbe, (1, 1), &kp)?;
         let got = x.download(&out)?;
         let err = exact
             .iter()
