@@ -363,9 +363,10 @@ fn strided_inputs_get_the_kernel_that_can_read_them() {
     check(raw_run(&c, 72, Kernel::TensorCore).unwrap(), "stride 72, v3 + v4");
     check(raw_run(&c, 72, Kernel::TensorCoreV5).unwrap(), "stride 72, v5 + v6");
     check(raw_run(&c, 72, Kernel::TensorCoreV7).unwrap(), "stride 72, v5 + v7");
+    check(raw_run(&c, 72, Kernel::TensorCoreV8).unwrap(), "stride 72, v8 + v9");
     // Rows 4-byte aligned only: Auto runs v2 and the v1 backward; v3 is refused with a reason.
     check(raw_run(&c, 66, Kernel::Auto).unwrap(), "stride 66, auto");
-    for k in [Kernel::TensorCore, Kernel::TensorCoreV5] {
+    for k in [Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV8] {
         let err = raw_run(&c, 66, k).unwrap_err().to_string();
         assert!(err.contains("no tensor-core forward"), "{err}");
     }
