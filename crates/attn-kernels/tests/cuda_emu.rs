@@ -457,6 +457,14 @@ fn the_emulator_catches_planted_kernel_bugs() {
     let lab = Lab { edit: Some(&edit), ..Lab::default() };
     let err = emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &lab).unwrap_err().to_string();
     assert!(err.contains("fence.proxy.async"), "v8 without its proxy fence: {err}");
+    // v9 without the fence between its dS stores and the dq wgmma that reads them.
+    let edit = replace_first(
+        "            fence_async_smem();\n            __syncthreads();\n            // dq (queries x HD)",
+        "            __syncthreads();\n            // dq (queries x HD)",
+    );
+    let lab = Lab { edit: Some(&edit), ..Lab::default() };
+    let err = emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &lab).unwrap_err().to_string();
+    assert!(err.contains("fence.proxy.async"), "v9 without its dS proxy fence: {err}");
 }
 
 /// Inputs where re-weighting is at its edges (T = 200, d = 64, one head): queries along one

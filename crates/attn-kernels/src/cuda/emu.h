@@ -172,17 +172,23 @@ static void fail(const std::string& why) {
     abort(); // a failed fiber is never resumed
 }
 
-static void do_copy(const Copy& c) {
-    if (c.pred)
-        memcpy(c.dst, c.src, 16);
-    else
-        memset(c.dst, 0, 16);
-    const unsigned char* d = (const unsigned char*)c.dst;
+// A generic-proxy write of dynamic shared memory by the current thread (cp.async, or a store the
+// kernel routes through sts32): not visible to wgmma until the thread's next fence.proxy.async.
+static void generic_write(const void* p) {
+    const unsigned char* d = (const unsigned char*)p;
     if (d >= dyn.data() && d < dyn.data() + dyn.size()) {
         const size_t chunk = (size_t)(d - dyn.data()) / 16;
         unfenced[chunk] = 1;
         threads[cur].unfenced.push_back(chunk);
     }
+}
+
+static void do_copy(const Copy& c) {
+    if (c.pred)
+        memcpy(c.dst, c.src, 16);
+    else
+        memset(c.dst, 0, 16);
+    generic_write(c.dst);
 }
 
 static void flush_all(Thread& t) {
@@ -592,7 +598,7 @@ static float desc_elem(u64 desc, bool tnsp, int k, int mn, bool f16) {
     size_t off = tnsp ? start + (k / 8) * lbo + (mn / 8) * sbo + (k % 8) * 16 + (mn % 8) * 2
                       : start + (mn / 8) * sbo + (k / 8) * lbo + (mn % 8) * 16 + (k % 8) * 2;
     if (off + 2 > dyn.size()) fail("wgmma operand past the end of the dynamic shared memory");
-    if (unfenced[off / 16]) fail("wgmma reads shared memory a cp.async wrote, with no fence.proxy.async since");
+    if (unfenced[off / 16]) fail("wgmma reads shared memory written since the writer's last fence.proxy.async");
     u16 v;
     memcpy(&v, dyn.data() + off, 2);
     return f16 ? f16_to_f32(v) : bf16_to_f32(v);
@@ -616,9 +622,8 @@ static void wg_run(const WgOp& op) {
     }
 }
 
-// fence.proxy.async.shared::cta: this thread's completed cp.async writes become visible to the
-// async proxy (to wgmma, after a barrier). Only cp.async writes are tracked: a plain store that
-// wgmma reads without a fence is not detected.
+// fence.proxy.async.shared::cta: this thread's completed cp.async writes and sts32 stores become
+// visible to the async proxy (to wgmma, after a barrier). Plain stores are not tracked.
 static void fence_proxy_async() {
     Thread& t = threads[cur];
     for (size_t c : t.unfenced) unfenced[c] = 0;

@@ -87,6 +87,10 @@ __device__ __forceinline__ void wg_fence() { emu::wg_fence(); }
 __device__ __forceinline__ void wg_commit() { emu::wg_commit(); }
 template <int N> __device__ __forceinline__ void wg_wait() { emu::wg_wait(N); }
 __device__ __forceinline__ void fence_async_smem() { emu::fence_proxy_async(); }
+__device__ __forceinline__ void sts32(u16* p, u32 v) {
+    *(u32*)p = v;
+    emu::generic_write(p);
+}
 __device__ __forceinline__ unsigned wg_smem_addr(const void* p) { return emu::smem_offset(p); }
 template <int TNSP> __device__ __forceinline__ void wgmma64(float* d, const u32* a, u64 desc, int scale_d) {
     emu::wgmma(d, a, desc, 64, scale_d != 0, TNSP != 0, DTYPE == 1);
@@ -103,6 +107,8 @@ template <int N> __device__ __forceinline__ void wg_wait() {
 // Shared memory written through the generic proxy (cp.async, st.shared) is read by wgmma through
 // the async proxy: each writer fences before the barrier that publishes the tile.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// A 4-byte store to shared memory that wgmma will read (the emulator tracks it for the fence).
+__device__ __forceinline__ void sts32(u16* p, u32 v) { *(u32*)p = v; }
 __device__ __forceinline__ unsigned wg_smem_addr(const void* p) { return smem_addr(p); }
 #if DTYPE == 1
 #define WG_TYPES "f16.f16"
@@ -144,6 +150,7 @@ __device__ __forceinline__ void wg_fence() {}
 __device__ __forceinline__ void wg_commit() {}
 template <int N> __device__ __forceinline__ void wg_wait() {}
 __device__ __forceinline__ void fence_async_smem() {}
+__device__ __forceinline__ void sts32(u16* p, u32 v) { *(u32*)p = v; }
 __device__ __forceinline__ unsigned wg_smem_addr(const void*) { return 0; }
 template <int TNSP> __device__ __forceinline__ void wgmma64(float*, const u32*, u64, int) {}
 template <int TA, int TB> __device__ __forceinline__ void wgmma64_ss(float*, u64, u64, int) {}

@@ -486,8 +486,8 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_keys6(co
             for (int nn = 0; nn < BB / 8; nn++)
 #pragma unroll
                 for (int q = 0; q < 2; q++)
-                    *(u32*)(ds + cm_index(warp * 16 + g + 8 * q, nn * 8 + 2 * t4)) =
-                        pack2(gvt[nn][2 * q], gvt[nn][2 * q + 1]);
+                    sts32(ds + cm_index(warp * 16 + g + 8 * q, nn * 8 + 2 * t4),
+                          pack2(gvt[nn][2 * q], gvt[nn][2 * q + 1]));
             fence_async_smem();
             __syncthreads();
             // dq (queries x HD) = dS (queries x keys: MN-major A, key blocks HD 16 bytes apart,
