@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One stage of the CUDA kernel lab on a GPU machine without a Rust toolchain, from a `bench-cuda` built
+# elsewhere. On the build machine:
+#   cargo build --release -p lssa-benches --bin bench-cuda
+#   mkdir -p .gpu && cp target/release/bench-cuda .gpu/ && strip .gpu/bench-cuda
+# then carry .gpu/ to the GPU machine and run, from the repository root, one stage per call (each
+# stays under ten minutes):
+#   benches/gpu-session.sh check     # wgmma layout probe, then every kernel version vs attn-core (f64)
+#   benches/gpu-session.sh lab       # kernel resources, then TFLOP/s of every version at d = 64, T = 4K..16K
+#   benches/gpu-session.sh model     # GPT-2 124M step, reference vs each fused generation
+#   benches/gpu-session.sh full64    # the table at d = 64, T = 1K..32K, and memory at 16K and 64K
+#   benches/gpu-session.sh full128   # the same at d = 128
+# Output (text and JSON) goes to $OUT (default .gpu/out); the text is also printed.
+set -uo pipefail
+BIN=${BIN:-.gpu/bench-cuda}
+OUT=${OUT:-.gpu/out}
+mkdir -p "$OUT"
+[ -x "$BIN" ] || { echo "no $BIN: build and carry it first (see the top of $0)" >&2; exit 2; }
+stage=${1:-check}
+run() { # name, limit in seconds, bench-cuda arguments...
+    local name=$1 limit=$2
+    shift 2
+    timeout "$limit" "$BIN" "$@" --out "$OUT/$name.json" 2>&1 | tee "$OUT/$name.txt"
+    local rc=${PIPESTATUS[0]}
+    echo "$name: exit $rc (124 = timed out after ${limit} s)" | tee -a "$OUT/$name.txt"
+    return "$rc"
+}
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1 || true
+case "$stage" in
+check) run check 420 check ;;
+lab) run lab 540 speed --head-dims 64 --lengths 4096,8192,16384 ;;
+model) run model 540 model ;;
+full64) run full64 570 speed --head-dims 64 ;;
+full128) run full128 570 speed --head-dims 128 ;;
+*) echo "unknown stage $stage (check, lab, model, full64, full128)" >&2; exit 2 ;;
+esac
