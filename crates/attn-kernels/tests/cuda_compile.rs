@@ -88,13 +88,13 @@ fn every_fused_variant_compiles_for_every_dtype_and_arch() {
                 if (tc && *hd == 64) != ptx.contains(".entry lssa_fwd_mma5(") {
                     missing.push("lssa_fwd_mma5 exactly at head dimension 64");
                 }
-                let wg = tc && *hd == 64 && *arch == "compute_90a";
+                let wg = tc && *arch == "compute_90a";
                 if wg
                     != (ptx.contains(".entry lssa_fwd_wg8(") && ptx.contains("wgmma.mma_async.sync.aligned.m64n64k16"))
                 {
-                    missing.push("lssa_fwd_wg8 with wgmma exactly at head dimension 64 on compute_90a");
+                    missing.push("lssa_fwd_wg8 with wgmma exactly on compute_90a");
                 }
-                if wg != ptx.contains(".entry lssa_bwd_keys_wg9(") {
+                if (wg && *hd == 64) != ptx.contains(".entry lssa_bwd_keys_wg9(") {
                     missing.push("lssa_bwd_keys_wg9 exactly at head dimension 64 on compute_90a");
                 }
                 if tc && !(ptx.contains(".entry lssa_bwd_rows_mma(") && ptx.contains(".entry lssa_bwd_keys_mma(")) {
@@ -192,6 +192,7 @@ fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
         jobs.push((v, 64, Dtype::F16, "compute_80", "sm_80"));
     }
     jobs.push(("lssa+rw3", 128, Dtype::Bf16, "compute_90a", "sm_90a"));
+    jobs.push(("lssa", 128, Dtype::Bf16, "compute_90a", "sm_90a"));
     jobs.push(("lssa", 64, Dtype::F16, "compute_90a", "sm_90a"));
     let failures: Vec<String> = jobs
         .par_iter()

@@ -207,6 +207,9 @@ fn every_kernel_version_matches_the_reference() {
     // shows as a different result).
     jobs.extend(kernel_jobs_b("lssa+rw15", 2, 70, 64, Dtype::Bf16, &ALL_FWD, &BOTH_BWD, &[false, true]));
     jobs.extend(kernel_jobs_b("softmax", 1, 150, 64, Dtype::F16, &ALL_FWD, &BOTH_BWD, &[true]));
+    // v8 at head dimension 128: two warpgroups per block, one m64 half each, O in two N = 64 halves.
+    jobs.extend(kernel_jobs("lssa", 200, 128, Dtype::Bf16, &[Kernel::TensorCoreV8], &[]));
+    jobs.extend(kernel_jobs_b("softmax+rw15", 2, 70, 128, Dtype::Bf16, &[Kernel::TensorCoreV8], &[], &[false, true]));
     // Awkward lengths: a single row, fewer rows than a quad, one past a block.
     for t in [1, 5, 129] {
         jobs.extend(kernel_jobs("lssa+rw15", t, 64, Dtype::Bf16, &TC_FWD, &TC_BWD));
@@ -433,7 +436,11 @@ fn the_emulator_catches_planted_kernel_bugs() {
     // the wgmma that computes them is waited for.
     let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV8 };
     let planted: [(&str, &str, &str); 2] = [
-        ("wg_desc(Vs + kb * 16 * HD, HD * 16, 128)", "wg_desc(Vs + kb * 16 * HD, 128, HD * 16)", "V's descriptor"),
+        (
+            "wg_desc(Vs + kb * 16 * HD + nh * 512, HD * 16, 128)",
+            "wg_desc(Vs + kb * 16 * HD + nh * 512, 128, HD * 16)",
+            "V's descriptor",
+        ),
         ("                wg_wait<1>(); // S0\n", "", "wgmma wait"),
     ];
     for (from, to, what) in planted {

@@ -214,7 +214,7 @@ impl<'a> EmuExec<'a> {
 
 impl Exec for EmuExec<'_> {
     fn launch(&self, k: Kern, grid: (u32, u32), kp: &KParams) -> Result<()> {
-        let block = k.threads();
+        let block = k.threads(self.head_dim);
         let name = CString::new(k.name()).expect("kernel names have no NUL");
         let mut err = vec![0u8; 1024];
         let mut counts = Profile::default();

@@ -189,7 +189,13 @@ __device__ __forceinline__ void load_async_cm(u16* s, const Tensor4& x, int b, i
     }
 }
 
-#if HD == 64
+// v5 exists at head dimension 64; v8 at 64 and 128 (MT5 below).
+#if HD == 64 || (HAVE_WGMMA && HD == 128)
+
+// Row tiles of 16 rows per warp, and warps per block, of the shared body: v5 and v8 at d = 64 have
+// 4 warps of 2 tiles; v8 at d = 128 (twice the accumulators) has 8 warps, two warpgroups, of 1.
+#define MT8 (HD == 128 ? 1 : 2)
+#define NW8 (HD == 128 ? 8 : 4)
 
 // Re-weighting's per-row constants from the first sweep, in the kernel's units: a_ij = f5_ij * an2,
 // u_ij = f5_ij * na2 - off, umax = max_j u_ij (clamped at 0; 0 means the fallback a_ij).
@@ -253,9 +259,13 @@ __device__ __forceinline__ void tile_f5(int m0, int m1, float (*s)[BK5 / 8][4], 
 }
 
 // The forward of versions 5 (GEN 5: mma.sync, 2 x 16 consecutive rows per warp) and 8 (GEN 8:
-// wgmma, warp w has rows 16w.. and 64 + 16w.. of the block, the two m64 halves).
+// wgmma; at d = 64 warp w has rows 16w.. and 64 + 16w.. of the block, the two m64 halves of one
+// warpgroup; at d = 128 warp w has rows 64 (w / 4) + 16 (w % 4).., warpgroup w / 4 one m64 half).
+// MT: the warp's row tiles; row r = 2 mt + q of a thread is tile_row(mt) + g + 8 q, r < 2 MT.
 template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
     constexpr bool WG = GEN == 8;
+    constexpr int MT = WG ? MT8 : 2;
+    static_assert(WG || HD == 64, "v5 is written for head dimension 64");
     DYN_SMEM(u16, smem5); // [stage][K | V] tiles
     __shared__ float inkS[2][BK5];
 #if P > 0
@@ -270,7 +280,9 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
     const int lm = lane >> 3, lr = lane & 7; // ldmatrix: which 8x8 matrix this lane addresses, and its row
     const int i0 = qb * BQ5;
     // The first row of the warp's row tile mt (16 rows each).
-    auto tile_row = [&](int mt) { return WG ? i0 + 64 * mt + 16 * warp : i0 + 32 * warp + 16 * mt; };
+    auto tile_row = [&](int mt) {
+        return !WG ? i0 + 32 * warp + 16 * mt : MT == 2 ? i0 + 64 * mt + 16 * warp : i0 + 16 * warp;
+    };
     const int w0 = tile_row(0); // the warp's smallest row
     const int ktiles = (p.T + BK5 - 1) / BK5;
     const int nkt = min(ktiles, (i0 + BQ5 + BK5 - 1) / BK5); // causal
@@ -280,9 +292,9 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
     cp_commit();
     cp_wait<0>();
     __syncthreads();
-    u32 qf[2][HD / 16][4];
+    u32 qf[2][HD / 16][4]; // [MT] used
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++)
             ldsm4(qf[mt][kk], smem5 + (tile_row(mt) - i0 + (lm & 1) * 8 + lr) * KP5 + kk * 16 + (lm >> 1) * 8);
@@ -293,7 +305,7 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
     float fac[4], bias[4];
 #pragma unroll
     for (int r = 0; r < 4; r++) {
-        rows[r] = tile_row(r >> 1) + g + 8 * (r & 1);
+        rows[r] = tile_row(r >> 1 < MT ? r >> 1 : 0) + g + 8 * (r & 1) + (r >> 1 < MT ? 0 : p.T); // (r >= 2 MT: none)
         int n = rows[r] + 1;
         fac[r] = row_scale(p, n) * ((COSINE && rows[r] < p.T) ? inv_norm(p, bh, 0, rows[r]) : 1.f);
         bias[r] = row_bias(p, n);
@@ -302,9 +314,9 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
             bias[r] *= LOG2E_F;
         }
     }
-    float oacc[2][HD / 8][4];
+    float oacc[2][HD / 8][4]; // [MT] used
 #pragma unroll
-    for (int mt = 0; mt < 2; mt++)
+    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
         for (int nn = 0; nn < HD / 8; nn++)
 #pragma unroll
@@ -404,7 +416,7 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
             const float* ink = inkS[stage];
             const int j0 = kt * BK5;
             // S = Q K^T: 2 x 16 rows x 64 keys per warp.
-            float s[2][BK5 / 8][4];
+            float s[2][BK5 / 8][4]; // [MT] used
             const bool diag = j0 + BK5 > w0 + 1 || j0 + BK5 > p.T; // some key of the tile is masked for some row
             float tile_fmax = -INFINITY;
             // The element-wise step of row tiles [M0, M1): scores to y = scale_i * cos_ij + bias_i
@@ -469,21 +481,25 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
                     u32 pa[BK5 / 16][4];
                     acc_to_a(pa, s[mt]);
                     wg_fence();
+                    // N = 64 columns of O per wgmma: HD / 64 of them per k step.
 #pragma unroll
                     for (int kb = 0; kb < BK5 / 16; kb++)
-                        wgmma64<1>(&oacc[mt][0][0], pa[kb], wg_desc(Vs + kb * 16 * HD, HD * 16, 128), 1);
+#pragma unroll
+                        for (int nh = 0; nh < HD / 64; nh++)
+                            wgmma64<1>(&oacc[mt][8 * nh][0], pa[kb],
+                                       wg_desc(Vs + kb * 16 * HD + nh * 512, HD * 16, 128), 1);
                     wg_commit();
                 };
                 // (The first product ignores the accumulators, but they are defined before the
                 // fence so that no instruction defines them while a wgmma is in flight.)
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++)
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                     for (int nn = 0; nn < BK5 / 8; nn++)
                         s[mt][nn][0] = s[mt][nn][1] = s[mt][nn][2] = s[mt][nn][3] = 0.f;
                 wg_fence();
 #pragma unroll
-                for (int mt = 0; mt < 2; mt++) {
+                for (int mt = 0; mt < MT; mt++) {
 #pragma unroll
                     for (int kk = 0; kk < HD / 16; kk++)
                         wgmma64<0>(&s[mt][0][0], qf[mt][kk], wg_desc(Ks + kk * 128, 128, HD * 16), kk);
@@ -491,22 +507,28 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
                 }
                 // Softmax rescales O in its element-wise step, so no wgmma may be in flight then
                 // (ptxas would serialise every wgmma of the kernel): no overlap there.
-                if (RUNNING_MAX)
+                if (RUNNING_MAX || MT == 1)
                     wg_wait<0>();
                 else
                     wg_wait<1>(); // S0
                 elementwise(0, 1);
-                if (want_v) {
-                    pv(0);
-                    if (RUNNING_MAX)
-                        wg_wait<0>();
-                    else
-                        wg_wait<1>(); // S1 (P0 V may still run)
+                if constexpr (MT == 1) {
+                    // One m64 half per warpgroup (d = 128): the block's two warpgroups overlap
+                    // each other instead.
+                    if (want_v) pv(0);
                 } else {
-                    wg_wait<0>();
+                    if (want_v) {
+                        pv(0);
+                        if (RUNNING_MAX)
+                            wg_wait<0>();
+                        else
+                            wg_wait<1>(); // S1 (P0 V may still run)
+                    } else {
+                        wg_wait<0>();
+                    }
+                    elementwise(1, 2);
+                    if (want_v) pv(1);
                 }
-                elementwise(1, 2);
-                if (want_v) pv(1);
                 wg_wait<0>();
             } else {
 #pragma unroll
@@ -608,10 +630,15 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
     }
 }
 
+#if HD == 64
 extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) { fwd5_body<5>(p); }
+#endif
 
 #if HAVE_WGMMA
-extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_wg8(KParams p) { fwd5_body<8>(p); }
+extern "C" __global__ void __launch_bounds__(NW8 * 32) lssa_fwd_wg8(KParams p) { fwd5_body<8>(p); }
+#endif
+
+#if HAVE_WGMMA && HD == 64
 
 // A probe of the warpgroup operand layouts v8 and v9 assume, for the first run on a new GPU (bench-cuda
 // check; `cuda::wgmma_probe`): one m64n64k16 product D = A B of row-major A (64 x 16, at p.q.ptr)
@@ -661,4 +688,4 @@ extern "C" __global__ void __launch_bounds__(128) lssa_wg_probe(KParams p) {
     for (int i = 0; i < 32; i++) out[(r0 + 8 * ((i >> 1) & 1)) * 64 + 8 * (i >> 2) + 2 * t4 + (i & 1)] = d[i];
 }
 #endif
-#endif // HD == 64
+#endif // HD == 64 || (HAVE_WGMMA && HD == 128)

@@ -19,8 +19,8 @@
 //!   `lssa_bwd_keys_mma7`, `lssa_bwd_dq7`): the second generation, selected by
 //!   [`Kernel::TensorCoreV5`] (v5 + v6) and [`Kernel::TensorCoreV7`] (v5 + v7); checked in the
 //!   emulator, not yet timed on a GPU.
-//! - v8 `lssa_fwd_wg8` and v9 `lssa_bwd_rowstats9` + `lssa_bwd_keys_wg9` (d = 64, sm_90a: the PTX
-//!   for compute capability 9.0 is arch-specific): v5 and v7 on Hopper's warpgroup tensor cores
+//! - v8 `lssa_fwd_wg8` (d = 64 and 128) and v9 `lssa_bwd_rowstats9` + `lssa_bwd_keys_wg9` (d = 64),
+//!   sm_90a (the PTX for compute capability 9.0 is arch-specific): v5 and v7 on Hopper's warpgroup tensor cores
 //!   (`wgmma.mma_async`, tiles read from shared memory by descriptor); [`Kernel::TensorCoreV8`].
 //!   Checked in the emulator, not yet timed.
 //!
@@ -122,9 +122,9 @@ pub enum Kernel {
     /// keys kernel (atomics), so S, G V^T and the entry gradients are computed once instead of
     /// twice. Checked in the emulator, not yet timed on a GPU.
     TensorCoreV7,
-    /// The Hopper generation, on warpgroup tensor cores (`wgmma.mma_async`) at head dimension 64 on
-    /// sm_90: forward lab v8 (v5's maths), backward v9 (v7's keys kernel); elsewhere what
-    /// [`Kernel::TensorCoreV7`] runs (v5 + v7). Checked in the emulator, not yet timed on a GPU.
+    /// The Hopper generation, on warpgroup tensor cores (`wgmma.mma_async`) on sm_90: forward lab v8
+    /// (v5's maths; head dimension 64 or 128), backward v9 (v7's kernels; 64); elsewhere what
+    /// [`Kernel::TensorCoreV7`] runs (v5 + v7, v3 + v7 at 128). Checked in the emulator, not yet timed on a GPU.
     TensorCoreV8,
 }
 
@@ -457,10 +457,11 @@ impl Kern {
         }
     }
 
-    /// Threads per block (each kernel's `__launch_bounds__`).
-    pub(crate) fn threads(self) -> u32 {
+    /// Threads per block at `head_dim` (each kernel's `__launch_bounds__`).
+    pub(crate) fn threads(self, head_dim: usize) -> u32 {
         match self {
             Kern::InvNorms | Kern::FwdMma3 => 256,
+            Kern::FwdWg8 if head_dim == 128 => 256, // two warpgroups of one m64 half each
             Kern::FwdSimt | Kern::BwdRows | Kern::BwdKeys | Kern::BwdDq7 => 32 * ROWS_PER_BLOCK,
             _ => 128,
         }
@@ -491,7 +492,8 @@ impl Kern {
         let tc = has_tensor_core_forward(head_dim, dtype);
         Self::ALL.into_iter().filter(move |k| match k {
             Kern::FwdMma5 => tc && head_dim == 64,
-            Kern::FwdWg8 | Kern::BwdRowStats9 | Kern::BwdKeysWg9 | Kern::WgProbe => tc && head_dim == 64 && wgmma,
+            Kern::FwdWg8 => tc && wgmma,
+            Kern::BwdRowStats9 | Kern::BwdKeysWg9 | Kern::WgProbe => tc && head_dim == 64 && wgmma,
             Kern::FwdMma | Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma => tc,
             Kern::BwdRowsMma6 | Kern::BwdKeysMma6 => tc,
             Kern::BwdRowStats7 | Kern::BwdKeysMma7 | Kern::BwdDq7 => tc,
@@ -822,8 +824,11 @@ impl Exec for GpuExec {
     fn launch(&self, k: Kern, grid: (u32, u32), kp: &KParams) -> Result<()> {
         let f = self.module.functions.get(&k).ok_or_else(|| Error::Cuda(format!("{} is not compiled", k.name())))?;
         let smem = k.smem(self.head_dim) as u32;
-        let cfg =
-            LaunchConfig { grid_dim: (grid.0, grid.1, 1), block_dim: (k.threads(), 1, 1), shared_mem_bytes: smem };
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0, grid.1, 1),
+            block_dim: (k.threads(self.head_dim), 1, 1),
+            shared_mem_bytes: smem,
+        };
         let mut b = self.gpu.stream.launch_builder(f);
         b.arg(kp);
         // SAFETY: the kernel reads and writes only through the pointers in `kp`, whose validity the raw
@@ -869,7 +874,7 @@ fn prepare(x: &dyn Exec, cfg: &Config, p: &Params) -> Result<Call> {
     let rows = p.batch * p.heads * p.seq_len;
     let norms = x.zeros(2 * rows * 4)?;
     kp.inv_norms = norms.addr();
-    let blocks = (2 * rows as u64).div_ceil(Kern::InvNorms.threads() as u64 / 32); // a warp per row
+    let blocks = (2 * rows as u64).div_ceil(Kern::InvNorms.threads(p.head_dim) as u64 / 32); // a warp per row
     let blocks = u32::try_from(blocks).map_err(|_| Error::BadParams("too many rows".into()))?;
     x.launch(Kern::InvNorms, (blocks, 1), &kp)?;
     Ok(Call { kp, _norms: Some(norms), bh })
@@ -913,9 +918,9 @@ unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ker
         Kernel::TensorCoreV2 => return refuse("v2"),
         Kernel::TensorCore if v3 => 3,
         Kernel::TensorCore => return refuse("v3"),
-        Kernel::TensorCoreV8 if v3 && p.head_dim == 64 && x.wgmma() => 8,
+        Kernel::TensorCoreV8 if v3 && x.wgmma() => 8,
         Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 if v3 && p.head_dim == 64 => 5,
-        // v5 exists at head dimension 64 only, v8 there on sm_90 only.
+        // v5 exists at head dimension 64 only, v8 on sm_90 only.
         Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 if v3 => 3,
         Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 => return refuse("v5"),
     };
@@ -1190,12 +1195,12 @@ pub fn kernel_resources(variant: &Variant, head_dim: usize, dtype: Dtype) -> Res
         let dynamic = k.smem(head_dim);
         out.push(KernelResources {
             name: k.name(),
-            threads: k.threads(),
+            threads: k.threads(head_dim),
             registers: f.num_regs().map_err(cuda_err)?,
             local_bytes: f.get_attribute(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES).map_err(cuda_err)?,
             shared_bytes: f.shared_size_bytes().map_err(cuda_err)? as usize + dynamic,
             blocks_per_sm: f
-                .occupancy_max_active_blocks_per_multiprocessor(k.threads(), dynamic, None)
+                .occupancy_max_active_blocks_per_multiprocessor(k.threads(head_dim), dynamic, None)
                 .map_err(cuda_err)?,
         });
     }
