@@ -516,23 +516,18 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                 (None, None)
             };
             // v3 is what Auto runs; v5 (head dimension 64 only) is timed beside it until it replaces it.
-            // v8 (wgmma) needs sm_90 and d = 64; elsewhere TensorCoreV8 runs v5 or v3, so it is not timed.
-            let (v3, v5, v8, r3, r5, r8) = if d == 64 {
-                (
-                    version(&lssa, Kernel::TensorCore),
-                    version(&lssa, Kernel::TensorCoreV5),
-                    version(&lssa, Kernel::TensorCoreV8),
-                    version(&lssar, Kernel::TensorCore),
-                    version(&lssar, Kernel::TensorCoreV5),
-                    version(&lssar, Kernel::TensorCoreV8),
-                )
+            // v5 exists at d = 64 only (TensorCoreV5 runs v3 at 128); v8 (wgmma) at 64 and 128 on sm_90.
+            let (v3, r3) = (version(&lssa, Kernel::TensorCore), version(&lssar, Kernel::TensorCore));
+            let (v5, r5) = if d == 64 {
+                (version(&lssa, Kernel::TensorCoreV5), version(&lssar, Kernel::TensorCoreV5))
             } else {
-                (version(&lssa, Kernel::TensorCore), None, None, version(&lssar, Kernel::TensorCore), None, None)
+                (None, None)
             };
+            let (v8, r8) = (version(&lssa, Kernel::TensorCoreV8), version(&lssar, Kernel::TensorCoreV8));
             let (lfb, lrfb) = (ours_fb(&lssa), ours_fb(&lssar));
             let lfb6 = ours_fb_with(&lssa, Kernel::TensorCoreV5);
             let lfb7 = ours_fb_with(&lssa, Kernel::TensorCoreV7);
-            let lfb8 = if d == 64 { ours_fb_with(&lssa, Kernel::TensorCoreV8) } else { None };
+            let lfb8 = ours_fb_with(&lssa, Kernel::TensorCoreV8); // v8 + v7 at d = 128
             lab.push(format!(
                 "{d:>4} {t:>6} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8}",
                 fmt(tf(v1, 1.0)),
