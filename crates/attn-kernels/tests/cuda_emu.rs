@@ -458,8 +458,8 @@ fn the_emulator_catches_planted_kernel_bugs() {
     // v8 without the proxy fence between its cp.async tiles and the wgmma that reads them: the
     // result would be right in any emulation of values alone; the emulator reports the missing fence.
     let edit = replace_first(
-        "                cp_wait<0>();\n                fence_async_smem();\n                __syncthreads();\n                if (nxt < nkt)",
-        "                cp_wait<0>();\n                __syncthreads();\n                if (nxt < nkt)",
+        "        cp_wait<0>();\n        fence_async_smem();\n        __syncthreads();\n        if (has_next)",
+        "        cp_wait<0>();\n        __syncthreads();\n        if (has_next)",
     );
     let lab = Lab { edit: Some(&edit), ..Lab::default() };
     let err = emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &lab).unwrap_err().to_string();

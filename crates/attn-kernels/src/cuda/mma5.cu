@@ -156,6 +156,27 @@ template <int TNSP> __device__ __forceinline__ void wgmma64(float*, const u32*, 
 template <int TA, int TB> __device__ __forceinline__ void wgmma64_ss(float*, u64, u64, int) {}
 #endif
 
+// One step of a double-buffered tile loop (v5 to v9): the current tile's copy (in flight) lands and
+// is published to every thread, and the next tile's copy starts if `has_next`. For wgmma (WG) each
+// thread fences the copy for the async proxy before the barrier, and the next copy starts only
+// after it: the fence lowers to MEMBAR.ALL.CTA, which must not wait for a copy in flight.
+template <bool WG, class Issue> __device__ __forceinline__ void pipeline_step(bool has_next, Issue issue_next) {
+    if (WG) {
+        cp_wait<0>();
+        fence_async_smem();
+        __syncthreads();
+        if (has_next) issue_next();
+    } else {
+        if (has_next) {
+            issue_next();
+            cp_wait<1>();
+        } else {
+            cp_wait<0>();
+        }
+        __syncthreads();
+    }
+}
+
 // A operand fragments (16 rows x 16 columns, columns 16 kb..) of a 16 x BK5 accumulator tile.
 __device__ __forceinline__ void acc_to_a(u32 (*a)[4], const float (*x)[4]) {
 #pragma unroll
@@ -394,23 +415,7 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
         if (kt < nkt) issue(kt, 0);
         while (kt < nkt) {
             const int nxt = next_tile(kt + 1);
-            if (WG) {
-                // Wait for this tile, fence it for the async proxy (a MEMBAR.ALL.CTA in SASS),
-                // publish it, and only then start the next tile's copy: no cp.async is in flight
-                // at the fence.
-                cp_wait<0>();
-                fence_async_smem();
-                __syncthreads();
-                if (nxt < nkt) issue(nxt, stage ^ 1);
-            } else {
-                if (nxt < nkt) {
-                    issue(nxt, stage ^ 1);
-                    cp_wait<1>();
-                } else {
-                    cp_wait<0>();
-                }
-                __syncthreads();
-            }
+            pipeline_step<WG>(nxt < nkt, [&] { issue(nxt, stage ^ 1); });
             const u16* Ks = smem5 + stage * 2 * TILE5;
             const u16* Vs = Ks + TILE5;
             const float* ink = inkS[stage];

@@ -267,21 +267,7 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_rows6(co
         issue(0, 0);
         for (int kt = 0; kt < nkt; kt++) {
             const int stage = kt & 1;
-            if (WG) {
-                // As v8: the next tile's copy starts after this tile is fenced and published.
-                cp_wait<0>();
-                fence_async_smem();
-                __syncthreads();
-                if (kt + 1 < nkt) issue(kt + 1, stage ^ 1);
-            } else {
-                if (kt + 1 < nkt) {
-                    issue(kt + 1, stage ^ 1);
-                    cp_wait<1>();
-                } else {
-                    cp_wait<0>();
-                }
-                __syncthreads();
-            }
+            pipeline_step<WG>(kt + 1 < nkt, [&] { issue(kt + 1, stage ^ 1); });
             const u16* Ks = smb + stage * 2 * TILE;
             const u16* Vs = Ks + TILE;
             const float* ink = inkS[stage];
@@ -423,21 +409,7 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_keys6(co
     issue(qt0, 0);
     for (int qt = qt0; qt < nqt; qt++) {
         const int stage = (qt - qt0) & 1;
-        if (WG) {
-            // As v8: the next tile's copy starts after this tile is fenced and published.
-            cp_wait<0>();
-            fence_async_smem();
-            __syncthreads();
-            if (qt + 1 < nqt) issue(qt + 1, stage ^ 1);
-        } else {
-            if (qt + 1 < nqt) {
-                issue(qt + 1, stage ^ 1);
-                cp_wait<1>();
-            } else {
-                cp_wait<0>();
-            }
-            __syncthreads();
-        }
+        pipeline_step<WG>(qt + 1 < nqt, [&] { issue(qt + 1, stage ^ 1); });
         const u16* Qs = stages + stage * 2 * TILE;
         const u16* Gs = Qs + TILE;
         const int i0 = qt * BB;
