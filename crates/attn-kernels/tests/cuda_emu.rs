@@ -432,13 +432,13 @@ fn the_emulator_catches_planted_kernel_bugs() {
     let e = rel_err(&gr.dq, &c.grads.dq);
     assert!(e > 0.05, "dS as K-major in the v9 backward not caught (dq error {e:.2e})");
     assert!(rel_err(&gr.dk, &c.grads.dk) < bounds(&c).1, "v9: dk does not depend on the dq product");
-    // v8 (wgmma): V read as K-major (the descriptor's offsets swapped), or the scores used before
+    // v8 (wgmma): V read with the descriptor's two offsets swapped, or the scores used before
     // the wgmma that computes them is waited for.
     let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV8 };
     let planted: [(&str, &str, &str); 2] = [
         (
-            "wg_desc(Vs + kb * 16 * HD + nh * 512, HD * 16, 128)",
-            "wg_desc(Vs + kb * 16 * HD + nh * 512, 128, HD * 16)",
+            "wg_desc(rows + kb * 16 * HD + nh * 512, HD * 16, 128)",
+            "wg_desc(rows + kb * 16 * HD + nh * 512, 128, HD * 16)",
             "V's descriptor",
         ),
         ("                wg_wait<1>(); // S0\n", "", "wgmma wait"),

@@ -195,6 +195,22 @@ __device__ __forceinline__ u64 wg_desc(const void* p, unsigned lbo, unsigned sbo
            ((u64)((sbo >> 4) & 0x3fff) << 32);
 }
 
+// The two warpgroup products of v8 and v9 (issued, not waited for), on 64-row tiles in core-matrix
+// order (cm_index). wg_rows_t: acc (the warpgroup's 64 rows x 64) = A (registers, HD columns) times
+// `rows` transposed (K-major B), as v4's mma_rows_t. wg_acc_rows: acc (64 x HD) += A (registers,
+// 64 columns) times `rows` (MN-major B; N = 64 per wgmma), as v4's mma_acc_rows.
+__device__ __forceinline__ void wg_rows_t(float (*acc)[4], const u32 (*a)[4], const u16* rows) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++) wgmma64<0>(&acc[0][0], a[kk], wg_desc(rows + kk * 128, 128, HD * 16), kk);
+}
+__device__ __forceinline__ void wg_acc_rows(float (*acc)[4], const u32 (*a)[4], const u16* rows) {
+#pragma unroll
+    for (int kb = 0; kb < BK5 / 16; kb++)
+#pragma unroll
+        for (int nh = 0; nh < HD / 64; nh++)
+            wgmma64<1>(&acc[8 * nh][0], a[kb], wg_desc(rows + kb * 16 * HD + nh * 512, HD * 16, 128), 1);
+}
+
 // Element (r, c) of a tile of HD columns in core-matrix order (below).
 __device__ __forceinline__ int cm_index(int r, int c) { return (r >> 3) * HD * 8 + (c >> 3) * 64 + (r & 7) * 8 + (c & 7); }
 
@@ -486,13 +502,7 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
                     u32 pa[BK5 / 16][4];
                     acc_to_a(pa, s[mt]);
                     wg_fence();
-                    // N = 64 columns of O per wgmma: HD / 64 of them per k step.
-#pragma unroll
-                    for (int kb = 0; kb < BK5 / 16; kb++)
-#pragma unroll
-                        for (int nh = 0; nh < HD / 64; nh++)
-                            wgmma64<1>(&oacc[mt][8 * nh][0], pa[kb],
-                                       wg_desc(Vs + kb * 16 * HD + nh * 512, HD * 16, 128), 1);
+                    wg_acc_rows(oacc[mt], pa, Vs);
                     wg_commit();
                 };
                 // (The first product ignores the accumulators, but they are defined before the
@@ -505,9 +515,7 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
                 wg_fence();
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-#pragma unroll
-                    for (int kk = 0; kk < HD / 16; kk++)
-                        wgmma64<0>(&s[mt][0][0], qf[mt][kk], wg_desc(Ks + kk * 128, 128, HD * 16), kk);
+                    wg_rows_t(s[mt], qf[mt], Ks);
                     wg_commit();
                 }
                 // Softmax rescales O in its element-wise step, so no wgmma may be in flight then

@@ -277,12 +277,8 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_rows6(co
             float s[BB / 8][4], gv[BB / 8][4];
             if constexpr (WG) {
                 wg_fence();
-#pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++)
-                    wgmma64<0>(&s[0][0], qf[kk], wg_desc(Ks + kk * 128, 128, HD * 16), kk);
-#pragma unroll
-                for (int kk = 0; kk < HD / 16; kk++)
-                    wgmma64<0>(&gv[0][0], gf[kk], wg_desc(Vs + kk * 128, 128, HD * 16), kk);
+                wg_rows_t(s, qf, Ks);
+                wg_rows_t(gv, gf, Vs);
                 wg_commit();
                 wg_wait<0>();
             } else {
@@ -420,12 +416,8 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_keys6(co
             a_frags_cm(kf, Kb, warp, lm, lr);
             a_frags_cm(vf, Vb, warp, lm, lr);
             wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++)
-                wgmma64<0>(&st[0][0], kf[kk], wg_desc(Qs + kk * 128, 128, HD * 16), kk);
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++)
-                wgmma64<0>(&gvt[0][0], vf[kk], wg_desc(Gs + kk * 128, 128, HD * 16), kk);
+            wg_rows_t(st, kf, Qs);
+            wg_rows_t(gvt, vf, Gs);
             wg_commit();
             wg_wait<0>();
         } else {
@@ -444,12 +436,8 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_keys6(co
             acc_to_a(wa, st);
             acc_to_a(da, gvt);
             wg_fence();
-#pragma unroll
-            for (int kb = 0; kb < BB / 16; kb++)
-                wgmma64<1>(&dv[0][0], wa[kb], wg_desc(Gs + kb * 16 * HD, HD * 16, 128), 1);
-#pragma unroll
-            for (int kb = 0; kb < BB / 16; kb++)
-                wgmma64<1>(&dk[0][0], da[kb], wg_desc(Qs + kb * 16 * HD, HD * 16, 128), 1);
+            wg_acc_rows(dv, wa, Gs);
+            wg_acc_rows(dk, da, Qs);
             wg_commit();
             // dS^T to shared memory as [key][query] in core-matrix order (tiles of BB columns),
             // while the tensor cores work on dv and dk.
