@@ -523,11 +523,17 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
             } else {
                 (None, None)
             };
-            let (v8, r8) = (version(&lssa, Kernel::TensorCoreV8), version(&lssar, Kernel::TensorCoreV8));
+            // Elsewhere than sm_90 TensorCoreV8 runs v5 or v3, whose numbers must not appear as v8's.
+            let wg8 = cuda::kernel_resources(&lssa, d as usize, Dtype::Bf16)?.iter().any(|k| k.name == "lssa_fwd_wg8");
+            let (v8, r8) = if wg8 {
+                (version(&lssa, Kernel::TensorCoreV8), version(&lssar, Kernel::TensorCoreV8))
+            } else {
+                (None, None)
+            };
             let (lfb, lrfb) = (ours_fb(&lssa), ours_fb(&lssar));
             let lfb6 = ours_fb_with(&lssa, Kernel::TensorCoreV5);
             let lfb7 = ours_fb_with(&lssa, Kernel::TensorCoreV7);
-            let lfb8 = ours_fb_with(&lssa, Kernel::TensorCoreV8); // v8 + v7 at d = 128
+            let lfb8 = if wg8 { ours_fb_with(&lssa, Kernel::TensorCoreV8) } else { None }; // v8 + v7 at d = 128
             lab.push(format!(
                 "{d:>4} {t:>6} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8}",
                 fmt(tf(v1, 1.0)),
