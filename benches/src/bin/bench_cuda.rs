@@ -13,6 +13,7 @@
 //!
 //! Results: a table on stdout, JSON to `--out` (default `docs/bench/cuda.json`).
 
+use std::collections::HashMap;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
@@ -213,8 +214,7 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         let (q64, k64, v64, g64) = (f64s(&q), f64s(&k), f64s(&vv), f64s(&g));
         let o_ref = attn_core::forward(&v, &q64, &k64, &v64)?;
         let gr = attn_core::backward(&v, &q64, &k64, &v64, &g64)?;
-        // TensorCoreV5 / V7: forward v5 (v3 at d = 128), backward v6 / v7; V8: v8 + v9 (sm_90, d = 64;
-        // else as V7).
+        // Every kernel request; `cuda::versions` says what each runs on this device and at this d.
         let kernels: &[Kernel] = if cuda::has_tensor_core_forward(d, dt) {
             &[
                 Kernel::Simt,
@@ -231,7 +231,14 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         let nv = naive(&v, &q, &k, &vv, &g, dt)?;
         let n_o = rel_err(&nv[0], &o_ref);
         let n_dq = rel_err(&nv[1], &gr.dq);
+        let mut ran = Vec::new();
         for &kern in kernels {
+            // Labelled by what ran on this device; a request that runs an already checked pair is skipped.
+            let (f, b) = cuda::versions(&v, d, dt, kern)?;
+            if ran.contains(&(f, b)) {
+                continue;
+            }
+            ran.push((f, b));
             let opts = cuda::Options { dtype: dt, kernel: kern };
             trace(args.trace, format_args!("forward {kern:?}"));
             let o = cuda::forward_with(&v, &q, &k, &vv, &opts)?;
@@ -254,14 +261,7 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
                 t,
                 d,
                 format!("{dt:?}"),
-                match kern {
-                    Kernel::Simt => "v1",
-                    Kernel::TensorCoreV2 => "v2",
-                    Kernel::TensorCoreV5 => "v5+v6",
-                    Kernel::TensorCoreV7 => "v5+v7",
-                    Kernel::TensorCoreV8 => "v8+v9",
-                    _ => "v3+v4",
-                },
+                format!("v{f}+v{b}"),
                 e[0],
                 e[1],
                 e[2],
@@ -270,7 +270,7 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
                 n_dq,
                 if pass { "ok" } else { "FAIL" }
             );
-            rows.push(json!({"variant": v.to_string(), "T": t, "d": d, "dtype": format!("{dt:?}"), "forward_kernel": format!("{kern:?}"),
+            rows.push(json!({"variant": v.to_string(), "T": t, "d": d, "dtype": format!("{dt:?}"), "forward_kernel": format!("{kern:?}"), "versions": [f, b],
                 "rel_err": {"o": e[0], "dq": e[1], "dk": e[2], "dv": e[3]}, "naive_rel_err": {"o": n_o, "dq": n_dq}, "pass": pass}));
         }
     }
@@ -494,61 +494,72 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                 );
                 Ok(())
             });
-            let ours =
-                |v: &Variant| time(args.reps, || Ok(unsafe { cuda::forward_raw(v, &p, Dtype::Bf16, Kernel::Auto) }?));
-            let ours_fb_with = |v: &Variant, k: Kernel| {
-                time(args.reps, || {
-                    unsafe {
-                        cuda::forward_raw(v, &p, Dtype::Bf16, k)?;
-                        cuda::backward_raw(v, &p, Dtype::Bf16, k)?;
-                    }
-                    Ok(())
-                })
+            // Timings by what actually ran (variant, lab versions), so a version is timed once however many
+            // requests run it (Auto and v3; v5 and v7's shared forward; off sm_90, v8's fallbacks).
+            let mut fwd_memo: HashMap<(String, u32), Option<f64>> = HashMap::new();
+            let mut fb_memo: HashMap<(String, u32, u32), Option<f64>> = HashMap::new();
+            let mut fwd = |v: &Variant, k: Kernel| -> Result<(u32, Option<f64>)> {
+                let (f, _) = cuda::versions(v, d as usize, Dtype::Bf16, k)?;
+                let reps = if f <= 2 { args.reps.min(5) } else { args.reps };
+                let s = *fwd_memo
+                    .entry((v.to_string(), f))
+                    .or_insert_with(|| time(reps, || Ok(unsafe { cuda::forward_raw(v, &p, Dtype::Bf16, k) }?)));
+                Ok((f, s))
             };
-            let ours_fb = |v: &Variant| ours_fb_with(v, Kernel::Auto);
-            let (l, lr) = (ours(&lssa), ours(&lssar));
-            let version = |v: &Variant, k: Kernel| {
-                time(args.reps.min(5), || Ok(unsafe { cuda::forward_raw(v, &p, Dtype::Bf16, k) }?))
+            let mut fb = |v: &Variant, k: Kernel| -> Result<((u32, u32), Option<f64>)> {
+                let fb = cuda::versions(v, d as usize, Dtype::Bf16, k)?;
+                let s = *fb_memo.entry((v.to_string(), fb.0, fb.1)).or_insert_with(|| {
+                    time(args.reps, || {
+                        unsafe {
+                            cuda::forward_raw(v, &p, Dtype::Bf16, k)?;
+                            cuda::backward_raw(v, &p, Dtype::Bf16, k)?;
+                        }
+                        Ok(())
+                    })
+                });
+                Ok((fb, s))
             };
-            let (v1, v2) = if t <= 16384 {
-                (version(&lssa, Kernel::Simt), version(&lssa, Kernel::TensorCoreV2))
-            } else {
-                (None, None)
-            };
-            // v3 is what Auto runs; v5 (head dimension 64 only) is timed beside it until it replaces it.
-            // v5 exists at d = 64 only (TensorCoreV5 runs v3 at 128); v8 (wgmma) at 64 and 128 on sm_90.
-            let (v3, r3) = (version(&lssa, Kernel::TensorCore), version(&lssar, Kernel::TensorCore));
-            let (v5, r5) = if d == 64 {
-                (version(&lssa, Kernel::TensorCoreV5), version(&lssar, Kernel::TensorCoreV5))
-            } else {
-                (None, None)
-            };
-            // Elsewhere than sm_90 TensorCoreV8 runs v5 or v3, whose numbers must not appear as v8's.
-            let wg8 = cuda::kernel_resources(&lssa, d as usize, Dtype::Bf16)?.iter().any(|k| k.name == "lssa_fwd_wg8");
-            let (v8, r8) = if wg8 {
-                (version(&lssa, Kernel::TensorCoreV8), version(&lssar, Kernel::TensorCoreV8))
-            } else {
-                (None, None)
-            };
-            let (lfb, lrfb) = (ours_fb(&lssa), ours_fb(&lssar));
-            let lfb6 = ours_fb_with(&lssa, Kernel::TensorCoreV5);
-            let lfb7 = ours_fb_with(&lssa, Kernel::TensorCoreV7);
-            let lfb8 = if wg8 { ours_fb_with(&lssa, Kernel::TensorCoreV8) } else { None }; // v8 + v7 at d = 128
-            lab.push(format!(
-                "{d:>4} {t:>6} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8}",
-                fmt(tf(v1, 1.0)),
-                fmt(tf(v2, 1.0)),
-                fmt(tf(v3, 1.0)),
-                fmt(tf(v5, 1.0)),
-                fmt(tf(v8, 1.0)),
-                fmt(tf(r3, 1.0)),
-                fmt(tf(r5, 1.0)),
-                fmt(tf(r8, 1.0)),
-                fmt(tf(lfb, 3.5)),
-                fmt(tf(lfb6, 3.5)),
-                fmt(tf(lfb7, 3.5)),
-                fmt(tf(lfb8, 3.5))
-            ));
+            let (l, lr) = (fwd(&lssa, Kernel::Auto)?.1, fwd(&lssar, Kernel::Auto)?.1);
+            let (lfb, lrfb) = (fb(&lssa, Kernel::Auto)?.1, fb(&lssar, Kernel::Auto)?.1);
+            // The lab: every kernel request, labelled with the versions it ran on this device (off sm_90
+            // `v8` runs v5 or v3 + v7; at d = 128 `v5` runs v3 + v6); a repeated pair is printed once.
+            let mut ran = Vec::new();
+            let mut lab_json = Vec::new();
+            for (request, k) in [
+                ("v1", Kernel::Simt),
+                ("v2", Kernel::TensorCoreV2),
+                ("v3", Kernel::TensorCore),
+                ("v5", Kernel::TensorCoreV5),
+                ("v7", Kernel::TensorCoreV7),
+                ("v8", Kernel::TensorCoreV8),
+            ] {
+                let slow = matches!(k, Kernel::Simt | Kernel::TensorCoreV2);
+                if slow && t > 16384 {
+                    continue;
+                }
+                let (f, sl) = fwd(&lssa, k)?;
+                // v1 and v2 are forward-only lab rows (their backward is v1's).
+                let (pair, sfb, slr) = if slow {
+                    ((f, 0), None, None)
+                } else {
+                    let (pair, sfb) = fb(&lssa, k)?;
+                    (pair, sfb, fwd(&lssar, k)?.1)
+                };
+                if ran.contains(&pair) {
+                    continue;
+                }
+                ran.push(pair);
+                let label = if pair.1 == 0 { format!("v{}", pair.0) } else { format!("v{}+v{}", pair.0, pair.1) };
+                lab.push(format!(
+                    "{d:>4} {t:>6} | {request:>7} {label:>7} | {:>8} {:>9} {:>10}",
+                    fmt(tf(sl, 1.0)),
+                    fmt(tf(slr, 1.0)),
+                    fmt(tf(sfb, 3.5))
+                ));
+                lab_json
+                    .push(json!({"request": request, "forward": pair.0, "backward": (pair.1 > 0).then_some(pair.1),
+                    "lssa_fwd": sl, "lssar15_fwd": slr, "lssa_fwd_bwd": sfb}));
+            }
             let ops = |pp: Option<u32>| {
                 if t > 16384 {
                     return None; // (B, H, T, T) f32 intermediates: > 80 GB
@@ -599,30 +610,20 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
             );
             rows.push(json!({"d": d, "T": t, "B": b, "H": h, "seconds": {
                 "sdpa_fwd": sdpa, "lssa_fwd": l, "lssar15_fwd": lr, "ops_lssa_fwd": ol, "ops_lssar15_fwd": olr,
-                "lssa_fwd_v1": v1, "lssa_fwd_v2": v2, "lssa_fwd_v3": v3, "lssa_fwd_v5": v5, "lssa_fwd_v8": v8,
-                "lssar15_fwd_v3": r3, "lssar15_fwd_v5": r5, "lssar15_fwd_v8": r8,
-                "lssa_fwd_bwd_v5_v6": lfb6, "lssa_fwd_bwd_v5_v7": lfb7, "lssa_fwd_bwd_v8_v9": lfb8,
                 "sdpa_fwd_bwd": sdpa_fb, "lssa_fwd_bwd": lfb, "lssar15_fwd_bwd": lrfb, "ops_lssa_fwd_bwd": ops_fb},
-                "forward_flops": flops}));
+                "lab_seconds": lab_json, "forward_flops": flops}));
         }
     }
-    say!("\nKernel lab, forward TFLOP/s by version (bf16, causal, H = 12, B*T = 16K)");
+    say!("\nKernel lab, TFLOP/s by the versions each request ran (bf16, causal, H = 12, B*T = 16K)");
     say!(
-        "{:>4} {:>6} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8}",
+        "{:>4} {:>6} | {:>7} {:>7} | {:>8} {:>9} {:>10}",
         "d",
         "T",
-        "LSSA v1",
-        "v2",
-        "v3",
-        "v5",
-        "v8",
-        "LSSAR v3",
-        "v5",
-        "v8",
-        "fb v3+v4",
-        "v5+v6",
-        "v5+v7",
-        "v8+v9"
+        "request",
+        "ran",
+        "LSSA fwd",
+        "LSSAR fwd",
+        "LSSA fb"
     );
     for l in lab {
         say!("{l}");
@@ -697,12 +698,17 @@ fn model(rows: &mut Vec<Value>) -> Result<()> {
                 (AttnImpl::Fused, Kernel::TensorCoreV8),
             ] {
                 gpt_model::attention::fused::set_cuda_kernel(kernel);
-                let label = match kernel {
-                    Kernel::TensorCoreV5 => "FusedV5V6".to_string(),
-                    Kernel::TensorCoreV7 => "FusedV5V7".to_string(),
-                    Kernel::TensorCoreV8 => "FusedV8V9".to_string(),
+                // Labelled by the versions the fused step runs here (GPT-2 124M: head dimension 64).
+                let label = match imp {
+                    AttnImpl::Fused => {
+                        let (f, b) = cuda::versions(&variant.parse()?, 64, Dtype::Bf16, kernel)?;
+                        format!("Fused(v{f}+v{b})")
+                    }
                     _ => format!("{imp:?}"),
                 };
+                if res.contains_key(&label) {
+                    continue;
+                }
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<f64> {
                     let mut cfg = ModelConfig::gpt2_124m();
                     cfg.context_len = t as usize;

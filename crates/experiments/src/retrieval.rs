@@ -1,14 +1,17 @@
-//! Retrieval beyond the training length (issue 9, in progress): passkey retrieval and RULER-style
-//! needle-in-a-haystack prompts built in token space, so a prompt has exactly the length asked for
-//! and the needle sits at exactly the depth asked for.
+//! Retrieval beyond the training length: passkey retrieval and RULER-style needle-in-a-haystack
+//! prompts built in token space, so a prompt has exactly the length asked for and the needle sits at
+//! exactly the depth asked for.
 //!
 //! - **passkey**: a 5-digit number stated once inside filler text, asked for at the end.
 //! - **single needle**: "One of the special magic numbers for {key} is: {value}." (7 digits), asked by key.
 //! - **multi-key**: the same with several needles of different keys; one of them is asked for.
 //! - **multi-value**: several needles with the same key; every value must be produced.
 //!
-//! The filler is held-out text (validation tokens), cut at a random offset. Scoring (greedy decoding
-//! with the KV cache) and the training mix that teaches small models the task are not built yet.
+//! The filler is held-out text (validation tokens), cut at a random offset. A prompt is drawn in two
+//! steps, [`Needles::draw`] (the random keys and values) then [`Needles::assemble`] (the filler and
+//! the layout), so a caller that must know the answer before choosing the length (the fine-tuning mix
+//! of [`crate::retrieval_eval`], which appends the answer) builds each prompt once. Scoring (greedy
+//! decoding with the KV cache) is in [`crate::retrieval_eval`].
 
 use anyhow::{Result, ensure};
 use rand::Rng;
@@ -51,8 +54,19 @@ fn digits(rng: &mut impl Rng, n: u32) -> String {
     rng.random_range(10u64.pow(n - 1)..10u64.pow(n)).to_string()
 }
 
+/// The random part of a prompt: its text around the filler and the answers it asks for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Needles {
+    intro: String,
+    needles: Vec<String>,
+    question: String,
+    /// The strings a correct answer contains (all of them).
+    pub answers: Vec<String>,
+}
+
 /// Builds one prompt of `task` with exactly `len` tokens, needles at `depth` (0 = start of the filler,
-/// 1 = its end; several needles are spread from `depth` towards the end), filler from `filler`.
+/// 1 = its end; several needles are spread from `depth` towards the end), filler from `filler`:
+/// [`Needles::draw`] then [`Needles::assemble`].
 pub fn prompt(
     task: Task,
     tok: &Tokenizer,
@@ -61,78 +75,99 @@ pub fn prompt(
     depth: f64,
     rng: &mut impl Rng,
 ) -> Result<Prompt> {
-    ensure!((0.0..=1.0).contains(&depth), "depth {depth} is outside [0, 1]");
-    let (intro, needles, question, answers) = match task {
-        Task::Passkey => {
-            let key = digits(rng, 5);
-            (
-                "There is an important piece of information hidden inside a lot of irrelevant text. Find it and remember it. I will ask you about it.".to_string(),
-                vec![format!("The pass key is {key}. Remember it. {key} is the pass key.")],
-                "What is the pass key? The pass key is".to_string(),
-                vec![key],
-            )
-        }
-        Task::SingleNeedle | Task::MultiKey(_) | Task::MultiValue(_) => {
-            let n = match task {
-                Task::MultiKey(n) | Task::MultiValue(n) => n,
-                _ => 1,
-            };
-            ensure!((1..=KEYS.len()).contains(&n), "between 1 and {} needles, not {n}", KEYS.len());
-            let keys: Vec<&str> = match task {
-                Task::MultiValue(_) => vec![*KEYS.choose(rng).expect("keys")],
-                _ => KEYS.choose_multiple(rng, n).copied().collect(),
-            };
-            let values: Vec<String> = (0..n).map(|_| digits(rng, 7)).collect();
-            let needles: Vec<String> = values
-                .iter()
-                .enumerate()
-                .map(|(i, v)| format!("One of the special magic numbers for {} is: {v}.", keys[i % keys.len()]))
-                .collect();
-            let asked = keys[0];
-            let (question, answers) = if let Task::MultiValue(_) = task {
+    Needles::draw(task, rng)?.assemble(tok, filler, len, depth, rng)
+}
+
+impl Needles {
+    /// Draws the keys and values of one prompt of `task`.
+    pub fn draw(task: Task, rng: &mut impl Rng) -> Result<Self> {
+        let (intro, needles, question, answers) = match task {
+            Task::Passkey => {
+                let key = digits(rng, 5);
                 (
-                    format!(
-                        "What are all the special magic numbers for {asked} mentioned in the text? The special magic numbers for {asked} mentioned in the text are"
-                    ),
-                    values,
+                    "There is an important piece of information hidden inside a lot of irrelevant text. Find it and remember it. I will ask you about it.".to_string(),
+                    vec![format!("The pass key is {key}. Remember it. {key} is the pass key.")],
+                    "What is the pass key? The pass key is".to_string(),
+                    vec![key],
                 )
-            } else {
-                (
-                    format!(
-                        "What is the special magic number for {asked} mentioned in the text? The special magic number for {asked} mentioned in the text is"
-                    ),
-                    vec![values[0].clone()],
-                )
-            };
-            ("Some special magic numbers are hidden inside the following text. Remember them; I will ask about them.".to_string(), needles, question, answers)
-        }
-    };
-    let head = tok.encode(&format!("{intro}\n"));
-    let tail = tok.encode(&format!("\n{question}"));
-    let needle_tokens: Vec<Vec<u32>> = needles.iter().map(|n| tok.encode(&format!(" {n} "))).collect();
-    let fixed = head.len() + tail.len() + needle_tokens.iter().map(Vec::len).sum::<usize>();
-    ensure!(len > fixed, "a {len}-token prompt cannot hold its {fixed} fixed tokens");
-    let fill = len - fixed;
-    ensure!(filler.len() >= fill, "{} filler tokens, {fill} needed", filler.len());
-    let start = rng.random_range(0..=filler.len() - fill);
-    let hay: Vec<u32> = filler[start..start + fill].iter().map(|&t| u32::from(t)).collect();
-    // Needle i goes at depth + i * (1 - depth) / n of the filler.
-    let n = needle_tokens.len();
-    let cuts: Vec<usize> =
-        (0..n).map(|i| ((depth + i as f64 * (1.0 - depth) / n as f64) * fill as f64).round() as usize).collect();
-    let mut tokens = head;
-    let mut needle_at = Vec::with_capacity(n);
-    let mut from = 0;
-    for (cut, needle) in cuts.iter().zip(&needle_tokens) {
-        tokens.extend_from_slice(&hay[from..*cut]);
-        needle_at.push(tokens.len());
-        tokens.extend_from_slice(needle);
-        from = *cut;
+            }
+            Task::SingleNeedle | Task::MultiKey(_) | Task::MultiValue(_) => {
+                let n = match task {
+                    Task::MultiKey(n) | Task::MultiValue(n) => n,
+                    _ => 1,
+                };
+                ensure!((1..=KEYS.len()).contains(&n), "between 1 and {} needles, not {n}", KEYS.len());
+                let keys: Vec<&str> = match task {
+                    Task::MultiValue(_) => vec![*KEYS.choose(rng).expect("keys")],
+                    _ => KEYS.choose_multiple(rng, n).copied().collect(),
+                };
+                let values: Vec<String> = (0..n).map(|_| digits(rng, 7)).collect();
+                let needles: Vec<String> = values
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| format!("One of the special magic numbers for {} is: {v}.", keys[i % keys.len()]))
+                    .collect();
+                let asked = keys[0];
+                let (question, answers) = if let Task::MultiValue(_) = task {
+                    (
+                        format!(
+                            "What are all the special magic numbers for {asked} mentioned in the text? The special magic numbers for {asked} mentioned in the text are"
+                        ),
+                        values,
+                    )
+                } else {
+                    (
+                        format!(
+                            "What is the special magic number for {asked} mentioned in the text? The special magic number for {asked} mentioned in the text is"
+                        ),
+                        vec![values[0].clone()],
+                    )
+                };
+                ("Some special magic numbers are hidden inside the following text. Remember them; I will ask about them.".to_string(), needles, question, answers)
+            }
+        };
+        Ok(Self { intro, needles, question, answers })
     }
-    tokens.extend_from_slice(&hay[from..]);
-    tokens.extend_from_slice(&tail);
-    debug_assert_eq!(tokens.len(), len);
-    Ok(Prompt { tokens, answers, needle_at })
+
+    /// Lays the needles into `len` tokens of filler drawn from `filler` at a random offset, the first
+    /// at `depth` (0 = start of the filler, 1 = its end).
+    pub fn assemble(
+        self,
+        tok: &Tokenizer,
+        filler: &[u16],
+        len: usize,
+        depth: f64,
+        rng: &mut impl Rng,
+    ) -> Result<Prompt> {
+        let Self { intro, needles, question, answers } = self;
+        ensure!((0.0..=1.0).contains(&depth), "depth {depth} is outside [0, 1]");
+        let head = tok.encode(&format!("{intro}\n"));
+        let tail = tok.encode(&format!("\n{question}"));
+        let needle_tokens: Vec<Vec<u32>> = needles.iter().map(|n| tok.encode(&format!(" {n} "))).collect();
+        let fixed = head.len() + tail.len() + needle_tokens.iter().map(Vec::len).sum::<usize>();
+        ensure!(len > fixed, "a {len}-token prompt cannot hold its {fixed} fixed tokens");
+        let fill = len - fixed;
+        ensure!(filler.len() >= fill, "{} filler tokens, {fill} needed", filler.len());
+        let start = rng.random_range(0..=filler.len() - fill);
+        let hay: Vec<u32> = filler[start..start + fill].iter().map(|&t| u32::from(t)).collect();
+        // Needle i goes at depth + i * (1 - depth) / n of the filler.
+        let n = needle_tokens.len();
+        let cuts: Vec<usize> =
+            (0..n).map(|i| ((depth + i as f64 * (1.0 - depth) / n as f64) * fill as f64).round() as usize).collect();
+        let mut tokens = head;
+        let mut needle_at = Vec::with_capacity(n);
+        let mut from = 0;
+        for (cut, needle) in cuts.iter().zip(&needle_tokens) {
+            tokens.extend_from_slice(&hay[from..*cut]);
+            needle_at.push(tokens.len());
+            tokens.extend_from_slice(needle);
+            from = *cut;
+        }
+        tokens.extend_from_slice(&hay[from..]);
+        tokens.extend_from_slice(&tail);
+        debug_assert_eq!(tokens.len(), len);
+        Ok(Prompt { tokens, answers, needle_at })
+    }
 }
 
 /// Whether generated text answers the prompt: every answer string appears in it.

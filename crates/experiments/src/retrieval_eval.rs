@@ -15,7 +15,7 @@
 use std::path::Path;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Result, ensure};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
@@ -126,8 +126,27 @@ pub fn digit_accuracy(key: &str, text: &str) -> f64 {
     hits as f64 / key.len().max(1) as f64
 }
 
-fn answer_tokens(tok: &Tokenizer, p: &retrieval::Prompt) -> Vec<u32> {
-    tok.encode(&format!(" {}.", p.answers.join(", ")))
+/// The tokens a fine-tuning sequence appends to its prompt: " <answers>.".
+fn answer_tokens(tok: &Tokenizer, answers: &[String]) -> Vec<u32> {
+    tok.encode(&format!(" {}.", answers.join(", ")))
+}
+
+/// One fine-tuning sequence of exactly `len + 1` tokens: a passkey prompt with its needle at `depth`
+/// followed by the answer, and the positions of the answer's tokens in it. The key is drawn first
+/// because its answer's length sets the prompt's.
+fn tuning_sequence(
+    tok: &Tokenizer,
+    filler: &[u16],
+    len: usize,
+    depth: f64,
+    rng: &mut impl rand::Rng,
+) -> Result<(Vec<i64>, std::ops::Range<usize>)> {
+    let needles = retrieval::Needles::draw(Task::Passkey, rng)?;
+    let ans = answer_tokens(tok, &needles.answers);
+    ensure!(ans.len() < len / 2, "a {}-token answer does not fit a {len}-token sequence", ans.len());
+    let p = needles.assemble(tok, filler, len + 1 - ans.len(), depth, rng)?;
+    let at = p.tokens.len()..len + 1;
+    Ok((p.tokens.iter().chain(&ans).map(|&t| i64::from(t)).collect(), at))
 }
 
 /// Fine-tunes the trained model of `variant` (its last checkpoint under `out`) and evaluates it for
@@ -179,16 +198,9 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
         let mut masks: Vec<f32> = Vec::with_capacity(settings.batch * len);
         for _ in 0..settings.batch {
             let depth = rand::Rng::random_range(&mut rng, 0.0..=1.0);
-            // The answer's length is known only once the key is drawn: build, then trim the filler.
-            let probe = retrieval::prompt(Task::Passkey, &tok, tune_filler, len, depth, &mut rng)?;
-            let ans = answer_tokens(&tok, &probe);
-            let p = retrieval::prompt(Task::Passkey, &tok, tune_filler, len + 1 - ans.len(), depth, &mut rng)?;
-            let ans = answer_tokens(&tok, &p);
-            let mut seq: Vec<i64> = p.tokens.iter().chain(&ans).map(|&t| i64::from(t)).collect();
-            seq.resize(len + 1, i64::from(tok.encode(".").first().copied().unwrap_or(0)));
+            let (seq, answer) = tuning_sequence(&tok, tune_filler, len, depth, &mut rng)?;
             seqs.extend(seq);
-            // Target position t predicts token t + 1: the answer occupies tokens [prompt, prompt + ans).
-            let (a0, a1) = (p.tokens.len() - 1, (p.tokens.len() - 1 + ans.len()).min(len));
+            let (a0, a1) = (answer.start - 1, answer.end - 1);
             masks.extend((0..len).map(|t| if (a0..a1).contains(&t) { 1.0 } else { 0.0 }));
         }
         let all = Tensor::from_slice(&seqs).view([settings.batch as i64, (len + 1) as i64]).to(device);
@@ -203,7 +215,7 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
         let loss = (nll * &mask).sum(tch::Kind::Float) / mask.sum(tch::Kind::Float).clamp_min(1.0);
         opt.backward_step(&loss);
         let l = loss.double_value(&[]);
-        anyhow::ensure!(l.is_finite(), "retrieval fine-tuning of `{variant}` diverged at step {step}");
+        ensure!(l.is_finite(), "retrieval fine-tuning of `{variant}` diverged at step {step}");
         if step + settings.steps.div_ceil(10) >= settings.steps {
             tail.push(l);
         }
@@ -277,5 +289,25 @@ mod tests {
         assert_eq!(digit_accuracy("85722", "key 85. 722"), 0.4);
         assert_eq!(digit_accuracy("85722", "the pass key?"), 0.0);
         assert_eq!(digit_accuracy("85722", "95721"), 0.6);
+    }
+
+    #[test]
+    fn a_tuning_sequence_is_len_plus_one_tokens_ending_in_the_key_it_hides() {
+        let tok = Tokenizer::gpt2().unwrap();
+        let text = "The river bends past the old mill, and the mill wheel turns slowly in the current. ".repeat(200);
+        let filler: Vec<u16> = tok.encode(&text).into_iter().map(|t| t as u16).collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        for (len, depth) in [(128, 0.0), (129, 0.5), (300, 1.0), (1024, 0.3)] {
+            let (seq, at) = tuning_sequence(&tok, &filler, len, depth, &mut rng).unwrap();
+            assert_eq!(seq.len(), len + 1);
+            assert_eq!(at.end, len + 1, "the answer ends the sequence");
+            let ids: Vec<u32> = seq.iter().map(|&t| t as u32).collect();
+            let answer = tok.decode(&ids[at.clone()]);
+            let key = answer.trim().trim_end_matches('.');
+            assert!(key.len() == 5 && key.chars().all(|c| c.is_ascii_digit()), "answer {answer:?}");
+            let prompt = tok.decode(&ids[..at.start]);
+            assert!(prompt.contains(&format!("The pass key is {key}.")), "the prompt hides the answered key");
+            assert!(prompt.ends_with("The pass key is"), "the answer follows the question");
+        }
     }
 }

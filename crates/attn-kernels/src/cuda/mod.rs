@@ -896,21 +896,15 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: K
     })
 }
 
-/// The forward on `x`: picks the kernel and launches it.
-///
-/// # Safety
-/// As [`forward_raw`], with addresses of `x`'s memory.
-unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
-    check_params(p)?;
-    let tc = has_tensor_core_forward(p.head_dim, dtype);
-    let (v2, v3) = (tc && pairs_aligned(p), tc && rows_aligned16(p));
+/// The forward lab version `kernel` runs (1, 2, 3, 5 or 8) for inputs whose rows allow `[v2, v3]`
+/// (even strides; 16-byte aligned rows) on a module with (`wgmma`) or without the sm_90 kernels.
+fn forward_version(kernel: Kernel, head_dim: usize, dtype: Dtype, [v2, v3]: [bool; 2], wgmma: bool) -> Result<u32> {
     let refuse = |what: &str| {
         Err(Error::BadParams(format!(
-            "no tensor-core forward ({what}) for {dtype:?} at head dimension {} with these strides",
-            p.head_dim
+            "no tensor-core forward ({what}) for {dtype:?} at head dimension {head_dim} with these strides"
         )))
     };
-    let version = match kernel {
+    Ok(match kernel {
         Kernel::Auto if v3 => 3,
         Kernel::Auto if v2 => 2,
         Kernel::Auto | Kernel::Simt => 1,
@@ -918,12 +912,56 @@ unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ker
         Kernel::TensorCoreV2 => return refuse("v2"),
         Kernel::TensorCore if v3 => 3,
         Kernel::TensorCore => return refuse("v3"),
-        Kernel::TensorCoreV8 if v3 && x.wgmma() => 8,
-        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 if v3 && p.head_dim == 64 => 5,
+        Kernel::TensorCoreV8 if v3 && wgmma => 8,
+        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 if v3 && head_dim == 64 => 5,
         // v5 exists at head dimension 64 only, v8 on sm_90 only.
         Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 if v3 => 3,
         Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 => return refuse("v5"),
-    };
+    })
+}
+
+/// The backward lab version `kernel` runs (1, 4, 6, 7 or 9) where the tensor-core backward applies
+/// (`tc`: its dtype, head dimension and 16-byte aligned rows) or not.
+fn backward_version(kernel: Kernel, head_dim: usize, dtype: Dtype, tc: bool, wgmma: bool) -> Result<u32> {
+    let newer =
+        matches!(kernel, Kernel::TensorCore | Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8);
+    if newer && !tc {
+        return Err(Error::BadParams(format!(
+            "no tensor-core backward for {dtype:?} at head dimension {head_dim} with these strides"
+        )));
+    }
+    Ok(match kernel {
+        _ if !tc => 1,
+        Kernel::TensorCoreV8 if head_dim == 64 && wgmma => 9,
+        Kernel::TensorCoreV7 | Kernel::TensorCoreV8 => 7,
+        Kernel::TensorCoreV5 => 6,
+        Kernel::Auto | Kernel::TensorCore => 4,
+        Kernel::Simt | Kernel::TensorCoreV2 => 1,
+    })
+}
+
+/// The lab versions, `(forward, backward)`, that `kernel` runs on this thread's GPU for `variant` at
+/// `head_dim` in `dtype` with contiguous inputs: what a benchmark of `kernel` measures (on other
+/// devices than sm_90, for instance, [`Kernel::TensorCoreV8`] runs v5 + v7).
+pub fn versions(variant: &Variant, head_dim: usize, dtype: Dtype, kernel: Kernel) -> Result<(u32, u32)> {
+    let cfg = Config::new(variant, head_dim)?;
+    let wgmma = module(&cfg, head_dim, dtype)?.wgmma;
+    let tc = has_tensor_core_forward(head_dim, dtype);
+    Ok((
+        forward_version(kernel, head_dim, dtype, [tc, tc], wgmma)?,
+        backward_version(kernel, head_dim, dtype, tc, wgmma)?,
+    ))
+}
+
+/// The forward on `x`: picks the kernel and launches it.
+///
+/// # Safety
+/// As [`forward_raw`], with addresses of `x`'s memory.
+unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    check_params(p)?;
+    let tc = has_tensor_core_forward(p.head_dim, dtype);
+    let version =
+        forward_version(kernel, p.head_dim, dtype, [tc && pairs_aligned(p), tc && rows_aligned16(p)], x.wgmma())?;
     let Call { kp, _norms, bh } = prepare(x, cfg, p)?;
     let t = p.seq_len as u32;
     match version {
@@ -963,36 +1001,37 @@ unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, ke
     let all16 =
         rows_aligned16(p) && [t4(p.d_out), t4m(p.dq), t4m(p.dk), t4m(p.dv), t4m(p.o)].iter().all(|x| aligned(x, 16, 8));
     let tc = has_tensor_core_forward(p.head_dim, dtype) && all16;
-    if matches!(kernel, Kernel::TensorCore | Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8) && !tc
-    {
-        return Err(Error::BadParams(format!(
-            "no tensor-core backward for {dtype:?} at head dimension {} with these strides",
-            p.head_dim
-        )));
-    }
+    let version = backward_version(kernel, p.head_dim, dtype, tc, x.wgmma())?;
     let Call { mut kp, _norms, bh } = prepare(x, cfg, p)?;
     let rowgrad = x.zeros(2 * p.batch * p.heads * p.seq_len * 4)?;
     kp.rowgrad = rowgrad.addr();
     let t = p.seq_len as u32;
-    if tc && matches!(kernel, Kernel::TensorCoreV7 | Kernel::TensorCoreV8) {
-        let dq_acc = x.zeros(p.batch * p.heads * p.seq_len * p.head_dim * 4)?;
-        kp.dq_acc = dq_acc.addr();
-        let v9 = kernel == Kernel::TensorCoreV8 && p.head_dim == 64 && x.wgmma();
-        let (rows, keys) =
-            if v9 { (Kern::BwdRowStats9, Kern::BwdKeysWg9) } else { (Kern::BwdRowStats7, Kern::BwdKeysMma7) };
-        x.launch(rows, (t.div_ceil(64), bh), &kp)?;
-        x.launch(keys, (t.div_ceil(64), bh), &kp)?;
-        x.launch(Kern::BwdDq7, (t.div_ceil(ROWS_PER_BLOCK), bh), &kp)
-    } else if tc && kernel == Kernel::TensorCoreV5 {
-        x.launch(Kern::BwdRowsMma6, (t.div_ceil(64), bh), &kp)?;
-        x.launch(Kern::BwdKeysMma6, (t.div_ceil(64), bh), &kp)
-    } else if tc && matches!(kernel, Kernel::Auto | Kernel::TensorCore) {
-        x.launch(Kern::BwdRowsMma, (t.div_ceil(64), bh), &kp)?;
-        x.launch(Kern::BwdKeysMma, (t.div_ceil(64), bh), &kp)
-    } else {
-        let grid = (t.div_ceil(ROWS_PER_BLOCK), bh);
-        x.launch(Kern::BwdRows, grid, &kp)?;
-        x.launch(Kern::BwdKeys, grid, &kp)
+    match version {
+        7 | 9 => {
+            let dq_acc = x.zeros(p.batch * p.heads * p.seq_len * p.head_dim * 4)?;
+            kp.dq_acc = dq_acc.addr();
+            let (rows, keys) = if version == 9 {
+                (Kern::BwdRowStats9, Kern::BwdKeysWg9)
+            } else {
+                (Kern::BwdRowStats7, Kern::BwdKeysMma7)
+            };
+            x.launch(rows, (t.div_ceil(64), bh), &kp)?;
+            x.launch(keys, (t.div_ceil(64), bh), &kp)?;
+            x.launch(Kern::BwdDq7, (t.div_ceil(ROWS_PER_BLOCK), bh), &kp)
+        }
+        6 => {
+            x.launch(Kern::BwdRowsMma6, (t.div_ceil(64), bh), &kp)?;
+            x.launch(Kern::BwdKeysMma6, (t.div_ceil(64), bh), &kp)
+        }
+        4 => {
+            x.launch(Kern::BwdRowsMma, (t.div_ceil(64), bh), &kp)?;
+            x.launch(Kern::BwdKeysMma, (t.div_ceil(64), bh), &kp)
+        }
+        _ => {
+            let grid = (t.div_ceil(ROWS_PER_BLOCK), bh);
+            x.launch(Kern::BwdRows, grid, &kp)?;
+            x.launch(Kern::BwdKeys, grid, &kp)
+        }
     }
 }
 
@@ -1268,3 +1307,56 @@ pub fn synchronize() -> Result<()> {
 
 /// Every architecture name the kernels are compiled for (CI compiles each kernel for each).
 pub const ARCHES: [&str; 3] = ["compute_80", "compute_90", "compute_90a"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KERNELS: [Kernel; 7] = [
+        Kernel::Auto,
+        Kernel::Simt,
+        Kernel::TensorCoreV2,
+        Kernel::TensorCore,
+        Kernel::TensorCoreV5,
+        Kernel::TensorCoreV7,
+        Kernel::TensorCoreV8,
+    ];
+
+    /// What a benchmark labels a run with (`versions`) and what the launches run are the same
+    /// functions; these are the rules they must keep whatever the next generation adds.
+    #[test]
+    fn versions_follow_the_device_and_the_strides() {
+        for kernel in KERNELS {
+            for hd in [64, 128] {
+                for dt in [Dtype::Bf16, Dtype::F16] {
+                    for wgmma in [false, true] {
+                        let f = forward_version(kernel, hd, dt, [true, true], wgmma).unwrap();
+                        let b = backward_version(kernel, hd, dt, true, wgmma).unwrap();
+                        // The warpgroup kernels run only where the module has them, and only when asked.
+                        assert_eq!(f == 8, kernel == Kernel::TensorCoreV8 && wgmma, "{kernel:?} {hd} {wgmma}");
+                        assert_eq!(b == 9, kernel == Kernel::TensorCoreV8 && wgmma && hd == 64);
+                        // v5 (and its backwards v6, v7) exist at head dimension 64; v7 also at 128.
+                        assert!(f != 5 || hd == 64);
+                        assert!(b != 6 || hd == 64 || kernel == Kernel::TensorCoreV5);
+                        // The default stays the measured generation until a GPU run says otherwise.
+                        if kernel == Kernel::Auto {
+                            assert_eq!((f, b), (3, 4));
+                        }
+                    }
+                    // Unaligned rows: every explicitly requested tensor-core kernel is refused, the
+                    // default falls back.
+                    for wgmma in [false, true] {
+                        let tc_only = !matches!(kernel, Kernel::Auto | Kernel::Simt);
+                        assert_eq!(forward_version(kernel, hd, dt, [false, false], wgmma).is_err(), tc_only);
+                        let asked = !matches!(kernel, Kernel::Auto | Kernel::Simt | Kernel::TensorCoreV2);
+                        assert_eq!(backward_version(kernel, hd, dt, false, wgmma).is_err(), asked);
+                    }
+                    assert_eq!(forward_version(Kernel::Auto, hd, dt, [true, false], false).unwrap(), 2);
+                }
+            }
+        }
+        // The SIMT kernels in f32 (no tensor-core forward), whatever was asked.
+        assert_eq!(forward_version(Kernel::Auto, 64, Dtype::F32, [false, false], true).unwrap(), 1);
+        assert_eq!(backward_version(Kernel::Auto, 64, Dtype::F32, false, true).unwrap(), 1);
+    }
+}
