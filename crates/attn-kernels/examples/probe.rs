@@ -1,4 +1,5 @@
-//! Quick throughput probe of the fused CPU kernels (GFLOP/s, FlashAttention convention).
+//! Quick throughput probe of the fused CPU kernels (GFLOP/s, FlashAttention convention):
+//! `probe [T] [variant] [block_q] [block_k] [score_cache_bytes]`.
 use std::time::Instant;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -8,7 +9,11 @@ fn main() {
     let bq: usize = args.get(3).and_then(|s| s.parse().ok()).unwrap_or(64);
     let bk: usize = args.get(4).and_then(|s| s.parse().ok()).unwrap_or(64);
     let opts = attn_kernels::cpu::Options {
-        tuning: attn_kernels::cpu::Tuning { block_q: bq, block_k: bk },
+        tuning: attn_kernels::cpu::Tuning {
+            block_q: bq,
+            block_k: bk,
+            score_cache_bytes: args.get(5).and_then(|s| s.parse().ok()).unwrap_or(16 << 20),
+        },
         ..Default::default()
     };
     let (q, k, val) = attn_core::fixtures::random_qkv::<f32>([1, 12, t, 64], 1);

@@ -425,7 +425,7 @@ fn check_case(name: &str, shape: (usize, usize, usize, usize), seed: u64, qk_sca
 fn small_tiles(isa: Isa) -> Options {
     // Small tiles so short sequences still cross several tiles, and tile edges that are not
     // multiples of the register blocks.
-    Options { tuning: Tuning { block_q: 16, block_k: 24 }, isa }
+    Options { tuning: Tuning { block_q: 16, block_k: 24, ..Tuning::default() }, isa }
 }
 
 #[test]
@@ -567,6 +567,37 @@ fn results_do_not_depend_on_thread_count() {
     assert!(dq_err < 1e-5, "{dq_err}");
 }
 
+/// Re-weighting's second sweep reads the first sweep's activations where they fit
+/// `Tuning::score_cache_bytes` and recomputes them where they do not: the same outputs and row
+/// statistics bit for bit, for every re-weighted variant, whether the whole stripe fits, none of it
+/// fits (budget 0), or it fits for the first query tiles only (a budget between the two). And the
+/// backward, which reads those statistics, agrees too.
+#[test]
+fn reweighting_is_the_same_with_and_without_the_score_cache() {
+    let (b, h, t, d) = (2, 2, 150, 40);
+    let q = attn_core::fixtures::random_qkv::<f32>([b, h, t, d], 31);
+    let g = attn_core::fixtures::random_qkv::<f32>([b, h, t, d], 32).0;
+    for name in ["lssa+rw15", "lssa+rw1", "softplus-l1+rw3", "relu-l1+rw15", "sigmoid-rowbias-l1+rw3", "softmax+rw15"] {
+        let v: Variant = name.parse().unwrap();
+        for isa in Isa::all_supported() {
+            let run = |bytes: usize| {
+                let opts = Options { tuning: Tuning { block_q: 16, block_k: 24, score_cache_bytes: bytes }, isa };
+                let o = cpu::forward_with(&v, &q.0, &q.1, &q.2, &opts).unwrap();
+                // The backward runs its own forward for the statistics, with the same options.
+                let grads = cpu::backward_with(&v, &q.0, &q.1, &q.2, &g, &opts).unwrap();
+                (o, grads.dq, grads.dk, grads.dv)
+            };
+            // 150 keys in tiles of 24 (padded to a multiple of the register block): 7 key tiles for
+            // the last query tile; the middle budget holds the stripes of query tiles with <= 4.
+            let all = run(usize::MAX);
+            for bytes in [0, 4 * 16 * 32 * 4 + 1] {
+                let other = run(bytes);
+                assert!(all == other, "{name} on {isa:?}: budget {bytes} changes the results");
+            }
+        }
+    }
+}
+
 /// Issue-6 regression (found by `random_shapes_match_the_reference`): a `relu-l1` row whose only
 /// positive score is 0.002, so `Z_i` is tiny and the backward is ill-conditioned; the error must stay
 /// within the first-order bound of [`l1_conditioning_tolerance`] on every ISA and tile size.
@@ -574,7 +605,7 @@ fn results_do_not_depend_on_thread_count() {
 fn cases_found_by_random_search_stay_within_their_bounds() {
     for isa in [Isa::Scalar, Isa::detect()] {
         for b in [1, 3, 16] {
-            let opts = Options { tuning: Tuning { block_q: b, block_k: b }, isa };
+            let opts = Options { tuning: Tuning { block_q: b, block_k: b, ..Tuning::default() }, isa };
             check_case("relu-l1", (1, 1, 4, 72), 392, 1.0, &opts);
             check_case("relu2-l1", (1, 1, 21, 72), 392, 1.0, &opts);
             check_case("lssa+rw64", (1, 1, 10, 64), 183, 1.0, &opts);
@@ -603,7 +634,7 @@ proptest! {
         which in 0usize..FUSED.len(),
         seed in 0u64..1000,
     ) {
-        let opts = Options { tuning: Tuning { block_q: bq, block_k: bk }, isa: Isa::detect() };
+        let opts = Options { tuning: Tuning { block_q: bq, block_k: bk, ..Default::default() }, isa: Isa::detect() };
         check_case(FUSED[which], (1, 1, t, d), seed, 1.0, &opts);
     }
 }

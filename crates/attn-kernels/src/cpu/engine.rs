@@ -48,20 +48,28 @@ pub(crate) struct Plan {
     pub row_consts: Box<dyn Fn(usize) -> (f64, f64) + Send + Sync>,
 }
 
-/// Tile sizes: tuning knobs, separate from the maths.
+/// Tile sizes and scratch budgets: tuning knobs, separate from the maths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Tuning {
     /// Query rows per tile (and per forward task).
     pub block_q: usize,
     /// Keys per tile.
     pub block_k: usize,
+    /// Re-weighted forwards of a non-negative activation without a running maximum (LSSAR and
+    /// the other `+rw` variants of softplus, ReLU, sigmoid...): the largest per-task scratch, in
+    /// bytes, for keeping a query tile's activations `f_ij` from the first sweep for the second
+    /// (`block_q x T` floats: linear in `T`, never `T x T`). Within it the second sweep reads
+    /// `f` instead of recomputing the scores and the activation; above it (or at 0) it recomputes.
+    /// The results are the same bit for bit either way.
+    pub score_cache_bytes: usize,
 }
 
 impl Default for Tuning {
     /// 64 x 64: at d = 64 a tile's `q`, `k`, `v` and scores (64 KiB in all) stay in L2 of any x86
-    /// core; 128-key tiles measured no faster and waste more of the diagonal tile.
+    /// core; 128-key tiles measured no faster and waste more of the diagonal tile. A 16 MiB score
+    /// cache per task covers `T` up to 64K at 64 query rows.
     fn default() -> Self {
-        Self { block_q: 64, block_k: 64 }
+        Self { block_q: 64, block_k: 64, score_cache_bytes: 16 << 20 }
     }
 }
 
@@ -153,6 +161,8 @@ pub(crate) struct Dims {
     pub d: usize,
     pub bq: usize,
     pub bk: usize,
+    /// [`Tuning::score_cache_bytes`].
+    pub cache_bytes: usize,
 }
 
 impl Dims {
@@ -304,6 +314,9 @@ pub(crate) struct FwdScratch {
     acc: Vec<f32>,
     tmp: Vec<f32>,
     tmax: Vec<f32>,
+    /// The first sweep's activations of a query tile, key tile after key tile (`nq x bk_pad`
+    /// each), for re-weighting's second sweep; grown on first use.
+    stripe: Vec<f32>,
 }
 
 impl FwdScratch {
@@ -315,6 +328,7 @@ impl FwdScratch {
             acc: vec![0.0; dims.bq * dims.d],
             tmp: vec![0.0; bkp],
             tmax: vec![0.0; dims.bq * nkt],
+            stripe: Vec::new(),
         }
     }
 }
@@ -359,15 +373,23 @@ fn forward_body<const FMA: bool>(
     let mut mx = vec![f32::NEG_INFINITY; nq];
     let mut fmax = vec![f32::NEG_INFINITY; nq];
     let reweight = plan.p;
+    // Re-weighting without a running maximum keeps the first sweep's activations for the second
+    // (the same values the second sweep would recompute, bit for bit) where they fit the budget.
+    let tile_len = nq * lds;
+    let cached = reweight.is_some() && !plan.running_max && nkt * tile_len * 4 <= dims.cache_bytes;
+    if cached && sc.stripe.len() < nkt * tile_len {
+        sc.stripe.resize(nkt * tile_len, 0.0);
+    }
 
     // Sweep 1: stage 1 (and, with re-weighting, only its statistics).
     for kt in 0..nkt {
         let j0 = kt * dims.bk;
         let nk = dims.bk.min(dims.t - j0);
-        scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
+        let s = if cached { &mut sc.stripe[kt * tile_len..(kt + 1) * tile_len] } else { &mut sc.s[..] };
+        scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, s, lds);
         for r in 0..nq {
             let vis = visible(i0 + r, j0, nk);
-            let row = &mut sc.s[r * lds..r * lds + lds];
+            let row = &mut s[r * lds..r * lds + lds];
             let (live, dead) = row.split_at_mut(vis);
             dead.fill(0.0);
             if vis == 0 {
@@ -401,7 +423,7 @@ fn forward_body<const FMA: bool>(
         }
         if reweight.is_none() {
             let v = &head.v[j0 * head.ldv..];
-            tile::matmul_acc::<FMA>(dims.isa, &sc.s, lds, v, head.ldv, nq, nk, d, acc, d);
+            tile::matmul_acc::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, acc, d);
         }
     }
 
@@ -454,18 +476,25 @@ fn forward_body<const FMA: bool>(
         }
         let j0 = kt * dims.bk;
         let nk = dims.bk.min(dims.t - j0);
-        scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
+        let s = if cached {
+            &mut sc.stripe[kt * tile_len..(kt + 1) * tile_len] // f, zero beyond the visible keys
+        } else {
+            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
+            &mut sc.s[..]
+        };
         for r in 0..nq {
             let n = i0 + r + 1;
             let vis = visible(i0 + r, j0, nk);
-            let row = &mut sc.s[r * lds..r * lds + lds];
+            let row = &mut s[r * lds..r * lds + lds];
             let (live, dead) = row.split_at_mut(vis);
-            dead.fill(0.0);
-            if plan.running_max {
-                let m = mx[r];
-                live.iter_mut().for_each(|x| *x -= m);
+            if !cached {
+                dead.fill(0.0);
+                if plan.running_max {
+                    let m = mx[r];
+                    live.iter_mut().for_each(|x| *x -= m);
+                }
+                plan.act.apply::<FMA>(live);
             }
-            plan.act.apply::<FMA>(live);
             let a = an[r];
             if umax[r] <= 0.0 {
                 // Empty row: w = a (SPEC section 3 [choice]).
@@ -478,7 +507,7 @@ fn forward_body<const FMA: bool>(
             wsum[r] += lane_sum::<false>(live) as f64;
         }
         let v = &head.v[j0 * head.ldv..];
-        tile::matmul_acc::<FMA>(dims.isa, &sc.s, lds, v, head.ldv, nq, nk, d, acc, d);
+        tile::matmul_acc::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, acc, d);
     }
     for r in 0..nq {
         let scale = if umax[r] <= 0.0 { 1.0 } else { 1.0 / (wsum[r] as f32) };

@@ -172,7 +172,14 @@ fn dims(p: &Params, tuning: Tuning, isa: Isa) -> Result<Dims> {
     if tuning.block_q == 0 || tuning.block_k == 0 {
         return Err(Error::BadParams(format!("tile sizes must be >= 1, got {tuning:?}")));
     }
-    Ok(Dims { isa: isa.assert_supported(), t: p.seq_len, d: p.head_dim, bq: tuning.block_q, bk: tuning.block_k })
+    Ok(Dims {
+        isa: isa.assert_supported(),
+        t: p.seq_len,
+        d: p.head_dim,
+        bq: tuning.block_q,
+        bk: tuning.block_k,
+        cache_bytes: tuning.score_cache_bytes,
+    })
 }
 
 /// The `(b, h)` head of a raw tensor as a slice covering its `T` rows.
