@@ -387,6 +387,7 @@ impl Bufs {
             v: raw::<f32>(&self.v).as_const(),
             o: raw(&self.o),
             stats: self.stats.data_ptr() as *mut f32,
+            rw_aux: std::ptr::null_mut(),
             d_out: raw::<f32>(&self.g).as_const(),
             dq: raw(&self.dq),
             dk: raw(&self.dk),

@@ -1,5 +1,5 @@
 //! Quick throughput probe of the fused CPU kernels (GFLOP/s, FlashAttention convention):
-//! `probe [T] [variant] [block_q] [block_k] [score_cache_bytes]`.
+//! `probe [T] [variant] [block_q] [block_k] [score_cache_bytes] [reweight_helper: 0 or 1]`.
 use std::time::Instant;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -13,6 +13,7 @@ fn main() {
             block_q: bq,
             block_k: bk,
             score_cache_bytes: args.get(5).and_then(|s| s.parse().ok()).unwrap_or(16 << 20),
+            reweight_helper: args.get(6).is_none_or(|s| s != "0"),
         },
         ..Default::default()
     };

@@ -326,6 +326,7 @@ fn raw_run(c: &Case, stride: usize, kernel: Kernel) -> attn_kernels::Result<[Arr
         v: v.raw::<f32>(shape, stride).as_const(),
         o: o.raw(shape, stride),
         stats: stats.as_mut_ptr(),
+        rw_aux: std::ptr::null_mut(),
         d_out: g.raw::<f32>(shape, stride).as_const(),
         dq: dq.raw(shape, stride),
         dk: dk.raw(shape, stride),

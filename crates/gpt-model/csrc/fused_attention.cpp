@@ -37,6 +37,7 @@ struct AttnParams {
   size_t batch, heads, seq_len, head_dim;
   RawTensor q, k, v, o;
   float* stats;
+  float* rw_aux;  // optional re-weighting helper (set by Rust for CPU tensors; null here)
   RawTensor d_out, dq, dk, dv;
 };
 

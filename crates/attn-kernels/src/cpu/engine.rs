@@ -62,6 +62,11 @@ pub struct Tuning {
     /// `f` instead of recomputing the scores and the activation; above it (or at 0) it recomputes.
     /// The results are the same bit for bit either way.
     pub score_cache_bytes: usize,
+    /// Re-weighted variants: whether the ndarray [`backward`](super::backward) keeps the forward's
+    /// re-weighting helper ([`super::Params::rw_aux`]), which spares the backward its `E_i` sweep
+    /// over the keys. Off, the backward runs that sweep (as the raw entry points do without the
+    /// helper). Same gradients up to rounding.
+    pub reweight_helper: bool,
 }
 
 impl Default for Tuning {
@@ -69,7 +74,7 @@ impl Default for Tuning {
     /// core; 128-key tiles measured no faster and waste more of the diagonal tile. A 16 MiB score
     /// cache per task covers `T` up to 64K at 64 query rows.
     fn default() -> Self {
-        Self { block_q: 64, block_k: 64, score_cache_bytes: 16 << 20 }
+        Self { block_q: 64, block_k: 64, score_cache_bytes: 16 << 20, reweight_helper: true }
     }
 }
 
@@ -317,6 +322,11 @@ pub(crate) struct FwdScratch {
     /// The first sweep's activations of a query tile, key tile after key tile (`nq x bk_pad`
     /// each), for re-weighting's second sweep; grown on first use.
     stripe: Vec<f32>,
+    /// Re-weighting's backward helper: `f_ij rho_ij^(p-1)` of one tile (`bq x bk_pad`), a row of
+    /// `rho^(p-1)`, and `sum_j f_ij rho_ij^(p-1) v_j` (`bq x d`); sized on first use.
+    aux_w: Vec<f32>,
+    aux_row: Vec<f32>,
+    aux_acc: Vec<f32>,
 }
 
 impl FwdScratch {
@@ -329,13 +339,17 @@ impl FwdScratch {
             tmp: vec![0.0; bkp],
             tmax: vec![0.0; dims.bq * nkt],
             stripe: Vec::new(),
+            aux_w: Vec::new(),
+            aux_row: Vec::new(),
+            aux_acc: Vec::new(),
         }
     }
 }
 
 crate::multiversion! {
     /// Forward of query rows `[i0, i0 + nq)` of one head: writes `nq x d` outputs to `out` (row
-    /// stride `d`) and `nq x STATS` statistics to `stats`.
+    /// stride `d`) and `nq x STATS` statistics to `stats`; with re-weighting and `aux`, also the
+    /// `nq x (d + 1)` backward helper (see [`super::Params::rw_aux`]).
     pub(crate) fn forward_tile<const FMA: bool>(
         isa: Isa,
         plan: &Plan,
@@ -346,8 +360,9 @@ crate::multiversion! {
         sc: &mut FwdScratch,
         out: &mut [f32],
         stats: &mut [f32],
+        aux: Option<&mut [f32]>,
     ) {
-        forward_body::<FMA>(plan, head, dims, i0, nq, sc, out, stats)
+        forward_body::<FMA>(plan, head, dims, i0, nq, sc, out, stats, aux)
     }
 }
 
@@ -362,6 +377,7 @@ fn forward_body<const FMA: bool>(
     sc: &mut FwdScratch,
     out: &mut [f32],
     stats: &mut [f32],
+    mut aux: Option<&mut [f32]>,
 ) {
     let d = dims.d;
     let lds = dims.bk_pad();
@@ -468,6 +484,16 @@ fn forward_body<const FMA: bool>(
     }
     acc.fill(0.0);
     let mut wsum = vec![0.0f64; nq];
+    // The backward helper: c_i = sum_j f_ij rho_ij^(p-1) and y_i = sum_j f_ij rho_ij^(p-1) v_j, so the
+    // backward's E_i is (<g_i, y_i> - D'_i c_i) times a row constant, without a sweep of its own.
+    let keep_aux = aux.is_some();
+    let mut csum = vec![0.0f64; nq];
+    if keep_aux {
+        sc.aux_w.resize(dims.bq * lds, 0.0);
+        sc.aux_row.resize(lds, 0.0);
+        sc.aux_acc.resize(dims.bq * d, 0.0);
+        sc.aux_acc[..nq * d].fill(0.0);
+    }
     for kt in 0..nkt {
         // A key tile where no row has an above-mean key (and no row falls back to w = a) adds nothing.
         let needed = (0..nq).any(|r| umax[r] <= 0.0 || sc.tmax[r * nkt + kt] > thr[r]);
@@ -496,11 +522,29 @@ fn forward_body<const FMA: bool>(
                 plan.act.apply::<FMA>(live);
             }
             let a = an[r];
+            if keep_aux {
+                sc.aux_w[r * lds..(r + 1) * lds].fill(0.0);
+            }
             if umax[r] <= 0.0 {
                 // Empty row: w = a (SPEC section 3 [choice]).
                 live.iter_mut().for_each(|x| *x *= a);
             } else {
                 let (na, off, inv_m) = (n as f32 * a, offset(n), 1.0 / umax[r]);
+                if keep_aux {
+                    // f rho^(p-1), from f before `live` becomes rho^p (rho^0 = [rho > 0], as the backward).
+                    let rp = &mut sc.aux_row[..vis];
+                    rp.iter_mut()
+                        .zip(live.iter())
+                        .for_each(|(x, &f)| *x = (math::fmadd::<FMA>(f, na, -off)).max(0.0) * inv_m);
+                    if p == 1 {
+                        rp.iter_mut().for_each(|x| *x = if *x > 0.0 { 1.0 } else { 0.0 });
+                    } else {
+                        pow_slice(rp, p - 1, &mut sc.tmp);
+                    }
+                    let w = &mut sc.aux_w[r * lds..r * lds + vis];
+                    w.iter_mut().zip(rp.iter().zip(live.iter())).for_each(|(w, (&x, &f))| *w = x * f);
+                    csum[r] += lane_sum::<false>(w) as f64;
+                }
                 live.iter_mut().for_each(|x| *x = (math::fmadd::<FMA>(*x, na, -off)).max(0.0) * inv_m);
                 pow_slice(live, p, &mut sc.tmp);
             }
@@ -508,6 +552,9 @@ fn forward_body<const FMA: bool>(
         }
         let v = &head.v[j0 * head.ldv..];
         tile::matmul_acc::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, acc, d);
+        if keep_aux {
+            tile::matmul_acc::<FMA>(dims.isa, &sc.aux_w, lds, v, head.ldv, nq, nk, d, &mut sc.aux_acc, d);
+        }
     }
     for r in 0..nq {
         let scale = if umax[r] <= 0.0 { 1.0 } else { 1.0 / (wsum[r] as f32) };
@@ -518,6 +565,11 @@ fn forward_body<const FMA: bool>(
         st[ST_MAX] = if plan.running_max { mx[r] } else { 0.0 };
         st[ST_UMAX] = umax[r];
         st[ST_W] = wsum[r] as f32;
+        if let Some(aux) = aux.as_deref_mut() {
+            let row = &mut aux[r * (d + 1)..(r + 1) * (d + 1)];
+            row[0] = csum[r] as f32;
+            row[1..].copy_from_slice(&sc.aux_acc[r * d..(r + 1) * d]);
+        }
     }
 }
 
@@ -703,6 +755,7 @@ crate::multiversion! {
         nq: usize,
         sc: &mut BwdScratch,
         rg: &mut [RowGrad],
+        aux: Option<&[f32]>,
     ) {
         let d = dims.d;
         for r in 0..nq {
@@ -711,6 +764,24 @@ crate::multiversion! {
             rg[r] = RowGrad { dprime: dp, c: dp };
         }
         let Some(p) = plan.p else { return };
+        if let Some(aux) = aux {
+            // The forward's helper: E_i = a p / (W m) (<g_i, y_i> - D'_i c_i), no sweep.
+            for r in 0..nq {
+                let i = i0 + r;
+                let st = &stats[i * STATS..(i + 1) * STATS];
+                if st[ST_UMAX] <= 0.0 {
+                    continue; // fallback row: C_i = D'_i, already set
+                }
+                let n = i + 1;
+                let a = anorm(plan.norm, st[ST_Z] as f64, n);
+                let row = &aux[r * (d + 1)..(r + 1) * (d + 1)];
+                let gy: f64 = g[i * ldg..i * ldg + d].iter().zip(&row[1..]).map(|(&x, &y)| x as f64 * y as f64).sum();
+                let e = (gy - rg[r].dprime as f64 * row[0] as f64)
+                    * (a as f64 * p as f64 / (st[ST_W] as f64 * st[ST_UMAX] as f64));
+                rg[r].c = (n as f64 * e) as f32;
+            }
+            return;
+        }
         let rows = Rows::new(plan, head, i0, nq);
         let lds = dims.bk_pad();
         let mut e = vec![0.0f64; nq];

@@ -29,6 +29,11 @@ use crate::{Error, Grads, Result};
 /// Number of f32 statistics per row that [`forward_raw`] saves for [`backward_raw`].
 pub const STATS_PER_ROW: usize = STATS;
 
+/// Floats per row of [`Params::rw_aux`] at head dimension `head_dim`: `c_i` and `y_i`.
+pub const fn rw_aux_per_row(head_dim: usize) -> usize {
+    head_dim + 1
+}
+
 /// Execution options: tile sizes and the instruction set. Defaults: [`Tuning::default`] and
 /// [`Isa::detect`].
 #[derive(Clone, Copy, Debug)]
@@ -80,6 +85,13 @@ pub struct Params {
     pub o: RawTensor<*mut f32>,
     /// Contiguous `(B, H, T, STATS_PER_ROW)` row statistics (written by the forward, read by the backward).
     pub stats: *mut f32,
+    /// Re-weighted variants on the CPU, optional (null: not kept): contiguous `(B, H, T,
+    /// rw_aux_per_row(d))` floats, per row `c_i = sum_j f_ij rho_ij^(p-1)` then `y_i = sum_j f_ij
+    /// rho_ij^(p-1) v_j`. [`forward_raw`] writes it when not null (one more `P V`-sized product in its
+    /// second sweep); [`backward_raw`] given the forward's helper computes re-weighting's `E_i` from
+    /// it instead of sweeping the keys once more (SPEC section 5: `E_i` is linear in `g_i`). Ignored
+    /// by variants without re-weighting and by the CUDA kernels.
+    pub rw_aux: *mut f32,
     /// Upstream gradient `dL/do` (backward only).
     pub d_out: RawTensor<*const f32>,
     /// `dL/dq` (backward only, written).
@@ -296,13 +308,14 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Resu
     let packed = unsafe { pack(p, dims, false) };
     let nqt = t.div_ceil(dims.bq);
     let (o, stats) = (SendPtr(p.o), SendPtr(p.stats));
+    let aux = SendPtr(if plan.p.is_some() { p.rw_aux } else { std::ptr::null_mut() });
     let isa = opts.isa.assert_supported();
     (0..bh * nqt).into_par_iter().for_each_init(
         || (FwdScratch::new(dims), vec![0.0f32; dims.bq * d]),
         |(sc, out), task| {
             // Capture the whole SendPtr (not its raw-pointer field) in the closure.
             #[allow(clippy::redundant_locals)]
-            let (o, stats) = (o, stats);
+            let (o, stats, aux) = (o, stats, aux);
             let (x, qt) = (task / nqt, task % nqt);
             let (b, h) = (x / p.heads, x % p.heads);
             let i0 = qt * dims.bq;
@@ -311,7 +324,10 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Resu
             unsafe {
                 let hd = head(p, &norms, &packed, dims, b, h);
                 let st = std::slice::from_raw_parts_mut(stats.0.add((x * t + i0) * STATS), nq * STATS);
-                engine::forward_tile(isa, &plan, &hd, dims, i0, nq, sc, &mut out[..nq * d], st);
+                let w = rw_aux_per_row(d);
+                let ax =
+                    (!aux.0.is_null()).then(|| std::slice::from_raw_parts_mut(aux.0.add((x * t + i0) * w), nq * w));
+                engine::forward_tile(isa, &plan, &hd, dims, i0, nq, sc, &mut out[..nq * d], st, ax);
                 write_rows(o.0, b, h, i0, d, &out[..nq * d]);
             }
         },
@@ -379,6 +395,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
     let mut rg = vec![RowGrad::default(); bh * t];
     {
         let o = SendPtr(p.o.as_const());
+        let aux = SendPtr(p.rw_aux as *const f32);
         // Query tiles per head (T need not be a multiple of bq): one task per (head, query tile).
         let rg_ptr = SendPtr(rg.as_mut_ptr());
         (0..bh * nqt).into_par_iter().for_each_init(
@@ -386,7 +403,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
             |sc, task| {
                 // Capture the whole SendPtr (not its raw-pointer field) in the closure.
                 #[allow(clippy::redundant_locals)]
-                let (o, stats_all, rg_ptr) = (o, stats_all, rg_ptr);
+                let (o, stats_all, rg_ptr, aux) = (o, stats_all, rg_ptr, aux);
                 let (x, qt) = (task / nqt, task % nqt);
                 let (b, h) = (x / p.heads, x % p.heads);
                 let i0 = qt * dims.bq;
@@ -398,7 +415,10 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
                     let st = std::slice::from_raw_parts(stats_all.0.add(x * t * STATS), t * STATS);
                     let rgt = std::slice::from_raw_parts_mut(rg_ptr.0.add(x * t + i0), nq);
                     let (g, ldg) = g_of(b, h);
-                    engine::backward_rows(isa, &plan, &hd, g, ldg, os, ldo, st, dims, i0, nq, sc, rgt);
+                    let w = rw_aux_per_row(d);
+                    let ax =
+                        (!aux.0.is_null()).then(|| std::slice::from_raw_parts(aux.0.add((x * t + i0) * w), nq * w));
+                    engine::backward_rows(isa, &plan, &hd, g, ldg, os, ldo, st, dims, i0, nq, sc, rgt, ax);
                 }
             },
         );
@@ -520,6 +540,7 @@ fn base_params(q: &ArrayView4<'_, f32>, k: &ArrayView4<'_, f32>, v: &ArrayView4<
         v: raw(v.as_ptr(), v),
         o: null_m,
         stats: std::ptr::null_mut(),
+        rw_aux: std::ptr::null_mut(),
         d_out: null_c,
         dq: null_m,
         dk: null_m,
@@ -549,7 +570,7 @@ pub fn forward_with<'a>(
 ) -> Result<Array4<f32>> {
     let (q, k, v) = (q.into(), k.into(), v.into());
     check(variant, &q, &k, &v, None)?;
-    Ok(forward_stats(variant, &q, &k, &v, opts)?.0)
+    Ok(forward_stats(variant, &q, &k, &v, opts, false)?.0)
 }
 
 fn forward_stats(
@@ -558,18 +579,23 @@ fn forward_stats(
     k: &ArrayView4<'_, f32>,
     v: &ArrayView4<'_, f32>,
     opts: &Options,
-) -> Result<(Array4<f32>, Vec<f32>)> {
+    keep_aux: bool,
+) -> Result<(Array4<f32>, Vec<f32>, Vec<f32>)> {
     let (q, k, v) = (rows_contiguous(q.view()), rows_contiguous(k.view()), rows_contiguous(v.view()));
     let (q, k, v) = (q.view(), k.view(), v.view());
     let sh = q.shape();
     let mut o = Array4::<f32>::zeros((sh[0], sh[1], sh[2], sh[3]));
     let mut stats = vec![0.0f32; sh[0] * sh[1] * sh[2] * STATS];
+    let mut aux = if keep_aux { vec![0.0f32; sh[0] * sh[1] * sh[2] * rw_aux_per_row(sh[3])] } else { Vec::new() };
     let mut p = base_params(&q, &k, &v);
     p.o = raw_mut(&mut o);
     p.stats = stats.as_mut_ptr();
-    // SAFETY: every pointer comes from a live array of the checked shape; o and stats are fresh.
+    if keep_aux {
+        p.rw_aux = aux.as_mut_ptr();
+    }
+    // SAFETY: every pointer comes from a live array of the checked shape; o, stats, aux are fresh.
     unsafe { forward_raw(variant, &p, opts)? };
-    Ok((o, stats))
+    Ok((o, stats, aux))
 }
 
 /// Gradients of `sum(d_out * forward(q, k, v))` with respect to `q`, `k`, `v`, fused, with
@@ -597,13 +623,17 @@ pub fn backward_with<'a>(
     check(variant, &q, &k, &v, Some(&g))?;
     let (q, k, v, g) = (rows_contiguous(q), rows_contiguous(k), rows_contiguous(v), rows_contiguous(g));
     let (q, k, v, g) = (q.view(), k.view(), v.view(), g.view());
-    let (mut o, mut stats) = forward_stats(variant, &q, &k, &v, opts)?;
+    let keep_aux = variant.reweight.is_some() && opts.tuning.reweight_helper;
+    let (mut o, mut stats, mut aux) = forward_stats(variant, &q, &k, &v, opts, keep_aux)?;
     let sh = q.shape();
     let shape = (sh[0], sh[1], sh[2], sh[3]);
     let (mut dq, mut dk, mut dv) = (Array4::zeros(shape), Array4::zeros(shape), Array4::zeros(shape));
     let mut p = base_params(&q, &k, &v);
     p.o = raw_mut(&mut o);
     p.stats = stats.as_mut_ptr();
+    if keep_aux {
+        p.rw_aux = aux.as_mut_ptr();
+    }
     p.d_out = raw(g.as_ptr(), &g);
     p.dq = raw_mut(&mut dq);
     p.dk = raw_mut(&mut dk);

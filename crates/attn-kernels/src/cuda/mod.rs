@@ -1110,6 +1110,7 @@ fn staged_forward(x: &dyn Exec, cfg: &Config, [q, k, v]: [&ArrayView4<'_, f32>; 
         v: contiguous::<f32>(inputs[2].addr(), shape).as_const(),
         o: contiguous(o.addr(), shape),
         stats: stats.addr() as *mut f32,
+        rw_aux: std::ptr::null_mut(),
         d_out: null_c,
         dq: null_m,
         dk: null_m,

@@ -18,7 +18,10 @@
 //!
 //! Ownership: libtorch allocates and owns every tensor (output, `(B, H, T, S)` row statistics,
 //! gradients); the callbacks only read and write through the pointers while they run. The autograd
-//! context saves `q`, `k`, `v`, the output and the statistics, nothing `T x T`.
+//! context saves `q`, `k`, `v`, the output and the statistics, nothing `T x T`. For a re-weighted
+//! variant on the CPU whose inputs require gradients, `S` also counts re-weighting's backward helper
+//! ([`cpu::Params::rw_aux`], `d + 1` floats per row): the buffer holds the `B·H·T` rows of
+//! statistics, then the helper's, and [`AUX_BIT`] in the handle tells the callbacks so.
 //!
 //! CUDA kernels: [`cuda::Kernel::Auto`] unless `LSSA_CUDA_KERNEL` (`auto`, `v1`, `v2`, `v3`, `v5`, `v7`, `v8`;
 //! read at first use) or [`set_cuda_kernel`] says otherwise.
@@ -124,12 +127,16 @@ fn cuda_dtype(kind: Kind) -> Option<cuda::Dtype> {
 
 /// Bit of a handle that marks CUDA tensors; bits 32..40 hold the dtype (see [`handle_for`]).
 const CUDA_BIT: u64 = 1 << 40;
+/// Bit of a handle that marks a CPU call whose statistics buffer also holds re-weighting's backward
+/// helper ([`cpu::Params::rw_aux`]) after the statistics.
+const AUX_BIT: u64 = 1 << 41;
 
 /// The handle the bridge passes back to the callbacks: the interned variant in the low 32 bits, and
-/// for CUDA tensors [`CUDA_BIT`] and the dtype, so the callbacks know which kernels to run.
-fn handle_for(variant: &Variant, dtype: Option<cuda::Dtype>) -> u64 {
+/// for CUDA tensors [`CUDA_BIT`] and the dtype, so the callbacks know which kernels to run; for CPU
+/// tensors [`AUX_BIT`] where the helper is kept.
+fn handle_for(variant: &Variant, dtype: Option<cuda::Dtype>, aux: bool) -> u64 {
     let code = match dtype {
-        None => return intern(variant),
+        None => return intern(variant) | if aux { AUX_BIT } else { 0 },
         Some(cuda::Dtype::F32) => 0,
         Some(cuda::Dtype::F16) => 1,
         Some(cuda::Dtype::Bf16) => 2,
@@ -137,13 +144,23 @@ fn handle_for(variant: &Variant, dtype: Option<cuda::Dtype>) -> u64 {
     intern(variant) | CUDA_BIT | (code << 32)
 }
 
-fn decode(handle: u64) -> (u64, Option<cuda::Dtype>) {
+/// The variant index, the CUDA dtype (None: CPU) and whether the helper is kept.
+fn decode(handle: u64) -> (u64, Option<cuda::Dtype>, bool) {
     let dtype = (handle & CUDA_BIT != 0).then_some(match (handle >> 32) & 0xff {
         0 => cuda::Dtype::F32,
         1 => cuda::Dtype::F16,
         _ => cuda::Dtype::Bf16,
     });
-    (handle & 0xffff_ffff, dtype)
+    (handle & 0xffff_ffff, dtype, handle & AUX_BIT != 0)
+}
+
+/// Where the helper of a call with [`AUX_BIT`] lives: after the `B·H·T` rows of statistics in the
+/// buffer the bridge allocated for both.
+fn with_aux(p: &Params) -> Params {
+    let rows = p.batch * p.heads * p.seq_len;
+    // SAFETY (of the pointer arithmetic): the bridge allocated `rows * (STATS_PER_ROW +
+    // rw_aux_per_row(d))` floats at `p.stats` for such a call.
+    Params { rw_aux: p.stats.wrapping_add(rows * cpu::STATS_PER_ROW), ..*p }
 }
 
 /// Fused causal attention of `(B, H, T, d)` tensors, differentiable through libtorch's autograd.
@@ -188,7 +205,11 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, variant: &Variant) -> Resul
     static LAYOUT: OnceLock<Result<(), String>> = OnceLock::new();
     LAYOUT.get_or_init(|| check_layout().map_err(|e| e.to_string())).clone().map_err(FusedError::Bridge)?;
 
-    let handle = handle_for(variant, dtype);
+    // A re-weighted CPU forward that autograd will differentiate keeps the helper that spares the
+    // backward its E_i sweep: d + 1 more floats per row, in the same buffer as the statistics.
+    let aux = dtype.is_none() && variant.reweight.is_some() && [q, k, v].iter().any(|x| x.requires_grad());
+    let per_row = cpu::STATS_PER_ROW + if aux { cpu::rw_aux_per_row(qs[3] as usize) } else { 0 };
+    let handle = handle_for(variant, dtype, aux);
     let mut out: *mut c_void = std::ptr::null_mut();
     // SAFETY: the three pointers are live `at::Tensor*` owned by `q`, `k`, `v` for the call; the
     // bridge only reads them and writes a freshly allocated tensor to `out`.
@@ -198,7 +219,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, variant: &Variant) -> Resul
             k.as_ptr().cast_mut().cast(),
             v.as_ptr().cast_mut().cast(),
             handle,
-            cpu::STATS_PER_ROW as i64,
+            per_row as i64,
             &mut out,
         )
     };
@@ -218,12 +239,15 @@ fn error_string(msg: String) -> *mut c_char {
 }
 
 /// Runs `f` for a callback: `Ok` is null, an error or a panic a Rust-owned message.
-fn callback(handle: u64, f: impl FnOnce(&Variant, Option<cuda::Dtype>) -> attn_kernels::Result<()>) -> *mut c_char {
-    let (index, dtype) = decode(handle);
+fn callback(
+    handle: u64,
+    f: impl FnOnce(&Variant, Option<cuda::Dtype>, bool) -> attn_kernels::Result<()>,
+) -> *mut c_char {
+    let (index, dtype, aux) = decode(handle);
     let Some(variant) = lookup(index) else {
         return error_string(format!("unknown variant handle {handle}"));
     };
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&variant, dtype))) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&variant, dtype, aux))) {
         Ok(Ok(())) => std::ptr::null_mut(),
         Ok(Err(e)) => error_string(e.to_string()),
         Err(panic) => {
@@ -266,8 +290,9 @@ pub fn cuda_kernel() -> attn_kernels::Result<cuda::Kernel> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpt_model_fused_forward(handle: u64, p: *const Params) -> *mut c_char {
     // SAFETY: see the function contract; `Params` is the C struct's layout (checked).
-    callback(handle, |variant, dtype| unsafe {
+    callback(handle, |variant, dtype, aux| unsafe {
         match dtype {
+            None if aux => cpu::forward_raw(variant, &with_aux(&*p), &cpu::Options::default()),
             None => cpu::forward_raw(variant, &*p, &cpu::Options::default()),
             Some(dt) => cuda::forward_raw(variant, &*p, dt, cuda_kernel()?),
         }
@@ -281,8 +306,9 @@ pub unsafe extern "C" fn gpt_model_fused_forward(handle: u64, p: *const Params) 
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpt_model_fused_backward(handle: u64, p: *const Params) -> *mut c_char {
     // SAFETY: see the function contract.
-    callback(handle, |variant, dtype| unsafe {
+    callback(handle, |variant, dtype, aux| unsafe {
         match dtype {
+            None if aux => cpu::backward_raw(variant, &with_aux(&*p), &cpu::Options::default()),
             None => cpu::backward_raw(variant, &*p, &cpu::Options::default()),
             Some(dt) => cuda::backward_raw(variant, &*p, dt, cuda_kernel()?),
         }
