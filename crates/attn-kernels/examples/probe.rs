@@ -1,5 +1,5 @@
 //! Quick throughput probe of the fused CPU kernels (GFLOP/s, FlashAttention convention):
-//! `probe [T] [variant] [block_q] [block_k] [score_cache_bytes] [reweight_helper: 0 or 1]`.
+//! `probe [T] [variant] [block_q] [block_k] [score_cache_bytes] [reweight_helper: 0 or 1] [heads, 12]`.
 use std::time::Instant;
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -17,8 +17,9 @@ fn main() {
         },
         ..Default::default()
     };
-    let (q, k, val) = attn_core::fixtures::random_qkv::<f32>([1, 12, t, 64], 1);
-    let flops = 4.0 * 12.0 * (t * t) as f64 * 64.0 / 2.0;
+    let heads: usize = args.get(7).and_then(|s| s.parse().ok()).unwrap_or(12);
+    let (q, k, val) = attn_core::fixtures::random_qkv::<f32>([1, heads, t, 64], 1);
+    let flops = 4.0 * heads as f64 * (t * t) as f64 * 64.0 / 2.0;
     let _ = attn_kernels::cpu::forward_with(&v, &q, &k, &val, &opts).unwrap();
     let reps = 3;
     let s = Instant::now();

@@ -392,10 +392,14 @@ fn forward_body<const FMA: bool>(
     // Re-weighting without a running maximum keeps the first sweep's activations for the second
     // (the same values the second sweep would recompute, bit for bit) where they fit the budget.
     let tile_len = nq * lds;
-    let cached = reweight.is_some() && !plan.running_max && nkt * tile_len * 4 <= dims.cache_bytes;
-    if cached && sc.stripe.len() < nkt * tile_len {
-        sc.stripe.resize(nkt * tile_len, 0.0);
+    let cacheable = reweight.is_some() && !plan.running_max;
+    if cacheable && sc.stripe.is_empty() {
+        // Once per scratch, at the size of the last query tile's stripe (or the budget): growing it
+        // tile by tile would double its capacity and copy it on the way.
+        let most = (dims.bq * lds * dims.t.div_ceil(dims.bk)).min(dims.cache_bytes / 4);
+        sc.stripe = vec![0.0; most];
     }
+    let cached = cacheable && nkt * tile_len <= sc.stripe.len();
 
     // Sweep 1: stage 1 (and, with re-weighting, only its statistics).
     for kt in 0..nkt {
