@@ -216,14 +216,7 @@ fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         let gr = attn_core::backward(&v, &q64, &k64, &v64, &g64)?;
         // Every kernel request; `cuda::versions` says what each runs on this device and at this d.
         let kernels: &[Kernel] = if cuda::has_tensor_core_forward(d, dt) {
-            &[
-                Kernel::Simt,
-                Kernel::TensorCoreV2,
-                Kernel::TensorCore,
-                Kernel::TensorCoreV5,
-                Kernel::TensorCoreV7,
-                Kernel::TensorCoreV8,
-            ]
+            &Kernel::ALL[1..] // Auto runs one of the others
         } else {
             &[Kernel::Simt]
         };

@@ -128,6 +128,19 @@ pub enum Kernel {
     TensorCoreV8,
 }
 
+impl Kernel {
+    /// Every kernel request, [`Kernel::Auto`] first, then by generation.
+    pub const ALL: [Kernel; 7] = [
+        Kernel::Auto,
+        Kernel::Simt,
+        Kernel::TensorCoreV2,
+        Kernel::TensorCore,
+        Kernel::TensorCoreV5,
+        Kernel::TensorCoreV7,
+        Kernel::TensorCoreV8,
+    ];
+}
+
 impl std::str::FromStr for Kernel {
     type Err = Error;
 
@@ -1313,21 +1326,11 @@ pub const ARCHES: [&str; 3] = ["compute_80", "compute_90", "compute_90a"];
 mod tests {
     use super::*;
 
-    const KERNELS: [Kernel; 7] = [
-        Kernel::Auto,
-        Kernel::Simt,
-        Kernel::TensorCoreV2,
-        Kernel::TensorCore,
-        Kernel::TensorCoreV5,
-        Kernel::TensorCoreV7,
-        Kernel::TensorCoreV8,
-    ];
-
     /// What a benchmark labels a run with (`versions`) and what the launches run are the same
     /// functions; these are the rules they must keep whatever the next generation adds.
     #[test]
     fn versions_follow_the_device_and_the_strides() {
-        for kernel in KERNELS {
+        for kernel in Kernel::ALL {
             for hd in [64, 128] {
                 for dt in [Dtype::Bf16, Dtype::F16] {
                     for wgmma in [false, true] {
