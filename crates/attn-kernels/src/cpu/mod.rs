@@ -3,7 +3,9 @@
 //! `act` and [`math`].
 //!
 //! Thread count: the kernels run on the caller's rayon pool (`pool.install(|| forward(..))`);
-//! they spawn no threads of their own. Scratch: per task, a few tiles (`O(block · d)`); per call,
+//! they spawn no threads of their own. Scratch: per task, a few tiles (`O(block · d)`), and for
+//! re-weighting's two sweeps a `block_q x T` stripe of activations within
+//! [`Tuning::score_cache_bytes`]; per call,
 //! `B·H·T` row statistics, `2·B·H·T` inverse norms for cosine variants, and in the backward one
 //! `T x d` `dq` partial per (head, key chunk). Nothing is `T x T`.
 
