@@ -320,7 +320,7 @@ pub(crate) struct FwdScratch {
     tmp: Vec<f32>,
     tmax: Vec<f32>,
     /// The first sweep's activations of a query tile, key tile after key tile (`nq x bk_pad`
-    /// each), for re-weighting's second sweep; grown on first use.
+    /// each), for re-weighting's second sweep; allocated once, on first use.
     stripe: Vec<f32>,
     /// Re-weighting's backward helper: `f_ij rho_ij^(p-1)` of one tile (`bq x bk_pad`), a row of
     /// `rho^(p-1)`, and `sum_j f_ij rho_ij^(p-1) v_j` (`bq x d`); sized on first use.
