@@ -218,10 +218,8 @@ fn scores<const FMA: bool>(
     s: &mut [f32],
     lds: usize,
 ) {
-    let n_pad = pad_nr(nk);
     let kt = &head.kt[j0 / dims.bk * dims.d * dims.bk_pad()..];
     tile::matmul_nt::<FMA>(dims.isa, &head.q[i0 * head.ldq..], head.ldq, kt, dims.bk_pad(), dims.d, nq, s, lds);
-    let _ = n_pad;
     for r in 0..nq {
         let vis = visible(i0 + r, j0, nk);
         let row = &mut s[r * lds..r * lds + vis];
@@ -647,11 +645,9 @@ fn grad_tile<const FMA: bool>(
     sc: &mut BwdScratch,
 ) {
     let lds = dims.bk_pad();
-    let n_pad = pad_nr(nk);
     scores::<FMA>(plan, head, dims, rows, i0, nq, j0, nk, &mut sc.s, lds);
     let vt = &head.vt[j0 / dims.bk * dims.d * dims.bk_pad()..];
     tile::matmul_nt::<FMA>(dims.isa, &g[i0 * ldg..], ldg, vt, dims.bk_pad(), dims.d, nq, &mut sc.gv, lds);
-    let _ = n_pad;
     for r in 0..nq {
         let i = i0 + r;
         let n = i + 1;
@@ -793,11 +789,9 @@ crate::multiversion! {
         for kt in 0..nkt {
             let j0 = kt * dims.bk;
             let nk = dims.bk.min(dims.t - j0);
-            let n_pad = pad_nr(nk);
             scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
             let vt = &head.vt[kt * d * dims.bk_pad()..];
             tile::matmul_nt::<FMA>(dims.isa, &g[i0 * ldg..], ldg, vt, dims.bk_pad(), d, nq, &mut sc.gv, lds);
-            let _ = n_pad;
             for r in 0..nq {
                 let i = i0 + r;
                 let n = i + 1;
