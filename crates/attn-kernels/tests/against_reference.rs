@@ -567,7 +567,7 @@ fn results_do_not_depend_on_thread_count() {
     assert!(dq_err < 1e-5, "{dq_err}");
 }
 
-/// Re-weighting's second sweep reads the first sweep's activations where they fit
+/// Re-weighting's second sweep reads the first sweep's activations (softmax+rw: its scores) where they fit
 /// `Tuning::score_cache_bytes` and recomputes them where they do not: the same outputs and row
 /// statistics bit for bit, for every re-weighted variant, whether the whole stripe fits, none of it
 /// fits (budget 0), or it fits for the first query tiles only (a budget between the two). And the

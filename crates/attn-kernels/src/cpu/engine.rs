@@ -55,12 +55,12 @@ pub struct Tuning {
     pub block_q: usize,
     /// Keys per tile.
     pub block_k: usize,
-    /// Re-weighted forwards of a non-negative activation without a running maximum (LSSAR and
-    /// the other `+rw` variants of softplus, ReLU, sigmoid...): the largest per-task scratch, in
-    /// bytes, for keeping a query tile's activations `f_ij` from the first sweep for the second
-    /// (`block_q x T` floats: linear in `T`, never `T x T`). Within it the second sweep reads
-    /// `f` instead of recomputing the scores and the activation; above it (or at 0) it recomputes.
-    /// The results are the same bit for bit either way.
+    /// Re-weighted forwards: the largest per-task scratch, in bytes, for keeping a query tile's
+    /// activations `f_ij` from the first sweep for the second (`block_q x T` floats: linear in `T`,
+    /// never `T x T`). Within it the second sweep reads `f` instead of recomputing the scores and
+    /// the activation (under a running maximum, as in `softmax+rw`, it keeps the scores and
+    /// recomputes only `exp(s - max)`); above it (or at 0) it recomputes both. The results are the
+    /// same bit for bit either way.
     pub score_cache_bytes: usize,
     /// Re-weighted variants: whether the ndarray [`backward`](super::backward) keeps the forward's
     /// re-weighting helper ([`super::Params::rw_aux`]), which spares the backward its `E_i` sweep
@@ -387,10 +387,11 @@ fn forward_body<const FMA: bool>(
     let mut mx = vec![f32::NEG_INFINITY; nq];
     let mut fmax = vec![f32::NEG_INFINITY; nq];
     let reweight = plan.p;
-    // Re-weighting without a running maximum keeps the first sweep's activations for the second
-    // (the same values the second sweep would recompute, bit for bit) where they fit the budget.
+    // Re-weighting keeps the first sweep's activations (the scores, under a running maximum, which
+    // moves until the sweep ends) for the second, where they fit the budget: the same values the
+    // second sweep would recompute, bit for bit.
     let tile_len = nq * lds;
-    let cacheable = reweight.is_some() && !plan.running_max;
+    let cacheable = reweight.is_some();
     if cacheable && sc.stripe.is_empty() {
         // Once per scratch, at the size of the last query tile's stripe (or the budget): growing it
         // tile by tile would double its capacity and copy it on the way.
@@ -403,8 +404,19 @@ fn forward_body<const FMA: bool>(
     for kt in 0..nkt {
         let j0 = kt * dims.bk;
         let nk = dims.bk.min(dims.t - j0);
-        let s = if cached { &mut sc.stripe[kt * tile_len..(kt + 1) * tile_len] } else { &mut sc.s[..] };
-        scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, s, lds);
+        let s: &mut [f32] = if cached {
+            let tile = &mut sc.stripe[kt * tile_len..(kt + 1) * tile_len];
+            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, tile, lds);
+            if plan.running_max {
+                sc.s[..tile_len].copy_from_slice(tile); // the stripe keeps the raw scores
+                &mut sc.s[..]
+            } else {
+                tile
+            }
+        } else {
+            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
+            &mut sc.s[..]
+        };
         for r in 0..nq {
             let vis = visible(i0 + r, j0, nk);
             let row = &mut s[r * lds..r * lds + lds];
@@ -505,7 +517,8 @@ fn forward_body<const FMA: bool>(
         let j0 = kt * dims.bk;
         let nk = dims.bk.min(dims.t - j0);
         let s = if cached {
-            &mut sc.stripe[kt * tile_len..(kt + 1) * tile_len] // f, zero beyond the visible keys
+            // f (zero beyond the visible keys), or the raw scores under a running maximum
+            &mut sc.stripe[kt * tile_len..(kt + 1) * tile_len]
         } else {
             scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
             &mut sc.s[..]
@@ -515,7 +528,7 @@ fn forward_body<const FMA: bool>(
             let vis = visible(i0 + r, j0, nk);
             let row = &mut s[r * lds..r * lds + lds];
             let (live, dead) = row.split_at_mut(vis);
-            if !cached {
+            if !cached || plan.running_max {
                 dead.fill(0.0);
                 if plan.running_max {
                     let m = mx[r];
