@@ -154,9 +154,13 @@ fn decode(handle: u64) -> (u64, Option<cuda::Dtype>, bool) {
     (handle & 0xffff_ffff, dtype, handle & AUX_BIT != 0)
 }
 
-/// Where the helper of a call with [`AUX_BIT`] lives: after the `B·H·T` rows of statistics in the
-/// buffer the bridge allocated for both.
-fn with_aux(p: &Params) -> Params {
+/// The CPU kernels' parameters of a callback: the bridge's, plus, for a call with [`AUX_BIT`]
+/// (`aux`), the helper, which lives after the `B·H·T` rows of statistics in the buffer the bridge
+/// allocated for both.
+fn cpu_params(p: &Params, aux: bool) -> Params {
+    if !aux {
+        return *p;
+    }
     let rows = p.batch * p.heads * p.seq_len;
     // SAFETY (of the pointer arithmetic): the bridge allocated `rows * (STATS_PER_ROW +
     // rw_aux_per_row(d))` floats at `p.stats` for such a call.
@@ -292,8 +296,7 @@ pub unsafe extern "C" fn gpt_model_fused_forward(handle: u64, p: *const Params) 
     // SAFETY: see the function contract; `Params` is the C struct's layout (checked).
     callback(handle, |variant, dtype, aux| unsafe {
         match dtype {
-            None if aux => cpu::forward_raw(variant, &with_aux(&*p), &cpu::Options::default()),
-            None => cpu::forward_raw(variant, &*p, &cpu::Options::default()),
+            None => cpu::forward_raw(variant, &cpu_params(&*p, aux), &cpu::Options::default()),
             Some(dt) => cuda::forward_raw(variant, &*p, dt, cuda_kernel()?),
         }
     })
@@ -308,8 +311,7 @@ pub unsafe extern "C" fn gpt_model_fused_backward(handle: u64, p: *const Params)
     // SAFETY: see the function contract.
     callback(handle, |variant, dtype, aux| unsafe {
         match dtype {
-            None if aux => cpu::backward_raw(variant, &with_aux(&*p), &cpu::Options::default()),
-            None => cpu::backward_raw(variant, &*p, &cpu::Options::default()),
+            None => cpu::backward_raw(variant, &cpu_params(&*p, aux), &cpu::Options::default()),
             Some(dt) => cuda::backward_raw(variant, &*p, dt, cuda_kernel()?),
         }
     })
