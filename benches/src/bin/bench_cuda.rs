@@ -519,14 +519,8 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
             // `v8` runs v5 or v3 + v7; at d = 128 `v5` runs v3 + v6); a repeated pair is printed once.
             let mut ran = Vec::new();
             let mut lab_json = Vec::new();
-            for (request, k) in [
-                ("v1", Kernel::Simt),
-                ("v2", Kernel::TensorCoreV2),
-                ("v3", Kernel::TensorCore),
-                ("v5", Kernel::TensorCoreV5),
-                ("v7", Kernel::TensorCoreV7),
-                ("v8", Kernel::TensorCoreV8),
-            ] {
+            for k in Kernel::ALL[1..].iter().copied() {
+                let request = k.name();
                 let slow = matches!(k, Kernel::Simt | Kernel::TensorCoreV2);
                 if slow && t > 16384 {
                     continue;

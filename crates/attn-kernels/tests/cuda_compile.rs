@@ -150,6 +150,9 @@ fn kernel_names_parse() {
     assert_eq!("v8".parse::<Kernel>().unwrap(), Kernel::TensorCoreV8);
     assert_eq!("v9".parse::<Kernel>().unwrap(), Kernel::TensorCoreV8);
     assert!(err.contains("auto, v1, v2, v3, v5, v7 or v8"), "{err}");
+    for k in Kernel::ALL {
+        assert_eq!(k.name().parse::<Kernel>().unwrap(), k, "{}", k.name());
+    }
 }
 
 /// ptxas, which the torch wheel ships next to libtorch (`torch/bin/ptxas`): `$LSSA_PTXAS`, then

@@ -139,6 +139,20 @@ impl Kernel {
         Kernel::TensorCoreV7,
         Kernel::TensorCoreV8,
     ];
+
+    /// The request's name as [`FromStr`](std::str::FromStr) reads it (and `LSSA_CUDA_KERNEL`):
+    /// `auto`, `v1`, `v2`, `v3`, `v5`, `v7`, `v8`.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Kernel::Auto => "auto",
+            Kernel::Simt => "v1",
+            Kernel::TensorCoreV2 => "v2",
+            Kernel::TensorCore => "v3",
+            Kernel::TensorCoreV5 => "v5",
+            Kernel::TensorCoreV7 => "v7",
+            Kernel::TensorCoreV8 => "v8",
+        }
+    }
 }
 
 impl std::str::FromStr for Kernel {
