@@ -25,6 +25,24 @@ struct __align__(16) RowK6 {
     float pad[2];
 };
 
+// The two products of a backward tile step, x = A X^T and y = B Y^T (S and G V^T in the rows
+// kernel, their transposes in the keys kernel): on warpgroup tensor cores (v9, waited for) or on
+// mma.sync (v6, v7).
+template <bool WG>
+__device__ __forceinline__ void rows_t2(float (*x)[4], const u32 (*a)[4], const u16* xs, float (*y)[4],
+                                        const u32 (*b)[4], const u16* ys, int lm, int lr) {
+    if constexpr (WG) {
+        wg_fence();
+        wg_rows_t(x, a, xs);
+        wg_rows_t(y, b, ys);
+        wg_commit();
+        wg_wait<0>();
+    } else {
+        mma_rows_t(x, a, xs, lm, lr);
+        mma_rows_t(y, b, ys, lm, lr);
+    }
+}
+
 __device__ __forceinline__ RowK6 row_k6(const KParams& p, int bh, int i, int n, float dp, float c) {
     RowG g = row_g(p, bh, i, dp, c);
     RowK6 r;
@@ -275,16 +293,7 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_rows6(co
             // Some key of the tile is after some row of this warp (rows past T are never stored).
             const bool diag = j0 + BB - 1 > i0 + warp * 16;
             float s[BB / 8][4], gv[BB / 8][4];
-            if constexpr (WG) {
-                wg_fence();
-                wg_rows_t(s, qf, Ks);
-                wg_rows_t(gv, gf, Vs);
-                wg_commit();
-                wg_wait<0>();
-            } else {
-                mma_rows_t(s, qf, Ks, lm, lr);
-                mma_rows_t(gv, gf, Vs, lm, lr);
-            }
+            rows_t2<WG>(s, qf, Ks, gv, gf, Vs, lm, lr);
             if (pass == 0) {
 #if P > 0
 #pragma unroll
@@ -415,17 +424,11 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_keys6(co
         if constexpr (WG) {
             a_frags_cm(kf, Kb, warp, lm, lr);
             a_frags_cm(vf, Vb, warp, lm, lr);
-            wg_fence();
-            wg_rows_t(st, kf, Qs);
-            wg_rows_t(gvt, vf, Gs);
-            wg_commit();
-            wg_wait<0>();
         } else {
             a_frags(kf, Kb, warp, lm, lr);
             a_frags(vf, Vb, warp, lm, lr);
-            mma_rows_t(st, kf, Qs, lm, lr);
-            mma_rows_t(gvt, vf, Gs, lm, lr);
         }
+        rows_t2<WG>(st, kf, Qs, gvt, vf, Gs, lm, lr);
         // Some row of the tile is before some key of this warp, or past the end.
         if (i0 < kmax || i0 + BB > p.T)
             keys_tile6<true>(st, gvt, rt[stage], ink, keys, i0, p.T, t4);
