@@ -11,11 +11,15 @@
 //! - v1 portable code only, `MR x NR = 4 x 32` accumulator arrays, relying on LLVM to vectorise
 //!   inside the `#[target_feature]` wrappers: 5.4 GFLOP/s. LLVM fully unrolled the 32-wide loop
 //!   and kept the accumulators on the stack as scalars (`vfmadd213ss` to memory): rejected.
-//! - v2 (this file) explicit intrinsics: AVX-512 `8 x 32` blocks (16 zmm accumulators + 2 for `B`,
+//! - v2 explicit intrinsics: AVX-512 `8 x 32` blocks (16 zmm accumulators + 2 for `B`,
 //!   of 32 registers), AVX2 `4 x 16` blocks (8 ymm accumulators + 2, of 16); column tails by masked
 //!   loads/stores (AVX-512) or a scalar loop (AVX2).
 //! - v3 packing `K^T`/`V^T` once per head (not per tile pair), an `Aᵀ·B` kernel instead of explicit
 //!   transposes in the backward, constant-exponent powers: LSSA forward 131 GFLOP/s at T = 2048.
+//! - v4 (this file) v2/v3 written once over a small `Lanes` trait (load, store, splat, fma, masked
+//!   first-`w`-lanes load/store) and instantiated per ISA; column tails by masked loads/stores on
+//!   both ISAs (AVX2's were a scalar loop). The full-block inner loops assemble to the same
+//!   instructions as v3's hand-written pair; the AVX-512 path now runs the body the AVX2 tests check.
 //! - rejected: fusing the score's affine map, `phi` and the row sum/max into one pass over the row
 //!   (`T = 4096`: 199-230 ms against 188 ms for the separate passes, even with the accumulators
 //!   kept in registers); the separate passes each vectorise cleanly.
@@ -138,16 +142,142 @@ fn matmul_acc_strided<const FMA: bool>(
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 mod x86 {
-    //! The intrinsics kernels. Every function requires the extents checked by its dispatcher.
+    //! The intrinsics kernels, written once over [`Lanes`] and instantiated per ISA by the
+    //! `#[target_feature]` entry points at the bottom. Every function requires the extents checked
+    //! by its dispatcher.
+    //!
+    //! The generic bodies are `#[inline(always)]`: they must be compiled inside a `#[target_feature]`
+    //! function, where the intrinsics behind [`Lanes`] inline to single instructions; compiled on
+    //! their own they would call the intrinsics out of line.
     use std::arch::x86_64::*;
 
-    /// Rows of an AVX-512 block.
-    const MR512: usize = 8;
-    /// Rows of an AVX2 block.
-    const MR256: usize = 4;
+    /// One SIMD register of `W` f32 lanes: the handful of operations the two micro-kernels use.
+    ///
+    /// # Safety
+    ///
+    /// Every method needs the implementing ISA to be available, and the pointer ones need `W`
+    /// (for `load_first`/`store_first`: the first `w`) valid f32s behind the pointer.
+    trait Lanes {
+        /// f32 lanes per register.
+        const W: usize;
+        /// Rows per register block: `2 * MR` accumulators plus two `B` registers fit the register file.
+        const MR: usize;
+        type V: Copy;
+        unsafe fn zero() -> Self::V;
+        unsafe fn splat(x: f32) -> Self::V;
+        unsafe fn load(p: *const f32) -> Self::V;
+        unsafe fn store(p: *mut f32, v: Self::V);
+        /// `a * b + c`, fused.
+        unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+        /// Lanes `[0, w)` from `p`, zeros above; `w <= W` (`w = 0` reads nothing).
+        unsafe fn load_first(p: *const f32, w: usize) -> Self::V;
+        /// Writes lanes `[0, w)` of `v` to `p` and nothing else.
+        unsafe fn store_first(p: *mut f32, w: usize, v: Self::V);
+    }
 
-    #[target_feature(enable = "avx512f")]
-    unsafe fn nt_block_avx512<const R: usize>(
+    /// AVX-512F: 16 lanes, `8 x 32` blocks (16 zmm accumulators + 2 for `B`, of 32 registers).
+    struct Avx512;
+    /// AVX2 + FMA: 8 lanes, `4 x 16` blocks (8 ymm accumulators + 2 for `B`, of 16 registers).
+    struct Avx2;
+
+    impl Lanes for Avx512 {
+        const W: usize = 16;
+        const MR: usize = 8;
+        type V = __m512;
+        #[inline(always)]
+        unsafe fn zero() -> __m512 {
+            // SAFETY: the trait's contract (the ISA is enabled).
+            unsafe { _mm512_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> __m512 {
+            // SAFETY: the trait's contract (the ISA is enabled).
+            unsafe { _mm512_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m512 {
+            // SAFETY: the trait's contract.
+            unsafe { _mm512_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m512) {
+            // SAFETY: the trait's contract.
+            unsafe { _mm512_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+            // SAFETY: the trait's contract (the ISA is enabled).
+            unsafe { _mm512_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        unsafe fn load_first(p: *const f32, w: usize) -> __m512 {
+            // SAFETY: masked-off lanes are not read (no fault past the end).
+            unsafe { _mm512_maskz_loadu_ps(mask16(w), p) }
+        }
+        #[inline(always)]
+        unsafe fn store_first(p: *mut f32, w: usize, v: __m512) {
+            // SAFETY: masked-off lanes are not written.
+            unsafe { _mm512_mask_storeu_ps(p, mask16(w), v) }
+        }
+    }
+
+    #[inline(always)]
+    fn mask16(w: usize) -> __mmask16 {
+        if w >= 16 { 0xFFFF } else { (1u16 << w) - 1 }
+    }
+
+    impl Lanes for Avx2 {
+        const W: usize = 8;
+        const MR: usize = 4;
+        type V = __m256;
+        #[inline(always)]
+        unsafe fn zero() -> __m256 {
+            // SAFETY: the trait's contract (the ISA is enabled).
+            unsafe { _mm256_setzero_ps() }
+        }
+        #[inline(always)]
+        unsafe fn splat(x: f32) -> __m256 {
+            // SAFETY: the trait's contract (the ISA is enabled).
+            unsafe { _mm256_set1_ps(x) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const f32) -> __m256 {
+            // SAFETY: the trait's contract.
+            unsafe { _mm256_loadu_ps(p) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut f32, v: __m256) {
+            // SAFETY: the trait's contract.
+            unsafe { _mm256_storeu_ps(p, v) }
+        }
+        #[inline(always)]
+        unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+            // SAFETY: the trait's contract (the ISA is enabled).
+            unsafe { _mm256_fmadd_ps(a, b, c) }
+        }
+        #[inline(always)]
+        unsafe fn load_first(p: *const f32, w: usize) -> __m256 {
+            // SAFETY: masked-off lanes are not read (no fault past the end).
+            unsafe { _mm256_maskload_ps(p, mask8(w)) }
+        }
+        #[inline(always)]
+        unsafe fn store_first(p: *mut f32, w: usize, v: __m256) {
+            // SAFETY: masked-off lanes are not written.
+            unsafe { _mm256_maskstore_ps(p, mask8(w), v) }
+        }
+    }
+
+    /// All-ones in lanes `[0, w)`: the sign bits `maskload`/`maskstore` read.
+    #[inline(always)]
+    fn mask8(w: usize) -> __m256i {
+        // SAFETY: AVX2 is enabled wherever this inlines (only Avx2's methods call it).
+        unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(w.min(8) as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
+    }
+
+    /// `C[0..R][j..n_pad] = A[0..R] · Bᵀ` in blocks of `2W` columns (`n_pad` is a multiple of `NR`,
+    /// hence of `2W`).
+    #[inline(always)]
+    unsafe fn nt_block<L: Lanes, const R: usize>(
         a: *const f32,
         lda: usize,
         bt: *const f32,
@@ -160,21 +290,153 @@ mod x86 {
         unsafe {
             let mut j = 0;
             while j < n_pad {
-                let mut acc = [[_mm512_setzero_ps(); 2]; R];
+                let mut acc = [[L::zero(); 2]; R];
                 for t in 0..k {
-                    let b0 = _mm512_loadu_ps(bt.add(t * n_pad + j));
-                    let b1 = _mm512_loadu_ps(bt.add(t * n_pad + j + 16));
+                    let b0 = L::load(bt.add(t * n_pad + j));
+                    let b1 = L::load(bt.add(t * n_pad + j + L::W));
                     for r in 0..R {
-                        let x = _mm512_set1_ps(*a.add(r * lda + t));
-                        acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
-                        acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
+                        let x = L::splat(*a.add(r * lda + t));
+                        acc[r][0] = L::fma(x, b0, acc[r][0]);
+                        acc[r][1] = L::fma(x, b1, acc[r][1]);
                     }
                 }
                 for r in 0..R {
-                    _mm512_storeu_ps(c.add(r * ldc + j), acc[r][0]);
-                    _mm512_storeu_ps(c.add(r * ldc + j + 16), acc[r][1]);
+                    L::store(c.add(r * ldc + j), acc[r][0]);
+                    L::store(c.add(r * ldc + j + L::W), acc[r][1]);
                 }
-                j += 32;
+                j += 2 * L::W;
+            }
+        }
+    }
+
+    /// `C = A · Bᵀ` for all `m` rows: blocks of `L::MR` rows, then single rows.
+    #[inline(always)]
+    unsafe fn nt<L: Lanes>(
+        a: *const f32,
+        lda: usize,
+        bt: *const f32,
+        n_pad: usize,
+        k: usize,
+        m: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        // SAFETY: row blocks stay below m.
+        unsafe {
+            let mut i = 0;
+            while i + L::MR <= m {
+                match L::MR {
+                    8 => nt_block::<L, 8>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc),
+                    _ => nt_block::<L, 4>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc),
+                }
+                i += L::MR;
+            }
+            while i < m {
+                nt_block::<L, 1>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
+                i += 1;
+            }
+        }
+    }
+
+    /// One `2W`-column block of `C[0..R][col..] += A · B[.., col..]`: all `2W` columns when `FULL`,
+    /// else the last `k - col < 2W`, by masked loads and stores.
+    #[inline(always)]
+    unsafe fn acc_cols<L: Lanes, const R: usize, const FULL: bool>(
+        a: *const f32,
+        a_rs: usize,
+        a_cs: usize,
+        b: *const f32,
+        ldb: usize,
+        n: usize,
+        col: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        let (w0, w1) = ((k - col).min(L::W), (k - col).saturating_sub(L::W));
+        // SAFETY (whole body): full blocks lie inside the checked extents; a partial block touches
+        // only the first w0 + w1 = k - col columns.
+        unsafe {
+            let ld = |p: *const f32, w: usize| if FULL { L::load(p) } else { L::load_first(p, w) };
+            let mut acc = [[L::zero(); 2]; R];
+            for r in 0..R {
+                acc[r][0] = ld(c.add(r * ldc + col), w0);
+                acc[r][1] = ld(c.add(r * ldc + col + L::W), w1);
+            }
+            for t in 0..n {
+                let b0 = ld(b.add(t * ldb + col), w0);
+                let b1 = ld(b.add(t * ldb + col + L::W), w1);
+                for r in 0..R {
+                    let x = L::splat(*a.add(r * a_rs + t * a_cs));
+                    acc[r][0] = L::fma(x, b0, acc[r][0]);
+                    acc[r][1] = L::fma(x, b1, acc[r][1]);
+                }
+            }
+            for r in 0..R {
+                if FULL {
+                    L::store(c.add(r * ldc + col), acc[r][0]);
+                    L::store(c.add(r * ldc + col + L::W), acc[r][1]);
+                } else {
+                    L::store_first(c.add(r * ldc + col), w0, acc[r][0]);
+                    L::store_first(c.add(r * ldc + col + L::W), w1, acc[r][1]);
+                }
+            }
+        }
+    }
+
+    /// `C[0..R] += A[0..R] · B` over all `k` columns: full `2W` blocks, then one masked tail block.
+    #[inline(always)]
+    unsafe fn acc_block<L: Lanes, const R: usize>(
+        a: *const f32,
+        a_rs: usize,
+        a_cs: usize,
+        b: *const f32,
+        ldb: usize,
+        n: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        // SAFETY: the column blocks split [0, k) exactly.
+        unsafe {
+            let mut col = 0;
+            while col + 2 * L::W <= k {
+                acc_cols::<L, R, true>(a, a_rs, a_cs, b, ldb, n, col, k, c, ldc);
+                col += 2 * L::W;
+            }
+            if col < k {
+                acc_cols::<L, R, false>(a, a_rs, a_cs, b, ldb, n, col, k, c, ldc);
+            }
+        }
+    }
+
+    /// `C += A · B` for all `m` rows: blocks of `L::MR` rows, then single rows.
+    #[inline(always)]
+    unsafe fn acc<L: Lanes>(
+        a: *const f32,
+        a_rs: usize,
+        a_cs: usize,
+        b: *const f32,
+        ldb: usize,
+        m: usize,
+        n: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+    ) {
+        // SAFETY: row blocks stay below m.
+        unsafe {
+            let mut i = 0;
+            while i + L::MR <= m {
+                match L::MR {
+                    8 => acc_block::<L, 8>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc),
+                    _ => acc_block::<L, 4>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc),
+                }
+                i += L::MR;
+            }
+            while i < m {
+                acc_block::<L, 1>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
+                i += 1;
             }
         }
     }
@@ -190,61 +452,23 @@ mod x86 {
         c: *mut f32,
         ldc: usize,
     ) {
-        let mut i = 0;
-        // SAFETY: row blocks stay below m.
-        unsafe {
-            while i + MR512 <= m {
-                nt_block_avx512::<MR512>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
-                i += MR512;
-            }
-            while i < m {
-                nt_block_avx512::<1>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
-                i += 1;
-            }
-        }
+        // SAFETY: the dispatcher checked the extents and the ISA.
+        unsafe { nt::<Avx512>(a, lda, bt, n_pad, k, m, c, ldc) }
     }
 
-    #[target_feature(enable = "avx512f")]
-    unsafe fn acc_block_avx512<const R: usize>(
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn nt_avx2(
         a: *const f32,
-        a_rs: usize,
-        a_cs: usize,
-        b: *const f32,
-        ldb: usize,
-        n: usize,
+        lda: usize,
+        bt: *const f32,
+        n_pad: usize,
         k: usize,
+        m: usize,
         c: *mut f32,
         ldc: usize,
     ) {
-        // SAFETY (whole body): pointers stay inside the checked extents; the last column block is masked.
-        unsafe {
-            let mut col = 0;
-            while col < k {
-                let w0 = (k - col).min(16);
-                let w1 = (k - col).saturating_sub(16).min(16);
-                let m0: __mmask16 = if w0 == 16 { 0xFFFF } else { (1u16 << w0) - 1 };
-                let m1: __mmask16 = if w1 == 16 { 0xFFFF } else { (1u16 << w1) - 1 };
-                let mut acc = [[_mm512_setzero_ps(); 2]; R];
-                for r in 0..R {
-                    acc[r][0] = _mm512_maskz_loadu_ps(m0, c.add(r * ldc + col));
-                    acc[r][1] = _mm512_maskz_loadu_ps(m1, c.add(r * ldc + col + 16));
-                }
-                for t in 0..n {
-                    let b0 = _mm512_maskz_loadu_ps(m0, b.add(t * ldb + col));
-                    let b1 = _mm512_maskz_loadu_ps(m1, b.add(t * ldb + col + 16));
-                    for r in 0..R {
-                        let x = _mm512_set1_ps(*a.add(r * a_rs + t * a_cs));
-                        acc[r][0] = _mm512_fmadd_ps(x, b0, acc[r][0]);
-                        acc[r][1] = _mm512_fmadd_ps(x, b1, acc[r][1]);
-                    }
-                }
-                for r in 0..R {
-                    _mm512_mask_storeu_ps(c.add(r * ldc + col), m0, acc[r][0]);
-                    _mm512_mask_storeu_ps(c.add(r * ldc + col + 16), m1, acc[r][1]);
-                }
-                col += 32;
-            }
-        }
+        // SAFETY: as above.
+        unsafe { nt::<Avx2>(a, lda, bt, n_pad, k, m, c, ldc) }
     }
 
     #[target_feature(enable = "avx512f")]
@@ -260,115 +484,8 @@ mod x86 {
         c: *mut f32,
         ldc: usize,
     ) {
-        let mut i = 0;
-        // SAFETY: row blocks stay below m.
-        unsafe {
-            while i + MR512 <= m {
-                acc_block_avx512::<MR512>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
-                i += MR512;
-            }
-            while i < m {
-                acc_block_avx512::<1>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
-                i += 1;
-            }
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn nt_block_avx2<const R: usize>(
-        a: *const f32,
-        lda: usize,
-        bt: *const f32,
-        n_pad: usize,
-        k: usize,
-        c: *mut f32,
-        ldc: usize,
-    ) {
-        // SAFETY (whole body): as the AVX-512 version; n_pad is a multiple of 16.
-        unsafe {
-            let mut j = 0;
-            while j < n_pad {
-                let mut acc = [[_mm256_setzero_ps(); 2]; R];
-                for t in 0..k {
-                    let b0 = _mm256_loadu_ps(bt.add(t * n_pad + j));
-                    let b1 = _mm256_loadu_ps(bt.add(t * n_pad + j + 8));
-                    for r in 0..R {
-                        let x = _mm256_set1_ps(*a.add(r * lda + t));
-                        acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
-                        acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
-                    }
-                }
-                for r in 0..R {
-                    _mm256_storeu_ps(c.add(r * ldc + j), acc[r][0]);
-                    _mm256_storeu_ps(c.add(r * ldc + j + 8), acc[r][1]);
-                }
-                j += 16;
-            }
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn nt_avx2(
-        a: *const f32,
-        lda: usize,
-        bt: *const f32,
-        n_pad: usize,
-        k: usize,
-        m: usize,
-        c: *mut f32,
-        ldc: usize,
-    ) {
-        let mut i = 0;
-        // SAFETY: row blocks stay below m.
-        unsafe {
-            while i + MR256 <= m {
-                nt_block_avx2::<MR256>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
-                i += MR256;
-            }
-            while i < m {
-                nt_block_avx2::<1>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
-                i += 1;
-            }
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn acc_block_avx2<const R: usize>(
-        a: *const f32,
-        a_rs: usize,
-        a_cs: usize,
-        b: *const f32,
-        ldb: usize,
-        n: usize,
-        k: usize,
-        c: *mut f32,
-        ldc: usize,
-    ) {
-        // SAFETY (whole body): full 16-column blocks only; the caller handles the column tail.
-        unsafe {
-            let mut col = 0;
-            while col + 16 <= k {
-                let mut acc = [[_mm256_setzero_ps(); 2]; R];
-                for r in 0..R {
-                    acc[r][0] = _mm256_loadu_ps(c.add(r * ldc + col));
-                    acc[r][1] = _mm256_loadu_ps(c.add(r * ldc + col + 8));
-                }
-                for t in 0..n {
-                    let b0 = _mm256_loadu_ps(b.add(t * ldb + col));
-                    let b1 = _mm256_loadu_ps(b.add(t * ldb + col + 8));
-                    for r in 0..R {
-                        let x = _mm256_set1_ps(*a.add(r * a_rs + t * a_cs));
-                        acc[r][0] = _mm256_fmadd_ps(x, b0, acc[r][0]);
-                        acc[r][1] = _mm256_fmadd_ps(x, b1, acc[r][1]);
-                    }
-                }
-                for r in 0..R {
-                    _mm256_storeu_ps(c.add(r * ldc + col), acc[r][0]);
-                    _mm256_storeu_ps(c.add(r * ldc + col + 8), acc[r][1]);
-                }
-                col += 16;
-            }
-        }
+        // SAFETY: the dispatcher checked the extents and the ISA.
+        unsafe { acc::<Avx512>(a, a_rs, a_cs, b, ldb, m, n, k, c, ldc) }
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -384,30 +501,8 @@ mod x86 {
         c: *mut f32,
         ldc: usize,
     ) {
-        let mut i = 0;
-        // SAFETY: row blocks stay below m; the tail columns are done element-wise within k.
-        unsafe {
-            while i + MR256 <= m {
-                acc_block_avx2::<MR256>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
-                i += MR256;
-            }
-            while i < m {
-                acc_block_avx2::<1>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
-                i += 1;
-            }
-            let k_main = k / 16 * 16;
-            if k_main < k {
-                for i in 0..m {
-                    for t in 0..n {
-                        let x = *a.add(i * a_rs + t * a_cs);
-                        for col in k_main..k {
-                            let cp = c.add(i * ldc + col);
-                            *cp = x.mul_add(*b.add(t * ldb + col), *cp);
-                        }
-                    }
-                }
-            }
-        }
+        // SAFETY: as above.
+        unsafe { acc::<Avx2>(a, a_rs, a_cs, b, ldb, m, n, k, c, ldc) }
     }
 }
 
@@ -615,7 +710,7 @@ mod tests {
 
     #[test]
     fn matmul_tn_acc_matches_naive() {
-        for &(m, n, k) in &[(1, 1, 1), (64, 64, 64), (9, 17, 40), (13, 5, 72)] {
+        for &(m, n, k) in &[(1, 1, 1), (64, 64, 64), (9, 17, 40), (13, 5, 72), (6, 4, 27)] {
             let at = data(n * m, 6); // A^T, n x m
             let b = data(n * k, 7);
             let init = data(m * k, 8);
@@ -639,27 +734,44 @@ mod tests {
 
     #[test]
     fn matmul_acc_matches_naive_on_awkward_sizes() {
-        for &(m, n, k) in
-            &[(1, 1, 1), (4, 64, 64), (9, 17, 40), (64, 64, 72), (6, 5, 128), (2, 3, 33), (17, 24, 100), (8, 8, 16)]
-        {
+        for &(m, n, k) in &[
+            (1, 1, 1),
+            (4, 64, 64),
+            (9, 17, 40),
+            (64, 64, 72),
+            (6, 5, 128),
+            (2, 3, 33),
+            (17, 24, 100),
+            (8, 8, 16),
+            (5, 7, 13),
+            (9, 3, 27),
+        ] {
+            // C's rows are k wide in rows of ldc > k: the gap (after the last row too) holds a
+            // sentinel that no write may touch, so masked tails that spill show up.
+            let ldc = k + 5;
             let a = data(m * n, 3);
             let b = data(n * k, 4);
-            let init = data(m * k, 5);
+            let init: Vec<f32> =
+                data(m * ldc, 5).iter().enumerate().map(|(x, &v)| if x % ldc < k { v } else { 7.5 }).collect();
             for isa in Isa::all_supported() {
                 let fma = isa != Isa::Scalar;
                 let mut c = init.clone();
                 if fma {
-                    matmul_acc::<true>(isa, &a, n, &b, k, m, n, k, &mut c, k);
+                    matmul_acc::<true>(isa, &a, n, &b, k, m, n, k, &mut c, ldc);
                 } else {
-                    matmul_acc::<false>(isa, &a, n, &b, k, m, n, k, &mut c, k);
+                    matmul_acc::<false>(isa, &a, n, &b, k, m, n, k, &mut c, ldc);
                 }
                 for i in 0..m {
                     for col in 0..k {
-                        let want: f64 = init[i * k + col] as f64
+                        let want: f64 = init[i * ldc + col] as f64
                             + (0..n).map(|t| a[i * n + t] as f64 * b[t * k + col] as f64).sum::<f64>();
-                        let err = (c[i * k + col] as f64 - want).abs();
+                        let err = (c[i * ldc + col] as f64 - want).abs();
                         assert!(err < 1e-4, "({m},{n},{k}) {isa} [{i},{col}] err {err}");
                     }
+                    assert!(
+                        c[i * ldc + k..(i + 1) * ldc].iter().all(|&x| x == 7.5),
+                        "({m},{n},{k}) {isa}: wrote past k"
+                    );
                 }
             }
         }
