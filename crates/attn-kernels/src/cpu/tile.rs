@@ -160,8 +160,6 @@ mod x86 {
     trait Lanes {
         /// f32 lanes per register.
         const W: usize;
-        /// Rows per register block: `2 * MR` accumulators plus two `B` registers fit the register file.
-        const MR: usize;
         type V: Copy;
         unsafe fn zero() -> Self::V;
         unsafe fn splat(x: f32) -> Self::V;
@@ -177,12 +175,15 @@ mod x86 {
 
     /// AVX-512F: 16 lanes, `8 x 32` blocks (16 zmm accumulators + 2 for `B`, of 32 registers).
     struct Avx512;
+    /// Rows of an AVX-512 block.
+    const MR512: usize = 8;
     /// AVX2 + FMA: 8 lanes, `4 x 16` blocks (8 ymm accumulators + 2 for `B`, of 16 registers).
     struct Avx2;
+    /// Rows of an AVX2 block.
+    const MR256: usize = 4;
 
     impl Lanes for Avx512 {
         const W: usize = 16;
-        const MR: usize = 8;
         type V = __m512;
         #[inline(always)]
         unsafe fn zero() -> __m512 {
@@ -228,7 +229,6 @@ mod x86 {
 
     impl Lanes for Avx2 {
         const W: usize = 8;
-        const MR: usize = 4;
         type V = __m256;
         #[inline(always)]
         unsafe fn zero() -> __m256 {
@@ -309,9 +309,9 @@ mod x86 {
         }
     }
 
-    /// `C = A · Bᵀ` for all `m` rows: blocks of `L::MR` rows, then single rows.
+    /// `C = A · Bᵀ` for all `m` rows: blocks of `MR` rows, then single rows.
     #[inline(always)]
-    unsafe fn nt<L: Lanes>(
+    unsafe fn nt<L: Lanes, const MR: usize>(
         a: *const f32,
         lda: usize,
         bt: *const f32,
@@ -324,12 +324,9 @@ mod x86 {
         // SAFETY: row blocks stay below m.
         unsafe {
             let mut i = 0;
-            while i + L::MR <= m {
-                match L::MR {
-                    8 => nt_block::<L, 8>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc),
-                    _ => nt_block::<L, 4>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc),
-                }
-                i += L::MR;
+            while i + MR <= m {
+                nt_block::<L, MR>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
+                i += MR;
             }
             while i < m {
                 nt_block::<L, 1>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
@@ -410,9 +407,9 @@ mod x86 {
         }
     }
 
-    /// `C += A · B` for all `m` rows: blocks of `L::MR` rows, then single rows.
+    /// `C += A · B` for all `m` rows: blocks of `MR` rows, then single rows.
     #[inline(always)]
-    unsafe fn acc<L: Lanes>(
+    unsafe fn acc<L: Lanes, const MR: usize>(
         a: *const f32,
         a_rs: usize,
         a_cs: usize,
@@ -427,12 +424,9 @@ mod x86 {
         // SAFETY: row blocks stay below m.
         unsafe {
             let mut i = 0;
-            while i + L::MR <= m {
-                match L::MR {
-                    8 => acc_block::<L, 8>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc),
-                    _ => acc_block::<L, 4>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc),
-                }
-                i += L::MR;
+            while i + MR <= m {
+                acc_block::<L, MR>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
+                i += MR;
             }
             while i < m {
                 acc_block::<L, 1>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
@@ -453,7 +447,7 @@ mod x86 {
         ldc: usize,
     ) {
         // SAFETY: the dispatcher checked the extents and the ISA.
-        unsafe { nt::<Avx512>(a, lda, bt, n_pad, k, m, c, ldc) }
+        unsafe { nt::<Avx512, MR512>(a, lda, bt, n_pad, k, m, c, ldc) }
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -468,7 +462,7 @@ mod x86 {
         ldc: usize,
     ) {
         // SAFETY: as above.
-        unsafe { nt::<Avx2>(a, lda, bt, n_pad, k, m, c, ldc) }
+        unsafe { nt::<Avx2, MR256>(a, lda, bt, n_pad, k, m, c, ldc) }
     }
 
     #[target_feature(enable = "avx512f")]
@@ -485,7 +479,7 @@ mod x86 {
         ldc: usize,
     ) {
         // SAFETY: the dispatcher checked the extents and the ISA.
-        unsafe { acc::<Avx512>(a, a_rs, a_cs, b, ldb, m, n, k, c, ldc) }
+        unsafe { acc::<Avx512, MR512>(a, a_rs, a_cs, b, ldb, m, n, k, c, ldc) }
     }
 
     #[target_feature(enable = "avx2,fma")]
@@ -502,7 +496,7 @@ mod x86 {
         ldc: usize,
     ) {
         // SAFETY: as above.
-        unsafe { acc::<Avx2>(a, a_rs, a_cs, b, ldb, m, n, k, c, ldc) }
+        unsafe { acc::<Avx2, MR256>(a, a_rs, a_cs, b, ldb, m, n, k, c, ldc) }
     }
 }
 
