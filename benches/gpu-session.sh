@@ -10,6 +10,7 @@
 #   benches/gpu-session.sh model     # GPT-2 124M step, reference vs each fused generation
 #   benches/gpu-session.sh full64    # the table at d = 64, T = 1K..32K, and memory at 16K and 64K
 #   benches/gpu-session.sh full128   # the same at d = 128
+#   benches/gpu-session.sh flex      # ours vs LSSA/LSSAR written for compiled FlexAttention, d = 64, T = 1K/4K/16K
 # Output (text and JSON) goes to $OUT (default .gpu/out); the text is also printed.
 set -uo pipefail
 BIN=${BIN:-.gpu/bench-cuda}
@@ -32,5 +33,6 @@ lab) run lab 540 speed --head-dims 64 --lengths 4096,8192,16384 ;;
 model) run model 540 model ;;
 full64) run full64 570 speed --head-dims 64 ;;
 full128) run full128 570 speed --head-dims 128 ;;
-*) echo "unknown stage $stage (check, lab, model, full64, full128)" >&2; exit 2 ;;
+flex) run flex 570 speed --head-dims 64 --lengths 1024,4096,16384 --flex ;;
+*) echo "unknown stage $stage (check, lab, model, full64, full128, flex)" >&2; exit 2 ;;
 esac

@@ -13,6 +13,7 @@
 //! GFLOP/s compare wall time on a common scale, not the work each variant really does.
 
 pub mod env;
+pub mod flex;
 pub mod measure;
 pub mod memory;
 pub mod workload;

@@ -22,6 +22,10 @@ pub enum Implementation {
     /// libtorch's `scaled_dot_product_attention`, causal softmax (f32; its CPU flash path).
     #[serde(rename = "sdpa")]
     Sdpa,
+    /// LSSA and LSSAR written for PyTorch's FlexAttention and compiled (`benches/flex_lssa.py`, run in
+    /// a child process by [`crate::flex`]; lssa and lssa+rw15 only).
+    #[serde(rename = "flex-attention")]
+    Flex,
     /// The materialised tch maths of `gpt_model::attention::torch_ops` with autograd (f32).
     #[serde(rename = "torch-ops")]
     TorchOps,
@@ -32,13 +36,14 @@ pub enum Implementation {
 
 impl Implementation {
     /// Every implementation, in table order.
-    pub const ALL: [Implementation; 4] = [Self::Fused, Self::Sdpa, Self::TorchOps, Self::Reference];
+    pub const ALL: [Implementation; 5] = [Self::Fused, Self::Sdpa, Self::Flex, Self::TorchOps, Self::Reference];
 
     /// The stable name used in tables and JSON.
     pub fn name(self) -> &'static str {
         match self {
             Self::Fused => "fused",
             Self::Sdpa => "sdpa",
+            Self::Flex => "flex-attention",
             Self::TorchOps => "torch-ops",
             Self::Reference => "attn-core-f64",
         }
@@ -222,6 +227,9 @@ impl Workload {
             Implementation::Sdpa => self.run_sdpa(variant, pass),
             Implementation::TorchOps => self.run_torch_ops(variant, pass),
             Implementation::Reference => self.run_reference(variant, pass),
+            Implementation::Flex => {
+                bail!("FlexAttention runs in a child process (lssa_benches::flex), not in a Workload")
+            }
         }
     }
 

@@ -91,10 +91,14 @@ fn run() -> Result<()> {
 
 fn test(workspace: &Path, extra: &[String]) -> Result<()> {
     let start = Instant::now();
-    setup::ensure(&setup::Options::from_env(workspace, false)?)?;
+    let torch = setup::ensure(&setup::Options::from_env(workspace, false)?)?;
     let mut cmd = cargo(workspace);
     // The set-up installed NVRTC with PyTorch: the CUDA compile test must run, never skip.
     cmd.env("LSSA_REQUIRE_NVRTC", "1");
+    // And a Python with that torch: the FlexAttention baseline's check must run too.
+    if torch.python.is_some() {
+        cmd.env("LSSA_REQUIRE_TORCH_PYTHON", "1");
+    }
     cmd.args(["test", "--workspace", "--all-features"]).args(extra);
     run_cmd(&mut cmd)?;
     eprintln!("xtask test: all tests passed in {:.0} s", start.elapsed().as_secs_f64());

@@ -22,6 +22,7 @@ use attn_core::fixtures::Rng;
 use attn_kernels::cpu::{Params, RawTensor, STATS_PER_ROW};
 use attn_kernels::cuda::{self, Dtype, Kernel};
 use clap::Parser;
+use lssa_benches::flex;
 use ndarray::Array4;
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor};
@@ -50,6 +51,10 @@ struct Args {
     /// `check`: only cases of these lengths (default: all).
     #[arg(long, value_delimiter = ',')]
     only_t: Vec<usize>,
+    /// `speed`: also time LSSA and LSSAR written for PyTorch's FlexAttention (`benches/flex_lssa.py`,
+    /// compiled, in a child process with the Python of this libtorch) at the same shapes.
+    #[arg(long)]
+    flex: bool,
 }
 
 fn trace(on: bool, what: std::fmt::Arguments<'_>) {
@@ -466,7 +471,28 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
         "fb/SD"
     );
     let mut lab = Vec::new();
+    let mut flex_table = Vec::new();
     for &d in &args.head_dims {
+        // The FlexAttention baseline: every length of this d in one child process, before our buffers.
+        let flex_rows = args.flex.then(|| {
+            let req = flex::SpeedRequest {
+                device: "cuda".into(),
+                dtype: "bf16".into(),
+                head_dim: d as usize,
+                heads: 12,
+                lengths: args.lengths.iter().map(|&t| t as usize).collect(),
+                batch: 0,
+                tokens: 16384,
+                threads: 0,
+                reps: args.reps,
+                budget_s: 4.0,
+                backward: true,
+            };
+            flex::speed(&req).map_err(|e| format!("{e:#}"))
+        });
+        if let Some(Err(e)) = &flex_rows {
+            say!("FlexAttention baseline at d = {d} failed: {e}");
+        }
         for &t in &args.lengths {
             let b = (16384 / t).max(1);
             let h = 12;
@@ -596,6 +622,27 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                 ratio(sdpa, l),
                 ratio(sdpa_fb, lfb)
             );
+            if let Some(Ok(fr)) = &flex_rows {
+                let row = fr.iter().find(|r| r.t == t as usize);
+                let cell = |c: &str| row.and_then(|r| r.median_ms(c)).map(|ms| ms / 1e3);
+                let (fl, flr, ffb) = (cell(flex::LSSA_FWD), cell(flex::LSSAR15_FWD), cell(flex::LSSA_FWD_BWD));
+                flex_table.push(format!(
+                    "{d:>4} {t:>6} | {:>8} {:>9} {:>8} | {:>8} {:>9} {:>8} | {}",
+                    fmt(tf(fl, 1.0)),
+                    fmt(tf(flr, 1.0)),
+                    fmt(tf(ffb, 3.5)),
+                    ratio(l, fl),
+                    ratio(lr, flr),
+                    ratio(lfb, ffb),
+                    row.map(|r| r.errors.iter().map(|(c, e)| format!("{c}: {e}")).collect::<Vec<_>>().join("; "))
+                        .unwrap_or_else(|| "no row".into())
+                ));
+                rows.push(
+                    json!({"d": d, "T": t, "flex_seconds": {"lssa_fwd": fl, "lssar15_fwd": flr, "lssa_fwd_bwd": ffb},
+                    "flex_rel_err_vs_materialised": row.and_then(|r| r.rel_err_vs_materialised),
+                    "flex_errors": row.map(|r| r.errors.clone())}),
+                );
+            }
             rows.push(json!({"d": d, "T": t, "B": b, "H": h, "seconds": {
                 "sdpa_fwd": sdpa, "lssa_fwd": l, "lssar15_fwd": lr, "ops_lssa_fwd": ol, "ops_lssar15_fwd": olr,
                 "sdpa_fwd_bwd": sdpa_fb, "lssa_fwd_bwd": lfb, "lssar15_fwd_bwd": lrfb, "ops_lssa_fwd_bwd": ops_fb},
@@ -615,6 +662,25 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
     );
     for l in lab {
         say!("{l}");
+    }
+    if args.flex {
+        say!(
+            "\nFlexAttention baseline (benches/flex_lssa.py, compiled), TFLOP/s, and our time advantage (flex / ours)"
+        );
+        say!(
+            "{:>4} {:>6} | {:>8} {:>9} {:>8} | {:>8} {:>9} {:>8} | errors",
+            "d",
+            "T",
+            "LSSA fwd",
+            "LSSAR fwd",
+            "LSSA fb",
+            "x fwd",
+            "x LSSAR",
+            "x fb"
+        );
+        for l in flex_table {
+            say!("{l}");
+        }
     }
     Ok(())
 }

@@ -18,6 +18,9 @@
 //! - `fused`: `attn_kernels::cpu::forward` (fwd) and `attn_kernels::cpu::backward` (fwd+bwd: it runs the
 //!   forward itself) in a rayon pool of `--threads` threads;
 //! - `sdpa`: libtorch `scaled_dot_product_attention` (causal softmax), `tch::set_num_threads(--threads)`;
+//! - `flex-attention`: LSSA and LSSAR written for PyTorch's FlexAttention and compiled
+//!   (`benches/flex_lssa.py` in a child process, `lssa_benches::flex`; forward only, as FlexAttention
+//!   has no CPU backward in PyTorch 2.11, and LSSAR needs a `return_lse` it does not compile on the CPU);
 //! - `torch-ops`: `gpt_model::attention::torch_ops` with its `(B, H, T, T)` matrices and autograd,
 //!   skipped where its estimated memory exceeds `--torch-ops-max-gib`;
 //! - `attn-core-f64`: the f64 reference, at `T <= --reference-max-t` only.
@@ -32,11 +35,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, anyhow, bail};
 use clap::{Args, Parser, Subcommand};
-use lssa_benches::env;
 use lssa_benches::flops;
 use lssa_benches::measure::{self, Policy};
 use lssa_benches::memory::{self, ChildReport};
 use lssa_benches::workload::{Implementation, Pass, VariantSpec, Workload, random_array, to_tensor};
+use lssa_benches::{env, flex};
 use serde::Serialize;
 
 /// Format tag and version of the JSON outputs.
@@ -76,8 +79,8 @@ struct TimingArgs {
     /// Variants of the fused / torch-ops / reference rows (attn-core names). SDPA always runs (softmax).
     #[arg(long, value_delimiter = ',', default_value = "lssa,lssa+rw15,softmax")]
     variants: Vec<String>,
-    /// Implementations to run (fused, sdpa, torch-ops, attn-core-f64).
-    #[arg(long, value_delimiter = ',', default_value = "fused,sdpa,torch-ops,attn-core-f64")]
+    /// Implementations to run (fused, sdpa, flex-attention, torch-ops, attn-core-f64).
+    #[arg(long, value_delimiter = ',', default_value = "fused,sdpa,flex-attention,torch-ops,attn-core-f64")]
     implementations: Vec<String>,
     /// Batch size.
     #[arg(long, default_value_t = 1)]
@@ -201,6 +204,8 @@ struct Summary {
     fused_lssar_over_lssa_fwd_4096: Option<f64>,
     /// torch-ops time over fused time at T = 4096, forward, per variant (how much faster fused is).
     torch_ops_over_fused_fwd_4096: BTreeMap<String, f64>,
+    /// FlexAttention time over fused time at T = 4096, forward, per variant.
+    flex_over_fused_fwd_4096: BTreeMap<String, f64>,
 }
 
 #[derive(Serialize, Debug)]
@@ -229,10 +234,9 @@ fn parse_implementations(names: &[String]) -> Result<Vec<Implementation>> {
     names
         .iter()
         .map(|n| {
-            Implementation::ALL
-                .into_iter()
-                .find(|i| i.name() == n)
-                .ok_or_else(|| anyhow!("unknown implementation `{n}` (fused, sdpa, torch-ops, attn-core-f64)"))
+            Implementation::ALL.into_iter().find(|i| i.name() == n).ok_or_else(|| {
+                anyhow!("unknown implementation `{n}` (fused, sdpa, flex-attention, torch-ops, attn-core-f64)")
+            })
         })
         .collect()
 }
@@ -254,6 +258,26 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
     eprintln!("bench-kernels: {cpu}; {threads} thread(s); B={b} H={h} d={d}; T = {lengths:?}");
 
     let start = Instant::now();
+    // FlexAttention first, every length in one child process (it compiles once per shape).
+    let flex_rows = if imps.contains(&Implementation::Flex) {
+        eprintln!("  flex-attention: {} (compiles each length first)", flex::python().0.display());
+        let req = flex::SpeedRequest {
+            device: "cpu".into(),
+            dtype: "f32".into(),
+            head_dim: d,
+            heads: h,
+            lengths: lengths.clone(),
+            batch: b,
+            tokens: 0,
+            threads,
+            reps: policy.max_reps,
+            budget_s: policy.cell_budget_s,
+            backward: false,
+        };
+        flex::speed(&req).map_err(|e| format!("{e:#}"))
+    } else {
+        Ok(Vec::new())
+    };
     let mut rows: Vec<Row> = Vec::new();
     let mut skipped: Vec<Skip> = Vec::new();
     for &t in &lengths {
@@ -268,9 +292,13 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
             if imps.contains(&Implementation::Sdpa) {
                 cells.push((Implementation::Sdpa, &sdpa_variant));
             }
-            for imp in [Implementation::Fused, Implementation::TorchOps, Implementation::Reference] {
+            for imp in
+                [Implementation::Fused, Implementation::Flex, Implementation::TorchOps, Implementation::Reference]
+            {
                 if imps.contains(&imp) {
-                    cells.extend(variants.iter().map(|v| (imp, v)));
+                    // The FlexAttention baseline is written for LSSA and LSSAR only.
+                    let ours = |v: &&VariantSpec| imp != Implementation::Flex || flex_cell(&v.name, pass).is_some();
+                    cells.extend(variants.iter().filter(ours).map(|v| (imp, v)));
                 }
             }
             let mut sdpa_ms = None;
@@ -282,7 +310,11 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
                     skipped.push(skip(reason));
                     continue;
                 }
-                match measure::time(&policy, || work.run(imp, variant, pass, pool)) {
+                let timing = match imp {
+                    Implementation::Flex => flex_timing(&flex_rows, &variant.name, t, pass),
+                    _ => measure::time(&policy, || work.run(imp, variant, pass, pool)),
+                };
+                match timing {
                     Ok(timing) => {
                         let ms = timing.median_ms();
                         if imp == Implementation::Sdpa {
@@ -349,6 +381,33 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
     Ok(())
 }
 
+/// The cell of `flex_lssa.py` that times `variant` in `pass`, if it has one.
+fn flex_cell(variant: &str, pass: Pass) -> Option<&'static str> {
+    match (variant, pass) {
+        ("lssa", Pass::Forward) => Some(flex::LSSA_FWD),
+        ("lssa+rw15", Pass::Forward) => Some(flex::LSSAR15_FWD),
+        ("lssa", Pass::ForwardBackward) => Some(flex::LSSA_FWD_BWD),
+        _ => None,
+    }
+}
+
+/// The FlexAttention child's samples for one cell, or why there are none.
+fn flex_timing(
+    rows: &std::result::Result<Vec<flex::SpeedRow>, String>,
+    variant: &str,
+    t: usize,
+    pass: Pass,
+) -> Result<measure::Timing> {
+    let rows = rows.as_ref().map_err(|e| anyhow!("{e}"))?;
+    let cell = flex_cell(variant, pass).ok_or_else(|| anyhow!("no FlexAttention cell for {variant} {pass}"))?;
+    let row = rows.iter().find(|r| r.t == t).ok_or_else(|| anyhow!("flex_lssa.py returned no row for T = {t}"))?;
+    if let Some(e) = row.errors.get(cell) {
+        bail!("{e}");
+    }
+    let samples_ms = row.samples_ms.get(cell).cloned().ok_or_else(|| anyhow!("flex_lssa.py did not run {cell}"))?;
+    Ok(measure::Timing { samples_ms, warmup_counted: false })
+}
+
 /// Why a cell must not run, if it must not.
 fn skip_reason(
     args: &TimingArgs,
@@ -375,6 +434,9 @@ fn skip_reason(
             Some(format!("f64 reference only at T <= --reference-max-t {}", args.reference_max_t))
         }
         Implementation::Sdpa if !variant.has_sdpa() => Some("SDPA is softmax only".into()),
+        Implementation::Flex if pass == Pass::ForwardBackward => {
+            Some("PyTorch 2.11's FlexAttention has no CPU backward".into())
+        }
         _ => None,
     }
 }
@@ -398,11 +460,14 @@ fn summarise(rows: &[Row]) -> Summary {
     let exponent = measure::loglog_slope(&fit.iter().map(|&(t, ms)| (t as f64, ms)).collect::<Vec<_>>());
     let lssar =
         fwd(Implementation::Fused, "lssa+rw15", 4096).zip(fwd(Implementation::Fused, "lssa", 4096)).map(|(a, b)| a / b);
-    let mut torch_ops_over_fused = BTreeMap::new();
+    let (mut torch_ops_over_fused, mut flex_over_fused) = (BTreeMap::new(), BTreeMap::new());
     for r in rows.iter().filter(|r| r.implementation == Implementation::Fused && r.t == 4096 && r.pass == Pass::Forward)
     {
         if let Some(ops) = fwd(Implementation::TorchOps, &r.variant, 4096) {
             torch_ops_over_fused.insert(r.variant.clone(), ops / r.ms);
+        }
+        if let Some(flex) = fwd(Implementation::Flex, &r.variant, 4096) {
+            flex_over_fused.insert(r.variant.clone(), flex / r.ms);
         }
     }
     Summary {
@@ -410,6 +475,7 @@ fn summarise(rows: &[Row]) -> Summary {
         fused_lssa_fwd_exponent_lengths: fit.iter().map(|&(t, _)| t).collect(),
         fused_lssar_over_lssa_fwd_4096: lssar,
         torch_ops_over_fused_fwd_4096: torch_ops_over_fused,
+        flex_over_fused_fwd_4096: flex_over_fused,
     }
 }
 
@@ -425,6 +491,13 @@ fn markdown(r: &Report, lengths: &[usize]) -> String {
         "- shape: B={}, H={}, d={}, causal; f32 (attn-core-f64: f64); torch-ops and SDPA forward without autograd",
         r.batch, r.heads, r.head_dim
     );
+    if r.rows.iter().any(|row| row.implementation == Implementation::Flex) {
+        let _ = writeln!(
+            md,
+            "- flex-attention: LSSA as a `score_mod` of PyTorch's FlexAttention, compiled (`benches/flex_lssa.py`; \
+             the q/k normalisation included; checked against attn-core by `benches/tests/flex.rs`); forward only"
+        );
+    }
     let _ = writeln!(md, "- FLOPs: {}", r.flop_convention);
     let _ = writeln!(md, "- timing: {}", r.timing_policy);
     let header = |md: &mut String, first: &str| {
@@ -510,6 +583,12 @@ fn markdown(r: &Report, lengths: &[usize]) -> String {
     }
     for (v, x) in &s.torch_ops_over_fused_fwd_4096 {
         let _ = writeln!(md, "- torch-ops / fused forward time at T=4096, {v}: {x:.2}x (fused is {x:.2}x faster)");
+    }
+    for (v, x) in &s.flex_over_fused_fwd_4096 {
+        let _ = writeln!(
+            md,
+            "- flex-attention / fused forward time at T=4096, {v}: {x:.2}x (fused is {x:.2}x faster than {v} in compiled FlexAttention)"
+        );
     }
     if !r.skipped.is_empty() {
         let _ = writeln!(md, "\n## Not run\n");

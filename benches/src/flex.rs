@@ -1,0 +1,209 @@
+//! The FlexAttention baseline: LSSA and LSSAR written for PyTorch's FlexAttention
+//! (`benches/flex_lssa.py`), the tool a user would try first (ANCHORS.md), timed by the same
+//! benchmarks that time the fused kernels.
+//!
+//! FlexAttention lives in PyTorch's Python API, so the benchmarks run the script in a child process
+//! with the Python whose torch this process loaded: the venv `cargo xtask setup` made (or any other
+//! venv libtorch was loaded from), else `python3`. `LSSA_TORCH_PYTHON` overrides the choice.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{Context, Result, bail};
+use serde::Deserialize;
+
+/// The interpreter to run the script with (see the module documentation), and how it was chosen.
+pub fn python() -> (PathBuf, &'static str) {
+    if let Some(p) = std::env::var_os("LSSA_TORCH_PYTHON") {
+        return (p.into(), "LSSA_TORCH_PYTHON");
+    }
+    if let Some(p) = loaded_torch_dir().and_then(|torch| venv_python(&torch)) {
+        return (p, "the venv of the libtorch this process loaded");
+    }
+    ("python3".into(), "python3 on PATH")
+}
+
+/// `.../site-packages/torch` of the `libtorch_cpu.so` mapped into this process, if any.
+fn loaded_torch_dir() -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().filter_map(|l| l.split_whitespace().nth(5)).find_map(|path| {
+        let lib = Path::new(path);
+        (lib.file_name()? == "libtorch_cpu.so").then(|| lib.parent()?.parent().map(Path::to_path_buf))?
+    })
+}
+
+/// `<venv>/bin/python` for a torch package at `<venv>/lib/pythonX.Y/site-packages/torch`.
+fn venv_python(torch: &Path) -> Option<PathBuf> {
+    let site = torch.parent().filter(|p| p.file_name().is_some_and(|n| n == "site-packages"))?;
+    let python = site.parent()?.parent()?.parent()?.join("bin").join("python");
+    python.is_file().then_some(python)
+}
+
+/// The script: in this checkout, else `benches/flex_lssa.py` below the current directory (a binary
+/// carried to a GPU machine runs from the repository root there).
+pub fn script() -> PathBuf {
+    let here = crate::env::workspace_root().join("benches/flex_lssa.py");
+    if here.is_file() { here } else { PathBuf::from("benches/flex_lssa.py") }
+}
+
+/// A cell of a [`SpeedRow`]: the LSSA forward.
+pub const LSSA_FWD: &str = "lssa_fwd";
+/// A cell of a [`SpeedRow`]: the LSSAR (`p = 15`) forward, two FlexAttention calls.
+pub const LSSAR15_FWD: &str = "lssar15_fwd";
+/// A cell of a [`SpeedRow`]: the LSSA forward and backward.
+pub const LSSA_FWD_BWD: &str = "lssa_fwd_bwd";
+
+/// What `flex_lssa.py speed` runs.
+#[derive(Clone, Debug)]
+pub struct SpeedRequest {
+    /// `cpu` or `cuda`.
+    pub device: String,
+    /// `f32`, `bf16` or `f16`.
+    pub dtype: String,
+    /// Head dimension `d`.
+    pub head_dim: usize,
+    /// Heads `H`.
+    pub heads: usize,
+    /// Sequence lengths, one row each.
+    pub lengths: Vec<usize>,
+    /// The batch size; 0: `max(tokens / T, 1)`.
+    pub batch: usize,
+    /// With `batch = 0`: batch `max(tokens / T, 1)` (0 for batch 1).
+    pub tokens: usize,
+    /// torch's intra-op threads (0: torch's default).
+    pub threads: usize,
+    /// At most this many timed runs per cell (after one warm-up, which compiles).
+    pub reps: usize,
+    /// Stop repeating a cell after this many seconds of timed runs.
+    pub budget_s: f64,
+    /// Also LSSA forward+backward (FlexAttention has no CPU backward).
+    pub backward: bool,
+}
+
+/// One length's results.
+#[derive(Clone, Debug, Deserialize)]
+pub struct SpeedRow {
+    /// Sequence length.
+    #[serde(rename = "T")]
+    pub t: usize,
+    /// Batch size it ran at.
+    #[serde(rename = "B")]
+    pub b: usize,
+    /// Timed runs in ms per cell: [`LSSA_FWD`], [`LSSAR15_FWD`], [`LSSA_FWD_BWD`].
+    #[serde(default)]
+    pub samples_ms: BTreeMap<String, Vec<f64>>,
+    /// Why a cell did not run.
+    #[serde(default)]
+    pub errors: BTreeMap<String, String>,
+    /// Largest relative error of the compiled outputs against a materialised f32 reference (first
+    /// length only).
+    pub rel_err_vs_materialised: Option<f64>,
+}
+
+impl SpeedRow {
+    /// The median of a cell's timed runs, in ms.
+    pub fn median_ms(&self, cell: &str) -> Option<f64> {
+        self.samples_ms.get(cell).filter(|s| !s.is_empty()).map(|s| crate::measure::median(s))
+    }
+}
+
+/// Runs `flex_lssa.py speed`, printing a line to stderr per length as it finishes.
+pub fn speed(req: &SpeedRequest) -> Result<Vec<SpeedRow>> {
+    let lengths: Vec<String> = req.lengths.iter().map(ToString::to_string).collect();
+    let mut cmd = command();
+    cmd.arg("speed")
+        .args(["--device", &req.device, "--dtype", &req.dtype])
+        .args(["--head-dim", &req.head_dim.to_string(), "--heads", &req.heads.to_string()])
+        .args(["--lengths", &lengths.join(","), "--batch", &req.batch.to_string()])
+        .args(["--tokens", &req.tokens.to_string()])
+        .args(["--threads", &req.threads.to_string(), "--reps", &req.reps.to_string()])
+        .args(["--budget-s", &req.budget_s.to_string()]);
+    if req.backward {
+        cmd.arg("--backward");
+    }
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().with_context(spawn_context)?;
+    // Drain stderr on a thread so a chatty child never blocks on a full pipe.
+    let mut err_pipe = child.stderr.take().expect("piped");
+    let stderr = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = err_pipe.read_to_string(&mut s);
+        s
+    });
+    let mut rows = Vec::new();
+    for line in BufReader::new(child.stdout.take().expect("piped")).lines() {
+        let line = line?;
+        if !line.starts_with('{') {
+            continue;
+        }
+        let row: SpeedRow = serde_json::from_str(&line).with_context(|| format!("flex_lssa.py printed `{line}`"))?;
+        let cells: Vec<String> = row
+            .samples_ms
+            .keys()
+            .filter_map(|c| row.median_ms(c).map(|ms| format!("{c} {ms:.2} ms")))
+            .chain(row.errors.keys().map(|c| format!("{c} -")))
+            .collect();
+        eprintln!("  flex-attention T={:>5}: {}", row.t, cells.join(", "));
+        rows.push(row);
+    }
+    let status = child.wait()?;
+    let stderr = stderr.join().unwrap_or_default();
+    if !status.success() || rows.len() != req.lengths.len() {
+        bail!("flex_lssa.py speed failed ({status}); its stderr ends:\n{}", tail(&stderr, 15));
+    }
+    Ok(rows)
+}
+
+/// Runs `flex_lssa.py check DIR` (see the script).
+pub fn check(dir: &Path) -> Result<()> {
+    let out = command().arg("check").arg(dir).output().with_context(spawn_context)?;
+    if !out.status.success() {
+        bail!(
+            "flex_lssa.py check failed ({}); its stderr ends:\n{}",
+            out.status,
+            tail(&String::from_utf8_lossy(&out.stderr), 15)
+        );
+    }
+    Ok(())
+}
+
+fn command() -> Command {
+    let (python, _) = python();
+    let mut cmd = Command::new(python);
+    // torch warns once that NumPy is missing (the venv has none; nothing here needs it).
+    cmd.args(["-W", "ignore::UserWarning"]).arg(script());
+    cmd
+}
+
+fn spawn_context() -> String {
+    let (python, why) = python();
+    format!(
+        "running {} ({why}) on {}; set LSSA_TORCH_PYTHON to a Python with torch 2.11",
+        python.display(),
+        script().display()
+    )
+}
+
+fn tail(text: &str, n: usize) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_venv_python_is_found_from_its_torch_package() {
+        let dir = tempfile::tempdir().unwrap();
+        let torch = dir.path().join("lib/python3.11/site-packages/torch");
+        std::fs::create_dir_all(&torch).unwrap();
+        assert_eq!(venv_python(&torch), None, "no interpreter there yet");
+        std::fs::create_dir_all(dir.path().join("bin")).unwrap();
+        std::fs::write(dir.path().join("bin/python"), "").unwrap();
+        assert_eq!(venv_python(&torch), Some(dir.path().join("bin/python")));
+        // A torch that is not inside site-packages (a plain libtorch download) has no venv.
+        assert_eq!(venv_python(&dir.path().join("libtorch")), None);
+    }
+}
