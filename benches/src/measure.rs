@@ -19,11 +19,18 @@ pub struct Policy {
     pub cell_budget_s: f64,
     /// A warm-up at least this long counts as a sample.
     pub long_run_s: f64,
+    /// In [`time_rounds`], a cell whose last run took less than this runs once more, untimed, before
+    /// each timed run. The first run after a cell on another thread pool pays for that pool's wind-down
+    /// (libtorch's OpenMP workers spin for milliseconds after a parallel region): on 2 cores a 10 ms
+    /// fused forward right after SDPA came out 1.45x slow, against 1.0-1.2x with the lead-in run,
+    /// as when its repetitions ran back to back. (Sleeping or spinning between cells instead let
+    /// the idle cores slow every cell down.) A second-long run absorbs that cost in its noise.
+    pub lead_in_below_s: f64,
 }
 
 impl Default for Policy {
     fn default() -> Self {
-        Self { max_reps: 7, cell_budget_s: 4.0, long_run_s: 2.0 }
+        Self { max_reps: 7, cell_budget_s: 4.0, long_run_s: 2.0, lead_in_below_s: 1.0 }
     }
 }
 
@@ -41,6 +48,23 @@ impl Timing {
     pub fn median_ms(&self) -> f64 {
         median(&self.samples_ms)
     }
+
+    /// `(round, ms)` for every sample: the warm-up is round 0, so a cell whose warm-up was not
+    /// counted starts at round 1. For [`time_rounds`] the cells that share a round ran one after the
+    /// other.
+    pub fn rounds(&self) -> impl Iterator<Item = (usize, f64)> + '_ {
+        let first = usize::from(!self.warmup_counted);
+        self.samples_ms.iter().enumerate().map(move |(i, &ms)| (first + i, ms))
+    }
+}
+
+/// The median over the rounds both cells have of `a`'s time over `b`'s: the ratio of two cells
+/// timed by [`time_rounds`], from pairs of samples taken within one round of each other. `None`
+/// when they share no round.
+pub fn paired_ratio(a: &Timing, b: &Timing) -> Option<f64> {
+    let b_by_round: std::collections::BTreeMap<usize, f64> = b.rounds().collect();
+    let ratios: Vec<f64> = a.rounds().filter_map(|(r, ms)| b_by_round.get(&r).map(|&bm| ms / bm)).collect();
+    (!ratios.is_empty()).then(|| median(&ratios))
 }
 
 /// Runs `f` under `policy` and returns its samples.
@@ -62,6 +86,63 @@ pub fn time(policy: &Policy, mut f: impl FnMut() -> Result<()>) -> Result<Timing
         samples_ms.push(once(&mut f)?);
     }
     Ok(Timing { samples_ms, warmup_counted })
+}
+
+/// Times several cells in rounds: a warm-up round, then rounds of one repetition of each cell in
+/// order, so that a burst of load from elsewhere on a shared machine lands on the same round of
+/// every cell instead of on every sample of one (timed one after the other, a cell could come out
+/// 1.5x slow in one run and not in the next, against a neighbour it is compared with).
+///
+/// The [`Policy`] applies to the cells together: a cell's warm-up counts as its round-0 sample
+/// when it takes at least `long_run_s`; rounds stop after `max_reps` samples per cell, or when the
+/// next round would take the timed total past `cell_budget_s` times the number of cells (every cell
+/// gets at least one sample; lead-in runs, see [`Policy::lead_in_below_s`], are not counted). A cell
+/// that fails drops out with its error; the others go on.
+pub fn time_rounds(policy: &Policy, cells: &mut [&mut dyn FnMut() -> Result<()>]) -> Vec<Result<Timing>> {
+    let once = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+        let start = Instant::now();
+        f()?;
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    };
+    let mut out: Vec<Result<Timing>> = Vec::with_capacity(cells.len());
+    let mut last_ms = vec![0.0; cells.len()];
+    for (f, last) in cells.iter_mut().zip(&mut last_ms) {
+        out.push(once(&mut **f).map(|ms| {
+            *last = ms;
+            let warmup_counted = ms >= policy.long_run_s * 1e3;
+            Timing { samples_ms: if warmup_counted { vec![ms] } else { Vec::new() }, warmup_counted }
+        }));
+    }
+    let budget_ms = policy.cell_budget_s * 1e3 * cells.len() as f64;
+    let max_reps = policy.max_reps.max(1);
+    loop {
+        let live: Vec<usize> =
+            (0..cells.len()).filter(|&i| out[i].as_ref().is_ok_and(|t| t.samples_ms.len() < max_reps)).collect();
+        if live.is_empty() {
+            break;
+        }
+        let timed = |i: usize| out[i].as_ref().map_or(0.0, |t| t.samples_ms.iter().sum::<f64>());
+        let spent_ms: f64 = (0..cells.len()).map(timed).sum();
+        let next_ms: f64 = live.iter().map(|&i| last_ms[i]).sum();
+        let unsampled = live.iter().any(|&i| out[i].as_ref().is_ok_and(|t| t.samples_ms.is_empty()));
+        if !unsampled && spent_ms + next_ms > budget_ms {
+            break;
+        }
+        for i in live {
+            let f = &mut *cells[i];
+            let lead_in = if last_ms[i] < policy.lead_in_below_s * 1e3 { f() } else { Ok(()) };
+            match lead_in.and_then(|()| once(f)) {
+                Ok(ms) => {
+                    last_ms[i] = ms;
+                    if let Ok(t) = &mut out[i] {
+                        t.samples_ms.push(ms);
+                    }
+                }
+                Err(e) => out[i] = Err(e),
+            }
+        }
+    }
+    out
 }
 
 /// The median (the mean of the two middle values for an even count); NaN when empty.
@@ -115,7 +196,7 @@ mod tests {
 
     #[test]
     fn time_respects_the_budget_and_counts_long_warmups() {
-        let policy = Policy { max_reps: 5, cell_budget_s: 0.0, long_run_s: 1e9 };
+        let policy = Policy { max_reps: 5, cell_budget_s: 0.0, long_run_s: 1e9, lead_in_below_s: 0.0 };
         let mut calls = 0;
         let t = time(&policy, || {
             calls += 1;
@@ -125,7 +206,7 @@ mod tests {
         // Zero budget: the warm-up plus exactly one timed repetition.
         assert_eq!((calls, t.samples_ms.len(), t.warmup_counted), (2, 1, false));
 
-        let policy = Policy { max_reps: 3, cell_budget_s: 1e9, long_run_s: 0.0 };
+        let policy = Policy { max_reps: 3, cell_budget_s: 1e9, long_run_s: 0.0, lead_in_below_s: 0.0 };
         let mut calls = 0;
         let t = time(&policy, || {
             calls += 1;
@@ -134,5 +215,85 @@ mod tests {
         .unwrap();
         // The warm-up counts (every run is "long" at 0 s), then two more up to max_reps.
         assert_eq!((calls, t.samples_ms.len(), t.warmup_counted), (3, 3, true));
+    }
+
+    #[test]
+    fn rounds_interleave_the_cells_and_a_failing_cell_drops_out() {
+        use std::cell::RefCell;
+        let log = RefCell::new(Vec::new());
+        let calls = RefCell::new([0usize; 3]);
+        let cell = |i: usize| {
+            let (log, calls) = (&log, &calls);
+            move || -> Result<()> {
+                log.borrow_mut().push(i);
+                calls.borrow_mut()[i] += 1;
+                if i == 1 && calls.borrow()[1] == 3 {
+                    anyhow::bail!("cell 1 broke");
+                }
+                Ok(())
+            }
+        };
+        let (mut a, mut b, mut c) = (cell(0), cell(1), cell(2));
+        let policy = Policy { max_reps: 4, cell_budget_s: 1e9, long_run_s: 1e9, lead_in_below_s: 0.0 };
+        let out = time_rounds(&policy, &mut [&mut a, &mut b, &mut c]);
+        // The warm-up round, round 1, cell 1 fails in round 2, cells 0 and 2 go on to rounds 3 and 4.
+        assert_eq!(*log.borrow(), [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 2, 0, 2]);
+        assert_eq!(out[0].as_ref().unwrap().samples_ms.len(), 4);
+        assert!(out[1].as_ref().is_err_and(|e| e.to_string() == "cell 1 broke"));
+        let t2 = out[2].as_ref().unwrap();
+        assert_eq!((t2.samples_ms.len(), t2.warmup_counted), (4, false));
+        assert_eq!(t2.rounds().map(|(r, _)| r).collect::<Vec<_>>(), [1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn rounds_share_the_budget_and_count_long_warmups() {
+        let (mut a, mut b) = (|| -> Result<()> { Ok(()) }, || -> Result<()> { Ok(()) });
+        // Zero budget: the warm-up round plus one timed round.
+        let policy = Policy { max_reps: 5, cell_budget_s: 0.0, long_run_s: 1e9, lead_in_below_s: 0.0 };
+        let out = time_rounds(&policy, &mut [&mut a, &mut b]);
+        assert!(out.iter().all(|t| t.as_ref().is_ok_and(|t| t.samples_ms.len() == 1 && !t.warmup_counted)));
+        // Every warm-up is long at 0 s: it is round 0, and max_reps includes it.
+        let policy = Policy { max_reps: 3, cell_budget_s: 1e9, long_run_s: 0.0, lead_in_below_s: 0.0 };
+        let out = time_rounds(&policy, &mut [&mut a, &mut b]);
+        for t in &out {
+            let t = t.as_ref().unwrap();
+            assert!(t.warmup_counted);
+            assert_eq!(t.rounds().map(|(r, _)| r).collect::<Vec<_>>(), [0, 1, 2]);
+        }
+        // A cell that fails its warm-up has no samples and does not hold up the other.
+        let mut bad = || -> Result<()> { anyhow::bail!("no") };
+        let policy = Policy { max_reps: 2, cell_budget_s: 1e9, long_run_s: 1e9, lead_in_below_s: 0.0 };
+        let out = time_rounds(&policy, &mut [&mut bad, &mut a]);
+        assert!(out[0].is_err());
+        assert_eq!(out[1].as_ref().unwrap().samples_ms.len(), 2);
+    }
+
+    #[test]
+    fn short_cells_get_an_untimed_lead_in_run_before_each_timed_one() {
+        use std::cell::RefCell;
+        let log = RefCell::new(Vec::new());
+        let cell = |i: usize| {
+            let log = &log;
+            move || -> Result<()> {
+                log.borrow_mut().push(i);
+                Ok(())
+            }
+        };
+        let (mut a, mut b) = (cell(0), cell(1));
+        let policy = Policy { max_reps: 2, cell_budget_s: 1e9, long_run_s: 1e9, lead_in_below_s: 1e9 };
+        let out = time_rounds(&policy, &mut [&mut a, &mut b]);
+        assert_eq!(*log.borrow(), [0, 1, 0, 0, 1, 1, 0, 0, 1, 1]);
+        assert!(out.iter().all(|t| t.as_ref().is_ok_and(|t| t.samples_ms.len() == 2)));
+    }
+
+    #[test]
+    fn paired_ratio_pairs_samples_by_round() {
+        let a = Timing { samples_ms: vec![2.0, 4.0, 6.0], warmup_counted: true }; // rounds 0, 1, 2
+        let b = Timing { samples_ms: vec![1.0, 2.0, 5.0], warmup_counted: false }; // rounds 1, 2, 3
+        // Rounds 1 and 2: 4 / 1 and 6 / 2; the medians' ratio (4 / 2) would say 2.
+        assert_eq!(paired_ratio(&a, &b), Some(3.5));
+        assert_eq!(paired_ratio(&b, &a), Some((0.25 + 2.0 / 6.0) / 2.0));
+        let c = Timing { samples_ms: vec![1.0], warmup_counted: true }; // round 0 only
+        assert_eq!(paired_ratio(&b, &c), None);
     }
 }

@@ -25,7 +25,10 @@
 //!   skipped where its estimated memory exceeds `--torch-ops-max-gib`;
 //! - `attn-core-f64`: the f64 reference, at `T <= --reference-max-t` only.
 //!
-//! Each cell: a warm-up, then the median of up to `--max-reps` repetitions within `--cell-secs`.
+//! Each cell: a warm-up, then the median of up to `--max-reps` repetitions within `--cell-secs`. SDPA
+//! and the fused rows of one (T, pass) run in rounds (`measure::time_rounds`: one repetition of each
+//! per round), so a burst of load on a shared machine hits every one of them rather than all samples
+//! of one; their time / SDPA is the median of per-round ratios.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -178,7 +181,8 @@ struct Row {
     ms: f64,
     /// FLOPs in FlashAttention's convention divided by the median time.
     gflops: f64,
-    /// `ms / ms(SDPA, same T, same pass)`: below 1 is faster than SDPA.
+    /// Time over SDPA's (same T, same pass): below 1 is faster than SDPA. For fused rows the median
+    /// of per-round ratios (`measure::paired_ratio`), else the ratio of the medians.
     time_vs_sdpa: Option<f64>,
     samples_ms: Vec<f64>,
     warmup_counted: bool,
@@ -301,25 +305,49 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
                     cells.extend(variants.iter().filter(ours).map(|v| (imp, v)));
                 }
             }
-            let mut sdpa_ms = None;
+            let mut runnable = Vec::new();
             for (imp, variant) in cells {
-                let skip =
-                    |reason: String| Skip { variant: variant.name.clone(), t, implementation: imp, pass, reason };
                 if let Some(reason) = skip_reason(args, imp, variant, &work, pass) {
                     eprintln!("  skip  T={t:>5} {pass:<7} {imp:<13} {:<12} {reason}", variant.name);
-                    skipped.push(skip(reason));
-                    continue;
+                    skipped.push(Skip { variant: variant.name.clone(), t, implementation: imp, pass, reason });
+                } else {
+                    runnable.push((imp, variant));
                 }
-                let timing = match imp {
-                    Implementation::Flex => flex_timing(&flex_rows, &variant.name, t, pass),
-                    _ => measure::time(&policy, || work.run(imp, variant, pass, pool)),
+            }
+            // SDPA and the fused kernels, whose ratio is the claim, run in rounds (one repetition of
+            // each per round) and their ratio is the median of per-round ratios; the slower rows
+            // (10-30x) and FlexAttention's child process run one cell after the other.
+            let in_rounds = |imp: Implementation| matches!(imp, Implementation::Sdpa | Implementation::Fused);
+            let round_cells: Vec<_> = runnable.iter().copied().filter(|&(imp, _)| in_rounds(imp)).collect();
+            let mut fns: Vec<Box<dyn FnMut() -> Result<()> + '_>> = round_cells
+                .iter()
+                .map(|&(imp, variant)| {
+                    let work = &work;
+                    Box::new(move || work.run(imp, variant, pass, pool)) as Box<dyn FnMut() -> Result<()> + '_>
+                })
+                .collect();
+            let mut refs: Vec<&mut dyn FnMut() -> Result<()>> =
+                fns.iter_mut().map(|f| &mut **f as &mut dyn FnMut() -> Result<()>).collect();
+            let mut round_timings = measure::time_rounds(&policy, &mut refs).into_iter();
+            drop(refs);
+            drop(fns);
+            let mut sdpa: Option<measure::Timing> = None;
+            for (imp, variant) in runnable {
+                let timing = if in_rounds(imp) {
+                    round_timings.next().expect("one timing per cell in rounds")
+                } else if imp == Implementation::Flex {
+                    flex_timing(&flex_rows, &variant.name, t, pass)
+                } else {
+                    measure::time(&policy, || work.run(imp, variant, pass, pool))
                 };
                 match timing {
                     Ok(timing) => {
                         let ms = timing.median_ms();
-                        if imp == Implementation::Sdpa {
-                            sdpa_ms = Some(ms);
-                        }
+                        let time_vs_sdpa = match &sdpa {
+                            Some(s) if in_rounds(imp) => measure::paired_ratio(&timing, s),
+                            Some(s) => Some(ms / s.median_ms()),
+                            None => None,
+                        };
                         let row = Row {
                             variant: variant.name.clone(),
                             t,
@@ -327,7 +355,7 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
                             pass,
                             ms,
                             gflops: flop / (ms * 1e-3) / 1e9,
-                            time_vs_sdpa: sdpa_ms.map(|s| ms / s),
+                            time_vs_sdpa,
                             samples_ms: timing.samples_ms.clone(),
                             warmup_counted: timing.warmup_counted,
                         };
@@ -339,11 +367,14 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
                             start.elapsed().as_secs_f64()
                         );
                         rows.push(row);
+                        if imp == Implementation::Sdpa {
+                            sdpa = Some(timing);
+                        }
                     }
                     Err(e) => {
                         let reason = format!("failed: {e:#}");
                         eprintln!("  FAIL  T={t:>5} {pass:<7} {imp:<13} {:<12} {reason}", variant.name);
-                        skipped.push(skip(reason));
+                        skipped.push(Skip { variant: variant.name.clone(), t, implementation: imp, pass, reason });
                     }
                 }
             }
@@ -365,8 +396,11 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
         head_dim: d,
         flop_convention: FLOP_CONVENTION,
         timing_policy: format!(
-            "one warm-up (counted as a sample when >= {} s), then the median of up to {} repetitions within {} s per cell",
-            policy.long_run_s, policy.max_reps, policy.cell_budget_s
+            "one warm-up (counted as a sample when >= {} s), then the median of up to {} repetitions within {} s per cell; \
+             SDPA and fused run in rounds (one repetition of each per round, after an untimed lead-in run where a run \
+             takes under {} s; the budget shared) and their time / SDPA is the median of per-round ratios; the other \
+             rows run one cell after the other",
+            policy.long_run_s, policy.max_reps, policy.cell_budget_s, policy.lead_in_below_s
         ),
         rows,
         skipped,

@@ -85,7 +85,7 @@ fn main() -> Result<()> {
     // The global pool: the kernels run on it when called from libtorch's autograd (tensors are not Sync,
     // so the model cannot be moved into a scoped pool).
     rayon::ThreadPoolBuilder::new().num_threads(threads).build_global().context("building the rayon pool")?;
-    let policy = Policy { max_reps: 5, cell_budget_s: 6.0, long_run_s: 3.0 };
+    let policy = Policy { max_reps: 5, cell_budget_s: 6.0, long_run_s: 3.0, ..Policy::default() };
     let mut rows = Vec::new();
     for &t in &cli.lengths {
         for variant in &cli.variants {
