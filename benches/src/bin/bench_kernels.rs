@@ -529,7 +529,9 @@ fn markdown(r: &Report, lengths: &[usize]) -> String {
         let _ = writeln!(
             md,
             "- flex-attention: LSSA as a `score_mod` of PyTorch's FlexAttention, compiled (`benches/flex_lssa.py`; \
-             the q/k normalisation included; checked against attn-core by `benches/tests/flex.rs`); forward only"
+             the q/k normalisation included; checked against attn-core by `benches/tests/flex.rs`); forward only; \
+             timed in its own process before the other rows, so its ratios divide medians taken minutes apart, not \
+             paired samples"
         );
     }
     let _ = writeln!(md, "- FLOPs: {}", r.flop_convention);
