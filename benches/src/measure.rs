@@ -15,6 +15,9 @@ use anyhow::Result;
 pub struct Policy {
     /// At most this many timed repetitions.
     pub max_reps: usize,
+    /// At least this many (at most `max_reps`), whatever the budget: 1 for one sample per cell, more
+    /// where a single sample of a long cell would make a ratio one pair of samples.
+    pub min_reps: usize,
     /// Stop repeating once the timed repetitions have used this many seconds (at least one always runs).
     pub cell_budget_s: f64,
     /// A warm-up at least this long counts as a sample.
@@ -30,7 +33,7 @@ pub struct Policy {
 
 impl Default for Policy {
     fn default() -> Self {
-        Self { max_reps: 7, cell_budget_s: 4.0, long_run_s: 2.0, lead_in_below_s: 1.0 }
+        Self { max_reps: 7, min_reps: 1, cell_budget_s: 4.0, long_run_s: 2.0, lead_in_below_s: 1.0 }
     }
 }
 
@@ -77,10 +80,11 @@ pub fn time(policy: &Policy, mut f: impl FnMut() -> Result<()>) -> Result<Timing
     let warmup_ms = once(&mut f)?;
     let warmup_counted = warmup_ms >= policy.long_run_s * 1e3;
     let mut samples_ms = if warmup_counted { vec![warmup_ms] } else { Vec::new() };
-    while samples_ms.len() < policy.max_reps.max(1) {
+    let max_reps = policy.max_reps.max(1);
+    while samples_ms.len() < max_reps {
         let spent_s: f64 = samples_ms.iter().sum::<f64>() / 1e3;
         let next_s = samples_ms.last().copied().unwrap_or(warmup_ms) / 1e3;
-        if !samples_ms.is_empty() && spent_s + next_s > policy.cell_budget_s {
+        if samples_ms.len() >= policy.min_reps.clamp(1, max_reps) && spent_s + next_s > policy.cell_budget_s {
             break;
         }
         samples_ms.push(once(&mut f)?);
@@ -96,7 +100,7 @@ pub fn time(policy: &Policy, mut f: impl FnMut() -> Result<()>) -> Result<Timing
 /// The [`Policy`] applies to the cells together: a cell's warm-up counts as its round-0 sample
 /// when it takes at least `long_run_s`; rounds stop after `max_reps` samples per cell, or when the
 /// next round would take the timed total past `cell_budget_s` times the number of cells (every cell
-/// gets at least one sample; lead-in runs, see [`Policy::lead_in_below_s`], are not counted). A cell
+/// gets at least `min_reps` samples; lead-in runs, see [`Policy::lead_in_below_s`], are not counted). A cell
 /// that fails drops out with its error; the others go on.
 pub fn time_rounds(policy: &Policy, cells: &mut [&mut dyn FnMut() -> Result<()>]) -> Vec<Result<Timing>> {
     let once = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
@@ -124,8 +128,9 @@ pub fn time_rounds(policy: &Policy, cells: &mut [&mut dyn FnMut() -> Result<()>]
         let timed = |i: usize| out[i].as_ref().map_or(0.0, |t| t.samples_ms.iter().sum::<f64>());
         let spent_ms: f64 = (0..cells.len()).map(timed).sum();
         let next_ms: f64 = live.iter().map(|&i| last_ms[i]).sum();
-        let unsampled = live.iter().any(|&i| out[i].as_ref().is_ok_and(|t| t.samples_ms.is_empty()));
-        if !unsampled && spent_ms + next_ms > budget_ms {
+        let min_reps = policy.min_reps.clamp(1, max_reps);
+        let short = live.iter().any(|&i| out[i].as_ref().is_ok_and(|t| t.samples_ms.len() < min_reps));
+        if !short && spent_ms + next_ms > budget_ms {
             break;
         }
         for i in live {
@@ -196,7 +201,7 @@ mod tests {
 
     #[test]
     fn time_respects_the_budget_and_counts_long_warmups() {
-        let policy = Policy { max_reps: 5, cell_budget_s: 0.0, long_run_s: 1e9, lead_in_below_s: 0.0 };
+        let policy = Policy { max_reps: 5, min_reps: 1, cell_budget_s: 0.0, long_run_s: 1e9, lead_in_below_s: 0.0 };
         let mut calls = 0;
         let t = time(&policy, || {
             calls += 1;
@@ -206,7 +211,7 @@ mod tests {
         // Zero budget: the warm-up plus exactly one timed repetition.
         assert_eq!((calls, t.samples_ms.len(), t.warmup_counted), (2, 1, false));
 
-        let policy = Policy { max_reps: 3, cell_budget_s: 1e9, long_run_s: 0.0, lead_in_below_s: 0.0 };
+        let policy = Policy { max_reps: 3, min_reps: 1, cell_budget_s: 1e9, long_run_s: 0.0, lead_in_below_s: 0.0 };
         let mut calls = 0;
         let t = time(&policy, || {
             calls += 1;
@@ -234,7 +239,7 @@ mod tests {
             }
         };
         let (mut a, mut b, mut c) = (cell(0), cell(1), cell(2));
-        let policy = Policy { max_reps: 4, cell_budget_s: 1e9, long_run_s: 1e9, lead_in_below_s: 0.0 };
+        let policy = Policy { max_reps: 4, min_reps: 1, cell_budget_s: 1e9, long_run_s: 1e9, lead_in_below_s: 0.0 };
         let out = time_rounds(&policy, &mut [&mut a, &mut b, &mut c]);
         // The warm-up round, round 1, cell 1 fails in round 2, cells 0 and 2 go on to rounds 3 and 4.
         assert_eq!(*log.borrow(), [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 2, 0, 2]);
@@ -249,11 +254,11 @@ mod tests {
     fn rounds_share_the_budget_and_count_long_warmups() {
         let (mut a, mut b) = (|| -> Result<()> { Ok(()) }, || -> Result<()> { Ok(()) });
         // Zero budget: the warm-up round plus one timed round.
-        let policy = Policy { max_reps: 5, cell_budget_s: 0.0, long_run_s: 1e9, lead_in_below_s: 0.0 };
+        let policy = Policy { max_reps: 5, min_reps: 1, cell_budget_s: 0.0, long_run_s: 1e9, lead_in_below_s: 0.0 };
         let out = time_rounds(&policy, &mut [&mut a, &mut b]);
         assert!(out.iter().all(|t| t.as_ref().is_ok_and(|t| t.samples_ms.len() == 1 && !t.warmup_counted)));
         // Every warm-up is long at 0 s: it is round 0, and max_reps includes it.
-        let policy = Policy { max_reps: 3, cell_budget_s: 1e9, long_run_s: 0.0, lead_in_below_s: 0.0 };
+        let policy = Policy { max_reps: 3, min_reps: 1, cell_budget_s: 1e9, long_run_s: 0.0, lead_in_below_s: 0.0 };
         let out = time_rounds(&policy, &mut [&mut a, &mut b]);
         for t in &out {
             let t = t.as_ref().unwrap();
@@ -262,10 +267,24 @@ mod tests {
         }
         // A cell that fails its warm-up has no samples and does not hold up the other.
         let mut bad = || -> Result<()> { anyhow::bail!("no") };
-        let policy = Policy { max_reps: 2, cell_budget_s: 1e9, long_run_s: 1e9, lead_in_below_s: 0.0 };
+        let policy = Policy { max_reps: 2, min_reps: 1, cell_budget_s: 1e9, long_run_s: 1e9, lead_in_below_s: 0.0 };
         let out = time_rounds(&policy, &mut [&mut bad, &mut a]);
         assert!(out[0].is_err());
         assert_eq!(out[1].as_ref().unwrap().samples_ms.len(), 2);
+    }
+
+    #[test]
+    fn min_reps_overrides_the_budget() {
+        let (mut a, mut b) = (|| -> Result<()> { Ok(()) }, || -> Result<()> { Ok(()) });
+        let policy = Policy { max_reps: 5, min_reps: 3, cell_budget_s: 0.0, long_run_s: 0.0, lead_in_below_s: 0.0 };
+        let out = time_rounds(&policy, &mut [&mut a, &mut b]);
+        // Round 0 (the counted warm-up), then rounds 1 and 2 although the budget is spent.
+        assert!(out.iter().all(|t| t.as_ref().is_ok_and(|t| t.samples_ms.len() == 3)));
+        let t = time(&policy, || Ok(())).unwrap();
+        assert_eq!(t.samples_ms.len(), 3);
+        // min_reps above max_reps is capped.
+        let policy = Policy { max_reps: 2, min_reps: 9, ..policy };
+        assert_eq!(time(&policy, || Ok(())).unwrap().samples_ms.len(), 2);
     }
 
     #[test]
@@ -280,7 +299,7 @@ mod tests {
             }
         };
         let (mut a, mut b) = (cell(0), cell(1));
-        let policy = Policy { max_reps: 2, cell_budget_s: 1e9, long_run_s: 1e9, lead_in_below_s: 1e9 };
+        let policy = Policy { max_reps: 2, min_reps: 1, cell_budget_s: 1e9, long_run_s: 1e9, lead_in_below_s: 1e9 };
         let out = time_rounds(&policy, &mut [&mut a, &mut b]);
         assert_eq!(*log.borrow(), [0, 1, 0, 0, 1, 1, 0, 0, 1, 1]);
         assert!(out.iter().all(|t| t.as_ref().is_ok_and(|t| t.samples_ms.len() == 2)));

@@ -106,6 +106,10 @@ struct TimingArgs {
     /// Stop repeating a cell after this many seconds of timed runs (one always runs).
     #[arg(long, default_value_t = 4.0)]
     cell_secs: f64,
+    /// SDPA and fused cells get at least this many timed repetitions (rounds), whatever `--cell-secs`
+    /// says, so their long-T ratios are medians, not single pairs.
+    #[arg(long, default_value_t = 3)]
+    min_round_reps: usize,
     /// Where kernels-cpu.md and kernels-cpu.json go. Default: <workspace>/docs/bench.
     #[arg(long)]
     out_dir: Option<PathBuf>,
@@ -257,6 +261,7 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
     let sdpa_variant: VariantSpec = "softmax".parse()?;
     let imps = parse_implementations(&args.implementations)?;
     let policy = Policy { max_reps: args.max_reps, cell_budget_s: args.cell_secs, ..Policy::default() };
+    let round_policy = Policy { min_reps: args.min_round_reps, ..policy };
     let (b, h, d) = (args.batch, args.heads, args.head_dim);
     let cpu = env::cpu_model();
     eprintln!("bench-kernels: {cpu}; {threads} thread(s); B={b} H={h} d={d}; T = {lengths:?}");
@@ -328,7 +333,7 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
                 .collect();
             let mut refs: Vec<&mut dyn FnMut() -> Result<()>> =
                 fns.iter_mut().map(|f| &mut **f as &mut dyn FnMut() -> Result<()>).collect();
-            let mut round_timings = measure::time_rounds(&policy, &mut refs).into_iter();
+            let mut round_timings = measure::time_rounds(&round_policy, &mut refs).into_iter();
             drop(refs);
             drop(fns);
             let mut sdpa: Option<measure::Timing> = None;
@@ -398,9 +403,9 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
         timing_policy: format!(
             "one warm-up (counted as a sample when >= {} s), then the median of up to {} repetitions within {} s per cell; \
              SDPA and fused run in rounds (one repetition of each per round, after an untimed lead-in run where a run \
-             takes under {} s; the budget shared) and their time / SDPA is the median of per-round ratios; the other \
-             rows run one cell after the other",
-            policy.long_run_s, policy.max_reps, policy.cell_budget_s, policy.lead_in_below_s
+             takes under {} s; the budget shared; at least {} rounds) and their time / SDPA is the median of \
+             per-round ratios; the other rows run one cell after the other",
+            policy.long_run_s, policy.max_reps, policy.cell_budget_s, policy.lead_in_below_s, round_policy.min_reps
         ),
         rows,
         skipped,
