@@ -333,6 +333,13 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
                 .collect();
             let mut refs: Vec<&mut dyn FnMut() -> Result<()>> =
                 fns.iter_mut().map(|f| &mut **f as &mut dyn FnMut() -> Result<()>).collect();
+            if !refs.is_empty() {
+                eprintln!(
+                    "  T={t:>5} {pass:<7} {} cells in rounds (SDPA and fused; {:.0} s elapsed)",
+                    refs.len(),
+                    start.elapsed().as_secs_f64()
+                );
+            }
             let mut round_timings = measure::time_rounds(&round_policy, &mut refs).into_iter();
             drop(refs);
             drop(fns);
