@@ -70,26 +70,11 @@ pub fn paired_ratio(a: &Timing, b: &Timing) -> Option<f64> {
     (!ratios.is_empty()).then(|| median(&ratios))
 }
 
-/// Runs `f` under `policy` and returns its samples.
+/// Runs `f` under `policy` and returns its samples: [`time_rounds`] with one cell, whose repetitions
+/// run back to back (so no lead-in runs).
 pub fn time(policy: &Policy, mut f: impl FnMut() -> Result<()>) -> Result<Timing> {
-    let once = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
-        let start = Instant::now();
-        f()?;
-        Ok(start.elapsed().as_secs_f64() * 1e3)
-    };
-    let warmup_ms = once(&mut f)?;
-    let warmup_counted = warmup_ms >= policy.long_run_s * 1e3;
-    let mut samples_ms = if warmup_counted { vec![warmup_ms] } else { Vec::new() };
-    let max_reps = policy.max_reps.max(1);
-    while samples_ms.len() < max_reps {
-        let spent_s: f64 = samples_ms.iter().sum::<f64>() / 1e3;
-        let next_s = samples_ms.last().copied().unwrap_or(warmup_ms) / 1e3;
-        if samples_ms.len() >= policy.min_reps.clamp(1, max_reps) && spent_s + next_s > policy.cell_budget_s {
-            break;
-        }
-        samples_ms.push(once(&mut f)?);
-    }
-    Ok(Timing { samples_ms, warmup_counted })
+    let policy = Policy { lead_in_below_s: 0.0, ..*policy };
+    time_rounds(&policy, &mut [&mut f]).pop().expect("one timing per cell")
 }
 
 /// Times several cells in rounds: a warm-up round, then rounds of one repetition of each cell in
@@ -102,8 +87,8 @@ pub fn time(policy: &Policy, mut f: impl FnMut() -> Result<()>) -> Result<Timing
 /// next round would take the timed total past `cell_budget_s` times the number of cells (every cell
 /// gets at least `min_reps` samples; lead-in runs, see [`Policy::lead_in_below_s`], are not counted). A cell
 /// that fails drops out with its error; the others go on.
-pub fn time_rounds(policy: &Policy, cells: &mut [&mut dyn FnMut() -> Result<()>]) -> Vec<Result<Timing>> {
-    let once = |f: &mut dyn FnMut() -> Result<()>| -> Result<f64> {
+pub fn time_rounds<F: FnMut() -> Result<()>>(policy: &Policy, cells: &mut [F]) -> Vec<Result<Timing>> {
+    let once = |f: &mut F| -> Result<f64> {
         let start = Instant::now();
         f()?;
         Ok(start.elapsed().as_secs_f64() * 1e3)
@@ -111,7 +96,7 @@ pub fn time_rounds(policy: &Policy, cells: &mut [&mut dyn FnMut() -> Result<()>]
     let mut out: Vec<Result<Timing>> = Vec::with_capacity(cells.len());
     let mut last_ms = vec![0.0; cells.len()];
     for (f, last) in cells.iter_mut().zip(&mut last_ms) {
-        out.push(once(&mut **f).map(|ms| {
+        out.push(once(f).map(|ms| {
             *last = ms;
             let warmup_counted = ms >= policy.long_run_s * 1e3;
             Timing { samples_ms: if warmup_counted { vec![ms] } else { Vec::new() }, warmup_counted }
@@ -134,7 +119,7 @@ pub fn time_rounds(policy: &Policy, cells: &mut [&mut dyn FnMut() -> Result<()>]
             break;
         }
         for i in live {
-            let f = &mut *cells[i];
+            let f = &mut cells[i];
             let lead_in = if last_ms[i] < policy.lead_in_below_s * 1e3 { f() } else { Ok(()) };
             match lead_in.and_then(|()| once(f)) {
                 Ok(ms) => {
@@ -255,11 +240,11 @@ mod tests {
         let (mut a, mut b) = (|| -> Result<()> { Ok(()) }, || -> Result<()> { Ok(()) });
         // Zero budget: the warm-up round plus one timed round.
         let policy = Policy { max_reps: 5, min_reps: 1, cell_budget_s: 0.0, long_run_s: 1e9, lead_in_below_s: 0.0 };
-        let out = time_rounds(&policy, &mut [&mut a, &mut b]);
+        let out = time_rounds(&policy, &mut [&mut a as &mut dyn FnMut() -> Result<()>, &mut b]);
         assert!(out.iter().all(|t| t.as_ref().is_ok_and(|t| t.samples_ms.len() == 1 && !t.warmup_counted)));
         // Every warm-up is long at 0 s: it is round 0, and max_reps includes it.
         let policy = Policy { max_reps: 3, min_reps: 1, cell_budget_s: 1e9, long_run_s: 0.0, lead_in_below_s: 0.0 };
-        let out = time_rounds(&policy, &mut [&mut a, &mut b]);
+        let out = time_rounds(&policy, &mut [&mut a as &mut dyn FnMut() -> Result<()>, &mut b]);
         for t in &out {
             let t = t.as_ref().unwrap();
             assert!(t.warmup_counted);
@@ -268,7 +253,7 @@ mod tests {
         // A cell that fails its warm-up has no samples and does not hold up the other.
         let mut bad = || -> Result<()> { anyhow::bail!("no") };
         let policy = Policy { max_reps: 2, min_reps: 1, cell_budget_s: 1e9, long_run_s: 1e9, lead_in_below_s: 0.0 };
-        let out = time_rounds(&policy, &mut [&mut bad, &mut a]);
+        let out = time_rounds(&policy, &mut [&mut bad as &mut dyn FnMut() -> Result<()>, &mut a]);
         assert!(out[0].is_err());
         assert_eq!(out[1].as_ref().unwrap().samples_ms.len(), 2);
     }
@@ -277,7 +262,7 @@ mod tests {
     fn min_reps_overrides_the_budget() {
         let (mut a, mut b) = (|| -> Result<()> { Ok(()) }, || -> Result<()> { Ok(()) });
         let policy = Policy { max_reps: 5, min_reps: 3, cell_budget_s: 0.0, long_run_s: 0.0, lead_in_below_s: 0.0 };
-        let out = time_rounds(&policy, &mut [&mut a, &mut b]);
+        let out = time_rounds(&policy, &mut [&mut a as &mut dyn FnMut() -> Result<()>, &mut b]);
         // Round 0 (the counted warm-up), then rounds 1 and 2 although the budget is spent.
         assert!(out.iter().all(|t| t.as_ref().is_ok_and(|t| t.samples_ms.len() == 3)));
         let t = time(&policy, || Ok(())).unwrap();
@@ -300,7 +285,7 @@ mod tests {
         };
         let (mut a, mut b) = (cell(0), cell(1));
         let policy = Policy { max_reps: 2, min_reps: 1, cell_budget_s: 1e9, long_run_s: 1e9, lead_in_below_s: 1e9 };
-        let out = time_rounds(&policy, &mut [&mut a, &mut b]);
+        let out = time_rounds(&policy, &mut [&mut a as &mut dyn FnMut() -> Result<()>, &mut b]);
         assert_eq!(*log.borrow(), [0, 1, 0, 0, 1, 1, 0, 0, 1, 1]);
         assert!(out.iter().all(|t| t.as_ref().is_ok_and(|t| t.samples_ms.len() == 2)));
     }

@@ -324,25 +324,21 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
             // (10-30x) and FlexAttention's child process run one cell after the other.
             let in_rounds = |imp: Implementation| matches!(imp, Implementation::Sdpa | Implementation::Fused);
             let round_cells: Vec<_> = runnable.iter().copied().filter(|&(imp, _)| in_rounds(imp)).collect();
-            let mut fns: Vec<Box<dyn FnMut() -> Result<()> + '_>> = round_cells
+            let mut fns: Vec<_> = round_cells
                 .iter()
                 .map(|&(imp, variant)| {
                     let work = &work;
-                    Box::new(move || work.run(imp, variant, pass, pool)) as Box<dyn FnMut() -> Result<()> + '_>
+                    move || work.run(imp, variant, pass, pool)
                 })
                 .collect();
-            let mut refs: Vec<&mut dyn FnMut() -> Result<()>> =
-                fns.iter_mut().map(|f| &mut **f as &mut dyn FnMut() -> Result<()>).collect();
-            if !refs.is_empty() {
+            if !fns.is_empty() {
                 eprintln!(
                     "  T={t:>5} {pass:<7} {} cells in rounds (SDPA and fused; {:.0} s elapsed)",
-                    refs.len(),
+                    fns.len(),
                     start.elapsed().as_secs_f64()
                 );
             }
-            let mut round_timings = measure::time_rounds(&round_policy, &mut refs).into_iter();
-            drop(refs);
-            drop(fns);
+            let mut round_timings = measure::time_rounds(&round_policy, &mut fns).into_iter();
             let mut sdpa: Option<measure::Timing> = None;
             for (imp, variant) in runnable {
                 let timing = if in_rounds(imp) {

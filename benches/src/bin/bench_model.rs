@@ -110,8 +110,7 @@ fn main() -> Result<()> {
                     Ok(())
                 }
             };
-            let (mut reference, mut fused) = (step(AttnImpl::Reference), step(AttnImpl::Fused));
-            let timings = measure::time_rounds(&policy, &mut [&mut reference, &mut fused]);
+            let timings = measure::time_rounds(&policy, &mut [step(AttnImpl::Reference), step(AttnImpl::Fused)]);
             let timings: Vec<measure::Timing> = timings
                 .into_iter()
                 .zip(names)
