@@ -243,7 +243,8 @@ fn parse_implementations(names: &[String]) -> Result<Vec<Implementation>> {
         .iter()
         .map(|n| {
             Implementation::ALL.into_iter().find(|i| i.name() == n).ok_or_else(|| {
-                anyhow!("unknown implementation `{n}` (fused, sdpa, flex-attention, torch-ops, attn-core-f64)")
+                let known: Vec<_> = Implementation::ALL.iter().map(|i| i.name()).collect();
+                anyhow!("unknown implementation `{n}` ({})", known.join(", "))
             })
         })
         .collect()
