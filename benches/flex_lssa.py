@@ -16,14 +16,19 @@ The Rust benchmarks run this script with the Python of the torch venv (`lssa_ben
       f64, B x H x T x d), writes DIR/lssa.f64 and DIR/lssa_rw{p}.f64 (eager FlexAttention in f64:
       the formulation, checked against attn-core by benches/tests/flex.rs)
   flex_lssa.py speed --device cpu|cuda --dtype f32|bf16 --head-dim D --lengths T,... [--tokens N]
-      [--batch B] [--heads H] [--threads N] [--reps N] [--budget-s S] [--backward]
-      one JSON object per line and length: the timed runs (ms; after one warm-up that compiles) of the
-      compiled LSSA forward (`lssa_fwd`), LSSAR p = 15 forward (`lssar15_fwd`) and, with --backward
-      (CUDA only: FlexAttention has no CPU backward), LSSA forward+backward (`lssa_fwd_bwd`), each
-      with the q/k normalisation (the fused kernels normalise inside); the largest relative error of
-      the compiled outputs against a materialised f32 reference at the first length; and, per cell
-      that could not run, why (`errors`: PyTorch 2.11 compiles no `return_lse` on the CPU, so
-      LSSAR has no CPU row).
+      [--batch B] [--heads H] [--threads N] [--reps N] [--min-reps N] [--budget-s S] [--lead-in-below-s S]
+      [--backward] [--sdpa]
+      one JSON object per line and length: the timed runs (ms) of the compiled LSSA forward
+      (`lssa_fwd`), LSSAR p = 15 forward (`lssar15_fwd`) and, with --backward (CUDA only: FlexAttention
+      has no CPU backward), LSSA forward+backward (`lssa_fwd_bwd`), each with the q/k normalisation
+      (the fused kernels normalise inside); with --sdpa also libtorch's SDPA softmax, forward
+      (`sdpa_fwd`) and, with --backward, forward+backward (`sdpa_fwd_bwd`); the largest relative
+      error of the compiled outputs against a materialised f32 reference at the first length; and,
+      per cell that could not run, why (`errors`: PyTorch 2.11 compiles no `return_lse` on the CPU,
+      so LSSAR has no CPU row). The cells of one length run in rounds, as the Rust benchmarks time
+      theirs (`lssa_benches::measure::time_rounds`): one warm-up each (it compiles), then rounds of
+      one timed run of each cell, so sample i of every cell comes from round i + 1 and a cell's
+      time over SDPA's is a median of per-round ratios.
 """
 import argparse
 from array import array
@@ -110,29 +115,72 @@ def check(folder):
         (folder / f"{name}.f64").write_bytes(array("d", o.flatten().tolist()).tobytes())
 
 
-def samples_ms(fn, sync, reps, budget_s, batch_to_s=0.0):
-    """One warm-up (it compiles), then up to `reps` timed samples within `budget_s` (at least one).
+def failure(e):
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
-    With `batch_to_s > 0` a sample is the mean of as many back-to-back calls (at most 50) as fill
-    that long, so launch latency overlaps as it does in a training step (bench-cuda times its own
-    kernels the same way).
+
+def rounds_ms(cells, sync, args, batch_to_s, errors):
+    """Times `cells` ({name: fn}) in rounds and returns {name: [ms, ...]}, sample i from round i + 1.
+
+    The policy of `lssa_benches::measure::time_rounds`: one warm-up per cell (it compiles; a cell
+    that fails there or later drops out, its error in `errors`), then rounds of one timed run of each
+    cell in order, up to `args.reps` rounds, stopping early once at least `args.min_reps` rounds ran
+    and the next would take the timed total past `args.budget_s` times the number of cells. A cell
+    whose last run took under `args.lead_in_below_s` runs once more, untimed, before each timed run
+    (the first run after another cell pays for libtorch's OpenMP workers winding down). With
+    `batch_to_s > 0` a sample is the mean of as many back-to-back calls (at most 50) as fill that
+    long, so launch latency overlaps as it does in a training step (bench-cuda times its kernels so).
     """
-    fn()
-    sync()
-    inner = 1
-    if batch_to_s > 0:
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        inner = min(max(math.ceil(batch_to_s / max(time.perf_counter() - t0, 1e-6)), 1), 50)
-    times = []
-    while len(times) < reps and (not times or sum(times) / 1e3 < budget_s):
-        t0 = time.perf_counter()
-        for _ in range(inner):
+    inner, last_ms, samples = {}, {}, {}
+    for name, fn in cells.items():
+        try:
             fn()
-        sync()
-        times.append((time.perf_counter() - t0) * 1e3 / inner)
-    return times
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            ms = (time.perf_counter() - t0) * 1e3
+        except Exception as e:
+            errors[name] = failure(e)
+            continue
+        inner[name] = min(max(math.ceil(batch_to_s * 1e3 / max(ms, 1e-3)), 1), 50) if batch_to_s > 0 else 1
+        last_ms[name], samples[name] = ms, []
+    budget_ms = args.budget_s * 1e3 * len(samples)
+    while True:
+        live = [n for n in samples if len(samples[n]) < args.reps]
+        if not live:
+            break
+        spent_ms = sum(sum(s) for s in samples.values())
+        short = any(len(samples[n]) < max(args.min_reps, 1) for n in live)
+        if not short and spent_ms + sum(last_ms[n] for n in live) > budget_ms:
+            break
+        for name in live:
+            fn = cells[name]
+            try:
+                if last_ms[name] < args.lead_in_below_s * 1e3:
+                    fn()
+                    sync()
+                t0 = time.perf_counter()
+                for _ in range(inner[name]):
+                    fn()
+                sync()
+                ms = (time.perf_counter() - t0) * 1e3 / inner[name]
+            except Exception as e:
+                errors[name] = failure(e)
+                del samples[name]
+                continue
+            last_ms[name] = ms
+            samples[name].append(ms)
+    return samples
+
+
+def in_grad_mode(fn, grad):
+    def run():
+        with torch.set_grad_enabled(grad):
+            return fn()
+
+    return run
 
 
 def speed(args):
@@ -150,27 +198,29 @@ def speed(args):
         # The causal mask is the same for every batch and head: one T x T block mask, broadcast.
         mask = create_block_mask(causal, None, None, t, t, device=dev)
         row = {"T": t, "B": b, "H": args.heads, "d": args.head_dim, "device": args.device, "dtype": args.dtype}
-        cells, errors, rel_errs = {}, {}, []
-
-        def measure(name, fn, p=None, grad=False):
-            # One failure (out of memory, an unsupported feature) costs one cell, not the row.
-            try:
-                with torch.set_grad_enabled(grad):
-                    batch_to_s = 0.02 if dev.type == "cuda" else 0.0
-                    cells[name] = samples_ms(fn, sync, args.reps, args.budget_s, batch_to_s)
-                    if i == 0 and not grad:
-                        want = materialised(q, k, v, p)
-                        rel_errs.append(((fn().float() - want).norm() / want.norm()).item())
-            except Exception as e:
-                text = str(e).strip().splitlines()
-                errors[name] = f"{type(e).__name__}: {text[0] if text else ''}"[:300]
-
-        measure("lssa_fwd", lambda: lssa(attn, q, k, v, mask))
-        measure("lssar15_fwd", lambda: lssar(attn, q, k, v, mask, 15), p=15)
+        errors, rel_errs = {}, []
+        forward = {"lssa_fwd": (lambda: lssa(attn, q, k, v, mask), None)}
+        forward["lssar15_fwd"] = (lambda: lssar(attn, q, k, v, mask, 15), 15)
+        cells = {name: in_grad_mode(fn, False) for name, (fn, _) in forward.items()}
+        if args.sdpa:
+            cells["sdpa_fwd"] = in_grad_mode(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True), False)
         if args.backward:
             qg, kg, vg = (x.detach().requires_grad_(True) for x in (q, k, v))
-            measure("lssa_fwd_bwd", lambda: (lssa(attn, qg, kg, vg, mask) * g).sum().backward(), grad=True)
-        row["samples_ms"] = cells
+            fwd_bwd = {"lssa_fwd_bwd": lambda: lssa(attn, qg, kg, vg, mask)}
+            if args.sdpa:
+                fwd_bwd["sdpa_fwd_bwd"] = lambda: F.scaled_dot_product_attention(qg, kg, vg, is_causal=True)
+            for name, fn in fwd_bwd.items():
+                cells[name] = in_grad_mode(lambda fn=fn: (fn() * g).sum().backward(), True)
+        # One failure (out of memory, an unsupported feature) costs one cell, not the row.
+        row["samples_ms"] = rounds_ms(cells, sync, args, 0.02 if dev.type == "cuda" else 0.0, errors)
+        if i == 0:
+            for name, (fn, p) in forward.items():
+                if name in row["samples_ms"]:
+                    try:
+                        want = materialised(q, k, v, p)
+                        rel_errs.append(((cells[name]().float() - want).norm() / want.norm()).item())
+                    except Exception as e:  # the T x T reference out of memory: no error figure
+                        errors[f"{name}_check"] = failure(e)
         if rel_errs:
             row["rel_err_vs_materialised"] = max(rel_errs)
         if errors:
@@ -196,8 +246,11 @@ def main():
     s.add_argument("--tokens", type=int, default=0, help="batch = max(tokens / T, 1) (0: batch 1)")
     s.add_argument("--threads", type=int, default=0)
     s.add_argument("--reps", type=int, default=7)
-    s.add_argument("--budget-s", type=float, default=4.0)
+    s.add_argument("--min-reps", type=int, default=1)
+    s.add_argument("--budget-s", type=float, default=4.0, help="timed seconds per cell and length")
+    s.add_argument("--lead-in-below-s", type=float, default=0.0)
     s.add_argument("--backward", action="store_true")
+    s.add_argument("--sdpa", action="store_true", help="also time libtorch's SDPA softmax, in the same rounds")
     args = parser.parse_args()
     if args.cmd == "check":
         check(args.dir)

@@ -14,6 +14,8 @@ use std::process::{Command, Stdio};
 use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
+use crate::measure::Timing;
+
 /// The interpreter to run the script with (see the module documentation), and how it was chosen.
 pub fn python() -> (PathBuf, &'static str) {
     if let Some(p) = std::env::var_os("LSSA_TORCH_PYTHON") {
@@ -54,6 +56,11 @@ pub const LSSA_FWD: &str = "lssa_fwd";
 pub const LSSAR15_FWD: &str = "lssar15_fwd";
 /// A cell of a [`SpeedRow`]: the LSSA forward and backward.
 pub const LSSA_FWD_BWD: &str = "lssa_fwd_bwd";
+/// A cell of a [`SpeedRow`] with [`SpeedRequest::sdpa`]: libtorch's SDPA softmax forward.
+pub const SDPA_FWD: &str = "sdpa_fwd";
+/// A cell of a [`SpeedRow`] with [`SpeedRequest::sdpa`] and [`SpeedRequest::backward`]: SDPA
+/// forward and backward.
+pub const SDPA_FWD_BWD: &str = "sdpa_fwd_bwd";
 
 /// What `flex_lssa.py speed` runs.
 #[derive(Clone, Debug)]
@@ -74,12 +81,20 @@ pub struct SpeedRequest {
     pub tokens: usize,
     /// torch's intra-op threads (0: torch's default).
     pub threads: usize,
-    /// At most this many timed runs per cell (after one warm-up, which compiles).
+    /// At most this many rounds (timed runs per cell), after one warm-up, which compiles.
     pub reps: usize,
-    /// Stop repeating a cell after this many seconds of timed runs.
+    /// At least this many rounds, whatever the budget.
+    pub min_reps: usize,
+    /// Stop the rounds once the next would take the timed total past this many seconds per cell.
     pub budget_s: f64,
+    /// A cell whose last run took less runs once more, untimed, before each timed run
+    /// ([`crate::measure::Policy::lead_in_below_s`]).
+    pub lead_in_below_s: f64,
     /// Also LSSA forward+backward (FlexAttention has no CPU backward).
     pub backward: bool,
+    /// Also libtorch's SDPA softmax ([`SDPA_FWD`], [`SDPA_FWD_BWD`]), in the same rounds, so the
+    /// FlexAttention cells' time over SDPA's is a paired ratio ([`SpeedRow::time_vs_sdpa`]).
+    pub sdpa: bool,
 }
 
 /// One length's results.
@@ -91,7 +106,8 @@ pub struct SpeedRow {
     /// Batch size it ran at.
     #[serde(rename = "B")]
     pub b: usize,
-    /// Timed runs in ms per cell: [`LSSA_FWD`], [`LSSAR15_FWD`], [`LSSA_FWD_BWD`].
+    /// Timed runs in ms per cell ([`LSSA_FWD`], [`LSSAR15_FWD`], [`LSSA_FWD_BWD`], [`SDPA_FWD`],
+    /// [`SDPA_FWD_BWD`]); the cells ran in rounds, run `i` of every cell in round `i + 1`.
     #[serde(default)]
     pub samples_ms: BTreeMap<String, Vec<f64>>,
     /// Why a cell did not run.
@@ -105,7 +121,21 @@ pub struct SpeedRow {
 impl SpeedRow {
     /// The median of a cell's timed runs, in ms.
     pub fn median_ms(&self, cell: &str) -> Option<f64> {
-        self.samples_ms.get(cell).filter(|s| !s.is_empty()).map(|s| crate::measure::median(s))
+        self.timing(cell).map(|t| t.median_ms())
+    }
+
+    /// A cell's runs as a [`Timing`] whose rounds line up with the other cells' (the warm-up, which
+    /// compiles, is never a sample).
+    pub fn timing(&self, cell: &str) -> Option<Timing> {
+        let samples_ms = self.samples_ms.get(cell).filter(|s| !s.is_empty())?.clone();
+        Some(Timing { samples_ms, warmup_counted: false })
+    }
+
+    /// A cell's time over SDPA's in the same pass, the median of per-round ratios; `None` without
+    /// an SDPA cell for that pass (no [`SpeedRequest::sdpa`], or it failed).
+    pub fn time_vs_sdpa(&self, cell: &str) -> Option<f64> {
+        let sdpa = if cell == LSSA_FWD_BWD { SDPA_FWD_BWD } else { SDPA_FWD };
+        crate::measure::paired_ratio(&self.timing(cell)?, &self.timing(sdpa)?)
     }
 }
 
@@ -120,9 +150,13 @@ pub fn speed(req: &SpeedRequest) -> Result<Vec<SpeedRow>> {
         .args(["--lengths", &lengths.join(","), "--batch", &req.batch.to_string()])
         .args(["--tokens", &req.tokens.to_string()])
         .args(["--threads", &req.threads.to_string(), "--reps", &req.reps.to_string()])
-        .args(["--budget-s", &req.budget_s.to_string()]);
+        .args(["--min-reps", &req.min_reps.to_string(), "--budget-s", &req.budget_s.to_string()])
+        .args(["--lead-in-below-s", &req.lead_in_below_s.to_string()]);
     if req.backward {
         cmd.arg("--backward");
+    }
+    if req.sdpa {
+        cmd.arg("--sdpa");
     }
     let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().with_context(spawn_context)?;
     // Drain stderr on a thread so a chatty child never blocks on a full pipe.
@@ -211,5 +245,24 @@ mod tests {
         assert_eq!(venv_python(&torch), Some(dir.path().join("bin/python")));
         // A torch that is not inside site-packages (a plain libtorch download) has no venv.
         assert_eq!(venv_python(&dir.path().join("libtorch")), None);
+    }
+
+    #[test]
+    fn flex_cells_are_paired_with_the_sdpa_cell_of_their_pass_by_round() {
+        let row: SpeedRow = serde_json::from_str(
+            r#"{"T": 1024, "B": 1, "samples_ms": {"lssa_fwd": [2, 4, 6], "sdpa_fwd": [1, 4, 3],
+                "lssa_fwd_bwd": [10, 30], "sdpa_fwd_bwd": [5, 10, 20], "lssar15_fwd": [7]},
+                "errors": {"x": "why"}}"#,
+        )
+        .unwrap();
+        // Per-round ratios 2, 1, 2: median 2, where the ratio of medians would be 4 / 3.
+        assert_eq!(row.time_vs_sdpa(LSSA_FWD), Some(2.0));
+        assert_eq!(row.median_ms(LSSA_FWD), Some(4.0));
+        // The backward cell pairs with SDPA's backward, round by round (10 / 5, 30 / 10).
+        assert_eq!(row.time_vs_sdpa(LSSA_FWD_BWD), Some(2.5));
+        assert_eq!(row.time_vs_sdpa(LSSAR15_FWD), Some(7.0));
+        let no_sdpa: SpeedRow = serde_json::from_str(r#"{"T": 1, "B": 1, "samples_ms": {"lssa_fwd": [1]}}"#).unwrap();
+        assert_eq!(no_sdpa.time_vs_sdpa(LSSA_FWD), None);
+        assert_eq!(row.time_vs_sdpa("absent"), None);
     }
 }

@@ -52,3 +52,46 @@ fn flex_attention_lssa_and_lssar_match_attn_core() {
         assert!(err < 1e-10, "{variant}: FlexAttention differs from attn-core by {err:e} (relative to max |y|)");
     }
 }
+
+#[test]
+fn the_compiled_speed_path_is_correct_and_pairs_its_cells_by_round() {
+    // The path the benchmarks time: torch.compile'd FlexAttention, with SDPA in the same rounds.
+    let req = flex::SpeedRequest {
+        device: "cpu".into(),
+        dtype: "f32".into(),
+        head_dim: 64,
+        heads: 2,
+        lengths: vec![200],
+        batch: 1,
+        tokens: 0,
+        threads: 2,
+        reps: 3,
+        min_reps: 3,
+        budget_s: 0.0,
+        lead_in_below_s: 1.0,
+        backward: false,
+        sdpa: true,
+    };
+    let rows = match flex::speed(&req) {
+        Ok(rows) => rows,
+        Err(e) if std::env::var_os("LSSA_REQUIRE_TORCH_PYTHON").is_none() => {
+            eprintln!("skipped: no Python with torch 2.11 ({e:#})");
+            return;
+        }
+        Err(e) => panic!("{e:#}"),
+    };
+    assert_eq!(rows.len(), 1);
+    let row = &rows[0];
+    assert_eq!((row.t, row.b), (200, 1));
+    // A zero budget still gives every cell min_reps rounds, and no more than reps.
+    for cell in [flex::LSSA_FWD, flex::SDPA_FWD] {
+        assert_eq!(row.samples_ms.get(cell).map(Vec::len), Some(3), "{cell}: {row:?}");
+    }
+    let ratio = row.time_vs_sdpa(flex::LSSA_FWD).expect("paired with SDPA");
+    assert!(ratio.is_finite() && ratio > 0.0, "{ratio}");
+    // The compiled LSSA agrees with the materialised f32 formula (rounding only).
+    let err = row.rel_err_vs_materialised.expect("checked at the first length");
+    assert!(err < 1e-5, "compiled FlexAttention LSSA differs from the materialised formula by {err:e}");
+    // LSSAR either ran or says why not (PyTorch 2.11 compiles no `return_lse` on the CPU).
+    assert!(row.samples_ms.contains_key(flex::LSSAR15_FWD) || row.errors.contains_key(flex::LSSAR15_FWD));
+}

@@ -485,8 +485,13 @@ fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                 tokens: 16384,
                 threads: 0,
                 reps: args.reps,
+                min_reps: 1,
                 budget_s: 4.0,
+                // GPU timings do not drift with a neighbour's load as the 2-core CPU runs do: no
+                // lead-in runs, and no SDPA of the child's own to pair with.
+                lead_in_below_s: 0.0,
                 backward: true,
+                sdpa: false,
             };
             flex::speed(&req).map_err(|e| format!("{e:#}"))
         });

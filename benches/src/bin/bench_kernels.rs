@@ -212,7 +212,8 @@ struct Summary {
     fused_lssar_over_lssa_fwd_4096: Option<f64>,
     /// torch-ops time over fused time at T = 4096, forward, per variant (how much faster fused is).
     torch_ops_over_fused_fwd_4096: BTreeMap<String, f64>,
-    /// FlexAttention time over fused time at T = 4096, forward, per variant.
+    /// FlexAttention time over fused time at T = 4096, forward, per variant: the quotient of their
+    /// times over SDPA (each a paired ratio) where both have one, else of their medians.
     flex_over_fused_fwd_4096: BTreeMap<String, f64>,
 }
 
@@ -280,9 +281,13 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
             batch: b,
             tokens: 0,
             threads,
-            reps: policy.max_reps,
-            budget_s: policy.cell_budget_s,
+            reps: round_policy.max_reps,
+            min_reps: round_policy.min_reps,
+            budget_s: round_policy.cell_budget_s,
+            lead_in_below_s: round_policy.lead_in_below_s,
             backward: false,
+            // SDPA in the child's rounds too: FlexAttention's time / SDPA is then paired like fused's.
+            sdpa: imps.contains(&Implementation::Sdpa),
         };
         flex::speed(&req).map_err(|e| format!("{e:#}"))
     } else {
@@ -342,10 +347,14 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
             let mut round_timings = measure::time_rounds(&round_policy, &mut fns).into_iter();
             let mut sdpa: Option<measure::Timing> = None;
             for (imp, variant) in runnable {
+                let mut flex_vs_sdpa = None;
                 let timing = if in_rounds(imp) {
                     round_timings.next().expect("one timing per cell in rounds")
                 } else if imp == Implementation::Flex {
-                    flex_timing(&flex_rows, &variant.name, t, pass)
+                    flex_timing(&flex_rows, &variant.name, t, pass).map(|(timing, ratio)| {
+                        flex_vs_sdpa = ratio;
+                        timing
+                    })
                 } else {
                     measure::time(&policy, || work.run(imp, variant, pass, pool))
                 };
@@ -353,6 +362,8 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
                     Ok(timing) => {
                         let ms = timing.median_ms();
                         let time_vs_sdpa = match &sdpa {
+                            // Paired with the SDPA run in FlexAttention's process.
+                            _ if imp == Implementation::Flex => flex_vs_sdpa,
                             Some(s) if in_rounds(imp) => measure::paired_ratio(&timing, s),
                             Some(s) => Some(ms / s.median_ms()),
                             None => None,
@@ -408,7 +419,8 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
             "one warm-up (counted as a sample when >= {} s), then the median of up to {} repetitions within {} s per cell; \
              SDPA and fused run in rounds (one repetition of each per round, after an untimed lead-in run where a run \
              takes under {} s; the budget shared; at least {} rounds) and their time / SDPA is the median of \
-             per-round ratios; the other rows run one cell after the other",
+             per-round ratios; FlexAttention runs in its own process in rounds with an SDPA run there, its time / SDPA \
+             paired the same way; the other rows run one cell after the other",
             policy.long_run_s, policy.max_reps, policy.cell_budget_s, policy.lead_in_below_s, round_policy.min_reps
         ),
         rows,
@@ -434,21 +446,22 @@ fn flex_cell(variant: &str, pass: Pass) -> Option<&'static str> {
     }
 }
 
-/// The FlexAttention child's samples for one cell, or why there are none.
+/// The FlexAttention child's samples for one cell, or why there are none, and its time over that of
+/// the SDPA the child timed in the same rounds.
 fn flex_timing(
     rows: &std::result::Result<Vec<flex::SpeedRow>, String>,
     variant: &str,
     t: usize,
     pass: Pass,
-) -> Result<measure::Timing> {
+) -> Result<(measure::Timing, Option<f64>)> {
     let rows = rows.as_ref().map_err(|e| anyhow!("{e}"))?;
     let cell = flex_cell(variant, pass).ok_or_else(|| anyhow!("no FlexAttention cell for {variant} {pass}"))?;
     let row = rows.iter().find(|r| r.t == t).ok_or_else(|| anyhow!("flex_lssa.py returned no row for T = {t}"))?;
     if let Some(e) = row.errors.get(cell) {
         bail!("{e}");
     }
-    let samples_ms = row.samples_ms.get(cell).cloned().ok_or_else(|| anyhow!("flex_lssa.py did not run {cell}"))?;
-    Ok(measure::Timing { samples_ms, warmup_counted: false })
+    let timing = row.timing(cell).ok_or_else(|| anyhow!("flex_lssa.py did not run {cell}"))?;
+    Ok((timing, row.time_vs_sdpa(cell)))
 }
 
 /// Why a cell must not run, if it must not.
@@ -489,7 +502,8 @@ fn find<'a>(rows: &'a [Row], imp: Implementation, variant: &str, t: usize, pass:
 }
 
 fn summarise(rows: &[Row]) -> Summary {
-    let fwd = |imp, v: &str, t| find(rows, imp, v, t, Pass::Forward).map(|r| r.ms);
+    let fwd_row = |imp, v: &str, t| find(rows, imp, v, t, Pass::Forward);
+    let fwd = |imp, v: &str, t| fwd_row(imp, v, t).map(|r| r.ms);
     let fit: Vec<(usize, f64)> = rows
         .iter()
         .filter(|r| {
@@ -509,8 +523,13 @@ fn summarise(rows: &[Row]) -> Summary {
         if let Some(ops) = fwd(Implementation::TorchOps, &r.variant, 4096) {
             torch_ops_over_fused.insert(r.variant.clone(), ops / r.ms);
         }
-        if let Some(flex) = fwd(Implementation::Flex, &r.variant, 4096) {
-            flex_over_fused.insert(r.variant.clone(), flex / r.ms);
+        if let Some(flex) = fwd_row(Implementation::Flex, &r.variant, 4096) {
+            // Through SDPA when both are paired with it (each in its own process), else the medians.
+            let ratio = match (flex.time_vs_sdpa, r.time_vs_sdpa) {
+                (Some(f), Some(ours)) => f / ours,
+                _ => flex.ms / r.ms,
+            };
+            flex_over_fused.insert(r.variant.clone(), ratio);
         }
     }
     Summary {
@@ -539,8 +558,8 @@ fn markdown(r: &Report, lengths: &[usize]) -> String {
             md,
             "- flex-attention: LSSA as a `score_mod` of PyTorch's FlexAttention, compiled (`benches/flex_lssa.py`; \
              the q/k normalisation included; checked against attn-core by `benches/tests/flex.rs`); forward only; \
-             timed in its own process before the other rows, so its ratios divide medians taken minutes apart, not \
-             paired samples"
+             timed in its own process before the other rows, in rounds with an SDPA run of its own, so its time / SDPA \
+             is paired like fused's, and flex / fused below is the quotient of the two paired ratios"
         );
     }
     let _ = writeln!(md, "- FLOPs: {}", r.flop_convention);
