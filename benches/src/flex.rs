@@ -3,8 +3,9 @@
 //! benchmarks that time the fused kernels.
 //!
 //! FlexAttention lives in PyTorch's Python API, so the benchmarks run the script in a child process
-//! with the Python whose torch this process loaded: the venv `cargo xtask setup` made (or any other
-//! venv libtorch was loaded from), else `python3`. `LSSA_TORCH_PYTHON` overrides the choice.
+//! with the Python whose torch this process loaded ([`gpt_model::runtime::torch_python`]: the venv
+//! `cargo xtask setup` made, or any other venv libtorch was loaded from, else `python3`;
+//! `LSSA_TORCH_PYTHON` overrides the choice).
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
@@ -15,33 +16,6 @@ use anyhow::{Context, Result, bail};
 use serde::Deserialize;
 
 use crate::measure::Timing;
-
-/// The interpreter to run the script with (see the module documentation), and how it was chosen.
-pub fn python() -> (PathBuf, &'static str) {
-    if let Some(p) = std::env::var_os("LSSA_TORCH_PYTHON") {
-        return (p.into(), "LSSA_TORCH_PYTHON");
-    }
-    if let Some(p) = loaded_torch_dir().and_then(|torch| venv_python(&torch)) {
-        return (p, "the venv of the libtorch this process loaded");
-    }
-    ("python3".into(), "python3 on PATH")
-}
-
-/// `.../site-packages/torch` of the `libtorch_cpu.so` mapped into this process, if any.
-fn loaded_torch_dir() -> Option<PathBuf> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    maps.lines().filter_map(|l| l.split_whitespace().nth(5)).find_map(|path| {
-        let lib = Path::new(path);
-        (lib.file_name()? == "libtorch_cpu.so").then(|| lib.parent()?.parent().map(Path::to_path_buf))?
-    })
-}
-
-/// `<venv>/bin/python` for a torch package at `<venv>/lib/pythonX.Y/site-packages/torch`.
-fn venv_python(torch: &Path) -> Option<PathBuf> {
-    let site = torch.parent().filter(|p| p.file_name().is_some_and(|n| n == "site-packages"))?;
-    let python = site.parent()?.parent()?.parent()?.join("bin").join("python");
-    python.is_file().then_some(python)
-}
 
 /// The script: in this checkout, else `benches/flex_lssa.py` below the current directory (a binary
 /// carried to a GPU machine runs from the repository root there).
@@ -209,7 +183,7 @@ pub fn check(dir: &Path) -> Result<()> {
 }
 
 fn command() -> Command {
-    let (python, _) = python();
+    let (python, _) = gpt_model::runtime::torch_python();
     let mut cmd = Command::new(python);
     // torch warns once that NumPy is missing (the venv has none; nothing here needs it).
     cmd.args(["-W", "ignore::UserWarning"]).arg(script());
@@ -217,7 +191,7 @@ fn command() -> Command {
 }
 
 fn spawn_context() -> String {
-    let (python, why) = python();
+    let (python, why) = gpt_model::runtime::torch_python();
     format!(
         "running {} ({why}) on {}; set LSSA_TORCH_PYTHON to a Python with torch 2.11",
         python.display(),
@@ -233,19 +207,6 @@ fn tail(text: &str, n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_venv_python_is_found_from_its_torch_package() {
-        let dir = tempfile::tempdir().unwrap();
-        let torch = dir.path().join("lib/python3.11/site-packages/torch");
-        std::fs::create_dir_all(&torch).unwrap();
-        assert_eq!(venv_python(&torch), None, "no interpreter there yet");
-        std::fs::create_dir_all(dir.path().join("bin")).unwrap();
-        std::fs::write(dir.path().join("bin/python"), "").unwrap();
-        assert_eq!(venv_python(&torch), Some(dir.path().join("bin/python")));
-        // A torch that is not inside site-packages (a plain libtorch download) has no venv.
-        assert_eq!(venv_python(&dir.path().join("libtorch")), None);
-    }
 
     #[test]
     fn flex_cells_are_paired_with_the_sdpa_cell_of_their_pass_by_round() {

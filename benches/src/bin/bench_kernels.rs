@@ -271,7 +271,7 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
     let start = Instant::now();
     // FlexAttention first, every length in one child process (it compiles once per shape).
     let flex_rows = if imps.contains(&Implementation::Flex) {
-        eprintln!("  flex-attention: {} (compiles each length first)", flex::python().0.display());
+        eprintln!("  flex-attention: {} (compiles each length first)", gpt_model::runtime::torch_python().0.display());
         let req = flex::SpeedRequest {
             device: "cpu".into(),
             dtype: "f32".into(),

@@ -1,4 +1,8 @@
-//! What the linked libtorch can do on this machine (CUDA or not), for logs and device choice.
+//! What the linked libtorch can do on this machine (CUDA or not), for logs and device choice, and the
+//! Python it came with (for the tools that exist only in PyTorch's Python API: torchrun,
+//! FlexAttention).
+
+use std::path::{Path, PathBuf};
 
 use tch::{Cuda, Device};
 
@@ -29,4 +33,61 @@ unsafe extern "C" {
 pub fn use_bf16_autocast() {
     // SAFETY: sets a libtorch global; no pointers cross.
     unsafe { gpt_model_autocast_cuda_bf16() }
+}
+
+/// The Python interpreter of the venv whose libtorch this process loaded, and how it was chosen:
+/// `LSSA_TORCH_PYTHON` when set, else `<venv>/bin/python` of the `torch` package whose
+/// `libtorch_cpu.so` is mapped into this process (the venv `cargo xtask setup` made, or any other),
+/// else `python3` on `PATH`. With it, `python -m torch.distributed.run` is the same PyTorch's
+/// torchrun, and its FlexAttention the same build as the libtorch the Rust side runs.
+pub fn torch_python() -> (PathBuf, &'static str) {
+    if let Some(p) = std::env::var_os("LSSA_TORCH_PYTHON") {
+        return (p.into(), "LSSA_TORCH_PYTHON");
+    }
+    if let Some(p) = loaded_torch_dir().and_then(|torch| venv_python(&torch)) {
+        return (p, "the venv of the libtorch this process loaded");
+    }
+    ("python3".into(), "python3 on PATH")
+}
+
+/// `.../site-packages/torch` of the `libtorch_cpu.so` mapped into this process, if any.
+fn loaded_torch_dir() -> Option<PathBuf> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    maps.lines().filter_map(|l| l.split_whitespace().nth(5)).find_map(|path| {
+        let lib = Path::new(path);
+        (lib.file_name()? == "libtorch_cpu.so").then(|| lib.parent()?.parent().map(Path::to_path_buf))?
+    })
+}
+
+/// `<venv>/bin/python` for a torch package at `<venv>/lib/pythonX.Y/site-packages/torch`.
+fn venv_python(torch: &Path) -> Option<PathBuf> {
+    let site = torch.parent().filter(|p| p.file_name().is_some_and(|n| n == "site-packages"))?;
+    let python = site.parent()?.parent()?.parent()?.join("bin").join("python");
+    python.is_file().then_some(python)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_venv_python_is_found_from_its_torch_package() {
+        let dir = tempfile::tempdir().unwrap();
+        let torch = dir.path().join("lib/python3.11/site-packages/torch");
+        std::fs::create_dir_all(&torch).unwrap();
+        assert_eq!(venv_python(&torch), None, "no interpreter there yet");
+        std::fs::create_dir_all(dir.path().join("bin")).unwrap();
+        std::fs::write(dir.path().join("bin/python"), "").unwrap();
+        assert_eq!(venv_python(&torch), Some(dir.path().join("bin/python")));
+        // A torch that is not inside site-packages (a plain libtorch download) has no venv.
+        assert_eq!(venv_python(&dir.path().join("libtorch")), None);
+    }
+
+    #[test]
+    fn the_loaded_libtorch_is_found_in_this_process() {
+        // Calling into tch maps libtorch_cpu.so; its torch directory holds lib/libtorch_cpu.so.
+        let _ = Cuda::is_available();
+        let torch = loaded_torch_dir().expect("libtorch_cpu.so is mapped into every process that links tch");
+        assert!(torch.join("lib/libtorch_cpu.so").is_file(), "{}", torch.display());
+    }
 }

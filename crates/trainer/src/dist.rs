@@ -14,6 +14,10 @@
 //! #   --nnodes=M --rdzv-backend=c10d --rdzv-endpoint=<node 0 host>:29400 --rdzv-id=<job name>
 //! ```
 //!
+//! `tests/ddp.rs` runs the last form with two nodes on one machine (the torchrun of the venv the
+//! linked libtorch came from) and checks that they train exactly as one process with their global
+//! batch does.
+//!
 //! Variables read (torchrun's names): `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`
 //! (optional), `MASTER_ADDR`, `MASTER_PORT`, and `TORCHELASTIC_USE_AGENT_STORE` /
 //! `TORCHELASTIC_RESTART_COUNT`: with `TORCHELASTIC_USE_AGENT_STORE=True` torchrun's agent already

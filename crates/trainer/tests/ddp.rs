@@ -1,6 +1,6 @@
 //! The `trainer` binary end to end on real processes: data built by `lssa-data` from generated text,
 //! 2 Gloo ranks on 127.0.0.1 against one process with the same global batch (same losses, same final
-//! weights), a rank killed mid-run (the launcher fails fast, naming it; rank 0's checkpoint survives),
+//! weights), from the trainer's own launcher and from two torchrun "nodes" at a c10d rendezvous, a rank killed mid-run (the launcher fails fast, naming it; rank 0's checkpoint survives),
 //! and the clear errors of bad input.
 
 use std::path::{Path, PathBuf};
@@ -88,30 +88,23 @@ fn weights(path: &Path) -> Vec<(String, tch::Tensor)> {
     w
 }
 
-#[test]
-fn two_gloo_ranks_equal_one_process_with_the_same_global_batch() {
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let root = scratch("equal");
-    let data = build_data(&root);
-    let steps = ["--set".to_string(), "max_steps=6".to_string(), "--set".to_string(), "ckpt_every=0".to_string()];
+/// Arguments of the 6-step runs compared below: 128 tokens per step, `batch` sequences per rank.
+fn equal_run_args(data: &Path, out: &Path, batch: usize) -> Vec<String> {
+    let mut a = base_args(data, out);
+    a.extend(["--set", "max_steps=6", "--set", "ckpt_every=0", "--set", "tokens_per_step=128"].map(String::from));
+    a.extend(["--set".to_string(), format!("batch_size={batch}")]);
+    a
+}
 
-    // One process, batch 4 (tokens_per_step = 4 x 32).
-    let one = root.join("one");
-    let mut a = base_args(&data, &one);
-    a.extend(steps.iter().cloned());
-    a.extend(["--set", "batch_size=4", "--set", "tokens_per_step=128"].map(String::from));
-    let o = run(&a, &[]);
+/// One process, batch 4 (tokens_per_step = 4 x 32): the run two ranks of batch 2 must equal.
+fn train_one_process(data: &Path, out: &Path) {
+    let o = run(&equal_run_args(data, out, 4), &[]);
     assert!(o.status.success(), "1 process: {}", String::from_utf8_lossy(&o.stderr));
+}
 
-    // Two ranks, batch 2 each: the same 128 tokens per step, split by the loader.
-    let two = root.join("two");
-    let mut a = base_args(&data, &two);
-    a.extend(steps.iter().cloned());
-    a.extend(["--set", "batch_size=2", "--set", "tokens_per_step=128", "--nproc-per-node", "2"].map(String::from));
-    let o = run(&a, &[]);
-    assert!(o.status.success(), "2 ranks: {}", String::from_utf8_lossy(&o.stderr));
-
-    let (l1, l2) = (losses(&one), losses(&two));
+/// The two runs of [`equal_run_args`] in `one` (1 process) and `two` (2 ranks) took the same steps.
+fn assert_same_training(one: &Path, two: &Path) {
+    let (l1, l2) = (losses(one), losses(two));
     assert_eq!(l1.len(), 6);
     assert_eq!(l2.len(), 6, "rank 0 alone writes metrics");
     for (s, (a, b)) in l1.iter().zip(&l2).enumerate() {
@@ -133,6 +126,90 @@ fn two_gloo_ranks_equal_one_process_with_the_same_global_batch() {
     assert_eq!(result["format"], "lssa-train-result");
     assert_eq!(result["world_size"], 2);
     assert_eq!(result["lengths"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn two_gloo_ranks_equal_one_process_with_the_same_global_batch() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = scratch("equal");
+    let data = build_data(&root);
+    let one = root.join("one");
+    train_one_process(&data, &one);
+    // Two ranks, batch 2 each: the same 128 tokens per step, split by the loader.
+    let two = root.join("two");
+    let mut a = equal_run_args(&data, &two, 2);
+    a.extend(["--nproc-per-node", "2"].map(String::from));
+    let o = run(&a, &[]);
+    assert!(o.status.success(), "2 ranks: {}", String::from_utf8_lossy(&o.stderr));
+    assert_same_training(&one, &two);
+    std::fs::remove_dir_all(&root).unwrap();
+}
+
+/// A port nobody listens on now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[test]
+fn two_torchrun_nodes_equal_one_process_with_the_same_global_batch() {
+    // torchrun's multi-node launch (dist.rs's runbook): two agents that meet at a c10d rendezvous,
+    // each starting one rank with LOCAL_RANK 0, the store hosted by the agents. Both "nodes" are
+    // on this machine, so the rendezvous, the agent store and Gloo all go over 127.0.0.1.
+    let (python, why) = gpt_model::runtime::torch_python();
+    let has_torch = Command::new(&python)
+        .args(["-c", "import torch.distributed.run"])
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if !has_torch {
+        assert!(
+            std::env::var_os("LSSA_REQUIRE_TORCH_PYTHON").is_none(),
+            "{} ({why}) cannot import torch.distributed.run",
+            python.display()
+        );
+        eprintln!("skipped: no Python with torch for torchrun ({} from {why})", python.display());
+        return;
+    }
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = scratch("torchrun");
+    let data = build_data(&root);
+    let one = root.join("one");
+    train_one_process(&data, &one);
+    let two = root.join("two");
+    let endpoint = format!("127.0.0.1:{}", free_port());
+    let node = |n: usize| {
+        Command::new(&python)
+            .args(["-W", "ignore", "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"])
+            .args(["--rdzv-backend=c10d", &format!("--rdzv-endpoint={endpoint}"), "--rdzv-id=ddp-test"])
+            .args(["--no-python", TRAINER])
+            .args(equal_run_args(&data, &two, 2))
+            .env("LSSA_DIST_TIMEOUT_S", "20")
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(root.join(format!("node{n}.log"))).unwrap())
+            .spawn()
+            .unwrap()
+    };
+    let mut nodes = [node(0), node(1)];
+    let start = Instant::now();
+    for (n, child) in nodes.iter_mut().enumerate() {
+        let status = loop {
+            if let Some(s) = child.try_wait().unwrap() {
+                break Some(s);
+            }
+            if start.elapsed() > Duration::from_secs(180) {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        let log = || std::fs::read_to_string(root.join(format!("node{n}.log"))).unwrap_or_default();
+        let Some(status) = status else {
+            let _ = nodes.iter_mut().map(|c| c.kill()).count();
+            panic!("torchrun node {n} still running after 180 s:\n{}", log());
+        };
+        assert!(status.success(), "torchrun node {n}: {status}\n{}", log());
+    }
+    assert_same_training(&one, &two);
     std::fs::remove_dir_all(&root).unwrap();
 }
 
