@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! cargo xtask setup [--force]          install PyTorch 2.11.0 for tch into the per-user cache (idempotent)
-//! cargo xtask test [ARGS...]           set-up if needed, then the whole workspace test suite (doc tests too)
+//! cargo xtask test [ARGS...]           set-up if needed, then the whole workspace test suite (doc tests too;
+//!                                      without ARGS also `cargo doc` with warnings as errors)
 //! cargo xtask reproduce [--scale S]    set-up if needed, then the paper reproduction (default scale: small)
 //! cargo xtask bench kernels [ARGS...]  set-up if needed, then the CPU kernel benchmarks (bench-kernels ARGS...)
 //! cargo xtask bench model [ARGS...]    set-up if needed, then one gpt2-124m block, fused vs reference (bench-model ARGS...)
@@ -27,6 +28,7 @@ commands:
   setup [--force]         install PyTorch 2.11.0 (for tch) into the per-user cache and link it
                           at .torch/libtorch; a second run does nothing. --force reinstalls.
   test [ARGS...]          set-up if needed, then `cargo test --workspace --all-features ARGS...`
+                          (without ARGS, then `cargo doc --workspace --no-deps`, warnings as errors)
   reproduce [--scale S]   set-up if needed, then run the paper reproduction at scale S
                           (smoke | small | gpu | paper; default small)
   bench kernels [ARGS...] set-up if needed, then `bench-kernels ARGS...` (release): fused CPU kernels
@@ -101,6 +103,13 @@ fn test(workspace: &Path, extra: &[String]) -> Result<()> {
     }
     cmd.args(["test", "--workspace", "--all-features"]).args(extra);
     run_cmd(&mut cmd)?;
+    if extra.is_empty() {
+        // The whole suite also builds the API documentation, where any warning (a broken intra-doc
+        // link, a link to a private item) is an error.
+        let mut doc = cargo(workspace);
+        doc.env("RUSTDOCFLAGS", "-D warnings").args(["doc", "--workspace", "--all-features", "--no-deps", "--quiet"]);
+        run_cmd(&mut doc)?;
+    }
     eprintln!("xtask test: all tests passed in {:.0} s", start.elapsed().as_secs_f64());
     Ok(())
 }

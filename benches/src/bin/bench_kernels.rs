@@ -110,7 +110,7 @@ struct TimingArgs {
     /// says, so their long-T ratios are medians, not single pairs.
     #[arg(long, default_value_t = 3)]
     min_round_reps: usize,
-    /// Where kernels-cpu.md and kernels-cpu.json go. Default: <workspace>/docs/bench.
+    /// Where kernels-cpu.md and kernels-cpu.json go. Default: docs/bench in the workspace.
     #[arg(long)]
     out_dir: Option<PathBuf>,
     /// Print only; write no files.
@@ -132,7 +132,7 @@ struct MemoryArgs {
     /// Also measure torch-ops at this length to check its memory model (0: skip).
     #[arg(long, default_value_t = 4096)]
     calibrate_t: usize,
-    /// Where memory-cpu.md and memory-cpu.json go. Default: <workspace>/docs/bench.
+    /// Where memory-cpu.md and memory-cpu.json go. Default: docs/bench in the workspace.
     #[arg(long)]
     out_dir: Option<PathBuf>,
     /// Print only; write no files.

@@ -31,10 +31,10 @@ struct Cli {
     /// smoke | small | gpu | paper
     #[arg(long, default_value = "small")]
     scale: String,
-    /// Results directory [default: runs/<scale>].
+    /// Results directory [default: runs/SCALE].
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Report path [default: docs/REPRODUCTION.md, or runs/<scale>/REPRODUCTION.md for smoke].
+    /// Report path [default: docs/REPRODUCTION.md, or runs/SCALE/REPRODUCTION.md for smoke].
     #[arg(long)]
     report: Option<PathBuf>,
     /// Only these trained variants (comma-separated attn-core names).
@@ -44,7 +44,7 @@ struct Cli {
     #[arg(long)]
     jobs: Option<usize>,
     /// `key=value` overrides of the scale's training config (TOML values; dotted keys reach into
-    /// [model]), e.g. `--set max_steps=3000`. Runs whose config changes are retrained.
+    /// the model table), e.g. `--set max_steps=3000`. Runs whose config changes are retrained.
     #[arg(long = "set", value_name = "KEY=VALUE")]
     set: Vec<String>,
     /// Train each run data-parallel in this many processes on this machine (NCCL on GPUs, Gloo on

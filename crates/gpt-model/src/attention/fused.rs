@@ -21,7 +21,7 @@
 //! context saves `q`, `k`, `v`, the output and the statistics, nothing `T x T`. For a re-weighted
 //! variant on the CPU whose inputs require gradients, `S` also counts re-weighting's backward helper
 //! ([`cpu::Params::rw_aux`], `d + 1` floats per row): the buffer holds the `B·H·T` rows of
-//! statistics, then the helper's, and [`AUX_BIT`] in the handle tells the callbacks so.
+//! statistics, then the helper's, and `AUX_BIT` in the handle tells the callbacks so.
 //!
 //! CUDA kernels: [`cuda::Kernel::Auto`] unless `LSSA_CUDA_KERNEL` (`auto`, `v1`, `v2`, `v3`, `v5`, `v7`, `v8`;
 //! read at first use) or [`set_cuda_kernel`] says otherwise.
