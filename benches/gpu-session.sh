@@ -5,6 +5,9 @@
 #   mkdir -p .gpu && cp target/release/bench-cuda .gpu/ && strip .gpu/bench-cuda
 # then carry .gpu/ to the GPU machine and run, from the repository root, one stage per call (each
 # stays under ten minutes):
+#   benches/gpu-session.sh first     # the key facts in one call, for a session with little GPU time: the wgmma
+#                                    # layout probe and every kernel version vs attn-core at T = 77 and 300, then
+#                                    # every version's TFLOP/s at d = 64, T = 4096 (and memory at 16K, 64K)
 #   benches/gpu-session.sh check     # wgmma layout probe, then every kernel version vs attn-core (f64)
 #   benches/gpu-session.sh lab       # kernel resources, then TFLOP/s of every version at d = 64, T = 4K..16K
 #   benches/gpu-session.sh model     # GPT-2 124M step, reference vs each fused generation
@@ -28,11 +31,16 @@ run() { # name, limit in seconds, bench-cuda arguments...
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1 || true
 case "$stage" in
+first)
+    run first-check 300 check --only-t 77,300
+    rc=$?
+    run first-speed 240 speed --head-dims 64 --lengths 4096 --reps 5
+    [ "$rc" -eq 0 ] ;; # the check's failure is the stage's, after the timings
 check) run check 420 check ;;
 lab) run lab 540 speed --head-dims 64 --lengths 4096,8192,16384 ;;
 model) run model 540 model ;;
 full64) run full64 570 speed --head-dims 64 ;;
 full128) run full128 570 speed --head-dims 128 ;;
 flex) run flex 570 speed --head-dims 64 --lengths 1024,4096,16384 --flex ;;
-*) echo "unknown stage $stage (check, lab, model, full64, full128, flex)" >&2; exit 2 ;;
+*) echo "unknown stage $stage (first, check, lab, model, full64, full128, flex)" >&2; exit 2 ;;
 esac
