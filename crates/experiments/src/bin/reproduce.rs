@@ -40,7 +40,7 @@ struct Cli {
     /// Only these trained variants (comma-separated attn-core names).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// Runs trained at once [default: 1 on a GPU or under 8 cores, else one per 4 cores, at most 4].
+    /// Runs trained at once [default: 1 on a GPU, else one per 4 cores, at least 2, at most 4].
     #[arg(long)]
     jobs: Option<usize>,
     /// `key=value` overrides of the scale's training config (TOML values; dotted keys reach into
