@@ -124,7 +124,9 @@ def rounds_ms(cells, sync, args, batch_to_s, errors):
     """Times `cells` ({name: fn}) in rounds and returns {name: [ms, ...]}, sample i from round i + 1.
 
     The policy of `lssa_benches::measure::time_rounds`: one warm-up per cell (it compiles; a cell
-    that fails there or later drops out, its error in `errors`), then rounds of one timed run of each
+    that fails there or later drops out, its error in `errors`) and, unlike there, one more untimed
+    run, since a warm-up that compiles says nothing of a call's time, which the lead-in runs, the
+    budget and the CUDA batching below are decided from; then rounds of one timed run of each
     cell in order, up to `args.reps` rounds, stopping early once at least `args.min_reps` rounds ran
     and the next would take the timed total past `args.budget_s` times the number of cells. A cell
     whose last run took under `args.lead_in_below_s` runs once more, untimed, before each timed run

@@ -269,10 +269,10 @@ pub fn run_all(
 /// the two runs one thread instead was slower (211 s) and changed the numbers.
 pub fn default_jobs(cuda: bool) -> usize {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    cpu_jobs(cores, cuda)
+    jobs_for(cores, cuda)
 }
 
-fn cpu_jobs(cores: usize, cuda: bool) -> usize {
+fn jobs_for(cores: usize, cuda: bool) -> usize {
     if cuda || cores < 2 { 1 } else { (cores / 4).clamp(2, 4) }
 }
 
@@ -283,11 +283,11 @@ mod tests {
     #[test]
     fn default_jobs_by_machine() {
         // One GPU trains one run at a time; a lone core too.
-        assert_eq!(cpu_jobs(64, true), 1);
-        assert_eq!(cpu_jobs(1, false), 1);
+        assert_eq!(jobs_for(64, true), 1);
+        assert_eq!(jobs_for(1, false), 1);
         // Two runs from 2 cores up to 11, then one per 4 cores, at most 4.
-        assert_eq!([2, 4, 8, 11].map(|c| cpu_jobs(c, false)), [2; 4]);
-        assert_eq!([12, 15, 16, 64].map(|c| cpu_jobs(c, false)), [3, 3, 4, 4]);
+        assert_eq!([2, 4, 8, 11].map(|c| jobs_for(c, false)), [2; 4]);
+        assert_eq!([12, 15, 16, 64].map(|c| jobs_for(c, false)), [3, 3, 4, 4]);
     }
 }
 

@@ -191,23 +191,20 @@ fn two_torchrun_nodes_equal_one_process_with_the_same_global_batch() {
             .unwrap()
     };
     let mut nodes = [node(0), node(1)];
-    let start = Instant::now();
-    for (n, child) in nodes.iter_mut().enumerate() {
-        let status = loop {
-            if let Some(s) = child.try_wait().unwrap() {
-                break Some(s);
+    let log = |n: usize| std::fs::read_to_string(root.join(format!("node{n}.log"))).unwrap_or_default();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    while nodes.iter_mut().any(|c| c.try_wait().unwrap().is_none()) {
+        if Instant::now() > deadline {
+            for c in &mut nodes {
+                let _ = c.kill();
             }
-            if start.elapsed() > Duration::from_secs(180) {
-                break None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
-        let log = || std::fs::read_to_string(root.join(format!("node{n}.log"))).unwrap_or_default();
-        let Some(status) = status else {
-            let _ = nodes.iter_mut().map(|c| c.kill()).count();
-            panic!("torchrun node {n} still running after 180 s:\n{}", log());
-        };
-        assert!(status.success(), "torchrun node {n}: {status}\n{}", log());
+            panic!("torchrun nodes still running after 180 s:\n{}\n{}", log(0), log(1));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (n, c) in nodes.iter_mut().enumerate() {
+        let status = c.wait().unwrap();
+        assert!(status.success(), "torchrun node {n}: {status}\n{}", log(n));
     }
     assert_same_training(&one, &two);
     std::fs::remove_dir_all(&root).unwrap();
