@@ -10,7 +10,10 @@
 //! - [`spec`]: `defs/<name>/experiment.toml` (+ README), embedded; the plan of runs and evaluations.
 //! - [`scale`]: `smoke`, `small`, `gpu`, `paper`.
 //! - [`runner`]: trains and evaluates, resumable, one `result.json` per run.
-//! - [`report`]: `REPRODUCTION.md`, its figures, and the verdicts.
+//! - [`report`]: `REPRODUCTION.md` and its figures.
+//! - [`claims`]: the paper's headline claims (`defs/claims.toml`) and the Tables 1-3 ordering rule,
+//!   judged three-way from the runs.
+//! - [`stats`]: the bootstrap over seeds and validation spans, the verdict rule, the permutation test.
 //! - [`status`]: what is not implemented yet, said plainly.
 //! - [`downstream`]: lm-evaluation-harness-style multiple-choice scoring of user-supplied ARC, HellaSwag,
 //!   PIQA, SciQ and MMLU files (in progress: not yet wired to the model and the report).
@@ -20,6 +23,7 @@
 //! - [`sinks`]: attention-sink share and row entropy per layer, attention maps.
 //! - [`newton`]: orbits, the orbit transformer and the symbolic regression of force laws.
 
+pub mod claims;
 pub mod downstream;
 pub mod newton;
 pub mod report;
@@ -29,4 +33,5 @@ pub mod runner;
 pub mod scale;
 pub mod sinks;
 pub mod spec;
+pub mod stats;
 pub mod status;

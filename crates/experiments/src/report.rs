@@ -2,16 +2,17 @@
 //! PNG and SVG (plotters), and a plain-language verdict per claim, computed from the numbers (never
 //! written by hand).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
 use plotters::prelude::*;
 
+use crate::claims::{Judged, Measure, OrderingVerdict};
 use crate::newton::experiment::PhysicsResult;
 use crate::retrieval_eval::RetrievalResult;
-use crate::runner::RunResult;
+use crate::runner::{RunResult, Runs};
 use crate::scale::Scale;
 use crate::spec::{EvalKey, Experiment, Kind, Row};
 
@@ -39,11 +40,22 @@ pub struct Context<'a> {
 }
 
 fn key(ntk: bool, posthoc: Option<u32>, multiple: usize) -> EvalKey {
-    EvalKey { ntk, posthoc, multiple }
+    EvalKey::new(ntk, posthoc, multiple)
 }
 
-fn row_loss(results: &BTreeMap<String, RunResult>, row: &Row, ntk: bool, m: usize) -> Option<f64> {
-    results.get(&row.train)?.loss(&key(ntk, row.posthoc, m))
+/// The mean over a variant's seeds of one evaluation's loss (`None` when no seed has it).
+fn mean_loss(runs: &Runs, variant: &str, key: &EvalKey) -> Option<f64> {
+    let l: Vec<f64> = runs.get(variant)?.iter().filter(|r| r.error.is_none()).filter_map(|r| r.loss(key)).collect();
+    (!l.is_empty()).then(|| l.iter().sum::<f64>() / l.len() as f64)
+}
+
+/// One evaluation of a variant's first seed (the post-hoc sweep is run on it alone).
+fn first_seed_loss(runs: &Runs, variant: &str, key: &EvalKey) -> Option<f64> {
+    runs.get(variant)?.first().filter(|r| r.error.is_none())?.loss(key)
+}
+
+fn row_loss(runs: &Runs, row: &Row, ntk: bool, m: usize) -> Option<f64> {
+    mean_loss(runs, &row.train, &key(ntk, row.posthoc, m))
 }
 
 fn fmt(x: Option<f64>) -> String {
@@ -74,7 +86,7 @@ pub fn kendall_tau(a: &[f64], b: &[f64]) -> Option<f64> {
 /// Writes `REPRODUCTION.md` to `report_path` and the figures to `figures_dir`.
 pub fn write(
     experiments: &[Experiment],
-    results: &BTreeMap<String, RunResult>,
+    results: &Runs,
     ctx: &Context<'_>,
     report_path: &Path,
     figures_dir: &Path,
@@ -93,37 +105,53 @@ pub fn write(
     let _ = writeln!(md, "- regenerate: `{}` (runs that already have results are not redone)", ctx.command);
     let _ = writeln!(md, "- git revision: `{}`; wall time: {:.1} min", ctx.git_revision, ctx.wall_s / 60.0);
     let planned = crate::spec::plan(experiments);
-    let done = planned.keys().filter(|v| results.get(*v).is_some_and(|r| r.error.is_none())).count();
+    let done = planned.keys().filter(|v| results.get(*v).is_some_and(|r| r.iter().any(|r| r.error.is_none()))).count();
     if done < planned.len() {
         let missing: Vec<&str> = planned.keys().filter(|v| !results.contains_key(*v)).map(String::as_str).collect();
         let _ = writeln!(
             md,
-            "- **partial**: {done} of {} planned training runs have results; rows of the others show `-`. Missing: {}.",
+            "- **partial**: {done} of {} planned trained variants have results; rows of the others show `-`. Missing: {}.",
             planned.len(),
             missing.iter().map(|v| format!("`{v}`")).collect::<Vec<_>>().join(", ")
         );
     }
     let _ = writeln!(
         md,
-        "- training: {} steps of {} tokens, T_train = {}, validation: {} tokens scored at every length (the same target tokens at every length)",
+        "- training: {} steps of {} tokens, T_train = {}; {}",
         s.train.max_steps,
         s.train.tokens_per_step,
         s.train.model.context_len,
-        s.val_tokens - 1
+        seeds_line(results)
     );
+    let _ = writeln!(md, "- validation: {}", validation_line(results, s.train.model.context_len));
+    let _ = writeln!(md, "- provenance: {}", provenance_line(results));
     let _ = writeln!(
         md,
-        "- numbers: validation loss in nats/token. `ntk / plain` = NTK-scaled RoPE / unscaled RoPE beyond 1x (SPEC section 9). The paper's numbers are GPT-2 124M on FineWeb-10B at T_train = 1024; at a small scale the absolute values differ, and what can be compared is the *shape*: the ordering at 1x and how each curve bends. Differences under about 0.1 nats need several seeds before they are called an effect.\n"
+        "- numbers: validation loss in nats/token, the mean over a row's seeds. `ntk / plain` = NTK-scaled RoPE / unscaled RoPE beyond 1x (SPEC section 9). The paper's numbers are GPT-2 124M on FineWeb-10B at T_train = 1024; at a small scale the absolute values differ, and what can be compared is the *shape*. Every claim below is judged from paired differences with 95% intervals, never from one run.\n"
     );
-    let _ = writeln!(md, "## Verdicts\n");
-    for v in verdicts(experiments, results)
-        .into_iter()
-        .chain(retrieval_verdicts(ctx.retrieval))
-        .chain(physics_verdicts(ctx.physics))
-    {
-        let _ = writeln!(md, "- {v}");
+    let claims = crate::claims::all()?;
+    let judged = crate::claims::judge(&claims, results);
+    let orderings = crate::claims::judge_orderings(&claims, experiments, results);
+    verdicts_section(&mut md, &judged, &orderings, crate::claims::seed_sd(results));
+    if gap_figure(results, &figures_dir.join("claims_gap"))? {
+        let _ = writeln!(
+            md,
+            "![gap to softmax against length]({0}/claims_gap.png) ([SVG]({0}/claims_gap.svg))\n\nEach point: a row's loss minus softmax's at that length, on the same targets, mean over seeds with its 95% interval; below 0 is better than softmax. The length claims are about how these curves bend from 1x to 16x.\n",
+            ctx.figures_rel
+        );
     }
-    let _ = writeln!(md);
+    let others: Vec<String> =
+        retrieval_verdicts(ctx.retrieval).into_iter().chain(physics_verdicts(ctx.physics)).collect();
+    if !others.is_empty() {
+        let _ = writeln!(
+            md,
+            "### Retrieval and Newton's law: observations, not verdicts\n\nThese experiments cannot yet tell the variants apart at this scale (one seed, models that do not learn the task at 1x); they are reported as observed, without a verdict.\n"
+        );
+        for v in others {
+            let _ = writeln!(md, "- {v}");
+        }
+        let _ = writeln!(md);
+    }
     for e in experiments {
         let _ = writeln!(md, "## {}\n", e.title);
         let _ = writeln!(md, "{}", e.readme.lines().skip(1).collect::<Vec<_>>().join("\n").trim());
@@ -147,13 +175,20 @@ pub fn write(
         match e.kind {
             Kind::Table => {
                 table(&mut md, e, results);
-                let name = format!("{}_length", e.name);
-                plot_lengths(e, results, &figures_dir.join(&name), false)?;
-                let _ = writeln!(
-                    md,
-                    "\n![{}]({}/{name}.png) ([SVG]({}/{name}.svg))\n",
-                    e.title, ctx.figures_rel, ctx.figures_rel
-                );
+                if let Some(o) = orderings.iter().find(|o| o.experiment == e.name) {
+                    ordering_pairs(&mut md, o);
+                }
+                if e.lengths.len() > 1 {
+                    let name = format!("{}_length", e.name);
+                    plot_lengths(e, results, &figures_dir.join(&name), false)?;
+                    let _ = writeln!(
+                        md,
+                        "\n![{}]({}/{name}.png) ([SVG]({}/{name}.svg))\n",
+                        e.title, ctx.figures_rel, ctx.figures_rel
+                    );
+                } else {
+                    let _ = writeln!(md);
+                }
             }
             Kind::LengthCurve => {
                 table(&mut md, e, results);
@@ -206,11 +241,11 @@ pub fn write(
     );
     let _ = writeln!(
         md,
-        "| trained variant | lr | final train loss | late drop | train time (s) | eval time (s) | tokens/s | git revision | note |"
+        "| trained variant | seed | lr | final train loss | late drop | train time (s) | eval time (s) | tokens/s | git revision | note |"
     );
-    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---|---|");
+    let _ = writeln!(md, "|---|---:|---:|---:|---:|---:|---:|---:|---|---|");
     let mut curves: Vec<Series> = Vec::new();
-    for (v, r) in results {
+    for (v, r) in results.iter().flat_map(|(v, seeds)| seeds.iter().map(move |r| (v, r))) {
         let note = match (&r.error, &r.note) {
             (Some(e), _) => format!("training failed: {}", e.replace('|', "/")),
             (None, Some(n)) => n.replace('|', "/"),
@@ -220,10 +255,10 @@ pub fn write(
         let late = late_drop(&curve).map_or("-".to_string(), |d| format!("{d:.3}"));
         let _ = writeln!(
             md,
-            "| `{v}` | {} | {:.3} | {late} | {:.0} | {:.0} | {:.0} | `{}` | {note} |",
-            r.lr, r.final_train_loss, r.train_wall_s, r.eval_wall_s, r.tokens_per_s, r.git_revision
+            "| `{v}` | {} | {} | {:.3} | {late} | {:.0} | {:.0} | {:.0} | `{}` | {note} |",
+            r.seed_index, r.lr, r.final_train_loss, r.train_wall_s, r.eval_wall_s, r.tokens_per_s, r.git_revision
         );
-        if ["softmax", "lssa", "lssa+rw15"].contains(&v.as_str()) && !curve.is_empty() {
+        if ["softmax", "lssa", "lssa+rw15"].contains(&v.as_str()) && r.seed_index == 0 && !curve.is_empty() {
             // Means over blocks of 25 steps, so the figure shows the trend rather than batch noise.
             let pts = curve
                 .chunks(25)
@@ -240,7 +275,7 @@ pub fn write(
     if !curves.is_empty() {
         save_with(
             &figures_dir.join("train_loss"),
-            "Training loss of the Figure 1 runs (means over 25 steps)",
+            "Training loss of the Figure 1 runs, first seed (means over 25 steps)",
             ("training step (log scale)", "training loss (nats/token)"),
             &curves,
         )?;
@@ -276,7 +311,7 @@ fn late_drop(curve: &[(f64, f64)]) -> Option<f64> {
     Some(mean(&curve[3 * n / 5..4 * n / 5]) - mean(&curve[4 * n / 5..]))
 }
 
-fn table(md: &mut String, e: &Experiment, results: &BTreeMap<String, RunResult>) {
+fn table(md: &mut String, e: &Experiment, results: &Runs) {
     let mut head = String::from("| row | trained as |");
     let mut rule = String::from("|---|---|");
     for &m in &e.lengths {
@@ -299,9 +334,9 @@ fn table(md: &mut String, e: &Experiment, results: &BTreeMap<String, RunResult>)
     }
 }
 
-fn p_table(md: &mut String, e: &Experiment, results: &BTreeMap<String, RunResult>) {
+fn p_table(md: &mut String, e: &Experiment, results: &Runs) {
     for r in &e.rows {
-        let _ = writeln!(md, "**{}** (`{}`, NTK RoPE)\n", r.label, r.train);
+        let _ = writeln!(md, "**{}** (`{}`, NTK RoPE, first seed)\n", r.label, r.train);
         let mut head = String::from("| p |");
         let mut rule = String::from("|---:|");
         for &m in &e.lengths {
@@ -309,11 +344,10 @@ fn p_table(md: &mut String, e: &Experiment, results: &BTreeMap<String, RunResult
             rule.push_str("---:|");
         }
         let _ = writeln!(md, "{head}\n{rule}");
-        let res = results.get(&r.train);
         for p in std::iter::once(None).chain(e.powers.iter().map(|&p| Some(p))) {
             let _ = write!(md, "| {} |", p.map_or("none".into(), |p| p.to_string()));
             for &m in &e.lengths {
-                let _ = write!(md, " {} |", fmt(res.and_then(|x| x.loss(&key(true, p, m)))));
+                let _ = write!(md, " {} |", fmt(first_seed_loss(results, &r.train, &key(true, p, m))));
             }
             let _ = writeln!(md);
         }
@@ -766,15 +800,13 @@ pub fn draw_map(path: &Path, title: &str, map: &[Vec<f32>]) -> Result<()> {
 }
 
 /// The attention-sink section: a table per row and layer, two figures against length, the maps.
-fn sinks_section(
-    md: &mut String,
-    e: &Experiment,
-    results: &BTreeMap<String, RunResult>,
-    figures_dir: &Path,
-    figures_rel: &str,
-) -> Result<()> {
+fn sinks_section(md: &mut String, e: &Experiment, results: &Runs, figures_dir: &Path, figures_rel: &str) -> Result<()> {
+    // Sinks are measured on each variant's first seed.
     let find = |r: &Row, m: usize| {
-        results.get(&r.train).and_then(|x| x.sinks.iter().find(|s| s.key.posthoc == r.posthoc && s.key.multiple == m))
+        results
+            .get(&r.train)
+            .and_then(|x| x.first())
+            .and_then(|x| x.sinks.iter().find(|s| s.key.posthoc == r.posthoc && s.key.multiple == m))
     };
     let mut head = String::from("| row | layer |");
     let mut rule = String::from("|---|---:|");
@@ -846,7 +878,7 @@ fn sinks_section(
     Ok(())
 }
 
-fn plot_lengths(e: &Experiment, results: &BTreeMap<String, RunResult>, path: &Path, with_plain: bool) -> Result<()> {
+fn plot_lengths(e: &Experiment, results: &Runs, path: &Path, with_plain: bool) -> Result<()> {
     let mut series = Vec::new();
     // Tables plot the trained rows (post-hoc rows are in Figure 1 and the table); curves plot every row.
     let rows: Vec<&Row> = e.rows.iter().filter(|r| with_plain || r.posthoc.is_none()).collect();
@@ -868,16 +900,14 @@ fn plot_lengths(e: &Experiment, results: &BTreeMap<String, RunResult>, path: &Pa
     save(path, &e.title, "inference length / training length (NTK RoPE)", &series)
 }
 
-fn plot_p(e: &Experiment, results: &BTreeMap<String, RunResult>, path: &Path) -> Result<()> {
+fn plot_p(e: &Experiment, results: &Runs, path: &Path) -> Result<()> {
     let mut series = Vec::new();
     for (ri, r) in e.rows.iter().enumerate() {
         for (li, &m) in e.lengths.iter().enumerate() {
             let pts: Vec<(f64, f64)> = e
                 .powers
                 .iter()
-                .filter_map(|&p| {
-                    results.get(&r.train).and_then(|x| x.loss(&key(true, Some(p), m))).map(|l| (p as f64, l))
-                })
+                .filter_map(|&p| first_seed_loss(results, &r.train, &key(true, Some(p), m)).map(|l| (p as f64, l)))
                 .collect();
             series.push((format!("{} {m}x", r.label), li, ri == 1, pts));
         }
@@ -885,162 +915,269 @@ fn plot_p(e: &Experiment, results: &BTreeMap<String, RunResult>, path: &Path) ->
     save(path, &e.title, "re-weighting power p (solid: LSSA, dashed: softmax)", &series)
 }
 
-/// The least rise of softmax's loss (nats) that counts as degrading in the verdicts: below it a
-/// single-seed difference is not called an effect (fixed before the small-scale results existed).
-const DEGRADE_NATS: f64 = 0.1;
-
-/// The plain-language verdicts, computed from the numbers.
-pub fn verdicts(experiments: &[Experiment], results: &BTreeMap<String, RunResult>) -> Vec<String> {
-    let mut out = Vec::new();
-    for e in experiments.iter().filter(|e| e.kind == Kind::Table) {
-        let rows: Vec<&Row> = e.rows.iter().filter(|r| r.posthoc.is_none() && !r.paper.is_empty()).collect();
-        let pairs: Vec<(f64, f64)> =
-            rows.iter().filter_map(|r| row_loss(results, r, true, 1).map(|ours| (ours, r.paper[0]))).collect();
-        if pairs.len() < 2 {
-            continue;
-        }
-        let (ours, paper): (Vec<f64>, Vec<f64>) = pairs.iter().copied().unzip();
-        let tau = kendall_tau(&ours, &paper).unwrap_or(f64::NAN);
-        let spread =
-            ours.iter().cloned().fold(f64::NEG_INFINITY, f64::max) - ours.iter().cloned().fold(f64::INFINITY, f64::min);
-        let word = if tau > 0.6 {
-            "matches the paper well"
-        } else if tau > 0.2 {
-            "partly matches the paper"
-        } else {
-            "does not match the paper"
-        };
-        out.push(format!(
-            "**{} ordering at 1x** {word}: Kendall tau = {tau:.2} over {} rows (1 = same order); our rows span {spread:.3} nats.",
-            e.name,
-            pairs.len()
-        ));
+/// `seeds: 3 of softmax, lssa, ...; 1 of the other 22 variants`.
+fn seeds_line(runs: &Runs) -> String {
+    let mut by_count: BTreeMap<usize, Vec<&str>> = BTreeMap::new();
+    for (v, seeds) in runs {
+        by_count.entry(seeds.iter().filter(|r| r.error.is_none()).count()).or_default().push(v);
     }
-    let l = |v: &str, p: Option<u32>, m: usize| results.get(v).and_then(|r| r.loss(&key(true, p, m)));
-    if let (Some(s1), Some(s16), Some(r1), Some(r16)) =
-        (l("softmax", None, 1), l("softmax", None, 16), l("lssa+rw15", None, 1), l("lssa+rw15", None, 16))
-    {
-        let (lssar, soft) = (r16 - r1, s16 - s1);
-        // The claim has two halves: softmax degrades (by more than seed noise, SPEC section 9) and LSSAR
-        // does not (it rises by less than half as much).
-        let verdict = if soft <= 0.0 {
-            "not reproduced: softmax itself does not degrade at this scale, so there is nothing for LSSAR to fix"
-                .to_string()
-        } else if soft <= DEGRADE_NATS {
-            format!(
-                "not reproduced at this scale: softmax degrades by less than the {DEGRADE_NATS} nats set in advance as the least effect worth a verdict, so there is too little for LSSAR to fix{}",
-                if lssar < 0.5 * soft { " (the shape is there: LSSAR rises by less than half as much)" } else { "" }
-            )
-        } else if lssar < 0.5 * soft {
-            "reproduced".to_string()
-        } else {
-            "not reproduced: LSSAR degrades about as much as softmax".to_string()
-        };
-        out.push(format!(
-            "**LSSAR stays flat to 16x while softmax degrades**: {verdict}. From 1x to 16x (NTK RoPE) LSSAR (p = 15, trained) changes by {lssar:+.3} nats, softmax by {soft:+.3}."
-        ));
-    }
-    if let (Some(s1), Some(s100), Some(a1), Some(a100)) =
-        (l("softmax", Some(1), 1), l("softmax", Some(100), 1), l("lssa", Some(1), 1), l("lssa", Some(100), 1))
-    {
-        let (soft, lssa) = (s100 - s1, a100 - a1);
-        let verdict = if soft <= DEGRADE_NATS {
-            format!("not reproduced: softmax degrades by less than {DEGRADE_NATS} nats at large p at this scale")
-        } else if lssa < 0.5 * soft {
-            "reproduced".to_string()
-        } else {
-            "not reproduced: LSSA degrades about as much as softmax".to_string()
-        };
-        out.push(format!(
-            "**Softmax degrades at large p while LSSA stays stable** (post hoc, 1x): {verdict}. From p = 1 to p = 100 softmax changes by {soft:+.3} nats, LSSA by {lssa:+.3}."
-        ));
-    }
-    // Which reading of re-weighting reproduces Table 4's p = 15 rows: softmax+rw15 clearly worse than
-    // softmax at 1x, LSSAR about as good as LSSA at 1x and flatter at 8x.
-    let reading = |train_time: bool| -> Option<(f64, f64)> {
-        let (soft15, lssar) = if train_time {
-            (l("softmax+rw15", None, 1)?, l("lssa+rw15", None, 8)? - l("lssa+rw15", None, 1)?)
-        } else {
-            (l("softmax", Some(15), 1)?, l("lssa", Some(15), 8)? - l("lssa", Some(15), 1)?)
-        };
-        Some((soft15 - l("softmax", None, 1)?, lssar - (l("lssa", None, 8)? - l("lssa", None, 1)?)))
-    };
-    if let (Some((st, lt)), Some((sp, lp))) = (reading(true), reading(false)) {
-        out.push(format!(
-            "**Which reading of re-weighting matches Table 4** (paper: softmax p = 15 is 2.2 nats worse than softmax at 1x; LSSAR's 1x->8x rise is 2.6 nats smaller than LSSA's): trained with re-weighting, softmax p = 15 is {st:+.3} nats from softmax at 1x and LSSAR's rise differs from LSSA's by {lt:+.3}; applied post hoc, {sp:+.3} and {lp:+.3}."
-        ));
-    }
-    if out.is_empty() {
-        out.push("No verdicts: the runs needed for them have no results yet.".into());
-    }
-    out
+    let parts: Vec<String> = by_count
+        .iter()
+        .rev()
+        .map(|(n, vs)| {
+            if vs.len() <= 6 {
+                format!("{n} of {}", vs.iter().map(|v| format!("`{v}`")).collect::<Vec<_>>().join(", "))
+            } else {
+                format!("{n} of the other {} variants", vs.len())
+            }
+        })
+        .collect();
+    format!(
+        "seeds (initialisation and data order): {}",
+        if parts.is_empty() { "none yet".to_string() } else { parts.join("; ") }
+    )
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// How many targets the evaluation scored, and how.
+fn validation_line(runs: &Runs, t_train: usize) -> String {
+    let longest = crate::claims::longest_multiple(runs);
+    let Some(l) = runs.values().flatten().find_map(|r| r.eval(&EvalKey::new(true, None, 1))) else {
+        return "no evaluations yet".into();
+    };
+    let spans = l.tokens / (longest * t_train).max(1);
+    format!(
+        "{} target tokens at every length, in {spans} spans of {} tokens spread evenly over the whole validation split (every held-out document of every source, not a prefix), cut into windows of each length, so every length and every row predicts the same targets; per-window losses are kept, and the comparisons below are paired on them. The *tail* measure scores only each window's last T_train targets (against the same targets at 1x), so a longer window gets no credit for the extra context its other tokens have",
+        l.tokens,
+        longest * t_train
+    )
+}
 
-    fn result(variant: &str, losses: &[(Option<u32>, usize, f64)]) -> RunResult {
-        RunResult {
-            format: crate::runner::RESULT_FORMAT.into(),
-            format_version: crate::runner::RESULT_VERSION,
-            scale: "test".into(),
-            variant: variant.into(),
-            config: String::new(),
-            git_revision: String::new(),
-            command: String::new(),
-            train_wall_s: 0.0,
-            eval_wall_s: 0.0,
-            lr: 1e-3,
-            note: None,
-            sinks: Vec::new(),
-            tokens_per_s: 0.0,
-            final_train_loss: 0.0,
-            error: None,
-            evals: losses
-                .iter()
-                .map(|&(p, m, loss)| {
-                    let k = key(true, p, m);
-                    let l = trainer::eval::LengthLoss {
-                        multiple: m,
-                        seq_len: m,
-                        rope: trainer::eval::Rope::Ntk,
-                        reweight: p,
-                        loss,
-                        tokens: 1,
-                        windows: 1,
-                    };
-                    (k, l)
-                })
-                .collect(),
+/// Which code computed the runs: one git revision and numbers revision, or the list of those mixed.
+fn provenance_line(runs: &Runs) -> String {
+    let mut revs: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for r in runs.values().flatten() {
+        *revs.entry((r.git_revision.as_str(), r.numbers_revision.as_str())).or_default() += 1;
+    }
+    let dirty = revs.keys().any(|(g, _)| g.ends_with("-dirty"));
+    let list: Vec<String> = revs.iter().map(|((g, n), c)| format!("git `{g}` / numbers `{n}` ({c} runs)")).collect();
+    let numbers: BTreeSet<&str> = revs.keys().map(|(_, n)| *n).collect();
+    format!(
+        "{}{}{}",
+        if revs.len() == 1 { "every run from " } else { "runs from several revisions: " },
+        list.join(", "),
+        match (numbers.len() > 1, dirty) {
+            (true, _) => "; **the runs were computed by different code** (numbers revisions differ)",
+            (false, true) => "; some runs come from a work tree with uncommitted changes",
+            (false, false) => "",
+        }
+    )
+}
+
+/// The verdict table of the headline claims and the ordering lines.
+fn verdicts_section(
+    md: &mut String,
+    judged: &[Judged],
+    orderings: &[OrderingVerdict],
+    seed_sd: Option<crate::stats::SeedNoise>,
+) {
+    let _ = writeln!(md, "## Verdicts\n");
+    let _ = writeln!(
+        md,
+        "Each claim is a paired difference of losses with a 95% bootstrap interval over seeds and validation spans (`crates/experiments/src/stats.rs`); the effect that counts was fixed before the runs (`crates/experiments/defs/claims.toml`). **reproduced**: the interval lies on the claimed side (for an effect, above 0 with an estimate at least the pre-set size); **contradicted**: it lies on the other side; **inconclusive**: otherwise. The verdict reads the whole-window mean (the paper's measure); the tail measure is beside it.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| claim | RoPE | q, whole windows: estimate [95% interval] | claimed | verdict | q, tail only | tail verdict |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    for j in judged {
+        let seeds = j.seeds.iter().map(|(v, n)| format!("{v} x{n}")).collect::<Vec<_>>().join(", ");
+        let name = format!("**{}**: {} (seeds: {seeds})", j.claim.name, j.claim.statement);
+        if let Some(why) = &j.missing {
+            let _ = writeln!(md, "| {name} | - | - | q {} | not judged: {why} | - | - |", j.claim.rule().show());
+            continue;
+        }
+        let ropes: Vec<Option<trainer::eval::Rope>> = j.readings.iter().map(|r| r.rope).fold(Vec::new(), |mut v, r| {
+            if !v.contains(&r) {
+                v.push(r);
+            }
+            v
+        });
+        for rope in ropes {
+            let find = |m: Measure| j.readings.iter().find(|r| r.rope == rope && r.measure == m);
+            let Some(whole) = find(Measure::Whole) else { continue };
+            let rope_name = match rope {
+                None => "(1x only)",
+                Some(trainer::eval::Rope::Plain) => "plain",
+                Some(trainer::eval::Rope::Ntk) => "NTK",
+            };
+            let (tail, tail_verdict) = find(Measure::Tail)
+                .map_or(("-".to_string(), "-".to_string()), |t| (t.interval.show(), t.verdict.word().to_string()));
+            let _ = writeln!(
+                md,
+                "| {name} | {rope_name} | {} | q {} | **{}**: {} | {tail} | {tail_verdict} |",
+                whole.interval.show(),
+                j.claim.rule().show(),
+                whole.verdict.word(),
+                whole.why
+            );
         }
     }
-
-    #[test]
-    fn the_flatness_verdict_needs_softmax_to_degrade_first() {
-        let verdict = |soft16: f64, lssar16: f64| {
-            let results = BTreeMap::from([
-                ("softmax".to_string(), result("softmax", &[(None, 1, 3.0), (None, 16, soft16)])),
-                ("lssa+rw15".to_string(), result("lssa+rw15", &[(None, 1, 3.0), (None, 16, lssar16)])),
-            ]);
-            verdicts(&[], &results).into_iter().find(|v| v.contains("LSSAR stays flat")).unwrap()
-        };
-        assert!(verdict(6.0, 3.1).contains(": reproduced"), "{}", verdict(6.0, 3.1));
-        assert!(verdict(6.0, 5.5).contains("LSSAR degrades about as much"));
-        // Softmax improving with length is no evidence for LSSAR (a regression of this stop's first draft).
-        assert!(verdict(2.98, 2.996).contains("softmax itself does not degrade"));
-        // A rise under the threshold is not called an effect, but the shape is reported.
-        assert!(
-            verdict(3.05, 3.0).contains("less than the 0.1 nats") && verdict(3.05, 3.0).contains("the shape is there")
+    let _ = writeln!(md);
+    for o in orderings {
+        let _ = writeln!(
+            md,
+            "- **{} ordering at 1x: {}**: {} (pairs separated beyond noise in both the paper and ours are listed in its section).",
+            o.experiment,
+            o.verdict.word(),
+            o.why
         );
-        assert!(!verdict(3.05, 3.05).contains("the shape is there"));
     }
+    if let Some(n) = seed_sd {
+        let _ = writeln!(
+            md,
+            "- Seed-to-seed noise of one row's 1x loss, pooled over the rows with several seeds: {:.4} nats (standard deviation, {} degrees of freedom). Intervals of single-seed rows include it (a t draw).",
+            n.sd, n.df
+        );
+    } else {
+        let _ = writeln!(
+            md,
+            "- No row has two seeds: the intervals show the validation spans' noise only, not the seeds'."
+        );
+    }
+    let _ = writeln!(md);
+}
 
-    #[test]
-    fn kendall_tau_counts_concordant_pairs() {
-        assert_eq!(kendall_tau(&[1.0, 2.0, 3.0], &[10.0, 20.0, 30.0]), Some(1.0));
-        assert_eq!(kendall_tau(&[1.0, 2.0, 3.0], &[30.0, 20.0, 10.0]), Some(-1.0));
-        assert_eq!(kendall_tau(&[1.0, 2.0, 3.0], &[10.0, 30.0, 20.0]), Some(1.0 / 3.0));
-        assert_eq!(kendall_tau(&[1.0], &[1.0]), None);
+/// The pairs of an ordering table: the paper's difference, ours with its interval, and which count.
+fn ordering_pairs(md: &mut String, o: &OrderingVerdict) {
+    let _ = writeln!(
+        md,
+        "\nOrdering at 1x, pair by pair (first row minus second; a pair counts when separated in both):\n"
+    );
+    let _ = writeln!(md, "| pair | paper | ours: estimate [95% interval] | separated (paper / ours) | signs |");
+    let _ = writeln!(md, "|---|---:|---|---|---|");
+    for p in &o.pairs {
+        let counts = p.separated.0 && p.separated.1;
+        let signs = if !counts {
+            "-"
+        } else if (p.paper > 0.0) == (p.ours.estimate > 0.0) {
+            "agree"
+        } else {
+            "**disagree**"
+        };
+        let yn = |b: bool| if b { "yes" } else { "no" };
+        let _ = writeln!(
+            md,
+            "| {} - {} | {:+.4} | {} | {} / {} | {signs} |",
+            p.rows.0,
+            p.rows.1,
+            p.paper,
+            p.ours.show(),
+            yn(p.separated.0),
+            yn(p.separated.1)
+        );
     }
+    let _ = writeln!(md, "\nVerdict: **{}**: {}.", o.verdict.word(), o.why);
+}
+
+/// The rows of the gap figure: label, trained variant, post-hoc power.
+const GAP_ROWS: [(&str, &str, Option<u32>); 3] =
+    [("LSSA", "lssa", None), ("LSSAR p=15 (train)", "lssa+rw15", None), ("LSSAR p=15 (post hoc)", "lssa", Some(15))];
+
+/// Draws each of [`GAP_ROWS`] minus softmax against length with 95% intervals, NTK (solid) and plain
+/// RoPE (dashed), to `<path>.png` and `<path>.svg`; `false` (nothing drawn) without softmax results.
+fn gap_figure(runs: &Runs, path_no_ext: &Path) -> Result<bool> {
+    let lengths: BTreeSet<usize> =
+        runs.get("softmax").into_iter().flatten().flat_map(|r| r.evals.iter().map(|(k, _)| k.multiple)).collect();
+    let mut series: Vec<(String, usize, bool, Vec<(f64, crate::stats::Interval)>)> = Vec::new();
+    for (i, (label, variant, posthoc)) in GAP_ROWS.iter().enumerate() {
+        for (ntk, dashed) in [(true, false), (false, true)] {
+            let pts: Vec<(f64, crate::stats::Interval)> = lengths
+                .iter()
+                .filter_map(|&m| {
+                    let terms = [(1.0, *variant, key(ntk, *posthoc, m)), (-1.0, "softmax", key(ntk, None, m))];
+                    crate::claims::contrast(runs, &terms, Measure::Whole, 1).map(|c| (m as f64, c))
+                })
+                .collect();
+            if !pts.is_empty() {
+                series.push((format!("{label} ({})", if ntk { "NTK" } else { "plain RoPE" }), i, dashed, pts));
+            }
+        }
+    }
+    if series.is_empty() {
+        return Ok(false);
+    }
+    let title = "Loss minus softmax's, paired on the same targets (mean over seeds, 95% intervals)";
+    let png = path_no_ext.with_extension("png");
+    let svg = path_no_ext.with_extension("svg");
+    draw_gaps(BitMapBackend::new(&png, (900, 560)).into_drawing_area(), title, &series)
+        .with_context(|| format!("drawing {}", png.display()))?;
+    draw_gaps(SVGBackend::new(&svg, (900, 560)).into_drawing_area(), title, &series)
+        .with_context(|| format!("drawing {}", svg.display()))?;
+    Ok(true)
+}
+
+fn draw_gaps<DB: DrawingBackend>(
+    root: DrawingArea<DB, plotters::coord::Shift>,
+    title: &str,
+    series: &[(String, usize, bool, Vec<(f64, crate::stats::Interval)>)],
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |x: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{x:?}");
+    root.fill(&WHITE).map_err(e)?;
+    let all = series.iter().flat_map(|s| s.3.iter());
+    let (mut y0, mut y1, mut x1) = (0f64, 0f64, 2f64);
+    for (x, i) in all {
+        y0 = y0.min(i.lo);
+        y1 = y1.max(i.hi);
+        x1 = x1.max(*x);
+    }
+    let pad = ((y1 - y0) * 0.08).max(0.005);
+    // Series of one row are offset a little along x so their intervals do not hide each other.
+    let nudge = |s: usize, dashed: bool| 0.04 * (s as f64 - 1.0) + if dashed { 0.02 } else { -0.02 };
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(-0.3f64..x1.log2() + 0.3, (y0 - pad)..(y1 + pad))
+        .map_err(e)?;
+    chart
+        .configure_mesh()
+        .x_desc("inference length / training length")
+        .y_desc("loss minus softmax's (nats/token)")
+        .x_labels((x1.log2() as usize + 1).max(2))
+        .x_label_formatter(&|v| format!("{:.0}", 2f64.powf(v.round())))
+        .draw()
+        .map_err(e)?;
+    chart.draw_series(LineSeries::new([(-0.3, 0.0), (x1.log2() + 0.3, 0.0)], BLACK.mix(0.4))).map_err(e)?;
+    for (label, c, dashed, pts) in series {
+        let color = COLORS[c % COLORS.len()];
+        let style = ShapeStyle { color: color.to_rgba(), filled: false, stroke_width: 2 };
+        let xy: Vec<(f64, f64)> = pts.iter().map(|(x, i)| (x.log2() + nudge(*c, *dashed), i.estimate)).collect();
+        let drawn = if *dashed {
+            chart.draw_series(DashedLineSeries::new(xy.clone(), 6, 4, style)).map_err(e)?
+        } else {
+            chart.draw_series(LineSeries::new(xy.clone(), style)).map_err(e)?
+        };
+        drawn.label(label.clone()).legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color));
+        chart
+            .draw_series(
+                pts.iter()
+                    .zip(&xy)
+                    .map(|((_, i), &(x, y))| ErrorBar::new_vertical(x, i.lo, y, i.hi, color.filled(), 6)),
+            )
+            .map_err(e)?;
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(e)?;
+    root.present().map_err(e)?;
+    Ok(())
 }

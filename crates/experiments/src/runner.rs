@@ -1,7 +1,15 @@
-//! The runner: trains every variant the experiments need once per scale and evaluates it at every
-//! (RoPE, post-hoc `p`, length) they ask for. Each run lives in `<out>/<run>/` with its checkpoints,
-//! `metrics.jsonl` and `result.json`; results are written after every evaluation and a finished piece
-//! is never redone, so an interrupted `reproduce` continues where it stopped.
+//! The runner: trains every variant the experiments need, once per seed, and evaluates each run at
+//! every (RoPE, post-hoc `p`, length) they ask for. Each run lives in its own directory
+//! ([`run_dir`]) with its checkpoints, `metrics.jsonl` and `result.json`; results are written after
+//! every evaluation and a finished piece is never redone, so an interrupted `reproduce` continues where
+//! it stopped, and asking for more seeds later trains only the new ones.
+//!
+//! A result is reused only when its config (seed included) and the [`numbers_revision`] of the code
+//! it was computed with match; otherwise the run is redone from scratch.
+//!
+//! Every evaluation scores the same validation spans ([`trainer::data::validation_spans`]) and keeps
+//! the loss of every window ([`trainer::eval::WindowLosses`]), so two runs, lengths or RoPE
+//! treatments are compared on identical target tokens ([`crate::stats`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,8 +28,17 @@ use crate::spec::{EvalKey, SinkKey};
 
 /// Format tag and version of a run's `result.json`.
 pub const RESULT_FORMAT: &str = "lssa-experiment-run";
-/// Version of [`RESULT_FORMAT`].
-pub const RESULT_VERSION: u32 = 1;
+/// Version of [`RESULT_FORMAT`] (2: seeds, per-window losses on spread validation spans).
+pub const RESULT_VERSION: u32 = 2;
+
+/// A hash of every source file that can change a run's numbers (`build.rs` lists them), fixed when
+/// this binary was built. Results and checkpoints made by other code are not reused.
+pub fn numbers_revision() -> &'static str {
+    env!("LSSA_NUMBERS_HASH")
+}
+
+/// The file in a run directory that names the [`numbers_revision`] its checkpoints were trained with.
+const REVISION_FILE: &str = "numbers-revision";
 
 /// One trained variant and its evaluations.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -34,10 +51,16 @@ pub struct RunResult {
     pub scale: String,
     /// The trained variant.
     pub variant: String,
+    /// Which seed of the variant this is (0, 1, ...; the config's `seed` is the scale's plus this).
+    #[serde(default)]
+    pub seed_index: usize,
     /// The resolved training config (TOML).
     pub config: String,
-    /// Git revision of the training.
+    /// Git revision of the training (`-dirty` when the work tree had uncommitted changes).
     pub git_revision: String,
+    /// [`numbers_revision`] of the code that trained and evaluated it.
+    #[serde(default)]
+    pub numbers_revision: String,
     /// The command that produced it.
     pub command: String,
     /// Training wall time in seconds.
@@ -69,9 +92,17 @@ pub struct RunResult {
 impl RunResult {
     /// The loss of one evaluation.
     pub fn loss(&self, key: &EvalKey) -> Option<f64> {
-        self.evals.iter().find(|(k, _)| k == key).map(|(_, l)| l.loss)
+        self.eval(key).map(|l| l.loss)
+    }
+
+    /// One evaluation, with its per-window losses.
+    pub fn eval(&self, key: &EvalKey) -> Option<&LengthLoss> {
+        self.evals.iter().find(|(k, _)| k == key).map(|(_, l)| l)
     }
 }
+
+/// Every run of every variant, seeds in order (`runs["lssa"][1]` is seed index 1 of `lssa`).
+pub type Runs = BTreeMap<String, Vec<RunResult>>;
 
 /// One attention-sink measurement of a trained model.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -90,6 +121,15 @@ const SINK_WINDOWS: usize = 4;
 /// A directory name for a variant (`lssa+rw15` -> `lssa_rw15`).
 pub fn run_dir_name(variant: &str) -> String {
     variant.chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' }).collect()
+}
+
+/// The directory of seed `seed_index` of `variant` under `out`: `out/lssa_rw15` for the first seed
+/// (which the later experiments load), `out/lssa_rw15_seed1` and so on for the others.
+pub fn run_dir(out: &Path, variant: &str, seed_index: usize) -> PathBuf {
+    match seed_index {
+        0 => out.join(run_dir_name(variant)),
+        k => out.join(format!("{}_seed{k}", run_dir_name(variant))),
+    }
 }
 
 fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
@@ -175,17 +215,32 @@ pub fn load_trained(scale: &Scale, out: &Path, variant: &str) -> Result<Trained>
     Ok(Trained { vs, model, tokenizer, val, cfg, device })
 }
 
-/// Runs every planned training (in `jobs` parallel workers; on a CPU machine they
-/// share libtorch's thread pool); returns every run's result.
+/// The scale's validation spans: enough spans of `longest x T_train + 1` tokens for
+/// `scale.val_targets` targets, spread over the validation split of `data_dir` (every length scores
+/// exactly these targets).
+pub fn validation_spans(scale: &Scale, data_dir: &Path, tokenizer: &str, longest: usize) -> Result<Vec<Vec<u16>>> {
+    let targets = longest * scale.train.model.context_len;
+    let count = scale.val_targets.div_ceil(targets);
+    trainer::data::validation_spans(data_dir, targets + 1, count, Some(tokenizer))
+        .with_context(|| format!("the {} scale's validation spans", scale.name))
+}
+
+/// Runs every planned training, `seeds[variant]` seeds each (one when absent), in `jobs` parallel
+/// workers (on a CPU machine they share libtorch's thread pool); returns every run's result. The
+/// first seed of a variant gets every evaluation of `plan`, the others those `later_seeds` keeps
+/// (the post-hoc sweep of Figure 2, for one, reads the first seed only).
+#[allow(clippy::too_many_arguments)]
 pub fn run_all(
     scale: &Scale,
     plan: &BTreeMap<String, Vec<EvalKey>>,
+    seeds: &BTreeMap<String, usize>,
+    later_seeds: &(dyn Fn(&EvalKey) -> bool + Sync),
     out: &Path,
     command: &str,
     jobs: usize,
     launch: &Launch,
     sinks: &BTreeMap<String, Vec<SinkKey>>,
-) -> Result<BTreeMap<String, RunResult>> {
+) -> Result<Runs> {
     let (data_dir, sd, base) = base_config(scale, out)?;
     let world = match launch {
         Launch::InProcess => 1,
@@ -193,49 +248,59 @@ pub fn run_all(
     };
     // Fail before training anything if the global batch does not split over the ranks.
     base.accumulation(world)?;
-    let val = trainer::data::loader::validation_tokens(&data_dir, scale.val_tokens, Some(sd.tokenizer_id()))?;
-    let total_steps = plan.len() * base.max_steps;
+    let longest = plan.values().flatten().map(|k| k.multiple).max().unwrap_or(1);
+    let spans = validation_spans(scale, &data_dir, sd.tokenizer_id(), longest)?;
+    // Seeds first by index, so an interrupted reproduction has every variant's first seed early.
+    let mut runs: Vec<(&String, &Vec<EvalKey>, usize)> = Vec::new();
+    let most = plan.keys().map(|v| seeds.get(v).copied().unwrap_or(1)).max().unwrap_or(1);
+    for k in 0..most {
+        runs.extend(plan.iter().filter(|(v, _)| k < seeds.get(*v).copied().unwrap_or(1)).map(|(v, n)| (v, n, k)));
+    }
+    let total_steps = runs.len() * base.max_steps;
     say(&format!(
-        "scale {}: {} training runs x {} steps; estimate {:.0} min for training on the machine this scale targets, plus evaluation",
+        "scale {}: {} training runs ({} variants, up to {most} seeds) x {} steps; estimate {:.0} min for training on the machine this scale targets, plus evaluation",
         scale.name,
+        runs.len(),
         plan.len(),
         base.max_steps,
         total_steps as f64 * scale.est_step_s / 60.0
     ));
     let started = Instant::now();
-    let jobs = jobs.clamp(1, plan.len().max(1));
+    let n_runs = runs.len();
+    let jobs = jobs.clamp(1, n_runs.max(1));
     if jobs > 1 {
         say(&format!("{jobs} runs at a time"));
     }
-    let queue = std::sync::Mutex::new(plan.iter());
-    let results = std::sync::Mutex::new(BTreeMap::new());
+    let queue = std::sync::Mutex::new(runs.into_iter());
+    let results = std::sync::Mutex::new(Vec::new());
     let done = std::sync::atomic::AtomicUsize::new(0);
     let failures = std::sync::Mutex::new(Vec::new());
     let worker = || {
         loop {
-            let Some((variant, needs)) = queue.lock().expect("queue").next() else { return };
-            let dir = out.join(run_dir_name(variant));
+            let Some((variant, needs, k)) = queue.lock().expect("queue").next() else { return };
             let cfg = TrainConfig {
                 model: gpt_model::ModelConfig { attention: variant.clone(), ..base.model.clone() },
-                out_dir: dir.clone(),
+                out_dir: run_dir(out, variant, k),
+                seed: base.seed + k as u64,
                 ..base.clone()
             };
-            let sink_needs = sinks.get(variant).map_or(&[][..], Vec::as_slice);
-            match run_one(scale, &cfg, needs, sink_needs, &val, command, launch)
-                .with_context(|| format!("run `{variant}`"))
+            // Attention maps, sink statistics and the post-hoc sweep come from the first seed.
+            let sink_needs = if k == 0 { sinks.get(variant).map_or(&[][..], Vec::as_slice) } else { &[] };
+            let needs: Vec<EvalKey> = needs.iter().copied().filter(|key| k == 0 || later_seeds(key)).collect();
+            match run_one(scale, &cfg, k, &needs, sink_needs, &spans, command, launch)
+                .with_context(|| format!("run `{variant}` seed {k}"))
             {
                 Ok(r) => {
                     let done = done.fetch_add(1, std::sync::atomic::Ordering::SeqCst) + 1;
                     let elapsed = started.elapsed().as_secs_f64();
                     say(&format!(
-                        "[{done}/{}] {variant}: train loss {:.3}, val 1x {:.3} ({:.0} s so far, ~{:.0} min left)",
-                        plan.len(),
+                        "[{done}/{n_runs}] {variant} seed {k}: train loss {:.3}, val 1x {:.3} ({:.0} s so far, ~{:.0} min left)",
                         r.final_train_loss,
                         r.loss(&EvalKey { ntk: true, posthoc: None, multiple: 1 }).unwrap_or(f64::NAN),
                         elapsed,
-                        elapsed / done as f64 * (plan.len() - done) as f64 / 60.0
+                        elapsed / done as f64 * (n_runs - done) as f64 / 60.0
                     ));
-                    results.lock().expect("results").insert(variant.clone(), r);
+                    results.lock().expect("results").push(r);
                 }
                 Err(e) => {
                     // Stop taking new runs; the ones in flight finish (their results are kept).
@@ -255,7 +320,13 @@ pub fn run_all(
     if let Some(e) = failures.into_inner().expect("failures").into_iter().next() {
         return Err(e);
     }
-    Ok(results.into_inner().expect("results"))
+    let mut by_variant = Runs::new();
+    let mut all = results.into_inner().expect("results");
+    all.sort_by_key(|r| r.seed_index);
+    for r in all {
+        by_variant.entry(r.variant.clone()).or_default().push(r);
+    }
+    Ok(by_variant)
 }
 
 /// How many runs to train at once when `--jobs` is not given: one on a GPU or a single core; on a
@@ -329,7 +400,7 @@ fn clear_training(dir: &Path) -> Result<()> {
 fn train_attempt(cfg: &TrainConfig, resume: Option<PathBuf>, launch: &Launch, command: &str) -> Result<(f64, f64)> {
     match launch {
         Launch::InProcess => {
-            let mut data = ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, 0, 1)?;
+            let mut data = ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, 0, 1, cfg.seed)?;
             let opts = RunOptions { resume, progress: false, val_tokens: Vec::new(), command: command.into() };
             let run = train::train(cfg, &mut data, &Single, &opts)?;
             Ok((run.steps.last().map_or(f64::NAN, |s| s.loss), run.tokens_per_s))
@@ -387,22 +458,35 @@ pub fn train_rank(config: &Path, resume: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn run_one(
     scale: &Scale,
     cfg: &TrainConfig,
+    seed_index: usize,
     needs: &[EvalKey],
     sink_needs: &[SinkKey],
-    val: &[u16],
+    spans: &[Vec<u16>],
     command: &str,
     launch: &Launch,
 ) -> Result<RunResult> {
     let result_path = cfg.out_dir.join("result.json");
     let mut result: Option<RunResult> = match std::fs::read_to_string(&result_path) {
         Ok(text) => {
-            let r: RunResult =
-                serde_json::from_str(&text).with_context(|| format!("reading {}", result_path.display()))?;
-            // A result of another config (e.g. the scale was edited) is redone from scratch.
-            if r.config == cfg.to_toml() && r.format_version == RESULT_VERSION {
+            // A result of another format, config (e.g. the scale was edited) or code is redone from scratch.
+            let r: Option<RunResult> = serde_json::from_str(&text).ok();
+            if let Some(r) = r.as_ref().filter(|r| r.config == cfg.to_toml() && r.format_version == RESULT_VERSION)
+                && r.numbers_revision != numbers_revision()
+            {
+                say(&format!(
+                    "{}: computed by other code (numbers revision {} at {}, this build {}): training again",
+                    cfg.out_dir.display(),
+                    r.numbers_revision,
+                    r.git_revision,
+                    numbers_revision()
+                ));
+            }
+            let r = r.filter(|r| r.format_version == RESULT_VERSION && r.numbers_revision == numbers_revision());
+            if let Some(r) = r.filter(|r| r.config == cfg.to_toml()) {
                 // Results written before retries existed have no `lr`: they were trained at the config's.
                 Some(RunResult { lr: if r.lr > 0.0 { r.lr } else { cfg.lr }, ..r })
             } else {
@@ -412,23 +496,36 @@ fn run_one(
         Err(_) => None,
     };
     if result.is_none() {
-        // Checkpoints of another config (the scale was edited since) are not continued: start over.
+        // Checkpoints of another config (the scale was edited since) or of other code are not
+        // continued: start over.
         let saved = std::fs::read_to_string(cfg.out_dir.join("config.toml")).ok();
-        if saved.is_some_and(|s| s != cfg.to_toml()) {
-            say(&format!(
-                "{}: its config changed since the last attempt: training from scratch",
-                cfg.out_dir.display()
-            ));
+        let revision = std::fs::read_to_string(cfg.out_dir.join(REVISION_FILE)).ok();
+        // (A directory without the revision file predates it: its checkpoints are of unknown code.)
+        if saved.as_ref().is_some_and(|s| *s != cfg.to_toml())
+            || revision.as_ref().is_none_or(|r| r.trim() != numbers_revision())
+        {
+            if saved.is_some() || revision.is_some() {
+                say(&format!(
+                    "{}: its config or code changed since the last attempt: training from scratch",
+                    cfg.out_dir.display()
+                ));
+            }
             clear_training(&cfg.out_dir)?;
         }
+        let _ = std::fs::remove_file(&result_path);
+        std::fs::create_dir_all(&cfg.out_dir).with_context(|| format!("creating {}", cfg.out_dir.display()))?;
+        std::fs::write(cfg.out_dir.join(REVISION_FILE), numbers_revision())
+            .with_context(|| format!("writing {}", cfg.out_dir.join(REVISION_FILE).display()))?;
         let start = Instant::now();
         let fresh = |lr: f64, final_train_loss: f64, tokens_per_s: f64, note: Option<String>| RunResult {
             format: RESULT_FORMAT.into(),
             format_version: RESULT_VERSION,
             scale: scale.name.into(),
             variant: cfg.model.attention.clone(),
+            seed_index,
             config: cfg.to_toml(),
             git_revision: trainer::git_revision(),
+            numbers_revision: numbers_revision().into(),
             command: command.into(),
             train_wall_s: start.elapsed().as_secs_f64(),
             eval_wall_s: 0.0,
@@ -502,18 +599,19 @@ fn run_one(
     let mut vs = tch::nn::VarStore::new(device);
     let model = Gpt::new(&vs.root(), &cfg.model)?;
     gpt_model::checkpoint::load(&mut vs, &cfg.model, &ckpt)?;
-    // Group by (RoPE, p) so each call scores all its lengths on the same span.
+    // Group by (RoPE, p): each call scores its lengths on the spans.
     let mut groups: BTreeMap<(bool, Option<u32>), Vec<usize>> = BTreeMap::new();
     for k in &missing {
         groups.entry((k.ntk, k.posthoc)).or_default().push(k.multiple);
     }
-    let longest = needs.iter().map(|k| k.multiple).max().unwrap_or(1);
+    let t_train = cfg.model.context_len;
+    let longest = spans.first().map_or(1, |s| (s.len() - 1) / t_train);
     for ((ntk, posthoc), multiples) in groups {
         let started = Instant::now();
         let key0 = EvalKey { ntk, posthoc, multiple: 1 };
-        let losses = eval::multi_length_on_span(
+        let losses = eval::multi_length_spans(
             &model,
-            val,
+            spans,
             &multiples,
             longest,
             key0.rope(),
@@ -530,10 +628,14 @@ fn run_one(
     }
     for key in missing_sinks {
         let started = Instant::now();
+        // The first tokens of the first spans: windows from several places of the validation split.
         let t = cfg.model.context_len * key.multiple;
-        let windows = (val.len() / t).min(SINK_WINDOWS);
-        anyhow::ensure!(windows >= 1, "{} validation tokens cannot fill one {t}-token window", val.len());
-        let ids: Vec<i64> = val[..windows * t].iter().map(|&x| i64::from(x)).collect();
+        let windows = spans.len().min(SINK_WINDOWS);
+        anyhow::ensure!(
+            windows >= 1 && spans[0].len() > t,
+            "the validation spans are shorter than one {t}-token window"
+        );
+        let ids: Vec<i64> = spans[..windows].iter().flat_map(|s| s[..t].iter().map(|&x| i64::from(x))).collect();
         let idx = tch::Tensor::from_slice(&ids).view([windows as i64, t as i64]).to(device);
         let opts = gpt_model::ForwardOptions {
             length_scale: Some(key.multiple as f64),

@@ -26,8 +26,12 @@ pub struct Scale {
     pub train: TrainConfig,
     /// Training data.
     pub data: Data,
-    /// Validation tokens scored at every length (a multiple of the longest window is used).
+    /// Validation tokens for the experiments that read a plain prefix of the split (retrieval filler,
+    /// downstream).
     pub val_tokens: usize,
+    /// Target tokens scored at every length, at least: that many, in spans of the longest window
+    /// spread over the whole validation split ([`crate::runner::validation_spans`]).
+    pub val_targets: usize,
     /// Tokens per evaluation forward.
     pub eval_batch_tokens: usize,
     /// Whether its numbers mean anything (the report says so when they do not).
@@ -77,6 +81,7 @@ impl Scale {
                 },
                 data: Data::Generated,
                 val_tokens: 2 * 16 * 32 + 1,
+                val_targets: 4 * 16 * 32,
                 eval_batch_tokens: 4096,
                 meaningful: false,
                 est_step_s: 0.05,
@@ -107,6 +112,7 @@ impl Scale {
                 },
                 data: Data::Shards(PathBuf::from(SMALL_DATA)),
                 val_tokens: 16 * 128 * 8 + 1,
+                val_targets: 1 << 16,
                 eval_batch_tokens: 16_384,
                 meaningful: true,
                 est_step_s: 0.2,
@@ -137,6 +143,7 @@ impl Scale {
                 },
                 data: Data::Shards(PathBuf::from("data/default")),
                 val_tokens: 16 * 512 * 8 + 1,
+                val_targets: 1 << 17,
                 eval_batch_tokens: 65_536,
                 meaningful: true,
                 est_step_s: 0.1,
@@ -148,6 +155,7 @@ impl Scale {
                 train: TrainConfig { ckpt_every: 1000, keep_last: 1, ..TrainConfig::paper() },
                 data: Data::Shards(PathBuf::from("data/fineweb10B")),
                 val_tokens: 16 * 1024 * 64 + 1,
+                val_targets: 1 << 20,
                 eval_batch_tokens: 262_144,
                 meaningful: true,
                 est_step_s: 0.35,

@@ -132,6 +132,12 @@ pub struct EvalKey {
 }
 
 impl EvalKey {
+    /// The key of an evaluation; at 1x the RoPE treatment plays no part (NTK scaling starts beyond the
+    /// training length), so both treatments give the one key `ntk: true`.
+    pub fn new(ntk: bool, posthoc: Option<u32>, multiple: usize) -> EvalKey {
+        EvalKey { ntk: ntk || multiple == 1, posthoc, multiple }
+    }
+
     /// The RoPE treatment.
     pub fn rope(&self) -> Rope {
         if self.ntk { Rope::Ntk } else { Rope::Plain }
@@ -146,7 +152,7 @@ pub fn plan(experiments: &[Experiment]) -> BTreeMap<String, Vec<EvalKey>> {
             let needs = out.entry(r.train.clone()).or_default();
             let mut add = |ntk: bool, posthoc: Option<u32>| {
                 for &m in &e.lengths {
-                    needs.push(EvalKey { ntk, posthoc, multiple: m });
+                    needs.push(EvalKey::new(ntk, posthoc, m));
                 }
             };
             match e.kind {

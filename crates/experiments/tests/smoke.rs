@@ -1,5 +1,6 @@
 //! `reproduce --scale smoke` end to end: every experiment runs, the report and its figures are written,
-//! every run has its evaluations, and a second invocation redoes nothing.
+//! every run (every seed) has its evaluations with per-window losses, every verdict is judged, a
+//! second invocation redoes nothing, and more seeds later train only the new ones.
 
 use std::path::Path;
 use std::process::Command;
@@ -22,8 +23,22 @@ fn reproduce_with(out: &Path, extra: &[&str]) -> std::process::Output {
 }
 
 fn result(out: &Path, variant: &str) -> experiments::runner::RunResult {
-    let path = out.join(experiments::runner::run_dir_name(variant)).join("result.json");
+    seed_result(out, variant, 0)
+}
+
+fn seed_result(out: &Path, variant: &str, seed: usize) -> experiments::runner::RunResult {
+    let path = experiments::runner::run_dir(out, variant, seed).join("result.json");
     serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap()
+}
+
+fn checkpoint_time(dir: &Path) -> std::time::SystemTime {
+    let ckpt = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .find(|e| e.file_name().to_string_lossy().starts_with("ckpt_"))
+        .unwrap()
+        .path();
+    std::fs::metadata(&ckpt).unwrap().modified().unwrap()
 }
 
 #[test]
@@ -73,6 +88,21 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
     for title in ["Table 1", "Table 2", "Table 3", "Table 4", "Figure 1", "Figure 2", "## Verdicts", "not meaningful"] {
         assert!(report.contains(title), "the report lacks `{title}`");
     }
+    // Every claim is judged three-way under both RoPE treatments (or at 1x only), with an interval,
+    // and every ordering table has its verdict and pair list.
+    for claim in &experiments::claims::all().unwrap().claim {
+        let lines: Vec<&str> = report.lines().filter(|l| l.starts_with(&format!("| **{}**", claim.name))).collect();
+        assert_eq!(lines.len(), if claim.longest() > 1 { 2 } else { 1 }, "{}: {lines:?}", claim.name);
+        for l in lines {
+            assert!(["**reproduced**", "**contradicted**", "**inconclusive**"].iter().any(|v| l.contains(v)), "{l}");
+            assert!(l.contains('[') && l.contains("seeds: "), "{l}");
+        }
+    }
+    for table in ["table1", "table2", "table3"] {
+        assert!(report.contains(&format!("- **{table} ordering at 1x: ")), "{table}");
+    }
+    assert!(report.contains("Ordering at 1x, pair by pair"));
+    assert!(report.contains("Seed-to-seed noise of one row's 1x loss"));
     assert!(report.contains("3.1905"), "the paper's numbers are shown next to ours");
     assert!(report.contains("## Attention sinks"), "the sinks section");
     assert!(
@@ -107,8 +137,8 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
     for fig in [
         "figure1",
         "figure2",
-        "table1_length",
         "table4_length",
+        "claims_gap",
         "sinks_first_key",
         "sinks_entropy",
         "retrieval_accuracy",
@@ -119,15 +149,37 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
             assert!(std::fs::metadata(&p).map(|m| m.len() > 1000).unwrap_or(false), "{} missing or empty", p.display());
         }
     }
-    // Every planned run has a result with every evaluation the experiments need.
+    // Every planned run has a result with every evaluation the experiments need, with its
+    // per-window losses; the variants the claims read have three seeds, with other initial weights
+    // and data order.
     let plan = experiments::spec::plan(&experiments::spec::all().unwrap());
     assert_eq!(plan.len(), 26);
+    let claims = experiments::claims::all().unwrap();
     for (variant, needs) in &plan {
         let r = result(&out, variant);
         assert_eq!(&r.variant, variant);
         for k in needs {
-            let l = r.loss(k).unwrap_or_else(|| panic!("{variant}: no evaluation {k:?}"));
-            assert!(l.is_finite() && l > 0.0, "{variant} {k:?}: loss {l}");
+            let l = r.eval(k).unwrap_or_else(|| panic!("{variant}: no evaluation {k:?}"));
+            assert!(l.loss.is_finite() && l.loss > 0.0, "{variant} {k:?}: loss {}", l.loss);
+            let w = l.per_window.as_ref().expect("per-window losses");
+            assert_eq!(w.first.len(), l.windows, "{variant} {k:?}");
+            assert_eq!(w.rest.len(), if k.multiple > 1 { l.windows } else { 0 });
+            // The whole-window mean is the mean of the windows' (first + (m-1) rest) / m.
+            let m = k.multiple as f64;
+            let mean = (0..l.windows)
+                .map(|i| (f64::from(w.first[i]) + (m - 1.0) * w.rest.get(i).map_or(0.0, |&x| f64::from(x))) / m)
+                .sum::<f64>()
+                / l.windows as f64;
+            assert!((mean - l.loss).abs() < 1e-4, "{variant} {k:?}: windows give {mean}, the mean is {}", l.loss);
+        }
+        let seeds = if claims.variants().contains(variant) { 3 } else { 1 };
+        assert!(experiments::runner::run_dir(&out, variant, seeds - 1).join("result.json").exists(), "{variant}");
+        assert!(!experiments::runner::run_dir(&out, variant, seeds).exists(), "{variant}: a seed too many");
+        if seeds > 1 {
+            let other = seed_result(&out, variant, 1);
+            assert_eq!(other.seed_index, 1);
+            let key = experiments::spec::EvalKey::new(true, None, 1);
+            assert_ne!(other.loss(&key), r.loss(&key), "{variant}: seed 1 repeats seed 0");
         }
         for k in experiments::spec::sink_plan(&experiments::spec::all().unwrap()).get(variant).into_iter().flatten() {
             let s =
@@ -140,7 +192,7 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
     // The same run trained by two Gloo ranks (each half of the global batch, through the launcher)
     // lands on the same losses as the single process that accumulated both halves.
     let ranks = out.with_extension("ranks");
-    reproduce_with(&ranks, &["--only", "lssa", "--nproc-per-node", "2"]);
+    reproduce_with(&ranks, &["--only", "lssa", "--seeds", "1", "--nproc-per-node", "2"]);
     let one = result(&out, "lssa");
     let two = result(&ranks, "lssa");
     assert!(
@@ -155,19 +207,19 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
     }
     std::fs::remove_dir_all(&ranks).unwrap();
     // The same command again trains nothing: checkpoints and results are untouched.
-    let ckpt = std::fs::read_dir(out.join("lssa_rw15"))
-        .unwrap()
-        .flatten()
-        .find(|e| e.file_name().to_string_lossy().starts_with("ckpt_"))
-        .unwrap()
-        .path();
-    let before = std::fs::metadata(&ckpt).unwrap().modified().unwrap();
+    let dirs: Vec<_> = (0..3).map(|k| experiments::runner::run_dir(&out, "lssa+rw15", k)).collect();
+    let before: Vec<_> = dirs.iter().map(|d| checkpoint_time(d)).collect();
     let second = reproduce(&out);
-    assert_eq!(std::fs::metadata(&ckpt).unwrap().modified().unwrap(), before, "a finished run was retrained");
+    let after: Vec<_> = dirs.iter().map(|d| checkpoint_time(d)).collect();
+    assert_eq!(after, before, "a finished run was retrained");
     assert_eq!(
         String::from_utf8_lossy(&first.stdout),
         String::from_utf8_lossy(&second.stdout),
         "the verdicts changed without new work"
     );
+    // A fourth seed later trains only the fourth seed.
+    reproduce_with(&out, &["--only", "lssa+rw15", "--seeds", "4"]);
+    assert_eq!(dirs.iter().map(|d| checkpoint_time(d)).collect::<Vec<_>>(), before, "an old seed was retrained");
+    assert_eq!(seed_result(&out, "lssa+rw15", 3).seed_index, 3);
     std::fs::remove_dir_all(&out).unwrap();
 }

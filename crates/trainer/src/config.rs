@@ -64,7 +64,8 @@ pub struct TrainConfig {
     pub ckpt_every: usize,
     /// Keep this many most recent checkpoints (at least 1).
     pub keep_last: usize,
-    /// Seed of the initialisation (the data order is deterministic by itself).
+    /// Seed of the initialisation and of the data order (the training stream is read from a token
+    /// derived from it: [`crate::data::loader::seed_rotation`]).
     pub seed: u64,
     /// Device.
     pub device: DeviceChoice,

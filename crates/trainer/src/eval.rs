@@ -41,6 +41,27 @@ pub struct LengthLoss {
     pub tokens: usize,
     /// Windows of `seq_len` tokens.
     pub windows: usize,
+    /// Per-window losses, when scored by [`multi_length_spans`] (what paired statistics read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub per_window: Option<WindowLosses>,
+}
+
+/// Mean loss of every window of one evaluation, in window order (span after span, each span's windows
+/// in order), split by position inside the window. With `T = T_train` and windows of `m T` tokens:
+/// `first` covers positions `0..T` (the context a model had in training), `rest` positions `T..m T`
+/// (only beyond the training length; empty at `m = 1`), `tail` the last `T` positions `(m-1) T..m T`
+/// (empty at `m = 1`, where it is `first`). The whole-window mean is `(first + (m-1) rest) / m`.
+///
+/// The last `T` targets of a window are exactly the targets of one window at `1x`, so `tail` is
+/// paired with `first` of that `1x` window: the same tokens, predicted with `(m-1) T` more context.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct WindowLosses {
+    /// Mean loss over each window's first `T_train` targets.
+    pub first: Vec<f32>,
+    /// Mean loss over each window's targets after the first `T_train` (empty at `1x`).
+    pub rest: Vec<f32>,
+    /// Mean loss over each window's last `T_train` targets (empty at `1x`).
+    pub tail: Vec<f32>,
 }
 
 /// Mean loss over `tokens` cut into consecutive windows of `seq_len` (+1 for the targets) tokens,
@@ -130,7 +151,93 @@ pub fn multi_length_on_span(
             ForwardOptions { length_scale: Some(m as f64), ntk: rope == Rope::Ntk && m > 1, reweight, attn_impl: None };
         let batch = (batch_tokens / seq_len).max(1);
         let (loss, n, windows) = span_loss(model, span, seq_len, batch, &opts, device)?;
-        out.push(LengthLoss { multiple: m, seq_len, rope, reweight, loss, tokens: n, windows });
+        out.push(LengthLoss { multiple: m, seq_len, rope, reweight, loss, tokens: n, windows, per_window: None });
     }
     Ok(out)
+}
+
+/// Validation loss at each multiple of the training length on `spans`, each of exactly
+/// `longest_multiple x T_train + 1` tokens (e.g. from [`crate::data::validation_spans`]), keeping
+/// every window's losses ([`WindowLosses`]): every length scores exactly the same targets (each span
+/// cut into `longest_multiple / m` windows), so two models, two lengths or two RoPE treatments can be
+/// compared window by window on identical tokens. `longest_multiple` must be a multiple of every
+/// `m` asked for; `batch_tokens` bounds the tokens per forward.
+#[allow(clippy::too_many_arguments)]
+pub fn multi_length_spans(
+    model: &Gpt,
+    spans: &[Vec<u16>],
+    multiples: &[usize],
+    longest_multiple: usize,
+    rope: Rope,
+    reweight: Option<u32>,
+    batch_tokens: usize,
+    device: Device,
+) -> anyhow::Result<Vec<LengthLoss>> {
+    let t = model.config().context_len;
+    let span_len = longest_multiple * t;
+    anyhow::ensure!(!spans.is_empty(), "no validation spans to score");
+    anyhow::ensure!(
+        spans.iter().all(|s| s.len() == span_len + 1),
+        "every validation span must hold {} tokens ({longest_multiple} x {t} + 1)",
+        span_len + 1
+    );
+    anyhow::ensure!(
+        multiples.iter().all(|&m| m >= 1 && longest_multiple % m == 0),
+        "multiples {multiples:?} must divide {longest_multiple}"
+    );
+    let _g = tch::no_grad_guard();
+    let mut out = Vec::with_capacity(multiples.len());
+    for &m in multiples {
+        let seq_len = m * t;
+        let per_span = longest_multiple / m;
+        let opts =
+            ForwardOptions { length_scale: Some(m as f64), ntk: rope == Rope::Ntk && m > 1, reweight, attn_impl: None };
+        // Every window of every span, in order.
+        let windows: Vec<&[u16]> =
+            spans.iter().flat_map(|s| (0..per_span).map(move |w| &s[w * seq_len..(w + 1) * seq_len + 1])).collect();
+        let batch = (batch_tokens / seq_len).max(1);
+        let mut wl = WindowLosses::default();
+        let mut sum = 0.0;
+        for chunk in windows.chunks(batch) {
+            let nb = chunk.len() as i64;
+            let ids = |off: usize| -> Vec<i64> {
+                chunk.iter().flat_map(|w| w[off..off + seq_len].iter().map(|&x| i64::from(x))).collect()
+            };
+            let x = Tensor::from_slice(&ids(0)).view([nb, seq_len as i64]).to_device(device);
+            let y = Tensor::from_slice(&ids(1)).view([nb, seq_len as i64]).to_device(device);
+            let per_token = token_losses(model, &x, &y, &opts)?; // (nb, seq_len), f64 on the CPU
+            let v: Vec<f64> = Vec::try_from(per_token.reshape([-1]))?;
+            for row in v.chunks(seq_len) {
+                let mean = |xs: &[f64]| (xs.iter().sum::<f64>() / xs.len() as f64) as f32;
+                sum += row.iter().sum::<f64>();
+                wl.first.push(mean(&row[..t]));
+                if m > 1 {
+                    wl.rest.push(mean(&row[t..]));
+                    wl.tail.push(mean(&row[seq_len - t..]));
+                }
+            }
+        }
+        let tokens = windows.len() * seq_len;
+        out.push(LengthLoss {
+            multiple: m,
+            seq_len,
+            rope,
+            reweight,
+            loss: sum / tokens as f64,
+            tokens,
+            windows: windows.len(),
+            per_window: Some(wl),
+        });
+    }
+    Ok(out)
+}
+
+/// Cross-entropy of every target, `(B, T)` in f64 on the CPU, over the model's real vocabulary.
+fn token_losses(model: &Gpt, x: &Tensor, y: &Tensor, opts: &ForwardOptions) -> anyhow::Result<Tensor> {
+    let logits = model.forward(x, opts)?;
+    let v = model.config().vocab_size as i64;
+    let (b, t) = (x.size()[0], x.size()[1]);
+    let logp = logits.narrow(-1, 0, v).to_kind(Kind::Float).log_softmax(-1, Kind::Float);
+    let picked = logp.gather(-1, &y.unsqueeze(-1), false).squeeze_dim(-1);
+    Ok((-picked).to_kind(Kind::Double).to_device(Device::Cpu).view([b, t]))
 }

@@ -3,7 +3,7 @@
 //! for one process or many (gradients averaged through a [`Collective`]).
 //!
 //! Random state: training draws no random numbers after the initialisation (no dropout; the data order
-//! is a deterministic function of the position), so a checkpoint's `seed` plus its weights, optimiser
+//! is a deterministic function of the seed and the position), so a checkpoint's `seed` plus its weights, optimiser
 //! moments and data position is the whole state, and a resumed run repeats the losses of an
 //! uninterrupted one exactly (tested).
 
@@ -119,7 +119,7 @@ impl Rank {
     /// This rank's share of the training split of `cfg.data_dir`.
     pub fn open_data(&self, cfg: &TrainConfig) -> Result<ShardSource> {
         let c = self.collective();
-        ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, c.rank(), c.world_size())
+        ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, c.rank(), c.world_size(), cfg.seed)
             .with_context(|| format!("opening the training data in {}", cfg.data_dir.display()))
     }
 }
@@ -463,9 +463,10 @@ pub struct ShardSource {
 }
 
 impl ShardSource {
-    /// Opens the training split of `dir` for this rank.
-    pub fn open(dir: &Path, batch: usize, seq_len: usize, rank: usize, world: usize) -> Result<Self> {
-        use crate::data::loader::{DataLoader, Geometry};
+    /// Opens the training split of `dir` for this rank, in the order of `seed` (the stream read from
+    /// [`crate::data::loader::seed_rotation`]'s token on).
+    pub fn open(dir: &Path, batch: usize, seq_len: usize, rank: usize, world: usize, seed: u64) -> Result<Self> {
+        use crate::data::loader::{DataLoader, Geometry, seed_rotation};
         let sd = crate::data::shard::ShardDir::open(dir)?;
         let tokenizer = sd.tokenizer_id().to_string();
         let loader = DataLoader::open(
@@ -474,7 +475,8 @@ impl ShardSource {
             Geometry::new(batch, seq_len, rank, world)?,
             Some(&tokenizer),
         )?;
-        Ok(Self { loader, tokenizer })
+        let rotation = seed_rotation(seed, loader.total_tokens());
+        Ok(Self { loader: loader.rotated(rotation), tokenizer })
     }
 }
 

@@ -3,7 +3,8 @@
 //! Runbook:
 //!
 //! ```text
-//! cargo xtask reproduce                  # small: 26 training runs on 2 CPU cores (~2 h), then docs/REPRODUCTION.md
+//! cargo xtask reproduce                  # small: 26 variants, 3 seeds of the 4 headline ones, then docs/REPRODUCTION.md
+//! cargo xtask reproduce --seeds 5        # 5 seeds of the headline variants (the 3 already trained are reused)
 //! cargo xtask reproduce --scale smoke    # seconds: the whole pipeline on generated text (the test suite runs it)
 //! cargo xtask reproduce --scale gpu      # one GPU, larger models, T = 512
 //! cargo xtask reproduce --only lssa,softmax   # train/evaluate only these variants (the report shows what exists)
@@ -43,6 +44,10 @@ struct Cli {
     /// Runs trained at once [default: 1 on a GPU, else one per 4 cores, at least 2, at most 4].
     #[arg(long)]
     jobs: Option<usize>,
+    /// Seeds (initialisation and data order) of every variant a headline claim reads
+    /// (`defs/claims.toml`); the other variants get one. Raising it later trains only the new seeds.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=64))]
+    seeds: u32,
     /// `key=value` overrides of the scale's training config (TOML values; dotted keys reach into
     /// the model table), e.g. `--set max_steps=3000`. Runs whose config changes are retrained.
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -60,6 +65,11 @@ struct Cli {
     /// Internal, with --train-rank: the checkpoint to resume from.
     #[arg(long, hide = true, requires = "train_rank")]
     resume: Option<PathBuf>,
+    /// Train and evaluate only what the headline claims read (`defs/claims.toml`): their variants,
+    /// their lengths and post-hoc powers; no sweep, sinks, retrieval or physics. For pilots of a
+    /// scale, and for a quick answer to the paper's main questions.
+    #[arg(long)]
+    claims_only: bool,
     /// Print the plan (runs and evaluations) and stop.
     #[arg(long)]
     plan: bool,
@@ -85,14 +95,40 @@ fn run() -> Result<()> {
     let mut scale = Scale::by_name(&cli.scale)?;
     if !cli.set.is_empty() {
         let name = format!("the {} scale with --set", scale.name);
+        let before = scale.train.data_dir.clone();
         scale.train = trainer::config::TrainConfig::from_toml_with_overrides(&scale.train.to_toml(), &name, &cli.set)?;
+        // `--set data_dir=DIR` trains on DIR instead of the scale's data.
+        if scale.train.data_dir != before {
+            scale.data = experiments::scale::Data::Shards(scale.train.data_dir.clone());
+        }
     }
     let experiments = spec::all()?;
+    let claims = experiments::claims::all()?;
+    let mut sink_plan_off = false;
     let mut plan = spec::plan(&experiments);
+    for (v, needs) in claims.plan() {
+        let have = plan.entry(v).or_default();
+        have.extend(needs);
+        have.sort();
+        have.dedup();
+    }
+    if cli.claims_only {
+        plan = claims.plan();
+        for needs in plan.values_mut() {
+            needs.sort();
+            needs.dedup();
+        }
+        sink_plan_off = true;
+    }
+    let seeds: std::collections::BTreeMap<String, usize> =
+        claims.variants().into_iter().map(|v| (v, cli.seeds as usize)).collect();
     let mut sink_plan = spec::sink_plan(&experiments);
+    if sink_plan_off {
+        sink_plan.clear();
+    }
     let (physics_only, retrieval_only) = (report::PHYSICS_ONLY, report::RETRIEVAL_ONLY);
-    let run_physics = cli.only.is_empty() || cli.only.iter().any(|v| v == physics_only);
-    let run_retrieval = cli.only.is_empty() || cli.only.iter().any(|v| v == retrieval_only);
+    let run_physics = !cli.claims_only && (cli.only.is_empty() || cli.only.iter().any(|v| v == physics_only));
+    let run_retrieval = !cli.claims_only && (cli.only.is_empty() || cli.only.iter().any(|v| v == retrieval_only));
     if run_retrieval && !cli.only.is_empty() {
         // Retrieval needs its rows' models trained.
         for e in experiments.iter().filter(|e| e.kind == spec::Kind::Retrieval) {
@@ -114,7 +150,7 @@ fn run() -> Result<()> {
     eprintln!("reproduce: scale {} ({}); {}", scale.name, scale.about, gpt_model::runtime::describe());
     if cli.plan {
         for (v, needs) in &plan {
-            println!("{v}: {} evaluations", needs.len());
+            println!("{v}: {} seeds, {} evaluations", seeds.get(v).copied().unwrap_or(1), needs.len());
         }
         return Ok(());
     }
@@ -151,13 +187,22 @@ fn run() -> Result<()> {
     if cli.torchrun {
         shown.push_str(" --torchrun");
     }
+    if cli.seeds != 3 {
+        shown.push_str(&format!(" --seeds {}", cli.seeds));
+    }
     let base_command = shown.clone();
+    if cli.claims_only {
+        shown.push_str(" --claims-only");
+    }
     if !cli.only.is_empty() {
         shown.push_str(&format!(" --only {}", cli.only.join(",")));
     }
     let start = Instant::now();
     let jobs = cli.jobs.unwrap_or_else(|| runner::default_jobs(tch::Cuda::is_available()));
-    let results = runner::run_all(&scale, &plan, &out, &command, jobs, &launch, &sink_plan)?;
+    // Seeds after the first: the claims' evaluations and every length without post-hoc re-weighting.
+    let claim_keys: std::collections::BTreeSet<spec::EvalKey> = claims.plan().into_values().flatten().collect();
+    let later = |k: &spec::EvalKey| k.posthoc.is_none() || claim_keys.contains(k);
+    let results = runner::run_all(&scale, &plan, &seeds, &later, &out, &command, jobs, &launch, &sink_plan)?;
     let mut retrieval = std::collections::BTreeMap::new();
     if run_retrieval {
         for e in experiments.iter().filter(|e| e.kind == spec::Kind::Retrieval) {
@@ -166,7 +211,7 @@ fn run() -> Result<()> {
                 by_variant.entry(r.train.as_str()).or_default().push((r.label.clone(), r.posthoc));
             }
             for (variant, rows) in by_variant {
-                if results.get(variant).is_none_or(|r| r.error.is_some()) {
+                if results.get(variant).and_then(|r| r.first()).is_none_or(|r| r.error.is_some()) {
                     eprintln!("reproduce: retrieval: no trained `{variant}` model, its rows stay empty");
                     continue;
                 }
@@ -191,7 +236,7 @@ fn run() -> Result<()> {
                 if downstream.contains_key(&r.train) {
                     continue;
                 }
-                if results.get(&r.train).is_none_or(|x| x.error.is_some()) {
+                if results.get(&r.train).and_then(|x| x.first()).is_none_or(|x| x.error.is_some()) {
                     eprintln!("reproduce: downstream: no trained `{}` model, its row stays empty", r.train);
                     continue;
                 }
@@ -236,6 +281,7 @@ fn run() -> Result<()> {
         // Training plus evaluation of every run, including earlier invocations of an interrupted reproduction.
         wall_s: results
             .values()
+            .flatten()
             .map(|r| r.train_wall_s + r.eval_wall_s)
             .chain(physics.values().map(|p| p.wall_s))
             .chain(retrieval.values().filter(|r| r.posthoc.is_none()).map(|r| r.wall_s))
@@ -248,12 +294,19 @@ fn run() -> Result<()> {
     };
     report::write(&experiments, &results, &ctx, &report_path, &figures_dir).context("writing the report")?;
     eprintln!("reproduce: wrote {} ({:.1} min)", report_path.display(), start.elapsed().as_secs_f64() / 60.0);
-    for v in report::verdicts(&experiments, &results)
-        .into_iter()
-        .chain(report::retrieval_verdicts(&retrieval))
-        .chain(report::physics_verdicts(&physics))
-    {
-        println!("- {v}");
+    for j in experiments::claims::judge(&claims, &results) {
+        for r in &j.readings {
+            if r.measure == experiments::claims::Measure::Whole {
+                let rope = r.rope.map_or(String::new(), |r| format!(" ({r:?} RoPE)"));
+                println!("- {}{rope}: {} {} ({})", j.claim.name, r.verdict.word(), r.interval.show(), r.why);
+            }
+        }
+        if let Some(why) = &j.missing {
+            println!("- {}: not judged: {why}", j.claim.name);
+        }
+    }
+    for o in experiments::claims::judge_orderings(&claims, &experiments, &results) {
+        println!("- {} ordering: {} ({})", o.experiment, o.verdict.word(), o.why);
     }
     Ok(())
 }

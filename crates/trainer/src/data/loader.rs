@@ -13,6 +13,14 @@
 //! and the next epoch starts again at token 0 (same order: no shuffling; the corpus builder shuffles
 //! documents once, deterministically).
 //!
+//! # Seeded order
+//!
+//! [`DataLoader::rotated`] reads the same stream from another starting token: logical offset `g` is
+//! stream token `(g + r) mod N`, so a window that runs past the end continues at token 0. The trainer
+//! derives `r` from its seed ([`seed_rotation`]): two seeds see the documents in another order (the
+//! first ones read are others) cut into other windows, with the epoch structure above unchanged. With
+//! `r = 0` the loader is the plain stream.
+//!
 //! # Resuming
 //!
 //! [`DataLoader::position`] is the start of the next *step* (rank 0's next batch), which is the same
@@ -125,9 +133,16 @@ pub struct DataLoader {
     validated: Vec<bool>,
     vocab_size: usize,
     geometry: Geometry,
-    /// Stream offset of the next step.
+    /// Logical offset of the next step (stream token `(next + rotation) mod N`).
     next: u64,
     epoch: u64,
+    /// Where the logical stream starts, in `0..N`.
+    rotation: u64,
+}
+
+/// The stream rotation of a seed: a SplitMix64 hash of `seed`, reduced modulo `total` tokens.
+pub fn seed_rotation(seed: u64, total: u64) -> u64 {
+    if total == 0 { 0 } else { attn_core::fixtures::Rng::new(seed).next_u64() % total }
 }
 
 impl DataLoader {
@@ -161,7 +176,22 @@ impl DataLoader {
             geometry,
             next: 0,
             epoch: 0,
+            rotation: 0,
         })
+    }
+
+    /// This loader reading the stream from token `offset mod N` on (see "Seeded order" above); it
+    /// restarts at the first step.
+    pub fn rotated(mut self, offset: u64) -> DataLoader {
+        self.rotation = offset % self.total_tokens();
+        self.next = 0;
+        self.epoch = 0;
+        self
+    }
+
+    /// The stream token the logical stream starts at.
+    pub fn rotation(&self) -> u64 {
+        self.rotation
     }
 
     /// The geometry.
@@ -206,8 +236,17 @@ impl DataLoader {
         self.starts[..self.shards.len()].partition_point(|&s| s <= g) - 1
     }
 
+    /// Appends logical tokens `g .. g + n` (`g + n <= N`) to `out`, validating each shard on first use.
+    fn read(&mut self, g: u64, n: usize, out: &mut Vec<i64>) -> Result<()> {
+        let total = self.total_tokens();
+        let start = (g + self.rotation) % total;
+        let first = n.min((total - start) as usize);
+        self.read_stream(start, first, out)?;
+        self.read_stream(0, n - first, out)
+    }
+
     /// Appends stream tokens `g .. g + n` to `out` (validating each shard on first use).
-    fn read(&mut self, mut g: u64, mut n: usize, out: &mut Vec<i64>) -> Result<()> {
+    fn read_stream(&mut self, mut g: u64, mut n: usize, out: &mut Vec<i64>) -> Result<()> {
         while n > 0 {
             let i = self.shard_of(g);
             if !self.validated[i] {
@@ -223,10 +262,12 @@ impl DataLoader {
         Ok(())
     }
 
-    /// Where the next step begins (the same on every rank).
+    /// Where the next step begins (the same on every rank): the stream token, so a position is
+    /// only meaningful to a loader with the same rotation.
     pub fn position(&self) -> Position {
-        let shard = self.shard_of(self.next);
-        Position { epoch: self.epoch, shard, offset: self.next - self.starts[shard] }
+        let g = (self.next + self.rotation) % self.total_tokens();
+        let shard = self.shard_of(g);
+        Position { epoch: self.epoch, shard, offset: g - self.starts[shard] }
     }
 
     /// Continues from `pos` (from [`DataLoader::position`], possibly of another run with the same data).
@@ -254,7 +295,8 @@ impl DataLoader {
                 ),
             });
         }
-        self.next = self.starts[pos.shard] + pos.offset;
+        let total = self.total_tokens();
+        self.next = (self.starts[pos.shard] + pos.offset + total - self.rotation) % total;
         self.epoch = pos.epoch;
         self.wrap_if_at_end();
         Ok(())
@@ -277,6 +319,46 @@ pub fn validation_tokens(dir: &Path, max_tokens: usize, expected_tokenizer: Opti
         shard.validate_tokens(sd.vocab_size())?;
         let take = (max_tokens - out.len()).min(shard.len() as usize);
         shard.extend_from(0, take, &mut out, |t| t);
+    }
+    Ok(out)
+}
+
+/// `count` non-overlapping spans of `span_len` tokens of the validation split of `dir`, spread evenly
+/// over the whole split (the first at its start, the last at its end), so that they sample every part
+/// of it (the corpus builder interleaves the held-out documents of every source) rather than a prefix.
+/// The same arguments always give the same spans. Checks the tokenizer like [`DataLoader::open`] and
+/// every token id it returns; errors when the split holds fewer than `count x span_len` tokens.
+pub fn validation_spans(
+    dir: &Path,
+    span_len: usize,
+    count: usize,
+    expected_tokenizer: Option<&str>,
+) -> Result<Vec<Vec<u16>>> {
+    if span_len == 0 || count == 0 {
+        return Err(DataError::InvalidArgument {
+            name: "validation spans",
+            message: format!("{count} spans of {span_len} tokens: both must be at least 1"),
+        });
+    }
+    let mut l = DataLoader::open(dir, Split::Val, Geometry::single(1, 1)?, expected_tokenizer)?;
+    let total = l.total_tokens();
+    let needed = count as u64 * span_len as u64;
+    if total < needed {
+        return Err(DataError::InvalidArgument {
+            name: "validation spans",
+            message: format!(
+                "{} holds {total} validation tokens, fewer than {count} spans of {span_len} need ({needed})",
+                dir.display()
+            ),
+        });
+    }
+    let gap = if count == 1 { 0 } else { (total - span_len as u64) / (count as u64 - 1) };
+    let mut out = Vec::with_capacity(count);
+    let mut buf = Vec::with_capacity(span_len);
+    for k in 0..count as u64 {
+        buf.clear();
+        l.read_stream(k * gap, span_len, &mut buf)?;
+        out.push(buf.iter().map(|&t| t as u16).collect());
     }
     Ok(out)
 }
@@ -354,6 +436,52 @@ mod tests {
             assert_eq!(got, expected, "B={b} T={t} rank {rank}/{w}");
             assert_eq!(resumed.position(), a.position());
         }
+    }
+
+    #[test]
+    fn a_rotated_loader_reads_the_same_epoch_from_another_token() {
+        // 100 tokens, B=2, T=5: 9 steps of 10 per epoch; rotation 37 starts at token 37 and wraps.
+        let dir = counting_dir(&[60, 40]);
+        let mut plain = loader(dir.path(), 2, 5, 0, 1);
+        let mut l = loader(dir.path(), 2, 5, 0, 1).rotated(137);
+        assert_eq!(l.rotation(), 37);
+        let first = l.next_batch().unwrap();
+        assert_eq!(first.x, (37..47).collect::<Vec<i64>>());
+        assert_ne!(first.x, plain.next_batch().unwrap().x);
+        // The sixth step's window crosses the end of the stream and continues at token 0.
+        for _ in 1..6 {
+            l.next_batch().unwrap();
+        }
+        let wrapped = l.next_batch().unwrap();
+        assert_eq!(wrapped.x, (97..100).chain(0..7).collect::<Vec<i64>>());
+        assert_eq!(wrapped.y, (98..100).chain(0..8).collect::<Vec<i64>>());
+        // Position and seek round-trip through the rotation, across the wrap and the epoch.
+        let saved = l.position();
+        let expected: Vec<Batch> = (0..12).map(|_| l.next_batch().unwrap()).collect();
+        let mut resumed = loader(dir.path(), 2, 5, 0, 1).rotated(137);
+        resumed.seek(saved).unwrap();
+        assert_eq!((0..12).map(|_| resumed.next_batch().unwrap()).collect::<Vec<_>>(), expected);
+        // Seeds give different rotations, each within the stream.
+        let r: Vec<u64> = (0..4).map(|s| seed_rotation(s, 100)).collect();
+        assert!(r.iter().all(|&x| x < 100) && r.windows(2).any(|w| w[0] != w[1]), "{r:?}");
+    }
+
+    #[test]
+    fn validation_spans_are_spread_over_the_split_and_never_overlap() {
+        let dir = tempfile::tempdir().unwrap();
+        write_shard(&dir.path().join("v_val_000000.bin"), &(0..70).collect::<Vec<u16>>()).unwrap();
+        write_shard(&dir.path().join("v_val_000001.bin"), &(70..100).collect::<Vec<u16>>()).unwrap();
+        write_shard(&dir.path().join("v_train_000000.bin"), &[1, 2]).unwrap();
+        let spans = validation_spans(dir.path(), 10, 4, None).unwrap();
+        // Starts 0, 30, 60, 90: the first at the start, the last ending at the end, one crossing shards.
+        let starts: Vec<u16> = spans.iter().map(|s| s[0]).collect();
+        assert_eq!(starts, [0, 30, 60, 90]);
+        assert!(spans.iter().all(|s| s.len() == 10 && s.windows(2).all(|w| w[1] == w[0] + 1)));
+        assert_eq!(validation_spans(dir.path(), 10, 4, None).unwrap(), spans);
+        assert_eq!(validation_spans(dir.path(), 100, 1, None).unwrap()[0], (0..100).collect::<Vec<u16>>());
+        let err = validation_spans(dir.path(), 10, 11, None).unwrap_err();
+        assert!(err.to_string().contains("100 validation tokens, fewer than 11 spans of 10 need (110)"), "{err}");
+        assert!(validation_spans(dir.path(), 0, 1, None).is_err());
     }
 
     #[test]

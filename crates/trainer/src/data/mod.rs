@@ -39,7 +39,7 @@ pub mod tokenizer;
 use std::fmt;
 use std::path::PathBuf;
 
-pub use loader::{Batch, DataLoader, Geometry, Position, validation_tokens};
+pub use loader::{Batch, DataLoader, Geometry, Position, seed_rotation, validation_spans, validation_tokens};
 pub use shard::{Manifest, Shard, ShardDir, read_shard, write_shard};
 pub use tokenizer::Tokenizer;
 

@@ -1,0 +1,421 @@
+//! The paper's headline claims (`defs/claims.toml`) and the Tables 1-3 ordering rule, judged from the
+//! runs with [`crate::stats`]: every verdict is reproduced / contradicted / inconclusive, with its
+//! interval and the effect fixed in advance.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::Deserialize;
+use trainer::eval::Rope;
+
+use crate::runner::{RunResult, Runs};
+use crate::spec::{EvalKey, Experiment};
+use crate::stats::{self, Interval, Rule, Term, Verdict};
+
+const CLAIMS: &str = include_str!("../defs/claims.toml");
+
+/// One term of a claim's contrast.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimTerm {
+    /// Coefficient.
+    pub coef: f64,
+    /// Trained variant.
+    pub train: String,
+    /// Post-hoc re-weighting power.
+    #[serde(default)]
+    pub posthoc: Option<u32>,
+    /// Length multiple.
+    pub multiple: usize,
+}
+
+/// One claim.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Claim {
+    /// Stable name.
+    pub name: String,
+    /// What it says, in words.
+    pub statement: String,
+    /// `effect` or `at-most`.
+    rule: String,
+    /// The effect size or bound, nats.
+    pub delta: f64,
+    /// The contrast.
+    pub terms: Vec<ClaimTerm>,
+}
+
+impl Claim {
+    /// The verdict rule.
+    pub fn rule(&self) -> Rule {
+        match self.rule.as_str() {
+            "effect" => Rule::Effect { delta: self.delta },
+            _ => Rule::AtMost { delta: self.delta },
+        }
+    }
+
+    /// The longest length the claim reads (1 when it is about the training length only).
+    pub fn longest(&self) -> usize {
+        self.terms.iter().map(|t| t.multiple).max().unwrap_or(1)
+    }
+}
+
+/// The Tables 1-3 ordering rule.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Ordering {
+    /// Two of the paper's rows are separated when they differ by more than this (nats).
+    pub paper_noise: f64,
+    /// The experiments it applies to.
+    pub experiments: Vec<String>,
+}
+
+/// `defs/claims.toml`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Claims {
+    /// The headline claims.
+    pub claim: Vec<Claim>,
+    /// The ordering rule.
+    pub ordering: Ordering,
+}
+
+/// The claims, parsed and checked (variant names parse, rules are known, multiples are positive).
+pub fn all() -> anyhow::Result<Claims> {
+    let c: Claims = toml::from_str(CLAIMS)?;
+    for claim in &c.claim {
+        anyhow::ensure!(
+            ["effect", "at-most"].contains(&claim.rule.as_str()),
+            "claim {}: rule `{}`",
+            claim.name,
+            claim.rule
+        );
+        anyhow::ensure!(!claim.terms.is_empty(), "claim {}: no terms", claim.name);
+        for t in &claim.terms {
+            let v: attn_core::Variant =
+                t.train.parse().map_err(|e| anyhow::anyhow!("claim {}: `{}`: {e}", claim.name, t.train))?;
+            if let Some(p) = t.posthoc {
+                v.with_reweight(p).map_err(|e| anyhow::anyhow!("claim {}: {e}", claim.name))?;
+            }
+            anyhow::ensure!(t.multiple >= 1, "claim {}: multiple 0", claim.name);
+        }
+    }
+    Ok(c)
+}
+
+impl Claims {
+    /// The trained variants some claim reads: the ones trained with several seeds.
+    pub fn variants(&self) -> BTreeSet<String> {
+        self.claim.iter().flat_map(|c| c.terms.iter().map(|t| t.train.clone())).collect()
+    }
+
+    /// The evaluations the claims need beyond the experiments' own (post-hoc powers, both RoPE
+    /// treatments at every length a claim reads), by trained variant.
+    pub fn plan(&self) -> BTreeMap<String, Vec<EvalKey>> {
+        let mut out: BTreeMap<String, Vec<EvalKey>> = BTreeMap::new();
+        for c in &self.claim {
+            for t in &c.terms {
+                for ntk in [true, false] {
+                    out.entry(t.train.clone()).or_default().push(EvalKey::new(ntk, t.posthoc, t.multiple));
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Which per-window losses a reading averages.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Measure {
+    /// The whole window (the paper's measure).
+    Whole,
+    /// Each window's last `T_train` targets; at 1x, the same targets in their own 1x windows.
+    Tail,
+}
+
+/// The per-span losses of one run for `key`, averaged as `measure` says; `longest` is the span length
+/// in training lengths and `reference` the length whose tails a 1x term is paired with.
+fn span_values(r: &RunResult, key: &EvalKey, measure: Measure, longest: usize, reference: usize) -> Option<Vec<f64>> {
+    let w = r.eval(key)?.per_window.as_ref()?;
+    let m = key.multiple;
+    let per_span = longest / m;
+    let window: Vec<f64> = match (measure, m) {
+        (Measure::Whole, 1) => w.first.iter().map(|&x| f64::from(x)).collect(),
+        (Measure::Whole, _) => w
+            .first
+            .iter()
+            .zip(&w.rest)
+            .map(|(&f, &r)| (f64::from(f) + (m - 1) as f64 * f64::from(r)) / m as f64)
+            .collect(),
+        // The 1x windows that are the tails of the reference length's windows.
+        (Measure::Tail, 1) => {
+            return Some(
+                w.first
+                    .chunks(per_span)
+                    .map(|span| {
+                        let tails: Vec<f64> =
+                            span.iter().skip(reference - 1).step_by(reference).map(|&x| f64::from(x)).collect();
+                        tails.iter().sum::<f64>() / tails.len() as f64
+                    })
+                    .collect(),
+            );
+        }
+        (Measure::Tail, _) => w.tail.iter().map(|&x| f64::from(x)).collect(),
+    };
+    if window.is_empty() || window.len() % per_span != 0 {
+        return None;
+    }
+    Some(window.chunks(per_span).map(|s| s.iter().sum::<f64>() / s.len() as f64).collect())
+}
+
+/// The per-seed, per-span losses of a row (every seed of `variant` that has the evaluation).
+fn row_values(
+    runs: &Runs,
+    variant: &str,
+    key: &EvalKey,
+    measure: Measure,
+    longest: usize,
+    reference: usize,
+) -> Option<Vec<Vec<f64>>> {
+    let seeds: Vec<Vec<f64>> = runs
+        .get(variant)?
+        .iter()
+        .filter(|r| r.error.is_none())
+        .filter_map(|r| span_values(r, key, measure, longest, reference))
+        .collect();
+    (!seeds.is_empty()).then_some(seeds)
+}
+
+/// The span length of the runs in training lengths: the longest evaluated multiple.
+pub fn longest_multiple(runs: &Runs) -> usize {
+    runs.values().flatten().flat_map(|r| r.evals.iter().map(|(k, _)| k.multiple)).max().unwrap_or(1)
+}
+
+/// The seed-to-seed standard deviation of a row's 1x loss, pooled over the variants with several
+/// seeds (what a single-seed row's interval adds, [`stats::bootstrap`]).
+pub fn seed_sd(runs: &Runs) -> Option<stats::SeedNoise> {
+    let key = EvalKey::new(true, None, 1);
+    let rows: Vec<Vec<f64>> = runs
+        .values()
+        .map(|seeds| seeds.iter().filter(|r| r.error.is_none()).filter_map(|r| r.loss(&key)).collect())
+        .collect();
+    stats::pooled_seed_sd(&rows)
+}
+
+/// The interval of any contrast `sum coef x row` of rows `(coef, trained variant, evaluation)`, read as
+/// `measure` (tails paired with `reference`'s windows); `None` when a row has no results.
+pub fn contrast(runs: &Runs, terms: &[(f64, &str, EvalKey)], measure: Measure, reference: usize) -> Option<Interval> {
+    let longest = longest_multiple(runs);
+    let terms: Option<Vec<Term>> = terms
+        .iter()
+        .map(|(coef, v, key)| {
+            Some(Term { coef: *coef, values: row_values(runs, v, key, measure, longest, reference)? })
+        })
+        .collect();
+    stats::bootstrap(&terms?, seed_sd(runs), 0xF16).ok()
+}
+
+/// One reading of a claim: a RoPE treatment (none at 1x) and a measure.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reading {
+    /// The RoPE treatment beyond 1x; `None` for a claim about 1x only.
+    pub rope: Option<Rope>,
+    /// Whole windows or tails.
+    pub measure: Measure,
+    /// The contrast and its interval.
+    pub interval: Interval,
+    /// The verdict on it, and why.
+    pub verdict: Verdict,
+    /// Why, in words.
+    pub why: String,
+}
+
+/// A judged claim.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Judged {
+    /// The claim.
+    pub claim: Claim,
+    /// Seeds per variant it read.
+    pub seeds: BTreeMap<String, usize>,
+    /// Its readings (empty when `missing` says why).
+    pub readings: Vec<Reading>,
+    /// What is missing, when it could not be judged.
+    pub missing: Option<String>,
+}
+
+/// Judges every claim on `runs`.
+pub fn judge(claims: &Claims, runs: &Runs) -> Vec<Judged> {
+    let longest = longest_multiple(runs);
+    let sd = seed_sd(runs);
+    claims
+        .claim
+        .iter()
+        .enumerate()
+        .map(|(ci, c)| {
+            let seeds: BTreeMap<String, usize> = c
+                .terms
+                .iter()
+                .map(|t| {
+                    (t.train.clone(), runs.get(&t.train).map_or(0, |s| s.iter().filter(|r| r.error.is_none()).count()))
+                })
+                .collect();
+            let ropes: Vec<Option<Rope>> =
+                if c.longest() > 1 { vec![Some(Rope::Plain), Some(Rope::Ntk)] } else { vec![None] };
+            let measures: &[Measure] =
+                if c.longest() > 1 { &[Measure::Whole, Measure::Tail] } else { &[Measure::Whole] };
+            let mut readings = Vec::new();
+            for rope in ropes {
+                for &measure in measures {
+                    let terms: Option<Vec<Term>> = c
+                        .terms
+                        .iter()
+                        .map(|t| {
+                            let key = EvalKey::new(rope != Some(Rope::Plain), t.posthoc, t.multiple);
+                            let values = row_values(runs, &t.train, &key, measure, longest, c.longest())?;
+                            Some(Term { coef: t.coef, values })
+                        })
+                        .collect();
+                    let Some(terms) = terms else {
+                        return Judged {
+                            claim: c.clone(),
+                            seeds,
+                            readings: Vec::new(),
+                            missing: Some("some of its runs or evaluations have no results".into()),
+                        };
+                    };
+                    match stats::bootstrap(&terms, sd, 0x5EED + ci as u64) {
+                        Ok(interval) => {
+                            let (verdict, why) = c.rule().judge(&interval);
+                            readings.push(Reading { rope, measure, interval, verdict, why });
+                        }
+                        Err(e) => {
+                            return Judged {
+                                claim: c.clone(),
+                                seeds,
+                                readings: Vec::new(),
+                                missing: Some(e.to_string()),
+                            };
+                        }
+                    }
+                }
+            }
+            Judged { claim: c.clone(), seeds, readings, missing: None }
+        })
+        .collect()
+}
+
+/// One pair of rows of an ordering table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Pair {
+    /// Row labels.
+    pub rows: (String, String),
+    /// The paper's difference (first minus second).
+    pub paper: f64,
+    /// Ours, with its interval.
+    pub ours: Interval,
+    /// Separated in the paper (beyond its noise) and in ours (interval excludes 0).
+    pub separated: (bool, bool),
+}
+
+/// The ordering verdict of one table.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OrderingVerdict {
+    /// The experiment.
+    pub experiment: String,
+    /// Every pair of rows with both numbers.
+    pub pairs: Vec<Pair>,
+    /// The permutation test over the pairs separated in both (none when there are none).
+    pub test: Option<stats::Permutation>,
+    /// The verdict.
+    pub verdict: Verdict,
+    /// Why, in words.
+    pub why: String,
+}
+
+/// Judges the Tables 1-3 ordering claims at 1x.
+pub fn judge_orderings(claims: &Claims, experiments: &[Experiment], runs: &Runs) -> Vec<OrderingVerdict> {
+    let longest = longest_multiple(runs);
+    let sd = seed_sd(runs);
+    let key = EvalKey::new(true, None, 1);
+    let mut out = Vec::new();
+    for e in experiments.iter().filter(|e| claims.ordering.experiments.contains(&e.name)) {
+        let rows: Vec<(&crate::spec::Row, Vec<Vec<f64>>)> = e
+            .rows
+            .iter()
+            .filter(|r| r.posthoc.is_none() && !r.paper.is_empty())
+            .filter_map(|r| Some((r, row_values(runs, &r.train, &key, Measure::Whole, longest, 1)?)))
+            .collect();
+        if rows.len() < 2 {
+            continue;
+        }
+        let mut pairs = Vec::new();
+        let mut both = Vec::new();
+        for i in 0..rows.len() {
+            for j in i + 1..rows.len() {
+                let terms =
+                    [Term { coef: 1.0, values: rows[i].1.clone() }, Term { coef: -1.0, values: rows[j].1.clone() }];
+                let Ok(ours) = stats::bootstrap(&terms, sd, 0x0DE5 + (i * 31 + j) as u64) else { continue };
+                let paper = rows[i].0.paper[0] - rows[j].0.paper[0];
+                let separated = (paper.abs() > claims.ordering.paper_noise, ours.lo > 0.0 || ours.hi < 0.0);
+                if separated.0 && separated.1 {
+                    both.push((i, j));
+                }
+                pairs.push(Pair { rows: (rows[i].0.label.clone(), rows[j].0.label.clone()), paper, ours, separated });
+            }
+        }
+        let ours: Vec<f64> = rows
+            .iter()
+            .map(|(_, v)| stats::estimate(&[Term { coef: 1.0, values: v.clone() }]).unwrap_or(f64::NAN))
+            .collect();
+        let paper: Vec<f64> = rows.iter().map(|(r, _)| r.paper[0]).collect();
+        let test = stats::permutation_test(&ours, &paper, &both);
+        let (verdict, why) = match &test {
+            None => (
+                Verdict::Inconclusive,
+                format!(
+                    "no pair of rows is separated beyond noise both in the paper (by more than {} nats) and in our runs (interval excluding 0)",
+                    claims.ordering.paper_noise
+                ),
+            ),
+            Some(t) if t.p_agree < 0.05 => (
+                Verdict::Reproduced,
+                format!("{} of {} separated pairs agree; exact permutation p = {:.3}", t.agree, t.pairs, t.p_agree),
+            ),
+            Some(t) if t.p_disagree < 0.05 => (
+                Verdict::Contradicted,
+                format!(
+                    "only {} of {} separated pairs agree; exact permutation p = {:.3} for so few",
+                    t.agree, t.pairs, t.p_disagree
+                ),
+            ),
+            Some(t) => (
+                Verdict::Inconclusive,
+                format!(
+                    "{} of {} separated pairs agree, which random orderings match or beat with p = {:.3}",
+                    t.agree, t.pairs, t.p_agree
+                ),
+            ),
+        };
+        out.push(OrderingVerdict { experiment: e.name.clone(), pairs, test, verdict, why });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_claims_parse_and_read_multi_seed_rows() {
+        let c = all().unwrap();
+        let names: Vec<&str> = c.claim.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["softmax-degrades", "interaction", "lssar-flat", "large-p-train", "large-p-posthoc"]);
+        assert_eq!(c.variants().into_iter().collect::<Vec<_>>(), ["lssa", "lssa+rw15", "softmax", "softmax+rw15"]);
+        assert!(c.plan()["softmax"].contains(&EvalKey::new(false, Some(15), 1)));
+        assert!(c.plan()["lssa+rw15"].contains(&EvalKey::new(false, None, 16)));
+        assert_eq!(c.ordering.experiments, ["table1", "table2", "table3"]);
+        // Each claim's contrast sums to zero: it compares rows, never reads a level.
+        for claim in &c.claim {
+            assert!(claim.terms.iter().map(|t| t.coef).sum::<f64>().abs() < 1e-12, "{}", claim.name);
+        }
+    }
+}
