@@ -167,3 +167,37 @@ fn multi_length_scores_the_same_tokens_at_every_length() {
     }
     assert!(eval::multi_length(&model, &tokens[..100], &[16], Rope::Plain, None, 4096, tch::Device::Cpu).is_err());
 }
+
+#[test]
+fn span_evaluation_keeps_windows_that_pair_across_lengths() {
+    // T = 32; two spans of 4 x 32 + 1 tokens, scored at 1x, 2x and 4x with plain RoPE.
+    let cfg = tiny_cfg("spans", "lssa+rw15", 1);
+    tch::manual_seed(0);
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    let model = gpt_model::Gpt::new(&vs.root(), &cfg.model).unwrap();
+    let t = cfg.model.context_len;
+    let tokens = synthetic_tokens(2 * (4 * t + 1), 5);
+    let spans: Vec<Vec<u16>> = tokens.chunks(4 * t + 1).map(<[u16]>::to_vec).collect();
+    let cpu = tch::Device::Cpu;
+    let res = eval::multi_length_spans(&model, &spans, &[1, 2, 4], 4, Rope::Plain, None, 4096, cpu).unwrap();
+    let w: Vec<&eval::WindowLosses> = res.iter().map(|r| r.per_window.as_ref().unwrap()).collect();
+    assert_eq!([w[0].first.len(), w[1].first.len(), w[2].first.len()], [8, 4, 2]);
+    assert!(w[0].rest.is_empty() && w[0].tail.is_empty() && w[2].rest.len() == 2);
+    for (r, w) in res.iter().zip(&w) {
+        let m = r.multiple as f32;
+        let mean =
+            w.first.iter().zip(w.rest.iter().chain(std::iter::repeat(&0.0))).map(|(f, x)| (f + (m - 1.0) * x) / m);
+        assert!((mean.sum::<f32>() / w.first.len() as f32 - r.loss as f32).abs() < 1e-4, "{}x", r.multiple);
+        assert_eq!(r.tokens, 2 * 4 * t);
+    }
+    // The first T_train targets of a 4x window see exactly the context of the 1x window at its start
+    // (causal attention, unscaled RoPE, row-wise ln N_i): windows 0 and 4 of 1x.
+    for (i, j) in [(0, 0), (1, 4)] {
+        assert!((w[2].first[i] - w[0].first[j]).abs() < 1e-4, "4x window {i} vs 1x window {j}");
+    }
+    // At 2x the last T_train targets are all the targets after the first T_train: tail = rest.
+    assert_eq!(w[1].tail, w[1].rest);
+    // Spans of another length, or a multiple that does not divide the span, are refused.
+    assert!(eval::multi_length_spans(&model, &spans, &[3], 4, Rope::Plain, None, 4096, cpu).is_err());
+    assert!(eval::multi_length_spans(&model, &spans[..1], &[1], 8, Rope::Plain, None, 4096, cpu).is_err());
+}
