@@ -31,7 +31,8 @@
 //! - `phi` ([`Activation`]): exp, softplus `max(x,0) + log1p(exp(-|x|))`, ReLU, ReLU^2,
 //!   ReLU6 `min(max(x,0),6)`, GELU `x Phi(x)` (erf form), sigmoid (overflow-free), Mish
 //!   `x tanh(softplus(x))`, identity.
-//! - `norm_i` ([`Norm`]): l1 `f_ij / sum_k |f_ik|`; none; `f_ij / N_i`.
+//! - `norm_i` ([`Norm`]): l1 `f_ij / sum_k |f_ik|`; none; `f_ij / N_i`; `f_ij / L`, `L` the length of
+//!   the sequence the row belongs to (`T` here; Wortsman et al.'s ReLU divided by the sequence length).
 //! - `transform` ([`Transform`]): none; `-a`; recentred `a_ij - mean_k a_ik` for `N_i > 3` (rows
 //!   1..3 unmodified); recentred then divided by `sum_k |.|`.
 //! - softmax is exp + l1 evaluated as `exp(s - max_j s)` (the max cancels).
@@ -42,7 +43,7 @@
 //! stage 2 `h_ij = (<g_i, v_j> - D_i) / W_i * p (u_ij/m_i)^(p-1) / m_i` (for `u_ij > 0`, else 0;
 //! no gradient through `m_i`), `da_ij = N_i h_ij`; l1 `df_ij = (da_ij - sign(f_ij) sum_k a_ik da_ik)
 //! / Z_i` (`sign = +1` for a non-negative `phi`; this is `N_i (h_ij - E_i) / Z_i` with
-//! `E_i = sum_k a_ik h_ik`); `ds_ij = df_ij phi'(s_ij)`; `dq'_i = sum_j scale_i ds_ij k'_j`,
+//! `E_i = sum_k a_ik h_ik`), `/ N_i` `df_ij = da_ij / N_i`, `/ L` `df_ij = da_ij / L`; `ds_ij = df_ij phi'(s_ij)`; `dq'_i = sum_j scale_i ds_ij k'_j`,
 //! `dk'_j = sum_i scale_i ds_ij q'_i`; through the L2 normalisation
 //! `dx = (dx' - x' <x', dx'>) / ||x||` (`dx'/1e-12` when `||x|| <= 1e-12`); through the layer norm
 //! `do = (dy - mean(dy) - y mean(dy y)) / sigma`.
@@ -54,6 +55,10 @@
 //!   falls back to `w = a` and its gradient is stage 1's.
 //! - An l1 row whose `sum |f|` is exactly 0 (e.g. `relu-l1` with every score negative) gives
 //!   all-zero weights (output 0) and zero gradient through it: no division by zero, no NaN.
+//! - `relu-seqlen` is `ReLU(s) / L` with `L` the length of the sequence being processed (the
+//!   window; the paper does not say whether the training or the inference length), so its weights
+//!   shrink as the window grows; `relu-rowlen` is the per-row `ReLU(s) / N_i`. The per-row helpers
+//!   ([`Stage1::weights_from_scores`]) take their row as the last of its sequence (`L = N_i`).
 //! - `sigmoid-rowbias` uses `b_i = -ln(N_i)`; `relu-ln` is `ReLU(s/sqrt(d))`, no normaliser, then
 //!   `(o - mean) / sqrt(var + 1e-5)` (biased variance, no affine parameters) per output row.
 //! - `recentered` subtracts the actual row mean of `a` over the unmasked keys (`= 1/N_i` for
@@ -73,7 +78,7 @@
 //!
 //! `<stage1>` is one of [`STAGE1_NAMES`]: softmax, inverse, recentered, recentered-l1, linear,
 //! exp-nonorm, linear-l1, relu-l1, relu2-l1, relu6-l1, gelu-l1, sigmoid-l1, softplus-l1, mish-l1,
-//! sigmoid-bias, sigmoid-rowbias, sigmoid-rowbias-l1, relu-seqlen, relu-ln, lssa.
+//! sigmoid-bias, sigmoid-rowbias, sigmoid-rowbias-l1, relu-seqlen, relu-rowlen, relu-ln, lssa.
 //! Keys: `d_factor=<f64>` (lssa only; replaces `ln(d)`), `t_train=<usize >= 1>` (sigmoid-bias only;
 //! without it the name parses but forward/backward return [`Error::MissingParameter`] until
 //! [`Variant::with_train_len`] fills it in). `+rw<p>` adds stage 2 with power `p` (1..=1024).

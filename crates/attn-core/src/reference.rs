@@ -118,6 +118,8 @@ fn check_finite<F: Real>(x: &ArrayView4<'_, F>, arg: &'static str) -> Result<()>
 
 /// One head, widened to f64, contiguous row-major, with the (possibly L2-normalised) q', k'.
 struct Head {
+    /// The sequence length `T` (keys of the whole sequence).
+    t: usize,
     d: usize,
     dv: usize,
     /// q' (T * d) and ||q_i|| (T).
@@ -160,7 +162,7 @@ impl Head {
             Scores::Dot => (Vec::new(), Vec::new()),
             Scores::Cosine => (l2_normalise_rows(&mut qw, dims.d), l2_normalise_rows(&mut kw, dims.d)),
         };
-        Head { d: dims.d, dv: dims.dv, q: qw, qnorm, k: kw, knorm, v: widen(v, b, h) }
+        Head { t: dims.t, d: dims.d, dv: dims.dv, q: qw, qnorm, k: kw, knorm, v: widen(v, b, h) }
     }
 
     fn qi(&self, i: usize) -> &[f64] {
@@ -183,9 +185,11 @@ impl Head {
         Ok((scale, s))
     }
 
+    /// Row `i` of a causal sequence of `T` keys (the length [`Norm::DivLen`](crate::Norm::DivLen)
+    /// divides by).
     fn row(&self, variant: &Variant, i: usize, grad: bool) -> Result<(f64, Row)> {
         let (scale, s) = self.scores(variant, i)?;
-        Ok((scale, row_forward(&variant.stage1, variant.reweight, &s, grad)))
+        Ok((scale, row_forward(&variant.stage1, variant.reweight, &s, self.t, grad)))
     }
 
     /// `o_i = sum_j w_ij v_j` (before any output norm).

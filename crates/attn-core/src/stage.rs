@@ -91,8 +91,13 @@ pub enum Norm {
     L1,
     /// `a_ij = f_ij`.
     None,
-    /// `a_ij = f_ij / N_i`.
+    /// `a_ij = f_ij / N_i`: each row divided by its own number of visible keys (`relu-rowlen`).
     DivN,
+    /// `a_ij = f_ij / L`, with `L` the number of keys of the whole sequence the row belongs to (the
+    /// window being processed; `L = T` in the causal reference on `(B, H, T, d)` arrays). Wortsman
+    /// et al.'s "divide by the sequence length" (`relu-seqlen`): unlike [`Norm::DivN`], the same
+    /// row gets smaller weights in a longer window.
+    DivLen,
 }
 
 /// A transform of the normalised row (Table 1 of the paper).
@@ -228,8 +233,12 @@ impl Stage1 {
     }
 
     /// Stage-1 weights `a_i` of one row from its `N_i = scores.len()` unmasked scores `s_ij`.
+    ///
+    /// The row is taken as the last row of its sequence: under [`Norm::DivLen`] the sequence length
+    /// is `L = N_i` (an earlier row of a longer window would be divided by that window's length;
+    /// use [`weights`](crate::weights) on the whole sequence for that).
     pub fn weights_from_scores(&self, scores: &[f64]) -> Vec<f64> {
-        row_forward(self, None, scores, false).a
+        row_forward(self, None, scores, scores.len(), false).a
     }
 }
 
@@ -278,6 +287,8 @@ pub(crate) struct Row {
     pub(crate) sign: Vec<f64>,
     /// `sum_k |f_ik|` (l1 only).
     pub(crate) z: f64,
+    /// The length `L` of the sequence the row belongs to ([`Norm::DivLen`]'s divisor).
+    pub(crate) seq_len: usize,
     /// Weights after the normaliser, before the transform.
     pub(crate) a0: Vec<f64>,
     /// Recentered row and its `sum |.|` (RecenteredL1 only).
@@ -308,9 +319,10 @@ fn signum0(x: f64) -> f64 {
     }
 }
 
-/// Stage 1 (+ stage 2) of one row from its scores; `grad` keeps what the backward pass needs
-/// (`phi'` and the l1 signs), which the forward pass skips.
-pub(crate) fn row_forward(stage1: &Stage1, reweight: Option<u32>, s: &[f64], grad: bool) -> Row {
+/// Stage 1 (+ stage 2) of one row from its scores, in a sequence of `seq_len` keys (`L >= N_i`,
+/// used by [`Norm::DivLen`] only; the causal reference passes `T`); `grad` keeps what the backward
+/// pass needs (`phi'` and the l1 signs), which the forward pass skips.
+pub(crate) fn row_forward(stage1: &Stage1, reweight: Option<u32>, s: &[f64], seq_len: usize, grad: bool) -> Row {
     let n = s.len();
     let nf = n as f64;
     let act = &*stage1.activation;
@@ -332,6 +344,10 @@ pub(crate) fn row_forward(stage1: &Stage1, reweight: Option<u32>, s: &[f64], gra
         }
         Norm::None => (0.0, f),
         Norm::DivN => (0.0, f.iter().map(|&x| x / nf).collect()),
+        Norm::DivLen => {
+            let l = seq_len as f64;
+            (0.0, f.iter().map(|&x| x / l).collect())
+        }
     };
     let recenter = |x: &[f64]| -> Vec<f64> {
         if n <= 3 {
@@ -354,10 +370,11 @@ pub(crate) fn row_forward(stage1: &Stage1, reweight: Option<u32>, s: &[f64], gra
         }
     };
     let rw = reweight.map(|p| (p, reweight_forward(&a, p)));
-    Row { fprime, sign, z, a0, c, c_abs, a, rw }
+    Row { fprime, sign, z, seq_len, a0, c, c_abs, a, rw }
 }
 
-/// `dL/ds` of one row from `dL/dw` (the gradient with respect to the final weights).
+/// `dL/ds` of one row from `dL/dw` (the gradient with respect to the final weights); the sequence
+/// length of [`Norm::DivLen`] is the one `row` was computed with.
 pub(crate) fn row_backward(stage1: &Stage1, row: &Row, dw: &[f64]) -> Vec<f64> {
     let n = dw.len();
     let nf = n as f64;
@@ -416,6 +433,10 @@ pub(crate) fn row_backward(stage1: &Stage1, row: &Row, dw: &[f64]) -> Vec<f64> {
         }
         Norm::None => da0,
         Norm::DivN => da0.iter().map(|&g| g / nf).collect(),
+        Norm::DivLen => {
+            let l = row.seq_len as f64;
+            da0.iter().map(|&g| g / l).collect()
+        }
     };
     df.iter().zip(&row.fprime).map(|(&g, &fp)| if g == 0.0 { 0.0 } else { g * fp }).collect()
 }
@@ -431,8 +452,8 @@ mod tests {
     fn empty_row_fallback_passes_stage_one_gradient() {
         let softmax = Stage1::new(Arc::new(Exp));
         let s = [0.7; 4]; // exactly uniform: a = 1/4, u = 4 * 1/4 - 1 = 0
-        let plain = row_forward(&softmax, None, &s, true);
-        let rw = row_forward(&softmax, Some(15), &s, true);
+        let plain = row_forward(&softmax, None, &s, 4, true);
+        let rw = row_forward(&softmax, Some(15), &s, 4, true);
         assert_eq!(rw.rw.as_ref().unwrap().1.m, 0.0);
         assert_eq!(rw.w(), plain.w());
         let dw = [0.3, -1.0, 2.0, 0.5];
@@ -443,7 +464,7 @@ mod tests {
     #[test]
     fn zero_sum_l1_row_is_zero() {
         let relu = Stage1::new(Arc::new(Relu));
-        let row = row_forward(&relu, Some(3), &[-1.0, -2.0, -0.5, -3.0, -0.1], true);
+        let row = row_forward(&relu, Some(3), &[-1.0, -2.0, -0.5, -3.0, -0.1], 5, true);
         assert!(row.w().iter().all(|&x| x == 0.0));
         assert!(row_backward(&relu, &row, &[1.0; 5]).iter().all(|&x| x == 0.0));
     }

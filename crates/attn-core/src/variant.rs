@@ -10,7 +10,7 @@ use crate::stage::{Bias, MAX_REWEIGHT_POWER, Norm, OutputNorm, Scale, Scores, St
 use crate::{Error, Result};
 
 /// Every stage-1 preset name of SPEC section 4, in table order.
-pub const STAGE1_NAMES: [&str; 20] = [
+pub const STAGE1_NAMES: [&str; 21] = [
     "softmax",
     "inverse",
     "recentered",
@@ -29,6 +29,7 @@ pub const STAGE1_NAMES: [&str; 20] = [
     "sigmoid-rowbias",
     "sigmoid-rowbias-l1",
     "relu-seqlen",
+    "relu-rowlen",
     "relu-ln",
     "lssa",
 ];
@@ -62,7 +63,8 @@ impl Stage1 {
             }
             "sigmoid-rowbias" => Stage1 { bias: Bias::LogRowLen, ..act(Arc::new(Sigmoid), Norm::None) },
             "sigmoid-rowbias-l1" => Stage1 { bias: Bias::LogRowLen, ..act(Arc::new(Sigmoid), Norm::L1) },
-            "relu-seqlen" => act(Arc::new(Relu), Norm::DivN),
+            "relu-seqlen" => act(Arc::new(Relu), Norm::DivLen),
+            "relu-rowlen" => act(Arc::new(Relu), Norm::DivN),
             "relu-ln" => Stage1 { output_norm: OutputNorm::LayerNorm, ..act(Arc::new(Relu), Norm::None) },
             "lssa" => Stage1 {
                 scores: Scores::Cosine,
@@ -178,9 +180,10 @@ impl Variant {
     }
 
     /// Final weights of one row from its `N_i = scores.len()` unmasked scores (stage 1, then
-    /// stage 2 if set). `p` is not checked here.
+    /// stage 2 if set). `p` is not checked here. As [`Stage1::weights_from_scores`], the row is the
+    /// last of its sequence: [`Norm::DivLen`] divides by `L = N_i`.
     pub fn weights_from_scores(&self, scores: &[f64]) -> Vec<f64> {
-        crate::stage::row_forward(&self.stage1, self.reweight, scores, false).w().to_vec()
+        crate::stage::row_forward(&self.stage1, self.reweight, scores, scores.len(), false).w().to_vec()
     }
 
     /// Every preset of SPEC section 4 without re-weighting (`sigmoid-bias` with `t_train` unset).

@@ -138,8 +138,11 @@ fn builder_takes_a_user_activation() {
     assert_eq!(by_hand.to_string(), "softmax");
     assert!(Variant::builder().reweight(0).build().is_err());
     assert!(Variant::builder().preset("nope").is_err());
-    let relu_seq = Variant::builder().preset("relu-l1").unwrap().norm(Norm::DivN).build().unwrap();
+    let relu_row = Variant::builder().preset("relu-l1").unwrap().norm(Norm::DivN).build().unwrap();
+    assert_eq!(relu_row.to_string(), "relu-rowlen");
+    let relu_seq = Variant::builder().preset("relu-l1").unwrap().norm(Norm::DivLen).build().unwrap();
     assert_eq!(relu_seq.to_string(), "relu-seqlen");
+    assert_eq!("relu-seqlen+rw3".parse::<Variant>().unwrap(), relu_seq.with_reweight(3).unwrap());
 }
 
 // ---------------------------------------------------------------- input errors

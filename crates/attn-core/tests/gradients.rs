@@ -85,6 +85,29 @@ fn gradient_with_separate_value_dim() {
     }
 }
 
+/// The sequence-length divisor (`relu-seqlen`, `df = da / T`) and its per-row twin
+/// (`relu-rowlen`, `df = da / N_i`), alone and re-weighted, on inputs with positive and negative
+/// scores; the two give different gradients (they are different functions of the scores).
+#[test]
+fn relu_seqlen_and_relu_rowlen_gradients_match_finite_differences() {
+    let (q, k, v) = random_qkv::<f64>([1, 2, 7, 4], 16);
+    let d_out = random_array::<f64>([1, 2, 7, 4], 17);
+    for name in ["relu-seqlen", "relu-seqlen+rw3", "relu-seqlen+rw15", "relu-rowlen", "relu-rowlen+rw3"] {
+        let variant: Variant = name.parse().unwrap();
+        let err = grad_error(&variant, &q, &k, &v, 18);
+        assert!(err < TOL, "{name}: {err:e}");
+    }
+    let grads = |name: &str| backward(&name.parse::<Variant>().unwrap(), &q, &k, &v, &d_out).unwrap();
+    let (seq, row) = (grads("relu-seqlen"), grads("relu-rowlen"));
+    assert!(seq.dq.iter().any(|&x| x != 0.0), "relu-seqlen: zero dq");
+    // The last row has N = T: both divide it by T, so its dq agrees; earlier rows do not.
+    let t = 6;
+    for c in 0..4 {
+        assert!((seq.dq[[0, 0, t, c]] - row.dq[[0, 0, t, c]]).abs() < 1e-12);
+    }
+    assert!((0..t).any(|i| (seq.dq[[0, 0, i, 0]] - row.dq[[0, 0, i, 0]]).abs() > 1e-6));
+}
+
 /// [choice] a zero-sum l1 row gives zero weights, zero output and zero gradient, never NaN.
 #[test]
 fn zero_sum_l1_row_has_zero_output_and_zero_gradient() {

@@ -167,16 +167,18 @@ fn presets_match_their_closed_forms() {
     let (q, k, _) = random_qkv::<f64>([1, 1, 7, 5], 21);
     let d = 5.0f64;
     let get = |name: &str| weights(&name.parse::<Variant>().unwrap().with_train_len(512), &q, &k).unwrap();
-    let (softmax, lssa, recentered, relu_seqlen, sig_bias, sig_row, linear) = (
+    let (softmax, lssa, recentered, relu_seqlen, relu_rowlen, sig_bias, sig_row, linear) = (
         get("softmax"),
         get("lssa"),
         get("recentered"),
         get("relu-seqlen"),
+        get("relu-rowlen"),
         get("sigmoid-bias"),
         get("sigmoid-rowbias"),
         get("linear"),
     );
     let sig = |x: f64| 1.0 / (1.0 + (-x).exp());
+    let t = 7.0; // the sequence length: relu-seqlen divides every row by it
     for i in 0..7 {
         let n = (i + 1) as f64;
         let s = naive_scores(&q, &k, i, false);
@@ -192,7 +194,8 @@ fn presets_match_their_closed_forms() {
             close(lssa[[0, 0, i, j]], sp[j] / zs, "lssa");
             let rc = if i + 1 > 3 { e[j] / z - 1.0 / n } else { e[j] / z };
             close(recentered[[0, 0, i, j]], rc, "recentered");
-            close(relu_seqlen[[0, 0, i, j]], s[j].max(0.0) / n, "relu-seqlen");
+            close(relu_seqlen[[0, 0, i, j]], s[j].max(0.0) / t, "relu-seqlen");
+            close(relu_rowlen[[0, 0, i, j]], s[j].max(0.0) / n, "relu-rowlen");
             close(sig_bias[[0, 0, i, j]], sig(s[j] - 512f64.ln()), "sigmoid-bias");
             close(sig_row[[0, 0, i, j]], sig(s[j] - n.ln()), "sigmoid-rowbias");
             close(linear[[0, 0, i, j]], s[j], "linear");
@@ -208,6 +211,59 @@ fn presets_match_their_closed_forms() {
     for i in 0..7 {
         let l1: f64 = (0..=i).map(|j| rl1[[0, 0, i, j]].abs()).sum();
         assert!((l1 - 1.0).abs() < 1e-14);
+    }
+}
+
+/// relu-seqlen divides by the sequence length: the same row with the same scores gets half the
+/// weights in a window twice as long (what lets its loss grow with length, as the paper's row
+/// does); relu-rowlen divides by the row's own key count and does not see the window. Re-weighting
+/// on top sees the smaller `a` (`u = N_i a - off_i` falls below 0 sooner).
+#[test]
+fn relu_seqlen_weights_shrink_with_the_window_and_relu_rowlen_weights_do_not() {
+    let t = 6;
+    let (q2, k2, _) = random_qkv::<f64>([1, 2, 2 * t, 4], 23);
+    // The T-window is the first half of the 2T-window: rows 0..T see the same keys and scores.
+    let (q1, k1) = (q2.slice(s![.., .., ..t, ..]).to_owned(), k2.slice(s![.., .., ..t, ..]).to_owned());
+    let get = |name: &str, q: &Array4<f64>, k: &Array4<f64>| weights(&name.parse::<Variant>().unwrap(), q, k).unwrap();
+    let (seq1, seq2) = (get("relu-seqlen", &q1, &k1), get("relu-seqlen", &q2, &k2));
+    let (row1, row2) = (get("relu-rowlen", &q1, &k1), get("relu-rowlen", &q2, &k2));
+    let mut positive = 0;
+    for h in 0..2 {
+        for i in 0..t {
+            let s = {
+                let qh = q1.slice(s![.., h..h + 1, .., ..]).to_owned();
+                let kh = k1.slice(s![.., h..h + 1, .., ..]).to_owned();
+                naive_scores(&qh, &kh, i, false)
+            };
+            for j in 0..=i {
+                let relu = s[j].max(0.0);
+                positive += usize::from(relu > 0.0);
+                let close = |a: f64, b: f64, what: &str| {
+                    assert!((a - b).abs() < 1e-12, "{what} head {h} row {i} key {j}: {a} vs {b}")
+                };
+                close(seq1[[0, h, i, j]], relu / t as f64, "relu-seqlen, T-window");
+                close(seq2[[0, h, i, j]], relu / (2 * t) as f64, "relu-seqlen, 2T-window");
+                close(seq2[[0, h, i, j]], seq1[[0, h, i, j]] / 2.0, "relu-seqlen halves");
+                close(row1[[0, h, i, j]], relu / (i + 1) as f64, "relu-rowlen");
+                assert_eq!(row1[[0, h, i, j]], row2[[0, h, i, j]], "relu-rowlen head {h} row {i} key {j}");
+            }
+        }
+    }
+    assert!(positive > 10, "too few positive scores ({positive}) for the test to mean anything");
+    // The per-row helper treats its row as the last of its sequence: L = N.
+    let last = naive_scores(&q1, &k1, t - 1, false);
+    let by_row = "relu-seqlen".parse::<Variant>().unwrap().weights_from_scores(&last);
+    for (j, w) in by_row.iter().enumerate() {
+        assert!((w - seq1[[0, 0, t - 1, j]]).abs() < 1e-15);
+    }
+    // Re-weighting on top uses a as defined: u = N_i a_ij - off_i with a = ReLU(s) / T.
+    let rw1 = get("relu-seqlen+rw3", &q1, &k1);
+    for i in 0..t {
+        let a: Vec<f64> = (0..=i).map(|j| seq1[[0, 0, i, j]]).collect();
+        let expected = reweight_row(&a, 3);
+        for j in 0..=i {
+            assert!((rw1[[0, 0, i, j]] - expected[j]).abs() < 1e-14, "relu-seqlen+rw3 row {i} key {j}");
+        }
     }
 }
 

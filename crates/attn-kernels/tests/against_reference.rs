@@ -30,6 +30,7 @@ const FUSED: &[&str] = &[
     "sigmoid-rowbias",
     "sigmoid-rowbias-l1",
     "relu-seqlen",
+    "relu-rowlen",
     "relu-ln",
     "lssa+rw1",
     "lssa+rw3",
@@ -39,6 +40,7 @@ const FUSED: &[&str] = &[
     "softmax+rw15",
     "sigmoid-rowbias-l1+rw3",
     "sigmoid-rowbias-l1+rw15",
+    "relu-seqlen+rw3",
 ];
 
 fn variant(name: &str) -> Variant {
@@ -129,6 +131,7 @@ fn naive_f32(v: &Variant, q: &Array4<f32>, k: &Array4<f32>, val: &Array4<f32>) -
                     }
                     attn_core::Norm::None => f,
                     attn_core::Norm::DivN => f.iter().map(|&x| x / n as f32).collect(),
+                    attn_core::Norm::DivLen => f.iter().map(|&x| x / t as f32).collect(),
                 };
                 if let Some(p) = v.reweight {
                     let off = attn_core::reweight_offset(n) as f32;
@@ -200,6 +203,7 @@ fn naive_f32_backward(
                     Norm::L1 => f.iter().map(|&x| if z == 0.0 { 0.0 } else { x / z }).collect(),
                     Norm::None => f.clone(),
                     Norm::DivN => f.iter().map(|&x| x / n as f32).collect(),
+                    Norm::DivLen => f.iter().map(|&x| x / t as f32).collect(),
                 };
                 // Stage 2.
                 let off = attn_core::reweight_offset(n) as f32;
@@ -256,6 +260,7 @@ fn naive_f32_backward(
                         Norm::L1 => (da[j] - f[j].signum() * (f[j] != 0.0) as i32 as f32 * c_i) / z,
                         Norm::None => da[j],
                         Norm::DivN => da[j] / n as f32,
+                        Norm::DivLen => da[j] / t as f32,
                     })
                     .collect();
                 for j in 0..n {

@@ -48,7 +48,8 @@ fn every_fused_variant_compiles_for_every_dtype_and_arch() {
         return;
     }
     let vs = variants();
-    // 20 stage-1 names minus inverse, recentered, recentered-l1 and relu-ln, plus 6 re-weighted forms.
+    // 21 stage-1 names minus inverse, recentered, recentered-l1, relu-ln and relu-seqlen (no CUDA
+    // kernel for the sequence-length divisor), plus 6 re-weighted forms.
     assert_eq!(vs.len(), 16 + 6, "variants with a CUDA kernel: {vs:?}");
     let mut jobs = Vec::new();
     for v in &vs {
@@ -119,10 +120,11 @@ fn every_fused_variant_compiles_for_every_dtype_and_arch() {
 
 #[test]
 fn variants_without_a_cuda_kernel_say_why() {
-    for name in ["recentered", "inverse", "relu-ln"] {
+    for name in ["recentered", "inverse", "relu-ln", "relu-seqlen", "relu-seqlen+rw3"] {
         let v: Variant = name.parse().unwrap();
-        let err = cuda::Config::new(&v, 64).unwrap_err().to_string();
-        assert!(err.contains("not fused"), "{name}: {err}");
+        let err = cuda::Config::new(&v, 64).unwrap_err();
+        assert!(matches!(err, attn_kernels::Error::NotFused { .. }), "{name}: {err}");
+        assert!(err.to_string().contains("not fused"), "{name}: {err}");
     }
 }
 

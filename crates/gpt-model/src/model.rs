@@ -176,6 +176,12 @@ impl Gpt {
     /// `cache.len()..`), appending their keys and values to it. With LSSA/LSSAR the scores of row `i`
     /// depend on its absolute position through `ln(N_i)`, which the cached path passes on, so the
     /// logits equal the full forward's (tested).
+    ///
+    /// Except with `relu-seqlen` (`ReLU(s) / L`, `L` the length of the window being processed):
+    /// each call divides its rows by the number of keys so far, so a cached step equals the last
+    /// row of a full forward over its prefix only in a one-layer model. With more layers the cached
+    /// keys and values of earlier positions come from shorter windows than a full forward's, and
+    /// token-by-token decoding computes `relu-rowlen`'s full forward instead (tested).
     pub fn forward_cached(
         &self,
         idx: &Tensor,

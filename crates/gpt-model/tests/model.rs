@@ -159,6 +159,45 @@ fn kv_cache_generation_matches_the_full_forward() {
     }
 }
 
+/// relu-seqlen divides each row by the length of the window being processed, so a position's
+/// hidden state depends on the window it was computed in, and the KV cache (whose step `t` divides
+/// by the `t + 1` keys so far) cannot equal one full forward. What holds: a cached step is the last
+/// row of a full forward over its prefix when nothing else came from another window (one layer);
+/// with more layers the cached keys and values of earlier positions were computed in shorter
+/// windows, and token-by-token decoding is exactly relu-rowlen's full forward (`L = N_i` on every
+/// row and layer).
+#[test]
+fn kv_cache_with_relu_seqlen_is_the_last_row_of_each_prefix() {
+    let opts = ForwardOptions::default();
+    let _g = tch::no_grad_guard();
+    let x = tokens(1, 20, 64, 6);
+    // One layer: the cached step t equals the last row of the full forward over tokens 0..=t.
+    let cfg = ModelConfig { n_layer: 1, ..tiny("relu-seqlen", AttnImpl::Reference) };
+    let (_vs, model) = build(&cfg, 5, Kind::Double);
+    let mut cache = KvCache::default();
+    let first = model.forward_cached(&x.narrow(1, 0, 5), &mut cache, &opts).unwrap();
+    let prefix = model.forward(&x.narrow(1, 0, 5), &opts).unwrap();
+    assert!(max_diff(&first, &prefix) < 1e-10, "prefill: {}", max_diff(&first, &prefix));
+    for t in 5..20 {
+        let step = model.forward_cached(&x.narrow(1, t, 1), &mut cache, &opts).unwrap();
+        let last = model.forward(&x.narrow(1, 0, t + 1), &opts).unwrap().narrow(1, t, 1);
+        assert!(max_diff(&step, &last) < 1e-10, "step {t}: {}", max_diff(&step, &last));
+    }
+    // Two layers, token by token: relu-rowlen's full forward, and not relu-seqlen's.
+    let cfg = tiny("relu-seqlen", AttnImpl::Reference);
+    assert!(cfg.n_layer >= 2);
+    let (_vs, seqlen) = build(&cfg, 5, Kind::Double);
+    let (_vs2, rowlen) = build(&tiny("relu-rowlen", AttnImpl::Reference), 5, Kind::Double);
+    let mut cache = KvCache::default();
+    let steps: Vec<Tensor> =
+        (0..20).map(|t| seqlen.forward_cached(&x.narrow(1, t, 1), &mut cache, &opts).unwrap()).collect();
+    let cached = Tensor::cat(&steps, 1);
+    let by_rowlen = rowlen.forward(&x, &opts).unwrap();
+    assert!(max_diff(&cached, &by_rowlen) < 1e-10, "{}", max_diff(&cached, &by_rowlen));
+    let by_seqlen = seqlen.forward(&x, &opts).unwrap();
+    assert!(max_diff(&cached, &by_seqlen) > 1e-6, "relu-seqlen's full forward does not depend on the window?");
+}
+
 #[test]
 fn fused_and_reference_agree_on_logits_loss_and_every_gradient() {
     // Every variant of Tables 3 and 4 (sigmoid-bias gets T_train from the config).
@@ -175,6 +214,7 @@ fn fused_and_reference_agree_on_logits_loss_and_every_gradient() {
         "sigmoid-rowbias",
         "sigmoid-rowbias-l1",
         "relu-seqlen",
+        "relu-rowlen",
         "relu-ln",
         "lssa",
         "softmax+rw3",

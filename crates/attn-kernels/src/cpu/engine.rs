@@ -28,6 +28,9 @@ pub(crate) enum Norm {
     None,
     /// `f / N_i`.
     DivN,
+    /// `f / T`: the sequence length (attn-core's `Norm::DivLen`; the engine's rows are causal over
+    /// one sequence of `T` keys).
+    DivLen,
 }
 
 /// Everything the engine needs to know about a variant, resolved once per call.
@@ -290,9 +293,10 @@ fn pow_slice(xs: &mut [f32], p: u32, tmp: &mut [f32]) {
     }
 }
 
-/// Stage-1 normalising factor of a row: `a_ij = f_ij * anorm`.
+/// Stage-1 normalising factor of a row with `n = N_i` keys in a sequence of `t = T` keys:
+/// `a_ij = f_ij * anorm`.
 #[inline(always)]
-fn anorm(norm: Norm, z: f64, n: usize) -> f32 {
+fn anorm(norm: Norm, z: f64, n: usize, t: usize) -> f32 {
     match norm {
         Norm::L1 => {
             if z == 0.0 {
@@ -303,6 +307,7 @@ fn anorm(norm: Norm, z: f64, n: usize) -> f32 {
         }
         Norm::None => 1.0,
         Norm::DivN => 1.0 / n as f32,
+        Norm::DivLen => 1.0 / t as f32,
     }
 }
 
@@ -460,7 +465,7 @@ fn forward_body<const FMA: bool>(
     let Some(p) = reweight else {
         for r in 0..nq {
             let n = i0 + r + 1;
-            let a = anorm(plan.norm, z[r], n);
+            let a = anorm(plan.norm, z[r], n, dims.t);
             let o = &mut out[r * d..(r + 1) * d];
             o.iter_mut().zip(&acc[r * d..(r + 1) * d]).for_each(|(o, &x)| *o = x * a);
             let st = &mut stats[r * STATS..(r + 1) * STATS];
@@ -482,7 +487,7 @@ fn forward_body<const FMA: bool>(
         let n = i0 + r + 1;
         // Z as the backward will see it (stored in f32), so both passes compute identical u.
         z[r] = z[r] as f32 as f64;
-        an[r] = anorm(plan.norm, z[r], n);
+        an[r] = anorm(plan.norm, z[r], n, dims.t);
         let f_top = if plan.running_max { 1.0 } else { fmax[r] };
         // The same expression (and rounding) as each entry's u in sweep 2, so the largest key gets
         // rho = 1 exactly.
@@ -680,7 +685,7 @@ fn grad_tile<const FMA: bool>(
         let (f, gv) = (&mut f[..vis], &mut gv[..vis]);
         f.copy_from_slice(s);
         plan.act.apply::<FMA>(f);
-        let a = anorm(plan.norm, st[ST_Z] as f64, n);
+        let a = anorm(plan.norm, st[ST_Z] as f64, n, dims.t);
         let RowGrad { dprime, c } = rg[i];
         // gv <- dL/da_ij; f <- w_ij.
         match plan.p {
@@ -720,7 +725,8 @@ fn grad_tile<const FMA: bool>(
                 }
             }
             Norm::None => {}
-            Norm::DivN => gv.iter_mut().for_each(|x| *x *= a),
+            // a = 1/N_i or 1/T: df = da * a.
+            Norm::DivN | Norm::DivLen => gv.iter_mut().for_each(|x| *x *= a),
         }
         // ds = df * phi'(s). Exp needs phi(s) itself: recompute it into tmp (f now holds w).
         if matches!(plan.act, Act::Exp | Act::Sigmoid) {
@@ -786,7 +792,7 @@ crate::multiversion! {
                     continue; // fallback row: C_i = D'_i, already set
                 }
                 let n = i + 1;
-                let a = anorm(plan.norm, st[ST_Z] as f64, n);
+                let a = anorm(plan.norm, st[ST_Z] as f64, n, dims.t);
                 let row = &aux[r * (d + 1)..(r + 1) * (d + 1)];
                 let gy: f64 = g[i * ldg..i * ldg + d].iter().zip(&row[1..]).map(|(&x, &y)| x as f64 * y as f64).sum();
                 let e = (gy - rg[r].dprime as f64 * row[0] as f64)
@@ -819,7 +825,7 @@ crate::multiversion! {
                     f.iter_mut().for_each(|x| *x -= m);
                 }
                 plan.act.apply::<FMA>(f);
-                let a = anorm(plan.norm, st[ST_Z] as f64, n);
+                let a = anorm(plan.norm, st[ST_Z] as f64, n, dims.t);
                 let (na, off, inv_m, inv_w) = (n as f32 * a, offset(n), 1.0 / st[ST_UMAX], 1.0 / st[ST_W]);
                 // E_i = sum_j a_ij h_ij, h_ij = (gv - D') / W * p * rho^(p-1) / m.
                 let rho = &mut sc.f[..vis];

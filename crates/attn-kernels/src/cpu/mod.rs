@@ -162,6 +162,7 @@ fn plan(variant: &Variant, head_dim: usize) -> Result<Plan> {
         CoreNorm::L1 => Norm::L1,
         CoreNorm::None => Norm::None,
         CoreNorm::DivN => Norm::DivN,
+        CoreNorm::DivLen => Norm::DivLen,
     };
     let (scale, bias) = (s1.scale, s1.bias);
     bias.value(1)?; // parameters are complete (validate checked); row values cannot fail now

@@ -219,6 +219,14 @@ impl Config {
         if s1.output_norm == OutputNorm::LayerNorm {
             return Err(not_fused(variant, "the output layer norm (relu-ln) has no CUDA kernel"));
         }
+        let norm = match s1.norm {
+            CoreNorm::L1 => 0,
+            CoreNorm::None => 1,
+            CoreNorm::DivN => 2,
+            CoreNorm::DivLen => {
+                return Err(not_fused(variant, "the sequence-length divisor (relu-seqlen) has no CUDA kernel"));
+            }
+        };
         let name = s1.activation.name();
         let act = match name {
             "exp" => 0,
@@ -248,11 +256,7 @@ impl Config {
         };
         Ok(Self {
             act,
-            norm: match s1.norm {
-                CoreNorm::L1 => 0,
-                CoreNorm::None => 1,
-                CoreNorm::DivN => 2,
-            },
+            norm,
             running_max: s1.needs_running_max(),
             signed: !s1.activation.is_non_negative(),
             cosine: s1.scores == Scores::Cosine,

@@ -233,12 +233,32 @@ fn check_offset_shapes(
 /// zero on future keys. Differentiable; every constant per row (`scale_i`, `b_i`, the re-weighting
 /// offset) comes from attn-core.
 ///
+/// `attn_core::Norm::DivLen` (`relu-seqlen`) divides by the length of the sequence being
+/// processed, which here is `T_k = q_offset + T_q`: the query block is taken to end the sequence.
+///
 /// Autograd safety: masked scores are filled before any activation (with `-inf` under a running
 /// maximum, so `exp` gives exactly 0, else with 0), every division is guarded, so no `0 · inf`
 /// reaches a gradient.
 pub fn weights(q: &Tensor, k: &Tensor, variant: &attn_core::Variant, q_offset: i64) -> Result<Tensor, AttnError> {
+    let (_, t_k, _) = check_offset_shapes(q, k, None, q_offset)?;
+    weights_in(q, k, variant, q_offset, t_k)
+}
+
+/// [`weights`] for a query block of a sequence of `seq_len >= T_k` keys, of which `k` holds the
+/// first `T_k` (those the block sees): `seq_len` is the divisor of `attn_core::Norm::DivLen`, and
+/// is what lets [`attention_chunked`] give every block the full sequence's length.
+fn weights_in(
+    q: &Tensor,
+    k: &Tensor,
+    variant: &attn_core::Variant,
+    q_offset: i64,
+    seq_len: i64,
+) -> Result<Tensor, AttnError> {
     variant.validate()?;
     let (t_q, t_k, d) = check_offset_shapes(q, k, None, q_offset)?;
+    if seq_len < t_k {
+        return Err(AttnError::Shape(format!("the sequence length {seq_len} is below the {t_k} keys of the block")));
+    }
     let s1 = &variant.stage1;
     let (kind, device) = (q.kind(), q.device());
     let hd = d as usize;
@@ -272,6 +292,7 @@ pub fn weights(q: &Tensor, k: &Tensor, variant: &attn_core::Variant, q_offset: i
         attn_core::Norm::L1 => guarded_div(&f, &f.abs().sum_dim_intlist(&[-1i64][..], true, kind)),
         attn_core::Norm::None => f,
         attn_core::Norm::DivN => f / &n,
+        attn_core::Norm::DivLen => f / seq_len as f64,
     };
     let recenter = |a: &Tensor| {
         // Rows N_i > 3: a - mean over the unmasked keys, mask re-applied; rows 1..3 unchanged.
@@ -310,7 +331,8 @@ fn reweight_rows(a: &Tensor, p: u32, n: &Tensor) -> Tensor {
 
 /// Causal attention of any variant for queries at absolute positions `q_offset..q_offset + T_q`:
 /// `q (B, H, T_q, d)`, `k`, `v (B, H, q_offset + T_q, d)` -> `(B, H, T_q, d)`. Materialises the
-/// `(B, H, T_q, T_k)` weights (see [`attention_chunked`] for evaluation without autograd).
+/// `(B, H, T_q, T_k)` weights (see [`attention_chunked`] for evaluation without autograd). The
+/// sequence length of `relu-seqlen` is `T_k` (see [`weights`]).
 pub fn attention(
     q: &Tensor,
     k: &Tensor,
@@ -318,8 +340,21 @@ pub fn attention(
     variant: &attn_core::Variant,
     q_offset: i64,
 ) -> Result<Tensor, AttnError> {
+    let (_, t_k, _) = check_offset_shapes(q, k, Some(v), q_offset)?;
+    attention_in(q, k, v, variant, q_offset, t_k)
+}
+
+/// [`attention`] for a query block of a sequence of `seq_len >= T_k` keys (see [`weights_in`]).
+fn attention_in(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    variant: &attn_core::Variant,
+    q_offset: i64,
+    seq_len: i64,
+) -> Result<Tensor, AttnError> {
     check_offset_shapes(q, k, Some(v), q_offset)?;
-    let o = weights(q, k, variant, q_offset)?.matmul(v); // (B, H, T_q, d)
+    let o = weights_in(q, k, variant, q_offset, seq_len)?.matmul(v); // (B, H, T_q, d)
     Ok(match variant.stage1.output_norm {
         attn_core::OutputNorm::None => o,
         attn_core::OutputNorm::LayerNorm => {
@@ -334,7 +369,9 @@ pub fn attention(
 
 /// [`attention`] in blocks of `chunk` query rows: each block sees only the keys up to its last row,
 /// so the scratch is `B·H·chunk·T_k` instead of `B·H·T_q·T_k`. Meant for evaluation under
-/// `tch::no_grad` (with autograd it would still save every block's weights).
+/// `tch::no_grad` (with autograd it would still save every block's weights). Every block is
+/// normalised as a part of the whole sequence (`relu-seqlen` divides by `T_k`, not by the keys the
+/// block sees), so the result equals [`attention`]'s.
 pub fn attention_chunked(
     q: &Tensor,
     k: &Tensor,
@@ -343,19 +380,20 @@ pub fn attention_chunked(
     q_offset: i64,
     chunk: i64,
 ) -> Result<Tensor, AttnError> {
-    let (t_q, _, _) = check_offset_shapes(q, k, Some(v), q_offset)?;
+    let (t_q, t_k, _) = check_offset_shapes(q, k, Some(v), q_offset)?;
     let chunk = chunk.max(1);
     let mut outs = Vec::with_capacity(((t_q + chunk - 1) / chunk) as usize);
     let mut r0 = 0;
     while r0 < t_q {
         let len = chunk.min(t_q - r0);
         let upto = q_offset + r0 + len; // keys visible to the block's last row
-        outs.push(attention(
+        outs.push(attention_in(
             &q.narrow(2, r0, len),
             &k.narrow(2, 0, upto),
             &v.narrow(2, 0, upto),
             variant,
             q_offset + r0,
+            t_k,
         )?);
         r0 += len;
     }
