@@ -200,11 +200,7 @@ pub fn load_trained(scale: &Scale, out: &Path, variant: &str) -> Result<Trained>
     let (data_dir, sd, base) = base_config(scale, out)?;
     let tokenizer = trainer::data::tokenizer::Tokenizer::load_for_dir(&data_dir)?;
     let val = trainer::data::loader::validation_tokens(&data_dir, scale.val_tokens, Some(sd.tokenizer_id()))?;
-    let cfg = TrainConfig {
-        model: gpt_model::ModelConfig { attention: variant.to_string(), ..base.model.clone() },
-        out_dir: out.join(run_dir_name(variant)),
-        ..base
-    };
+    let cfg = run_config(&base, out, variant, 0);
     let ckpt = train::list_checkpoints(&cfg.out_dir)?
         .pop()
         .with_context(|| format!("no trained `{variant}` model in {} (train it first)", cfg.out_dir.display()))?;
@@ -213,6 +209,41 @@ pub fn load_trained(scale: &Scale, out: &Path, variant: &str) -> Result<Trained>
     let model = Gpt::new(&vs.root(), &cfg.model)?;
     gpt_model::checkpoint::load(&mut vs, &cfg.model, &ckpt)?;
     Ok(Trained { vs, model, tokenizer, val, cfg, device })
+}
+
+/// The training config of seed `seed_index` of `variant`: the scale's `base` with the variant, the
+/// run directory and the seed (the scale's plus the index).
+pub fn run_config(base: &TrainConfig, out: &Path, variant: &str, seed_index: usize) -> TrainConfig {
+    TrainConfig {
+        model: gpt_model::ModelConfig { attention: variant.to_string(), ..base.model.clone() },
+        out_dir: run_dir(out, variant, seed_index),
+        seed: base.seed + seed_index as u64,
+        ..base.clone()
+    }
+}
+
+/// The results already under `out` for the plan, without training or evaluating anything: every
+/// seed whose `result.json` has the config the plan would train, whatever code computed it (the
+/// report lists the revisions). For `reproduce --report-only`.
+pub fn load_all(
+    scale: &Scale,
+    plan: &BTreeMap<String, Vec<EvalKey>>,
+    seeds: &BTreeMap<String, usize>,
+    out: &Path,
+) -> Result<Runs> {
+    let (_, _, base) = base_config(scale, out)?;
+    let mut runs = Runs::new();
+    for variant in plan.keys() {
+        for k in 0..seeds.get(variant).copied().unwrap_or(1) {
+            let cfg = run_config(&base, out, variant, k);
+            let Ok(text) = std::fs::read_to_string(cfg.out_dir.join("result.json")) else { continue };
+            let Ok(r) = serde_json::from_str::<RunResult>(&text) else { continue };
+            if r.format_version == RESULT_VERSION && r.config == cfg.to_toml() {
+                runs.entry(variant.clone()).or_default().push(r);
+            }
+        }
+    }
+    Ok(runs)
 }
 
 /// The scale's validation spans: enough spans of `longest x T_train + 1` tokens for
@@ -278,12 +309,7 @@ pub fn run_all(
     let worker = || {
         loop {
             let Some((variant, needs, k)) = queue.lock().expect("queue").next() else { return };
-            let cfg = TrainConfig {
-                model: gpt_model::ModelConfig { attention: variant.clone(), ..base.model.clone() },
-                out_dir: run_dir(out, variant, k),
-                seed: base.seed + k as u64,
-                ..base.clone()
-            };
+            let cfg = run_config(&base, out, variant, k);
             // Attention maps, sink statistics and the post-hoc sweep come from the first seed.
             let sink_needs = if k == 0 { sinks.get(variant).map_or(&[][..], Vec::as_slice) } else { &[] };
             let needs: Vec<EvalKey> = needs.iter().copied().filter(|key| k == 0 || later_seeds(key)).collect();

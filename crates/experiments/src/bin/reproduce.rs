@@ -70,6 +70,10 @@ struct Cli {
     /// scale, and for a quick answer to the paper's main questions.
     #[arg(long)]
     claims_only: bool,
+    /// Write the report from the results already in the output directory, whatever code computed
+    /// them (the report lists the revisions it mixes); train and evaluate nothing.
+    #[arg(long)]
+    report_only: bool,
     /// Print the plan (runs and evaluations) and stop.
     #[arg(long)]
     plan: bool,
@@ -127,8 +131,10 @@ fn run() -> Result<()> {
         sink_plan.clear();
     }
     let (physics_only, retrieval_only) = (report::PHYSICS_ONLY, report::RETRIEVAL_ONLY);
-    let run_physics = !cli.claims_only && (cli.only.is_empty() || cli.only.iter().any(|v| v == physics_only));
-    let run_retrieval = !cli.claims_only && (cli.only.is_empty() || cli.only.iter().any(|v| v == retrieval_only));
+    let run_physics =
+        !cli.claims_only && !cli.report_only && (cli.only.is_empty() || cli.only.iter().any(|v| v == physics_only));
+    let run_retrieval =
+        !cli.claims_only && !cli.report_only && (cli.only.is_empty() || cli.only.iter().any(|v| v == retrieval_only));
     if run_retrieval && !cli.only.is_empty() {
         // Retrieval needs its rows' models trained.
         for e in experiments.iter().filter(|e| e.kind == spec::Kind::Retrieval) {
@@ -202,7 +208,11 @@ fn run() -> Result<()> {
     // Seeds after the first: the claims' evaluations and every length without post-hoc re-weighting.
     let claim_keys: std::collections::BTreeSet<spec::EvalKey> = claims.plan().into_values().flatten().collect();
     let later = |k: &spec::EvalKey| k.posthoc.is_none() || claim_keys.contains(k);
-    let results = runner::run_all(&scale, &plan, &seeds, &later, &out, &command, jobs, &launch, &sink_plan)?;
+    let results = if cli.report_only {
+        runner::load_all(&scale, &plan, &seeds, &out)?
+    } else {
+        runner::run_all(&scale, &plan, &seeds, &later, &out, &command, jobs, &launch, &sink_plan)?
+    };
     let mut retrieval = std::collections::BTreeMap::new();
     if run_retrieval {
         for e in experiments.iter().filter(|e| e.kind == spec::Kind::Retrieval) {
@@ -230,7 +240,7 @@ fn run() -> Result<()> {
         }
     }
     let mut downstream = std::collections::BTreeMap::new();
-    if let Some(dir) = &cli.downstream {
+    if let Some(dir) = cli.downstream.as_ref().filter(|_| !cli.report_only) {
         for e in experiments.iter().filter(|e| e.kind == spec::Kind::Downstream) {
             for r in &e.rows {
                 if downstream.contains_key(&r.train) {
