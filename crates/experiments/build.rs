@@ -23,18 +23,27 @@ const NUMBERS_SOURCES: [&str; 12] = [
     "src/sinks.rs",
 ];
 
+/// What the retrieval and Newton's-law experiments' numbers depend on beyond [`NUMBERS_SOURCES`]
+/// (their results record both hashes).
+const TASK_SOURCES: [&str; 3] = ["src/retrieval.rs", "src/retrieval_eval.rs", "src/newton"];
+
 fn main() {
     torch_build::link_libtorch();
+    // The dependency versions (tch, the BPE trainer) can change numbers too.
+    let numbers = hash(NUMBERS_SOURCES.iter().copied().chain(["../../Cargo.lock"]));
+    println!("cargo:rustc-env=LSSA_NUMBERS_HASH={numbers:016x}");
+    println!("cargo:rustc-env=LSSA_TASK_HASH={:016x}", hash(TASK_SOURCES.iter().copied()));
+}
+
+/// FNV-1a over (path, contents) of every file under `sources`, in path order: stable across machines
+/// and toolchains.
+fn hash<'a>(sources: impl Iterator<Item = &'a str>) -> u64 {
     let mut files = Vec::new();
-    for src in NUMBERS_SOURCES {
+    for src in sources {
         println!("cargo:rerun-if-changed={src}");
         collect(Path::new(src), &mut files);
     }
-    // The dependency versions (tch, the BPE trainer) can change numbers too.
-    println!("cargo:rerun-if-changed=../../Cargo.lock");
-    files.push(PathBuf::from("../../Cargo.lock"));
     files.sort();
-    // FNV-1a over (path, contents): stable across machines and toolchains.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for f in &files {
         let bytes = std::fs::read(f).unwrap_or_else(|e| panic!("reading {}: {e}", f.display()));
@@ -42,7 +51,7 @@ fn main() {
             h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
         }
     }
-    println!("cargo:rustc-env=LSSA_NUMBERS_HASH={h:016x}");
+    h
 }
 
 fn collect(p: &Path, out: &mut Vec<PathBuf>) {

@@ -320,9 +320,11 @@ fn table(md: &mut String, e: &Experiment, results: &Runs) {
     }
     let _ = writeln!(md, "{head}\n{rule}");
     for r in &e.rows {
+        let seeds = results.get(&r.train).map_or(0, |s| s.iter().filter(|x| x.error.is_none()).count());
+        let seeds = if seeds > 1 { format!(" ({seeds} seeds)") } else { String::new() };
         let how = match r.posthoc {
-            Some(p) => format!("`{}`, p = {p} post hoc", r.train),
-            None => format!("`{}`", r.train),
+            Some(p) => format!("`{}`, p = {p} post hoc{seeds}", r.train),
+            None => format!("`{}`{seeds}", r.train),
         };
         let _ = write!(md, "| {} | {how} |", r.label);
         for (i, &m) in e.lengths.iter().enumerate() {

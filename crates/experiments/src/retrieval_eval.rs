@@ -92,6 +92,10 @@ pub struct RetrievalResult {
     /// of the continuation has in the same place (partial retrieval; 0.1 is chance).
     #[serde(default)]
     pub digit_cells: Vec<(usize, f64, f64)>,
+    /// The code that computed it ([`crate::runner::task_revision`]) and the fingerprint of the
+    /// trained model's config: a cached result is reused only when both still match.
+    #[serde(default)]
+    pub provenance: String,
     /// The fine-tuning length actually used, as a multiple of the training length.
     pub train_multiple: usize,
     /// Fine-tuning loss over the last tenth of its steps.
@@ -157,13 +161,19 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
         rows.iter().map(|(l, p)| (l.clone(), variant.to_string(), *p)).collect();
     let cache_dir = out.join("retrieval");
     let cache = |label: &str| cache_dir.join(format!("{}.json", run_dir_name(label)));
+    // The model it fine-tunes: its config (and so its seed and scale) and the code.
+    let model_config = std::fs::read_to_string(crate::runner::run_dir(out, variant, 0).join("result.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<crate::runner::RunResult>(&t).ok())
+        .map_or_else(String::new, |r| r.config);
+    let provenance = format!("{} {}", crate::runner::task_revision(), crate::runner::fingerprint(&model_config));
     let cached: Vec<Option<RetrievalResult>> = my_rows
         .iter()
         .map(|(label, _, _)| {
             std::fs::read_to_string(cache(label))
                 .ok()
                 .and_then(|t| serde_json::from_str::<RetrievalResult>(&t).ok())
-                .filter(|r| r.settings == settings)
+                .filter(|r| r.settings == settings && r.provenance == provenance)
         })
         .collect();
     if cached.iter().all(Option::is_some) {
@@ -265,6 +275,7 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
             variant: variant.to_string(),
             posthoc: *posthoc,
             settings: settings.clone(),
+            provenance: provenance.clone(),
             train_multiple,
             cells,
             digit_cells,

@@ -37,6 +37,18 @@ pub fn numbers_revision() -> &'static str {
     env!("LSSA_NUMBERS_HASH")
 }
 
+/// [`numbers_revision`] and a hash of the retrieval and Newton's-law experiments' own sources: what
+/// their cached results must match to be reused.
+pub fn task_revision() -> String {
+    format!("{}+{}", env!("LSSA_NUMBERS_HASH"), env!("LSSA_TASK_HASH"))
+}
+
+/// An FNV-1a hash of `text`, in hex: a short fingerprint of a config.
+pub fn fingerprint(text: &str) -> String {
+    let h = text.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+    format!("{h:016x}")
+}
+
 /// The file in a run directory that names the [`numbers_revision`] its checkpoints were trained with.
 const REVISION_FILE: &str = "numbers-revision";
 

@@ -110,6 +110,10 @@ pub struct PhysicsResult {
     pub variant: String,
     /// The settings it ran with (a cached result is reused only for the same settings).
     pub settings: Settings,
+    /// The code that computed it ([`crate::runner::task_revision`]; a cached result is reused only
+    /// from the same code).
+    #[serde(default)]
+    pub revision: String,
     /// Root mean squared error of the implied accelerations over that of the exact ones (held-out).
     pub accel_rel_rmse: f64,
     /// The same for the constant-velocity extrapolation alone (no model): the bar to beat.
@@ -244,6 +248,7 @@ pub fn run(settings: &Settings, variant: &str, cache: &Path) -> Result<PhysicsRe
         && let Ok(r) = serde_json::from_str::<PhysicsResult>(&text)
         && r.settings == *settings
         && r.variant == variant
+        && r.revision == crate::runner::task_revision()
     {
         crate::runner::say(&format!("physics experiment, `{variant}`: cached in {}", file.display()));
         return Ok(r);
@@ -326,6 +331,7 @@ pub fn run(settings: &Settings, variant: &str, cache: &Path) -> Result<PhysicsRe
     let result = PhysicsResult {
         variant: variant.to_string(),
         settings: settings.clone(),
+        revision: crate::runner::task_revision(),
         accel_rel_rmse,
         baseline_rel_rmse,
         final_train_loss: tail.iter().sum::<f64>() / tail.len().max(1) as f64,
