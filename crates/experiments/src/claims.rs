@@ -161,7 +161,7 @@ fn span_values(r: &RunResult, key: &EvalKey, measure: Measure, longest: usize, r
         }
         (Measure::Tail, _) => w.tail.iter().map(|&x| f64::from(x)).collect(),
     };
-    if window.is_empty() || window.len() % per_span != 0 {
+    if window.is_empty() || !window.len().is_multiple_of(per_span) {
         return None;
     }
     Some(window.chunks(per_span).map(|s| s.iter().sum::<f64>() / s.len() as f64).collect())

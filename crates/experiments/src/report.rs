@@ -1082,6 +1082,9 @@ fn ordering_pairs(md: &mut String, o: &OrderingVerdict) {
     let _ = writeln!(md, "\nVerdict: **{}**: {}.", o.verdict.word(), o.why);
 }
 
+/// A series of the gap figure: label, colour index, dashed, (length multiple, interval) points.
+type GapSeries = (String, usize, bool, Vec<(f64, crate::stats::Interval)>);
+
 /// The rows of the gap figure: label, trained variant, post-hoc power.
 const GAP_ROWS: [(&str, &str, Option<u32>); 3] =
     [("LSSA", "lssa", None), ("LSSAR p=15 (train)", "lssa+rw15", None), ("LSSAR p=15 (post hoc)", "lssa", Some(15))];
@@ -1091,7 +1094,7 @@ const GAP_ROWS: [(&str, &str, Option<u32>); 3] =
 fn gap_figure(runs: &Runs, path_no_ext: &Path) -> Result<bool> {
     let lengths: BTreeSet<usize> =
         runs.get("softmax").into_iter().flatten().flat_map(|r| r.evals.iter().map(|(k, _)| k.multiple)).collect();
-    let mut series: Vec<(String, usize, bool, Vec<(f64, crate::stats::Interval)>)> = Vec::new();
+    let mut series: Vec<GapSeries> = Vec::new();
     for (i, (label, variant, posthoc)) in GAP_ROWS.iter().enumerate() {
         for (ntk, dashed) in [(true, false), (false, true)] {
             let pts: Vec<(f64, crate::stats::Interval)> = lengths
@@ -1122,7 +1125,7 @@ fn gap_figure(runs: &Runs, path_no_ext: &Path) -> Result<bool> {
 fn draw_gaps<DB: DrawingBackend>(
     root: DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
-    series: &[(String, usize, bool, Vec<(f64, crate::stats::Interval)>)],
+    series: &[GapSeries],
 ) -> Result<()>
 where
     DB::ErrorType: 'static,

@@ -182,7 +182,7 @@ pub fn multi_length_spans(
         span_len + 1
     );
     anyhow::ensure!(
-        multiples.iter().all(|&m| m >= 1 && longest_multiple % m == 0),
+        multiples.iter().all(|&m| m >= 1 && longest_multiple.is_multiple_of(m)),
         "multiples {multiples:?} must divide {longest_multiple}"
     );
     let _g = tch::no_grad_guard();
