@@ -992,7 +992,27 @@ fn verdicts_section(
         "| claim | RoPE | q, whole windows: estimate [95% interval] | claimed | verdict | q, tail only | tail verdict |"
     );
     let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+    let rope_name = |rope: Option<trainer::eval::Rope>| match rope {
+        None => "(1x only)",
+        Some(trainer::eval::Rope::Plain) => "plain",
+        Some(trainer::eval::Rope::Ntk) => "NTK",
+    };
+    let mut summary = Vec::new();
     for j in judged {
+        let whole: Vec<String> = j
+            .readings
+            .iter()
+            .filter(|r| r.measure == Measure::Whole)
+            .map(|r| {
+                let rope = r.rope.map_or(String::new(), |_| format!(" under {} RoPE", rope_name(r.rope)));
+                format!("**{}**{rope} ({})", r.verdict.word(), r.interval.show())
+            })
+            .collect();
+        summary.push(format!(
+            "- {}: {}.",
+            j.claim.statement,
+            if whole.is_empty() { "not judged".to_string() } else { whole.join("; ") }
+        ));
         let seeds = j.seeds.iter().map(|(v, n)| format!("{v} x{n}")).collect::<Vec<_>>().join(", ");
         let name = format!("**{}**: {} (seeds: {seeds})", j.claim.name, j.claim.statement);
         if let Some(why) = &j.missing {
@@ -1008,11 +1028,7 @@ fn verdicts_section(
         for rope in ropes {
             let find = |m: Measure| j.readings.iter().find(|r| r.rope == rope && r.measure == m);
             let Some(whole) = find(Measure::Whole) else { continue };
-            let rope_name = match rope {
-                None => "(1x only)",
-                Some(trainer::eval::Rope::Plain) => "plain",
-                Some(trainer::eval::Rope::Ntk) => "NTK",
-            };
+            let rope_name = rope_name(rope);
             let (tail, tail_verdict) = find(Measure::Tail)
                 .map_or(("-".to_string(), "-".to_string()), |t| (t.interval.show(), t.verdict.word().to_string()));
             let _ = writeln!(
@@ -1024,6 +1040,10 @@ fn verdicts_section(
                 whole.why
             );
         }
+    }
+    let _ = writeln!(md, "\nIn words (whole windows; q as the table defines it):\n");
+    for line in summary {
+        let _ = writeln!(md, "{line}");
     }
     let _ = writeln!(md);
     for o in orderings {
