@@ -1,0 +1,219 @@
+"""Softplus attention with re-weighting (LSSA / LSSAR) and its baselines, as a fused PyTorch op.
+
+    import lssa
+    y = lssa.attention(q, k, v, variant="lssa+rw15")   # where you called F.scaled_dot_product_attention
+
+``q, k, v`` are ``(B, H, T, d)`` tensors, attention is causal. Any variant name that attn-core parses
+works: a stage-1 preset of :func:`variants` (``softmax``, ``lssa``, the paper's Table 1-4 baselines),
+optionally with parameters and re-weighting, ``<stage1>[:<key>=<value>,...][+rw<p>]`` (``GRAMMAR``);
+``lssa+rw15`` is LSSAR, and post-hoc re-weighting of an LSSA model is just ``lssa+rw<p>`` at inference.
+
+Devices and dtypes: CPU float32 runs the fused CPU kernels (SIMD, multi-threaded with torch's thread
+count), CUDA float32 / float16 / bfloat16 the CUDA kernels (compiled at first use by NVRTC, on the
+device's default stream). Every other case (a variant without a fused kernel such as ``recentered``,
+float64, half precision on the CPU, another device, CUDA without NVRTC) runs
+:func:`reference_attention`, the materialised PyTorch version, with a one-time warning. Neither path
+allocates anything ``T x T`` except that fallback.
+
+Autograd, ``torch.compile(fullgraph=True)`` and ``torch.export`` work through the ops
+``torch.ops.lssa.attention_fwd`` / ``attention_bwd`` (see ``lssa._ops``). Errors are Python
+exceptions: ``ValueError`` for shapes, layouts and variant names, ``TypeError`` for dtypes and devices.
+"""
+
+import functools
+import os
+import warnings
+from typing import List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lssa
+from . import _ops
+from . import _reference
+from ._reference import Spec
+
+try:
+    from importlib.metadata import PackageNotFoundError, version as _version
+
+    __version__ = _version("lssa")
+except (ImportError, PackageNotFoundError):  # pragma: no cover - running from a source tree
+    __version__ = "0+unknown"
+
+__all__ = ["attention", "reference_attention", "variants", "is_fused", "canonical_name", "GRAMMAR", "LssaFallbackWarning"]
+
+#: The variant-name grammar (attn-core's).
+GRAMMAR: str = _lssa.GRAMMAR
+
+
+class LssaFallbackWarning(UserWarning):
+    """``lssa.attention`` ran the materialised PyTorch version instead of a fused kernel (once per case)."""
+
+
+def _point_at_torch_nvrtc() -> None:
+    # The CUDA kernels are compiled by NVRTC 13 at first use; torch's CUDA 13 wheels ship it in
+    # site-packages/nvidia/cu13/lib. Tell the kernels (LSSA_NVRTC_DIR) unless the user already did.
+    if "LSSA_NVRTC_DIR" in os.environ:
+        return
+    lib = os.path.join(os.path.dirname(os.path.dirname(torch.__file__)), "nvidia", "cu13", "lib")
+    if os.path.exists(os.path.join(lib, "libnvrtc.so.13")):
+        os.environ["LSSA_NVRTC_DIR"] = lib
+
+
+_point_at_torch_nvrtc()
+
+
+def variants() -> List[str]:
+    """The stage-1 preset names (SPEC section 4), in table order. Each takes ``+rw<p>`` (re-weighting,
+    ``1 <= p <= 1024``); ``lssa`` takes ``d_factor=<float>`` and ``sigmoid-bias`` needs
+    ``t_train=<int>`` (see ``GRAMMAR``)."""
+    return list(_lssa.variants())
+
+
+def canonical_name(variant: str) -> str:
+    """The variant's canonical name; ``ValueError`` (attn-core's message) for a name it rejects."""
+    return _lssa.canonical(variant)
+
+
+def is_fused(variant: str, device="cpu", dtype: torch.dtype = torch.float32) -> bool:
+    """Whether :func:`attention` runs ``variant`` through a fused kernel for tensors on ``device`` of
+    ``dtype`` (else it falls back to :func:`reference_attention`). ``ValueError`` for a bad name."""
+    device_type = torch.device(device).type
+    return _lssa.not_fused_reason(variant, device_type, _ops.dtype_name(dtype)) is None
+
+
+# The two look-ups below call into Rust, which torch.compile cannot trace: marked as constant results,
+# they run once while a graph is traced (so do their one-time warnings) and the graph keeps their values.
+
+
+@functools.lru_cache(maxsize=256)
+def _plan_cached(variant: str, device_type: str, dtype: torch.dtype) -> Tuple[str, str]:
+    try:
+        reason = _lssa.not_fused_reason(variant, device_type, _ops.dtype_name(dtype))
+    except ValueError as e:
+        return str(e), ""
+    return "", "" if reason is None else reason
+
+
+@torch.compiler.assume_constant_result
+def _plan(variant: str, device_type: str, dtype: torch.dtype) -> Tuple[str, str]:
+    """``(error, reason)``: attn-core's message for a name it rejects, and why ``variant`` does not run
+    fused there ("" when it does). It returns the error rather than raising it: an exception inside a
+    constant-result function is an internal error to torch.compile, one raised by the caller is not."""
+    return _plan_cached(variant, device_type, dtype)
+
+
+@functools.lru_cache(maxsize=256)
+def _spec_cached(variant: str) -> Tuple:
+    d = _lssa.describe(variant)
+    return tuple(d[f] for f in Spec._fields)
+
+
+@torch.compiler.assume_constant_result
+def _spec(variant: str) -> Tuple:
+    """The variant's parts (a tuple of ``Spec``'s fields); ValueError for a bad name."""
+    return _spec_cached(variant)
+
+
+_warned = set()
+
+
+@torch.compiler.assume_constant_result
+def _warn_fallback(variant: str, device_type: str, dtype: torch.dtype, reason: str) -> bool:
+    key = (variant, device_type, dtype, reason)
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(
+            f"lssa.attention: `{variant}` on {device_type} {_ops.dtype_name(dtype)} runs the materialised PyTorch "
+            f"version (O(T^2) memory, slower): {reason}. This warning is shown once.",
+            LssaFallbackWarning,
+            stacklevel=3,
+        )
+    return True
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, variant: str, causal: bool, rows_contiguous: bool) -> None:
+    """The input checks shared by both paths (plain Python on shapes, so torch.compile traces them)."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(x, Tensor):
+            raise TypeError(f"lssa.attention: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if not isinstance(variant, str):
+        raise TypeError(f"lssa.attention: variant must be a str such as 'lssa+rw15', got {type(variant).__name__}")
+    if causal is not True:
+        raise ValueError(
+            "lssa.attention: only causal attention is implemented (causal=True): every variant is defined on "
+            "causal rows (row i sees keys j <= i, and N_i = i enters its scale, bias and re-weighting)"
+        )
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            f"lssa.attention: q, k, v must be (B, H, T, d) tensors, got shapes {tuple(q.shape)}, "
+            f"{tuple(k.shape)}, {tuple(v.shape)}"
+        )
+    if k.shape != q.shape:
+        raise ValueError(f"lssa.attention: k must have the shape of q: q is {tuple(q.shape)}, k is {tuple(k.shape)}")
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"lssa.attention: v must have the (B, H, T) of q: q is {tuple(q.shape)}, v is {tuple(v.shape)}"
+        )
+    if q.shape[2] == 0 or q.shape[3] == 0 or v.shape[3] == 0:
+        raise ValueError(
+            f"lssa.attention: T and d must be >= 1, got q {tuple(q.shape)}, v {tuple(v.shape)}"
+        )
+    if not (q.dtype.is_floating_point and k.dtype.is_floating_point and v.dtype.is_floating_point):
+        raise TypeError(f"lssa.attention: q, k, v must be floating-point tensors, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise TypeError(f"lssa.attention: q, k, v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.device != q.device or v.device != q.device:
+        raise TypeError(f"lssa.attention: q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
+    if rows_contiguous:
+        for name, x in (("q", q), ("k", k), ("v", v)):
+            if x.shape[-1] > 1 and x.stride(-1) != 1:
+                raise ValueError(
+                    f"lssa.attention: the last dimension of {name} is not contiguous (strides {tuple(x.stride())}): "
+                    f"the kernels read each row as d contiguous elements; pass {name}.contiguous() (other strides, "
+                    f"such as slices of a fused qkv projection, are read as they are, without a copy)"
+                )
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, variant: str = "lssa+rw15", causal: bool = True) -> Tensor:
+    """Causal attention of ``variant`` on ``(B, H, T, d)`` tensors: the output, ``(B, H, T, d)``.
+
+    Fused where a kernel exists (CPU float32; CUDA float32, float16, bfloat16), else the materialised
+    :func:`reference_attention` with a one-time :class:`LssaFallbackWarning`. ``q, k, v`` may be any
+    strided views whose last dimension is contiguous (``qkv.unbind`` / slices of a fused projection
+    are read in place); differentiable with respect to all three.
+
+    Raises ``ValueError`` for shapes (not 4-D, ``k`` not the shape of ``q``, ``T`` or ``d`` of 0), a
+    last dimension that is not contiguous, ``causal=False`` and variant names attn-core rejects (its
+    message); ``TypeError`` for non-tensors, non-floating or mixed dtypes and mixed devices.
+    """
+    _check(q, k, v, variant, causal, rows_contiguous=True)
+    error, reason = _plan(variant, q.device.type, q.dtype)
+    if error:
+        raise ValueError(error)
+    if not reason and v.shape[-1] != q.shape[-1]:
+        reason = "the fused kernels need v to have the head dimension of q and k"
+    if reason or q.numel() == 0:
+        if reason:
+            _warn_fallback(variant, q.device.type, q.dtype, reason)
+        return _reference.attention(q, k, v, Spec(*_spec(variant)))
+    keep_aux = (
+        q.device.type == "cpu"
+        and Spec(*_spec(variant)).reweight is not None
+        and torch.is_grad_enabled()
+        and (q.requires_grad or k.requires_grad or v.requires_grad)
+    )
+    out, _stats, _aux = _ops.attention_fwd(q, k, v, variant, keep_aux)
+    return out
+
+
+def reference_attention(q: Tensor, k: Tensor, v: Tensor, variant: str = "lssa+rw15", causal: bool = True) -> Tensor:
+    """The materialised PyTorch version of :func:`attention`: ``(B, H, T, T)`` weights, any variant,
+    dtype and device, autograd-native. Slow and ``O(T^2)`` in memory; the fallback of
+    :func:`attention` and a baseline to compare it with. Same checks and errors, except that it
+    takes any layout."""
+    _check(q, k, v, variant, causal, rows_contiguous=False)
+    error, _reason = _plan(variant, q.device.type, q.dtype)
+    if error:
+        raise ValueError(error)
+    return _reference.attention(q, k, v, Spec(*_spec(variant)))

@@ -1,0 +1,162 @@
+"""The fused kernels as ``torch.library`` custom ops: ``lssa::attention_fwd`` and ``lssa::attention_bwd``.
+
+The forward returns the output, the row statistics the backward needs (``(B, H, T, 4)`` float32:
+``Z_i``, the running max or layer-norm sigma, ``m_i``, ``W_i``) and, for a re-weighted variant on the
+CPU that will be differentiated, re-weighting's backward helper (``(B, H, T, d + 1)`` float32; an
+empty tensor otherwise), which spares the backward one sweep over the keys. Autograd saves ``q``,
+``k``, ``v``, the output and those two tensors: nothing ``T x T``. Both ops have fake (meta)
+implementations, so ``torch.compile(fullgraph=True)`` and ``torch.export`` trace through them.
+
+Tensors cross into Rust as ``(data pointer, batch stride, head stride, row stride)``; the ops make a
+row-contiguous copy only of a tensor whose last axis is not contiguous (``lssa.attention`` refuses
+such inputs; a gradient in such a layout can still arrive from autograd).
+
+CUDA: the kernels run on the device's legacy default stream (``attn_kernels::cuda`` takes no stream).
+When torch's current stream is another one, the default stream first waits for it and, after the
+call, it waits for the default stream: the ordering of the libtorch bridge, without host syncs.
+"""
+
+import contextlib
+from typing import Iterator, Tuple
+
+import torch
+from torch import Tensor
+
+from . import _lssa
+
+STATS_PER_ROW: int = _lssa.STATS_PER_ROW
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The dtype as the extension names it (``"float32"``, ...; others as torch prints them)."""
+    return _DTYPE_NAMES.get(dtype) or str(dtype).replace("torch.", "")
+
+
+def _rows(x: Tensor) -> Tensor:
+    """``x`` with a contiguous last axis: itself when it has one, else a contiguous copy."""
+    return x if x.stride(-1) == 1 or x.shape[-1] == 1 else x.contiguous()
+
+
+def _raw(x: Tensor) -> Tuple[int, int, int, int]:
+    return (x.data_ptr(), x.stride(0), x.stride(1), x.stride(2))
+
+
+@contextlib.contextmanager
+def _kernel_stream(x: Tensor) -> Iterator[int]:
+    """The stream handle to pass to the extension (always 0), ordered after torch's current stream."""
+    if x.device.type != "cuda":
+        yield 0
+        return
+    current = torch.cuda.current_stream(x.device)
+    default = torch.cuda.default_stream(x.device)
+    side = current.cuda_stream != default.cuda_stream
+    if side:
+        default.wait_stream(current)
+    yield default.cuda_stream
+    if side:
+        current.wait_stream(default)
+
+
+def _threads(x: Tensor) -> int:
+    # The CPU kernels use as many threads as torch does (torch.set_num_threads governs both).
+    return torch.get_num_threads() if x.device.type == "cpu" else 0
+
+
+@torch.library.custom_op("lssa::attention_fwd", mutates_args=())
+def attention_fwd(q: Tensor, k: Tensor, v: Tensor, variant: str, keep_aux: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    """Fused causal attention of ``(B, H, T, d)`` tensors: ``(out, stats, aux)``."""
+    q, k, v = _rows(q), _rows(k), _rows(v)
+    b, h, t, d = q.shape
+    out = torch.empty((b, h, t, d), dtype=q.dtype, device=q.device)
+    # Zeroed, not empty: a variant leaves statistics it does not need unwritten (and the helper when it
+    # has no re-weighting, or on CUDA), and an op's outputs must not depend on stale memory.
+    stats = torch.zeros((b, h, t, STATS_PER_ROW), dtype=torch.float32, device=q.device)
+    aux_shape = (b, h, t, _lssa.rw_aux_per_row(d)) if keep_aux else (0,)
+    aux = torch.zeros(aux_shape, dtype=torch.float32, device=q.device)
+    with _kernel_stream(q) as stream:
+        _lssa.forward(
+            variant,
+            q.device.type,
+            dtype_name(q.dtype),
+            (b, h, t, d),
+            _raw(q),
+            _raw(k),
+            _raw(v),
+            _raw(out),
+            stats.data_ptr(),
+            aux.data_ptr() if keep_aux else 0,
+            stream,
+            _threads(q),
+        )
+    return out, stats, aux
+
+
+@attention_fwd.register_fake
+def _attention_fwd_fake(q: Tensor, k: Tensor, v: Tensor, variant: str, keep_aux: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    b, h, t, d = q.shape
+    out = q.new_empty((b, h, t, d))
+    stats = q.new_empty((b, h, t, STATS_PER_ROW), dtype=torch.float32)
+    aux = q.new_empty((b, h, t, d + 1) if keep_aux else (0,), dtype=torch.float32)
+    return out, stats, aux
+
+
+@torch.library.custom_op("lssa::attention_bwd", mutates_args=())
+def attention_bwd(
+    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, stats: Tensor, aux: Tensor, variant: str
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """Gradients ``(dq, dk, dv)`` of the fused forward, from its saved tensors and ``dL/d out``."""
+    q, k, v, out = _rows(q), _rows(k), _rows(v), _rows(out)
+    grad = _rows(grad.to(q.dtype))
+    stats = stats.contiguous()  # a local: the pointer below must stay valid for the call
+    b, h, t, d = q.shape
+    dq = torch.empty((b, h, t, d), dtype=q.dtype, device=q.device)
+    dk = torch.empty_like(dq)
+    dv = torch.empty_like(dq)
+    keep_aux = aux.numel() > 0
+    with _kernel_stream(q) as stream:
+        _lssa.backward(
+            variant,
+            q.device.type,
+            dtype_name(q.dtype),
+            (b, h, t, d),
+            _raw(q),
+            _raw(k),
+            _raw(v),
+            _raw(out),
+            stats.data_ptr(),
+            aux.data_ptr() if keep_aux else 0,
+            _raw(grad),
+            _raw(dq),
+            _raw(dk),
+            _raw(dv),
+            stream,
+            _threads(q),
+        )
+    return dq, dk, dv
+
+
+@attention_bwd.register_fake
+def _attention_bwd_fake(
+    grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, stats: Tensor, aux: Tensor, variant: str
+) -> Tuple[Tensor, Tensor, Tensor]:
+    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    q, k, v, variant, _keep_aux = inputs
+    out, stats, aux = output
+    ctx.save_for_backward(q, k, v, out, stats, aux)
+    ctx.variant = variant
+
+
+def _backward(ctx, grad_out, _grad_stats, _grad_aux):
+    q, k, v, out, stats, aux = ctx.saved_tensors
+    if grad_out is None:
+        grad_out = torch.zeros_like(out)
+    dq, dk, dv = attention_bwd(grad_out, q, k, v, out, stats, aux, ctx.variant)
+    return dq, dk, dv, None, None
+
+
+attention_fwd.register_autograd(_backward, setup_context=_setup_context)
