@@ -3,7 +3,9 @@
 //! ```text
 //! cargo xtask setup [--force]          install PyTorch 2.11.0 for tch into the per-user cache (idempotent)
 //! cargo xtask test [ARGS...]           set-up if needed, then the whole workspace test suite (doc tests too;
-//!                                      without ARGS also `cargo doc` with warnings as errors)
+//!                                      without ARGS also `cargo doc` with warnings as errors and the Python
+//!                                      package's tests: its wheel built, installed into the torch venv, pytest)
+//! cargo xtask pytest [ARGS...]         set-up if needed, then only the Python package's tests (pytest ARGS...)
 //! cargo xtask reproduce [--scale S]    set-up if needed, then the paper reproduction (default scale: small)
 //! cargo xtask bench kernels [ARGS...]  set-up if needed, then the CPU kernel benchmarks (bench-kernels ARGS...)
 //! cargo xtask bench model [ARGS...]    set-up if needed, then one gpt2-124m block, fused vs reference (bench-model ARGS...)
@@ -28,7 +30,10 @@ commands:
   setup [--force]         install PyTorch 2.11.0 (for tch) into the per-user cache and link it
                           at .torch/libtorch; a second run does nothing. --force reinstalls.
   test [ARGS...]          set-up if needed, then `cargo test --workspace --all-features ARGS...`
-                          (without ARGS, then `cargo doc --workspace --no-deps`, warnings as errors)
+                          (without ARGS, then `cargo doc --workspace --no-deps`, warnings as errors, and
+                          the Python package: crates/lssa-py's wheel built and installed into the torch
+                          venv, then its pytest suite)
+  pytest [ARGS...]        set-up if needed, then only the Python package: build, install, `pytest ARGS...`
   reproduce [--scale S]   set-up if needed, then run the paper reproduction at scale S
                           (smoke | small | gpu | paper; default small)
   bench kernels [ARGS...] set-up if needed, then `bench-kernels ARGS...` (release): fused CPU kernels
@@ -52,6 +57,8 @@ environment:
   LSSA_CACHE_DIR   where the torch venv and the corpus live (default $XDG_CACHE_HOME/lssa or ~/.cache/lssa)
   LSSA_PYTHON      the Python used to create the venv and to download the corpus (default python3)
   LIBTORCH         use an existing libtorch 2.11.0 instead (only verified, never modified)
+  LSSA_TORCH_PYTHON  the Python (with torch, maturin, pytest) for the Python package's tests
+                   (default: the set-up's venv, or the venv around a pip-installed LIBTORCH)
 ";
 
 fn main() {
@@ -80,6 +87,10 @@ fn run() -> Result<()> {
             Ok(())
         }
         Some("test") => test(&workspace, &args[1..]),
+        Some("pytest") => {
+            let torch = setup::ensure(&setup::Options::from_env(&workspace, false)?)?;
+            python_tests(&workspace, &torch, &args[1..])
+        }
         Some("reproduce") => reproduce(&workspace, &args[1..]),
         Some("bench") => bench(&workspace, &args[1..]),
         Some("data") => data(&workspace, &args[1..]),
@@ -109,8 +120,81 @@ fn test(workspace: &Path, extra: &[String]) -> Result<()> {
         let mut doc = cargo(workspace);
         doc.env("RUSTDOCFLAGS", "-D warnings").args(["doc", "--workspace", "--all-features", "--no-deps", "--quiet"]);
         run_cmd(&mut doc)?;
+        // And the Python package: its wheel built from this clone, installed into the torch venv, pytest.
+        python_tests(workspace, &torch, &[])?;
+    } else {
+        eprintln!("xtask test: arguments given, so the Python package's tests are skipped (`cargo xtask pytest` runs them)");
     }
     eprintln!("xtask test: all tests passed in {:.0} s", start.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The Python that has the torch of the set-up: `LSSA_TORCH_PYTHON`, else the set-up's venv, else the
+/// venv around a pip-installed `LIBTORCH` (`<venv>/lib/pythonX.Y/site-packages/torch`).
+fn torch_python(torch: &setup::Torch) -> Result<PathBuf> {
+    if let Some(p) = std::env::var_os("LSSA_TORCH_PYTHON") {
+        return Ok(PathBuf::from(p));
+    }
+    if let Some(p) = &torch.python {
+        return Ok(p.clone());
+    }
+    let root = torch.root.canonicalize().unwrap_or_else(|_| torch.root.clone());
+    if let Some(venv) = root.ancestors().nth(4) {
+        let py = venv.join("bin").join("python");
+        if root.join("version.py").exists() && py.exists() {
+            return Ok(py);
+        }
+    }
+    bail!(
+        "no Python with torch for the Python package's tests: LIBTORCH={} is not inside a Python venv; set \
+         LSSA_TORCH_PYTHON to a Python that has torch, maturin and pytest",
+        torch.root.display()
+    )
+}
+
+/// Builds the `lssa` wheel (crates/lssa-py, release) with the torch venv's maturin, installs it into
+/// that venv, and runs its pytest suite with `pytest_args`; any failure is an error.
+fn python_tests(workspace: &Path, torch: &setup::Torch, pytest_args: &[String]) -> Result<()> {
+    let start = Instant::now();
+    let python = torch_python(torch)?;
+    let krate = workspace.join("crates").join("lssa-py");
+    for (module, what) in [("maturin", "build the wheel"), ("pytest", "run the tests")] {
+        let ok = Command::new(&python).args(["-m", module, "--version"]).output().is_ok_and(|o| o.status.success());
+        if !ok {
+            bail!(
+                "{} has no {module} to {what} of crates/lssa-py: run `cargo xtask setup` (it installs {}), \
+                 or `{} -m pip install {}`",
+                python.display(),
+                setup::PYTHON_TOOLS.join(" "),
+                python.display(),
+                setup::PYTHON_TOOLS.join(" ")
+            );
+        }
+    }
+    // Release, as `pip install ./crates/lssa-py` builds it: the suite tests what users get.
+    let wheels = krate.join("target").join("wheels");
+    let _ = std::fs::remove_dir_all(&wheels);
+    let mut build = Command::new(&python);
+    build.current_dir(&krate).args(["-m", "maturin", "build", "--release", "--interpreter"]).arg(&python).arg("--out").arg(&wheels);
+    run_cmd(&mut build)?;
+    let wheel = std::fs::read_dir(&wheels)
+        .with_context(|| format!("reading {}", wheels.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.extension().is_some_and(|e| e == "whl"))
+        .with_context(|| format!("maturin wrote no wheel into {}", wheels.display()))?;
+    let mut install = Command::new(&python);
+    install.args(["-m", "pip", "install", "--quiet", "--no-input", "--no-deps", "--no-index", "--force-reinstall"]).arg(&wheel);
+    run_cmd(&mut install)?;
+    let built = start.elapsed().as_secs_f64();
+    let mut pytest = Command::new(&python);
+    pytest.current_dir(&krate).args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]).args(pytest_args);
+    run_cmd(&mut pytest)?;
+    eprintln!(
+        "xtask test: Python package built and installed in {built:.0} s, tested in {:.0} s ({})",
+        start.elapsed().as_secs_f64() - built,
+        python.display()
+    );
     Ok(())
 }
 

@@ -6,6 +6,7 @@
 //! $LSSA_CACHE_DIR (default $XDG_CACHE_HOME/lssa, else ~/.cache/lssa)
 //! └── torch-2.11.0-py3.11/            a Python venv holding torch==2.11.0 (4.6 GB, shared by clones)
 //!     ├── .complete                   written last, holds the verified torch version
+//!     ├── .python-tools               the pinned maturin/pytest/numpy it got (the Python package's tests)
 //!     └── lib/python3.11/site-packages/torch/{lib,include,version.py}
 //! <workspace>/.torch/libtorch  ->  …/site-packages/torch   (what `.cargo/config.toml` points LIBTORCH at)
 //! ```
@@ -106,6 +107,7 @@ pub fn ensure(opts: &Options) -> Result<Torch> {
         install(&python, &venv, &torch_dir)?;
         fs::write(&stamp, format!("{TORCH_VERSION}\n")).with_context(|| format!("writing {}", stamp.display()))?;
     }
+    ensure_python_tools(&venv);
     link(&torch_dir, &ours)?;
     Ok(Torch { root: ours, python: Some(venv.join("bin").join("python")) })
 }
@@ -176,6 +178,36 @@ fn ensure_nccl_headers(venv: &Path) {
         eprintln!(
             "setup: warning: `pip install {}` failed: the trainer will build without NCCL (CPU and single-GPU training are unaffected); run `cargo xtask setup` again to retry",
             NCCL_HEADER_WHEELS.join(" ")
+        );
+    }
+}
+
+/// The Python packages the test suite needs beside torch, pinned: maturin builds the `lssa` wheel
+/// (crates/lssa-py), pytest runs its tests, numpy reads the token shards in `examples/`.
+pub const PYTHON_TOOLS: [&str; 3] = ["maturin==1.16.0", "pytest==9.2.0", "numpy==2.4.6"];
+/// Holds the [`PYTHON_TOOLS`] list a venv got; a different list (a newer pin) installs again.
+const PYTHON_TOOLS_MARKER: &str = ".python-tools";
+
+/// Installs [`PYTHON_TOOLS`] into the venv once (again when the pins change). A failure is a warning
+/// here; `cargo xtask test` then stops at the Python tests, saying what is missing.
+fn ensure_python_tools(venv: &Path) {
+    let want = PYTHON_TOOLS.join(" ");
+    if fs::read_to_string(venv.join(PYTHON_TOOLS_MARKER)).is_ok_and(|got| got.trim() == want) {
+        return;
+    }
+    eprintln!("setup: adding {want} to the venv (the Python package's build and tests)");
+    let ok = Command::new(venv.join("bin").join("python"))
+        .args(["-m", "pip", "install", "--no-input"])
+        .args(PYTHON_TOOLS)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if ok {
+        let _ = fs::write(venv.join(PYTHON_TOOLS_MARKER), format!("{want}\n"));
+    } else {
+        eprintln!(
+            "setup: warning: `pip install {want}` failed: `cargo xtask test` cannot build and test the Python package \
+             (crates/lssa-py) until it succeeds; run `cargo xtask setup` again to retry"
         );
     }
 }
@@ -371,6 +403,33 @@ mod tests {
         let calls = fs::read_to_string(&log).unwrap().lines().count();
         ensure(&opts).unwrap();
         assert_eq!(fs::read_to_string(&log).unwrap().lines().count(), calls);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_python_tools_are_installed_once_and_again_when_their_pins_change() {
+        let (dir, _serial) = scratch("tools");
+        let opts = options(&dir, fake_python(&dir, &fake_torch("2.11.0+cu130")));
+        ensure(&opts).unwrap();
+        let venv = dir.join("cache/torch-2.11.0-py3.11");
+        let marker = venv.join(PYTHON_TOOLS_MARKER);
+        assert_eq!(fs::read_to_string(&marker).unwrap().trim(), PYTHON_TOOLS.join(" "));
+        // Installed: no pip call. Another pin list in the marker: one call, for the tools alone.
+        let log = dir.join("pip-args");
+        write_exe(&venv.join("bin/python"), &format!("#!/usr/bin/env bash\necho \"$@\" >> {}\nexit 0\n", log.display()));
+        ensure(&opts).unwrap();
+        assert!(!log.exists(), "no pip call when the tools are there");
+        fs::write(&marker, "maturin==0.1\n").unwrap();
+        ensure(&opts).unwrap();
+        let args = fs::read_to_string(&log).unwrap();
+        assert_eq!(args.lines().count(), 1, "{args}");
+        assert!(args.contains("maturin==1.16.0") && args.contains("pytest==") && !args.contains("torch=="), "{args}");
+        assert_eq!(fs::read_to_string(&marker).unwrap().trim(), PYTHON_TOOLS.join(" "));
+        // A failing pip is a warning; the marker is left as it was, so the next run tries again.
+        fs::write(&marker, "old\n").unwrap();
+        write_exe(&venv.join("bin/python"), "#!/usr/bin/env bash\nexit 3\n");
+        ensure(&opts).unwrap();
+        assert_eq!(fs::read_to_string(&marker).unwrap(), "old\n");
         fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -1,0 +1,113 @@
+"""The CUDA path: float32, float16 and bfloat16 through the CUDA kernels against the float64 formulas,
+strided inputs, torch's side streams, and a compiled model. Skipped on machines without a CUDA GPU.
+
+Bounds (those of crates/attn-kernels/tests/cuda_emu.rs): relative Frobenius error 1e-4 in float32; in
+16-bit storage 1.5 units of roundoff for the output and 3 for the gradients (6 for the l1-normalised
+ReLU family, whose tiny row sums amplify the rounding of the stored output the backward reads).
+"""
+
+import warnings
+
+import pytest
+import torch
+
+import _formulas as formulas
+import lssa
+from conftest import with_grads
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+# Fused on CUDA: everything the CPU fuses except relu-seqlen's length divisor and relu-ln's layer norm.
+CUDA_FUSED = ["softmax", "lssa", "lssa+rw1", "lssa+rw15", "lssa+rw64", "softmax+rw3", "relu-l1", "sigmoid-rowbias-l1+rw3", "gelu-l1"]
+
+
+def unit(dtype):
+    return {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}[dtype]
+
+
+def bounds(name, dtype):
+    if dtype == torch.float32:
+        return 1e-4, 1e-4
+    ill = name.startswith("relu") and "-l1" in name
+    return 1.5 * unit(dtype), (6.0 if ill else 3.0) * unit(dtype)
+
+
+def rel_err(x, ref):
+    x = x.double().cpu()
+    if not torch.isfinite(x).all():
+        return float("inf")
+    return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+
+
+def cuda_inputs(shape, dtype, seed, name):
+    gen = torch.Generator().manual_seed(seed)
+    scale = 0.5 if name.startswith("softmax") or "sigmoid" in name else 0.8
+    q, k = (torch.randn(shape, generator=gen) * scale for _ in range(2))
+    v, g = (torch.randn(shape, generator=gen) for _ in range(2))
+    return tuple(x.to(dtype).cuda() for x in (q, k, v, g))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", CUDA_FUSED)
+@pytest.mark.parametrize("t,d", [(77, 64), (130, 128), (33, 48), (1, 64)])
+def test_fused_cuda_matches_the_formulas(name, dtype, t, d, no_fallback):
+    assert lssa.is_fused(name, "cuda", dtype)
+    q, k, v, g = cuda_inputs((2, 2, t, d), dtype, t + d, name)
+    got, got_grads = with_grads(lambda a, b, c: lssa.attention(a, b, c, name), q, k, v, g)
+    torch.cuda.synchronize()
+    f64 = [x.double().cpu() for x in (q, k, v, g)]
+    ref, ref_grads = with_grads(lambda a, b, c: formulas.attention(a, b, c, name), *f64)
+    assert got.dtype == dtype and got.device == q.device
+    bo, bg = bounds(name, dtype)
+    assert rel_err(got, ref) <= bo, f"{name} {dtype} T={t} d={d}: output {rel_err(got, ref):.2e} > {bo:.2e}"
+    for what, a, b in zip(["dq", "dk", "dv"], got_grads, ref_grads):
+        assert rel_err(a, b) <= bg, f"{name} {dtype} T={t} d={d}: {what} {rel_err(a, b):.2e} > {bg:.2e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_qkv_views_on_cuda(dtype, no_fallback):
+    b, t, h, d = 2, 100, 3, 64
+    fused = torch.randn(b, t, 3, h, d, generator=torch.Generator().manual_seed(1)).to(dtype).cuda()
+    q, k, v = fused.permute(2, 0, 3, 1, 4).unbind(0)
+    got = lssa.attention(q, k, v, "lssa+rw15")
+    want = lssa.attention(q.contiguous(), k.contiguous(), v.contiguous(), "lssa+rw15")
+    assert rel_err(got, want.double().cpu()) <= 2 * unit(dtype)
+
+
+def test_a_side_stream_is_ordered_around_the_kernels(no_fallback):
+    # Inputs produced on a side stream and used at once; the output consumed on it right after.
+    q, k, v, _ = cuda_inputs((4, 8, 2048, 64), torch.float16, 5, "lssa")
+    want = lssa.attention(q, k, v, "lssa+rw15")
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            q2, k2, v2 = q * 1.0, k * 1.0, v * 1.0  # queued on the side stream
+            got = lssa.attention(q2, k2, v2, "lssa+rw15")
+            got = got * 1.0  # consumed on the side stream
+    side.synchronize()
+    assert torch.equal(got, want)
+
+
+def test_compiled_model_on_cuda(no_fallback):
+    from test_compile import assert_close, run, two_layers
+
+    model = two_layers().cuda()
+    x = torch.randn(2, 64, 64, device="cuda")
+    want, want_grads = run(model, x)
+    got, got_grads = run(torch.compile(model, fullgraph=True), x)
+    assert_close(got, want, "output")
+    for a, b in zip(got_grads, want_grads):
+        assert_close(a, b, "gradient")
+
+
+def test_variants_without_a_cuda_kernel_fall_back_on_the_gpu():
+    q, k, v, _ = cuda_inputs((1, 2, 40, 32), torch.float32, 3, "relu-seqlen")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", lssa.LssaFallbackWarning)
+        for name in ["relu-seqlen", "relu-ln", "recentered"]:
+            assert not lssa.is_fused(name, "cuda", torch.float32)
+            got = lssa.attention(q, k, v, name)
+            ref = formulas.attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), name)
+            assert rel_err(got, ref) <= 1e-4, name
