@@ -46,6 +46,10 @@ use pyo3::types::PyDict;
 /// stride)`, strides in elements; the last axis is contiguous.
 type PyTensor = (usize, usize, usize, usize);
 
+/// The largest head dimension the CUDA kernels take (`attn_kernels::cuda`'s parameter check refuses
+/// larger ones with `BadParams`; the crate exports no constant for it, so it is restated here).
+const CUDA_MAX_HEAD_DIM: usize = 256;
+
 /// Where a call runs.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Target {
@@ -300,6 +304,9 @@ fn not_fused_reason(
             }))
         }
         Target::Cuda(_) => {
+            if head_dim > CUDA_MAX_HEAD_DIM {
+                return Ok(Some(format!("the CUDA kernels take head dimensions up to {CUDA_MAX_HEAD_DIM}, got {head_dim}")));
+            }
             if let Err(e) = cuda::Config::new(&variant, head_dim) {
                 return Ok(Some(match e {
                     Error::NotFused { reason, .. } => format!("no fused CUDA kernel: {reason}"),
@@ -454,6 +461,7 @@ fn _lssa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STATS_PER_ROW", cpu::STATS_PER_ROW)?;
     m.add("GRAMMAR", attn_core::GRAMMAR)?;
     m.add("MAX_REWEIGHT_POWER", attn_core::MAX_REWEIGHT_POWER)?;
+    m.add("CUDA_MAX_HEAD_DIM", CUDA_MAX_HEAD_DIM)?;
     m.add_function(wrap_pyfunction!(variants, m)?)?;
     m.add_function(wrap_pyfunction!(canonical, m)?)?;
     m.add_function(wrap_pyfunction!(describe, m)?)?;

@@ -35,6 +35,9 @@ def test_what_is_fused():
     assert not lssa.is_fused("lssa", "meta")
     if not torch.cuda.is_available():
         assert not lssa.is_fused("lssa", "cuda", torch.float16)
+    assert not lssa.is_fused("lssa", "cuda", torch.float16, head_dim=320)
+    assert "head dimensions up to 256, got 320" in _lssa.not_fused_reason("lssa", "cuda", "float16", 320)
+    assert "relu-seqlen) has no CUDA kernel" in _lssa.not_fused_reason("relu-seqlen", "cuda", "float32")
     with pytest.raises(ValueError, match="unknown attention variant"):
         lssa.is_fused("nonsense")
 

@@ -111,3 +111,7 @@ def test_variants_without_a_cuda_kernel_fall_back_on_the_gpu():
             got = lssa.attention(q, k, v, name)
             ref = formulas.attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), name)
             assert rel_err(got, ref) <= 1e-4, name
+        q, k, v, _ = cuda_inputs((1, 1, 20, 320), torch.float32, 4, "lssa")  # beyond the kernels' d <= 256
+        got = lssa.attention(q, k, v, "lssa")
+        ref = formulas.attention(q.double().cpu(), k.double().cpu(), v.double().cpu(), "lssa")
+        assert rel_err(got, ref) <= 1e-4

@@ -75,11 +75,12 @@ def canonical_name(variant: str) -> str:
     return _lssa.canonical(variant)
 
 
-def is_fused(variant: str, device="cpu", dtype: torch.dtype = torch.float32) -> bool:
+def is_fused(variant: str, device="cpu", dtype: torch.dtype = torch.float32, head_dim: int = 64) -> bool:
     """Whether :func:`attention` runs ``variant`` through a fused kernel for tensors on ``device`` of
-    ``dtype`` (else it falls back to :func:`reference_attention`). ``ValueError`` for a bad name."""
+    ``dtype`` with heads of ``head_dim`` (else it falls back to :func:`reference_attention`).
+    ``ValueError`` for a bad name."""
     device_type = torch.device(device).type
-    return _lssa.not_fused_reason(variant, device_type, _ops.dtype_name(dtype)) is None
+    return _lssa.not_fused_reason(variant, device_type, _ops.dtype_name(dtype), head_dim) is None
 
 
 # The two look-ups below call into Rust, which torch.compile cannot trace: marked as constant results,
@@ -193,6 +194,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, variant: str = "lssa+rw15", causa
         raise ValueError(error)
     if not reason and v.shape[-1] != q.shape[-1]:
         reason = "the fused kernels need v to have the head dimension of q and k"
+    if not reason and q.device.type == "cuda" and q.shape[-1] > _lssa.CUDA_MAX_HEAD_DIM:
+        reason = f"the CUDA kernels take head dimensions up to {_lssa.CUDA_MAX_HEAD_DIM}"
     if reason or q.numel() == 0:
         if reason:
             _warn_fallback(variant, q.device.type, q.dtype, reason)
