@@ -164,7 +164,8 @@ def main():
     model = GPT(vocab, args.block, args.layers, args.width, args.heads, args.attn, args.variant).to(args.device)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95))
+    groups = [{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.95))
     step_fn = torch.compile(model, fullgraph=True) if args.compile else model
     attn = f"lssa.attention({args.variant})" if args.attn == "lssa" else "SDPA softmax"
     params = sum(p.numel() for p in model.parameters())
@@ -190,14 +191,17 @@ def main():
         smoothed = loss.item() if smoothed is None else 0.9 * smoothed + 0.1 * loss.item()
         if step % args.log_every == 0 or step == args.steps - 1:
             ms = (time.time() - start) / (step + 1) * 1000
-            print(f"step {step:5d}  loss {loss.item():.4f}  (smoothed {smoothed:.4f})  lr {lr_at(step):.2e}  {ms:.0f} ms/step")
+            print(f"step {step:5d}  loss {loss.item():.4f}  (smoothed {smoothed:.4f})  lr {lr_at(step):.2e}  "
+                  f"{ms:.0f} ms/step")
 
     if val is not None:
         model.eval()
         vgen = torch.Generator().manual_seed(0)
         with torch.no_grad():
-            losses = [model(*batch(val, args.batch, args.block, vgen, args.device))[1].item() for _ in range(args.eval_batches)]
-        print(f"validation loss {sum(losses) / len(losses):.4f} ({args.eval_batches} batches of {args.batch} x {args.block} tokens)")
+            batches = [batch(val, args.batch, args.block, vgen, args.device) for _ in range(args.eval_batches)]
+            losses = [model(x, y)[1].item() for x, y in batches]
+        print(f"validation loss {sum(losses) / len(losses):.4f} "
+              f"({args.eval_batches} batches of {args.batch} x {args.block} tokens)")
 
 
 if __name__ == "__main__":

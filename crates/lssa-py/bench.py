@@ -205,7 +205,9 @@ def main():
     ]
     if args.note:
         lines.append(f"- **machine state: {args.note}**")
-    js = {"config": {"heads": h, "head_dim": d, "lengths": lengths, "torch": torch.__version__}, "cells": {}, "overhead_us": {}}
+    config = {"heads": h, "head_dim": d, "lengths": lengths, "threads": torch.get_num_threads()}
+    config["torch"] = torch.__version__
+    js = {"config": config, "cells": {}, "overhead_us": {}}
     for pass_ in ("fwd", "fwd+bwd"):
         lines += ["", f"## {pass_}: median ms (time / SDPA's, median of per-round ratios)", ""]
         lines.append("| implementation | variant | " + " | ".join(f"T={t}" for t in lengths) + " |")
@@ -232,7 +234,8 @@ def main():
             for t in lengths:
                 times = results[(pass_, t)]
                 if f"materialised {variant}" in times:
-                    parts.append(f"T={t}: {median_ratio(times[f'materialised {variant}'], times[f'fused {variant}']):.1f}x")
+                    ratio = median_ratio(times[f"materialised {variant}"], times[f"fused {variant}"])
+                    parts.append(f"T={t}: {ratio:.1f}x")
             lines.append(f"- {variant}: " + (", ".join(parts) if parts else "not run"))
     lines += [
         "",
@@ -254,11 +257,8 @@ def main():
     for name in next(iter(overhead.values())):
         lines.append(f"| {name} | " + " | ".join(f"{overhead[t][name]:.0f}" for t in overhead) + " |")
         js["overhead_us"][name] = {str(t): overhead[t][name] for t in overhead}
-    lines.append(
-        "| boundary (lssa.attention - _lssa.forward) | "
-        + " | ".join(f"{overhead[t]['lssa.attention'] - overhead[t]['_lssa.forward (raw kernel call)']:.0f}" for t in overhead)
-        + " |"
-    )
+    boundary = [overhead[t]["lssa.attention"] - overhead[t]["_lssa.forward (raw kernel call)"] for t in overhead]
+    lines.append("| boundary (lssa.attention - _lssa.forward) | " + " | ".join(f"{b:.0f}" for b in boundary) + " |")
     lines += ["", f"Total time of this run: {time.time() - began:.0f} s.", ""]
     out = os.path.abspath(args.out)
     with open(out, "w") as f:

@@ -123,7 +123,9 @@ fn test(workspace: &Path, extra: &[String]) -> Result<()> {
         // And the Python package: its wheel built from this clone, installed into the torch venv, pytest.
         python_tests(workspace, &torch, &[])?;
     } else {
-        eprintln!("xtask test: arguments given, so the Python package's tests are skipped (`cargo xtask pytest` runs them)");
+        eprintln!(
+            "xtask test: arguments given, so the Python package's tests are skipped (`cargo xtask pytest` runs them)"
+        );
     }
     eprintln!("xtask test: all tests passed in {:.0} s", start.elapsed().as_secs_f64());
     Ok(())
@@ -175,7 +177,12 @@ fn python_tests(workspace: &Path, torch: &setup::Torch, pytest_args: &[String]) 
     let wheels = krate.join("target").join("wheels");
     let _ = std::fs::remove_dir_all(&wheels);
     let mut build = Command::new(&python);
-    build.current_dir(&krate).args(["-m", "maturin", "build", "--release", "--interpreter"]).arg(&python).arg("--out").arg(&wheels);
+    build
+        .current_dir(&krate)
+        .args(["-m", "maturin", "build", "--release", "--interpreter"])
+        .arg(&python)
+        .arg("--out")
+        .arg(&wheels);
     run_cmd(&mut build)?;
     let wheel = std::fs::read_dir(&wheels)
         .with_context(|| format!("reading {}", wheels.display()))?
@@ -184,7 +191,9 @@ fn python_tests(workspace: &Path, torch: &setup::Torch, pytest_args: &[String]) 
         .find(|p| p.extension().is_some_and(|e| e == "whl"))
         .with_context(|| format!("maturin wrote no wheel into {}", wheels.display()))?;
     let mut install = Command::new(&python);
-    install.args(["-m", "pip", "install", "--quiet", "--no-input", "--no-deps", "--no-index", "--force-reinstall"]).arg(&wheel);
+    install
+        .args(["-m", "pip", "install", "--quiet", "--no-input", "--no-deps", "--no-index", "--force-reinstall"])
+        .arg(&wheel);
     run_cmd(&mut install)?;
     let built = start.elapsed().as_secs_f64();
     let mut pytest = Command::new(&python);

@@ -416,7 +416,10 @@ mod tests {
         assert_eq!(fs::read_to_string(&marker).unwrap().trim(), PYTHON_TOOLS.join(" "));
         // Installed: no pip call. Another pin list in the marker: one call, for the tools alone.
         let log = dir.join("pip-args");
-        write_exe(&venv.join("bin/python"), &format!("#!/usr/bin/env bash\necho \"$@\" >> {}\nexit 0\n", log.display()));
+        write_exe(
+            &venv.join("bin/python"),
+            &format!("#!/usr/bin/env bash\necho \"$@\" >> {}\nexit 0\n", log.display()),
+        );
         ensure(&opts).unwrap();
         assert!(!log.exists(), "no pip call when the tools are there");
         fs::write(&marker, "maturin==0.1\n").unwrap();

@@ -67,7 +67,9 @@ fn target(device: &str, dtype: &str) -> Result<Target, String> {
         ("cuda", "float32") => Ok(Target::Cuda(cuda::Dtype::F32)),
         ("cuda", "float16") => Ok(Target::Cuda(cuda::Dtype::F16)),
         ("cuda", "bfloat16") => Ok(Target::Cuda(cuda::Dtype::Bf16)),
-        ("cuda", other) => Err(format!("the fused CUDA kernels take float32, float16 or bfloat16 tensors, got {other}")),
+        ("cuda", other) => {
+            Err(format!("the fused CUDA kernels take float32, float16 or bfloat16 tensors, got {other}"))
+        }
         (other, _) => Err(format!("no fused kernels for device `{other}` (only cpu and cuda)")),
     }
 }
@@ -141,7 +143,14 @@ fn cuda_kernel() -> PyResult<cuda::Kernel> {
 
 /// The parameter struct of one call: sizes, `q`, `k`, `v`, `o` and the statistics, after the
 /// checks that do not need the memory (sizes >= 1, pointers not null).
-fn params(shape: (usize, usize, usize, usize), q: PyTensor, k: PyTensor, v: PyTensor, o: PyTensor, stats: usize) -> PyResult<Params> {
+fn params(
+    shape: (usize, usize, usize, usize),
+    q: PyTensor,
+    k: PyTensor,
+    v: PyTensor,
+    o: PyTensor,
+    stats: usize,
+) -> PyResult<Params> {
     let (batch, heads, seq_len, head_dim) = shape;
     if [batch, heads, seq_len, head_dim].contains(&0) {
         return Err(PyValueError::new_err(format!(
@@ -305,7 +314,9 @@ fn not_fused_reason(
         }
         Target::Cuda(_) => {
             if head_dim > CUDA_MAX_HEAD_DIM {
-                return Ok(Some(format!("the CUDA kernels take head dimensions up to {CUDA_MAX_HEAD_DIM}, got {head_dim}")));
+                return Ok(Some(format!(
+                    "the CUDA kernels take head dimensions up to {CUDA_MAX_HEAD_DIM}, got {head_dim}"
+                )));
             }
             if let Err(e) = cuda::Config::new(&variant, head_dim) {
                 return Ok(Some(match e {

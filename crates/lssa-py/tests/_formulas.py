@@ -103,7 +103,10 @@ def attention(q: Tensor, k: Tensor, v: Tensor, name: str, dtype: torch.dtype = t
     for i in range(t):
         n = i + 1  # N_i: row i (1-based) sees keys 1..i
         dots = (q[:, :, i : i + 1, :] * k[:, :, :n, :]).sum(-1)  # (B, H, N)
-        scale = (d_factor if d_factor is not None else math.log(d)) * math.log(n) if s1.scale != "1/sqrt(d)" else 1 / math.sqrt(d)
+        if s1.scale == "1/sqrt(d)":
+            scale = 1 / math.sqrt(d)
+        else:  # LSSA: ln(d) ln(N_i), the ln(d) replaceable by d_factor
+            scale = (d_factor if d_factor is not None else math.log(d)) * math.log(n)
         bias = {"0": 0.0, "-ln(T_train)": -math.log(t_train or 1), "-ln(N)": -math.log(n)}[s1.bias]
         s = scale * dots + bias
         if s1.act == "exp" and s1.norm == "l1":

@@ -50,7 +50,8 @@ NOT_FUSED = ["inverse", "recentered", "recentered-l1", "recentered+rw3", "relu-l
 def check_against_formulas(name, shape, seed, scale=1.0):
     """Forward and gradients of ``lssa.attention`` in float32 against the float64 formulas."""
     q, k, v, g = inputs(shape, seed, scale)
-    ref, ref_grads = with_grads(lambda a, b, c: formulas.attention(a, b, c, name), q.double(), k.double(), v.double(), g)
+    q64, k64, v64 = q.double(), k.double(), v.double()
+    ref, ref_grads = with_grads(lambda a, b, c: formulas.attention(a, b, c, name), q64, k64, v64, g)
     naive, naive_grads = with_grads(lambda a, b, c: formulas.attention(a, b, c, name, torch.float32), q, k, v, g)
     got, got_grads = with_grads(lambda a, b, c: lssa.attention(a, b, c, name), q, k, v, g)
     assert got.dtype == torch.float32 and got.shape == q.shape
@@ -60,7 +61,8 @@ def check_against_formulas(name, shape, seed, scale=1.0):
         err = (a.double() - b).abs().max().item()
         naive_err = (n.double() - b).abs().max().item()
         tol = tolerance(naive_err, b.abs().max(), p)
-        assert err <= tol, f"{name} {shape} seed {seed} scale {scale}: {w} error {err:.3e} > {tol:.3e} (naive f32 {naive_err:.3e})"
+        case = f"{name} {shape} seed {seed} scale {scale}"
+        assert err <= tol, f"{case}: {w} error {err:.3e} > {tol:.3e} (naive f32 {naive_err:.3e})"
 
 
 def test_the_fused_list_is_what_the_kernels_fuse():

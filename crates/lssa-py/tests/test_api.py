@@ -69,19 +69,25 @@ def test_bad_variant_names_are_value_errors_with_attn_cores_message(name, messag
 
 def test_bad_inputs_raise_the_right_exception_with_a_clear_message():
     q, k, v = qkv()
+    ints = torch.ones(1, 1, 4, 8, dtype=torch.long)
+    k_columns = k.transpose(2, 3).contiguous().transpose(2, 3)  # k's values, rows not contiguous
     cases = [
         (TypeError, "q must be a torch.Tensor, got ndarray", lambda: lssa.attention(q.numpy(), k, v)),
         (TypeError, "variant must be a str", lambda: lssa.attention(q, k, v, 15)),
         (ValueError, "only causal attention is implemented", lambda: lssa.attention(q, k, v, causal=False)),
         (ValueError, "must be (B, H, T, d) tensors, got shapes (2, 8, 16)", lambda: lssa.attention(q[0], k[0], v[0])),
-        (ValueError, "k must have the shape of q: q is (1, 2, 8, 16), k is (1, 2, 7, 16)", lambda: lssa.attention(q, k[:, :, :7], v)),
+        (
+            ValueError,
+            "k must have the shape of q: q is (1, 2, 8, 16), k is (1, 2, 7, 16)",
+            lambda: lssa.attention(q, k[:, :, :7], v),
+        ),
         (ValueError, "k must have the shape of q", lambda: lssa.attention(q, k[..., :8], v)),
         (ValueError, "v must have the (B, H, T) of q", lambda: lssa.attention(q, k, v[:, :1])),
         (ValueError, "T and d must be >= 1", lambda: lssa.attention(q[:, :, :0], k[:, :, :0], v[:, :, :0])),
-        (TypeError, "must be floating-point tensors, got torch.int64", lambda: lssa.attention(*(torch.ones(1, 1, 4, 8, dtype=torch.long),) * 3)),
+        (TypeError, "must be floating-point tensors, got torch.int64", lambda: lssa.attention(ints, ints, ints)),
         (TypeError, "must have one dtype, got torch.float32, torch.float64", lambda: lssa.attention(q, k.double(), v)),
         (TypeError, "must be on one device, got cpu, meta", lambda: lssa.attention(q, k.to("meta"), v)),
-        (ValueError, "the last dimension of k is not contiguous", lambda: lssa.attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), v)),
+        (ValueError, "the last dimension of k is not contiguous", lambda: lssa.attention(q, k_columns, v)),
     ]
     for exc, message, call in cases:
         with pytest.raises(exc) as e:

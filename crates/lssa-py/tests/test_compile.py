@@ -69,7 +69,8 @@ def test_the_compiled_graphs_call_the_fused_ops():
         return compiler
 
     model = two_layers()
-    compiled = torch.compile(model, fullgraph=True, backend=aot_autograd(fw_compiler=record("fw"), bw_compiler=record("bw")))
+    backend = aot_autograd(fw_compiler=record("fw"), bw_compiler=record("bw"))
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
     x = torch.randn(2, 21, 64)
     got, _ = run(compiled, x)
     want, _ = run(model, x)

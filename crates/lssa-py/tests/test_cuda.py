@@ -19,7 +19,17 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 # Fused on CUDA: everything the CPU fuses except relu-seqlen's length divisor and relu-ln's layer norm.
-CUDA_FUSED = ["softmax", "lssa", "lssa+rw1", "lssa+rw15", "lssa+rw64", "softmax+rw3", "relu-l1", "sigmoid-rowbias-l1+rw3", "gelu-l1"]
+CUDA_FUSED = [
+    "softmax",
+    "lssa",
+    "lssa+rw1",
+    "lssa+rw15",
+    "lssa+rw64",
+    "softmax+rw3",
+    "relu-l1",
+    "sigmoid-rowbias-l1+rw3",
+    "gelu-l1",
+]
 
 
 def unit(dtype):

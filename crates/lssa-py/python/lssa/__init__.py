@@ -23,7 +23,7 @@ exceptions: ``ValueError`` for shapes, layouts and variant names, ``TypeError`` 
 import functools
 import os
 import warnings
-from typing import List, Optional, Tuple
+from typing import List, Tuple
 
 import torch
 from torch import Tensor
@@ -40,7 +40,15 @@ try:
 except (ImportError, PackageNotFoundError):  # pragma: no cover - running from a source tree
     __version__ = "0+unknown"
 
-__all__ = ["attention", "reference_attention", "variants", "is_fused", "canonical_name", "GRAMMAR", "LssaFallbackWarning"]
+__all__ = [
+    "attention",
+    "reference_attention",
+    "variants",
+    "is_fused",
+    "canonical_name",
+    "GRAMMAR",
+    "LssaFallbackWarning",
+]
 
 #: The variant-name grammar (attn-core's).
 GRAMMAR: str = _lssa.GRAMMAR
@@ -83,8 +91,9 @@ def is_fused(variant: str, device="cpu", dtype: torch.dtype = torch.float32, hea
     return _lssa.not_fused_reason(variant, device_type, _ops.dtype_name(dtype), head_dim) is None
 
 
-# The two look-ups below call into Rust, which torch.compile cannot trace: marked as constant results,
-# they run once while a graph is traced (so do their one-time warnings) and the graph keeps their values.
+# _plan, _spec and _warn_fallback below call into Rust or warn, which torch.compile cannot trace: marked
+# as constant results, they run once while a graph is traced (so does the one-time warning) and the
+# graph keeps their values. Eager calls hit the lru_caches (a few hundred nanoseconds).
 
 
 @functools.lru_cache(maxsize=256)
