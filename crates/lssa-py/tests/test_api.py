@@ -166,3 +166,24 @@ def test_a_value_head_dimension_of_its_own_runs_the_materialised_path():
         got = lssa.attention(q, k, v, "lssa+rw15")
     assert got.shape == (1, 2, 8, 5)
     assert (got - formulas.attention(q, k, v, "lssa+rw15")).abs().max() < 1e-12
+
+
+def test_the_ops_called_directly_check_what_keeps_the_kernels_in_bounds():
+    q, k, v = qkv()
+    fwd, bwd = torch.ops.lssa.attention_fwd, torch.ops.lssa.attention_bwd
+    with pytest.raises(ValueError, match="k must have the shape of q"):
+        fwd(q, k[:, :, :4], v, "lssa", False)
+    with pytest.raises(TypeError, match="v is torch.float64 on cpu, q is torch.float32"):
+        fwd(q, k, v.double(), "lssa", False)
+    with pytest.raises(ValueError, match="every size >= 1"):
+        fwd(q[:, :, :0], k[:, :, :0], v[:, :, :0], "lssa", False)
+    out, stats, aux = fwd(q, k, v, "lssa+rw15", True)
+    assert stats.shape == (1, 2, 8, 4) and aux.shape == (1, 2, 8, 17)
+    with pytest.raises(ValueError, match="grad must have the shape of q"):
+        bwd(out[:, :1], q, k, v, out, stats, aux, "lssa+rw15")
+    with pytest.raises(ValueError, match=r"stats must be float32 of shape \(1, 2, 8, 4\)"):
+        bwd(out, q, k, v, out, stats[:, :, :4], aux, "lssa+rw15")
+    with pytest.raises(ValueError, match="aux must be float32 of shape"):
+        bwd(out, q, k, v, out, stats, aux[..., :3], "lssa+rw15")
+    dq, dk, dv = bwd(torch.ones_like(out), q, k, v, out, stats, aux, "lssa+rw15")
+    assert dq.shape == dk.shape == dv.shape == q.shape

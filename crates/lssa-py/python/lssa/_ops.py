@@ -59,6 +59,18 @@ def _kernel_stream(x: Tensor) -> Iterator[int]:
         current.wait_stream(default)
 
 
+def _check_same(what: str, q: Tensor, **others: Tensor) -> None:
+    """The checks that keep the kernels' reads and writes in bounds when the ops are called directly
+    (``torch.ops.lssa.*``); ``lssa.attention`` has made them already, with friendlier messages."""
+    if q.dim() != 4 or 0 in q.shape:
+        raise ValueError(f"{what}: q must be a (B, H, T, d) tensor with every size >= 1, got {tuple(q.shape)}")
+    for name, x in others.items():
+        if x.shape != q.shape:
+            raise ValueError(f"{what}: {name} must have the shape of q {tuple(q.shape)}, got {tuple(x.shape)}")
+        if x.dtype != q.dtype or x.device != q.device:
+            raise TypeError(f"{what}: {name} is {x.dtype} on {x.device}, q is {q.dtype} on {q.device}")
+
+
 def _threads(x: Tensor) -> int:
     # The CPU kernels use as many threads as torch does (torch.set_num_threads governs both).
     return torch.get_num_threads() if x.device.type == "cpu" else 0
@@ -67,6 +79,7 @@ def _threads(x: Tensor) -> int:
 @torch.library.custom_op("lssa::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, variant: str, keep_aux: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """Fused causal attention of ``(B, H, T, d)`` tensors: ``(out, stats, aux)``."""
+    _check_same("lssa::attention_fwd", q, k=k, v=v)
     q, k, v = _rows(q), _rows(k), _rows(v)
     b, h, t, d = q.shape
     out = torch.empty((b, h, t, d), dtype=q.dtype, device=q.device)
@@ -107,10 +120,22 @@ def attention_bwd(
     grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, stats: Tensor, aux: Tensor, variant: str
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients ``(dq, dk, dv)`` of the fused forward, from its saved tensors and ``dL/d out``."""
+    _check_same("lssa::attention_bwd", q, k=k, v=v, out=out)
+    b, h, t, d = q.shape
+    if grad.shape != q.shape:
+        raise ValueError(
+            f"lssa::attention_bwd: grad must have the shape of q {tuple(q.shape)}, got {tuple(grad.shape)}"
+        )
+    want_aux = [(0,), (b, h, t, _lssa.rw_aux_per_row(d))]
+    for name, x, shapes in (("stats", stats, [(b, h, t, STATS_PER_ROW)]), ("aux", aux, want_aux)):
+        if tuple(x.shape) not in shapes or x.dtype != torch.float32 or x.device != q.device:
+            raise ValueError(
+                f"lssa::attention_bwd: {name} must be float32 of shape {' or '.join(map(str, shapes))} on {q.device} "
+                f"(from lssa::attention_fwd), got {x.dtype} {tuple(x.shape)} on {x.device}"
+            )
     q, k, v, out = _rows(q), _rows(k), _rows(v), _rows(out)
     grad = _rows(grad.to(q.dtype))
-    stats = stats.contiguous()  # a local: the pointer below must stay valid for the call
-    b, h, t, d = q.shape
+    stats, aux = stats.contiguous(), aux.contiguous()  # locals: the pointers below must stay valid for the call
     dq = torch.empty((b, h, t, d), dtype=q.dtype, device=q.device)
     dk = torch.empty_like(dq)
     dv = torch.empty_like(dq)
