@@ -83,8 +83,9 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, variant: str, keep_aux: bool)
     q, k, v = _rows(q), _rows(k), _rows(v)
     b, h, t, d = q.shape
     out = torch.empty((b, h, t, d), dtype=q.dtype, device=q.device)
-    # Zeroed, not empty: a variant leaves statistics it does not need unwritten (and the helper when it
-    # has no re-weighting, or on CUDA), and an op's outputs must not depend on stale memory.
+    # Zeroed, not empty: the kernels leave the helper unwritten for variants without re-weighting and on
+    # CUDA, and an op's outputs must not depend on stale memory (opcheck compares two runs). The
+    # statistics (4 floats a row) are zeroed too, so nothing depends on which ones a kernel writes.
     stats = torch.zeros((b, h, t, STATS_PER_ROW), dtype=torch.float32, device=q.device)
     aux_shape = (b, h, t, _lssa.rw_aux_per_row(d)) if keep_aux else (0,)
     aux = torch.zeros(aux_shape, dtype=torch.float32, device=q.device)
