@@ -1,4 +1,4 @@
-"""The attention variants written again from SPEC's formulas (the attn-core crate docs), row by row.
+"""The attention variants written again from SPEC's formulas (docs/SPEC.md sections 2-4), row by row.
 
 This is the tests' ground truth, deliberately independent of the package: its own table of the
 stage-1 presets (SPEC section 4), its own activations (the spec's closed forms, not

@@ -4,7 +4,7 @@ This is the path ``lssa.attention`` falls back to where no fused kernel exists (
 transforms such as ``recentered``, float64, half precision on the CPU, devices other than CPU and
 CUDA): slow (``O(T^2)`` memory) but exact, differentiable by autograd, and traceable by
 ``torch.compile``. It mirrors ``gpt-model``'s ``torch_ops.rs``; the variant's parts come from
-attn-core (``_lssa.describe``), the formulas are those of the attn-core crate docs (SPEC):
+attn-core (``_lssa.describe``), the formulas are those of docs/SPEC.md (sections 2-4; also in the attn-core crate docs):
 
     stage 1   s_ij = scale_i <q'_i, k'_j> + b_i        q', k': raw, or x / max(||x||, 1e-12)
               f_ij = phi(s_ij) M_ij                     (phi(s - max_j s) for exp under l1)
