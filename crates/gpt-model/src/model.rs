@@ -102,11 +102,57 @@ fn layer_norm(p: nn::Path<'_>, d: usize) -> nn::LayerNorm {
     nn::layer_norm(p, vec![d as i64], Default::default())
 }
 
+/// Runs `f` with libtorch's process-wide generator seeded to `seed`, while no other thread
+/// initialises a model (through [`Gpt::new`] or another `with_seed`): what `f` draws is a function of
+/// `seed` alone. Several trainings in one process (the experiment runner's parallel jobs, tests)
+/// need this; `tch::manual_seed` followed by an initialisation is a race there, since any other
+/// thread's [`Gpt::new`] (a model built to load a checkpoint into, say) draws from the same generator.
+pub fn with_seed<T>(seed: i64, f: impl FnOnce() -> T) -> T {
+    exclusive_init(|| {
+        tch::manual_seed(seed);
+        f()
+    })
+}
+
+/// Runs `f` holding the process's initialisation lock (re-entrant on the thread that holds it).
+fn exclusive_init<T>(f: impl FnOnce() -> T) -> T {
+    use std::cell::Cell;
+    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    thread_local!(static HELD: Cell<bool> = const { Cell::new(false) });
+    if HELD.get() {
+        return f();
+    }
+    let _lock = INIT.lock().unwrap_or_else(|e| e.into_inner());
+    struct Release;
+    impl Drop for Release {
+        fn drop(&mut self) {
+            HELD.set(false);
+        }
+    }
+    HELD.set(true);
+    let _release = Release;
+    f()
+}
+
 impl Gpt {
     /// Builds the model's parameters under `vs` (names follow GPT-2: `wte`, `h.{i}.attn.c_attn`, ...),
     /// initialised as GPT-2: normal(0, 0.02), residual projections normal(0, 0.02 / sqrt(2 L)),
     /// zero biases, unit LayerNorms.
+    ///
+    /// Initialisation draws from libtorch's process-wide generator; it runs under
+    /// [`with_seed`]'s lock, so it never draws between another thread's seeding and that thread's
+    /// initialisation.
     pub fn new(vs: &nn::Path<'_>, cfg: &ModelConfig) -> Result<Self, ModelError> {
+        exclusive_init(|| Self::build(vs, cfg))
+    }
+
+    /// [`Gpt::new`] with the generator seeded to `seed` first: the initial weights are a function of
+    /// `seed` alone, whatever other threads of the process initialise meanwhile.
+    pub fn new_seeded(vs: &nn::Path<'_>, cfg: &ModelConfig, seed: i64) -> Result<Self, ModelError> {
+        with_seed(seed, || Self::build(vs, cfg))
+    }
+
+    fn build(vs: &nn::Path<'_>, cfg: &ModelConfig) -> Result<Self, ModelError> {
         cfg.validate()?;
         let variant = cfg.variant()?;
         let d = cfg.d_model;

@@ -20,15 +20,11 @@ fn tiny(attention: &str, imp: AttnImpl) -> ModelConfig {
     }
 }
 
-/// tch's RNG is process-wide and the tests run on parallel threads: seeding and initialising happen
-/// under one lock so that two builds with the same seed give the same weights.
-static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
+/// A model initialised from `seed` (tch's generator is process-wide and the tests run on parallel
+/// threads: `new_seeded` keeps the weights a function of the seed).
 fn build(cfg: &ModelConfig, seed: i64, kind: Kind) -> (VarStore, Gpt) {
-    let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
-    tch::manual_seed(seed);
     let mut vs = VarStore::new(Device::Cpu);
-    let model = Gpt::new(&vs.root(), cfg).unwrap();
+    let model = Gpt::new_seeded(&vs.root(), cfg, seed).unwrap();
     if kind != Kind::Float {
         vs.set_kind(kind);
     }
@@ -45,6 +41,30 @@ fn tokens(b: i64, t: i64, vocab: i64, seed: i64) -> Tensor {
         })
         .collect();
     Tensor::from_slice(&ids).view([b, t])
+}
+
+#[test]
+fn seeded_weights_do_not_depend_on_other_threads_building_models() {
+    // Another thread builds unseeded models (as an evaluation loading a checkpoint does) while this
+    // one builds seeded ones: every seeded build must draw the same weights.
+    let cfg = tiny("lssa", AttnImpl::Reference);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let vs = VarStore::new(Device::Cpu);
+                Gpt::new(&vs.root(), &cfg).unwrap();
+            }
+        });
+        let weights = |vs: &VarStore| vs.variables()["wte"].copy();
+        let (first, _) = build(&cfg, 7, Kind::Float);
+        let first = weights(&first);
+        for _ in 0..50 {
+            let (vs, _) = build(&cfg, 7, Kind::Float);
+            assert!(weights(&vs).equal(&first), "a seeded build drew other weights");
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    });
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> f64 {

@@ -21,8 +21,15 @@ pub mod launch;
 pub mod optim;
 pub mod train;
 
-/// The git revision of the working tree (`-dirty` when it has changes), or `unknown`.
+/// The git revision of the working tree (`-dirty` when it has tracked changes), or `unknown`, as it
+/// was at this function's first call in the process: call it at start-up, and a long job whose tree
+/// is edited meanwhile still records the revision its code was started from.
 pub fn git_revision() -> String {
+    static AT_START: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    AT_START.get_or_init(read_git_revision).clone()
+}
+
+fn read_git_revision() -> String {
     let git = |args: &[&str]| std::process::Command::new("git").args(args).output().ok().filter(|o| o.status.success());
     let Some(rev) = git(&["rev-parse", "--short=12", "HEAD"]) else {
         return "unknown".into();

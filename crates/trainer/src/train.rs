@@ -248,16 +248,11 @@ pub fn train(
         }
     }
 
-    // libtorch's RNG is process-wide: seeding and initialising under one lock keeps the initial weights
-    // a function of the seed even when several trainings share a process (tests, experiment drivers).
-    static INIT: std::sync::Mutex<()> = std::sync::Mutex::new(());
-    let (mut vs, model) = {
-        let _init = INIT.lock().unwrap_or_else(|e| e.into_inner());
-        tch::manual_seed(cfg.seed as i64);
-        let vs = VarStore::new(device);
-        let model = Gpt::new(&vs.root(), &cfg.model)?;
-        (vs, model)
-    };
+    // The initial weights are a function of the seed alone, even when several trainings (and the
+    // models built to evaluate them) share a process: `new_seeded` seeds and initialises under
+    // gpt-model's initialisation lock.
+    let mut vs = VarStore::new(device);
+    let model = Gpt::new_seeded(&vs.root(), &cfg.model, cfg.seed as i64)?;
     let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     let mut opt = AdamW::new(params, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay);
     let mut step = 0usize;

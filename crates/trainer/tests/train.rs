@@ -154,9 +154,8 @@ fn resume_continues_exactly() {
 #[test]
 fn multi_length_scores_the_same_tokens_at_every_length() {
     let cfg = tiny_cfg("eval", "lssa+rw15", 1);
-    tch::manual_seed(0);
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-    let model = gpt_model::Gpt::new(&vs.root(), &cfg.model).unwrap();
+    let model = gpt_model::Gpt::new_seeded(&vs.root(), &cfg.model, 0).unwrap();
     let tokens = synthetic_tokens(16 * 32 * 2 + 50, 3);
     let res = eval::multi_length(&model, &tokens, &[1, 2, 4, 8, 16], Rope::Ntk, None, 4096, tch::Device::Cpu).unwrap();
     assert_eq!(res.len(), 5);
@@ -172,9 +171,8 @@ fn multi_length_scores_the_same_tokens_at_every_length() {
 fn span_evaluation_keeps_windows_that_pair_across_lengths() {
     // T = 32; two spans of 4 x 32 + 1 tokens, scored at 1x, 2x and 4x with plain RoPE.
     let cfg = tiny_cfg("spans", "lssa+rw15", 1);
-    tch::manual_seed(0);
     let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-    let model = gpt_model::Gpt::new(&vs.root(), &cfg.model).unwrap();
+    let model = gpt_model::Gpt::new_seeded(&vs.root(), &cfg.model, 0).unwrap();
     let t = cfg.model.context_len;
     let tokens = synthetic_tokens(2 * (4 * t + 1), 5);
     let spans: Vec<Vec<u16>> = tokens.chunks(4 * t + 1).map(<[u16]>::to_vec).collect();

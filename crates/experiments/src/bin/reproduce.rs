@@ -93,6 +93,8 @@ fn main() {
 
 fn run() -> Result<()> {
     let mut cli = Cli::parse();
+    // The revision every run of this invocation records: the tree as it was when it started.
+    trainer::git_revision();
     if let Some(config) = &cli.train_rank {
         return runner::train_rank(config, cli.resume.clone());
     }

@@ -260,9 +260,8 @@ pub fn run(settings: &Settings, variant: &str, cache: &Path) -> Result<PhysicsRe
     let mut rng = ChaCha8Rng::seed_from_u64(settings.seed);
     let train = orbits(settings.train_orbits, settings.seq_len, settings.dt, &mut rng);
     let test = orbits(settings.test_orbits, settings.seq_len, settings.dt, &mut rng);
-    tch::manual_seed(settings.seed as i64);
     let vs = nn::VarStore::new(device);
-    let model = OrbitModel::new(&vs.root(), settings, parsed);
+    let model = gpt_model::model::with_seed(settings.seed as i64, || OrbitModel::new(&vs.root(), settings, parsed));
     let mut opt = nn::Adam::default().build(&vs, settings.lr)?;
     let dt2 = (settings.dt * settings.dt) as f32;
     let step_loss = |feats: &Tensor, cur: &Tensor, prev: &Tensor, next: &Tensor| -> Result<Tensor> {

@@ -153,6 +153,8 @@ fn main() {
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
         .init();
+    // What checkpoints and results record: the tree as it was when this command started.
+    trainer::git_revision();
     if let Err(e) = run() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
