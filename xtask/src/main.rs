@@ -211,9 +211,11 @@ fn reproduce(workspace: &Path, extra: &[String]) -> Result<()> {
     setup::ensure(&setup::Options::from_env(workspace, false)?)?;
     // The small and gpu scales train on the default corpus: build it first if it is not there. The
     // small scale's tokenizer is a 2K BPE in data/bpe2k (experiments::scale::SMALL_DATA_COMMAND).
-    let scale =
-        extra.iter().position(|a| a == "--scale").and_then(|i| extra.get(i + 1)).map_or("small", String::as_str);
+    let scale = option_value(extra, "--scale").unwrap_or("small");
+    // A user's own shards (`--set data_dir=DIR`) need no default corpus.
+    let own_data = extra.iter().any(|a| a.starts_with("data_dir=") || a.starts_with("--set=data_dir="));
     let shards: Option<(&str, &[&str])> = match scale {
+        _ if own_data => None,
         "small" => Some(("data/bpe2k", &["--vocab-size", "2048", "--out", "data/bpe2k"])),
         "gpu" => Some(("data/default", &[])),
         _ => None,
@@ -227,6 +229,23 @@ fn reproduce(workspace: &Path, extra: &[String]) -> Result<()> {
     let mut cmd = cargo(workspace);
     cmd.args(["run", "--release", "--quiet", "--package", "experiments", "--bin", "reproduce", "--"]).args(extra);
     run_cmd(&mut cmd)
+}
+
+/// The value of option `name` in `args`, written `name VALUE` or `name=VALUE` (the last one wins, as
+/// in clap).
+fn option_value<'a>(args: &'a [String], name: &str) -> Option<&'a str> {
+    let mut found = None;
+    let mut i = 0;
+    while i < args.len() {
+        if args[i] == name {
+            found = args.get(i + 1).map(String::as_str);
+            i += 1;
+        } else if let Some(v) = args[i].strip_prefix(name).and_then(|rest| rest.strip_prefix('=')) {
+            found = Some(v);
+        }
+        i += 1;
+    }
+    found
 }
 
 fn bench(workspace: &Path, args: &[String]) -> Result<()> {
@@ -292,4 +311,19 @@ fn run_cmd(cmd: &mut Command) -> Result<()> {
 fn workspace_root() -> PathBuf {
     // xtask/Cargo.toml sits one level below the workspace root.
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives inside the workspace").to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::option_value;
+
+    #[test]
+    fn options_are_read_in_both_spellings() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(option_value(&args(&["--scale", "gpu"]), "--scale"), Some("gpu"));
+        assert_eq!(option_value(&args(&["--seeds", "2", "--scale=gpu"]), "--scale"), Some("gpu"));
+        assert_eq!(option_value(&args(&["--scale=gpu", "--scale", "smoke"]), "--scale"), Some("smoke"));
+        assert_eq!(option_value(&args(&["--scales=gpu", "--only", "lssa"]), "--scale"), None);
+        assert_eq!(option_value(&args(&["--scale"]), "--scale"), None);
+    }
 }
