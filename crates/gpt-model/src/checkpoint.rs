@@ -3,13 +3,24 @@
 //!
 //! Metadata keys: `format` = `lssa-gpt`, `format_version` = `1`, `config` (the [`ModelConfig`] as
 //! TOML), `variant` (its attention name, for humans and other tools), plus whatever the caller adds
-//! (the trainer stores step, data position, tokenizer). Tensors are stored under the VarStore's
+//! (the trainer stores `kind`, step, data position, tokenizer). Tensors are stored under the VarStore's
 //! names (`wte`, `h.0.attn.c_attn.weight`, ...) in their own dtype. Files are written to a
-//! temporary name, synced and renamed, so a crash never leaves a half-written checkpoint.
+//! temporary name, synced and renamed, so a crash never leaves a half-written checkpoint (and a file
+//! is never changed in place, which is what makes memory-mapping one safe).
+//!
+//! Reading: a [`Checkpoint`] holds the file's bytes once (read, or memory-mapped by the caller: any
+//! `AsRef<[u8]>`, e.g. a `memmap2::Mmap`) and answers the metadata, the config, the weights and any
+//! other tensors from them. The path-taking functions are shorthands: [`read_metadata`] and
+//! [`read_config`] read the header only (a few KB, not the 1.5 GB of a 124M training checkpoint with
+//! its optimiser moments), [`load`] and [`read_tensors`] read the file once each.
+//!
+//! Two kinds of file share this format: a trainer's training state (weights, optimiser moments under
+//! `optim.`, data position) and a weights-only export ([`Checkpoint::export`], `kind` =
+//! [`WEIGHTS_KIND`]). Both load into a model the same way.
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::path::Path;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 use tch::{Kind, Tensor, nn::VarStore};
@@ -20,6 +31,12 @@ use crate::config::ModelConfig;
 pub const FORMAT: &str = "lssa-gpt";
 /// `format_version` metadata value.
 pub const FORMAT_VERSION: &str = "1";
+/// `kind` metadata value of a weights-only file (no optimiser state, no data position): what
+/// [`Checkpoint::export`] writes.
+pub const WEIGHTS_KIND: &str = "lssa-weights";
+
+/// The largest header a safetensors reader accepts (the `safetensors` crate's limit).
+const MAX_HEADER_BYTES: u64 = 100_000_000;
 
 /// Checkpoint failures, each naming the file.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +55,14 @@ pub enum CheckpointError {
         /// The file.
         path: String,
         /// What is wrong.
+        reason: String,
+    },
+    /// An operation that would destroy data (writing a file over the checkpoint it reads).
+    #[error("{path}: {reason}")]
+    Refused {
+        /// The file.
+        path: String,
+        /// Why.
         reason: String,
     },
     /// The checkpoint's model config differs from the one expected.
@@ -103,7 +128,6 @@ pub fn write_tensors(
     path: &Path,
 ) -> Result<(), CheckpointError> {
     let p = path.display().to_string();
-    let io = |source| CheckpointError::Io { path: p.clone(), source };
     let mut named: Vec<&(String, Tensor)> = named.iter().collect();
     named.sort_by(|a, b| a.0.cmp(&b.0));
     let mut buffers = Vec::with_capacity(named.len());
@@ -121,14 +145,31 @@ pub fn write_tensors(
         .iter()
         .map(|(n, dt, shape, bytes)| (n.clone(), TensorView::new(*dt, shape.clone(), bytes).expect("sizes match")))
         .collect();
-    let data = safetensors::serialize(views, Some(meta))
-        .map_err(|e| CheckpointError::Format { path: p.clone(), reason: e.to_string() })?;
+    write_views_atomic(views, meta, path)
+}
+
+/// Serialises `views` and `meta` to a temporary file beside `path`, syncs it and renames it to `path`
+/// (then syncs the directory, where the filesystem allows). Streams the tensors: no copy of the whole
+/// file in memory.
+fn write_views_atomic(
+    views: Vec<(String, TensorView<'_>)>,
+    meta: HashMap<String, String>,
+    path: &Path,
+) -> Result<(), CheckpointError> {
+    let p = path.display().to_string();
+    let io = |source| CheckpointError::Io { path: p.clone(), source };
     let tmp = path.with_extension("safetensors.tmp");
-    {
-        let mut f = std::fs::File::create(&tmp).map_err(io)?;
-        f.write_all(&data).map_err(io)?;
-        f.sync_all().map_err(io)?;
+    let written = safetensors::serialize_to_file(views, Some(meta), &tmp).map_err(|e| match e {
+        safetensors::SafeTensorError::IoError(source) => {
+            CheckpointError::Io { path: tmp.display().to_string(), source }
+        }
+        e => CheckpointError::Format { path: p.clone(), reason: e.to_string() },
+    });
+    if let Err(e) = written {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
     }
+    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
         && let Ok(d) = std::fs::File::open(dir)
@@ -138,22 +179,188 @@ pub fn write_tensors(
     Ok(())
 }
 
-/// The tensors of `path` whose names start with `prefix`, as CPU tensors in their stored dtype.
-pub fn read_tensors(path: &Path, prefix: &str) -> Result<Vec<(String, Tensor)>, CheckpointError> {
-    let p = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io { path: p.clone(), source })?;
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| CheckpointError::Format { path: p.clone(), reason: e.to_string() })?;
-    let mut out = Vec::new();
-    for name in st.names() {
-        if !name.starts_with(prefix) {
-            continue;
-        }
-        let view = st.tensor(name).map_err(|e| CheckpointError::Format { path: p.clone(), reason: e.to_string() })?;
-        out.push((name.to_string(), tensor_of(&view, name, &p)?));
+/// A checkpoint file read once: its bytes (`B`: a `Vec<u8>` from [`Checkpoint::read`], or a memory
+/// map from [`Checkpoint::from_bytes`]), whose header was checked, and its metadata. Every method
+/// answers from these bytes; a memory-mapped file is only read where its tensors are used (loading
+/// the weights of a training checkpoint leaves its optimiser moments on disk).
+pub struct Checkpoint<B = Vec<u8>> {
+    path: PathBuf,
+    bytes: B,
+    meta: HashMap<String, String>,
+}
+
+impl<B> std::fmt::Debug for Checkpoint<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Checkpoint").field("path", &self.path).field("kind", &self.meta.get("kind")).finish()
     }
-    out.sort_by(|a, b| a.0.cmp(&b.0));
-    Ok(out)
+}
+
+impl Checkpoint<Vec<u8>> {
+    /// Reads `path` into memory, once.
+    pub fn read(path: &Path) -> Result<Self, CheckpointError> {
+        let bytes =
+            std::fs::read(path).map_err(|source| CheckpointError::Io { path: path.display().to_string(), source })?;
+        Self::from_bytes(path, bytes)
+    }
+}
+
+impl<B: AsRef<[u8]>> Checkpoint<B> {
+    /// A checkpoint from the whole content of the file `path` (which only names it in errors): checks
+    /// that it is a safetensors file whose sizes add up, with `format` = [`FORMAT`].
+    pub fn from_bytes(path: &Path, bytes: B) -> Result<Self, CheckpointError> {
+        let p = path.display().to_string();
+        let (_, header) = SafeTensors::read_metadata(bytes.as_ref())
+            .map_err(|e| CheckpointError::Format { path: p.clone(), reason: e.to_string() })?;
+        let meta = header.metadata().clone().unwrap_or_default();
+        check_format(&meta, &p)?;
+        Ok(Self { path: path.to_path_buf(), bytes, meta })
+    }
+
+    /// The file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The string metadata (config included).
+    pub fn metadata(&self) -> &HashMap<String, String> {
+        &self.meta
+    }
+
+    /// The `kind` metadata: [`WEIGHTS_KIND`] for a weights-only file, the trainer's kind for a
+    /// training state, `None` for a file written without one.
+    pub fn kind(&self) -> Option<&str> {
+        self.meta.get("kind").map(String::as_str)
+    }
+
+    /// Whether the file is a weights-only export.
+    pub fn is_weights_only(&self) -> bool {
+        self.kind() == Some(WEIGHTS_KIND)
+    }
+
+    /// The model config stored in the metadata.
+    pub fn config(&self) -> Result<ModelConfig, CheckpointError> {
+        config_of(&self.meta, &self.p())
+    }
+
+    fn p(&self) -> String {
+        self.path.display().to_string()
+    }
+
+    fn tensors_view(&self) -> Result<SafeTensors<'_>, CheckpointError> {
+        SafeTensors::deserialize(self.bytes.as_ref())
+            .map_err(|e| CheckpointError::Format { path: self.p(), reason: e.to_string() })
+    }
+
+    /// Every tensor name, sorted.
+    pub fn names(&self) -> Result<Vec<String>, CheckpointError> {
+        let mut names: Vec<String> = self.tensors_view()?.names().into_iter().map(str::to_string).collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Copies the weights into `vs`, after checking that the stored config equals `cfg` (the attention
+    /// implementation excepted: it does not change the weights) and every variable's shape. Tensors
+    /// of the file that are no variable of `vs` (optimiser moments) are not read.
+    pub fn load_into(&self, vs: &mut VarStore, cfg: &ModelConfig) -> Result<(), CheckpointError> {
+        let p = self.p();
+        let found = self.config()?;
+        let ignore_impl = ModelConfig { attn_impl: cfg.attn_impl, ..found };
+        if let Some((field, found, expected)) = config_diff(&ignore_impl, cfg) {
+            return Err(CheckpointError::ConfigMismatch { path: p, field, found, expected });
+        }
+        let st = self.tensors_view()?;
+        let _guard = tch::no_grad_guard();
+        for (name, mut var) in vs.variables() {
+            let view = st
+                .tensor(&name)
+                .map_err(|_| CheckpointError::Format { path: p.clone(), reason: format!("missing tensor `{name}`") })?;
+            let shape: Vec<i64> = view.shape().iter().map(|&s| s as i64).collect();
+            if shape != var.size() {
+                return Err(CheckpointError::Format {
+                    path: p.clone(),
+                    reason: format!("tensor `{name}` has shape {shape:?}, the model has {:?}", var.size()),
+                });
+            }
+            let t = tensor_of(&view, &name, &p)?;
+            var.copy_(&t.to_kind(var.kind()).to_device(var.device()));
+        }
+        Ok(())
+    }
+
+    /// The tensors whose names start with `prefix`, as CPU tensors in their stored dtype, sorted by name.
+    pub fn tensors(&self, prefix: &str) -> Result<Vec<(String, Tensor)>, CheckpointError> {
+        let p = self.p();
+        let st = self.tensors_view()?;
+        let mut out = Vec::new();
+        for name in st.names() {
+            if !name.starts_with(prefix) {
+                continue;
+            }
+            let view =
+                st.tensor(name).map_err(|e| CheckpointError::Format { path: p.clone(), reason: e.to_string() })?;
+            out.push((name.to_string(), tensor_of(&view, name, &p)?));
+        }
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        Ok(out)
+    }
+
+    /// Writes the tensors for which `keep(name)` holds, byte for byte in their stored dtype, to `out`
+    /// atomically, with `meta` as metadata plus this file's `format`, `format_version`, `config` and
+    /// `variant`, and `kind` = [`WEIGHTS_KIND`] (whatever `meta` says). Refuses `out` = this file.
+    /// Returns the number of tensors written.
+    pub fn export(
+        &self,
+        out: &Path,
+        keep: &dyn Fn(&str) -> bool,
+        mut meta: HashMap<String, String>,
+    ) -> Result<usize, CheckpointError> {
+        let same = match (std::fs::canonicalize(&self.path), std::fs::canonicalize(out)) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => false,
+        };
+        if same {
+            return Err(CheckpointError::Refused {
+                path: out.display().to_string(),
+                reason: "the export would overwrite the checkpoint it reads; choose another output file".into(),
+            });
+        }
+        let st = self.tensors_view()?;
+        let mut views: Vec<(String, TensorView<'_>)> =
+            st.tensors().into_iter().filter(|(name, _)| keep(name)).collect();
+        views.sort_by(|a, b| a.0.cmp(&b.0));
+        for key in ["format", "format_version", "config", "variant"] {
+            if let Some(v) = self.meta.get(key) {
+                meta.insert(key.to_string(), v.clone());
+            }
+        }
+        meta.insert("kind".into(), WEIGHTS_KIND.into());
+        let n = views.len();
+        write_views_atomic(views, meta, out)?;
+        Ok(n)
+    }
+}
+
+fn check_format(meta: &HashMap<String, String>, p: &str) -> Result<(), CheckpointError> {
+    if meta.get("format").map(String::as_str) != Some(FORMAT) {
+        return Err(CheckpointError::Format {
+            path: p.to_string(),
+            reason: format!("metadata `format` is not `{FORMAT}`"),
+        });
+    }
+    Ok(())
+}
+
+fn config_of(meta: &HashMap<String, String>, p: &str) -> Result<ModelConfig, CheckpointError> {
+    let text = meta
+        .get("config")
+        .ok_or_else(|| CheckpointError::Format { path: p.to_string(), reason: "no `config` in the metadata".into() })?;
+    ModelConfig::from_toml(text).map_err(|e| CheckpointError::Format { path: p.to_string(), reason: e.to_string() })
+}
+
+/// The tensors of `path` whose names start with `prefix`, as CPU tensors in their stored dtype (one
+/// read of the file; see [`Checkpoint::tensors`]).
+pub fn read_tensors(path: &Path, prefix: &str) -> Result<Vec<(String, Tensor)>, CheckpointError> {
+    Checkpoint::read(path)?.tensors(prefix)
 }
 
 fn tensor_of(view: &TensorView<'_>, name: &str, p: &str) -> Result<Tensor, CheckpointError> {
@@ -173,27 +380,39 @@ fn tensor_of(view: &TensorView<'_>, name: &str, p: &str) -> Result<Tensor, Check
     Ok(Tensor::from_data_size(view.data(), &shape, kind))
 }
 
-/// Reads the metadata of a checkpoint (config included) without loading the weights.
+/// Reads the metadata of a checkpoint (config included) from its header alone: the first `8 + n`
+/// bytes (`n` the header's length), not the tensors.
 pub fn read_metadata(path: &Path) -> Result<HashMap<String, String>, CheckpointError> {
     let p = path.display().to_string();
-    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io { path: p.clone(), source })?;
-    let (_, meta) = SafeTensors::read_metadata(&bytes)
-        .map_err(|e| CheckpointError::Format { path: p.clone(), reason: e.to_string() })?;
-    let meta = meta.metadata().clone().unwrap_or_default();
-    if meta.get("format").map(String::as_str) != Some(FORMAT) {
-        return Err(CheckpointError::Format { path: p, reason: format!("metadata `format` is not `{FORMAT}`") });
+    let io = |source| CheckpointError::Io { path: p.clone(), source };
+    let format = |reason: String| CheckpointError::Format { path: p.clone(), reason };
+    let mut f = std::fs::File::open(path).map_err(io)?;
+    let file_len = f.metadata().map_err(io)?.len();
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).map_err(|e| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => format(format!("{file_len} bytes, too short for a safetensors header")),
+        _ => io(e),
+    })?;
+    let n = u64::from_le_bytes(len);
+    if n > MAX_HEADER_BYTES || n > file_len.saturating_sub(8) {
+        return Err(format(format!("header length {n} does not fit a file of {file_len} bytes")));
     }
+    let mut header = vec![0u8; n as usize];
+    f.read_exact(&mut header).map_err(io)?;
+    let json: serde_json::Value =
+        serde_json::from_slice(&header).map_err(|e| format(format!("the header is not JSON: {e}")))?;
+    let meta: HashMap<String, String> = match json.get("__metadata__") {
+        None => HashMap::new(),
+        Some(m) => serde_json::from_value(m.clone())
+            .map_err(|e| format(format!("`__metadata__` is not a map of strings: {e}")))?,
+    };
+    check_format(&meta, &p)?;
     Ok(meta)
 }
 
-/// The model config stored in a checkpoint.
+/// The model config stored in a checkpoint (from its header alone, as [`read_metadata`]).
 pub fn read_config(path: &Path) -> Result<ModelConfig, CheckpointError> {
-    let meta = read_metadata(path)?;
-    let p = path.display().to_string();
-    let text = meta
-        .get("config")
-        .ok_or_else(|| CheckpointError::Format { path: p.clone(), reason: "no `config` in the metadata".into() })?;
-    ModelConfig::from_toml(text).map_err(|e| CheckpointError::Format { path: p, reason: e.to_string() })
+    config_of(&read_metadata(path)?, &path.display().to_string())
 }
 
 /// The first field where two configs differ, as `(field, a's value, b's value)`.
@@ -210,31 +429,10 @@ pub fn config_diff(a: &ModelConfig, b: &ModelConfig) -> Option<(String, String, 
 }
 
 /// Loads the weights of `path` into `vs`, after checking that its config equals `cfg` (the
-/// attention implementation excepted: it does not change the weights). Returns the metadata.
+/// attention implementation excepted: it does not change the weights). Returns the metadata. Reads
+/// the file once ([`Checkpoint::read`], [`Checkpoint::load_into`]).
 pub fn load(vs: &mut VarStore, cfg: &ModelConfig, path: &Path) -> Result<HashMap<String, String>, CheckpointError> {
-    let p = path.display().to_string();
-    let found = read_config(path)?;
-    let ignore_impl = ModelConfig { attn_impl: cfg.attn_impl, ..found };
-    if let Some((field, found, expected)) = config_diff(&ignore_impl, cfg) {
-        return Err(CheckpointError::ConfigMismatch { path: p, field, found, expected });
-    }
-    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io { path: p.clone(), source })?;
-    let st = SafeTensors::deserialize(&bytes)
-        .map_err(|e| CheckpointError::Format { path: p.clone(), reason: e.to_string() })?;
-    let _guard = tch::no_grad_guard();
-    for (name, mut var) in vs.variables() {
-        let view = st
-            .tensor(&name)
-            .map_err(|_| CheckpointError::Format { path: p.clone(), reason: format!("missing tensor `{name}`") })?;
-        let shape: Vec<i64> = view.shape().iter().map(|&s| s as i64).collect();
-        if shape != var.size() {
-            return Err(CheckpointError::Format {
-                path: p.clone(),
-                reason: format!("tensor `{name}` has shape {shape:?}, the model has {:?}", var.size()),
-            });
-        }
-        let t = tensor_of(&view, &name, &p)?;
-        var.copy_(&t.to_kind(var.kind()).to_device(var.device()));
-    }
-    read_metadata(path)
+    let ckpt = Checkpoint::read(path)?;
+    ckpt.load_into(vs, cfg)?;
+    Ok(ckpt.meta)
 }

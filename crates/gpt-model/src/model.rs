@@ -310,8 +310,10 @@ impl Gpt {
     }
 
     /// Generates `max_new` tokens after `prompt` (one sequence) with the KV cache; greedy when
-    /// `temperature` is `None`, else sampled from `softmax(logits / temperature)` with tch's RNG
-    /// (seed it with `tch::manual_seed`).
+    /// `temperature` is `None`, else sampled from `softmax(logits / temperature)` with libtorch's
+    /// process-wide generator (seed it through [`with_seed`], never a bare `tch::manual_seed`, which
+    /// races other threads). For batches, top-k / top-p, stop tokens and a generator of its own per
+    /// sequence, see [`Gpt::generate_batch`].
     pub fn generate(
         &self,
         prompt: &[i64],
@@ -340,6 +342,249 @@ impl Gpt {
             next_in = Tensor::from_slice(&[tok_id]).to_device(device).unsqueeze(0);
         }
         Ok(out)
+    }
+
+    /// Continues every prompt of `prompts` (token ids, all of one length: the model has no padding
+    /// mask, so a caller groups its prompts by length) by up to `opts.max_new` tokens, in one batch
+    /// with the KV cache. Row `r` draws from its own generator seeded with `seeds[r]`
+    /// ([`SampleRng`]), so its tokens depend on its prompt, its seed and `opts` only, not on the other
+    /// rows (up to the rounding of a batched forward) nor on any other thread. A row stops at the
+    /// first token of `opts.stop` (not included in its output); finished rows leave the batch.
+    ///
+    /// Ids must lie in `0..vocab_size`; sampling is over the real vocabulary (never a padding id).
+    pub fn generate_batch(
+        &self,
+        prompts: &[Vec<i64>],
+        seeds: &[u64],
+        opts: &GenerateOptions,
+    ) -> Result<Vec<Generation>, ModelError> {
+        opts.sampling.validate()?;
+        let Some(first) = prompts.first() else { return Ok(Vec::new()) };
+        if seeds.len() != prompts.len() {
+            return Err(ModelError::Input(format!("{} prompts but {} seeds", prompts.len(), seeds.len())));
+        }
+        let t0 = first.len();
+        if t0 == 0 {
+            return Err(ModelError::Input("generation needs a non-empty prompt".into()));
+        }
+        if let Some(p) = prompts.iter().find(|p| p.len() != t0) {
+            return Err(ModelError::Input(format!(
+                "a batch of prompts must share one length (the model has no padding mask): {t0} and {} tokens",
+                p.len()
+            )));
+        }
+        let v = self.cfg.vocab_size as i64;
+        if let Some(bad) = prompts.iter().flatten().find(|&&id| !(0..v).contains(&id)) {
+            return Err(ModelError::Input(format!("token id {bad} is outside the vocabulary 0..{v}")));
+        }
+        let device = self.wte.device();
+        let _guard = tch::no_grad_guard();
+        let mut rngs: Vec<SampleRng> = seeds.iter().map(|&s| SampleRng::new(s)).collect();
+        let mut out: Vec<Generation> = prompts.iter().map(|_| Generation::default()).collect();
+        // `live[i]`: the prompt index of batch row i (rows leave the batch as they stop).
+        let mut live: Vec<usize> = (0..prompts.len()).collect();
+        let flat: Vec<i64> = prompts.iter().flatten().copied().collect();
+        let mut next_in = Tensor::from_slice(&flat).view([prompts.len() as i64, t0 as i64]).to_device(device);
+        let mut cache = KvCache::default();
+        let mut logits_row = Vec::new();
+        for _ in 0..opts.max_new {
+            let logits = self.forward_cached(&next_in, &mut cache, &opts.forward)?; // (B, T, V_pad)
+            let last = logits.select(1, -1).narrow(-1, 0, v).to_kind(Kind::Float).to_device(Device::Cpu);
+            let last: Vec<f32> = Vec::try_from(last.reshape([-1]))
+                .map_err(|e| ModelError::Input(format!("reading the logits back: {e}")))?;
+            let mut keep = Vec::with_capacity(live.len());
+            let mut next = Vec::with_capacity(live.len());
+            for (row, &r) in live.iter().enumerate() {
+                logits_row.clear();
+                logits_row.extend_from_slice(&last[row * v as usize..(row + 1) * v as usize]);
+                let tok = opts.sampling.pick(&mut logits_row, &mut rngs[r])? as i64;
+                if opts.stop.contains(&tok) {
+                    out[r].stopped = true;
+                    continue;
+                }
+                out[r].tokens.push(tok);
+                keep.push(row as i64);
+                next.push(tok);
+            }
+            if next.is_empty() {
+                break;
+            }
+            if keep.len() < live.len() {
+                let idx = Tensor::from_slice(&keep).to_device(device);
+                cache.retain_rows(&idx);
+                live = keep.iter().map(|&row| live[row as usize]).collect();
+            }
+            next_in = Tensor::from_slice(&next).view([next.len() as i64, 1]).to_device(device);
+        }
+        Ok(out)
+    }
+}
+
+impl KvCache {
+    /// Keeps the batch rows `idx` (int64 indices on the cache's device) of every layer.
+    fn retain_rows(&mut self, idx: &Tensor) {
+        for l in &mut self.layers {
+            l.k = l.k.take().map(|k| k.index_select(0, idx));
+            l.v = l.v.take().map(|v| v.index_select(0, idx));
+        }
+    }
+}
+
+/// How [`Gpt::generate_batch`] picks each next token from the logits over the real vocabulary.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampling {
+    /// `0`: greedy (the most likely token, the lowest id on a tie; `top_k` and `top_p` are then
+    /// irrelevant). Otherwise tokens are drawn from `softmax(logits / temperature)`, restricted by
+    /// `top_k` then `top_p`.
+    pub temperature: f64,
+    /// Keep only the `k` most likely tokens (`None`: all).
+    pub top_k: Option<usize>,
+    /// Nucleus sampling: keep the smallest set of most likely tokens whose probability (after
+    /// `top_k`) reaches `p`, `p` in `(0, 1]` (`None` or 1: all).
+    pub top_p: Option<f64>,
+}
+
+impl Sampling {
+    /// Greedy decoding.
+    pub fn greedy() -> Self {
+        Self { temperature: 0.0, top_k: None, top_p: None }
+    }
+
+    /// Checks the ranges: temperature finite and `>= 0`, `top_k >= 1`, `top_p` in `(0, 1]`.
+    pub fn validate(&self) -> Result<(), ModelError> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(ModelError::Input(format!(
+                "temperature {} must be finite and >= 0 (0: greedy)",
+                self.temperature
+            )));
+        }
+        if self.top_k == Some(0) {
+            return Err(ModelError::Input("top-k 0 keeps no token; use k >= 1 (or none for all)".into()));
+        }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return Err(ModelError::Input(format!("top-p {p} must lie in (0, 1]")));
+        }
+        Ok(())
+    }
+
+    /// The next token from one row of logits (`logits` is used as scratch space).
+    fn pick(&self, logits: &mut [f32], rng: &mut SampleRng) -> Result<usize, ModelError> {
+        if logits.iter().any(|x| x.is_nan()) {
+            return Err(ModelError::Input("the model produced NaN logits".into()));
+        }
+        let argmax = |xs: &[f32]| {
+            let mut best = 0;
+            for (i, &x) in xs.iter().enumerate() {
+                if x > xs[best] {
+                    best = i;
+                }
+            }
+            best
+        };
+        if self.temperature == 0.0 {
+            return Ok(argmax(logits));
+        }
+        // Candidates, most likely first (ties by id), cut by top-k; scaled logits in f64.
+        let t = self.temperature;
+        let mut cand: Vec<(usize, f64)> = logits.iter().enumerate().map(|(i, &x)| (i, f64::from(x) / t)).collect();
+        let by_logit = |a: &(usize, f64), b: &(usize, f64)| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0));
+        let restrict = self.top_k.is_some_and(|k| k < cand.len()) || self.top_p.is_some_and(|p| p < 1.0);
+        if let Some(k) = self.top_k
+            && k < cand.len()
+        {
+            cand.select_nth_unstable_by(k - 1, by_logit);
+            cand.truncate(k);
+        }
+        if restrict {
+            cand.sort_unstable_by(by_logit);
+        }
+        let max = cand.iter().map(|c| c.1).fold(f64::NEG_INFINITY, f64::max);
+        if max.is_infinite() {
+            // An infinite logit dominates (or every logit is -inf): the most likely token.
+            return Ok(argmax(logits));
+        }
+        let mut probs: Vec<f64> = cand.iter().map(|c| (c.1 - max).exp()).collect();
+        let total: f64 = probs.iter().sum();
+        probs.iter_mut().for_each(|p| *p /= total);
+        let mut n = probs.len();
+        if let Some(top_p) = self.top_p
+            && top_p < 1.0
+        {
+            let mut acc = 0.0;
+            n = probs
+                .iter()
+                .position(|&p| {
+                    acc += p;
+                    acc >= top_p
+                })
+                .map_or(probs.len(), |i| i + 1);
+        }
+        let mass: f64 = probs[..n].iter().sum();
+        let mut u = rng.next_f64() * mass;
+        for (c, p) in cand[..n].iter().zip(&probs[..n]) {
+            if u < *p {
+                return Ok(c.0);
+            }
+            u -= p;
+        }
+        Ok(cand[n - 1].0) // rounding left `u` just past the last candidate
+    }
+}
+
+/// [`Gpt::generate_batch`]'s settings.
+#[derive(Clone, Debug)]
+pub struct GenerateOptions {
+    /// New tokens per prompt, at most.
+    pub max_new: usize,
+    /// Greedy or sampled, and how.
+    pub sampling: Sampling,
+    /// Token ids that end a row (e.g. the tokenizer's end-of-text); not included in the output.
+    pub stop: Vec<i64>,
+    /// RoPE scaling and post-hoc re-weighting (see [`ForwardOptions`]).
+    pub forward: ForwardOptions,
+}
+
+/// One prompt's continuation from [`Gpt::generate_batch`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Generation {
+    /// The new tokens (without the prompt, without the stop token).
+    pub tokens: Vec<i64>,
+    /// Whether a stop token ended it (else it ran to `max_new`).
+    pub stopped: bool,
+}
+
+/// The generator of one sampled sequence: SplitMix64 (Steele, Lea and Flood, 2014), a 64-bit state
+/// stepped by a constant and mixed; the same seed gives the same stream on every platform, with no
+/// global state.
+#[derive(Clone, Debug)]
+pub struct SampleRng(u64);
+
+impl SampleRng {
+    /// A generator seeded with `seed`.
+    pub fn new(seed: u64) -> Self {
+        Self(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A uniform draw from `[0, 1)` (53 bits).
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+
+    /// A uniform draw from `lo..hi` (`lo < hi`; the modulo bias is below `(hi - lo) / 2^64`).
+    pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        assert!(lo < hi, "empty range {lo}..{hi}");
+        lo + self.next_u64() % (hi - lo)
     }
 }
 
