@@ -19,6 +19,8 @@ pub mod dist;
 pub mod eval;
 pub mod launch;
 pub mod optim;
+pub mod sample;
+pub mod tasks;
 pub mod train;
 
 /// The git revision of the working tree (`-dirty` when it has tracked changes), or `unknown`, as it
