@@ -25,28 +25,65 @@
 //!
 //! # continue a run exactly where its last checkpoint left it
 //! trainer train --config my.toml --resume latest
+//!
+//! # the shipped configs: CPU smoke size, one GPU, the paper's recipe (configs/)
+//! trainer train --config configs/small.toml --out-dir runs/small
+//! trainer train --config configs/gpu.toml
+//! torchrun --standalone --nproc-per-node=8 --no-python target/release/trainer train --config configs/paper.toml
+//!
+//! # text from any checkpoint (KV cache; --temperature 0 is greedy; the same --seed, the same text)
+//! trainer sample --checkpoint runs/lssar/ckpt_00000600.safetensors --prompt "The king said" \
+//!     --max-tokens 100 --temperature 0.8 --top-p 0.95 --seed 1
+//! trainer sample --checkpoint C --prompts prompts.txt --json        # one prompt per line, batched
+//! trainer sample --checkpoint C --prompt "..." --reweight 15        # post-hoc LSSAR p = 15
+//! trainer sample --checkpoint C --prompt "..." --max-tokens 400 --length-scale 4   # 4 x T_train, NTK RoPE
+//!
+//! # weights only (no optimiser moments: about a third of a training checkpoint), for eval and sample
+//! trainer export --checkpoint runs/lssar/ckpt_00000600.safetensors --out lssar.safetensors
+//!
+//! # downstream multiple choice (any of arc_easy, arc_challenge, hellaswag, piqa, sciq, mmlu .jsonl
+//! # in DIR) and passkey retrieval, one JSON; --lengths adds the validation loss beside them
+//! trainer eval --checkpoint lssar.safetensors --tasks data/mc --passkey --passkey-lengths 1,2,4 --rope ntk
+//! trainer eval --checkpoint lssar.safetensors --tasks data/mc --lengths 1,4 --reweight 15 --out eval.json
 //! ```
 //!
 //! Outputs in `out_dir`: `config.toml` (the resolved config), `metrics.jsonl` (one line per step),
 //! `ckpt_<step>.safetensors` (model, optimiser moments, step, data position; the last `keep_last`
 //! kept), `result.json` (format-tagged summary with the per-length losses). `eval` prints its JSON and
-//! writes it with `--out`.
+//! writes it with `--out`: `format` = `lssa-eval`, `format_version` = 1, `lengths` (the validation
+//! loss; empty when only --tasks / --passkey were asked), and `tasks` / `passkey` when asked.
+//! `sample --json` prints `format` = `lssa-sample`.
+//!
+//! `eval`, `sample` and `export` read a checkpoint once, memory-mapped, and accept both kinds: a
+//! training state (`ckpt_*.safetensors`) and a weights-only export; `train --resume` needs the
+//! former. The tokenizer is the one the checkpoint records: GPT-2, or the `tokenizer.json` of its
+//! training data directory (`--data-dir` points elsewhere: a shard directory or any directory
+//! holding that `tokenizer.json`).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use clap::{Parser, Subcommand};
-use gpt_model::model::Gpt;
+use gpt_model::checkpoint::WEIGHTS_KIND;
+use gpt_model::model::{Gpt, Sampling};
 use serde::Serialize;
-use trainer::config::TrainConfig;
+use trainer::config::{DeviceChoice, TrainConfig};
 use trainer::data::loader::validation_tokens;
 use trainer::eval::{self, LengthLoss, Rope};
+use trainer::sample::{self as sampling, SampleOptions};
+use trainer::tasks::{self, ModelScorer, PasskeyOptions, PasskeyResult, Scores};
 use trainer::train::{self, RunOptions};
 
 /// Format tag and version of `result.json` and `eval` output.
 const RESULT_FORMAT: &str = "lssa-train-result";
 const EVAL_FORMAT: &str = "lssa-eval";
+const SAMPLE_FORMAT: &str = "lssa-sample";
 const FORMAT_VERSION: u32 = 1;
+/// Prefix of the optimiser moments in a training checkpoint (`trainer::optim::AdamW::state`).
+const OPTIM_PREFIX: &str = "optim.";
+/// `eval --lengths` when no section is asked for.
+const DEFAULT_LENGTHS: [usize; 5] = [1, 2, 4, 8, 16];
 
 #[derive(Parser, Debug)]
 #[command(name = "trainer", about = "Train and evaluate GPT-2 with Softplus/LSSA/LSSAR or any attention variant")]
@@ -59,8 +96,13 @@ struct Cli {
 enum Cmd {
     /// Train (one process, or every rank of a torchrun / --nproc-per-node launch).
     Train(TrainArgs),
-    /// Validation loss of a checkpoint at several multiples of its training length.
+    /// Validation loss of a checkpoint at several multiples of its training length, downstream
+    /// multiple choice (--tasks) and passkey retrieval (--passkey), as one JSON.
     Eval(EvalArgs),
+    /// Text from a checkpoint: continue a prompt (or a file of prompts) with the KV cache.
+    Sample(SampleArgs),
+    /// Write the weights of a checkpoint alone (no optimiser state), for eval and sample.
+    Export(ExportArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -93,19 +135,23 @@ struct TrainArgs {
 
 #[derive(clap::Args, Debug)]
 struct EvalArgs {
-    /// The checkpoint (its config and tokenizer are read from it).
+    /// The checkpoint, a training state or a weights-only export (its config and tokenizer are read
+    /// from it).
     #[arg(long)]
     checkpoint: PathBuf,
-    /// Shard directory for the validation tokens (default: the checkpoint's training data_dir).
+    /// Shard directory for the validation tokens and the tokenizer (default: the checkpoint's
+    /// training data_dir); for the tokenizer alone, any directory holding its tokenizer.json.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// Multiples of the training length.
-    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
-    lengths: Vec<usize>,
-    /// RoPE at long lengths: ntk, plain or both.
-    #[arg(long, default_value = "both")]
-    rope: String,
-    /// Post-hoc re-weighting powers to apply (none: the trained variant only).
+    /// Multiples of the training length for the validation loss [default: 1,2,4,8,16 unless --tasks
+    /// or --passkey is given, which then skip the loss unless --lengths is given too].
+    #[arg(long, value_delimiter = ',')]
+    lengths: Option<Vec<usize>>,
+    /// RoPE at long lengths.
+    #[arg(long, value_enum, default_value_t = RopeChoice::Both)]
+    rope: RopeChoice,
+    /// Post-hoc re-weighting powers to apply, in every section asked for (none: the trained variant
+    /// only).
     #[arg(long, value_delimiter = ',')]
     reweight: Vec<u32>,
     /// Validation tokens scored at every length (trimmed to a multiple of the longest length).
@@ -117,6 +163,142 @@ struct EvalArgs {
     /// Also write the JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Score the multiple-choice files of this directory (arc_easy, arc_challenge, hellaswag, piqa,
+    /// sciq, mmlu `.jsonl`, any subset; see trainer::tasks) zero-shot, as lm-evaluation-harness does.
+    #[arg(long, value_name = "DIR")]
+    tasks: Option<PathBuf>,
+    /// Passkey retrieval with greedy decoding (see trainer::tasks).
+    #[arg(long)]
+    passkey: bool,
+    /// Passkey prompt lengths, multiples of the training length (lengths too short for the prompt's
+    /// fixed text are skipped and reported).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16", requires = "passkey")]
+    passkey_lengths: Vec<usize>,
+    /// Depths of the passkey in the filler (0: start, 1: end).
+    #[arg(long, value_delimiter = ',', default_value = "0,0.25,0.5,0.75,1", requires = "passkey")]
+    passkey_depths: Vec<f64>,
+    /// Passkey prompts per (length, depth).
+    #[arg(long, default_value_t = 4, requires = "passkey")]
+    passkey_prompts: usize,
+    /// Seed of the passkey prompts.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Where to run.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    device: DeviceArg,
+    /// CPU threads for libtorch (0: its default, all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+#[derive(clap::Args, Debug)]
+struct SampleArgs {
+    /// The checkpoint, a training state or a weights-only export.
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The text to continue (the end-of-text token is put before it, as before every training
+    /// document; `<|endoftext|>` alone samples unconditionally).
+    #[arg(long, required_unless_present = "prompts", conflicts_with = "prompts")]
+    prompt: Option<String>,
+    /// A file of prompts, one per line (blank lines skipped; `-` reads standard input), generated in
+    /// batches of prompts of equal token length.
+    #[arg(long, value_name = "FILE")]
+    prompts: Option<PathBuf>,
+    /// New tokens per prompt, at most (prompt + new tokens must fit the window, see --length-scale).
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// Softmax temperature; 0 is greedy decoding.
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    temperature: f64,
+    /// Sample among the k most likely tokens only.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Nucleus sampling: among the most likely tokens whose probability reaches p, in (0, 1].
+    #[arg(long, allow_negative_numbers = true)]
+    top_p: Option<f64>,
+    /// Seed: the same seed, checkpoint, prompts and options give the same text.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Keep generating after the end-of-text token (default: a prompt stops there).
+    #[arg(long)]
+    ignore_eot: bool,
+    /// Post-hoc re-weighting power p: the trained variant with `+rw p` at inference.
+    #[arg(long)]
+    reweight: Option<u32>,
+    /// The window as a multiple s >= 1 of the training length: prompt + new tokens may reach
+    /// s x T_train tokens (NTK-scaled RoPE at s > 1 unless --rope plain).
+    #[arg(long, default_value_t = 1.0)]
+    length_scale: f64,
+    /// RoPE when --length-scale > 1.
+    #[arg(long, value_enum, default_value_t = SampleRope::Ntk)]
+    rope: SampleRope,
+    /// Where the tokenizer is (default: the checkpoint's training data_dir; GPT-2 needs none): a shard
+    /// directory or any directory holding its tokenizer.json.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Most prompts per batched generation.
+    #[arg(long, default_value_t = 8)]
+    batch_size: usize,
+    /// Print one JSON document (format `lssa-sample`) instead of the text.
+    #[arg(long)]
+    json: bool,
+    /// Where to run.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    device: DeviceArg,
+    /// CPU threads for libtorch (0: its default, all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+#[derive(clap::Args, Debug)]
+struct ExportArgs {
+    /// The checkpoint to read (a training state; a weights-only file is copied).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The weights-only file to write (atomically; replaced if it exists, never the checkpoint itself).
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// `sample --rope`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum SampleRope {
+    /// NTK-scaled base beyond the training length.
+    Ntk,
+    /// The training RoPE.
+    Plain,
+}
+
+/// `--device`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum DeviceArg {
+    /// The first GPU when CUDA works, else the CPU.
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// The first GPU (an error without CUDA).
+    Cuda,
+}
+
+impl From<DeviceArg> for DeviceChoice {
+    fn from(d: DeviceArg) -> Self {
+        match d {
+            DeviceArg::Auto => DeviceChoice::Auto,
+            DeviceArg::Cpu => DeviceChoice::Cpu,
+            DeviceArg::Cuda => DeviceChoice::Cuda,
+        }
+    }
+}
+
+/// `eval --rope`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum RopeChoice {
+    /// NTK-scaled beyond the training length.
+    Ntk,
+    /// Plain RoPE at every length.
+    Plain,
+    /// Both, one after the other.
+    Both,
 }
 
 #[derive(Serialize)]
@@ -146,12 +328,70 @@ struct EvalResult {
     variant: String,
     context_len: usize,
     lengths: Vec<LengthLoss>,
+    /// With --tasks: one row per re-weighting setting (the trained variant, then each --reweight).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tasks: Option<Vec<TasksRow>>,
+    /// With --passkey.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    passkey: Option<PasskeySection>,
+}
+
+#[derive(Serialize)]
+struct TasksRow {
+    reweight: Option<u32>,
+    dir: PathBuf,
+    /// Per task: the file and the scores.
+    scores: BTreeMap<String, TaskScore>,
+    /// The same in lm-evaluation-harness's layout.
+    lm_eval: serde_json::Value,
+}
+
+#[derive(Serialize)]
+struct TaskScore {
+    file: PathBuf,
+    #[serde(flatten)]
+    scores: Scores,
+}
+
+#[derive(Serialize)]
+struct PasskeySection {
+    options: PasskeyOptions,
+    /// One per (RoPE, re-weighting) setting.
+    results: Vec<PasskeyResult>,
+}
+
+#[derive(Serialize)]
+struct SampleResult<'a> {
+    format: &'static str,
+    format_version: u32,
+    git_revision: String,
+    command: String,
+    checkpoint: PathBuf,
+    variant: String,
+    context_len: usize,
+    settings: SampleSettings,
+    samples: &'a [sampling::Sample],
+}
+
+#[derive(Serialize)]
+struct SampleSettings {
+    max_tokens: usize,
+    temperature: f64,
+    top_k: Option<usize>,
+    top_p: Option<f64>,
+    seed: u64,
+    stop_at_eot: bool,
+    reweight: Option<u32>,
+    length_scale: f64,
+    rope: &'static str,
 }
 
 fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: a log piped to a file stays plain text.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     // What checkpoints and results record: the tree as it was when this command started.
     trainer::git_revision();
@@ -162,9 +402,16 @@ fn main() {
 }
 
 fn run() -> Result<()> {
-    match Cli::parse().command {
+    use clap::{CommandFactory, FromArgMatches};
+    // `--version` names the git revision too (the crate version alone says little in a clone).
+    let version: &'static str =
+        Box::leak(format!("{} (git {})", env!("CARGO_PKG_VERSION"), trainer::git_revision()).into_boxed_str());
+    let cli = Cli::from_arg_matches(&Cli::command().version(version).get_matches())?;
+    match cli.command {
         Cmd::Train(a) => train_cmd(a),
         Cmd::Eval(a) => eval_cmd(a),
+        Cmd::Sample(a) => sample_cmd(a),
+        Cmd::Export(a) => export_cmd(a),
     }
 }
 
@@ -229,6 +476,15 @@ fn train_cmd(a: TrainArgs) -> Result<()> {
         ),
         Some(p) => Some(PathBuf::from(p)),
     };
+    if let Some(p) = &resume
+        && let Ok(meta) = gpt_model::checkpoint::read_metadata(p)
+        && meta.get("kind").map(String::as_str) == Some(WEIGHTS_KIND)
+    {
+        bail!(
+            "--resume {}: a weights-only export (trainer export) holds no optimiser state or data position, so a run cannot resume from it; resume from a ckpt_*.safetensors of the run, or start a new run",
+            p.display()
+        );
+    }
     let opts = RunOptions { resume, progress: !a.no_progress, val_tokens: val.clone(), command: command_line() };
     let run = train::train(&cfg, &mut data, coll, &opts)?;
     if rank != 0 {
@@ -266,32 +522,115 @@ fn train_cmd(a: TrainArgs) -> Result<()> {
     Ok(())
 }
 
+fn set_threads(threads: usize) {
+    if threads > 0 {
+        tch::set_num_threads(threads as i32);
+    }
+}
+
 fn eval_cmd(a: EvalArgs) -> Result<()> {
-    let meta = gpt_model::checkpoint::read_metadata(&a.checkpoint)?;
-    let model_cfg = gpt_model::checkpoint::read_config(&a.checkpoint)?;
-    let data_dir = match (&a.data_dir, meta.get("train_config")) {
-        (Some(d), _) => d.clone(),
-        (None, Some(t)) => TrainConfig::from_toml_with_overrides(t, "checkpoint train_config", &[])?.data_dir,
-        (None, None) => bail!("{}: no training config in the checkpoint; pass --data-dir", a.checkpoint.display()),
+    set_threads(a.threads);
+    let ckpt = sampling::open_checkpoint(&a.checkpoint)?;
+    let meta = ckpt.metadata().clone();
+    let model_cfg = ckpt.config()?;
+    // The validation loss: asked with --lengths, or by default when no other section is.
+    let lengths_asked = match &a.lengths {
+        Some(l) => Some(l.clone()),
+        None if a.tasks.is_none() && !a.passkey => Some(DEFAULT_LENGTHS.to_vec()),
+        None => None,
     };
-    let ropes = match a.rope.as_str() {
-        "ntk" => vec![Rope::Ntk],
-        "plain" => vec![Rope::Plain],
-        "both" => vec![Rope::Ntk, Rope::Plain],
-        other => bail!("--rope {other}: expected ntk, plain or both"),
-    };
-    let device = train::pick_device(trainer::config::DeviceChoice::Auto, 0)?;
-    let mut vs = tch::nn::VarStore::new(device);
-    let model = Gpt::new(&vs.root(), &model_cfg)?;
-    gpt_model::checkpoint::load(&mut vs, &model_cfg, &a.checkpoint)?;
-    let val = validation_tokens(&data_dir, a.val_tokens + 1, meta.get("tokenizer").map(String::as_str))
-        .with_context(|| format!("reading the validation split of {}", data_dir.display()))?;
-    let mut lengths = Vec::new();
-    let powers: Vec<Option<u32>> = std::iter::once(None).chain(a.reweight.iter().map(|&p| Some(p))).collect();
-    for rope in &ropes {
-        for p in &powers {
-            lengths.extend(eval::multi_length(&model, &val, &a.lengths, *rope, *p, a.batch_tokens, device)?);
+    let data_dir = match (&lengths_asked, &a.data_dir, sampling::train_data_dir(&meta)?) {
+        (None, ..) => None,
+        (Some(_), Some(d), _) => Some(d.clone()),
+        (Some(_), None, Some(d)) => Some(d),
+        (Some(_), None, None) => {
+            bail!("{}: no training config in the checkpoint; pass --data-dir", a.checkpoint.display())
         }
+    };
+    if let Some(dir) = &a.tasks {
+        tasks::task_files(dir).context("--tasks")?; // a typo fails now, not after the loss
+    }
+    let ropes = match a.rope {
+        RopeChoice::Ntk => vec![Rope::Ntk],
+        RopeChoice::Plain => vec![Rope::Plain],
+        RopeChoice::Both => vec![Rope::Ntk, Rope::Plain],
+    };
+    let device = train::pick_device(a.device.into(), 0)?;
+    let (_vs, model) = sampling::load_model(&ckpt, device)?;
+    drop(ckpt);
+    let powers: Vec<Option<u32>> = std::iter::once(None).chain(a.reweight.iter().map(|&p| Some(p))).collect();
+    let mut lengths = Vec::new();
+    if let (Some(multiples), Some(data_dir)) = (&lengths_asked, &data_dir) {
+        let val = validation_tokens(data_dir, a.val_tokens + 1, meta.get("tokenizer").map(String::as_str))
+            .with_context(|| format!("reading the validation split of {}", data_dir.display()))?;
+        for rope in &ropes {
+            for p in &powers {
+                lengths.extend(eval::multi_length(&model, &val, multiples, *rope, *p, a.batch_tokens, device)?);
+            }
+        }
+    }
+    let tokenizer = if a.tasks.is_some() || a.passkey {
+        Some(sampling::tokenizer_for(&meta, &a.checkpoint, a.data_dir.as_deref())?)
+    } else {
+        None
+    };
+    let mut task_rows = None;
+    if let (Some(dir), Some(tok)) = (&a.tasks, &tokenizer) {
+        let mut rows = Vec::new();
+        for p in &powers {
+            let mut scorer = ModelScorer::new(&model, tok, device);
+            scorer.forward.reweight = *p;
+            let scored = tasks::score_dir(dir, &mut scorer)?;
+            for (task, _, s) in &scored {
+                eprintln!(
+                    "eval {task}{}: acc {:.4}, acc_norm {:.4} (n = {})",
+                    p.map(|p| format!(" (rw{p})")).unwrap_or_default(),
+                    s.acc,
+                    s.acc_norm,
+                    s.n
+                );
+            }
+            let pairs: Vec<(String, Scores)> = scored.iter().map(|(t, _, s)| (t.clone(), s.clone())).collect();
+            rows.push(TasksRow {
+                reweight: *p,
+                dir: dir.clone(),
+                lm_eval: tasks::lm_eval_json(&pairs),
+                scores: scored.into_iter().map(|(t, file, scores)| (t, TaskScore { file, scores })).collect(),
+            });
+        }
+        task_rows = Some(rows);
+    }
+    let mut passkey = None;
+    if let (true, Some(tok)) = (a.passkey, &tokenizer) {
+        ensure!(
+            a.passkey_depths.iter().all(|d| (0.0..=1.0).contains(d)),
+            "--passkey-depths must lie in [0, 1], got {:?}",
+            a.passkey_depths
+        );
+        let options = PasskeyOptions {
+            multiples: a.passkey_lengths.clone(),
+            depths: a.passkey_depths.clone(),
+            prompts: a.passkey_prompts,
+            seed: a.seed,
+            batch_tokens: a.batch_tokens,
+        };
+        let mut results = Vec::new();
+        for rope in &ropes {
+            for p in &powers {
+                let r = tasks::passkey(&model, tok, &options, *rope, *p)?;
+                for s in &r.skipped {
+                    eprintln!("eval passkey: skipped {s}");
+                }
+                eprintln!(
+                    "eval passkey ({}{}): {}",
+                    if *rope == Rope::Ntk { "ntk" } else { "plain" },
+                    p.map(|p| format!(", rw{p}")).unwrap_or_default(),
+                    r.example
+                );
+                results.push(r);
+            }
+        }
+        passkey = Some(PasskeySection { options, results });
     }
     let result = EvalResult {
         format: EVAL_FORMAT,
@@ -302,11 +641,97 @@ fn eval_cmd(a: EvalArgs) -> Result<()> {
         variant: model_cfg.attention.clone(),
         context_len: model_cfg.context_len,
         lengths,
+        tasks: task_rows,
+        passkey,
     };
     let json = serde_json::to_string_pretty(&result)?;
     println!("{json}");
     if let Some(out) = &a.out {
         std::fs::write(out, &json).with_context(|| format!("writing {}", out.display()))?;
     }
+    Ok(())
+}
+
+fn sample_cmd(a: SampleArgs) -> Result<()> {
+    set_threads(a.threads);
+    let prompts = match (&a.prompt, &a.prompts) {
+        (Some(p), _) => vec![p.clone()],
+        (None, Some(file)) => sampling::read_prompts(file)?,
+        (None, None) => bail!("give --prompt TEXT or --prompts FILE"),
+    };
+    let opts = SampleOptions {
+        max_tokens: a.max_tokens,
+        sampling: Sampling { temperature: a.temperature, top_k: a.top_k, top_p: a.top_p },
+        seed: a.seed,
+        stop_at_eot: !a.ignore_eot,
+        reweight: a.reweight,
+        length_scale: a.length_scale,
+        ntk: a.rope == SampleRope::Ntk,
+        batch_size: a.batch_size,
+    };
+    // The options are checked before the (slow) load: a bad flag fails at once.
+    opts.sampling.validate().map_err(|e| anyhow::anyhow!("{e}").context("sampling options"))?;
+    let device = train::pick_device(a.device.into(), 0)?;
+    let loaded = sampling::load(&a.checkpoint, a.data_dir.as_deref(), device)?;
+    let samples = sampling::sample(&loaded.model, &loaded.tokenizer, &prompts, &opts)?;
+    if a.json {
+        let result = SampleResult {
+            format: SAMPLE_FORMAT,
+            format_version: FORMAT_VERSION,
+            git_revision: trainer::git_revision(),
+            command: command_line(),
+            checkpoint: a.checkpoint.clone(),
+            variant: loaded.config.attention.clone(),
+            context_len: loaded.config.context_len,
+            settings: SampleSettings {
+                max_tokens: opts.max_tokens,
+                temperature: opts.sampling.temperature,
+                top_k: opts.sampling.top_k,
+                top_p: opts.sampling.top_p,
+                seed: opts.seed,
+                stop_at_eot: opts.stop_at_eot,
+                reweight: opts.reweight,
+                length_scale: opts.length_scale,
+                rope: if opts.ntk { "ntk" } else { "plain" },
+            },
+            samples: &samples,
+        };
+        println!("{}", serde_json::to_string_pretty(&result)?);
+    } else {
+        for (i, s) in samples.iter().enumerate() {
+            if i > 0 {
+                println!("---");
+            }
+            println!("{}{}", s.prompt, s.completion);
+        }
+    }
+    Ok(())
+}
+
+fn export_cmd(a: ExportArgs) -> Result<()> {
+    let ckpt = sampling::open_checkpoint(&a.checkpoint)?;
+    ckpt.config()?; // a file without a model config is no checkpoint of ours
+    let names = ckpt.names()?;
+    let optim = names.iter().filter(|n| n.starts_with(OPTIM_PREFIX)).count();
+    // What describes the model and where it came from stays; the resume state goes.
+    let mut meta = ckpt.metadata().clone();
+    for key in ["optim_t", "data_position", "world_size"] {
+        meta.remove(key);
+    }
+    if let Some(kind) = ckpt.kind().filter(|k| *k != WEIGHTS_KIND) {
+        meta.insert("exported_from_kind".into(), kind.to_string());
+    }
+    meta.insert("exported_from".into(), a.checkpoint.display().to_string());
+    meta.insert("export_git_revision".into(), trainer::git_revision());
+    let written = ckpt.export(&a.out, &|name: &str| !name.starts_with(OPTIM_PREFIX), meta)?;
+    let mib =
+        |p: &std::path::Path| std::fs::metadata(p).map(|m| m.len() as f64 / (1u64 << 20) as f64).unwrap_or(f64::NAN);
+    println!(
+        "trainer: wrote {} (weights only): {written} tensors, {:.1} MiB; left out {optim} optimiser tensors of {} ({:.1} MiB)",
+        a.out.display(),
+        mib(&a.out),
+        a.checkpoint.display(),
+        mib(&a.checkpoint)
+    );
     Ok(())
 }
