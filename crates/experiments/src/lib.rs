@@ -14,9 +14,10 @@
 //! - [`claims`]: the paper's headline claims (`defs/claims.toml`) and the Tables 1-3 ordering rule,
 //!   judged three-way from the runs.
 //! - [`stats`]: the bootstrap over seeds and validation spans, the verdict rule, the permutation test.
-//! - [`status`]: what is not implemented yet, said plainly.
+//! - [`status`]: every part of the paper covered, and any not implemented, said plainly.
 //! - [`downstream`]: lm-evaluation-harness-style multiple-choice scoring of user-supplied ARC, HellaSwag,
-//!   PIQA, SciQ and MMLU files (in progress: not yet wired to the model and the report).
+//!   PIQA, SciQ and MMLU files (`reproduce --downstream DIR`), in the report and in lm-eval's JSON.
+//! - [`progress`]: bars on a terminal, plain lines in a log.
 //! - [`retrieval`]: passkey and needle-in-a-haystack prompts of exact length and depth.
 //! - [`retrieval_eval`]: the retrieval experiment: passkey fine-tuning, greedy-decoding accuracy by
 //!   length and depth.
@@ -26,6 +27,7 @@
 pub mod claims;
 pub mod downstream;
 pub mod newton;
+pub mod progress;
 pub mod report;
 pub mod retrieval;
 pub mod retrieval_eval;

@@ -163,10 +163,7 @@ fn generated_data(out: &Path) -> Result<PathBuf> {
     Ok(dir)
 }
 
-/// Progress lines of the reproduction (stderr).
-pub(crate) fn say(line: &str) {
-    eprintln!("reproduce: {line}");
-}
+pub(crate) use crate::progress::say;
 
 /// The data directory (generated for the smoke scale), its shards, and the scale's training
 /// configuration pointed at them: what every run of `scale` under `out` starts from.
@@ -314,6 +311,7 @@ pub fn run_all(
     if jobs > 1 {
         say(&format!("{jobs} runs at a time"));
     }
+    let overall = crate::progress::overall(n_runs);
     let queue = std::sync::Mutex::new(runs.into_iter());
     let results = std::sync::Mutex::new(Vec::new());
     let done = std::sync::atomic::AtomicUsize::new(0);
@@ -338,6 +336,7 @@ pub fn run_all(
                         elapsed,
                         elapsed / done as f64 * (n_runs - done) as f64 / 60.0
                     ));
+                    overall.inc(1);
                     results.lock().expect("results").push(r);
                 }
                 Err(e) => {
@@ -355,6 +354,7 @@ pub fn run_all(
             s.spawn(worker);
         }
     });
+    overall.finish_and_clear();
     if let Some(e) = failures.into_inner().expect("failures").into_iter().next() {
         return Err(e);
     }
@@ -435,11 +435,26 @@ fn clear_training(dir: &Path) -> Result<()> {
 
 /// One training attempt of `cfg` (resuming from `resume`); returns the last step's loss and the
 /// mean tokens per second.
-fn train_attempt(cfg: &TrainConfig, resume: Option<PathBuf>, launch: &Launch, command: &str) -> Result<(f64, f64)> {
+fn train_attempt(
+    cfg: &TrainConfig,
+    resume: Option<PathBuf>,
+    launch: &Launch,
+    command: &str,
+    progress: &std::sync::Arc<crate::progress::Training>,
+) -> Result<(f64, f64)> {
     match launch {
         Launch::InProcess => {
             let mut data = ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, 0, 1, cfg.seed)?;
-            let opts = RunOptions { resume, progress: false, val_tokens: Vec::new(), command: command.into() };
+            let progress = progress.clone();
+            // The runner owns the directory: it resumes or clears it before calling.
+            let opts = RunOptions {
+                resume,
+                progress: false,
+                val_tokens: Vec::new(),
+                command: command.into(),
+                overwrite: true,
+                on_step: Some(train::StepHook(std::sync::Arc::new(move |m| progress.step(m)))),
+            };
             let run = train::train(cfg, &mut data, &Single, &opts)?;
             Ok((run.steps.last().map_or(f64::NAN, |s| s.loss), run.tokens_per_s))
         }
@@ -483,7 +498,13 @@ pub fn train_rank(config: &Path, resume: Option<PathBuf>) -> Result<()> {
     let coll = me.collective();
     let mut data = me.open_data(&cfg)?;
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let opts = RunOptions { resume, progress: false, val_tokens: Vec::new(), command };
+    // Rank 0's progress as plain lines on the launcher's stderr.
+    let progress = std::sync::Arc::new(crate::progress::Training::start(
+        &format!("{} (rank 0 of {})", cfg.model.attention, coll.world_size()),
+        cfg.max_steps,
+    ));
+    let on_step = Some(train::StepHook(std::sync::Arc::new(move |m| progress.step(m))));
+    let opts = RunOptions { resume, progress: false, val_tokens: Vec::new(), command, overwrite: true, on_step };
     let run = train::train(&cfg, &mut data, coll, &opts)?;
     if coll.rank() == 0 {
         let summary = serde_json::json!({
@@ -533,6 +554,8 @@ fn run_one(
         }
         Err(_) => None,
     };
+    let progress =
+        std::sync::Arc::new(crate::progress::Training::start(&format!("{} seed {seed_index}", cfg.model.attention), cfg.max_steps));
     if result.is_none() {
         // Checkpoints of another config (the scale was edited since) or of other code are not
         // continued: start over.
@@ -590,7 +613,7 @@ fn run_one(
             if resume.is_none() {
                 let _ = std::fs::remove_file(cfg.out_dir.join("metrics.jsonl"));
             }
-            match train_attempt(&attempt_cfg, resume, launch, command) {
+            match train_attempt(&attempt_cfg, resume, launch, command, &progress) {
                 Ok((loss, tokens_per_s)) => {
                     let note = (!diverged.is_empty())
                         .then(|| format!("diverged at {}; trained at lr {lr}", diverged.join(", ")));
@@ -632,6 +655,7 @@ fn run_one(
     if missing.is_empty() && missing_sinks.is_empty() {
         return Ok(result);
     }
+    progress.phase(&format!("evaluating ({} readings, {} sink measurements)", missing.len(), missing_sinks.len()));
     let ckpt = train::list_checkpoints(&cfg.out_dir)?.pop().context("no checkpoint to evaluate")?;
     let device = train::pick_device(cfg.device, 0)?;
     let mut vs = tch::nn::VarStore::new(device);

@@ -1,4 +1,4 @@
-//! Attention sinks (issue 9, in progress): per layer, the mean attention weight on the first key and
+//! Attention sinks: per layer, the mean attention weight on the first key and
 //! the mean entropy of attention rows, at any evaluation length, plus attention maps of single heads.
 //! Weights come from the model's own queries and keys ([`Gpt::forward_probed`]) through the reference
 //! weights of the variant (`torch_ops::weights`), in blocks of query rows so that long lengths fit.

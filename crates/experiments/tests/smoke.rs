@@ -74,6 +74,12 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
         std::fs::copy(fixtures.join(from), mc.join(to)).unwrap();
     }
     let first = reproduce_with(&out, &["--downstream", mc.to_str().unwrap()]);
+    // Off a terminal, every training logs plain progress lines (smoke: 6 steps, a line per step).
+    let log = String::from_utf8_lossy(&first.stderr);
+    for step in 1..=6 {
+        assert!(log.contains(&format!("reproduce: lssa+rw15 seed 0: step {step}/6, loss ")), "step {step}: {log}");
+    }
+    assert!(!log.contains('\u{1b}'), "colour codes in a log that is not a terminal");
     let report = std::fs::read_to_string(out.join("REPRODUCTION.md")).unwrap();
     // Downstream: every row scored on the three files, in the report and in lm-eval's layout.
     let row =

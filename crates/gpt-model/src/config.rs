@@ -9,8 +9,8 @@ use serde::{Deserialize, Serialize};
 pub enum AttnImpl {
     /// Plain tch ops with a materialised `T x T` weight matrix, autograd-native; every variant.
     Reference,
-    /// `attn-kernels` through the C++ autograd bridge: O(T·d) memory. Variants without a fused kernel,
-    /// and CUDA tensors until the CUDA kernels exist, fall back to `Reference` with a one-time warning.
+    /// `attn-kernels` through the C++ autograd bridge: O(T·d) memory, on the CPU and on CUDA. Variants
+    /// without a fused kernel fall back to `Reference` with a one-time warning.
     #[default]
     Fused,
 }

@@ -202,6 +202,17 @@ pub fn list_checkpoints(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// Called on rank 0 after every optimiser step with its metrics: how a caller that runs trainings
+/// (the experiment runner) shows their progress.
+#[derive(Clone)]
+pub struct StepHook(pub std::sync::Arc<dyn Fn(&StepMetrics) + Send + Sync>);
+
+impl std::fmt::Debug for StepHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StepHook")
+    }
+}
+
 /// Options of one [`train`] call besides the config.
 #[derive(Debug, Default)]
 pub struct RunOptions {
@@ -213,6 +224,11 @@ pub struct RunOptions {
     pub val_tokens: Vec<u16>,
     /// The command line, for the record.
     pub command: String,
+    /// Without `resume`, start over in an `out_dir` that holds checkpoints (they and `metrics.jsonl`
+    /// are removed first); without it, such a directory is refused, so nothing is lost by mistake.
+    pub overwrite: bool,
+    /// Called after every step on rank 0 (beside the bar of `progress`).
+    pub on_step: Option<StepHook>,
 }
 
 /// Trains `cfg` on `data`, evaluating on `opts.val_tokens`, averaging gradients through `coll`.
@@ -235,6 +251,27 @@ pub fn train(
     let autocast = cfg.bf16 && device.is_cuda();
     if autocast {
         gpt_model::runtime::use_bf16_autocast();
+    }
+    // Every rank refuses (so none waits on a rank 0 that stopped); rank 0 alone deletes.
+    if opts.resume.is_none() {
+        let old = list_checkpoints(&cfg.out_dir)?;
+        if !old.is_empty() && !opts.overwrite {
+            let names: Vec<String> =
+                old.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
+            bail!(
+                "{} already holds checkpoints ({}): continue the run with --resume latest, or start over with --overwrite (which deletes them)",
+                cfg.out_dir.display(),
+                names.join(", ")
+            );
+        }
+        for p in old.iter().chain(std::iter::once(&cfg.out_dir.join(METRICS_FILE))).filter(|_| rank == 0) {
+            match std::fs::remove_file(p) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(e).with_context(|| format!("removing {}", p.display()));
+                }
+                _ => {}
+            }
+        }
     }
     if rank == 0 {
         std::fs::create_dir_all(&cfg.out_dir).with_context(|| format!("creating {}", cfg.out_dir.display()))?;
@@ -265,7 +302,10 @@ pub fn train(
     let tokenizer = data.tokenizer_id();
     let flops_per_token = cfg.model.flops_per_token(cfg.model.context_len);
     let mut metrics_file = if rank == 0 {
-        let p = cfg.out_dir.join("metrics.jsonl");
+        let p = cfg.out_dir.join(METRICS_FILE);
+        // A resumed run continues the log from its checkpoint: the lines of steps after it (written
+        // before a crash or kill) are dropped, so every step appears once.
+        truncate_metrics(&p, step)?;
         let f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -364,6 +404,9 @@ pub fn train(
         } else if rank == 0 && (val_loss.is_some() || step.is_multiple_of(50) || step == 1) {
             tracing::info!(step, loss, lr, grad_norm, tokens_per_s, val_loss, "step");
         }
+        if let Some(hook) = opts.on_step.as_ref().filter(|_| rank == 0) {
+            (hook.0)(&m);
+        }
         steps.push(m);
         if rank == 0 && (is_last || (cfg.ckpt_every > 0 && step.is_multiple_of(cfg.ckpt_every))) {
             last_ckpt = save_state(&vs, &opt, cfg, step, data, world, &tokenizer, &opts.command)?;
@@ -408,6 +451,31 @@ fn save_state(
         }
     }
     Ok(path)
+}
+
+/// The per-step log in a run's `out_dir`: one [`StepMetrics`] JSON line per step.
+pub const METRICS_FILE: &str = "metrics.jsonl";
+
+/// Keeps the lines of `path` (a [`METRICS_FILE`]) up to step `last` and the complete lines only
+/// (a kill can leave the last one half written); atomically, and nothing when the file is absent.
+fn truncate_metrics(path: &Path, last: usize) -> Result<()> {
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
+    };
+    let mut kept = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
+        match serde_json::from_str::<StepMetrics>(line) {
+            Ok(m) if m.step <= last => kept.push_str(line),
+            _ => {}
+        }
+    }
+    if kept.len() != text.len() {
+        crate::data::shard::write_atomic(path, |w| w.write_all(kept.as_bytes()))
+            .with_context(|| format!("rewriting {}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// Loads model, optimiser and data position from `path`; returns the step to continue from.

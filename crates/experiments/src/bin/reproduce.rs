@@ -29,8 +29,8 @@ use experiments::{report, runner, scale::Scale, spec};
 #[derive(Parser, Debug)]
 #[command(name = "reproduce", about = "Reproduce the paper's tables and figures at one scale")]
 struct Cli {
-    /// smoke | small | gpu | paper
-    #[arg(long, default_value = "small")]
+    /// The scale (docs/GUIDE.md describes each).
+    #[arg(long, default_value = "small", value_parser = clap::builder::PossibleValuesParser::new(experiments::scale::SCALES))]
     scale: String,
     /// Results directory [default: runs/SCALE].
     #[arg(long)]
@@ -101,10 +101,17 @@ fn run() -> Result<()> {
     let mut scale = Scale::by_name(&cli.scale)?;
     if !cli.set.is_empty() {
         let name = format!("the {} scale with --set", scale.name);
-        let before = scale.train.data_dir.clone();
+        let before = scale.train.clone();
         scale.train = trainer::config::TrainConfig::from_toml_with_overrides(&scale.train.to_toml(), &name, &cli.set)?;
+        // What the runner sets per run cannot be overridden: refuse rather than ignore.
+        if scale.train.out_dir != before.out_dir {
+            bail!("--set out_dir: every run has its own directory under --out; give --out DIR instead");
+        }
+        if scale.train.model.attention != before.model.attention {
+            bail!("--set model.attention: every experiment sets its rows' variants; choose runs with --only instead");
+        }
         // `--set data_dir=DIR` trains on DIR instead of the scale's data.
-        if scale.train.data_dir != before {
+        if scale.train.data_dir != before.data_dir {
             scale.data = experiments::scale::Data::Shards(scale.train.data_dir.clone());
         }
     }

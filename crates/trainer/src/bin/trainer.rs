@@ -120,8 +120,12 @@ struct TrainArgs {
     #[arg(long)]
     out_dir: Option<PathBuf>,
     /// Resume from a checkpoint file, or `latest` (the newest in out_dir).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "overwrite")]
     resume: Option<String>,
+    /// Start over in an out_dir that holds checkpoints, deleting them and its metrics.jsonl
+    /// (without it or --resume, such a directory is refused).
+    #[arg(long)]
+    overwrite: bool,
     /// Spawn this many ranks on this machine (Gloo on CPU, NCCL on GPU) unless already launched.
     #[arg(long, default_value_t = 1)]
     nproc_per_node: usize,
@@ -485,7 +489,14 @@ fn train_cmd(a: TrainArgs) -> Result<()> {
             p.display()
         );
     }
-    let opts = RunOptions { resume, progress: !a.no_progress, val_tokens: val.clone(), command: command_line() };
+    let opts = RunOptions {
+        resume,
+        progress: !a.no_progress,
+        val_tokens: val.clone(),
+        command: command_line(),
+        overwrite: a.overwrite,
+        on_step: None,
+    };
     let run = train::train(&cfg, &mut data, coll, &opts)?;
     if rank != 0 {
         return Ok(());

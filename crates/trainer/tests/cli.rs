@@ -1,0 +1,176 @@
+//! The `trainer` binary as a user runs it: a repeated command and a kill lose nothing.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use gpt_model::config::{AttnImpl, ModelConfig};
+use trainer::config::{DeviceChoice, TrainConfig};
+use trainer::data::corpus::{self, BuildOptions, TokenizerChoice};
+
+const TRAINER: &str = env!("CARGO_BIN_EXE_trainer");
+
+/// Generated text tokenised by the real pipeline (a 320-token BPE) into `root/data`.
+fn data(root: &Path) -> PathBuf {
+    let text = root.join("text");
+    corpus::write_generated_text(&text, 4, 2000, 11).unwrap();
+    let dir = root.join("data");
+    let opts = BuildOptions { tokenizer: TokenizerChoice::Bpe { vocab_size: 320 }, ..BuildOptions::new(&dir) };
+    corpus::build(corpus::input_documents(&[text]).unwrap(), &opts).unwrap();
+    dir
+}
+
+/// A tiny run of `steps` steps into `root/out`, checkpointing every 10; its config file.
+fn config(root: &Path, name: &str, steps: usize) -> PathBuf {
+    let cfg = TrainConfig {
+        model: ModelConfig {
+            vocab_size: 320,
+            context_len: 32,
+            attn_impl: AttnImpl::Reference,
+            attention: "lssa+rw15".into(),
+            ..ModelConfig::preset("tiny").unwrap()
+        },
+        data_dir: root.join("data"),
+        out_dir: root.join(name),
+        batch_size: 2,
+        tokens_per_step: 2 * 32,
+        max_steps: steps,
+        warmup_steps: 2,
+        lr: 3e-3,
+        eval_every: 0,
+        eval_tokens: 256,
+        ckpt_every: 10,
+        keep_last: 2,
+        device: DeviceChoice::Cpu,
+        threads: 1,
+        ..TrainConfig::default()
+    };
+    let path = root.join(format!("{name}.toml"));
+    std::fs::write(&path, cfg.to_toml()).unwrap();
+    path
+}
+
+fn trainer(config: &Path, extra: &[&str]) -> Command {
+    let mut cmd = Command::new(TRAINER);
+    cmd.args(["train", "--no-progress", "--eval-lengths", "1", "--config"]).arg(config).args(extra);
+    cmd.env("RUST_LOG", "warn");
+    cmd
+}
+
+fn run(config: &Path, extra: &[&str]) -> Output {
+    trainer(config, extra).output().unwrap()
+}
+
+fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut out: Vec<(String, Vec<u8>)> = std::fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_type().unwrap().is_file())
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), std::fs::read(e.path()).unwrap()))
+        .collect();
+    out.sort();
+    out
+}
+
+/// The `step` field of every line of `metrics.jsonl`.
+fn logged_steps(dir: &Path) -> Vec<usize> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap() as usize)
+        .collect()
+}
+
+#[test]
+fn a_second_run_into_a_directory_with_checkpoints_is_refused_unless_told() {
+    let root = tempfile::tempdir().unwrap();
+    data(root.path());
+    let cfg = config(root.path(), "run", 20);
+    let first = run(&cfg, &[]);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let out = root.path().join("run");
+    let before = files(&out);
+    assert!(before.iter().any(|(n, _)| n == "ckpt_00000020.safetensors"));
+
+    // The same command again: refused, naming the checkpoints and both ways on; nothing touched.
+    let again = run(&cfg, &[]);
+    assert!(!again.status.success());
+    let err = String::from_utf8_lossy(&again.stderr);
+    for needle in ["ckpt_00000010.safetensors", "ckpt_00000020.safetensors", "--resume", "--overwrite"] {
+        assert!(err.contains(needle), "the refusal lacks `{needle}`: {err}");
+    }
+    assert!(files(&out) == before, "a refused run changed the directory");
+
+    // --overwrite starts over: one log line per step of the new run, not of both.
+    let over = run(&cfg, &["--overwrite"]);
+    assert!(over.status.success(), "{}", String::from_utf8_lossy(&over.stderr));
+    assert_eq!(logged_steps(&out), (1..=20).collect::<Vec<_>>());
+    // --resume and --overwrite together make no sense.
+    assert!(!run(&cfg, &["--overwrite", "--resume", "latest"]).status.success());
+}
+
+#[test]
+fn a_killed_run_resumed_logs_every_step_once_and_ends_with_the_uninterrupted_weights() {
+    let root = tempfile::tempdir().unwrap();
+    data(root.path());
+    let steps = 100;
+    let reference = config(root.path(), "whole", steps);
+    let out = run(&reference, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    // The same run, killed (SIGKILL) once it has logged 25 steps, so its log runs past its last
+    // checkpoint (step 20 or later).
+    let cut = config(root.path(), "cut", steps);
+    let dir = root.path().join("cut");
+    let mut child = trainer(&cut, &[]).stderr(std::process::Stdio::null()).spawn().unwrap();
+    let killed_at = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the run ended ({status}) before it could be killed: make it longer");
+        }
+        let logged = logged_steps(&dir).len();
+        if logged >= 25 {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            break logged_steps(&dir).len();
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    };
+    assert!(killed_at < steps, "killed at step {killed_at}: the run had finished");
+    let last_ckpt = trainer::train::list_checkpoints(&dir).unwrap().pop().expect("a checkpoint before the kill");
+    let resumed = run(&cut, &["--resume", "latest"]);
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+
+    assert_eq!(logged_steps(&dir), (1..=steps).collect::<Vec<_>>(), "resumed from {}", last_ckpt.display());
+    // Same final weights and optimiser state, bit for bit, and the same logged losses.
+    let name = format!("ckpt_{steps:08}.safetensors");
+    let tensors = |p: &Path| {
+        let mut t = gpt_model::checkpoint::read_tensors(p, "").unwrap();
+        t.sort_by(|x, y| x.0.cmp(&y.0));
+        t
+    };
+    let (a, b) = (tensors(&root.path().join("whole").join(&name)), tensors(&dir.join(&name)));
+    assert_eq!(a.len(), b.len());
+    for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
+        assert_eq!(na, nb);
+        assert!(ta.equal(tb), "{na} differs from the uninterrupted run");
+    }
+    let losses = |d: &Path| -> Vec<f64> {
+        std::fs::read_to_string(d.join("metrics.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].as_f64().unwrap())
+            .collect()
+    };
+    assert_eq!(losses(&dir), losses(&root.path().join("whole")));
+}
+
+#[test]
+fn version_names_the_git_revision_and_closed_choices_are_checked() {
+    let v = Command::new(TRAINER).arg("--version").output().unwrap();
+    assert!(v.status.success());
+    let text = String::from_utf8_lossy(&v.stdout);
+    assert!(text.starts_with("trainer ") && text.contains("(git "), "{text}");
+    let bad = Command::new(TRAINER).args(["eval", "--checkpoint", "x", "--rope", "sideways"]).output().unwrap();
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("ntk") && err.contains("plain") && err.contains("both"), "{err}");
+}
