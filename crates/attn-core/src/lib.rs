@@ -5,6 +5,9 @@
 //! every fused kernel is tested against it. Its three uses, each with an example below: read the
 //! maths, check a kernel against the reference, and property-test a new activation.
 //!
+//! "SPEC section N" in this workspace's docs is a section of `docs/SPEC.md` in the repository: the
+//! maths, variants, gradients, streaming algorithm, model, recipe and evaluation as implemented.
+//!
 //! Owns: the definitions (variants, activations, per-row constants, re-weighting) and the f64
 //! reference. Must never depend on: a tensor library (`tch`), a GPU library, or any other crate of
 //! this workspace; its only dependencies are `ndarray`, `num-traits`, `thiserror` (and `proptest`

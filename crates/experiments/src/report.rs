@@ -103,7 +103,12 @@ pub fn write(
         );
     }
     let _ = writeln!(md, "- regenerate: `{}` (runs that already have results are not redone)", ctx.command);
-    let _ = writeln!(md, "- git revision: `{}`; wall time: {:.1} min", ctx.git_revision, ctx.wall_s / 60.0);
+    let _ = writeln!(
+        md,
+        "- git revision: `{}`; run time: {:.1} min, summed over every training, evaluation and experiment (runs trained side by side count each; the elapsed time is shorter)",
+        ctx.git_revision,
+        ctx.wall_s / 60.0
+    );
     let planned = crate::spec::plan(experiments);
     let done = planned.keys().filter(|v| results.get(*v).is_some_and(|r| r.iter().any(|r| r.error.is_none()))).count();
     if done < planned.len() {

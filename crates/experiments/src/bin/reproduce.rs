@@ -297,7 +297,8 @@ fn run() -> Result<()> {
         command: &shown,
         base_command: &base_command,
         git_revision: &trainer::git_revision(),
-        // Training plus evaluation of every run, including earlier invocations of an interrupted reproduction.
+        // Training plus evaluation of every run, including earlier invocations of an interrupted
+        // reproduction, summed (runs trained at once each count).
         wall_s: results
             .values()
             .flatten()

@@ -11,25 +11,23 @@
 //! cargo run --release -p trainer -- train --set model.attention=lssa+rw15 --out-dir runs/lssar
 //! cargo run --release -p trainer -- eval --checkpoint runs/lssar/ckpt_00000600.safetensors
 //!
-//! # a config file plus overrides (any key, dotted into [model])
-//! trainer train --config my.toml --set max_steps=2000 --set model.attention=softmax
+//! # the shipped recipes (configs/: the reproduction scales' training configs), plus overrides
+//! # (any key, dotted into [model]); `small` is the default reproduction's model (2 CPU cores)
+//! trainer train --config configs/small.toml --set model.attention=lssa+rw15 --out-dir runs/lssar
+//! trainer train --config configs/small.toml --set max_steps=500 --set model.attention=softmax --out-dir runs/sm
 //!
-//! # one GPU (device = "auto" picks it; bf16 autocast)
-//! trainer train --config gpu.toml --set device=cuda
+//! # one GPU (device = "auto" picks it; bf16 autocast): the `gpu` scale's 6-layer model at T = 512
+//! trainer train --config configs/gpu.toml --set model.attention=lssa+rw15 --out-dir runs/gpu-lssar
 //!
-//! # N GPUs on one machine, with torchrun (rank 0 logs and writes checkpoints)
-//! torchrun --standalone --nproc-per-node=8 --no-python target/release/trainer train --config paper.toml
+//! # N GPUs on one machine, with torchrun (rank 0 logs and writes checkpoints): the paper's recipe
+//! torchrun --standalone --nproc-per-node=8 --no-python target/release/trainer train --config configs/paper.toml
 //!
 //! # N processes without Python: the built-in launcher (Gloo on CPU, NCCL on GPU)
-//! trainer train --config my.toml --nproc-per-node 2
+//! trainer train --config configs/small.toml --nproc-per-node 2 --out-dir runs/ddp
 //!
-//! # continue a run exactly where its last checkpoint left it
-//! trainer train --config my.toml --resume latest
-//!
-//! # the shipped configs: CPU smoke size, one GPU, the paper's recipe (configs/)
-//! trainer train --config configs/small.toml --out-dir runs/small
-//! trainer train --config configs/gpu.toml
-//! torchrun --standalone --nproc-per-node=8 --no-python target/release/trainer train --config configs/paper.toml
+//! # continue a run exactly where its last checkpoint left it; or start over in the same directory
+//! trainer train --config configs/small.toml --out-dir runs/lssar --resume latest
+//! trainer train --config configs/small.toml --out-dir runs/lssar --overwrite
 //!
 //! # text from any checkpoint (KV cache; --temperature 0 is greedy; the same --seed, the same text)
 //! trainer sample --checkpoint runs/lssar/ckpt_00000600.safetensors --prompt "The king said" \
