@@ -86,9 +86,11 @@ pub fn run(scale: &crate::scale::Scale, out: &Path, variant: &str, dir: &Path) -
     );
     let mut trained: Option<crate::runner::Trained> = None;
     let mut out_scores = Vec::new();
+    let work = crate::progress::Work::start(&format!("downstream `{variant}`"), files.len(), "task files");
     for (task, path, bytes) in files {
         if let Some(done) = old.iter().find(|s| s.task == task && s.file_bytes == bytes) {
             out_scores.push(done.clone());
+            work.inc();
             continue;
         }
         if trained.is_none() {
@@ -99,7 +101,9 @@ pub fn run(scale: &crate::scale::Scale, out: &Path, variant: &str, dir: &Path) -
         let mut scorer = ModelScorer::new(&t.model, &t.tokenizer, t.device);
         let scores = score(&items, &mut scorer).with_context(|| format!("scoring {task} with `{variant}`"))?;
         out_scores.push(TaskScores { task, file_bytes: bytes, scores });
+        work.inc();
     }
+    drop(work);
     std::fs::create_dir_all(&cache_dir)?;
     std::fs::write(&cache, serde_json::to_string_pretty(&out_scores)?)?;
     let pairs: Vec<(String, Scores)> = out_scores.iter().map(|s| (s.task.clone(), s.scores.clone())).collect();

@@ -105,3 +105,50 @@ impl Drop for Training {
         }
     }
 }
+
+/// Progress of a piece of work of `len` units (fine-tuning steps, prompts, task files): a bar on a
+/// terminal, else a line at every tenth.
+pub struct Work {
+    label: String,
+    len: usize,
+    bar: Option<ProgressBar>,
+    done: std::sync::atomic::AtomicUsize,
+}
+
+impl Work {
+    /// Starts showing `label`, `len` units of `unit`.
+    pub fn start(label: &str, len: usize, unit: &str) -> Work {
+        let bar = bars().map(|b| {
+            let bar = b.add(ProgressBar::new(len as u64));
+            bar.set_style(style(&format!("{{prefix:>24}} [{{bar:25}}] {{pos}}/{{len}} {unit} ({{elapsed}}, ~{{eta}} left)")));
+            bar.set_prefix(label.to_string());
+            bar
+        });
+        if bar.is_none() {
+            say(&format!("{label}: {len} {unit} ..."));
+        }
+        Work { label: label.to_string(), len, bar, done: std::sync::atomic::AtomicUsize::new(0) }
+    }
+
+    /// One more unit done.
+    pub fn inc(&self) {
+        let done = self.done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        match &self.bar {
+            Some(bar) => bar.set_position(done as u64),
+            None => {
+                let every = (self.len / 10).max(1);
+                if done.is_multiple_of(every) && done < self.len {
+                    say(&format!("{}: {done}/{}", self.label, self.len));
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Work {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}

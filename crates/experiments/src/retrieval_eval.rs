@@ -202,6 +202,7 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
     let mut opt = tch::nn::AdamW::default().build(&vs, lr)?;
     let len = t_train * train_multiple;
     let mut tail = Vec::new();
+    let tuning = crate::progress::Work::start(&format!("retrieval `{variant}`: fine-tuning"), settings.steps, "steps");
     for step in 0..settings.steps {
         opt.set_lr(lr * (1.0 - step as f64 / settings.steps as f64));
         let mut seqs = Vec::with_capacity(settings.batch * (len + 1));
@@ -229,7 +230,9 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
         if step + settings.steps.div_ceil(10) >= settings.steps {
             tail.push(l);
         }
+        tuning.inc();
     }
+    drop(tuning);
     let finetune_loss = tail.iter().sum::<f64>() / tail.len().max(1) as f64;
     let tuned_s = start.elapsed().as_secs_f64();
 
@@ -244,6 +247,11 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
         let mut cells = Vec::new();
         let mut digit_cells = Vec::new();
         let mut example = String::new();
+        let prompts = crate::progress::Work::start(
+            &format!("retrieval `{label}`"),
+            settings.multiples.len() * settings.depths.len() * settings.prompts,
+            "prompts",
+        );
         for &m in &settings.multiples {
             let opts = ForwardOptions { length_scale: Some(m as f64), ntk: true, reweight: *posthoc, attn_impl: None };
             if !fits(t_train * m) {
@@ -256,6 +264,7 @@ pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32
                     let p = retrieval::prompt(Task::Passkey, &tok, eval_filler, t_train * m, depth, &mut eval_rng)?;
                     let ids: Vec<i64> = p.tokens.iter().map(|&t| i64::from(t)).collect();
                     let out = tch::no_grad(|| model.generate(&ids, 8, None, &opts))?;
+                    prompts.inc();
                     let new: Vec<u32> = out[ids.len()..].iter().map(|&t| t as u32).collect();
                     let text = tok.decode(&new);
                     if retrieval::is_correct(&p, &text) {

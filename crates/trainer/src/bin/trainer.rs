@@ -568,13 +568,20 @@ fn eval_cmd(a: EvalArgs) -> Result<()> {
     let (_vs, model) = sampling::load_model(&ckpt, device)?;
     drop(ckpt);
     let powers: Vec<Option<u32>> = std::iter::once(None).chain(a.reweight.iter().map(|&p| Some(p))).collect();
+    let sections = (usize::from(lengths_asked.is_some() && data_dir.is_some()) * ropes.len()
+        + usize::from(a.passkey) * ropes.len()
+        + usize::from(a.tasks.is_some()))
+        * powers.len();
+    let progress = Sections::new(sections);
     let mut lengths = Vec::new();
     if let (Some(multiples), Some(data_dir)) = (&lengths_asked, &data_dir) {
         let val = validation_tokens(data_dir, a.val_tokens + 1, meta.get("tokenizer").map(String::as_str))
             .with_context(|| format!("reading the validation split of {}", data_dir.display()))?;
         for rope in &ropes {
             for p in &powers {
+                progress.start(&format!("loss at {multiples:?} x T_train ({}{})", rope_name(*rope), rw_name(*p)));
                 lengths.extend(eval::multi_length(&model, &val, multiples, *rope, *p, a.batch_tokens, device)?);
+                progress.done();
             }
         }
     }
@@ -589,7 +596,9 @@ fn eval_cmd(a: EvalArgs) -> Result<()> {
         for p in &powers {
             let mut scorer = ModelScorer::new(&model, tok, device);
             scorer.forward.reweight = *p;
+            progress.start(&format!("tasks in {}{}", dir.display(), rw_name(*p)));
             let scored = tasks::score_dir(dir, &mut scorer)?;
+            progress.done();
             for (task, _, s) in &scored {
                 eprintln!(
                     "eval {task}{}: acc {:.4}, acc_norm {:.4} (n = {})",
@@ -626,7 +635,9 @@ fn eval_cmd(a: EvalArgs) -> Result<()> {
         let mut results = Vec::new();
         for rope in &ropes {
             for p in &powers {
+                progress.start(&format!("passkey ({}{})", rope_name(*rope), rw_name(*p)));
                 let r = tasks::passkey(&model, tok, &options, *rope, *p)?;
+                progress.done();
                 for s in &r.skipped {
                     eprintln!("eval passkey: skipped {s}");
                 }
@@ -743,4 +754,54 @@ fn export_cmd(a: ExportArgs) -> Result<()> {
         mib(&a.checkpoint)
     );
     Ok(())
+}
+
+/// `eval`'s sections (a loss sweep, a task directory, a passkey sweep) as they run: a bar on a
+/// terminal, a line each otherwise.
+struct Sections {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl Sections {
+    fn new(n: usize) -> Sections {
+        let bar = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(|| {
+            let bar = indicatif::ProgressBar::new(n as u64);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("eval {pos}/{len} [{bar:25}] {msg} ({elapsed})")
+                    .expect("a valid template")
+                    .progress_chars("=> "),
+            );
+            bar
+        });
+        Sections { bar }
+    }
+
+    fn start(&self, what: &str) {
+        match &self.bar {
+            Some(bar) => bar.set_message(what.to_string()),
+            None => eprintln!("eval: {what} ..."),
+        }
+    }
+
+    fn done(&self) {
+        if let Some(bar) = &self.bar {
+            bar.inc(1);
+        }
+    }
+}
+
+impl Drop for Sections {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn rope_name(rope: Rope) -> &'static str {
+    if rope == Rope::Ntk { "ntk" } else { "plain" }
+}
+
+fn rw_name(p: Option<u32>) -> String {
+    p.map(|p| format!(", rw{p}")).unwrap_or_default()
 }
