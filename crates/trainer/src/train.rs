@@ -487,7 +487,9 @@ fn resume(
     world: usize,
     path: &Path,
 ) -> Result<usize> {
-    let meta = checkpoint::read_metadata(path)?;
+    // One memory-mapped read of the file serves the metadata, the weights and the moments.
+    let ckpt = crate::sample::open_checkpoint(path)?;
+    let meta = ckpt.metadata();
     let get = |k: &str| {
         meta.get(k).with_context(|| format!("{}: not a training checkpoint (no `{k}` in its metadata)", path.display()))
     };
@@ -505,8 +507,8 @@ fn resume(
     if *tok != data.tokenizer_id() {
         bail!("{}: trained with tokenizer `{tok}`, but the data uses `{}`", path.display(), data.tokenizer_id());
     }
-    checkpoint::load(vs, &cfg.model, path)?;
-    let state = checkpoint::read_tensors(path, "optim.")?;
+    ckpt.load_into(vs, &cfg.model)?;
+    let state = ckpt.tensors("optim.")?;
     let t: u64 = get("optim_t")?.parse().context("optim_t")?;
     opt.load_state(&state, t).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let pos: serde_json::Value = serde_json::from_str(get("data_position")?).context("data_position")?;
