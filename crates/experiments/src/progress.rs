@@ -120,7 +120,9 @@ impl Work {
     pub fn start(label: &str, len: usize, unit: &str) -> Work {
         let bar = bars().map(|b| {
             let bar = b.add(ProgressBar::new(len as u64));
-            bar.set_style(style(&format!("{{prefix:>24}} [{{bar:25}}] {{pos}}/{{len}} {unit} ({{elapsed}}, ~{{eta}} left)")));
+            bar.set_style(style(&format!(
+                "{{prefix:>24}} [{{bar:25}}] {{pos}}/{{len}} {unit} ({{elapsed}}, ~{{eta}} left)"
+            )));
             bar.set_prefix(label.to_string());
             bar
         });

@@ -554,8 +554,10 @@ fn run_one(
         }
         Err(_) => None,
     };
-    let progress =
-        std::sync::Arc::new(crate::progress::Training::start(&format!("{} seed {seed_index}", cfg.model.attention), cfg.max_steps));
+    let progress = std::sync::Arc::new(crate::progress::Training::start(
+        &format!("{} seed {seed_index}", cfg.model.attention),
+        cfg.max_steps,
+    ));
     if result.is_none() {
         // Checkpoints of another config (the scale was edited since) or of other code are not
         // continued: start over.
