@@ -3,8 +3,10 @@
 //! ```text
 //! cargo xtask setup [--force]          install PyTorch 2.11.0 for tch into the per-user cache (idempotent)
 //! cargo xtask test [ARGS...]           set-up if needed, then the whole workspace test suite (doc tests too;
-//!                                      without ARGS also `cargo doc` with warnings as errors and the Python
-//!                                      package's tests: its wheel built, installed into the torch venv, pytest)
+//!                                      without ARGS first `cargo fmt --check` and clippy with warnings as
+//!                                      errors, after the tests `cargo doc` with warnings as errors and the
+//!                                      Python package's tests: its wheel built, installed into the torch
+//!                                      venv, pytest)
 //! cargo xtask pytest [ARGS...]         set-up if needed, then only the Python package's tests (pytest ARGS...)
 //! cargo xtask reproduce [--scale S]    set-up if needed, then the paper reproduction (default scale: small)
 //! cargo xtask bench kernels [ARGS...]  set-up if needed, then the CPU kernel benchmarks (bench-kernels ARGS...)
@@ -30,7 +32,8 @@ commands:
   setup [--force]         install PyTorch 2.11.0 (for tch) into the per-user cache and link it
                           at .torch/libtorch; a second run does nothing. --force reinstalls.
   test [ARGS...]          set-up if needed, then `cargo test --workspace --all-features ARGS...`
-                          (without ARGS, then `cargo doc --workspace --no-deps`, warnings as errors, and
+                          (without ARGS, first `cargo fmt --all --check` and `cargo clippy --workspace
+                          --all-targets -- -D warnings`; after the tests `cargo doc`, warnings as errors, and
                           the Python package: crates/lssa-py's wheel built and installed into the torch
                           venv, then its pytest suite)
   pytest [ARGS...]        set-up if needed, then only the Python package: build, install, `pytest ARGS...`
@@ -105,6 +108,16 @@ fn run() -> Result<()> {
 fn test(workspace: &Path, extra: &[String]) -> Result<()> {
     let start = Instant::now();
     let torch = setup::ensure(&setup::Options::from_env(workspace, false)?)?;
+    if extra.is_empty() {
+        // The house rules, before the long part: formatting, then every lint as an error, on every
+        // target (tests, benches, examples and binaries too).
+        let mut fmt = cargo(workspace);
+        fmt.args(["fmt", "--all", "--check"]);
+        run_cmd(&mut fmt).context("`cargo fmt --all --check` found unformatted files: run `cargo fmt --all`")?;
+        let mut clippy = cargo(workspace);
+        clippy.args(["clippy", "--workspace", "--all-targets", "--all-features", "--quiet", "--", "-D", "warnings"]);
+        run_cmd(&mut clippy).context("clippy found warnings (they are errors here)")?;
+    }
     let mut cmd = cargo(workspace);
     // The set-up installed NVRTC with PyTorch: the CUDA compile test must run, never skip.
     cmd.env("LSSA_REQUIRE_NVRTC", "1");

@@ -24,15 +24,10 @@ pub fn best_device() -> Device {
     Device::cuda_if_available()
 }
 
-unsafe extern "C" {
-    fn gpt_model_autocast_cuda_bf16();
-}
-
 /// Makes `tch::autocast(true, ..)` on CUDA compute in bf16 (libtorch's default is fp16), as the paper's
 /// recipe (SPEC section 8) asks. Process-wide; harmless without CUDA.
 pub fn use_bf16_autocast() {
-    // SAFETY: sets a libtorch global; no pointers cross.
-    unsafe { gpt_model_autocast_cuda_bf16() }
+    crate::attention::fused::autocast_cuda_bf16();
 }
 
 /// The Python interpreter of the venv whose libtorch this process loaded, and how it was chosen:

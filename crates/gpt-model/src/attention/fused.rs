@@ -73,6 +73,14 @@ unsafe extern "C" {
     ) -> *mut c_char;
     fn gpt_model_bridge_free(msg: *mut c_char);
     fn gpt_model_bridge_params_size() -> usize;
+    fn gpt_model_autocast_cuda_bf16();
+}
+
+/// Sets libtorch's CUDA autocast dtype to bf16 ([`crate::runtime::use_bf16_autocast`]); this module
+/// holds the crate's FFI declarations (`csrc/fused_attention.cpp` defines this one too).
+pub(crate) fn autocast_cuda_bf16() {
+    // SAFETY: sets a libtorch global; no pointers cross.
+    unsafe { gpt_model_autocast_cuda_bf16() }
 }
 
 /// Interned variants; a handle is an index. Models use a handful of variants, so this stays tiny.
