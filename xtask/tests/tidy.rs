@@ -105,7 +105,9 @@ fn no_link_leaves_the_repository_and_every_local_link_resolves() {
             let dir = root.join(&p).parent().unwrap().to_path_buf();
             match dir.join(path).canonicalize() {
                 Ok(abs) if abs.starts_with(&root) => {}
-                Ok(abs) => offenders.push(format!("{}: {target} leaves the repository ({})", p.display(), abs.display())),
+                Ok(abs) => {
+                    offenders.push(format!("{}: {target} leaves the repository ({})", p.display(), abs.display()))
+                }
                 Err(_) => offenders.push(format!("{}: {target} does not exist", p.display())),
             }
         }
