@@ -90,9 +90,11 @@ fn link_targets(text: &str) -> Vec<&str> {
 fn no_link_leaves_the_repository_and_every_local_link_resolves() {
     let root = root().canonicalize().unwrap();
     let mut offenders = Vec::new();
+    // The sessions' reference directory beside the clone, spelt so this file does not name it.
+    let shared = ["..", "shared", ""].join("/");
     for (p, text) in text_files(&["md", "rs", "py", "toml"]) {
-        if text.contains("../shared/") {
-            offenders.push(format!("{}: names ../shared/, which users never see", p.display()));
+        if text.contains(&shared) {
+            offenders.push(format!("{}: names {shared}, which users never see", p.display()));
         }
         if p.extension().is_none_or(|e| e != "md") {
             continue;
