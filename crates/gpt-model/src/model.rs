@@ -559,26 +559,22 @@ pub struct Generation {
 /// stepped by a constant and mixed; the same seed gives the same stream on every platform, with no
 /// global state.
 #[derive(Clone, Debug)]
-pub struct SampleRng(u64);
+pub struct SampleRng(attn_core::fixtures::Rng);
 
 impl SampleRng {
-    /// A generator seeded with `seed`.
+    /// A generator seeded with `seed` (attn-core's SplitMix64).
     pub fn new(seed: u64) -> Self {
-        Self(seed)
+        Self(attn_core::fixtures::Rng::new(seed))
     }
 
     /// The next 64 random bits.
     pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.0.next_u64()
     }
 
     /// A uniform draw from `[0, 1)` (53 bits).
     pub fn next_f64(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+        self.0.uniform()
     }
 
     /// A uniform draw from `lo..hi` (`lo < hi`; the modulo bias is below `(hi - lo) / 2^64`).

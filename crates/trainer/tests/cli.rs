@@ -3,50 +3,13 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use gpt_model::config::{AttnImpl, ModelConfig};
-use trainer::config::{DeviceChoice, TrainConfig};
-use trainer::data::corpus::{self, BuildOptions, TokenizerChoice};
+mod common;
 
 const TRAINER: &str = env!("CARGO_BIN_EXE_trainer");
 
-/// Generated text tokenised by the real pipeline (a 320-token BPE) into `root/data`.
-fn data(root: &Path) -> PathBuf {
-    let text = root.join("text");
-    corpus::write_generated_text(&text, 4, 2000, 11).unwrap();
-    let dir = root.join("data");
-    let opts = BuildOptions { tokenizer: TokenizerChoice::Bpe { vocab_size: 320 }, ..BuildOptions::new(&dir) };
-    corpus::build(corpus::input_documents(&[text]).unwrap(), &opts).unwrap();
-    dir
-}
-
-/// A tiny run of `steps` steps into `root/out`, checkpointing every 10; its config file.
+/// A tiny run of `steps` steps into `root/name`, checkpointing every 10; its config file.
 fn config(root: &Path, name: &str, steps: usize) -> PathBuf {
-    let cfg = TrainConfig {
-        model: ModelConfig {
-            vocab_size: 320,
-            context_len: 32,
-            attn_impl: AttnImpl::Reference,
-            attention: "lssa+rw15".into(),
-            ..ModelConfig::preset("tiny").unwrap()
-        },
-        data_dir: root.join("data"),
-        out_dir: root.join(name),
-        batch_size: 2,
-        tokens_per_step: 2 * 32,
-        max_steps: steps,
-        warmup_steps: 2,
-        lr: 3e-3,
-        eval_every: 0,
-        eval_tokens: 256,
-        ckpt_every: 10,
-        keep_last: 2,
-        device: DeviceChoice::Cpu,
-        threads: 1,
-        ..TrainConfig::default()
-    };
-    let path = root.join(format!("{name}.toml"));
-    std::fs::write(&path, cfg.to_toml()).unwrap();
-    path
+    common::tiny_config(root, name, steps, 10, 2)
 }
 
 fn trainer(config: &Path, extra: &[&str]) -> Command {
@@ -83,7 +46,7 @@ fn logged_steps(dir: &Path) -> Vec<usize> {
 #[test]
 fn a_second_run_into_a_directory_with_checkpoints_is_refused_unless_told() {
     let root = tempfile::tempdir().unwrap();
-    data(root.path());
+    common::tiny_data(root.path());
     let cfg = config(root.path(), "run", 20);
     let first = run(&cfg, &[]);
     assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
@@ -111,7 +74,7 @@ fn a_second_run_into_a_directory_with_checkpoints_is_refused_unless_told() {
 #[test]
 fn a_killed_run_resumed_logs_every_step_once_and_ends_with_the_uninterrupted_weights() {
     let root = tempfile::tempdir().unwrap();
-    data(root.path());
+    common::tiny_data(root.path());
     let steps = 100;
     let reference = config(root.path(), "whole", steps);
     let out = run(&reference, &[]);

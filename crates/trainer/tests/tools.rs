@@ -6,11 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
-use gpt_model::config::{AttnImpl, ModelConfig};
 use serde_json::Value;
-use trainer::config::{DeviceChoice, TrainConfig};
-use trainer::data::corpus::{self, BuildOptions, TokenizerChoice};
 use trainer::tasks::{self, LogLikelihood, ModelScorer};
+
+mod common;
 
 const TRAINER: &str = env!("CARGO_BIN_EXE_trainer");
 
@@ -35,36 +34,8 @@ fn checkpoint() -> &'static Path {
         let root = tmp.join(format!("trainer-tools-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         std::fs::create_dir_all(&root).unwrap();
-        let text = root.join("text");
-        corpus::write_generated_text(&text, 4, 2000, 11).unwrap();
-        let data = root.join("data");
-        let opts = BuildOptions { tokenizer: TokenizerChoice::Bpe { vocab_size: 320 }, ..BuildOptions::new(&data) };
-        corpus::build(corpus::input_documents(&[text]).unwrap(), &opts).unwrap();
-        let cfg = TrainConfig {
-            model: ModelConfig {
-                vocab_size: 320,
-                context_len: 32,
-                attn_impl: AttnImpl::Reference,
-                attention: "lssa+rw15".into(),
-                ..ModelConfig::preset("tiny").unwrap()
-            },
-            data_dir: data,
-            out_dir: root.join("run"),
-            batch_size: 2,
-            tokens_per_step: 2 * 32,
-            max_steps: 20,
-            warmup_steps: 2,
-            lr: 3e-3,
-            eval_every: 0,
-            eval_tokens: 256,
-            ckpt_every: 20,
-            keep_last: 1,
-            device: DeviceChoice::Cpu,
-            threads: 1,
-            ..TrainConfig::default()
-        };
-        let config = root.join("run.toml");
-        std::fs::write(&config, cfg.to_toml()).unwrap();
+        common::tiny_data(&root);
+        let config = common::tiny_config(&root, "run", 20, 20, 1);
         let out = Command::new(TRAINER)
             .args(["train", "--no-progress", "--eval-lengths", "1", "--config"])
             .arg(&config)

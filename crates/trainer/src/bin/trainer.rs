@@ -320,8 +320,9 @@ struct TrainResult<'a> {
     lengths: Vec<LengthLoss>,
 }
 
+/// What every JSON output of `eval` and `sample` starts with.
 #[derive(Serialize)]
-struct EvalResult {
+struct Header {
     format: &'static str,
     format_version: u32,
     git_revision: String,
@@ -329,6 +330,26 @@ struct EvalResult {
     checkpoint: PathBuf,
     variant: String,
     context_len: usize,
+}
+
+impl Header {
+    fn new(format: &'static str, checkpoint: &std::path::Path, model: &gpt_model::ModelConfig) -> Header {
+        Header {
+            format,
+            format_version: FORMAT_VERSION,
+            git_revision: trainer::git_revision(),
+            command: command_line(),
+            checkpoint: checkpoint.to_path_buf(),
+            variant: model.attention.clone(),
+            context_len: model.context_len,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct EvalResult {
+    #[serde(flatten)]
+    header: Header,
     lengths: Vec<LengthLoss>,
     /// With --tasks: one row per re-weighting setting (the trained variant, then each --reweight).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -364,13 +385,8 @@ struct PasskeySection {
 
 #[derive(Serialize)]
 struct SampleResult<'a> {
-    format: &'static str,
-    format_version: u32,
-    git_revision: String,
-    command: String,
-    checkpoint: PathBuf,
-    variant: String,
-    context_len: usize,
+    #[serde(flatten)]
+    header: Header,
     settings: SampleSettings,
     samples: &'a [sampling::Sample],
 }
@@ -652,18 +668,8 @@ fn eval_cmd(a: EvalArgs) -> Result<()> {
         }
         passkey = Some(PasskeySection { options, results });
     }
-    let result = EvalResult {
-        format: EVAL_FORMAT,
-        format_version: FORMAT_VERSION,
-        git_revision: trainer::git_revision(),
-        command: command_line(),
-        checkpoint: a.checkpoint.clone(),
-        variant: model_cfg.attention.clone(),
-        context_len: model_cfg.context_len,
-        lengths,
-        tasks: task_rows,
-        passkey,
-    };
+    let result =
+        EvalResult { header: Header::new(EVAL_FORMAT, &a.checkpoint, &model_cfg), lengths, tasks: task_rows, passkey };
     let json = serde_json::to_string_pretty(&result)?;
     println!("{json}");
     if let Some(out) = &a.out {
@@ -696,13 +702,7 @@ fn sample_cmd(a: SampleArgs) -> Result<()> {
     let samples = sampling::sample(&loaded.model, &loaded.tokenizer, &prompts, &opts)?;
     if a.json {
         let result = SampleResult {
-            format: SAMPLE_FORMAT,
-            format_version: FORMAT_VERSION,
-            git_revision: trainer::git_revision(),
-            command: command_line(),
-            checkpoint: a.checkpoint.clone(),
-            variant: loaded.config.attention.clone(),
-            context_len: loaded.config.context_len,
+            header: Header::new(SAMPLE_FORMAT, &a.checkpoint, &loaded.config),
             settings: SampleSettings {
                 max_tokens: opts.max_tokens,
                 temperature: opts.sampling.temperature,
