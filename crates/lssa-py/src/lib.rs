@@ -376,31 +376,10 @@ fn forward(
 ) -> PyResult<()> {
     let variant = parse(variant)?;
     let target = target(device, dtype).map_err(PyTypeError::new_err)?;
-    let mut p = params(shape, q, k, v, out, stats)?;
-    match target {
-        Target::Cpu => {
-            if aux != 0 && variant.reweight.is_some() {
-                p.rw_aux = aux as *mut f32;
-            }
-            let pool = pool(threads)?;
-            run_detached(py, move || {
-                let call = || {
-                    // SAFETY: the module's contract: live tensors of these sizes and strides (see above).
-                    unsafe { cpu::forward_raw(&variant, &p, &cpu::Options::default()) }
-                };
-                match pool {
-                    Some(pool) => pool.install(call),
-                    None => call(),
-                }
-            })
-        }
-        Target::Cuda(dt) => {
-            check_stream(stream)?;
-            let kernel = cuda_kernel()?;
-            // SAFETY: as above, with device memory.
-            run_detached(py, move || unsafe { cuda::forward_raw(&variant, &p, dt, kernel) })
-        }
-    }
+    let p = params(shape, q, k, v, out, stats)?;
+    let entry = Entry { cpu: cpu::forward_raw, cuda: cuda::forward_raw };
+    // SAFETY: the module's contract: live tensors of these sizes and strides (see above).
+    unsafe { launch(py, variant, target, p, aux, stream, threads, entry) }
 }
 
 /// Fused causal backward: reads `q`, `k`, `v`, `out`, the statistics (and the helper, when the
@@ -439,6 +418,36 @@ fn backward(
     p.dq = raw_mut(dq);
     p.dk = raw_mut(dk);
     p.dv = raw_mut(dv);
+    let entry = Entry { cpu: cpu::backward_raw, cuda: cuda::backward_raw };
+    // SAFETY: the module's contract (see `forward`).
+    unsafe { launch(py, variant, target, p, aux, stream, threads, entry) }
+}
+
+/// The raw kernel entry points of one direction (forward or backward).
+struct Entry {
+    cpu: unsafe fn(&Variant, &Params, &cpu::Options) -> attn_kernels::Result<()>,
+    cuda: unsafe fn(&Variant, &Params, cuda::Dtype, cuda::Kernel) -> attn_kernels::Result<()>,
+}
+
+/// Runs `entry` on `target` with the GIL released: on the CPU in `threads` threads (0: rayon's
+/// global pool) with the re-weighting helper `aux` when the variant keeps one; on CUDA in the chosen
+/// kernel generation, after the stream check.
+///
+/// # Safety
+///
+/// `p` (and `aux`, when not 0) describe live tensors of the sizes and strides it states, on
+/// `target`'s device, as [`forward`] and [`backward`] require of their callers.
+#[allow(clippy::too_many_arguments)]
+unsafe fn launch(
+    py: Python<'_>,
+    variant: Variant,
+    target: Target,
+    mut p: Params,
+    aux: usize,
+    stream: usize,
+    threads: usize,
+    entry: Entry,
+) -> PyResult<()> {
     match target {
         Target::Cpu => {
             if aux != 0 && variant.reweight.is_some() {
@@ -446,10 +455,8 @@ fn backward(
             }
             let pool = pool(threads)?;
             run_detached(py, move || {
-                let call = || {
-                    // SAFETY: the module's contract (see `forward`).
-                    unsafe { cpu::backward_raw(&variant, &p, &cpu::Options::default()) }
-                };
+                // SAFETY: forwarded from our caller.
+                let call = || unsafe { (entry.cpu)(&variant, &p, &cpu::Options::default()) };
                 match pool {
                     Some(pool) => pool.install(call),
                     None => call(),
@@ -459,8 +466,8 @@ fn backward(
         Target::Cuda(dt) => {
             check_stream(stream)?;
             let kernel = cuda_kernel()?;
-            // SAFETY: as above, with device memory.
-            run_detached(py, move || unsafe { cuda::backward_raw(&variant, &p, dt, kernel) })
+            // SAFETY: forwarded from our caller, with device memory.
+            run_detached(py, move || unsafe { (entry.cuda)(&variant, &p, dt, kernel) })
         }
     }
 }
