@@ -44,11 +44,39 @@ pub fn overall(runs: usize) -> ProgressBar {
     }
 }
 
+/// A bar labelled `label` of `len` units under this process's bars (none off a terminal), cleared
+/// when dropped.
+struct Bar(Option<ProgressBar>);
+
+impl Bar {
+    fn new(label: &str, len: usize, template: &str) -> Bar {
+        Bar(bars().map(|b| {
+            let bar = b.add(ProgressBar::new(len as u64));
+            bar.set_style(style(template));
+            bar.set_prefix(label.to_string());
+            bar
+        }))
+    }
+}
+
+impl Drop for Bar {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.0 {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// Whether the `done`-th of `len` units gets a plain log line: every tenth.
+fn at_a_tenth(done: usize, len: usize) -> bool {
+    done.is_multiple_of((len / 10).max(1))
+}
+
 /// The progress of one training (and then of its evaluation).
 pub struct Training {
     label: String,
     max_steps: usize,
-    bar: Option<ProgressBar>,
+    bar: Bar,
     /// The first step seen in this process and when: the rate excludes steps done before a resume.
     first: Mutex<Option<(usize, Instant)>>,
 }
@@ -56,12 +84,7 @@ pub struct Training {
 impl Training {
     /// Starts showing the training `label` of `max_steps` steps.
     pub fn start(label: &str, max_steps: usize) -> Training {
-        let bar = bars().map(|b| {
-            let bar = b.add(ProgressBar::new(max_steps as u64));
-            bar.set_style(style("{prefix:>24} [{bar:25}] step {pos}/{len} {msg}"));
-            bar.set_prefix(label.to_string());
-            bar
-        });
+        let bar = Bar::new(label, max_steps, "{prefix:>24} [{bar:25}] step {pos}/{len} {msg}");
         Training { label: label.to_string(), max_steps, bar, first: Mutex::new(None) }
     }
 
@@ -75,14 +98,13 @@ impl Training {
             "?".to_string()
         };
         let what = format!("loss {:.3}, {:.0} tok/s, ~{left} left", m.loss, m.tokens_per_s);
-        match &self.bar {
+        match &self.bar.0 {
             Some(bar) => {
                 bar.set_position(m.step as u64);
                 bar.set_message(what);
             }
             None => {
-                let every = (self.max_steps / 10).max(1);
-                if m.step == first || m.step.is_multiple_of(every) || m.step == self.max_steps {
+                if m.step == first || at_a_tenth(m.step, self.max_steps) || m.step == self.max_steps {
                     say(&format!("{}: step {}/{}, {what}", self.label, m.step, self.max_steps));
                 }
             }
@@ -91,17 +113,9 @@ impl Training {
 
     /// Says what the run does now that training is over (its evaluations, say).
     pub fn phase(&self, what: &str) {
-        match &self.bar {
+        match &self.bar.0 {
             Some(bar) => bar.set_message(what.to_string()),
             None => say(&format!("{}: {what}", self.label)),
-        }
-    }
-}
-
-impl Drop for Training {
-    fn drop(&mut self) {
-        if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
         }
     }
 }
@@ -111,22 +125,19 @@ impl Drop for Training {
 pub struct Work {
     label: String,
     len: usize,
-    bar: Option<ProgressBar>,
+    bar: Bar,
     done: std::sync::atomic::AtomicUsize,
 }
 
 impl Work {
     /// Starts showing `label`, `len` units of `unit`.
     pub fn start(label: &str, len: usize, unit: &str) -> Work {
-        let bar = bars().map(|b| {
-            let bar = b.add(ProgressBar::new(len as u64));
-            bar.set_style(style(&format!(
-                "{{prefix:>24}} [{{bar:25}}] {{pos}}/{{len}} {unit} ({{elapsed}}, ~{{eta}} left)"
-            )));
-            bar.set_prefix(label.to_string());
-            bar
-        });
-        if bar.is_none() {
+        let bar = Bar::new(
+            label,
+            len,
+            &format!("{{prefix:>24}} [{{bar:25}}] {{pos}}/{{len}} {unit} ({{elapsed}}, ~{{eta}} left)"),
+        );
+        if bar.0.is_none() {
             say(&format!("{label}: {len} {unit} ..."));
         }
         Work { label: label.to_string(), len, bar, done: std::sync::atomic::AtomicUsize::new(0) }
@@ -135,22 +146,13 @@ impl Work {
     /// One more unit done.
     pub fn inc(&self) {
         let done = self.done.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-        match &self.bar {
+        match &self.bar.0 {
             Some(bar) => bar.set_position(done as u64),
             None => {
-                let every = (self.len / 10).max(1);
-                if done.is_multiple_of(every) && done < self.len {
+                if at_a_tenth(done, self.len) && done < self.len {
                     say(&format!("{}: {done}/{}", self.label, self.len));
                 }
             }
-        }
-    }
-}
-
-impl Drop for Work {
-    fn drop(&mut self) {
-        if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
         }
     }
 }
