@@ -141,6 +141,14 @@ fn cuda_kernel() -> PyResult<cuda::Kernel> {
         .map_err(PyValueError::new_err)
 }
 
+/// A `ValueError` naming the first of `pointers` that is null.
+fn non_null(pointers: &[(&str, usize)]) -> PyResult<()> {
+    match pointers.iter().find(|(_, ptr)| *ptr == 0) {
+        Some((name, _)) => Err(PyValueError::new_err(format!("`{name}` is a null pointer"))),
+        None => Ok(()),
+    }
+}
+
 /// The parameter struct of one call: sizes, `q`, `k`, `v`, `o` and the statistics, after the
 /// checks that do not need the memory (sizes >= 1, pointers not null).
 fn params(
@@ -157,11 +165,7 @@ fn params(
             "every size must be >= 1, got (B, H, T, d) = ({batch}, {heads}, {seq_len}, {head_dim})"
         )));
     }
-    for (name, ptr) in [("q", q.0), ("k", k.0), ("v", v.0), ("out", o.0), ("stats", stats)] {
-        if ptr == 0 {
-            return Err(PyValueError::new_err(format!("`{name}` is a null pointer")));
-        }
-    }
+    non_null(&[("q", q.0), ("k", k.0), ("v", v.0), ("out", o.0), ("stats", stats)])?;
     let null_c = RawTensor { ptr: std::ptr::null(), strides: [0; 3] };
     let null_m = RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] };
     Ok(Params {
@@ -409,11 +413,7 @@ fn backward(
     let variant = parse(variant)?;
     let target = target(device, dtype).map_err(PyTypeError::new_err)?;
     let mut p = params(shape, q, k, v, out, stats)?;
-    for (name, ptr) in [("grad", grad.0), ("dq", dq.0), ("dk", dk.0), ("dv", dv.0)] {
-        if ptr == 0 {
-            return Err(PyValueError::new_err(format!("`{name}` is a null pointer")));
-        }
-    }
+    non_null(&[("grad", grad.0), ("dq", dq.0), ("dk", dk.0), ("dv", dv.0)])?;
     p.d_out = raw(grad);
     p.dq = raw_mut(dq);
     p.dk = raw_mut(dk);
