@@ -53,7 +53,7 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 use half::{bf16, f16};
 use ndarray::{Array4, ArrayView4, AsArray, Ix4};
 
-use attn_core::{Bias, Norm as CoreNorm, OutputNorm, Scale, Scores, Transform, Variant};
+use attn_core::{Bias, Builtin, Norm, OutputNorm, Phi, Scale, Transform, Variant};
 
 use crate::cpu::{Params, STATS_PER_ROW};
 use crate::{Error, Grads, Result};
@@ -211,56 +211,58 @@ fn not_fused(variant: &Variant, reason: &'static str) -> Error {
 impl Config {
     /// Resolves `variant` for head dimension `head_dim`, or says why it has no CUDA kernel.
     pub fn new(variant: &Variant, head_dim: usize) -> Result<Self> {
-        variant.validate()?;
-        let s1 = &variant.stage1;
-        if s1.transform != Transform::None {
-            return Err(not_fused(variant, "the Table-1 transforms (inverse, recentered) need the whole row"));
+        let plan = variant.plan()?;
+        match plan.transform {
+            Transform::None => {}
+            Transform::Inverse | Transform::Recentered | Transform::RecenteredL1 => {
+                return Err(not_fused(variant, "the Table-1 transforms (inverse, recentered) need the whole row"));
+            }
         }
-        if s1.output_norm == OutputNorm::LayerNorm {
-            return Err(not_fused(variant, "the output layer norm (relu-ln) has no CUDA kernel"));
+        match plan.output_norm {
+            OutputNorm::None => {}
+            OutputNorm::LayerNorm => {
+                return Err(not_fused(variant, "the output layer norm (relu-ln) has no CUDA kernel"));
+            }
         }
-        let norm = match s1.norm {
-            CoreNorm::L1 => 0,
-            CoreNorm::None => 1,
-            CoreNorm::DivN => 2,
-            CoreNorm::DivLen => {
+        // The codes of `ACT` and `NORM` in common.cuh.
+        let norm = match plan.norm {
+            Norm::L1 => 0,
+            Norm::None => 1,
+            Norm::DivN => 2,
+            Norm::DivLen => {
                 return Err(not_fused(variant, "the sequence-length divisor (relu-seqlen) has no CUDA kernel"));
             }
         };
-        let name = s1.activation.name();
-        let act = match name {
-            "exp" => 0,
-            "softplus" => 1,
-            "relu" => 2,
-            "relu2" => 3,
-            "relu6" => 4,
-            "gelu" => 5,
-            "sigmoid" => 6,
-            "mish" => 7,
-            "identity" => 8,
-            _ => return Err(not_fused(variant, "user-defined activations have no CUDA kernel")),
+        let act = match plan.phi {
+            Phi::Builtin(Builtin::Exp) => 0,
+            Phi::Builtin(Builtin::Softplus) => 1,
+            Phi::Builtin(Builtin::Relu) => 2,
+            Phi::Builtin(Builtin::Relu2) => 3,
+            Phi::Builtin(Builtin::Relu6) => 4,
+            Phi::Builtin(Builtin::Gelu) => 5,
+            Phi::Builtin(Builtin::Sigmoid) => 6,
+            Phi::Builtin(Builtin::Mish) => 7,
+            Phi::Builtin(Builtin::Identity) => 8,
+            Phi::Custom(_) => return Err(not_fused(variant, "user-defined activations have no CUDA kernel")),
         };
-        if attn_core::activation_by_name(name).is_none() {
-            return Err(not_fused(variant, "user-defined activations have no CUDA kernel"));
-        }
         let d = head_dim as f64;
-        let (scale_c, scale_log) = match s1.scale {
+        let (scale_c, scale_log) = match plan.scale {
             Scale::InvSqrtD => (1.0 / d.sqrt(), false),
             Scale::LssaLog { d_factor } => (d_factor.unwrap_or_else(|| d.ln()), true),
             Scale::LogNOverSqrtD => (1.0 / d.sqrt(), true),
         };
-        let (bias_c, bias_log) = match s1.bias {
+        let (bias_c, bias_log) = match plan.bias {
             Bias::None => (0.0, false),
-            Bias::LogTrainLen { .. } => (s1.bias.value(1)?, false),
+            Bias::LogTrainLen { .. } => (plan.bias.value(1)?, false),
             Bias::LogRowLen => (0.0, true),
         };
         Ok(Self {
             act,
             norm,
-            running_max: s1.needs_running_max(),
-            signed: !s1.activation.is_non_negative(),
-            cosine: s1.scores == Scores::Cosine,
-            p: variant.reweight.unwrap_or(0),
+            running_max: plan.running_max,
+            signed: plan.signed,
+            cosine: plan.cosine(),
+            p: plan.reweight.unwrap_or(0),
             scale_c: scale_c as f32,
             scale_log,
             bias_c: bias_c as f32,
