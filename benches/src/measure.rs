@@ -25,7 +25,7 @@ pub struct Policy {
     /// In [`time_rounds`], a cell whose last run took less than this runs once more, untimed, before
     /// each timed run. The first run after a cell on another thread pool pays for that pool's wind-down
     /// (libtorch's OpenMP workers spin for milliseconds after a parallel region); a second-long run
-    /// absorbs that cost in its noise. Measurements: `docs/bench/kernels-cpu.md`, "Notes kept by hand".
+    /// absorbs that cost in its noise. Measurements: `docs/bench/kernels-cpu-notes.md`.
     pub lead_in_below_s: f64,
 }
 
@@ -77,7 +77,7 @@ pub fn time(policy: &Policy, mut f: impl FnMut() -> Result<()>) -> Result<Timing
 
 /// Times several cells in rounds: a warm-up round, then rounds of one repetition of each cell in
 /// order, so that a burst of load from elsewhere on a shared machine lands on the same round of
-/// every cell instead of on every sample of one (measurements: `docs/bench/kernels-cpu.md`).
+/// every cell instead of on every sample of one (measurements: `docs/bench/kernels-cpu-notes.md`).
 ///
 /// The [`Policy`] applies to the cells together: a cell's warm-up counts as its round-0 sample
 /// when it takes at least `long_run_s`; rounds stop after `max_reps` samples per cell, or when the

@@ -9,7 +9,7 @@
 //! The explicit kernels are written once over a small `Lanes` trait (load, store, splat, fma, masked
 //! first-`w`-lanes load/store) and instantiated per ISA: AVX-512 `8 x 32` blocks, AVX2 `4 x 16`
 //! blocks, column tails by masked loads/stores on both ISAs.
-//! Lab history (versions, GFLOP/s, what was rejected): `docs/bench/kernels-cpu.md`, "Notes kept by hand".
+//! Lab history (versions, GFLOP/s, what was rejected): `docs/bench/kernels-cpu-notes.md`.
 
 /// Fused multiply-add when the instantiation has FMA, else a plain multiply and add.
 #[inline(always)]
