@@ -724,7 +724,7 @@ fn run_one(
                 key.posthoc.map_or(String::new(), |p| format!(" (post hoc p = {p})")),
                 last + 1
             );
-            crate::report::draw_map(&path, &title, &values)?;
+            crate::plot::draw_map(&path, &title, &values)?;
             Some(path)
         } else {
             None
