@@ -476,3 +476,36 @@ fn the_general_path_reports_bad_input() {
     let bias: Variant = "sigmoid-bias".parse().unwrap();
     assert!(matches!(torch_ops::attention(&q, &q, &q, &bias, 0), Err(torch_ops::AttnError::Variant(_))));
 }
+
+/// `x^2 + c` under one name for every `c`: two users' activations that share a name.
+#[derive(Debug)]
+struct Lifted(f64);
+
+impl Activation for Lifted {
+    fn name(&self) -> &str {
+        "lifted-square"
+    }
+    fn value(&self, x: f64) -> f64 {
+        x * x + self.0
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        2.0 * x
+    }
+    fn is_non_negative(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn the_fused_bridge_keeps_two_user_activations_of_one_name_apart() {
+    use gpt_model::attention::fused;
+    let shape = [1, 2, 7, 8];
+    let (q, k, v) = (input(shape, 11, 1.0), input(shape, 12, 1.0), input(shape, 13, 1.0));
+    let (qf, kf, vf) = (q.to_kind(Kind::Float), k.to_kind(Kind::Float), v.to_kind(Kind::Float));
+    for c in [0.5, 4.0, 0.5] {
+        let variant = Variant::builder().activation(Lifted(c)).build().unwrap();
+        let want = attn_core::forward(&variant, to_array(&q).view(), to_array(&k).view(), to_array(&v).view()).unwrap();
+        let got = fused::attention(&qf, &kf, &vf, &variant).unwrap().to_kind(Kind::Double);
+        assert_close(&format!("lifted {c}"), &got, &to_tensor(want.view()), 1e-5);
+    }
+}
