@@ -24,10 +24,8 @@ pub struct Policy {
     pub long_run_s: f64,
     /// In [`time_rounds`], a cell whose last run took less than this runs once more, untimed, before
     /// each timed run. The first run after a cell on another thread pool pays for that pool's wind-down
-    /// (libtorch's OpenMP workers spin for milliseconds after a parallel region): on 2 cores a 10 ms
-    /// fused forward right after SDPA came out 1.45x slow, against 1.0-1.2x with the lead-in run,
-    /// as when its repetitions ran back to back. (Sleeping or spinning between cells instead let
-    /// the idle cores slow every cell down.) A second-long run absorbs that cost in its noise.
+    /// (libtorch's OpenMP workers spin for milliseconds after a parallel region); a second-long run
+    /// absorbs that cost in its noise. Measurements: `docs/bench/kernels-cpu-notes.md`.
     pub lead_in_below_s: f64,
 }
 
@@ -79,8 +77,7 @@ pub fn time(policy: &Policy, mut f: impl FnMut() -> Result<()>) -> Result<Timing
 
 /// Times several cells in rounds: a warm-up round, then rounds of one repetition of each cell in
 /// order, so that a burst of load from elsewhere on a shared machine lands on the same round of
-/// every cell instead of on every sample of one (timed one after the other, a cell could come out
-/// 1.5x slow in one run and not in the next, against a neighbour it is compared with).
+/// every cell instead of on every sample of one (measurements: `docs/bench/kernels-cpu-notes.md`).
 ///
 /// The [`Policy`] applies to the cells together: a cell's warm-up counts as its round-0 sample
 /// when it takes at least `long_run_s`; rounds stop after `max_reps` samples per cell, or when the

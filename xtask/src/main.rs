@@ -15,7 +15,7 @@
 //! cargo xtask data [ARGS...]           set-up if needed, then the token shards for training (lssa-data ARGS...)
 //! ```
 //!
-//! Everything here is std-only so that it builds in seconds on a fresh machine, before libtorch exists.
+//! Everything here depends on std and anyhow only, so that it builds in seconds on a fresh machine, before libtorch exists.
 
 mod setup;
 

@@ -3,6 +3,8 @@
 use std::fmt::Debug;
 use std::sync::Arc;
 
+use crate::plan::Builtin;
+
 /// `1 / sqrt(pi)`.
 const FRAC_1_SQRT_PI: f64 = 0.564_189_583_547_756_3;
 /// `1 / sqrt(2 pi)`.
@@ -13,8 +15,8 @@ const FRAC_1_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
 /// Implementations must be pure functions of `x`. `value` and `derivative` may return an infinity
 /// for huge inputs (e.g. `exp(1e4)`) but must never return NaN for a finite input, and must be
 /// finite for `|x| <= 88` (checked by `testing::check_activation`, feature `testing`).
-/// Two activations with the same [`name`](Activation::name) are treated as the same activation
-/// (by `PartialEq` of [`crate::Stage1`] and by `Display` of [`crate::Variant`]).
+/// Equality (`PartialEq` of [`crate::Stage1`], hence of [`crate::Variant`]): a built-in equals only
+/// itself; two user activations with the same [`name`](Activation::name) are treated as the same.
 pub trait Activation: Send + Sync + Debug {
     /// A short stable name (`"softplus"`); used in messages and variant display.
     fn name(&self) -> &str;
@@ -35,6 +37,12 @@ pub trait Activation: Send + Sync + Debug {
     /// the ratio and in the gradient. Default: `false`.
     fn needs_running_max(&self) -> bool {
         false
+    }
+    /// Which of attn-core's built-ins this is. Only attn-core's own types return `Some`; kernels run
+    /// their own code for a built-in instead of calling `value` and `derivative`, so a user type
+    /// must keep the default `None` (it is then run through its own methods, whatever its name).
+    fn builtin(&self) -> Option<Builtin> {
+        None
     }
 }
 
@@ -137,6 +145,9 @@ impl Activation for Exp {
     fn name(&self) -> &str {
         "exp"
     }
+    fn builtin(&self) -> Option<Builtin> {
+        Some(Builtin::Exp)
+    }
     fn value(&self, x: f64) -> f64 {
         x.exp()
     }
@@ -155,6 +166,9 @@ impl Activation for Softplus {
     fn name(&self) -> &str {
         "softplus"
     }
+    fn builtin(&self) -> Option<Builtin> {
+        Some(Builtin::Softplus)
+    }
     fn value(&self, x: f64) -> f64 {
         softplus(x)
     }
@@ -170,6 +184,9 @@ impl Activation for Relu {
     fn name(&self) -> &str {
         "relu"
     }
+    fn builtin(&self) -> Option<Builtin> {
+        Some(Builtin::Relu)
+    }
     fn value(&self, x: f64) -> f64 {
         x.max(0.0)
     }
@@ -184,6 +201,9 @@ impl Activation for Relu {
 impl Activation for Relu2 {
     fn name(&self) -> &str {
         "relu2"
+    }
+    fn builtin(&self) -> Option<Builtin> {
+        Some(Builtin::Relu2)
     }
     fn value(&self, x: f64) -> f64 {
         let r = x.max(0.0);
@@ -201,6 +221,9 @@ impl Activation for Relu6 {
     fn name(&self) -> &str {
         "relu6"
     }
+    fn builtin(&self) -> Option<Builtin> {
+        Some(Builtin::Relu6)
+    }
     fn value(&self, x: f64) -> f64 {
         x.clamp(0.0, 6.0)
     }
@@ -216,6 +239,9 @@ impl Activation for Gelu {
     fn name(&self) -> &str {
         "gelu"
     }
+    fn builtin(&self) -> Option<Builtin> {
+        Some(Builtin::Gelu)
+    }
     fn value(&self, x: f64) -> f64 {
         let c = normal_cdf(x);
         if c == 0.0 { 0.0 } else { x * c } // avoid -inf * 0
@@ -229,6 +255,9 @@ impl Activation for Gelu {
 impl Activation for Sigmoid {
     fn name(&self) -> &str {
         "sigmoid"
+    }
+    fn builtin(&self) -> Option<Builtin> {
+        Some(Builtin::Sigmoid)
     }
     fn value(&self, x: f64) -> f64 {
         sigmoid(x)
@@ -244,6 +273,9 @@ impl Activation for Sigmoid {
 impl Activation for Mish {
     fn name(&self) -> &str {
         "mish"
+    }
+    fn builtin(&self) -> Option<Builtin> {
+        Some(Builtin::Mish)
     }
     fn value(&self, x: f64) -> f64 {
         let t = softplus(x).tanh();
@@ -263,6 +295,9 @@ impl Activation for Identity {
     fn name(&self) -> &str {
         "identity"
     }
+    fn builtin(&self) -> Option<Builtin> {
+        Some(Builtin::Identity)
+    }
     fn value(&self, x: f64) -> f64 {
         x
     }
@@ -274,20 +309,10 @@ impl Activation for Identity {
 /// Every built-in activation, in a fixed order: exp, softplus, relu, relu2, relu6, gelu,
 /// sigmoid, mish, identity.
 pub fn builtin_activations() -> Vec<Arc<dyn Activation>> {
-    vec![
-        Arc::new(Exp),
-        Arc::new(Softplus),
-        Arc::new(Relu),
-        Arc::new(Relu2),
-        Arc::new(Relu6),
-        Arc::new(Gelu),
-        Arc::new(Sigmoid),
-        Arc::new(Mish),
-        Arc::new(Identity),
-    ]
+    Builtin::ALL.into_iter().map(Builtin::activation).collect()
 }
 
 /// The built-in activation with this [`Activation::name`], if any.
 pub fn activation_by_name(name: &str) -> Option<Arc<dyn Activation>> {
-    builtin_activations().into_iter().find(|a| a.name() == name)
+    Builtin::from_name(name).map(Builtin::activation)
 }

@@ -197,6 +197,7 @@
 mod activation;
 mod error;
 pub mod fixtures;
+mod plan;
 mod real;
 mod reference;
 mod rope;
@@ -210,6 +211,7 @@ pub use activation::{
     builtin_activations, erf, erfc, normal_cdf, sigmoid, softplus,
 };
 pub use error::{Error, Result};
+pub use plan::{Builtin, Phi, Plan};
 pub use real::Real;
 pub use reference::{Grads, backward, check_inputs, forward, weights};
 pub use rope::{ntk_rope_base, rope_apply, rope_apply_in_place, rope_inv_freq, rope_rotate};

@@ -131,7 +131,8 @@ pub fn reweight_offset(n: usize) -> f64 {
 /// Stage 1: `s_ij = scale_i <q'_i, k'_j> + b_i`, `f_ij = phi(s_ij)`, `a_i = transform(norm(f_i))`.
 ///
 /// Build one from parts with [`Stage1::new`] and the public fields, or take a named preset
-/// with [`Stage1::preset`]. Equality compares the activation by [`Activation::name`].
+/// with [`Stage1::preset`]. Equality compares built-in activations by identity and users' by
+/// [`Activation::name`] (see [`Activation`]).
 #[derive(Clone)]
 pub struct Stage1 {
     /// The positivity map `phi`.
@@ -166,7 +167,12 @@ impl fmt::Debug for Stage1 {
 
 impl PartialEq for Stage1 {
     fn eq(&self, other: &Self) -> bool {
-        self.activation.name() == other.activation.name()
+        let same_phi = match (self.activation.builtin(), other.activation.builtin()) {
+            (Some(a), Some(b)) => a == b,
+            (None, None) => self.activation.name() == other.activation.name(),
+            _ => false, // a user's activation never equals a built-in, whatever its name
+        };
+        same_phi
             && self.scores == other.scores
             && self.scale == other.scale
             && self.bias == other.bias

@@ -10,7 +10,9 @@
 //! - [`spec`]: `defs/<name>/experiment.toml` (+ README), embedded; the plan of runs and evaluations.
 //! - [`scale`]: `smoke`, `small`, `gpu`, `paper`.
 //! - [`runner`]: trains and evaluates, resumable, one `result.json` per run.
-//! - [`report`]: `REPRODUCTION.md` and its figures.
+//! - [`report`]: `REPRODUCTION.md`: its tables, sections and verdict text.
+//! - [`plot`]: the report's figures from plain numbers (no experiment types: the runner draws
+//!   attention maps with it, so it must not depend on the runner or the report).
 //! - [`claims`]: the paper's headline claims (`defs/claims.toml`) and the Tables 1-3 ordering rule,
 //!   judged three-way from the runs.
 //! - [`stats`]: the bootstrap over seeds and validation spans, the verdict rule, the permutation test.
@@ -27,6 +29,7 @@
 pub mod claims;
 pub mod downstream;
 pub mod newton;
+pub mod plot;
 pub mod progress;
 pub mod report;
 pub mod retrieval;

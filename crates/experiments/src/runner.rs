@@ -146,7 +146,7 @@ pub fn run_dir(out: &Path, variant: &str, seed_index: usize) -> PathBuf {
 
 fn write_json(path: &Path, value: &impl Serialize) -> Result<()> {
     let write = |w: &mut dyn std::io::Write| serde_json::to_writer_pretty(w, value).map_err(std::io::Error::other);
-    Ok(trainer::data::shard::write_atomic(path, write)?)
+    Ok(trainer::data::io::write_atomic(path, write)?)
 }
 
 /// Generated English-like text, tokenized by the real pipeline into `<out>/data` (the smoke scale).
@@ -461,7 +461,7 @@ fn train_attempt(
         Launch::Ranks { nproc, torchrun } => {
             std::fs::create_dir_all(&cfg.out_dir).with_context(|| format!("creating {}", cfg.out_dir.display()))?;
             let config = cfg.out_dir.join("rank-config.toml");
-            trainer::data::shard::write_atomic(&config, |w| w.write_all(cfg.to_toml().as_bytes()))?;
+            trainer::data::io::write_atomic(&config, |w| w.write_all(cfg.to_toml().as_bytes()))?;
             let _ = std::fs::remove_file(cfg.out_dir.join(RANK_SUMMARY_FILE));
             let exe = std::env::current_exe().context("locating the reproduce binary")?;
             let mut args = vec!["--train-rank".to_string(), config.display().to_string()];
@@ -724,7 +724,7 @@ fn run_one(
                 key.posthoc.map_or(String::new(), |p| format!(" (post hoc p = {p})")),
                 last + 1
             );
-            crate::report::draw_map(&path, &title, &values)?;
+            crate::plot::draw_map(&path, &title, &values)?;
             Some(path)
         } else {
             None

@@ -41,9 +41,16 @@ struct AttnParams {
   RawTensor d_out, dq, dk, dv;
 };
 
+// Mirrors gpt_model::attention::fused::VariantHandle (checked from Rust: gpt_model_bridge_handle_size):
+// which interned variant, which kernels (0: CPU; 1, 2, 3: CUDA f32, f16, bf16), and whether the CPU
+// statistics buffer also holds re-weighting's backward helper.
+struct VariantHandle {
+  uint32_t variant, target, aux;
+};
+
 // Implemented in Rust.
-char* gpt_model_fused_forward(uint64_t variant, const AttnParams* p);
-char* gpt_model_fused_backward(uint64_t variant, const AttnParams* p);
+char* gpt_model_fused_forward(const VariantHandle* handle, const AttnParams* p);
+char* gpt_model_fused_backward(const VariantHandle* handle, const AttnParams* p);
 void gpt_model_fused_free_error(char* msg);
 
 }  // extern "C"
@@ -83,16 +90,20 @@ AttnParams base_params(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 
 struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
-                            const at::Tensor& v_in, int64_t variant, int64_t stats_per_row) {
+                            const at::Tensor& v_in, int64_t variant, int64_t target, int64_t aux,
+                            int64_t stats_per_row) {
     at::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
     at::Tensor o = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));  // (B, H, T, d)
     at::Tensor stats = at::empty({q.size(0), q.size(1), q.size(2), stats_per_row}, q.options().dtype(at::kFloat));  // (B, H, T, S)
     AttnParams p = base_params(q, k, v);
     p.o = raw(o);
     p.stats = stats.data_ptr<float>();
-    check_rust(gpt_model_fused_forward(static_cast<uint64_t>(variant), &p));
+    VariantHandle handle{static_cast<uint32_t>(variant), static_cast<uint32_t>(target), static_cast<uint32_t>(aux)};
+    check_rust(gpt_model_fused_forward(&handle, &p));
     ctx->save_for_backward({q, k, v, o, stats});
     ctx->saved_data["variant"] = variant;
+    ctx->saved_data["target"] = target;
+    ctx->saved_data["aux"] = aux;
     return o;
   }
 
@@ -111,9 +122,12 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     p.dq = raw(dq);
     p.dk = raw(dk);
     p.dv = raw(dv);
-    check_rust(gpt_model_fused_backward(static_cast<uint64_t>(ctx->saved_data["variant"].toInt()), &p));
-    // No gradient for the two integer arguments.
-    return {dq, dk, dv, at::Tensor(), at::Tensor()};
+    VariantHandle handle{static_cast<uint32_t>(ctx->saved_data["variant"].toInt()),
+                         static_cast<uint32_t>(ctx->saved_data["target"].toInt()),
+                         static_cast<uint32_t>(ctx->saved_data["aux"].toInt())};
+    check_rust(gpt_model_fused_backward(&handle, &p));
+    // No gradient for the four integer arguments.
+    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -131,10 +145,12 @@ extern "C" {
 // Fused causal attention of (B, H, T, d) f32 CPU tensors `q`, `k`, `v` (Rust checked device, dtype and
 // shapes), recorded in the autograd graph. On success writes a new tensor to `*out` (owned by the
 // caller, as tch's `Tensor::from_ptr` expects) and returns null; on failure returns the message.
-char* gpt_model_fused_apply(at::Tensor* q, at::Tensor* k, at::Tensor* v, uint64_t variant, int64_t stats_per_row,
-                            at::Tensor** out) {
+char* gpt_model_fused_apply(at::Tensor* q, at::Tensor* k, at::Tensor* v, const VariantHandle* handle,
+                            int64_t stats_per_row, at::Tensor** out) {
   try {
-    at::Tensor o = FusedAttention::apply(*q, *k, *v, static_cast<int64_t>(variant), stats_per_row);
+    at::Tensor o = FusedAttention::apply(*q, *k, *v, static_cast<int64_t>(handle->variant),
+                                         static_cast<int64_t>(handle->target), static_cast<int64_t>(handle->aux),
+                                         stats_per_row);
     *out = new at::Tensor(std::move(o));
     return nullptr;
   } catch (const c10::Error& e) {
@@ -149,6 +165,8 @@ char* gpt_model_fused_apply(at::Tensor* q, at::Tensor* k, at::Tensor* v, uint64_
 void gpt_model_bridge_free(char* msg) { std::free(msg); }
 
 size_t gpt_model_bridge_params_size() { return sizeof(AttnParams); }
+
+size_t gpt_model_bridge_handle_size() { return sizeof(VariantHandle); }
 
 // Makes CUDA autocast (tch::autocast) compute in bf16 instead of libtorch's default fp16.
 void gpt_model_autocast_cuda_bf16() { at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16); }

@@ -148,35 +148,30 @@ pub fn write_tensors(
     write_views_atomic(views, meta, path)
 }
 
-/// Serialises `views` and `meta` to a temporary file beside `path`, syncs it and renames it to `path`
-/// (then syncs the directory, where the filesystem allows). Streams the tensors: no copy of the whole
-/// file in memory.
+/// Serialises `views` and `meta` to `path` through [`crate::io::write_atomic_with`] (a uniquely
+/// named temporary file beside it, synced, renamed; removed on error). Streams the tensors: no copy
+/// of the whole file in memory.
 fn write_views_atomic(
     views: Vec<(String, TensorView<'_>)>,
     meta: HashMap<String, String>,
     path: &Path,
 ) -> Result<(), CheckpointError> {
-    let p = path.display().to_string();
-    let io = |source| CheckpointError::Io { path: p.clone(), source };
-    let tmp = path.with_extension("safetensors.tmp");
-    let written = safetensors::serialize_to_file(views, Some(meta), &tmp).map_err(|e| match e {
-        safetensors::SafeTensorError::IoError(source) => {
-            CheckpointError::Io { path: tmp.display().to_string(), source }
-        }
-        e => CheckpointError::Format { path: p.clone(), reason: e.to_string() },
+    let mut format_error = None;
+    let written = crate::io::write_atomic_with(path, |tmp| {
+        safetensors::serialize_to_file(views, Some(meta), tmp).map_err(|e| match e {
+            safetensors::SafeTensorError::IoError(source) => source,
+            e => {
+                let reason = e.to_string();
+                format_error = Some(reason.clone());
+                std::io::Error::other(reason)
+            }
+        })
     });
-    if let Err(e) = written {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
+    match (written, format_error) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Some(reason)) => Err(CheckpointError::Format { path: path.display().to_string(), reason }),
+        (Err(e), None) => Err(CheckpointError::Io { path: e.path.display().to_string(), source: e.source }),
     }
-    std::fs::File::open(&tmp).and_then(|f| f.sync_all()).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty())
-        && let Ok(d) = std::fs::File::open(dir)
-    {
-        let _ = d.sync_all(); // make the rename durable; not every filesystem supports it
-    }
-    Ok(())
 }
 
 /// A checkpoint file read once: its bytes (`B`: a `Vec<u8>` from [`Checkpoint::read`], or a memory

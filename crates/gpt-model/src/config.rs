@@ -118,6 +118,16 @@ impl ModelConfig {
 
     /// Checks sizes and the attention name.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_sizes()?;
+        if let Err(e) = self.variant() {
+            let reason = e.to_string();
+            return Err(ConfigError::Invalid { field: "attention", value: format!("{:?}", self.attention), reason });
+        }
+        Ok(())
+    }
+
+    /// Checks every field but the attention name.
+    pub(crate) fn validate_sizes(&self) -> Result<(), ConfigError> {
         let bad =
             |field, value: String, reason: &str| Err(ConfigError::Invalid { field, value, reason: reason.into() });
         if self.n_layer == 0 {
@@ -140,9 +150,6 @@ impl ModelConfig {
         }
         if self.mlp_ratio == 0 {
             return bad("mlp_ratio", "0".into(), "must be >= 1");
-        }
-        if let Err(e) = self.variant() {
-            return bad("attention", format!("{:?}", self.attention), &e.to_string());
         }
         Ok(())
     }

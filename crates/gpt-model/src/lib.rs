@@ -13,6 +13,7 @@
 pub mod attention;
 pub mod checkpoint;
 pub mod config;
+pub mod io;
 pub mod model;
 pub mod runtime;
 

@@ -152,9 +152,30 @@ impl Gpt {
         with_seed(seed, || Self::build(vs, cfg))
     }
 
+    /// [`Gpt::new`] with the attention variant given as a value instead of by the config's name: a
+    /// variant built in code, such as one with a user's own [`attn_core::Activation`] (which runs on
+    /// every path: the fused CPU kernels through its own f64 methods, the reference and KV-cached
+    /// decoding through [`crate::attention::torch_ops`]; CUDA falls back to the reference). The
+    /// config's `attention` field is ignored and replaced by the variant's name (`custom(...)` for a
+    /// user's activation, which a checkpoint stores but [`Gpt::new`] cannot parse back: restore such
+    /// a model with this constructor and the same variant). For a seeded build, call it inside
+    /// [`with_seed`].
+    ///
+    /// Errors when the variant misses a parameter (`sigmoid-bias` gets `T_train` from the config).
+    pub fn with_variant(vs: &nn::Path<'_>, cfg: &ModelConfig, variant: attn_core::Variant) -> Result<Self, ModelError> {
+        let variant = variant.with_train_len(cfg.context_len);
+        let cfg = ModelConfig { attention: variant.to_string(), ..cfg.clone() };
+        exclusive_init(|| Self::build_with(vs, &cfg, variant))
+    }
+
     fn build(vs: &nn::Path<'_>, cfg: &ModelConfig) -> Result<Self, ModelError> {
         cfg.validate()?;
-        let variant = cfg.variant()?;
+        Self::build_with(vs, cfg, cfg.variant()?)
+    }
+
+    fn build_with(vs: &nn::Path<'_>, cfg: &ModelConfig, variant: attn_core::Variant) -> Result<Self, ModelError> {
+        cfg.validate_sizes()?;
+        variant.plan()?; // every parameter set and valid: refused here, not at the first forward
         let d = cfg.d_model;
         let std = 0.02;
         let resid_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();

@@ -181,6 +181,71 @@ fn kv_cache_generation_matches_the_full_forward() {
     }
 }
 
+/// A user's activation: softplus written out by hand under a name of its own.
+#[derive(Debug)]
+struct HandSoftplus;
+
+impl attn_core::Activation for HandSoftplus {
+    fn name(&self) -> &str {
+        "hand-softplus"
+    }
+    fn value(&self, x: f64) -> f64 {
+        x.max(0.0) + (-x.abs()).exp().ln_1p()
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        1.0 / (1.0 + (-x).exp())
+    }
+    fn is_non_negative(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_custom_activation_trains_fused_on_the_cpu_and_decodes_with_the_kv_cache() {
+    let variant =
+        attn_core::Variant::builder().preset("lssa").unwrap().activation(HandSoftplus).reweight(3).build().unwrap();
+    let cfg = tiny("lssa+rw3", AttnImpl::Fused);
+    let vs = VarStore::new(Device::Cpu);
+    let model = gpt_model::model::with_seed(7, || Gpt::with_variant(&vs.root(), &cfg, variant)).unwrap();
+    assert!(model.config().attention.starts_with("custom("), "{}", model.config().attention);
+    let (builtin_vs, builtin) = build(&cfg, 7, Kind::Float); // the same weights, the built-in softplus
+    let seq = tokens(2, 33, 64, 8);
+    let (x, y) = (seq.narrow(1, 0, 32), seq.narrow(1, 1, 32));
+    let opts = ForwardOptions::default();
+
+    // The fused CPU kernels run it (through its own f64 methods) and agree with the built-in.
+    let fused_before = path_counts().fused;
+    let logits = model.forward(&x, &opts).unwrap();
+    assert_eq!(path_counts().fused - fused_before, cfg.n_layer, "every layer ran fused");
+    let want = builtin.forward(&x, &opts).unwrap();
+    assert!(max_diff(&logits, &want) < 1e-4, "custom vs built-in softplus: {}", max_diff(&logits, &want));
+    drop(builtin_vs);
+
+    // It trains.
+    let mut opt = nn::AdamW::default().build(&vs, 3e-3).unwrap();
+    let first = model.loss(&x, &y, &opts).unwrap().double_value(&[]);
+    let mut last = first;
+    for _ in 0..40 {
+        let l = model.loss(&x, &y, &opts).unwrap();
+        opt.backward_step(&l);
+        last = l.double_value(&[]);
+    }
+    assert!(last < first - 1.0, "loss {first} -> {last}");
+
+    // KV-cached decoding (the tch ops, query offsets > 0) equals the full fused forward.
+    let _g = tch::no_grad_guard();
+    let full = model.forward(&x, &opts).unwrap();
+    let mut cache = KvCache::default();
+    let mut pieces = vec![model.forward_cached(&x.narrow(1, 0, 4), &mut cache, &opts).unwrap()];
+    for t in 4..32 {
+        pieces.push(model.forward_cached(&x.narrow(1, t, 1), &mut cache, &opts).unwrap());
+    }
+    let cached = Tensor::cat(&pieces, 1);
+    assert!(max_diff(&full, &cached) < 1e-4, "cached vs full: {}", max_diff(&full, &cached));
+    let out = model.generate(&[1, 2, 3], 6, None, &opts).unwrap();
+    assert_eq!(out.len(), 9);
+}
+
 /// relu-seqlen divides each row by the length of the window being processed, so a position's
 /// hidden state depends on the window it was computed in, and the KV cache (whose step `t` divides
 /// by the `t + 1` keys so far) cannot equal one full forward. What holds: a cached step is the last

@@ -2,7 +2,9 @@
 //! f64 reference (forward and backward), and independent checks that need no reference (row 1, causal
 //! distributions, the empty-row fall-back, sharpening, causality, finite differences).
 
-use attn_core::Variant;
+use std::sync::Arc;
+
+use attn_core::{Activation, Variant};
 use gpt_model::attention::torch_ops;
 use ndarray::{Array4, ArrayView4};
 use tch::{Device, Kind, Tensor};
@@ -333,7 +335,88 @@ fn every_variant() -> Vec<Variant> {
     // Stage 2 on a stage 1 divided by the sequence length (and, in the chunked test, on blocks that
     // see fewer keys than the sequence has).
     names.push("relu-seqlen+rw3".into());
-    names.iter().map(|n| n.parse().unwrap_or_else(|e| panic!("{n}: {e}"))).collect()
+    let mut variants: Vec<Variant> = names.iter().map(|n| n.parse().unwrap_or_else(|e| panic!("{n}: {e}"))).collect();
+    // Users' activations, run through their own f64 methods: plain, re-weighted on cosine scores.
+    let customs: [Arc<dyn Activation>; 3] = [Arc::new(Square), Arc::new(TwiceExp), Arc::new(Impostor)];
+    for phi in customs {
+        variants.push(Variant::builder().activation_arc(Arc::clone(&phi)).build().unwrap());
+        variants.push(Variant::builder().preset("lssa").unwrap().activation_arc(phi).reweight(3).build().unwrap());
+    }
+    variants
+}
+
+/// A user's activation: `x^2`.
+#[derive(Debug)]
+struct Square;
+
+impl Activation for Square {
+    fn name(&self) -> &str {
+        "square"
+    }
+    fn value(&self, x: f64) -> f64 {
+        x * x
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        2.0 * x
+    }
+    fn is_non_negative(&self) -> bool {
+        true
+    }
+}
+
+/// A user's exponential-type activation, `2 e^x`: evaluated under a running maximum, so its masked
+/// scores reach it as `-inf`.
+#[derive(Debug)]
+struct TwiceExp;
+
+impl Activation for TwiceExp {
+    fn name(&self) -> &str {
+        "twice-exp"
+    }
+    fn value(&self, x: f64) -> f64 {
+        2.0 * x.exp()
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        2.0 * x.exp()
+    }
+    fn is_non_negative(&self) -> bool {
+        true
+    }
+    fn needs_running_max(&self) -> bool {
+        true
+    }
+}
+
+/// A user's activation that borrows a built-in's name: it must run as itself, `x^2 + 1`, never as
+/// softplus.
+#[derive(Debug)]
+struct Impostor;
+
+impl Activation for Impostor {
+    fn name(&self) -> &str {
+        "softplus"
+    }
+    fn value(&self, x: f64) -> f64 {
+        x * x + 1.0
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        2.0 * x
+    }
+    fn is_non_negative(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn a_user_activation_with_a_builtin_name_runs_as_itself() {
+    let (q, k, v) = (input([1, 2, 9, 8], 5, 1.0), input([1, 2, 9, 8], 6, 1.0), input([1, 2, 9, 8], 7, 1.0));
+    let lssa: Variant = "lssa".parse().unwrap();
+    let impostor = Variant::builder().preset("lssa").unwrap().activation(Impostor).build().unwrap();
+    let want = attn_core::forward(&impostor, to_array(&q).view(), to_array(&k).view(), to_array(&v).view()).unwrap();
+    let got = torch_ops::attention(&q, &k, &v, &impostor, 0).unwrap();
+    assert_close("impostor", &got, &to_tensor(want.view()), 1e-10);
+    let softplus = torch_ops::attention(&q, &k, &v, &lssa, 0).unwrap();
+    assert!(rel_err(&got, &softplus) > 1e-2, "the impostor ran as softplus");
 }
 
 #[test]
@@ -392,24 +475,37 @@ fn the_general_path_reports_bad_input() {
     // A parameter left unset is an error, not a silent default.
     let bias: Variant = "sigmoid-bias".parse().unwrap();
     assert!(matches!(torch_ops::attention(&q, &q, &q, &bias, 0), Err(torch_ops::AttnError::Variant(_))));
-    // A user's activation has no tch twin.
-    #[derive(Debug)]
-    struct Square;
-    impl attn_core::Activation for Square {
-        fn name(&self) -> &str {
-            "square"
-        }
-        fn value(&self, x: f64) -> f64 {
-            x * x
-        }
-        fn derivative(&self, x: f64) -> f64 {
-            2.0 * x
-        }
-        fn is_non_negative(&self) -> bool {
-            true
-        }
+}
+
+/// `x^2 + c` under one name for every `c`: two users' activations that share a name.
+#[derive(Debug)]
+struct Lifted(f64);
+
+impl Activation for Lifted {
+    fn name(&self) -> &str {
+        "lifted-square"
     }
-    let custom = Variant::builder().activation(Square).build().unwrap();
-    let err = torch_ops::attention(&q, &q, &q, &custom, 0).unwrap_err();
-    assert!(matches!(&err, torch_ops::AttnError::Activation(n) if n == "square"), "{err}");
+    fn value(&self, x: f64) -> f64 {
+        x * x + self.0
+    }
+    fn derivative(&self, x: f64) -> f64 {
+        2.0 * x
+    }
+    fn is_non_negative(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+fn the_fused_bridge_keeps_two_user_activations_of_one_name_apart() {
+    use gpt_model::attention::fused;
+    let shape = [1, 2, 7, 8];
+    let (q, k, v) = (input(shape, 11, 1.0), input(shape, 12, 1.0), input(shape, 13, 1.0));
+    let (qf, kf, vf) = (q.to_kind(Kind::Float), k.to_kind(Kind::Float), v.to_kind(Kind::Float));
+    for c in [0.5, 4.0, 0.5] {
+        let variant = Variant::builder().activation(Lifted(c)).build().unwrap();
+        let want = attn_core::forward(&variant, to_array(&q).view(), to_array(&k).view(), to_array(&v).view()).unwrap();
+        let got = fused::attention(&qf, &kf, &vf, &variant).unwrap().to_kind(Kind::Double);
+        assert_close(&format!("lifted {c}"), &got, &to_tensor(want.view()), 1e-5);
+    }
 }

@@ -276,7 +276,7 @@ pub fn train(
     if rank == 0 {
         std::fs::create_dir_all(&cfg.out_dir).with_context(|| format!("creating {}", cfg.out_dir.display()))?;
         let toml = cfg.to_toml();
-        crate::data::shard::write_atomic(&cfg.out_dir.join("config.toml"), |w| w.write_all(toml.as_bytes()))?;
+        crate::data::io::write_atomic(&cfg.out_dir.join("config.toml"), |w| w.write_all(toml.as_bytes()))?;
         match std::fs::remove_file(cfg.out_dir.join(DIVERGED_FILE)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                 return Err(e).with_context(|| format!("removing {}", cfg.out_dir.join(DIVERGED_FILE).display()));
@@ -356,7 +356,7 @@ pub fn train(
             if rank == 0 {
                 // A marker for whoever launched this run in another process (the experiment runner).
                 let marker = serde_json::json!({ "step": step, "loss": loss.to_string() }).to_string();
-                crate::data::shard::write_atomic(&cfg.out_dir.join(DIVERGED_FILE), |w| w.write_all(marker.as_bytes()))?;
+                crate::data::io::write_atomic(&cfg.out_dir.join(DIVERGED_FILE), |w| w.write_all(marker.as_bytes()))?;
             }
             return Err(diverged.into());
         }
@@ -472,7 +472,7 @@ fn truncate_metrics(path: &Path, last: usize) -> Result<()> {
         }
     }
     if kept.len() != text.len() {
-        crate::data::shard::write_atomic(path, |w| w.write_all(kept.as_bytes()))
+        crate::data::io::write_atomic(path, |w| w.write_all(kept.as_bytes()))
             .with_context(|| format!("rewriting {}", path.display()))?;
     }
     Ok(())

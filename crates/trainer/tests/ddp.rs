@@ -298,7 +298,7 @@ fn a_killed_rank_stops_the_run_fast_and_rank_zero_checkpoints_survive() {
     let leftovers: Vec<_> = std::fs::read_dir(&out)
         .unwrap()
         .flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .filter(|e| e.file_name().to_string_lossy().contains(".tmp"))
         .collect();
     assert!(leftovers.is_empty(), "temporary files left: {leftovers:?}");
     std::fs::remove_dir_all(&root).unwrap();

@@ -6,27 +6,9 @@
 //! (absolute error <= 1.5e-7); Mish is `x * tanh(softplus(x))` with `tanh(y) = (1 - e^{-2y}) / (1 + e^{-2y})`,
 //! stable for every `x` because `y >= 0`.
 
-use std::sync::Arc;
-
-use attn_core::Activation;
+use attn_core::{Builtin, Phi};
 
 use crate::cpu::math;
-
-/// The activation a kernel evaluates; built-ins get vectorised code, anything else calls the
-/// user's [`Activation`] element by element (correct, slow).
-#[derive(Clone)]
-pub(crate) enum Act {
-    Exp,
-    Softplus,
-    Relu,
-    Relu2,
-    Relu6,
-    Gelu,
-    Sigmoid,
-    Mish,
-    Identity,
-    Custom(Arc<dyn Activation>),
-}
 
 const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
 /// 1 / sqrt(2 pi).
@@ -53,49 +35,52 @@ fn tanh_softplus<const FMA: bool>(x: f32) -> f32 {
     (1.0 - e) / (1.0 + e)
 }
 
-impl Act {
-    /// Replaces every score `xs[c]` by `phi(xs[c])`.
-    #[inline(always)]
-    pub(crate) fn apply<const FMA: bool>(&self, xs: &mut [f32]) {
-        match self {
-            Act::Exp => xs.iter_mut().for_each(|x| *x = math::exp::<FMA>(*x)),
-            Act::Softplus => xs.iter_mut().for_each(|x| *x = math::softplus::<FMA>(*x)),
-            Act::Relu => xs.iter_mut().for_each(|x| *x = x.max(0.0)),
-            Act::Relu2 => xs.iter_mut().for_each(|x| *x = x.max(0.0) * x.max(0.0)),
-            Act::Relu6 => xs.iter_mut().for_each(|x| *x = x.clamp(0.0, 6.0)),
-            Act::Gelu => xs.iter_mut().for_each(|x| *x = 0.5 * *x * (1.0 + erf::<FMA>(*x * FRAC_1_SQRT_2))),
-            Act::Sigmoid => xs.iter_mut().for_each(|x| *x = math::sigmoid::<FMA>(*x)),
-            Act::Mish => xs.iter_mut().for_each(|x| *x *= tanh_softplus::<FMA>(*x)),
-            Act::Identity => {}
-            Act::Custom(a) => xs.iter_mut().for_each(|x| *x = a.value(*x as f64) as f32),
+/// Replaces every score `xs[c]` by `phi(xs[c])`: built-ins in vectorisable code, a user's activation
+/// element by element through its f64 `value` (correct, slow).
+#[inline(always)]
+pub(crate) fn apply<const FMA: bool>(phi: &Phi, xs: &mut [f32]) {
+    match phi {
+        Phi::Builtin(Builtin::Exp) => xs.iter_mut().for_each(|x| *x = math::exp::<FMA>(*x)),
+        Phi::Builtin(Builtin::Softplus) => xs.iter_mut().for_each(|x| *x = math::softplus::<FMA>(*x)),
+        Phi::Builtin(Builtin::Relu) => xs.iter_mut().for_each(|x| *x = x.max(0.0)),
+        Phi::Builtin(Builtin::Relu2) => xs.iter_mut().for_each(|x| *x = x.max(0.0) * x.max(0.0)),
+        Phi::Builtin(Builtin::Relu6) => xs.iter_mut().for_each(|x| *x = x.clamp(0.0, 6.0)),
+        Phi::Builtin(Builtin::Gelu) => {
+            xs.iter_mut().for_each(|x| *x = 0.5 * *x * (1.0 + erf::<FMA>(*x * FRAC_1_SQRT_2)))
         }
+        Phi::Builtin(Builtin::Sigmoid) => xs.iter_mut().for_each(|x| *x = math::sigmoid::<FMA>(*x)),
+        Phi::Builtin(Builtin::Mish) => xs.iter_mut().for_each(|x| *x *= tanh_softplus::<FMA>(*x)),
+        Phi::Builtin(Builtin::Identity) => {}
+        Phi::Custom(a) => xs.iter_mut().for_each(|x| *x = a.value(*x as f64) as f32),
     }
+}
 
-    /// `out[c] *= phi'(s[c])`: multiplies an upstream gradient by the derivative at the scores.
-    /// `f` holds `phi(s)` already (used by exp, whose derivative is itself; for exp under a
-    /// running maximum it holds `exp(s - max)`, which is what the caller's normaliser expects).
-    #[inline(always)]
-    pub(crate) fn mul_derivative<const FMA: bool>(&self, s: &[f32], f: &[f32], out: &mut [f32]) {
-        let n = out.len();
-        let s = &s[..n];
-        match self {
-            Act::Exp => out.iter_mut().zip(&f[..n]).for_each(|(o, &f)| *o *= f),
-            Act::Softplus => out.iter_mut().zip(s).for_each(|(o, &s)| *o *= math::sigmoid::<FMA>(s)),
-            Act::Relu => out.iter_mut().zip(s).for_each(|(o, &s)| *o = if s > 0.0 { *o } else { 0.0 }),
-            Act::Relu2 => out.iter_mut().zip(s).for_each(|(o, &s)| *o *= 2.0 * s.max(0.0)),
-            Act::Relu6 => out.iter_mut().zip(s).for_each(|(o, &s)| *o = if s > 0.0 && s < 6.0 { *o } else { 0.0 }),
-            Act::Gelu => out.iter_mut().zip(s).for_each(|(o, &s)| {
-                let cdf = 0.5 * (1.0 + erf::<FMA>(s * FRAC_1_SQRT_2));
-                let pdf = INV_SQRT_2PI * math::exp::<FMA>(-0.5 * s * s);
-                *o *= math::fmadd::<FMA>(s, pdf, cdf);
-            }),
-            Act::Sigmoid => out.iter_mut().zip(&f[..n]).for_each(|(o, &f)| *o *= f * (1.0 - f)),
-            Act::Mish => out.iter_mut().zip(s).for_each(|(o, &s)| {
-                let t = tanh_softplus::<FMA>(s);
-                *o *= t + s * (1.0 - t * t) * math::sigmoid::<FMA>(s);
-            }),
-            Act::Identity => {}
-            Act::Custom(a) => out.iter_mut().zip(s).for_each(|(o, &s)| *o *= a.derivative(s as f64) as f32),
+/// `out[c] *= phi'(s[c])`: multiplies an upstream gradient by the derivative at the scores.
+/// `f` holds `phi(s)` already (used by exp, whose derivative is itself, and by sigmoid; for exp under
+/// a running maximum it holds `exp(s - max)`, which is what the caller's normaliser expects).
+#[inline(always)]
+pub(crate) fn mul_derivative<const FMA: bool>(phi: &Phi, s: &[f32], f: &[f32], out: &mut [f32]) {
+    let n = out.len();
+    let s = &s[..n];
+    match phi {
+        Phi::Builtin(Builtin::Exp) => out.iter_mut().zip(&f[..n]).for_each(|(o, &f)| *o *= f),
+        Phi::Builtin(Builtin::Softplus) => out.iter_mut().zip(s).for_each(|(o, &s)| *o *= math::sigmoid::<FMA>(s)),
+        Phi::Builtin(Builtin::Relu) => out.iter_mut().zip(s).for_each(|(o, &s)| *o = if s > 0.0 { *o } else { 0.0 }),
+        Phi::Builtin(Builtin::Relu2) => out.iter_mut().zip(s).for_each(|(o, &s)| *o *= 2.0 * s.max(0.0)),
+        Phi::Builtin(Builtin::Relu6) => {
+            out.iter_mut().zip(s).for_each(|(o, &s)| *o = if s > 0.0 && s < 6.0 { *o } else { 0.0 })
         }
+        Phi::Builtin(Builtin::Gelu) => out.iter_mut().zip(s).for_each(|(o, &s)| {
+            let cdf = 0.5 * (1.0 + erf::<FMA>(s * FRAC_1_SQRT_2));
+            let pdf = INV_SQRT_2PI * math::exp::<FMA>(-0.5 * s * s);
+            *o *= math::fmadd::<FMA>(s, pdf, cdf);
+        }),
+        Phi::Builtin(Builtin::Sigmoid) => out.iter_mut().zip(&f[..n]).for_each(|(o, &f)| *o *= f * (1.0 - f)),
+        Phi::Builtin(Builtin::Mish) => out.iter_mut().zip(s).for_each(|(o, &s)| {
+            let t = tanh_softplus::<FMA>(s);
+            *o *= t + s * (1.0 - t * t) * math::sigmoid::<FMA>(s);
+        }),
+        Phi::Builtin(Builtin::Identity) => {}
+        Phi::Custom(a) => out.iter_mut().zip(s).for_each(|(o, &s)| *o *= a.derivative(s as f64) as f32),
     }
 }

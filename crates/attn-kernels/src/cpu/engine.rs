@@ -14,42 +14,12 @@
 //! Precision: tiles and accumulators of `o`, `dq`, `dk`, `dv` are f32; row normalisers (`Z_i`, `W_i`,
 //! `E_i`) are summed per tile in f32 and across tiles in f64.
 
-use crate::cpu::act::Act;
+use attn_core::{Builtin, Norm, OutputNorm, Phi, Plan};
+
+use crate::cpu::act;
 use crate::cpu::isa::Isa;
 use crate::cpu::math;
 use crate::cpu::tile::{self, pad_nr};
-
-/// Stage-1 normaliser, as the kernel evaluates it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Norm {
-    /// `f / sum |f|` (a zero row gives zero weights).
-    L1,
-    /// `f` as it is.
-    None,
-    /// `f / N_i`.
-    DivN,
-    /// `f / T`: the sequence length (attn-core's `Norm::DivLen`; the engine's rows are causal over
-    /// one sequence of `T` keys).
-    DivLen,
-}
-
-/// Everything the engine needs to know about a variant, resolved once per call.
-pub(crate) struct Plan {
-    pub act: Act,
-    /// L2-normalise `q` and `k` rows (cosine scores).
-    pub cosine: bool,
-    pub norm: Norm,
-    /// Subtract the running row maximum (exp under l1: softmax).
-    pub running_max: bool,
-    /// `phi` may be negative: the l1 sums `|f|` and its gradient carries `sign(f)`.
-    pub signed: bool,
-    /// Parameter-free layer norm of each output row (relu-ln).
-    pub layer_norm: bool,
-    /// Re-weighting power `p`.
-    pub p: Option<u32>,
-    /// Per-row `(scale_i, bias_i)` for a row with `N_i` keys; from attn-core, so constants are identical.
-    pub row_consts: Box<dyn Fn(usize) -> (f64, f64) + Send + Sync>,
-}
 
 /// Tile sizes and scratch budgets: tuning knobs, separate from the maths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,12 +156,12 @@ struct Rows {
 }
 
 impl Rows {
-    fn new(plan: &Plan, head: &Head<'_>, i0: usize, nq: usize) -> Self {
+    fn new(plan: &Plan, head: &Head<'_>, d: usize, i0: usize, nq: usize) -> Self {
         let mut fac = Vec::with_capacity(nq);
         let mut bias = Vec::with_capacity(nq);
         for r in 0..nq {
-            let (scale, b) = (plan.row_consts)(i0 + r + 1);
-            let inq = if plan.cosine { head.inq[i0 + r] as f64 } else { 1.0 };
+            let (scale, b) = plan.row_constants(i0 + r + 1, d);
+            let inq = if plan.cosine() { head.inq[i0 + r] as f64 } else { 1.0 };
             fac.push((scale * inq) as f32);
             bias.push(b as f32);
         }
@@ -227,7 +197,7 @@ fn scores<const FMA: bool>(
         let vis = visible(i0 + r, j0, nk);
         let row = &mut s[r * lds..r * lds + vis];
         let (a, b) = (rows.fac[r], rows.bias[r]);
-        if plan.cosine {
+        if plan.cosine() {
             let ink = &head.ink[j0..j0 + vis];
             row.iter_mut().zip(ink).for_each(|(x, &kn)| *x = math::fmadd::<FMA>(*x * a, kn, b));
         } else {
@@ -384,14 +354,14 @@ fn forward_body<const FMA: bool>(
 ) {
     let d = dims.d;
     let lds = dims.bk_pad();
-    let rows = Rows::new(plan, head, i0, nq);
+    let rows = Rows::new(plan, head, dims.d, i0, nq);
     let nkt = (i0 + nq).div_ceil(dims.bk);
     let acc = &mut sc.acc[..nq * d];
     acc.fill(0.0);
     let mut z = vec![0.0f64; nq];
     let mut mx = vec![f32::NEG_INFINITY; nq];
     let mut fmax = vec![f32::NEG_INFINITY; nq];
-    let reweight = plan.p;
+    let reweight = plan.reweight;
     // Re-weighting keeps the first sweep's activations (the scores, under a running maximum, which
     // moves until the sweep ends) for the second, where they fit the budget: the same values the
     // second sweep would recompute, bit for bit.
@@ -447,7 +417,7 @@ fn forward_body<const FMA: bool>(
                 let m = mx[r];
                 live.iter_mut().for_each(|x| *x -= m);
             }
-            plan.act.apply::<FMA>(live);
+            act::apply::<FMA>(&plan.phi, live);
             let sum: f32 = if plan.signed { lane_sum::<true>(live) } else { lane_sum::<false>(live) };
             z[r] += sum as f64;
             if reweight.is_some() && !plan.running_max {
@@ -472,7 +442,7 @@ fn forward_body<const FMA: bool>(
             st.fill(0.0);
             st[ST_Z] = z[r] as f32;
             st[ST_MAX] = if plan.running_max { mx[r] } else { 0.0 };
-            if plan.layer_norm {
+            if plan.output_norm == OutputNorm::LayerNorm {
                 st[ST_MAX] = layer_norm(o);
             }
         }
@@ -539,7 +509,7 @@ fn forward_body<const FMA: bool>(
                     let m = mx[r];
                     live.iter_mut().for_each(|x| *x -= m);
                 }
-                plan.act.apply::<FMA>(live);
+                act::apply::<FMA>(&plan.phi, live);
             }
             let a = an[r];
             if keep_aux {
@@ -684,11 +654,11 @@ fn grad_tile<const FMA: bool>(
         gv[vis..].fill(0.0);
         let (f, gv) = (&mut f[..vis], &mut gv[..vis]);
         f.copy_from_slice(s);
-        plan.act.apply::<FMA>(f);
+        act::apply::<FMA>(&plan.phi, f);
         let a = anorm(plan.norm, st[ST_Z] as f64, n, dims.t);
         let RowGrad { dprime, c } = rg[i];
         // gv <- dL/da_ij; f <- w_ij.
-        match plan.p {
+        match plan.reweight {
             Some(p) if st[ST_UMAX] > 0.0 => {
                 let (na, off, inv_m, inv_w) = (n as f32 * a, offset(n), 1.0 / st[ST_UMAX], 1.0 / st[ST_W]);
                 // rho = relu(u) / m, kept in f; h = (gv - D') / W * p * rho^(p-1) / m; dL/da = N h.
@@ -718,7 +688,7 @@ fn grad_tile<const FMA: bool>(
             Norm::L1 => {
                 if plan.signed {
                     let mut fs = s.to_vec();
-                    plan.act.apply::<FMA>(&mut fs);
+                    act::apply::<FMA>(&plan.phi, &mut fs);
                     gv.iter_mut().zip(&fs).for_each(|(x, &fv)| *x = (*x - sign(fv) * c) * a);
                 } else {
                     gv.iter_mut().for_each(|x| *x = (*x - c) * a);
@@ -729,16 +699,16 @@ fn grad_tile<const FMA: bool>(
             Norm::DivN | Norm::DivLen => gv.iter_mut().for_each(|x| *x *= a),
         }
         // ds = df * phi'(s). Exp needs phi(s) itself: recompute it into tmp (f now holds w).
-        if matches!(plan.act, Act::Exp | Act::Sigmoid) {
+        if matches!(plan.phi, Phi::Builtin(Builtin::Exp | Builtin::Sigmoid)) {
             let fs = &mut sc.tmp[..vis];
             fs.copy_from_slice(s);
-            plan.act.apply::<FMA>(fs);
-            plan.act.mul_derivative::<FMA>(s, fs, gv);
+            act::apply::<FMA>(&plan.phi, fs);
+            act::mul_derivative::<FMA>(&plan.phi, s, fs, gv);
         } else {
-            plan.act.mul_derivative::<FMA>(s, &[], gv);
+            act::mul_derivative::<FMA>(&plan.phi, s, &[], gv);
         }
         let fac = rows.fac[r];
-        if plan.cosine {
+        if plan.cosine() {
             gv.iter_mut().zip(&head.ink[j0..j0 + vis]).for_each(|(x, &kn)| *x *= fac * kn);
         } else {
             gv.iter_mut().for_each(|x| *x *= fac);
@@ -782,7 +752,7 @@ crate::multiversion! {
             let dp: f32 = g[i * ldg..i * ldg + d].iter().zip(&o[i * ldo..i * ldo + d]).map(|(a, b)| a * b).sum();
             rg[r] = RowGrad { dprime: dp, c: dp };
         }
-        let Some(p) = plan.p else { return };
+        let Some(p) = plan.reweight else { return };
         if let Some(aux) = aux {
             // The forward's helper: E_i = a p / (W m) (<g_i, y_i> - D'_i c_i), no sweep.
             for r in 0..nq {
@@ -801,7 +771,7 @@ crate::multiversion! {
             }
             return;
         }
-        let rows = Rows::new(plan, head, i0, nq);
+        let rows = Rows::new(plan, head, dims.d, i0, nq);
         let lds = dims.bk_pad();
         let mut e = vec![0.0f64; nq];
         let nkt = (i0 + nq).div_ceil(dims.bk);
@@ -824,7 +794,7 @@ crate::multiversion! {
                     let m = st[ST_MAX];
                     f.iter_mut().for_each(|x| *x -= m);
                 }
-                plan.act.apply::<FMA>(f);
+                act::apply::<FMA>(&plan.phi, f);
                 let a = anorm(plan.norm, st[ST_Z] as f64, n, dims.t);
                 let (na, off, inv_m, inv_w) = (n as f32 * a, offset(n), 1.0 / st[ST_UMAX], 1.0 / st[ST_W]);
                 // E_i = sum_j a_ij h_ij, h_ij = (gv - D') / W * p * rho^(p-1) / m.
@@ -879,14 +849,14 @@ crate::multiversion! {
             for qt in j0 / dims.bq..nqt {
                 let i0 = qt * dims.bq;
                 let nq = dims.bq.min(dims.t - i0);
-                let rows = Rows::new(plan, head, i0, nq);
+                let rows = Rows::new(plan, head, dims.d, i0, nq);
                 grad_tile::<FMA>(plan, head, g, ldg, dims, &rows, stats, rg, i0, nq, j0, nk, sc);
                 // dv += w^T g and dk += P^T q, reading w and P transposed in place.
                 tile::matmul_tn_acc::<FMA>(dims.isa, &sc.f, lds, &g[i0 * ldg..], ldg, nk, nq, d, &mut sc.dv, d);
                 tile::matmul_tn_acc::<FMA>(dims.isa, &sc.gv, lds, &head.q[i0 * head.ldq..], head.ldq, nk, nq, d, &mut sc.dk, d);
                 tile::matmul_acc::<FMA>(dims.isa, &sc.gv, lds, &head.k[j0 * head.ldk..], head.ldk, nq, nk, d, &mut dq_part[i0 * d..], d);
             }
-            if plan.cosine {
+            if plan.cosine() {
                 for c in 0..nk {
                     let j = j0 + c;
                     project(&mut sc.dk[c * d..(c + 1) * d], &head.k[j * head.ldk..j * head.ldk + d], head.ink[j]);

@@ -15,15 +15,13 @@ pub mod isa;
 pub mod math;
 pub(crate) mod tile;
 
-use std::sync::Arc;
-
 use ndarray::{Array4, ArrayView4, AsArray, Ix4};
 use rayon::prelude::*;
 
-use attn_core::{Norm as CoreNorm, OutputNorm, Scores, Transform, Variant};
+use attn_core::{OutputNorm, Plan, Transform, Variant};
 
 pub use engine::Tuning;
-use engine::{BwdScratch, Dims, FwdScratch, Head, Norm, Plan, RowGrad, STATS};
+use engine::{BwdScratch, Dims, FwdScratch, Head, RowGrad, STATS};
 pub use isa::Isa;
 
 use crate::{Error, Grads, Result};
@@ -129,58 +127,27 @@ fn not_fused(variant: &Variant, reason: &'static str) -> Error {
     Error::NotFused { variant: variant.to_string(), reason }
 }
 
-/// Resolves a variant into the engine's plan, or says why it is not fused.
-fn plan(variant: &Variant, head_dim: usize) -> Result<Plan> {
-    variant.validate()?;
-    let s1 = &variant.stage1;
-    if s1.transform != Transform::None {
-        return Err(not_fused(variant, "the Table-1 transforms (inverse, recentered) need the whole row"));
+/// The variant's plan, or why the engine does not stream it. Every activation runs: the built-ins
+/// in vector code, a user's through its own f64 methods.
+fn plan(variant: &Variant) -> Result<Plan> {
+    let plan = variant.plan()?;
+    match plan.transform {
+        Transform::None => {}
+        Transform::Inverse | Transform::Recentered | Transform::RecenteredL1 => {
+            return Err(not_fused(variant, "the Table-1 transforms (inverse, recentered) need the whole row"));
+        }
     }
-    if s1.output_norm == OutputNorm::LayerNorm && variant.reweight.is_some() {
-        return Err(not_fused(variant, "re-weighting before an output layer norm is not fused"));
+    match (plan.output_norm, plan.reweight) {
+        (OutputNorm::LayerNorm, Some(_)) => {
+            Err(not_fused(variant, "re-weighting before an output layer norm is not fused"))
+        }
+        (OutputNorm::LayerNorm, None) | (OutputNorm::None, _) => Ok(plan),
     }
-    let act = match s1.activation.name() {
-        "exp" => act::Act::Exp,
-        "softplus" => act::Act::Softplus,
-        "relu" => act::Act::Relu,
-        "relu2" => act::Act::Relu2,
-        "relu6" => act::Act::Relu6,
-        "gelu" => act::Act::Gelu,
-        "sigmoid" => act::Act::Sigmoid,
-        "mish" => act::Act::Mish,
-        "identity" => act::Act::Identity,
-        _ => act::Act::Custom(Arc::clone(&s1.activation)),
-    };
-    // Built-in names are only trusted for attn-core's own types; a user's activation that reuses a
-    // name still gets its own code.
-    let act = if attn_core::activation_by_name(s1.activation.name()).is_some() {
-        act
-    } else {
-        act::Act::Custom(Arc::clone(&s1.activation))
-    };
-    let norm = match s1.norm {
-        CoreNorm::L1 => Norm::L1,
-        CoreNorm::None => Norm::None,
-        CoreNorm::DivN => Norm::DivN,
-        CoreNorm::DivLen => Norm::DivLen,
-    };
-    let (scale, bias) = (s1.scale, s1.bias);
-    bias.value(1)?; // parameters are complete (validate checked); row values cannot fail now
-    Ok(Plan {
-        act,
-        cosine: s1.scores == Scores::Cosine,
-        norm,
-        running_max: s1.needs_running_max(),
-        signed: !s1.activation.is_non_negative(),
-        layer_norm: s1.output_norm == OutputNorm::LayerNorm,
-        p: variant.reweight,
-        row_consts: Box::new(move |n| (scale.value(n, head_dim), bias.value(n).unwrap_or(0.0))),
-    })
 }
 
 /// Whether `variant` runs fused on the CPU (else use the attn-core reference).
 pub fn is_fused(variant: &Variant) -> bool {
-    plan(variant, 64).is_ok()
+    plan(variant).is_ok()
 }
 
 fn dims(p: &Params, tuning: Tuning, isa: Isa) -> Result<Dims> {
@@ -302,16 +269,16 @@ unsafe fn write_rows(x: RawTensor<*mut f32>, b: usize, h: usize, i0: usize, d: u
 /// sizes and strides given, rows of `d` contiguous elements; `o` and `stats` must not alias anything
 /// else. Shapes are not checked here (the ndarray API checks them); `T >= 1`, `d >= 1`.
 pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Result<()> {
-    let plan = plan(variant, p.head_dim)?;
+    let plan = plan(variant)?;
     let dims = dims(p, opts.tuning, opts.isa)?;
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
     // SAFETY: forwarded from our caller.
-    let norms = unsafe { inverse_norms(p, plan.cosine) };
+    let norms = unsafe { inverse_norms(p, plan.cosine()) };
     // SAFETY: forwarded.
     let packed = unsafe { pack(p, dims, false) };
     let nqt = t.div_ceil(dims.bq);
     let (o, stats) = (SendPtr(p.o), SendPtr(p.stats));
-    let aux = SendPtr(if plan.p.is_some() { p.rw_aux } else { std::ptr::null_mut() });
+    let aux = SendPtr(if plan.reweight.is_some() { p.rw_aux } else { std::ptr::null_mut() });
     let isa = opts.isa.assert_supported();
     (0..bh * nqt).into_par_iter().for_each_init(
         || (FwdScratch::new(dims), vec![0.0f32; dims.bq * d]),
@@ -344,12 +311,12 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Resu
 /// # Safety
 /// As [`forward_raw`], for every pointer of `p`; `dq`, `dk`, `dv` must not alias anything else.
 pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Result<()> {
-    let plan = plan(variant, p.head_dim)?;
+    let plan = plan(variant)?;
     let dims = dims(p, opts.tuning, opts.isa)?;
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
     let isa = opts.isa.assert_supported();
     // SAFETY: forwarded from our caller.
-    let norms = unsafe { inverse_norms(p, plan.cosine) };
+    let norms = unsafe { inverse_norms(p, plan.cosine()) };
     // SAFETY: forwarded.
     let packed = unsafe { pack(p, dims, true) };
     let stats_all = SendPtr(p.stats as *const f32);
@@ -358,7 +325,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
 
     // The upstream gradient the attention weights see: for relu-ln, back through the layer norm
     // (dx = (g - mean g - o mean(g o)) / sigma, with o the normalised output), into a contiguous copy.
-    let g_ln: Vec<f32> = if plan.layer_norm {
+    let g_ln: Vec<f32> = if plan.output_norm == OutputNorm::LayerNorm {
         let mut buf = vec![0.0f32; bh * t * d];
         let (g, o) = (SendPtr(p.d_out), SendPtr(p.o.as_const()));
         buf.par_chunks_mut(t * d).enumerate().for_each(|(x, dst)| {
@@ -385,7 +352,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
         Vec::new()
     };
     let g_of = |b: usize, h: usize| -> (&[f32], usize) {
-        if plan.layer_norm {
+        if plan.output_norm == OutputNorm::LayerNorm {
             let x = b * p.heads + h;
             (&g_ln[x * t * d..(x + 1) * t * d], d)
         } else {
@@ -479,7 +446,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
         for part in rest.chunks_exact(t * d) {
             first.iter_mut().zip(part).for_each(|(a, &b)| *a += b);
         }
-        if plan.cosine {
+        if plan.cosine() {
             // SAFETY: forwarded.
             let hd = unsafe { head(p, &norms, &packed, dims, b, h) };
             for i in 0..t {

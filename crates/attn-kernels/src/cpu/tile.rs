@@ -6,23 +6,10 @@
 //! generic over `FMA` (with `FMA = false` they use `a * b + c`, because `f32::mul_add` without the
 //! `fma` target feature is a libm call).
 //!
-//! Kernel lab (measured on the 2-core AVX-512 dev machine, LSSA forward, B=1, H=12, T=2048, d=64):
-//!
-//! - v1 portable code only, `MR x NR = 4 x 32` accumulator arrays, relying on LLVM to vectorise
-//!   inside the `#[target_feature]` wrappers: 5.4 GFLOP/s. LLVM fully unrolled the 32-wide loop
-//!   and kept the accumulators on the stack as scalars (`vfmadd213ss` to memory): rejected.
-//! - v2 explicit intrinsics: AVX-512 `8 x 32` blocks (16 zmm accumulators + 2 for `B`,
-//!   of 32 registers), AVX2 `4 x 16` blocks (8 ymm accumulators + 2, of 16); column tails by masked
-//!   loads/stores (AVX-512) or a scalar loop (AVX2).
-//! - v3 packing `K^T`/`V^T` once per head (not per tile pair), an `Aᵀ·B` kernel instead of explicit
-//!   transposes in the backward, constant-exponent powers: LSSA forward 131 GFLOP/s at T = 2048.
-//! - v4 (this file) v2/v3 written once over a small `Lanes` trait (load, store, splat, fma, masked
-//!   first-`w`-lanes load/store) and instantiated per ISA; column tails by masked loads/stores on
-//!   both ISAs (AVX2's were a scalar loop). The full-block inner loops assemble to the same
-//!   instructions as v3's hand-written pair; the AVX-512 path now runs the body the AVX2 tests check.
-//! - rejected: fusing the score's affine map, `phi` and the row sum/max into one pass over the row
-//!   (`T = 4096`: 199-230 ms against 188 ms for the separate passes, even with the accumulators
-//!   kept in registers); the separate passes each vectorise cleanly.
+//! The explicit kernels are written once over a small `Lanes` trait (load, store, splat, fma, masked
+//! first-`w`-lanes load/store) and instantiated per ISA: AVX-512 `8 x 32` blocks, AVX2 `4 x 16`
+//! blocks, column tails by masked loads/stores on both ISAs.
+//! Lab history (versions, GFLOP/s, what was rejected): `docs/bench/kernels-cpu-notes.md`.
 
 /// Fused multiply-add when the instantiation has FMA, else a plain multiply and add.
 #[inline(always)]

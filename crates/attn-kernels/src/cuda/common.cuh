@@ -139,8 +139,10 @@ __device__ __forceinline__ float act(float x) {
     return sigmoid_f(x);
 #elif ACT == 7
     return x * tanhf(softplus_f(x));
-#else
+#elif ACT == 8
     return x;
+#else
+#error "unknown ACT: give the new built-in activation its device code here and in act_grad"
 #endif
 }
 
@@ -163,8 +165,10 @@ __device__ __forceinline__ float act_grad(float x, float f) {
 #elif ACT == 7
     float t = tanhf(softplus_f(x));
     return t + x * (1.f - t * t) * sigmoid_f(x);
-#else
+#elif ACT == 8
     return 1.f;
+#else
+#error "unknown ACT: give the new built-in activation its device code here and in act"
 #endif
 }
 

@@ -8,10 +8,10 @@
 //! allocates every output on the input's device and dtype (row statistics in f32). What crosses the bridge:
 //!
 //! - Rust -> C++ ([`attention`]): the three `at::Tensor*` of `q`, `k`, `v` (tch's
-//!   `Tensor::as_mut_ptr`), a variant *handle* (an index into a process-wide registry of interned
-//!   [`Variant`]s, so the backward finds the same variant however long after the forward it runs;
-//!   for CUDA tensors bit 40 and the dtype in bits 32..40 are set, so the callbacks know which kernels
-//!   to run), and the number of statistics per row. The result comes back as a new `at::Tensor*` that Rust owns
+//!   `Tensor::as_mut_ptr`), a `#[repr(C)]` variant handle (an index into a process-wide registry of
+//!   interned [`Variant`]s, so the backward finds the same variant however long after the forward it
+//!   runs; which kernels to run, CPU or CUDA and the dtype; whether the helper below is kept), and the
+//!   number of statistics per row. The result comes back as a new `at::Tensor*` that Rust owns
 //!   (`Tensor::from_ptr`).
 //! - C++ -> Rust (callbacks): the handle and one `AttnParams` struct, which is
 //!   [`attn_kernels::cpu::Params`] field for field (`#[repr(C)]`; the sizes are checked on first use).
@@ -21,7 +21,7 @@
 //! context saves `q`, `k`, `v`, the output and the statistics, nothing `T x T`. For a re-weighted
 //! variant on the CPU whose inputs require gradients, `S` also counts re-weighting's backward helper
 //! ([`cpu::Params::rw_aux`], `d + 1` floats per row): the buffer holds the `B·H·T` rows of
-//! statistics, then the helper's, and `AUX_BIT` in the handle tells the callbacks so.
+//! statistics, then the helper's, and the handle's `aux` tells the callbacks so.
 //!
 //! CUDA kernels: [`cuda::Kernel::Auto`] unless `LSSA_CUDA_KERNEL` (`auto`, `v1`, `v2`, `v3`, `v5`, `v7`, `v8`;
 //! read at first use) or [`set_cuda_kernel`] says otherwise.
@@ -31,7 +31,7 @@
 //! failure in the backward surfaces where tch's `backward()` reports libtorch errors.
 
 use std::ffi::{CStr, CString, c_char, c_void};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use attn_core::Variant;
 use attn_kernels::cpu::{self, Params};
@@ -67,12 +67,13 @@ unsafe extern "C" {
         q: *mut c_void,
         k: *mut c_void,
         v: *mut c_void,
-        variant: u64,
+        handle: *const VariantHandle,
         stats_per_row: i64,
         out: *mut *mut c_void,
     ) -> *mut c_char;
     fn gpt_model_bridge_free(msg: *mut c_char);
     fn gpt_model_bridge_params_size() -> usize;
+    fn gpt_model_bridge_handle_size() -> usize;
     fn gpt_model_autocast_cuda_bf16();
 }
 
@@ -89,27 +90,41 @@ fn registry() -> &'static Mutex<Vec<Variant>> {
     R.get_or_init(|| Mutex::new(Vec::new()))
 }
 
-fn intern(variant: &Variant) -> u64 {
+/// The registry index of `variant`. Equal variants share one entry, except that a user's activation
+/// is only shared with the same instance (two users' activations may share a name).
+fn intern(variant: &Variant) -> u32 {
+    let same = |v: &Variant| {
+        v == variant
+            && (variant.stage1.activation.builtin().is_some()
+                || Arc::ptr_eq(&v.stage1.activation, &variant.stage1.activation))
+    };
     let mut r = registry().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(i) = r.iter().position(|v| v == variant) {
-        return i as u64;
-    }
-    r.push(variant.clone());
-    (r.len() - 1) as u64
+    let i = match r.iter().position(same) {
+        Some(i) => i,
+        None => {
+            r.push(variant.clone());
+            r.len() - 1
+        }
+    };
+    u32::try_from(i).expect("fewer than 2^32 distinct variants in one process")
 }
 
-fn lookup(handle: u64) -> Option<Variant> {
-    registry().lock().unwrap_or_else(|e| e.into_inner()).get(handle as usize).cloned()
+fn lookup(index: u32) -> Option<Variant> {
+    registry().lock().unwrap_or_else(|e| e.into_inner()).get(index as usize).cloned()
 }
 
 fn check_layout() -> Result<(), FusedError> {
-    // SAFETY: a plain function returning sizeof of the C struct.
-    let c_size = unsafe { gpt_model_bridge_params_size() };
-    if c_size != std::mem::size_of::<Params>() {
-        return Err(FusedError::Bridge(format!(
-            "AttnParams is {c_size} bytes in C++ but attn_kernels::cpu::Params is {} bytes in Rust",
-            std::mem::size_of::<Params>()
-        )));
+    // SAFETY: plain functions returning sizeof of the C structs.
+    let (params, handle) = unsafe { (gpt_model_bridge_params_size(), gpt_model_bridge_handle_size()) };
+    for (c_name, c_size, rust_name, rust_size) in [
+        ("AttnParams", params, "attn_kernels::cpu::Params", std::mem::size_of::<Params>()),
+        ("VariantHandle", handle, "VariantHandle", std::mem::size_of::<VariantHandle>()),
+    ] {
+        if c_size != rust_size {
+            return Err(FusedError::Bridge(format!(
+                "{c_name} is {c_size} bytes in C++ but {rust_name} is {rust_size} bytes in Rust"
+            )));
+        }
     }
     Ok(())
 }
@@ -133,37 +148,51 @@ fn cuda_dtype(kind: Kind) -> Option<cuda::Dtype> {
     }
 }
 
-/// Bit of a handle that marks CUDA tensors; bits 32..40 hold the dtype (see [`handle_for`]).
-const CUDA_BIT: u64 = 1 << 40;
-/// Bit of a handle that marks a CPU call whose statistics buffer also holds re-weighting's backward
-/// helper ([`cpu::Params::rw_aux`]) after the statistics.
-const AUX_BIT: u64 = 1 << 41;
-
-/// The handle the bridge passes back to the callbacks: the interned variant in the low 32 bits, and
-/// for CUDA tensors [`CUDA_BIT`] and the dtype, so the callbacks know which kernels to run; for CPU
-/// tensors [`AUX_BIT`] where the helper is kept.
-fn handle_for(variant: &Variant, dtype: Option<cuda::Dtype>, aux: bool) -> u64 {
-    let code = match dtype {
-        None => return intern(variant) | if aux { AUX_BIT } else { 0 },
-        Some(cuda::Dtype::F32) => 0,
-        Some(cuda::Dtype::F16) => 1,
-        Some(cuda::Dtype::Bf16) => 2,
-    };
-    intern(variant) | CUDA_BIT | (code << 32)
+/// What the bridge hands back to the callbacks (`VariantHandle` in `csrc/fused_attention.cpp`, field
+/// for field; the sizes are checked on first use): plain fields, no packed bits. Opaque outside
+/// this module; public only because the callbacks that take it are.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VariantHandle {
+    /// Index into the registry of interned variants.
+    variant: u32,
+    /// Which kernels: [`TARGET_CPU`], or [`TARGET_CUDA_F32`] and the two after it.
+    target: u32,
+    /// 1 when the CPU statistics buffer also holds re-weighting's backward helper
+    /// ([`cpu::Params::rw_aux`]) after the statistics, else 0.
+    aux: u32,
 }
 
-/// The variant index, the CUDA dtype (None: CPU) and whether the helper is kept.
-fn decode(handle: u64) -> (u64, Option<cuda::Dtype>, bool) {
-    let dtype = (handle & CUDA_BIT != 0).then_some(match (handle >> 32) & 0xff {
-        0 => cuda::Dtype::F32,
-        1 => cuda::Dtype::F16,
-        _ => cuda::Dtype::Bf16,
-    });
-    (handle & 0xffff_ffff, dtype, handle & AUX_BIT != 0)
+/// [`VariantHandle::target`] of CPU tensors.
+const TARGET_CPU: u32 = 0;
+/// [`VariantHandle::target`] of CUDA f32 tensors; f16 is 2, bf16 3.
+const TARGET_CUDA_F32: u32 = 1;
+
+impl VariantHandle {
+    fn new(variant: &Variant, dtype: Option<cuda::Dtype>, aux: bool) -> Self {
+        let target = match dtype {
+            None => TARGET_CPU,
+            Some(cuda::Dtype::F32) => TARGET_CUDA_F32,
+            Some(cuda::Dtype::F16) => TARGET_CUDA_F32 + 1,
+            Some(cuda::Dtype::Bf16) => TARGET_CUDA_F32 + 2,
+        };
+        VariantHandle { variant: intern(variant), target, aux: u32::from(aux) }
+    }
+
+    /// The CUDA dtype (`None`: CPU tensors), or the unknown target code.
+    fn dtype(&self) -> Result<Option<cuda::Dtype>, u32> {
+        match self.target {
+            TARGET_CPU => Ok(None),
+            TARGET_CUDA_F32 => Ok(Some(cuda::Dtype::F32)),
+            2 => Ok(Some(cuda::Dtype::F16)),
+            3 => Ok(Some(cuda::Dtype::Bf16)),
+            other => Err(other),
+        }
+    }
 }
 
-/// The CPU kernels' parameters of a callback: the bridge's, plus, for a call with [`AUX_BIT`]
-/// (`aux`), the helper, which lives after the `B·H·T` rows of statistics in the buffer the bridge
+/// The CPU kernels' parameters of a callback: the bridge's, plus, for a call whose handle has `aux`
+/// set, the helper, which lives after the `B·H·T` rows of statistics in the buffer the bridge
 /// allocated for both.
 fn cpu_params(p: &Params, aux: bool) -> Params {
     if !aux {
@@ -221,16 +250,17 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, variant: &Variant) -> Resul
     // backward its E_i sweep: d + 1 more floats per row, in the same buffer as the statistics.
     let aux = dtype.is_none() && variant.reweight.is_some() && [q, k, v].iter().any(|x| x.requires_grad());
     let per_row = cpu::STATS_PER_ROW + if aux { cpu::rw_aux_per_row(qs[3] as usize) } else { 0 };
-    let handle = handle_for(variant, dtype, aux);
+    let handle = VariantHandle::new(variant, dtype, aux);
     let mut out: *mut c_void = std::ptr::null_mut();
-    // SAFETY: the three pointers are live `at::Tensor*` owned by `q`, `k`, `v` for the call; the
-    // bridge only reads them and writes a freshly allocated tensor to `out`.
+    // SAFETY: the three pointers are live `at::Tensor*` owned by `q`, `k`, `v` for the call, and
+    // `handle` lives on this stack for the call; the bridge only reads them and writes a freshly
+    // allocated tensor to `out`.
     let err = unsafe {
         gpt_model_fused_apply(
             q.as_ptr().cast_mut().cast(),
             k.as_ptr().cast_mut().cast(),
             v.as_ptr().cast_mut().cast(),
-            handle,
+            &handle,
             per_row as i64,
             &mut out,
         )
@@ -252,13 +282,16 @@ fn error_string(msg: String) -> *mut c_char {
 
 /// Runs `f` for a callback: `Ok` is null, an error or a panic a Rust-owned message.
 fn callback(
-    handle: u64,
+    handle: VariantHandle,
     f: impl FnOnce(&Variant, Option<cuda::Dtype>, bool) -> attn_kernels::Result<()>,
 ) -> *mut c_char {
-    let (index, dtype, aux) = decode(handle);
-    let Some(variant) = lookup(index) else {
-        return error_string(format!("unknown variant handle {handle}"));
+    let Some(variant) = lookup(handle.variant) else {
+        return error_string(format!("unknown variant in handle {handle:?}"));
     };
+    let Ok(dtype) = handle.dtype() else {
+        return error_string(format!("unknown kernel target in handle {handle:?}"));
+    };
+    let aux = handle.aux != 0;
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&variant, dtype, aux))) {
         Ok(Ok(())) => std::ptr::null_mut(),
         Ok(Err(e)) => error_string(e.to_string()),
@@ -298,11 +331,12 @@ pub fn cuda_kernel() -> attn_kernels::Result<cuda::Kernel> {
 /// Forward callback: writes `o` and the row statistics.
 ///
 /// # Safety
-/// `p` points to a valid `AttnParams` whose forward pointers are valid (the bridge allocates them).
+/// `handle` points to a valid `VariantHandle` and `p` to a valid `AttnParams` whose forward pointers
+/// are valid (the bridge allocates them).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn gpt_model_fused_forward(handle: u64, p: *const Params) -> *mut c_char {
-    // SAFETY: see the function contract; `Params` is the C struct's layout (checked).
-    callback(handle, |variant, dtype, aux| unsafe {
+pub unsafe extern "C" fn gpt_model_fused_forward(handle: *const VariantHandle, p: *const Params) -> *mut c_char {
+    // SAFETY: see the function contract; `Params` and `VariantHandle` are the C structs' layouts (checked).
+    callback(unsafe { *handle }, |variant, dtype, aux| unsafe {
         match dtype {
             None => cpu::forward_raw(variant, &cpu_params(&*p, aux), &cpu::Options::default()),
             Some(dt) => cuda::forward_raw(variant, &*p, dt, cuda_kernel()?),
@@ -313,11 +347,12 @@ pub unsafe extern "C" fn gpt_model_fused_forward(handle: u64, p: *const Params) 
 /// Backward callback: writes `dq`, `dk`, `dv`.
 ///
 /// # Safety
-/// `p` points to a valid `AttnParams` whose every pointer is valid (the bridge allocates them).
+/// `handle` points to a valid `VariantHandle` and `p` to a valid `AttnParams` whose every pointer is
+/// valid (the bridge allocates them).
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn gpt_model_fused_backward(handle: u64, p: *const Params) -> *mut c_char {
+pub unsafe extern "C" fn gpt_model_fused_backward(handle: *const VariantHandle, p: *const Params) -> *mut c_char {
     // SAFETY: see the function contract.
-    callback(handle, |variant, dtype, aux| unsafe {
+    callback(unsafe { *handle }, |variant, dtype, aux| unsafe {
         match dtype {
             None => cpu::backward_raw(variant, &cpu_params(&*p, aux), &cpu::Options::default()),
             Some(dt) => cuda::backward_raw(variant, &*p, dt, cuda_kernel()?),

