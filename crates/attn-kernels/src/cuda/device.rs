@@ -1,15 +1,18 @@
 //! Devices and contexts: the CUDA devices, each one's primary context and stream, the device of a
-//! call, the module cache, and [`GpuExec`], the kernels' launches on a GPU.
+//! call, the module cache, [`GpuExec`] (the kernels' launches on a GPU), and the raw entry points
+//! and [`versions`], which run on a GPU.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
+use attn_core::Variant;
+
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
 
 use super::compile::{arch_name, compile, has_wgmma};
-use super::launch::{Buf, Exec};
-use super::plan::{KParams, Kern};
-use super::{Config, Dtype};
+use super::launch::{Buf, Exec, backward_exec, check_params, forward_exec};
+use super::plan::{KParams, Kern, backward_version, forward_version};
+use super::{Config, Dtype, Kernel, has_tensor_core_forward};
 use crate::cpu::Params;
 use crate::{Error, Result};
 
@@ -220,4 +223,52 @@ impl Exec for GpuExec {
 /// Waits for every kernel queued so far (the kernels run on the legacy default stream).
 pub fn synchronize() -> Result<()> {
     gpu()?.stream.synchronize().map_err(cuda_err)
+}
+
+/// Fused forward on device memory: writes `o` and the row statistics. `kernel` picks the forward.
+///
+/// # Safety
+/// As [`crate::cpu::forward_raw`], with device pointers holding `dtype` elements (the `Params`
+/// pointer types are nominal here); `stats` holds f32. Work is queued on the legacy default stream
+/// of the GPU holding `q` and not waited for.
+pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    check_params(p)?;
+    let cfg = Config::new(variant, p.head_dim)?;
+    on_device(device_for(p)?, || {
+        let x = GpuExec::new(&cfg, p.head_dim, dtype)?;
+        // SAFETY: forwarded from our caller.
+        unsafe { forward_exec(&x, &cfg, p, dtype, kernel) }
+    })
+}
+
+/// Fused backward on device memory: reads `q`, `k`, `v`, `o`, `stats`, `d_out`; writes `dq`, `dk`,
+/// `dv`. `kernel`: [`Kernel::Auto`] and [`Kernel::TensorCore`] run the tensor-core backward (lab
+/// v4) where it applies (as v3: f16/bf16, d 64 or 128, 16-byte aligned rows), [`Kernel::TensorCoreV5`]
+/// its successor v6 there, [`Kernel::TensorCoreV7`] v7, [`Kernel::TensorCoreV8`] v9 (v7 where v9 does
+/// not apply), [`Kernel::Simt`] and
+/// [`Kernel::TensorCoreV2`] the SIMT one (v1).
+///
+/// # Safety
+/// As [`forward_raw`], for every pointer of `p`.
+pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    check_params(p)?;
+    let cfg = Config::new(variant, p.head_dim)?;
+    on_device(device_for(p)?, || {
+        let x = GpuExec::new(&cfg, p.head_dim, dtype)?;
+        // SAFETY: forwarded from our caller.
+        unsafe { backward_exec(&x, &cfg, p, dtype, kernel) }
+    })
+}
+
+/// The lab versions, `(forward, backward)`, that `kernel` runs on this thread's GPU for `variant` at
+/// `head_dim` in `dtype` with contiguous inputs: what a benchmark of `kernel` measures (on other
+/// devices than sm_90, for instance, [`Kernel::TensorCoreV8`] runs v5 + v7).
+pub fn versions(variant: &Variant, head_dim: usize, dtype: Dtype, kernel: Kernel) -> Result<(u32, u32)> {
+    let cfg = Config::new(variant, head_dim)?;
+    let wgmma = module(&cfg, head_dim, dtype)?.wgmma;
+    let tc = has_tensor_core_forward(head_dim, dtype);
+    Ok((
+        forward_version(kernel, head_dim, dtype, [tc, tc], wgmma)?.number(),
+        backward_version(kernel, head_dim, dtype, tc, wgmma)?.number(),
+    ))
 }

@@ -1,9 +1,7 @@
 //! Launches: the memory and launches the host code is written against ([`Exec`]), the kernels'
-//! arguments prepared, the forward and backward on an [`Exec`], and the raw entry points.
+//! arguments prepared, and the forward and backward on an [`Exec`] (the GPU entry points that run
+//! them are in `device.rs`).
 
-use attn_core::Variant;
-
-use super::device::{GpuExec, device_for, on_device};
 use super::plan::{
     BwdVersion, FwdVersion, KParams, Kern, MMA_ROWS, MMA3_ROWS, MMA5_ROWS, ROWS_PER_BLOCK, aligned, backward_version,
     forward_version, kparams, pairs_aligned, rows_aligned16, t4, t4m,
@@ -42,7 +40,7 @@ impl Buf {
     }
 }
 
-/// Where the kernels of one specialisation run: a GPU ([`GpuExec`]) or the CPU emulator
+/// Where the kernels of one specialisation run: a GPU (`GpuExec`, in `device.rs`) or the CPU emulator
 /// ([`emu`](super::emu)). The host logic (kernel choice, grids, scratch, checks) is written once against this,
 /// so the emulator tests it too.
 pub(crate) trait Exec {
@@ -81,26 +79,10 @@ fn prepare(x: &dyn Exec, cfg: &Config, p: &Params) -> Result<Call> {
     Ok(Call { kp, _norms: Some(norms), bh })
 }
 
-/// Fused forward on device memory: writes `o` and the row statistics. `kernel` picks the forward.
-///
-/// # Safety
-/// As [`crate::cpu::forward_raw`], with device pointers holding `dtype` elements (the `Params`
-/// pointer types are nominal here); `stats` holds f32. Work is queued on the legacy default stream
-/// of the GPU holding `q` and not waited for.
-pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
-    check_params(p)?;
-    let cfg = Config::new(variant, p.head_dim)?;
-    on_device(device_for(p)?, || {
-        let x = GpuExec::new(&cfg, p.head_dim, dtype)?;
-        // SAFETY: forwarded from our caller.
-        unsafe { forward_exec(&x, &cfg, p, dtype, kernel) }
-    })
-}
-
 /// The forward on `x`: picks the kernel and launches it.
 ///
 /// # Safety
-/// As [`forward_raw`], with addresses of `x`'s memory.
+/// As [`forward_raw`](super::forward_raw), with addresses of `x`'s memory.
 pub(super) unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
     check_params(p)?;
     let tc = has_tensor_core_forward(p.head_dim, dtype);
@@ -117,29 +99,10 @@ pub(super) unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype:
     }
 }
 
-/// Fused backward on device memory: reads `q`, `k`, `v`, `o`, `stats`, `d_out`; writes `dq`, `dk`,
-/// `dv`. `kernel`: [`Kernel::Auto`] and [`Kernel::TensorCore`] run the tensor-core backward (lab
-/// v4) where it applies (as v3: f16/bf16, d 64 or 128, 16-byte aligned rows), [`Kernel::TensorCoreV5`]
-/// its successor v6 there, [`Kernel::TensorCoreV7`] v7, [`Kernel::TensorCoreV8`] v9 (v7 where v9 does
-/// not apply), [`Kernel::Simt`] and
-/// [`Kernel::TensorCoreV2`] the SIMT one (v1).
-///
-/// # Safety
-/// As [`forward_raw`], for every pointer of `p`.
-pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
-    check_params(p)?;
-    let cfg = Config::new(variant, p.head_dim)?;
-    on_device(device_for(p)?, || {
-        let x = GpuExec::new(&cfg, p.head_dim, dtype)?;
-        // SAFETY: forwarded from our caller.
-        unsafe { backward_exec(&x, &cfg, p, dtype, kernel) }
-    })
-}
-
 /// The backward on `x`.
 ///
 /// # Safety
-/// As [`backward_raw`], with addresses of `x`'s memory.
+/// As [`backward_raw`](super::backward_raw), with addresses of `x`'s memory.
 pub(super) unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
     check_params(p)?;
     let all16 =

@@ -55,9 +55,9 @@ pub use compile::{
     ARCHES, COMMON_SRC, MMA_BWD_SRC, MMA_BWD6_SRC, MMA_BWD7_SRC, MMA_SRC, MMA3_SRC, MMA5_SRC, SIMT_SRC, compile_ptx,
     has_tensor_core_forward, nvrtc_location, source,
 };
+pub use device::{backward_raw, forward_raw, versions};
 pub use device::{device_description, is_available, synchronize};
-pub use launch::{backward_raw, forward_raw};
-pub use plan::{Config, versions};
+pub use plan::Config;
 pub use probe::{KernelResources, WGMMA_PROBE_MODES, kernel_resources, wgmma_probe};
 pub use staging::{backward, backward_with, forward, forward_with};
 

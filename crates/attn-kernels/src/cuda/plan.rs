@@ -6,7 +6,6 @@ use cudarc::driver::DeviceRepr;
 
 use attn_core::{Bias, Builtin, Norm, OutputNorm, Phi, Scale, Transform, Variant};
 
-use super::device::module;
 use super::{Dtype, Kernel, has_tensor_core_forward};
 use crate::cpu::Params;
 use crate::{Error, Result};
@@ -436,19 +435,6 @@ pub(super) fn backward_version(
         Kernel::Auto | Kernel::TensorCore => BwdVersion::V4,
         Kernel::Simt | Kernel::TensorCoreV2 => BwdVersion::V1,
     })
-}
-
-/// The lab versions, `(forward, backward)`, that `kernel` runs on this thread's GPU for `variant` at
-/// `head_dim` in `dtype` with contiguous inputs: what a benchmark of `kernel` measures (on other
-/// devices than sm_90, for instance, [`Kernel::TensorCoreV8`] runs v5 + v7).
-pub fn versions(variant: &Variant, head_dim: usize, dtype: Dtype, kernel: Kernel) -> Result<(u32, u32)> {
-    let cfg = Config::new(variant, head_dim)?;
-    let wgmma = module(&cfg, head_dim, dtype)?.wgmma;
-    let tc = has_tensor_core_forward(head_dim, dtype);
-    Ok((
-        forward_version(kernel, head_dim, dtype, [tc, tc], wgmma)?.number(),
-        backward_version(kernel, head_dim, dtype, tc, wgmma)?.number(),
-    ))
 }
 
 #[cfg(test)]
