@@ -54,7 +54,7 @@ pub struct Manifest {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct TokenizerInfo {
-    /// [`Tokenizer::id`]: `gpt2` or `bpe-<vocab>-<sha256 of tokenizer.json, 12 hex>`.
+    /// [`Tokenizer::id`](super::Tokenizer::id): `gpt2` or `bpe-<vocab>-<sha256 of tokenizer.json, 12 hex>`.
     pub id: String,
     /// Number of token ids.
     pub vocab_size: usize,
