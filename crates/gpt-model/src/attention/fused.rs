@@ -156,37 +156,29 @@ fn cuda_dtype(kind: Kind) -> Option<cuda::Dtype> {
 pub struct VariantHandle {
     /// Index into the registry of interned variants.
     variant: u32,
-    /// Which kernels: [`TARGET_CPU`], or [`TARGET_CUDA_F32`] and the two after it.
+    /// Which kernels: 0 for the CPU, `1 + i` for CUDA tensors of [`CUDA_TARGETS`]`[i]`.
     target: u32,
     /// 1 when the CPU statistics buffer also holds re-weighting's backward helper
     /// ([`cpu::Params::rw_aux`]) after the statistics, else 0.
     aux: u32,
 }
 
-/// [`VariantHandle::target`] of CPU tensors.
-const TARGET_CPU: u32 = 0;
-/// [`VariantHandle::target`] of CUDA f32 tensors; f16 is 2, bf16 3.
-const TARGET_CUDA_F32: u32 = 1;
+/// The CUDA dtypes in the order of their [`VariantHandle::target`] codes (after the CPU's 0).
+const CUDA_TARGETS: [cuda::Dtype; 3] = [cuda::Dtype::F32, cuda::Dtype::F16, cuda::Dtype::Bf16];
 
 impl VariantHandle {
     fn new(variant: &Variant, dtype: Option<cuda::Dtype>, aux: bool) -> Self {
-        let target = match dtype {
-            None => TARGET_CPU,
-            Some(cuda::Dtype::F32) => TARGET_CUDA_F32,
-            Some(cuda::Dtype::F16) => TARGET_CUDA_F32 + 1,
-            Some(cuda::Dtype::Bf16) => TARGET_CUDA_F32 + 2,
-        };
+        let target = dtype.map_or(0, |dt| {
+            1 + CUDA_TARGETS.iter().position(|&d| d == dt).expect("every CUDA dtype has a target code") as u32
+        });
         VariantHandle { variant: intern(variant), target, aux: u32::from(aux) }
     }
 
     /// The CUDA dtype (`None`: CPU tensors), or the unknown target code.
     fn dtype(&self) -> Result<Option<cuda::Dtype>, u32> {
         match self.target {
-            TARGET_CPU => Ok(None),
-            TARGET_CUDA_F32 => Ok(Some(cuda::Dtype::F32)),
-            2 => Ok(Some(cuda::Dtype::F16)),
-            3 => Ok(Some(cuda::Dtype::Bf16)),
-            other => Err(other),
+            0 => Ok(None),
+            t => CUDA_TARGETS.get(t as usize - 1).map(|&d| Some(d)).ok_or(t),
         }
     }
 }
