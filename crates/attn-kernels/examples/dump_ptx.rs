@@ -1,6 +1,7 @@
 //! Writes the PTX of one specialisation, for reading the compiler's resource report offline:
 //! `cargo run -p attn-kernels --example dump_ptx -- lssa 64 bf16 out.ptx [compute_90a]`, then
-//! `ptxas -arch=sm_90a -v out.ptx` (the architecture defaults to compute_90a, whose PTX has lab v8).
+//! `ptxas -arch=sm_90a -v out.ptx` (the architecture defaults to compute_90a, whose PTX has lab v8;
+//! every generation of the lab is compiled).
 use attn_kernels::cuda::{self, Dtype};
 
 fn main() {
@@ -12,6 +13,6 @@ fn main() {
         _ => Dtype::Bf16,
     };
     let arch = cuda::ARCHES.into_iter().find(|x| a.get(5).is_some_and(|y| y == x)).unwrap_or("compute_90a");
-    let ptx = cuda::compile_ptx(&variant.parse().unwrap(), hd, dt, arch).unwrap();
+    let ptx = cuda::compile_ptx(&variant.parse().unwrap(), hd, dt, arch, cuda::Generation::Lab).unwrap();
     std::fs::write(out, ptx).unwrap();
 }

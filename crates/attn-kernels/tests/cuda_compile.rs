@@ -3,7 +3,7 @@
 //! `cargo xtask setup` installs it). A syntax or template error fails here, not on a user's GPU.
 
 use attn_core::Variant;
-use attn_kernels::cuda::{self, Dtype};
+use attn_kernels::cuda::{self, Dtype, Generation, Kernel};
 use rayon::prelude::*;
 
 /// Every stage-1 name of attn-core that has a CUDA kernel, plus re-weighted forms.
@@ -67,7 +67,7 @@ fn every_fused_variant_compiles_for_every_dtype_and_arch() {
     }
     let failures: Vec<String> = jobs
         .par_iter()
-        .filter_map(|(v, hd, dt, arch)| match cuda::compile_ptx(v, *hd, *dt, arch) {
+        .filter_map(|(v, hd, dt, arch)| match cuda::compile_ptx(v, *hd, *dt, arch, Generation::Lab) {
             Ok(ptx) => {
                 let mut missing = Vec::new();
                 for entry in ["lssa_inv_norms", "lssa_fwd_simt", "lssa_bwd_rows", "lssa_bwd_keys"] {
@@ -116,6 +116,56 @@ fn every_fused_variant_compiles_for_every_dtype_and_arch() {
         jobs.len(),
         failures.join("\n\n")
     );
+}
+
+/// The `.entry` names of a PTX module.
+fn entries(ptx: &str) -> std::collections::BTreeSet<String> {
+    ptx.lines()
+        .filter_map(|l| l.split(".entry ").nth(1))
+        .map(|rest| rest.split('(').next().unwrap_or(rest).trim().to_string())
+        .collect()
+}
+
+/// A module compiles only the generations its `Kernel` request can select: what `Auto` loads holds
+/// v1 to v4 and none of the lab's later kernels, and every generation compiles on its own (a later
+/// file may use an earlier one's helpers, never the reverse).
+#[test]
+fn each_generation_compiles_alone_and_holds_only_its_kernels() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    const SIMT: [&str; 4] = ["lssa_inv_norms", "lssa_fwd_simt", "lssa_bwd_rows", "lssa_bwd_keys"];
+    let expect = |g: Generation| -> Vec<&str> {
+        let mut e = SIMT.to_vec();
+        if g >= Generation::V2 {
+            e.push("lssa_fwd_mma");
+        }
+        if g >= Generation::First {
+            e.extend(["lssa_fwd_mma3", "lssa_bwd_rows_mma", "lssa_bwd_keys_mma"]);
+        }
+        e
+    };
+    // The whole lab (and so `Generation::Lab`) is checked by the test above; re-weighting has the
+    // most code paths.
+    let failures: Vec<String> = [Generation::Simt, Generation::V2, Generation::First]
+        .par_iter()
+        .filter_map(|g| {
+            let ptx = match cuda::compile_ptx(&"lssa+rw15".parse().unwrap(), 64, Dtype::Bf16, "compute_90a", *g) {
+                Ok(p) => p,
+                Err(e) => return Some(format!("{g:?}: {e}")),
+            };
+            let got = entries(&ptx);
+            let want: std::collections::BTreeSet<String> = expect(*g).iter().map(|s| s.to_string()).collect();
+            (got != want).then(|| format!("{g:?}: entries {got:?}, expected {want:?}"))
+        })
+        .collect();
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // The default request loads the first generation; only the lab's requests load the lab.
+    assert_eq!(Kernel::Auto.generation(), Generation::First);
+    assert_eq!(Kernel::TensorCore.generation(), Generation::First);
+    for k in [Kernel::TensorCoreV5, Kernel::TensorCoreV7, Kernel::TensorCoreV8] {
+        assert_eq!(k.generation(), Generation::Lab, "{k:?}");
+    }
 }
 
 #[test]
@@ -204,8 +254,9 @@ fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
         .enumerate()
         .filter_map(|(i, (v, hd, dt, arch, sm))| {
             let what = format!("{v} d={hd} {dt:?} {sm}");
-            let ptx =
-                cuda::compile_ptx(&v.parse().unwrap(), *hd, *dt, arch).map_err(|e| format!("{what}: {e}")).ok()?;
+            let ptx = cuda::compile_ptx(&v.parse().unwrap(), *hd, *dt, arch, Generation::Lab)
+                .map_err(|e| format!("{what}: {e}"))
+                .ok()?;
             let (src, out) = (dir.join(format!("{i}.ptx")), dir.join(format!("{i}.cubin")));
             std::fs::write(&src, ptx).unwrap();
             let r = std::process::Command::new(&ptxas)

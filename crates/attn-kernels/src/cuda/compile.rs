@@ -7,7 +7,7 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 
 use attn_core::Variant;
 
-use super::{Config, Dtype};
+use super::{Config, Dtype, Generation};
 use crate::{Error, Result};
 
 /// The CUDA sources, in the order they are concatenated.
@@ -32,8 +32,9 @@ pub fn has_tensor_core_forward(head_dim: usize, dtype: Dtype) -> bool {
     dtype != Dtype::F32 && (head_dim == 64 || head_dim == 128)
 }
 
-/// The complete CUDA source of one specialisation.
-pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype) -> String {
+/// The complete CUDA source of one specialisation: the files of `generation` (the tensor-core files
+/// only where [`has_tensor_core_forward`]).
+pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype, generation: Generation) -> String {
     let mut s = format!(
         "#define ACT {}\n#define NORM {}\n#define RUNNING_MAX {}\n#define SIGNED {}\n#define COSINE {}\n#define P {}\n#define DTYPE {}\n#define HD {}\n",
         cfg.act,
@@ -47,11 +48,18 @@ pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype) -> String {
     );
     s.push_str(COMMON_SRC);
     s.push_str(SIMT_SRC);
-    if has_tensor_core_forward(head_dim, dtype) {
+    if !has_tensor_core_forward(head_dim, dtype) {
+        return s;
+    }
+    if generation >= Generation::V2 {
         s.push_str(MMA_SRC);
+    }
+    if generation >= Generation::First {
         s.push_str(MMA3_SRC);
-        s.push_str(MMA5_SRC);
         s.push_str(MMA_BWD_SRC);
+    }
+    if generation >= Generation::Lab {
+        s.push_str(MMA5_SRC);
         s.push_str(MMA_BWD6_SRC);
         s.push_str(MMA_BWD7_SRC);
     }
@@ -124,23 +132,37 @@ pub fn nvrtc_location() -> Result<PathBuf> {
     preload_nvrtc()
 }
 
-/// Compiles one specialisation to PTX for `arch` (e.g. `"compute_90"`); needs NVRTC only, no GPU.
-/// The test suite calls this for every fused variant, so a kernel that does not compile fails CI.
-pub fn compile_ptx(variant: &Variant, head_dim: usize, dtype: Dtype, arch: &'static str) -> Result<String> {
+/// Compiles one specialisation's `generation` to PTX for `arch` (e.g. `"compute_90"`); needs NVRTC
+/// only, no GPU. The test suite calls this for every fused variant, so a kernel that does not
+/// compile fails CI.
+pub fn compile_ptx(
+    variant: &Variant,
+    head_dim: usize,
+    dtype: Dtype,
+    arch: &'static str,
+    generation: Generation,
+) -> Result<String> {
     let cfg = Config::new(variant, head_dim)?;
-    Ok(compile(&cfg, head_dim, dtype, arch)?.to_src())
+    Ok(compile(&cfg, head_dim, dtype, arch, generation)?.to_src())
 }
 
-pub(super) fn compile(cfg: &Config, head_dim: usize, dtype: Dtype, arch: &'static str) -> Result<Ptx> {
+pub(super) fn compile(
+    cfg: &Config,
+    head_dim: usize,
+    dtype: Dtype,
+    arch: &'static str,
+    generation: Generation,
+) -> Result<Ptx> {
     preload_nvrtc()?;
+    let key = cfg.key(head_dim, dtype, generation);
     let opts = CompileOptions {
         arch: Some(arch),
         options: vec!["--std=c++17".into(), "-lineinfo".into()],
-        name: Some(format!("lssa-{}.cu", cfg.key(head_dim, dtype))),
+        name: Some(format!("lssa-{key}.cu")),
         ..Default::default()
     };
-    cudarc::nvrtc::compile_ptx_with_opts(source(cfg, head_dim, dtype), opts)
-        .map_err(|e| Error::Cuda(format!("NVRTC failed on {}: {e:?}", cfg.key(head_dim, dtype))))
+    cudarc::nvrtc::compile_ptx_with_opts(source(cfg, head_dim, dtype, generation), opts)
+        .map_err(|e| Error::Cuda(format!("NVRTC failed on {key}: {e:?}")))
 }
 
 /// The NVRTC architecture name for a compute capability (PTX, so newer GPUs JIT it).

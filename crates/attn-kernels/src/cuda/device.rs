@@ -11,8 +11,8 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchCo
 
 use super::compile::{arch_name, compile, has_wgmma};
 use super::launch::{Buf, Exec, backward_exec, check_params, forward_exec};
-use super::plan::{KParams, Kern, backward_version, forward_version};
-use super::{Config, Dtype, Kernel, has_tensor_core_forward};
+use super::plan::{KParams, Kern, backward_version, forward_version, not_compiled};
+use super::{Config, Dtype, Generation, Kernel, has_tensor_core_forward};
 use crate::cpu::Params;
 use crate::{Error, Result};
 
@@ -123,18 +123,19 @@ pub(super) fn cuda_err(e: impl std::fmt::Debug) -> Error {
     Error::Cuda(format!("{e:?}"))
 }
 
-pub(super) fn module(cfg: &Config, head_dim: usize, dtype: Dtype) -> Result<Arc<Module>> {
+/// The module of one specialisation's `generation` on this thread's GPU, compiled at first use.
+pub(super) fn module(cfg: &Config, head_dim: usize, dtype: Dtype, generation: Generation) -> Result<Arc<Module>> {
     let g = gpu()?;
-    let key = cfg.key(head_dim, dtype);
+    let key = cfg.key(head_dim, dtype, generation);
     if let Some(m) = g.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(Arc::clone(m));
     }
     let load = |arch: &'static str| -> Result<Module> {
-        let ptx = compile(cfg, head_dim, dtype, arch)?;
+        let ptx = compile(cfg, head_dim, dtype, arch, generation)?;
         let module = g.ctx.load_module(ptx).map_err(cuda_err)?;
         let wgmma = has_wgmma(arch);
         let mut functions = HashMap::new();
-        for k in Kern::present(head_dim, dtype, wgmma) {
+        for k in Kern::present(head_dim, dtype, wgmma, generation) {
             let f = module.load_function(k.name()).map_err(cuda_err)?;
             let smem = k.smem(head_dim);
             functions.insert(k, if smem > 0 { with_smem(f, smem)? } else { f });
@@ -172,8 +173,8 @@ pub(super) struct GpuExec {
 }
 
 impl GpuExec {
-    pub(super) fn new(cfg: &Config, head_dim: usize, dtype: Dtype) -> Result<Self> {
-        Ok(Self { gpu: gpu()?, module: module(cfg, head_dim, dtype)?, head_dim })
+    pub(super) fn new(cfg: &Config, head_dim: usize, dtype: Dtype, generation: Generation) -> Result<Self> {
+        Ok(Self { gpu: gpu()?, module: module(cfg, head_dim, dtype, generation)?, head_dim })
     }
 
     fn device(&self, mem: cudarc::driver::CudaSlice<u8>) -> Buf {
@@ -185,7 +186,7 @@ impl GpuExec {
 
 impl Exec for GpuExec {
     fn launch(&self, k: Kern, grid: (u32, u32), kp: &KParams) -> Result<()> {
-        let f = self.module.functions.get(&k).ok_or_else(|| Error::Cuda(format!("{} is not compiled", k.name())))?;
+        let f = self.module.functions.get(&k).ok_or_else(|| not_compiled(k))?;
         let smem = k.smem(self.head_dim) as u32;
         let cfg = LaunchConfig {
             grid_dim: (grid.0, grid.1, 1),
@@ -235,7 +236,7 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: K
     check_params(p)?;
     let cfg = Config::new(variant, p.head_dim)?;
     on_device(device_for(p)?, || {
-        let x = GpuExec::new(&cfg, p.head_dim, dtype)?;
+        let x = GpuExec::new(&cfg, p.head_dim, dtype, kernel.generation())?;
         // SAFETY: forwarded from our caller.
         unsafe { forward_exec(&x, &cfg, p, dtype, kernel) }
     })
@@ -254,7 +255,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: 
     check_params(p)?;
     let cfg = Config::new(variant, p.head_dim)?;
     on_device(device_for(p)?, || {
-        let x = GpuExec::new(&cfg, p.head_dim, dtype)?;
+        let x = GpuExec::new(&cfg, p.head_dim, dtype, kernel.generation())?;
         // SAFETY: forwarded from our caller.
         unsafe { backward_exec(&x, &cfg, p, dtype, kernel) }
     })
@@ -265,7 +266,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: 
 /// devices than sm_90, for instance, [`Kernel::TensorCoreV8`] runs v5 + v7).
 pub fn versions(variant: &Variant, head_dim: usize, dtype: Dtype, kernel: Kernel) -> Result<(u32, u32)> {
     let cfg = Config::new(variant, head_dim)?;
-    let wgmma = module(&cfg, head_dim, dtype)?.wgmma;
+    let wgmma = module(&cfg, head_dim, dtype, kernel.generation())?.wgmma;
     let tc = has_tensor_core_forward(head_dim, dtype);
     Ok((
         forward_version(kernel, head_dim, dtype, [tc, tc], wgmma)?.number(),

@@ -1,8 +1,10 @@
 //! Fused attention on NVIDIA GPUs, with the API of [`crate::cpu`]: CUDA C++ kept in this crate as
 //! source (`common.cuh`, `simt.cu`, `mma.cu`), specialised per variant with preprocessor macros,
 //! compiled by NVRTC at first use and cached per (variant configuration, head dimension, dtype,
-//! architecture). The driver and NVRTC are loaded at run time through `cudarc`, so this crate builds
-//! and its tests run on machines without CUDA; there every call returns [`Error::Cuda`].
+//! architecture, [`Generation`]): a module holds only the kernel files its [`Kernel`] request can
+//! select, so the default one carries no lab version. The driver and NVRTC are loaded at run time
+//! through `cudarc`, so this crate builds and its tests run on machines without CUDA; there every
+//! call returns [`Error::Cuda`].
 //!
 //! Kernels (the version numbers of the kernel lab, `src/cuda/LAB.md`):
 //!
@@ -167,6 +169,50 @@ impl std::str::FromStr for Kernel {
             "v8" | "v9" => Kernel::TensorCoreV8,
             _ => return Err(Error::BadParams(format!("unknown CUDA kernel {s:?}: auto, v1, v2, v3, v5, v7 or v8"))),
         })
+    }
+}
+
+/// The kernel files one compiled module holds: each [`Kernel`] request compiles only the generations
+/// it can select, so production (`Auto`) modules carry no lab kernel (see `LAB.md`). The generations
+/// are cumulative: each holds the files of those before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Generation {
+    /// `common.cuh` and `simt.cu`: the inverse norms and lab v1.
+    Simt,
+    /// And `mma.cu`: lab v2.
+    V2,
+    /// And `mma3.cu` and `mma_bwd.cu`: lab v3 and v4, what [`Kernel::Auto`] runs.
+    First,
+    /// And `mma5.cu`, `mma_bwd6.cu` and `mma_bwd7.cu`: lab v5 to v9 and the wgmma probe.
+    Lab,
+}
+
+impl Generation {
+    /// Every generation, in order.
+    pub const ALL: [Generation; 4] = [Generation::Simt, Generation::V2, Generation::First, Generation::Lab];
+
+    /// The short name in a module's cache key.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Generation::Simt => "simt",
+            Generation::V2 => "v2",
+            Generation::First => "first",
+            Generation::Lab => "lab",
+        }
+    }
+}
+
+impl Kernel {
+    /// The generation whose module this request runs from: the least one holding every kernel the
+    /// request can select (on any device, for any strides).
+    pub const fn generation(self) -> Generation {
+        match self {
+            Kernel::Simt => Generation::Simt,
+            Kernel::TensorCoreV2 => Generation::V2,
+            // Auto falls back to v2 for rows that are not 16-byte aligned.
+            Kernel::Auto | Kernel::TensorCore => Generation::First,
+            Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 => Generation::Lab,
+        }
     }
 }
 

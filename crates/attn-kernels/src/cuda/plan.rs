@@ -6,7 +6,7 @@ use cudarc::driver::DeviceRepr;
 
 use attn_core::{Bias, Builtin, Norm, OutputNorm, Phi, Scale, Transform, Variant};
 
-use super::{Dtype, Kernel, has_tensor_core_forward};
+use super::{Dtype, Generation, Kernel, has_tensor_core_forward};
 use crate::cpu::Params;
 use crate::{Error, Result};
 
@@ -23,6 +23,12 @@ pub struct Config {
     pub(super) scale_log: bool,
     pub(super) bias_c: f32,
     pub(super) bias_log: bool,
+}
+
+/// A launch of a kernel its module does not hold (its generation, head dimension, dtype or
+/// architecture left it out): a bug of the host code, which picks kernels by those same rules.
+pub(crate) fn not_compiled(k: Kern) -> Error {
+    Error::Cuda(format!("{} is not compiled in this module (generation {})", k.name(), k.generation().name()))
 }
 
 pub(super) fn not_fused(variant: &Variant, reason: &'static str) -> Error {
@@ -92,9 +98,9 @@ impl Config {
     }
 
     /// The compile-time part: what a compiled module is specialised on.
-    pub(super) fn key(&self, head_dim: usize, dtype: Dtype) -> String {
+    pub(super) fn key(&self, head_dim: usize, dtype: Dtype, generation: Generation) -> String {
         format!(
-            "act{}-norm{}-max{}-signed{}-cos{}-p{}-hd{}-dt{}",
+            "act{}-norm{}-max{}-signed{}-cos{}-p{}-hd{}-dt{}-{}",
             self.act,
             self.norm,
             self.running_max as u8,
@@ -102,7 +108,8 @@ impl Config {
             self.cosine as u8,
             self.p,
             head_dim,
-            dtype.code()
+            dtype.code(),
+            generation.name()
         )
     }
 }
@@ -204,11 +211,35 @@ impl Kern {
         }
     }
 
-    /// The kernels one specialisation's source defines (the tensor-core files are included only
-    /// where [`has_tensor_core_forward`]); `wgmma`: compiled for sm_90a (or the emulator).
-    pub(crate) fn present(head_dim: usize, dtype: Dtype, wgmma: bool) -> impl Iterator<Item = Kern> {
+    /// The generation whose files define this kernel.
+    pub(crate) const fn generation(self) -> Generation {
+        match self {
+            Kern::InvNorms | Kern::FwdSimt | Kern::BwdRows | Kern::BwdKeys => Generation::Simt,
+            Kern::FwdMma => Generation::V2,
+            Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma => Generation::First,
+            Kern::FwdMma5
+            | Kern::FwdWg8
+            | Kern::BwdRowsMma6
+            | Kern::BwdKeysMma6
+            | Kern::BwdRowStats7
+            | Kern::BwdKeysMma7
+            | Kern::BwdRowStats9
+            | Kern::BwdKeysWg9
+            | Kern::WgProbe
+            | Kern::BwdDq7 => Generation::Lab,
+        }
+    }
+
+    /// The kernels one specialisation's source of `generation` defines (the tensor-core files are
+    /// included only where [`has_tensor_core_forward`]); `wgmma`: compiled for sm_90a (or the emulator).
+    pub(crate) fn present(
+        head_dim: usize,
+        dtype: Dtype,
+        wgmma: bool,
+        generation: Generation,
+    ) -> impl Iterator<Item = Kern> {
         let tc = has_tensor_core_forward(head_dim, dtype);
-        Self::ALL.into_iter().filter(move |k| match k {
+        Self::ALL.into_iter().filter(move |k| k.generation() <= generation).filter(move |k| match k {
             Kern::FwdMma5 => tc && head_dim == 64,
             Kern::FwdWg8 => tc && wgmma,
             Kern::BwdRowStats9 | Kern::BwdKeysWg9 | Kern::WgProbe => tc && head_dim == 64 && wgmma,

@@ -7,7 +7,7 @@ use attn_core::Variant;
 use super::device::{GpuExec, cuda_err, module};
 use super::launch::Exec;
 use super::plan::{KParams, Kern};
-use super::{Config, Dtype};
+use super::{Config, Dtype, Generation};
 use crate::{Error, Result};
 
 /// What the driver made of one kernel (after its JIT of the PTX): for reading timings.
@@ -27,11 +27,11 @@ pub struct KernelResources {
     pub blocks_per_sm: u32,
 }
 
-/// [`KernelResources`] of every kernel of one specialisation on this thread's GPU.
+/// [`KernelResources`] of every kernel of one specialisation on this thread's GPU (the whole lab).
 pub fn kernel_resources(variant: &Variant, head_dim: usize, dtype: Dtype) -> Result<Vec<KernelResources>> {
     use cudarc::driver::sys::CUfunction_attribute_enum as A;
     let cfg = Config::new(variant, head_dim)?;
-    let m = module(&cfg, head_dim, dtype)?;
+    let m = module(&cfg, head_dim, dtype, Generation::Lab)?;
     let mut out = Vec::new();
     for k in Kern::ALL {
         let Some(f) = m.functions.get(&k) else { continue };
@@ -101,5 +101,5 @@ pub(super) fn wgmma_probe_on(x: &dyn Exec) -> Result<Vec<f64>> {
 /// 1e-7 where the assumption holds), the others their likeliest misreadings (order 1).
 pub fn wgmma_probe() -> Result<Vec<f64>> {
     let cfg = Config::new(&"lssa".parse().expect("a stage-1 name"), 64)?;
-    wgmma_probe_on(&GpuExec::new(&cfg, 64, Dtype::Bf16)?)
+    wgmma_probe_on(&GpuExec::new(&cfg, 64, Dtype::Bf16, Generation::Lab)?)
 }

@@ -146,7 +146,7 @@ pub fn forward_with<'a>(
 ) -> Result<Array4<f32>> {
     let (q, k, v) = (q.into(), k.into(), v.into());
     let cfg = checked(variant, &q, &k, &v, None)?;
-    forward_on(&GpuExec::new(&cfg, q.shape()[3], opts.dtype)?, &cfg, [&q, &k, &v], opts)
+    forward_on(&GpuExec::new(&cfg, q.shape()[3], opts.dtype, opts.kernel.generation())?, &cfg, [&q, &k, &v], opts)
 }
 
 /// [`forward_with`] in f32 with the default kernel; see [`crate::cpu::forward`].
@@ -170,7 +170,7 @@ pub fn backward_with<'a>(
 ) -> Result<Grads> {
     let (q, k, v, g) = (q.into(), k.into(), v.into(), d_out.into());
     let cfg = checked(variant, &q, &k, &v, Some(&g))?;
-    backward_on(&GpuExec::new(&cfg, q.shape()[3], opts.dtype)?, &cfg, [&q, &k, &v], &g, opts)
+    backward_on(&GpuExec::new(&cfg, q.shape()[3], opts.dtype, opts.kernel.generation())?, &cfg, [&q, &k, &v], &g, opts)
 }
 
 /// [`backward_with`] in f32; see [`crate::cpu::backward`].
