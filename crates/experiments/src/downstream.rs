@@ -6,10 +6,15 @@
 //! reproduction and `trainer eval --tasks` score with one implementation; see it for the layouts of
 //! the files.
 
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
+
+use crate::post::{Figures, Inputs, PostTraining};
+use crate::spec::{Experiment, Kind};
 
 pub use trainer::tasks::{
     Item, LogLikelihood, ModelScorer, Scores, TASKS, hellaswag_clean, lm_eval_json, parse_item, read_items, score,
@@ -51,6 +56,102 @@ mod tests {
         );
         assert_eq!((mmlu[0].choices[1].as_str(), mmlu[0].gold), (" B", 1));
     }
+}
+
+/// Downstream scoring as a [`PostTraining`] kind: scores by trained variant.
+#[derive(Debug, Default)]
+pub struct Experiments {
+    /// Scores by trained variant (empty until run, and without `--downstream DIR`).
+    pub results: BTreeMap<String, Vec<TaskScores>>,
+}
+
+impl PostTraining for Experiments {
+    fn kind(&self) -> Kind {
+        Kind::Downstream
+    }
+
+    fn available(&self, inputs: &Inputs<'_>) -> bool {
+        inputs.downstream_dir.is_some()
+    }
+
+    fn regenerate_extra(&self) -> &'static str {
+        " --downstream DIR"
+    }
+
+    fn run(&mut self, e: &Experiment, inputs: &Inputs<'_>) -> Result<()> {
+        let Some(dir) = inputs.downstream_dir else { return Ok(()) };
+        for r in &e.rows {
+            if self.results.contains_key(&r.train) {
+                continue;
+            }
+            if inputs.results.get(&r.train).and_then(|x| x.first()).is_none_or(|x| x.error.is_some()) {
+                eprintln!("reproduce: downstream: no trained `{}` model, its row stays empty", r.train);
+                continue;
+            }
+            eprintln!("reproduce: downstream, `{}` on {} ...", r.train, dir.display());
+            let scores = run(inputs.scale, inputs.out, &r.train, dir)
+                .with_context(|| format!("downstream scoring of `{}`", r.train))?;
+            self.results.insert(r.train.clone(), scores);
+        }
+        Ok(())
+    }
+
+    fn wall_s(&self) -> f64 {
+        0.0 // scoring is not timed; it is short beside training
+    }
+
+    fn verdicts(&self) -> Vec<String> {
+        Vec::new()
+    }
+
+    fn section(&self, md: &mut String, e: &Experiment, _figures: Figures<'_>) -> Result<()> {
+        section(md, e, &self.results);
+        Ok(())
+    }
+}
+
+fn section(md: &mut String, e: &Experiment, downstream: &BTreeMap<String, Vec<TaskScores>>) {
+    if downstream.is_empty() {
+        let _ = writeln!(
+            md,
+            "Not run: no data supplied. Put the task files in a folder and add `--downstream DIR` (see above); the scores go to `runs/<scale>/downstream/`, also in lm-evaluation-harness's JSON layout."
+        );
+        return;
+    }
+    let tasks: Vec<&str> =
+        TASKS.iter().copied().filter(|t| downstream.values().any(|v| v.iter().any(|s| s.task == *t))).collect();
+    let _ = writeln!(md, "acc_norm ± standard error (acc), zero-shot.\n");
+    let _ = writeln!(md, "| row | {} |", tasks.join(" | "));
+    let _ = writeln!(md, "|---|{}", "---:|".repeat(tasks.len()));
+    for r in &e.rows {
+        let _ = write!(md, "| {} |", r.label);
+        for t in &tasks {
+            let cell =
+                downstream.get(&r.train).and_then(|v| v.iter().find(|s| s.task == *t)).map_or("-".to_string(), |s| {
+                    format!(
+                        "{:.2} ± {:.2} ({:.2}; n = {})",
+                        100.0 * s.scores.acc_norm,
+                        100.0 * s.scores.acc_norm_stderr,
+                        100.0 * s.scores.acc,
+                        s.scores.n
+                    )
+                });
+            let _ = write!(md, " {cell} |");
+        }
+        let _ = writeln!(md);
+    }
+    let paper = |t: &str| match t {
+        "arc_easy" => "40.57",
+        "arc_challenge" => "22.61",
+        "piqa" => "65.34",
+        "mmlu" => "22.97",
+        _ => "-",
+    };
+    let _ = writeln!(
+        md,
+        "| paper, LSSAR (GPT-2 124M) | {} |",
+        tasks.iter().map(|t| paper(t)).collect::<Vec<_>>().join(" | ")
+    );
 }
 
 /// One task's scores for one model, with the size of the file they came from (a changed file is rescored).

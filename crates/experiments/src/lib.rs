@@ -30,6 +30,7 @@ pub mod claims;
 pub mod downstream;
 pub mod newton;
 pub mod plot;
+pub mod post;
 pub mod progress;
 pub mod report;
 pub mod retrieval;

@@ -24,6 +24,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use experiments::post::{Inputs, PostTraining};
 use experiments::{report, runner, scale::Scale, spec};
 
 #[derive(Parser, Debug)]
@@ -139,23 +140,39 @@ fn run() -> Result<()> {
     if sink_plan_off {
         sink_plan.clear();
     }
-    let (physics_only, retrieval_only) = (report::PHYSICS_ONLY, report::RETRIEVAL_ONLY);
-    let run_physics =
-        !cli.claims_only && !cli.report_only && (cli.only.is_empty() || cli.only.iter().any(|v| v == physics_only));
-    let run_retrieval =
-        !cli.claims_only && !cli.report_only && (cli.only.is_empty() || cli.only.iter().any(|v| v == retrieval_only));
-    if run_retrieval && !cli.only.is_empty() {
-        // Retrieval needs its rows' models trained.
-        for e in experiments.iter().filter(|e| e.kind == spec::Kind::Retrieval) {
-            cli.only.extend(e.rows.iter().map(|r| r.train.clone()));
-        }
-    }
+    // The experiments after (or beside) training. A new kind of experiment is one more line here.
+    let mut post: Vec<Box<dyn PostTraining>> = vec![
+        Box::<experiments::retrieval_eval::Experiments>::default(),
+        Box::<experiments::downstream::Experiments>::default(),
+        Box::<experiments::newton::report::Experiments>::default(),
+    ];
+    let only_names: Vec<&str> = post.iter().filter_map(|p| p.only_name()).collect();
+    // Which post-training kinds this invocation runs: none with `--report-only`; a kind without its
+    // own `--only` name whenever it is available (downstream, given `--downstream DIR`); the others by
+    // default, or when `--only` names them, never with `--claims-only`.
+    let selected: Vec<bool> = post
+        .iter()
+        .map(|p| {
+            !cli.report_only
+                && p.only_name()
+                    .is_none_or(|n| !cli.claims_only && (cli.only.is_empty() || cli.only.iter().any(|v| v == n)))
+        })
+        .collect();
     if !cli.only.is_empty() {
-        for v in cli.only.iter().filter(|v| *v != physics_only && *v != retrieval_only) {
+        for (p, _) in
+            post.iter().zip(&selected).filter(|(p, on)| **on && p.only_name().is_some() && p.needs_trained_rows())
+        {
+            // Its rows' models must be trained too.
+            for e in experiments.iter().filter(|e| e.kind == p.kind()) {
+                cli.only.extend(e.rows.iter().map(|r| r.train.clone()));
+            }
+        }
+        for v in cli.only.iter().filter(|v| !only_names.contains(&v.as_str())) {
             if !plan.contains_key(v) {
                 bail!(
-                    "--only {v}: no experiment trains `{v}`; planned: {}, and `{physics_only}` / `{retrieval_only}` (the physics / retrieval experiments)",
-                    plan.keys().cloned().collect::<Vec<_>>().join(", ")
+                    "--only {v}: no experiment trains `{v}`; planned: {}, and {} (experiments with their own selection)",
+                    plan.keys().cloned().collect::<Vec<_>>().join(", "),
+                    only_names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" / ")
                 );
             }
         }
@@ -222,66 +239,11 @@ fn run() -> Result<()> {
     } else {
         runner::run_all(&scale, &plan, &seeds, &later, &out, &command, jobs, &launch, &sink_plan)?
     };
-    let mut retrieval = std::collections::BTreeMap::new();
-    if run_retrieval {
-        for e in experiments.iter().filter(|e| e.kind == spec::Kind::Retrieval) {
-            let mut by_variant: std::collections::BTreeMap<&str, Vec<(String, Option<u32>)>> = Default::default();
-            for r in &e.rows {
-                by_variant.entry(r.train.as_str()).or_default().push((r.label.clone(), r.posthoc));
-            }
-            for (variant, rows) in by_variant {
-                if results.get(variant).and_then(|r| r.first()).is_none_or(|r| r.error.is_some()) {
-                    eprintln!("reproduce: retrieval: no trained `{variant}` model, its rows stay empty");
-                    continue;
-                }
-                for res in experiments::retrieval_eval::run(&scale, &out, variant, &rows)
-                    .with_context(|| format!("the retrieval experiment with `{variant}`"))?
-                {
-                    eprintln!(
-                        "reproduce: retrieval `{}`: accuracy by length {:?} ({:.0} s)",
-                        res.label,
-                        res.settings.multiples.iter().map(|&m| res.mean_at(m).unwrap_or(f64::NAN)).collect::<Vec<_>>(),
-                        res.wall_s
-                    );
-                    retrieval.insert(res.label.clone(), res);
-                }
-            }
-        }
-    }
-    let mut downstream = std::collections::BTreeMap::new();
-    if let Some(dir) = cli.downstream.as_ref().filter(|_| !cli.report_only) {
-        for e in experiments.iter().filter(|e| e.kind == spec::Kind::Downstream) {
-            for r in &e.rows {
-                if downstream.contains_key(&r.train) {
-                    continue;
-                }
-                if results.get(&r.train).and_then(|x| x.first()).is_none_or(|x| x.error.is_some()) {
-                    eprintln!("reproduce: downstream: no trained `{}` model, its row stays empty", r.train);
-                    continue;
-                }
-                eprintln!("reproduce: downstream, `{}` on {} ...", r.train, dir.display());
-                let scores = experiments::downstream::run(&scale, &out, &r.train, dir)
-                    .with_context(|| format!("downstream scoring of `{}`", r.train))?;
-                downstream.insert(r.train.clone(), scores);
-            }
-        }
-    }
-    let mut physics = std::collections::BTreeMap::new();
-    if run_physics {
-        let settings = experiments::newton::experiment::Settings::for_scale(scale.name);
-        for e in experiments.iter().filter(|e| e.kind == spec::Kind::Physics) {
-            for r in &e.rows {
-                if physics.contains_key(&r.train) {
-                    continue;
-                }
-                let res = experiments::newton::experiment::run(&settings, &r.train, &out.join("newton"))
-                    .with_context(|| format!("the physics experiment with `{}`", r.train))?;
-                eprintln!(
-                    "reproduce: physics `{}`: acceleration error {:.3}, best law {} ({:.0} s)",
-                    r.train, res.accel_rel_rmse, res.best_law, res.wall_s
-                );
-                physics.insert(r.train.clone(), res);
-            }
+    let inputs = Inputs { scale: &scale, out: &out, results: &results, downstream_dir: cli.downstream.as_deref() };
+    for (p, _) in post.iter_mut().zip(&selected).filter(|(p, on)| **on && p.available(&inputs)) {
+        let kind = p.kind();
+        for e in experiments.iter().filter(|e| e.kind == kind) {
+            p.run(e, &inputs)?;
         }
     }
     let (report_path, figures_dir, figures_rel) = match (&cli.report, scale.meaningful) {
@@ -303,14 +265,11 @@ fn run() -> Result<()> {
             .values()
             .flatten()
             .map(|r| r.train_wall_s + r.eval_wall_s)
-            .chain(physics.values().map(|p| p.wall_s))
-            .chain(retrieval.values().filter(|r| r.posthoc.is_none()).map(|r| r.wall_s))
+            .chain(post.iter().map(|p| p.wall_s()))
             .sum::<f64>()
             .max(start.elapsed().as_secs_f64()),
         figures_rel: &figures_rel,
-        physics: &physics,
-        retrieval: &retrieval,
-        downstream: &downstream,
+        post: &post,
     };
     report::write(&experiments, &results, &ctx, &report_path, &figures_dir).context("writing the report")?;
     eprintln!("reproduce: wrote {} ({:.1} min)", report_path.display(), start.elapsed().as_secs_f64() / 60.0);

@@ -5,4 +5,5 @@
 
 pub mod experiment;
 pub mod regress;
+pub mod report;
 pub mod sim;

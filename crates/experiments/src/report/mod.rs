@@ -7,19 +7,16 @@ use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context as _, Result};
-use sections::{downstream_section, physics_section, retrieval_section, sinks_section};
+use sinks::sinks_section;
 
 use crate::claims::{Judged, Measure, OrderingVerdict};
-use crate::newton::experiment::PhysicsResult;
-use crate::plot::{GapSeries, Series, draw_grid, save, save_gaps, save_with};
-use crate::retrieval_eval::RetrievalResult;
+use crate::plot::{GapSeries, Series, save, save_gaps, save_with};
+use crate::post::{Figures, PostTraining};
 use crate::runner::{RunResult, Runs};
 use crate::scale::Scale;
 use crate::spec::{EvalKey, Experiment, Kind, Row};
 
-mod sections;
-
-pub use sections::{physics_verdicts, retrieval_verdicts};
+mod sinks;
 
 /// Everything the report needs besides the results.
 #[derive(Debug)]
@@ -36,12 +33,15 @@ pub struct Context<'a> {
     pub wall_s: f64,
     /// Figures directory, relative to the report.
     pub figures_rel: &'a str,
-    /// Results of the physics experiment, by variant (empty when it did not run).
-    pub physics: &'a BTreeMap<String, PhysicsResult>,
-    /// Results of the retrieval experiment, by row label (empty when it did not run).
-    pub retrieval: &'a BTreeMap<String, RetrievalResult>,
-    /// Downstream scores by trained variant (empty without `--downstream DIR`).
-    pub downstream: &'a BTreeMap<String, Vec<crate::downstream::TaskScores>>,
+    /// The post-training experiments, each holding the results of this invocation (none where it
+    /// did not run).
+    pub post: &'a [Box<dyn PostTraining>],
+}
+
+impl std::fmt::Debug for dyn PostTraining + '_ {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "PostTraining({:?})", self.kind())
+    }
 }
 
 fn key(ntk: bool, posthoc: Option<u32>, multiple: usize) -> EvalKey {
@@ -150,8 +150,7 @@ pub fn write(
             ctx.figures_rel
         );
     }
-    let others: Vec<String> =
-        retrieval_verdicts(ctx.retrieval).into_iter().chain(physics_verdicts(ctx.physics)).collect();
+    let others: Vec<String> = ctx.post.iter().flat_map(|p| p.verdicts()).collect();
     if !others.is_empty() {
         let _ = writeln!(
             md,
@@ -166,22 +165,23 @@ pub fn write(
         let _ = writeln!(md, "## {}\n", e.title);
         let _ = writeln!(md, "{}", e.readme.lines().skip(1).collect::<Vec<_>>().join("\n").trim());
         let _ = writeln!(md);
-        let trained: Vec<String> = if e.kind == Kind::Physics {
-            vec![PHYSICS_ONLY.to_string()]
-        } else if e.kind == Kind::Retrieval {
-            let mut v: Vec<String> = crate::spec::plan(std::slice::from_ref(e)).into_keys().collect();
-            v.push(RETRIEVAL_ONLY.to_string());
-            v
-        } else {
-            crate::spec::plan(std::slice::from_ref(e)).into_keys().collect()
-        };
-        let extra = if e.kind == Kind::Downstream { " --downstream DIR" } else { "" };
+        let post = crate::post::find(ctx.post, e.kind);
+        // The language models the section reads (none for kinds with their own models), then the
+        // kind's own `--only` name.
+        let mut trained: Vec<String> = crate::spec::plan(std::slice::from_ref(e)).into_keys().collect();
+        trained.extend(post.and_then(|p| p.only_name()).map(String::from));
+        let extra = post.map_or("", |p| p.regenerate_extra());
         let _ = writeln!(
             md,
             "Regenerate this section's runs: `{} --only {}{extra}`\n",
             ctx.base_command,
             trained.join(",")
         );
+        if let Some(p) = post {
+            p.section(&mut md, e, Figures { dir: figures_dir, rel: ctx.figures_rel })?;
+            let _ = writeln!(md);
+            continue;
+        }
         match e.kind {
             Kind::Table => {
                 table(&mut md, e, results);
@@ -213,18 +213,6 @@ pub fn write(
                 sinks_section(&mut md, e, results, figures_dir, ctx.figures_rel)?;
                 let _ = writeln!(md);
             }
-            Kind::Downstream => {
-                downstream_section(&mut md, e, ctx.downstream);
-                let _ = writeln!(md);
-            }
-            Kind::Retrieval => {
-                retrieval_section(&mut md, e, ctx.retrieval, figures_dir, ctx.figures_rel)?;
-                let _ = writeln!(md);
-            }
-            Kind::Physics => {
-                physics_section(&mut md, e, ctx.physics, figures_dir, ctx.figures_rel)?;
-                let _ = writeln!(md);
-            }
             Kind::PSweep => {
                 p_table(&mut md, e, results);
                 plot_p(e, results, &figures_dir.join(&e.name))?;
@@ -234,6 +222,8 @@ pub fn write(
                     e.title, ctx.figures_rel, e.name, ctx.figures_rel, e.name
                 );
             }
+            // The post-training kinds are sections of their `PostTraining` values, above.
+            other => anyhow::bail!("no post-training experiment in the report's context handles {other:?}"),
         }
     }
     let missing: Vec<_> = crate::status::PARTS.iter().filter(|p| p.missing.is_some()).collect();
@@ -366,12 +356,6 @@ fn p_table(md: &mut String, e: &Experiment, results: &Runs) {
         let _ = writeln!(md);
     }
 }
-
-/// The `--only` name that selects the retrieval experiment (with the variants it needs trained).
-pub const RETRIEVAL_ONLY: &str = "retrieval";
-
-/// The `--only` name that selects the physics experiment.
-pub const PHYSICS_ONLY: &str = "newton";
 
 fn plot_lengths(e: &Experiment, results: &Runs, path: &Path, with_plain: bool) -> Result<()> {
     let mut series = Vec::new();

@@ -1,0 +1,80 @@
+//! The experiments that run after the language models are trained, or beside them on their own
+//! models: each kind ([`Kind::Retrieval`], [`Kind::Downstream`], [`Kind::Physics`]) is one
+//! [`PostTraining`] value that runs its experiments, keeps its results and writes its report section.
+//! `reproduce` and the report handle every such kind by one loop over these values, so a new kind is
+//! its [`Kind`] variant (`spec.rs`), its module implementing [`PostTraining`], and one line in the
+//! list `reproduce` builds (`bin/reproduce.rs`).
+
+use std::path::Path;
+
+use anyhow::Result;
+
+use crate::runner::Runs;
+use crate::scale::Scale;
+use crate::spec::{Experiment, Kind};
+
+/// What a post-training experiment may read when it runs.
+#[derive(Clone, Copy, Debug)]
+pub struct Inputs<'a> {
+    /// The scale of the reproduction.
+    pub scale: &'a Scale,
+    /// The reproduction's output directory (`runs/<scale>`): trained models, caches.
+    pub out: &'a Path,
+    /// The trained runs, by variant.
+    pub results: &'a Runs,
+    /// The folder of user-supplied task data (`--downstream DIR`), if any.
+    pub downstream_dir: Option<&'a Path>,
+}
+
+/// Where a section's figures go.
+#[derive(Clone, Copy, Debug)]
+pub struct Figures<'a> {
+    /// The directory the figure files are written to.
+    pub dir: &'a Path,
+    /// The same directory relative to the report, for links.
+    pub rel: &'a str,
+}
+
+/// One kind of post-training experiment.
+pub trait PostTraining {
+    /// The experiment kind whose `defs/*/experiment.toml` entries this runs and reports.
+    fn kind(&self) -> Kind;
+
+    /// The name `--only` accepts to run this kind's experiments alone, if it has one.
+    fn only_name(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// Whether its rows' language models must be trained first (so `--only NAME` trains them too).
+    fn needs_trained_rows(&self) -> bool {
+        true
+    }
+
+    /// Whether this invocation can run it at all (downstream scoring needs `--downstream DIR`).
+    fn available(&self, inputs: &Inputs<'_>) -> bool {
+        let _ = inputs;
+        true
+    }
+
+    /// What to append to a section's regenerate command besides `--only` (`" --downstream DIR"`).
+    fn regenerate_extra(&self) -> &'static str {
+        ""
+    }
+
+    /// Runs experiment `e` (of this kind) and keeps its results for [`PostTraining::section`].
+    fn run(&mut self, e: &Experiment, inputs: &Inputs<'_>) -> Result<()>;
+
+    /// Seconds of work its results took (added to the report's total run time).
+    fn wall_s(&self) -> f64;
+
+    /// Verdict or observation lines for the report's summary (empty when nothing ran).
+    fn verdicts(&self) -> Vec<String>;
+
+    /// Experiment `e`'s section of the report (its text after the README and regenerate line).
+    fn section(&self, md: &mut String, e: &Experiment, figures: Figures<'_>) -> Result<()>;
+}
+
+/// The [`PostTraining`] of `kind` in `all`, if `kind` is a post-training kind.
+pub fn find(all: &[Box<dyn PostTraining>], kind: Kind) -> Option<&dyn PostTraining> {
+    all.iter().find(|p| p.kind() == kind).map(|p| p.as_ref())
+}
