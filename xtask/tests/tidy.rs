@@ -121,3 +121,246 @@ fn no_link_leaves_the_repository_and_every_local_link_resolves() {
 fn the_link_reader_finds_links() {
     assert_eq!(link_targets("see [a](docs/A.md#x) and ![b](figures/b.png \"t\")."), ["docs/A.md#x", "figures/b.png"]);
 }
+
+/// A preprocessor condition: `defined(NAME)`, another atom (`DTYPE == 1`, `HAVE_WGMMA`) taken as an
+/// unknown boolean, or their combinations.
+#[derive(Clone, Debug)]
+enum Cond {
+    Atom(String),
+    Not(Box<Cond>),
+    And(Box<Cond>, Box<Cond>),
+    Or(Box<Cond>, Box<Cond>),
+}
+
+impl Cond {
+    fn parse(text: &str) -> Cond {
+        let mut toks = Vec::new();
+        let mut atom = String::new();
+        let flush = |atom: &mut String, toks: &mut Vec<String>| {
+            if !atom.trim().is_empty() {
+                toks.push(atom.split_whitespace().collect::<Vec<_>>().join(" "));
+            }
+            atom.clear();
+        };
+        let cs: Vec<char> = text.split("//").next().unwrap_or("").chars().collect();
+        let mut i = 0;
+        while i < cs.len() {
+            let rest: String = cs[i..].iter().collect();
+            if let Some(r) = rest.strip_prefix("defined") {
+                let name: String =
+                    r.trim_start_matches([' ', '(']).chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                let used = r.find(name.as_str()).unwrap_or(0) + name.len();
+                let used = used + r[used..].chars().take_while(|c| *c == ')' || *c == ' ').count().min(1);
+                flush(&mut atom, &mut toks);
+                toks.push(format!("defined({name})"));
+                i += "defined".len() + r[..used].chars().count();
+                continue;
+            }
+            let two = &rest[..rest.len().min(2)];
+            if two == "&&" || two == "||" {
+                flush(&mut atom, &mut toks);
+                toks.push(two.to_string());
+                i += 2;
+            } else if cs[i] == '(' || cs[i] == ')' || (cs[i] == '!' && cs.get(i + 1) != Some(&'=')) {
+                flush(&mut atom, &mut toks);
+                toks.push(cs[i].to_string());
+                i += 1;
+            } else {
+                atom.push(cs[i]);
+                i += 1;
+            }
+        }
+        flush(&mut atom, &mut toks);
+        let mut pos = 0;
+        Self::or(&toks, &mut pos)
+    }
+
+    fn or(t: &[String], pos: &mut usize) -> Cond {
+        let mut c = Self::and(t, pos);
+        while t.get(*pos).is_some_and(|x| x == "||") {
+            *pos += 1;
+            c = Cond::Or(Box::new(c), Box::new(Self::and(t, pos)));
+        }
+        c
+    }
+
+    fn and(t: &[String], pos: &mut usize) -> Cond {
+        let mut c = Self::unary(t, pos);
+        while t.get(*pos).is_some_and(|x| x == "&&") {
+            *pos += 1;
+            c = Cond::And(Box::new(c), Box::new(Self::unary(t, pos)));
+        }
+        c
+    }
+
+    fn unary(t: &[String], pos: &mut usize) -> Cond {
+        let tok = t.get(*pos).cloned().unwrap_or_default();
+        *pos += 1;
+        match tok.as_str() {
+            "!" => Cond::Not(Box::new(Self::unary(t, pos))),
+            "(" => {
+                let c = Self::or(t, pos);
+                *pos += 1; // ")"
+                c
+            }
+            _ => Cond::Atom(tok),
+        }
+    }
+
+    fn atoms(&self, out: &mut Vec<String>) {
+        match self {
+            Cond::Atom(a) if a != "defined(LSSA_EMU)" && !out.contains(a) => out.push(a.clone()),
+            Cond::Atom(_) => {}
+            Cond::Not(c) => c.atoms(out),
+            Cond::And(a, b) | Cond::Or(a, b) => {
+                a.atoms(out);
+                b.atoms(out);
+            }
+        }
+    }
+
+    /// The value with `LSSA_EMU` defined and the other atoms as `truth` says.
+    fn eval(&self, truth: &dyn Fn(&str) -> bool) -> bool {
+        match self {
+            Cond::Atom(a) if a == "defined(LSSA_EMU)" => true,
+            Cond::Atom(a) => truth(a),
+            Cond::Not(c) => !c.eval(truth),
+            Cond::And(a, b) => a.eval(truth) && b.eval(truth),
+            Cond::Or(a, b) => a.eval(truth) || b.eval(truth),
+        }
+    }
+}
+
+/// Whether each line of a CUDA source can be compiled in the emulator's build (`LSSA_EMU` defined):
+/// some value of the other conditions' atoms (each an unknown boolean) selects every branch around it.
+fn emu_compiled_lines(text: &str) -> Vec<bool> {
+    // Per open group: the conditions of its earlier branches, and that of the current one.
+    let mut groups: Vec<(Vec<Cond>, Cond)> = Vec::new();
+    let always = Cond::Atom("defined(LSSA_EMU)".into());
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let t = line.trim_start();
+        if let Some(d) = t.strip_prefix('#').map(str::trim_start) {
+            let (word, rest) = d.split_once(char::is_whitespace).unwrap_or((d, ""));
+            match word {
+                "if" => groups.push((Vec::new(), Cond::parse(rest))),
+                "ifdef" => groups.push((Vec::new(), Cond::parse(&format!("defined({})", rest.trim())))),
+                "ifndef" => groups.push((Vec::new(), Cond::parse(&format!("!defined({})", rest.trim())))),
+                "elif" | "else" => {
+                    if let Some((before, cur)) = groups.last_mut() {
+                        let next = if word == "elif" { Cond::parse(rest) } else { always.clone() };
+                        before.push(std::mem::replace(cur, next));
+                    }
+                }
+                "endif" => {
+                    groups.pop();
+                }
+                _ => {}
+            }
+        }
+        let mut atoms = Vec::new();
+        for (before, cur) in &groups {
+            before.iter().chain([cur]).for_each(|c| c.atoms(&mut atoms));
+        }
+        let reachable = (0u64..1 << atoms.len().min(16)).any(|bits| {
+            let truth = |a: &str| atoms.iter().position(|x| x == a).is_some_and(|i| bits >> i & 1 == 1);
+            groups.iter().all(|(before, cur)| cur.eval(&truth) && before.iter().all(|c| !c.eval(&truth)))
+        });
+        out.push(reachable);
+    }
+    out
+}
+
+#[test]
+fn every_inline_ptx_statement_is_hidden_from_the_emulator() {
+    // ARCHITECTURE.md: every `asm` statement sits in a branch that `LSSA_EMU` excludes, next to an
+    // emulated alternative; an unguarded one fails only in the emulator's C++ build, or worse, not at all.
+    let sources: Vec<_> =
+        text_files(&["cu", "cuh"]).into_iter().filter(|(p, _)| p.starts_with("crates/attn-kernels/src/cuda")).collect();
+    assert!(sources.len() >= 7 || tracked().is_none(), "the CUDA sources moved? {}", sources.len());
+    let mut offenders = Vec::new();
+    for (p, text) in &sources {
+        let compiled = emu_compiled_lines(text);
+        for (i, l) in text.lines().enumerate() {
+            let code = l.split("//").next().unwrap_or("");
+            if (code.contains("asm(") || code.contains("asm volatile")) && compiled[i] {
+                offenders.push(format!("{}:{}", p.display(), i + 1));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "inline PTX the emulator would compile: {offenders:?}");
+}
+
+#[test]
+fn the_emulator_guard_reader_follows_nested_groups() {
+    let src = "a\n#ifdef LSSA_EMU\nb\n#else\nc\n#if P > 0\nd\n#endif\n#endif\n\
+               #if defined(LSSA_EMU) || X\ne\n#elif Y\nf\n#endif\n#ifndef LSSA_EMU\ng\n#endif\n\
+               #if DTYPE == 1 && defined(LSSA_EMU)\nh\n#elif DTYPE == 1\ni\n#else\nj\n#endif\n\
+               #if !(X && !defined(LSSA_EMU))\nk\n#endif\n";
+    let compiled = emu_compiled_lines(src);
+    let at = |s: &str| compiled[src.lines().position(|l| l == s).unwrap()];
+    let got: Vec<bool> = ["a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k"].map(at).to_vec();
+    assert_eq!(got, [true, true, false, false, true, false, false, true, false, true, true]);
+}
+
+#[test]
+fn every_cuda_kernel_is_listed_in_kern_and_every_kern_exists() {
+    // The host launches kernels by `Kern::name`, and the emulator's table of kernels is built from
+    // `Kern`: a `__global__` kernel missing there is dead (or launched by a misspelt name).
+    let mut defined = std::collections::BTreeSet::new();
+    for (p, text) in text_files(&["cu", "cuh"]) {
+        if !p.starts_with("crates/attn-kernels/src/cuda") {
+            continue;
+        }
+        for l in text.lines().filter(|l| l.contains("__global__") && l.contains("extern \"C\"")) {
+            // `extern "C" __global__ void [__launch_bounds__(N)] NAME(KParams p)`
+            let after_void = l.split_once(" void ").map_or("", |(_, rest)| rest).trim_start();
+            let after_bounds = match after_void.strip_prefix("__launch_bounds__(") {
+                Some(r) => r.split_once(')').map_or("", |(_, rest)| rest),
+                None => after_void,
+            };
+            defined.insert(after_bounds.split('(').next().unwrap_or("").trim().to_string());
+        }
+    }
+    let plan = root().join("crates/attn-kernels/src/cuda/plan.rs");
+    let Ok(plan) = std::fs::read_to_string(&plan) else { return };
+    let listed: std::collections::BTreeSet<String> = plan
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Kern::")?.split_once("=> \"lssa_").map(|(_, n)| n.to_string()))
+        .map(|n| format!("lssa_{}", n.trim_end_matches(['"', ','])))
+        .collect();
+    assert!(defined.len() >= 18, "kernels found: {defined:?}");
+    assert_eq!(defined, listed, "`extern \"C\" __global__` kernels in cuda/ vs the names in `Kern::name`");
+}
+
+/// The crate names in the `[dependencies]` table of a crate's `Cargo.toml` (not dev or build ones).
+fn dependencies(manifest: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(root().join(manifest)).expect("the crate's manifest");
+    let mut in_deps = false;
+    let mut out = Vec::new();
+    for l in text.lines().map(str::trim) {
+        if l.starts_with('[') {
+            in_deps = l == "[dependencies]";
+        } else if in_deps && !l.is_empty() && !l.starts_with('#') {
+            let name = l.split(['=', '.', ' ']).next().unwrap_or("");
+            out.push(name.to_string());
+        }
+    }
+    out
+}
+
+#[test]
+fn attn_core_stands_alone_and_attn_kernels_never_links_libtorch() {
+    // ARCHITECTURE.md invariants 3 and 4.
+    let core = dependencies("crates/attn-core/Cargo.toml");
+    let allowed = ["ndarray", "num-traits", "thiserror", "proptest"];
+    assert!(core.iter().all(|d| allowed.contains(&d.as_str())), "attn-core depends on {core:?}; allowed: {allowed:?}");
+    let kernels = dependencies("crates/attn-kernels/Cargo.toml");
+    assert!(
+        kernels.contains(&"cudarc".to_string()),
+        "the manifest reader lost attn-kernels' dependencies: {kernels:?}"
+    );
+    for forbidden in ["tch", "torch-sys"] {
+        assert!(!kernels.iter().any(|d| d == forbidden), "attn-kernels depends on {forbidden}");
+    }
+}
