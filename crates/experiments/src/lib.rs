@@ -20,9 +20,9 @@
 //! - [`downstream`]: lm-evaluation-harness-style multiple-choice scoring of user-supplied ARC, HellaSwag,
 //!   PIQA, SciQ and MMLU files (`reproduce --downstream DIR`), in the report and in lm-eval's JSON.
 //! - [`progress`]: bars on a terminal, plain lines in a log.
-//! - [`retrieval`]: passkey and needle-in-a-haystack prompts of exact length and depth.
-//! - [`retrieval_eval`]: the retrieval experiment: passkey fine-tuning, greedy-decoding accuracy by
-//!   length and depth.
+//! - [`retrieval_eval`]: the retrieval experiment: associative recall learnt in training (the recall
+//!   mix of `trainer::data::recall`), accuracy by prompt length and needle distance, gate and verdict.
+//! - [`post`]: the post-training experiment kinds' common interface.
 //! - [`sinks`]: attention-sink share and row entropy per layer, attention maps.
 //! - [`newton`]: orbits, the orbit transformer and the symbolic regression of force laws.
 
@@ -33,7 +33,6 @@ pub mod plot;
 pub mod post;
 pub mod progress;
 pub mod report;
-pub mod retrieval;
 pub mod retrieval_eval;
 pub mod runner;
 pub mod scale;

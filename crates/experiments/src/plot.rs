@@ -146,10 +146,11 @@ pub fn draw_map(path: &Path, title: &str, map: &[Vec<f32>]) -> Result<()> {
 
 /// A length x depth heat map of accuracies (PNG): darker is more accurate, each cell labelled.
 /// Draws a heat map of accuracies to `<path>.png`: rows the lengths `ms` (multiples of `T_train`),
-/// columns the needle depths `ds`, `acc(m, d)` in `[0, 1]` per cell.
+/// columns `ds`, `acc(m, d)` in `[0, 1]` per cell (NaN: no such cell, drawn grey); `(x, y)` the axes' names.
 pub(crate) fn draw_grid(
     path_no_ext: &Path,
     title: &str,
+    (x_desc, y_desc): (&str, &str),
     ms: &[usize],
     ds: &[f64],
     acc: &dyn Fn(usize, f64) -> f64,
@@ -170,8 +171,8 @@ pub(crate) fn draw_grid(
         .disable_mesh()
         .x_labels(4 * ds.len())
         .y_labels(4 * ms.len())
-        .x_desc("needle depth")
-        .y_desc("length")
+        .x_desc(x_desc)
+        .y_desc(y_desc)
         .x_label_formatter(&|x| at_integer(*x).and_then(|i| ds.get(i)).map_or(String::new(), |d| format!("{d}")))
         .y_label_formatter(&|y| at_integer(*y).and_then(|i| ms.get(i)).map_or(String::new(), |m| format!("{m}x")))
         .draw()
@@ -181,15 +182,13 @@ pub(crate) fn draw_grid(
             let acc = acc(*m, *d);
             let shade = (255.0 * (1.0 - 0.8 * acc)) as u8;
             let (x, y) = (xi as f64, yi as f64);
+            let fill = if acc.is_nan() { RGBColor(225, 225, 225) } else { RGBColor(shade, shade, 255) };
             chart
-                .draw_series(std::iter::once(Rectangle::new(
-                    [(x - 0.5, y - 0.5), (x + 0.5, y + 0.5)],
-                    RGBColor(shade, shade, 255).filled(),
-                )))
+                .draw_series(std::iter::once(Rectangle::new([(x - 0.5, y - 0.5), (x + 0.5, y + 0.5)], fill.filled())))
                 .map_err(|e| anyhow::anyhow!("{e:?}"))?;
             chart
                 .draw_series(std::iter::once(Text::new(
-                    format!("{:.0}%", 100.0 * acc),
+                    if acc.is_nan() { "-".to_string() } else { format!("{:.0}%", 100.0 * acc) },
                     (x - 0.15, y + 0.1),
                     ("sans-serif", 15),
                 )))

@@ -1,15 +1,24 @@
-//! The retrieval experiment (SPEC section 9): each trained language model is fine-tuned briefly on
-//! passkey prompts at the training length, then asked for the pass key by greedy decoding (with the
-//! KV cache) at 1x..16x the training length and at several needle depths.
+//! The retrieval experiment: associative recall ([`trainer::data::recall`]) learnt in training and
+//! asked beyond the training length.
 //!
-//! Choices (the paper gives no recipe for its small models):
+//! Every language model of the scale is trained with a share of recall sequences in its data
+//! (`recall_share` in the scale's config), so the task is taught at `T_train`, on the model's own
+//! training run. Evaluation asks each trained model (every seed) for the value of a key whose needle
+//! sits at a fixed *distance* before the question, measured in multiples of `T_train`: beyond 1x the
+//! model must attend further back than any training sequence allowed. Each prompt has distractor
+//! needles with other keys, filler from the validation tokens, and is scored in one forward pass: the
+//! answer is the highest-scoring of the [`VALUES`](trainer::data::recall::VALUES) candidate tokens at
+//! the question (exact match), and the answer's log-probability among the candidates shows partial skill.
 //!
-//! - Fine-tuning mix: passkey prompts ([`crate::retrieval::prompt`]) of exactly the training length
-//!   with the answer appended, next-token loss on the answer tokens only, AdamW at the scale's
-//!   learning rate / 2 with linear warm-down, on filler from the first half of the validation tokens. Evaluation
-//!   fillers come from the second half, so no evaluation text was seen in fine-tuning.
-//! - The same fine-tuned `lssa` model is also evaluated with post-hoc re-weighting (`p = 15`).
-//! - A prompt counts as correct when the generated continuation contains the pass key.
+//! - Prompts are a function of the settings' seed, the length and the distance alone: every model and
+//!   seed answers the same prompts, so differences between rows are paired.
+//! - The gate: a model is said to have learnt the task when its accuracy at 1x (distances up to
+//!   `T_train` in prompts of `T_train` tokens) reaches [`Settings::gate`]; a row whose seeds do not all
+//!   pass is reported with its 1x number, and the verdict says it cannot be judged.
+//! - The verdict on "LSSAR retrieves beyond `T_train` where softmax does not": the accuracy over every
+//!   cell with a distance beyond 1x, LSSAR (trained with `p = 15`) minus softmax, with the
+//!   reproduction's bootstrap over prompts and seeds ([`crate::stats`]), against an effect of
+//!   [`EFFECT`] fixed in advance.
 //! - NTK-scaled RoPE beyond 1x, as in the report's other long-length numbers.
 
 use std::collections::BTreeMap;
@@ -22,68 +31,97 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
-use tch::nn::OptimizerConfig;
 
 use gpt_model::ForwardOptions;
-use trainer::data::tokenizer::Tokenizer;
+use trainer::data::recall::RecallTask;
 
 use crate::plot::{Series, draw_grid, save_with};
 use crate::post::{Figures, Inputs, PostTraining};
-use crate::retrieval::{self, Task};
 use crate::runner::run_dir_name;
 use crate::scale::Scale;
 use crate::spec::{Experiment, Kind};
+use crate::stats::{Interval, Rule, Term, Verdict};
+
+/// The least difference in accuracy beyond `T_train` (LSSAR minus softmax) that counts as the claim,
+/// fixed before the runs.
+pub const EFFECT: f64 = 0.2;
 
 /// Sizes of the retrieval experiment at one scale.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
-    /// Fine-tuning steps.
-    pub steps: usize,
-    /// Prompts per fine-tuning step.
-    pub batch: usize,
-    /// Length multiples evaluated.
-    pub multiples: Vec<usize>,
-    /// Needle depths evaluated.
-    pub depths: Vec<f64>,
-    /// Prompts per (length, depth) cell.
+    /// Needle distances, in multiples of `T_train` (a distance of `d` is evaluated in prompts of at
+    /// least `d x T_train` tokens; distance 1 in a 1x prompt is `T_train - 3`, the farthest that fits).
+    pub distances: Vec<f64>,
+    /// Prompts per (length, distance) cell.
     pub prompts: usize,
-    /// Length of fine-tuning prompts as a multiple of the training length (1 except where the
-    /// training length cannot hold the prompt's fixed text; doubled at run time until it does).
-    pub train_multiple: usize,
-    /// Seed of prompts and filler offsets.
+    /// Distractor needles per prompt.
+    pub distractors: usize,
+    /// Accuracy at 1x a model must reach to count as having learnt the task.
+    pub gate: f64,
+    /// Seed of the prompts.
     pub seed: u64,
 }
 
 impl Settings {
-    /// `smoke`: seconds (in the test suite); others: a few minutes per model on two CPU cores.
+    /// `smoke`: a few prompts (the test suite); others: 64 prompts per cell.
     pub fn for_scale(scale: &str) -> Self {
         match scale {
-            "smoke" => Settings {
-                steps: 2,
-                batch: 2,
-                multiples: vec![8, 16],
-                depths: vec![0.5],
-                prompts: 1,
-                train_multiple: 8,
-                seed: 7,
-            },
+            "smoke" => Settings { distances: vec![0.5, 1.0, 2.0], prompts: 4, distractors: 2, gate: 0.9, seed: 7 },
             _ => Settings {
-                steps: 1500,
-                batch: 8,
-                multiples: vec![1, 2, 4, 8, 16],
-                depths: vec![0.0, 0.25, 0.5, 0.75, 1.0],
-                prompts: 6,
-                train_multiple: 1,
+                distances: vec![0.5, 1.0, 2.0, 4.0, 8.0, 15.0],
+                prompts: 64,
+                distractors: 3,
+                gate: 0.9,
                 seed: 7,
             },
         }
     }
 }
 
-/// The accuracy of one model (and post-hoc power) on the grid.
+/// The answers of one model at one (length, distance).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Cell {
+    /// Prompt length, a multiple of `T_train`.
+    pub multiple: usize,
+    /// Needle distance, a multiple of `T_train`.
+    pub distance: f64,
+    /// Per prompt: whether the answer scored highest among the candidates.
+    pub correct: Vec<bool>,
+    /// Per prompt: the answer's log-probability among the candidates (`ln(1/32)` is chance).
+    pub log_p: Vec<f64>,
+}
+
+impl Cell {
+    /// Share of prompts answered.
+    pub fn accuracy(&self) -> f64 {
+        self.correct.iter().filter(|&&c| c).count() as f64 / self.correct.len().max(1) as f64
+    }
+}
+
+/// One trained model's answers (one seed of a row).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeedResult {
+    /// The seed index of the trained run.
+    pub seed_index: usize,
+    /// The recall share the model was trained with (0: it never saw the task).
+    pub recall_share: f64,
+    /// The cells, by length then distance.
+    pub cells: Vec<Cell>,
+    /// Evaluation time, seconds.
+    pub wall_s: f64,
+}
+
+impl SeedResult {
+    /// Accuracy at 1x (the gate's measure): every prompt of `T_train` tokens.
+    pub fn gate_accuracy(&self) -> Option<f64> {
+        pooled(self.cells.iter().filter(|c| c.multiple == 1))
+    }
+}
+
+/// The retrieval results of one row (a trained variant, and a post-hoc power where the row has one).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RetrievalResult {
-    /// Row label (variant, and `post hoc p` when applied).
+    /// Row label.
     pub label: String,
     /// The trained variant.
     pub variant: String,
@@ -91,215 +129,225 @@ pub struct RetrievalResult {
     pub posthoc: Option<u32>,
     /// Settings it ran with (cached results are reused only for the same settings).
     pub settings: Settings,
-    /// Accuracy per `(multiple, depth)`: the continuation contains the whole key.
-    pub cells: Vec<(usize, f64, f64)>,
-    /// Digit accuracy per `(multiple, depth)`: the share of the key's digits that the first number
-    /// of the continuation has in the same place (partial retrieval; 0.1 is chance).
-    #[serde(default)]
-    pub digit_cells: Vec<(usize, f64, f64)>,
-    /// The code that computed it ([`crate::runner::task_revision`]) and the fingerprint of the
-    /// trained model's config: a cached result is reused only when both still match.
-    #[serde(default)]
-    pub provenance: String,
-    /// The fine-tuning length actually used, as a multiple of the training length.
-    pub train_multiple: usize,
-    /// Fine-tuning loss over the last tenth of its steps.
-    pub finetune_loss: f64,
-    /// One example answer at the longest length (for the report), as generated.
-    pub example: String,
-    /// Fine-tuning and evaluation time, seconds.
-    pub wall_s: f64,
+    /// The lengths evaluated, multiples of `T_train`.
+    pub multiples: Vec<usize>,
+    /// One entry per trained seed.
+    pub seeds: Vec<SeedResult>,
 }
 
 impl RetrievalResult {
-    /// Mean accuracy over depths at `multiple`.
-    pub fn mean_at(&self, multiple: usize) -> Option<f64> {
-        mean_at(&self.cells, multiple)
+    /// Whether every seed reached the gate at 1x.
+    pub fn passes_gate(&self) -> bool {
+        !self.seeds.is_empty() && self.seeds.iter().all(|s| s.gate_accuracy().is_some_and(|a| a >= self.settings.gate))
     }
 
-    /// Mean digit accuracy over depths at `multiple`.
-    pub fn digits_at(&self, multiple: usize) -> Option<f64> {
-        mean_at(&self.digit_cells, multiple)
+    /// Correct answers and prompts over every seed at `(multiple, distance)`.
+    pub fn counts_at(&self, multiple: usize, distance: f64) -> Option<(usize, usize)> {
+        let cells: Vec<&Cell> = self
+            .seeds
+            .iter()
+            .flat_map(|s| s.cells.iter().filter(|c| c.multiple == multiple && c.distance == distance))
+            .collect();
+        (!cells.is_empty()).then(|| {
+            (
+                cells.iter().map(|c| c.correct.iter().filter(|&&x| x).count()).sum(),
+                cells.iter().map(|c| c.correct.len()).sum(),
+            )
+        })
+    }
+
+    /// Mean log-probability of the answer over every seed at `(multiple, distance)`.
+    pub fn log_p_at(&self, multiple: usize, distance: f64) -> Option<f64> {
+        let xs: Vec<f64> = self
+            .seeds
+            .iter()
+            .flat_map(|s| s.cells.iter().filter(|c| c.multiple == multiple && c.distance == distance))
+            .flat_map(|c| c.log_p.iter().copied())
+            .collect();
+        (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+    }
+
+    /// Per seed, the 0/1 answers of every cell beyond `T_train` (distance > 1), in one fixed order:
+    /// the values of a [`Term`] of the verdict.
+    pub fn beyond(&self) -> Vec<Vec<f64>> {
+        self.seeds
+            .iter()
+            .map(|s| {
+                s.cells
+                    .iter()
+                    .filter(|c| c.distance > 1.0)
+                    .flat_map(|c| c.correct.iter().map(|&x| if x { 1.0 } else { 0.0 }))
+                    .collect()
+            })
+            .collect()
     }
 }
 
-fn mean_at(cells: &[(usize, f64, f64)], multiple: usize) -> Option<f64> {
-    let xs: Vec<f64> = cells.iter().filter(|c| c.0 == multiple).map(|c| c.2).collect();
-    (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
+fn pooled<'a>(cells: impl Iterator<Item = &'a Cell>) -> Option<f64> {
+    let (mut hit, mut n) = (0usize, 0usize);
+    for c in cells {
+        hit += c.correct.iter().filter(|&&x| x).count();
+        n += c.correct.len();
+    }
+    (n > 0).then(|| hit as f64 / n as f64)
 }
 
-/// The share of `key`'s digits found in the same place in the first run of digits of `text`.
-pub fn digit_accuracy(key: &str, text: &str) -> f64 {
-    let first: String = text.chars().skip_while(|c| !c.is_ascii_digit()).take_while(char::is_ascii_digit).collect();
-    let hits = key.chars().zip(first.chars()).filter(|(a, b)| a == b).count();
-    hits as f64 / key.len().max(1) as f64
+/// The Wilson score interval (95%) of `hits` successes in `n` trials.
+pub fn wilson(hits: usize, n: usize) -> (f64, f64) {
+    if n == 0 {
+        return (0.0, 1.0);
+    }
+    let (z, n) = (1.959_963_984_540_054, n as f64);
+    let p = hits as f64 / n;
+    let centre = (p + z * z / (2.0 * n)) / (1.0 + z * z / n);
+    let half = z / (1.0 + z * z / n) * (p * (1.0 - p) / n + z * z / (4.0 * n * n)).sqrt();
+    ((centre - half).max(0.0), (centre + half).min(1.0))
 }
 
-/// The tokens a fine-tuning sequence appends to its prompt: " <answers>.".
-fn answer_tokens(tok: &Tokenizer, answers: &[String]) -> Vec<u32> {
-    tok.encode(&format!(" {}.", answers.join(", ")))
+/// The distance in tokens of a needle `distance x t_train` back in a prompt of `len` tokens, or
+/// `None` when the cell does not exist (the distance exceeds the prompt's length).
+pub fn distance_tokens(distance: f64, t_train: usize, len: usize) -> Option<usize> {
+    let d = (distance * t_train as f64).round() as usize;
+    (distance <= (len / t_train) as f64 && d >= 2).then(|| d.min(len - 3))
 }
 
-/// One fine-tuning sequence of exactly `len + 1` tokens: a passkey prompt with its needle at `depth`
-/// followed by the answer, and the positions of the answer's tokens in it. The key is drawn first
-/// because its answer's length sets the prompt's.
-fn tuning_sequence(
-    tok: &Tokenizer,
+/// The prompts of one cell: a function of the settings' seed, the length and the distance alone.
+fn cell_prompts(
+    task: &RecallTask,
+    settings: &Settings,
     filler: &[u16],
     len: usize,
-    depth: f64,
-    rng: &mut impl rand::Rng,
-) -> Result<(Vec<i64>, std::ops::Range<usize>)> {
-    let needles = retrieval::Needles::draw(Task::Passkey, rng)?;
-    let ans = answer_tokens(tok, &needles.answers);
-    ensure!(ans.len() < len / 2, "a {}-token answer does not fit a {len}-token sequence", ans.len());
-    let p = needles.assemble(tok, filler, len + 1 - ans.len(), depth, rng)?;
-    let at = p.tokens.len()..len + 1;
-    Ok((p.tokens.iter().chain(&ans).map(|&t| i64::from(t)).collect(), at))
+    dist: usize,
+) -> Result<Vec<trainer::data::recall::RecallPrompt>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(settings.seed);
+    rng.set_stream(((len as u64) << 32) | dist as u64);
+    (0..settings.prompts).map(|_| task.prompt(filler, len, dist, settings.distractors, &mut rng)).collect()
 }
 
-/// Fine-tunes the trained model of `variant` (its last checkpoint under `out`) and evaluates it for
-/// each of `rows` (`(label, post-hoc power)`); results are cached under `out/retrieval`.
-pub fn run(scale: &Scale, out: &Path, variant: &str, rows: &[(String, Option<u32>)]) -> Result<Vec<RetrievalResult>> {
+/// Evaluates seed `seed_index` of the trained `variant` for each of `rows` (`(label, post-hoc power)`).
+fn eval_seed(
+    scale: &Scale,
+    out: &Path,
+    variant: &str,
+    seed_index: usize,
+    multiples: &[usize],
+    settings: &Settings,
+    rows: &[(String, Option<u32>)],
+) -> Result<Vec<SeedResult>> {
+    let crate::runner::Trained { model, val, cfg, device, .. } =
+        crate::runner::load_trained_seed(scale, out, variant, seed_index)?;
+    let t = cfg.model.context_len;
+    let task = RecallTask::for_vocab(cfg.model.vocab_size)?;
+    let candidates = Tensor::from_slice(&task.values.iter().map(|&v| i64::from(v)).collect::<Vec<_>>()).to(device);
+    let cells_n = multiples.len() * settings.distances.len();
+    let work = crate::progress::Work::start(
+        &format!("retrieval `{variant}` seed {seed_index}"),
+        cells_n * rows.len(),
+        "cells",
+    );
+    let mut out_rows = Vec::new();
+    for (_, posthoc) in rows {
+        let start = Instant::now();
+        let mut cells = Vec::new();
+        for &m in multiples {
+            let len = m * t;
+            let opts = ForwardOptions { length_scale: Some(m as f64), ntk: true, reweight: *posthoc, attn_impl: None };
+            for &d in &settings.distances {
+                work.inc();
+                let Some(dist) = distance_tokens(d, t, len) else { continue };
+                let prompts = cell_prompts(&task, settings, &val, len, dist)?;
+                let (mut correct, mut log_p) = (Vec::new(), Vec::new());
+                // Batches of about 8K tokens: the logits of a batch are `batch x len x vocab` floats.
+                for chunk in prompts.chunks((8192 / len).max(1)) {
+                    let ids: Vec<i64> = chunk.iter().flat_map(|p| p.tokens.iter().map(|&x| i64::from(x))).collect();
+                    let idx = Tensor::from_slice(&ids).view([chunk.len() as i64, len as i64]).to(device);
+                    let logits = tch::no_grad(|| model.forward(&idx, &opts))?;
+                    let last = logits.select(1, len as i64 - 1).index_select(1, &candidates).to_kind(tch::Kind::Double);
+                    let lp = last.log_softmax(-1, tch::Kind::Double).to_device(tch::Device::Cpu);
+                    let best = lp.argmax(-1, false);
+                    for (i, p) in chunk.iter().enumerate() {
+                        correct.push(best.int64_value(&[i as i64]) == p.answer_index as i64);
+                        log_p.push(lp.double_value(&[i as i64, p.answer_index as i64]));
+                    }
+                }
+                cells.push(Cell { multiple: m, distance: d, correct, log_p });
+            }
+        }
+        out_rows.push(SeedResult {
+            seed_index,
+            recall_share: cfg.recall_share,
+            cells,
+            wall_s: start.elapsed().as_secs_f64(),
+        });
+    }
+    Ok(out_rows)
+}
+
+/// Evaluates every trained seed of `variant` for each of `rows` (`(label, post-hoc power)`), at
+/// `multiples` of the training length; results are cached under `out/retrieval`, one file per row,
+/// reused only for the same settings, code and trained runs.
+pub fn run(
+    scale: &Scale,
+    out: &Path,
+    variant: &str,
+    seeds: usize,
+    multiples: &[usize],
+    rows: &[(String, Option<u32>)],
+) -> Result<Vec<RetrievalResult>> {
+    ensure!(seeds >= 1, "no trained seed of `{variant}`");
     let settings = Settings::for_scale(scale.name);
-    let my_rows: Vec<(String, String, Option<u32>)> =
-        rows.iter().map(|(l, p)| (l.clone(), variant.to_string(), *p)).collect();
     let cache_dir = out.join("retrieval");
     let cache = |label: &str| cache_dir.join(format!("{}.json", run_dir_name(label)));
-    // The model it fine-tunes: its config (and so its seed and scale) and the code.
-    let model_config = std::fs::read_to_string(crate::runner::run_dir(out, variant, 0).join("result.json"))
-        .ok()
-        .and_then(|t| serde_json::from_str::<crate::runner::RunResult>(&t).ok())
-        .map_or_else(String::new, |r| r.config);
-    let provenance = format!("{} {}", crate::runner::task_revision(), crate::runner::fingerprint(&model_config));
-    let cached: Vec<Option<RetrievalResult>> = my_rows
+    // The models it reads (their configs: seeds, scale, recall share) and the code.
+    let configs: String = (0..seeds)
+        .map(|s| {
+            std::fs::read_to_string(crate::runner::run_dir(out, variant, s).join("result.json"))
+                .ok()
+                .and_then(|t| serde_json::from_str::<crate::runner::RunResult>(&t).ok())
+                .map_or_else(String::new, |r| r.config)
+        })
+        .collect();
+    let provenance = format!("{} {}", crate::runner::task_revision(), crate::runner::fingerprint(&configs));
+    #[derive(Deserialize, Serialize)]
+    struct Cached {
+        provenance: String,
+        result: RetrievalResult,
+    }
+    let cached: Vec<Option<RetrievalResult>> = rows
         .iter()
-        .map(|(label, _, _)| {
+        .map(|(label, _)| {
             std::fs::read_to_string(cache(label))
                 .ok()
-                .and_then(|t| serde_json::from_str::<RetrievalResult>(&t).ok())
-                .filter(|r| r.settings == settings && r.provenance == provenance)
+                .and_then(|t| serde_json::from_str::<Cached>(&t).ok())
+                .filter(|c| c.provenance == provenance)
+                .map(|c| c.result)
+                .filter(|r| r.settings == settings && r.multiples == multiples && r.seeds.len() == seeds)
         })
         .collect();
     if cached.iter().all(Option::is_some) {
-        crate::runner::say(&format!("retrieval experiment, `{variant}`: cached in {}", cache_dir.display()));
+        crate::progress::say(&format!("retrieval, `{variant}`: cached in {}", cache_dir.display()));
         return Ok(cached.into_iter().flatten().collect());
     }
-    crate::runner::say(&format!("retrieval experiment, `{variant}` (fine-tuning, then greedy decoding) ..."));
-    let start = Instant::now();
-    let crate::runner::Trained { vs, model, tokenizer: tok, val, cfg: train_cfg, device } =
-        crate::runner::load_trained(scale, out, variant)?;
-    let (tune_filler, eval_filler) = val.split_at(val.len() / 2);
-    let (cfg, base_lr) = (&train_cfg.model, train_cfg.lr);
-    let t_train = cfg.context_len;
-    let mut rng = ChaCha8Rng::seed_from_u64(settings.seed);
-
-    // The prompt's fixed text (instructions, needle, question) plus some filler must fit.
-    let fits = |len: usize| {
-        retrieval::prompt(Task::Passkey, &tok, tune_filler, len, 0.5, &mut ChaCha8Rng::seed_from_u64(0)).is_ok()
-    };
-    let mut train_multiple = settings.train_multiple;
-    while !fits(t_train * train_multiple - 8) && train_multiple < 64 {
-        train_multiple *= 2;
-    }
-    // Fine-tuning.
-    let lr = base_lr / 2.0;
-    let mut opt = tch::nn::AdamW::default().build(&vs, lr)?;
-    let len = t_train * train_multiple;
-    let mut tail = Vec::new();
-    let tuning = crate::progress::Work::start(&format!("retrieval `{variant}`: fine-tuning"), settings.steps, "steps");
-    for step in 0..settings.steps {
-        opt.set_lr(lr * (1.0 - step as f64 / settings.steps as f64));
-        let mut seqs = Vec::with_capacity(settings.batch * (len + 1));
-        let mut masks: Vec<f32> = Vec::with_capacity(settings.batch * len);
-        for _ in 0..settings.batch {
-            let depth = rand::Rng::random_range(&mut rng, 0.0..=1.0);
-            let (seq, answer) = tuning_sequence(&tok, tune_filler, len, depth, &mut rng)?;
-            seqs.extend(seq);
-            let (a0, a1) = (answer.start - 1, answer.end - 1);
-            masks.extend((0..len).map(|t| if (a0..a1).contains(&t) { 1.0 } else { 0.0 }));
+    let mut per_row: Vec<Vec<SeedResult>> = vec![Vec::new(); rows.len()];
+    for s in 0..seeds {
+        for (i, r) in eval_seed(scale, out, variant, s, multiples, &settings, rows)?.into_iter().enumerate() {
+            per_row[i].push(r);
         }
-        let all = Tensor::from_slice(&seqs).view([settings.batch as i64, (len + 1) as i64]).to(device);
-        let (idx, tgt) = (all.narrow(1, 0, len as i64), all.narrow(1, 1, len as i64));
-        // Next-token loss on the answer tokens only: the filler is ordinary text the model has
-        // already learned, and in a prompt of T_train tokens the answer is a few of them.
-        let mask = Tensor::from_slice(&masks).view([settings.batch as i64, len as i64]).to(device);
-        let logits = model.forward(&idx, &ForwardOptions::default())?;
-        let logp =
-            logits.narrow(-1, 0, cfg.vocab_size as i64).to_kind(tch::Kind::Float).log_softmax(-1, tch::Kind::Float);
-        let nll = -logp.gather(-1, &tgt.unsqueeze(-1), false).squeeze_dim(-1);
-        let loss = (nll * &mask).sum(tch::Kind::Float) / mask.sum(tch::Kind::Float).clamp_min(1.0);
-        opt.backward_step(&loss);
-        let l = loss.double_value(&[]);
-        ensure!(l.is_finite(), "retrieval fine-tuning of `{variant}` diverged at step {step}");
-        if step + settings.steps.div_ceil(10) >= settings.steps {
-            tail.push(l);
-        }
-        tuning.inc();
     }
-    drop(tuning);
-    let finetune_loss = tail.iter().sum::<f64>() / tail.len().max(1) as f64;
-    let tuned_s = start.elapsed().as_secs_f64();
-
+    std::fs::create_dir_all(&cache_dir).with_context(|| format!("creating {}", cache_dir.display()))?;
     let mut results = Vec::new();
-    for ((label, _, posthoc), cached) in my_rows.iter().zip(cached) {
-        if let Some(r) = cached {
-            results.push(r);
-            continue;
-        }
-        let started = Instant::now();
-        let mut eval_rng = ChaCha8Rng::seed_from_u64(settings.seed + 1);
-        let mut cells = Vec::new();
-        let mut digit_cells = Vec::new();
-        let mut example = String::new();
-        let prompts = crate::progress::Work::start(
-            &format!("retrieval `{label}`"),
-            settings.multiples.len() * settings.depths.len() * settings.prompts,
-            "prompts",
-        );
-        for &m in &settings.multiples {
-            let opts = ForwardOptions { length_scale: Some(m as f64), ntk: true, reweight: *posthoc, attn_impl: None };
-            if !fits(t_train * m) {
-                continue; // this length cannot hold the prompt's fixed text: no cell
-            }
-            for &depth in &settings.depths {
-                let mut correct = 0;
-                let mut digits = 0.0;
-                for _ in 0..settings.prompts {
-                    let p = retrieval::prompt(Task::Passkey, &tok, eval_filler, t_train * m, depth, &mut eval_rng)?;
-                    let ids: Vec<i64> = p.tokens.iter().map(|&t| i64::from(t)).collect();
-                    let out = tch::no_grad(|| model.generate(&ids, 8, None, &opts))?;
-                    prompts.inc();
-                    let new: Vec<u32> = out[ids.len()..].iter().map(|&t| t as u32).collect();
-                    let text = tok.decode(&new);
-                    if retrieval::is_correct(&p, &text) {
-                        correct += 1;
-                    }
-                    digits += digit_accuracy(&p.answers[0], &text);
-                    if m == *settings.multiples.last().expect("multiples") && example.is_empty() {
-                        example = format!("key {} -> \"{}\"", p.answers.join(","), text.trim());
-                    }
-                }
-                cells.push((m, depth, correct as f64 / settings.prompts as f64));
-                digit_cells.push((m, depth, digits / settings.prompts as f64));
-            }
-        }
-        let r = RetrievalResult {
+    for ((label, posthoc), seeds) in rows.iter().zip(per_row) {
+        let result = RetrievalResult {
             label: label.clone(),
             variant: variant.to_string(),
             posthoc: *posthoc,
             settings: settings.clone(),
-            provenance: provenance.clone(),
-            train_multiple,
-            cells,
-            digit_cells,
-            finetune_loss,
-            example,
-            wall_s: tuned_s + started.elapsed().as_secs_f64(),
+            multiples: multiples.to_vec(),
+            seeds,
         };
-        std::fs::create_dir_all(&cache_dir)?;
-        std::fs::write(cache(label), serde_json::to_string_pretty(&r)?)?;
-        results.push(r);
+        let text = serde_json::to_string_pretty(&Cached { provenance: provenance.clone(), result: result.clone() })?;
+        trainer::data::io::write_atomic(&cache(label), |w| w.write_all(text.as_bytes()))?;
+        results.push(result);
     }
     Ok(results)
 }
@@ -329,19 +377,20 @@ impl PostTraining for Experiments {
             by_variant.entry(r.train.as_str()).or_default().push((r.label.clone(), r.posthoc));
         }
         for (variant, rows) in by_variant {
-            if inputs.results.get(variant).and_then(|r| r.first()).is_none_or(|r| r.error.is_some()) {
-                eprintln!("reproduce: retrieval: no trained `{variant}` model, its rows stay empty");
+            // Every seed that trained without error, from the first: seeds are paired by index.
+            let seeds = inputs.results.get(variant).map_or(0, |r| r.iter().take_while(|s| s.error.is_none()).count());
+            if seeds == 0 {
+                crate::progress::say(&format!("retrieval: no trained `{variant}` model, its rows stay empty"));
                 continue;
             }
-            for res in run(inputs.scale, inputs.out, variant, &rows)
+            for res in run(inputs.scale, inputs.out, variant, seeds, &e.lengths, &rows)
                 .with_context(|| format!("the retrieval experiment with `{variant}`"))?
             {
-                eprintln!(
-                    "reproduce: retrieval `{}`: accuracy by length {:?} ({:.0} s)",
+                crate::progress::say(&format!(
+                    "retrieval `{}`: 1x accuracy by seed {:?}",
                     res.label,
-                    res.settings.multiples.iter().map(|&m| res.mean_at(m).unwrap_or(f64::NAN)).collect::<Vec<_>>(),
-                    res.wall_s
-                );
+                    res.seeds.iter().map(|s| s.gate_accuracy().unwrap_or(f64::NAN)).collect::<Vec<_>>()
+                ));
                 self.results.insert(res.label.clone(), res);
             }
         }
@@ -349,17 +398,87 @@ impl PostTraining for Experiments {
     }
 
     fn wall_s(&self) -> f64 {
-        // A post-hoc row reuses its model's fine-tuning and evaluation time.
-        self.results.values().filter(|r| r.posthoc.is_none()).map(|r| r.wall_s).sum()
+        self.results.values().flat_map(|r| &r.seeds).map(|s| s.wall_s).sum()
     }
 
     fn verdicts(&self) -> Vec<String> {
-        verdicts(&self.results)
+        verdict(&self.results).into_iter().map(|v| v.line).collect()
     }
 
     fn section(&self, md: &mut String, e: &Experiment, figures: Figures<'_>) -> Result<()> {
         section(md, e, &self.results, figures)
     }
+}
+
+/// The rows the verdict compares.
+const LSSAR: &str = "LSSAR p=15 (train)";
+const SOFTMAX: &str = "Softmax";
+
+/// The retrieval verdict, in words, with its parts for tests.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RetrievalVerdict {
+    /// The verdict.
+    pub verdict: Verdict,
+    /// The accuracy difference beyond `T_train`, LSSAR minus softmax, when both rows passed the gate.
+    pub interval: Option<Interval>,
+    /// The report's line.
+    pub line: String,
+}
+
+/// "LSSAR retrieves beyond `T_train` where softmax does not", judged when both rows ran.
+pub fn verdict(results: &BTreeMap<String, RetrievalResult>) -> Option<RetrievalVerdict> {
+    let (r, s) = (results.get(LSSAR)?, results.get(SOFTMAX)?);
+    let claim = "**LSSAR retrieves beyond the training length where softmax does not**";
+    let gate_of = |x: &RetrievalResult| {
+        x.seeds
+            .iter()
+            .map(|s| s.gate_accuracy().map_or("-".into(), |a| format!("{:.0}%", 100.0 * a)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if !(r.passes_gate() && s.passes_gate()) {
+        let failed: Vec<String> = [r, s]
+            .iter()
+            .filter(|x| !x.passes_gate())
+            .map(|x| format!("{} (1x accuracy by seed: {})", x.label, gate_of(x)))
+            .collect();
+        return Some(RetrievalVerdict {
+            verdict: Verdict::Inconclusive,
+            interval: None,
+            line: format!(
+                "{claim}: **inconclusive**: not judged, because {} did not learn the task at the training length (gate: {:.0}% at 1x on every seed).",
+                failed.join(" and "),
+                100.0 * r.settings.gate
+            ),
+        });
+    }
+    let (rv, sv) = (r.beyond(), s.beyond());
+    let n = rv.len().min(sv.len());
+    let terms = [Term { coef: 1.0, values: rv[..n].to_vec() }, Term { coef: -1.0, values: sv[..n].to_vec() }];
+    let rule = Rule::Effect { delta: EFFECT };
+    let line_of = |i: &Interval, v: Verdict, why: &str| {
+        format!(
+            "{claim}: **{}** {} (accuracy beyond 1x, LSSAR minus softmax, paired on {} prompts x {n} seeds; the claim needs at least {EFFECT}: {why}).",
+            v.word(),
+            i.show(),
+            rv[0].len()
+        )
+    };
+    match crate::stats::bootstrap(&terms, None, 0x5245_5452) {
+        Ok(i) => {
+            let (v, why) = rule.judge(&i);
+            Some(RetrievalVerdict { verdict: v, interval: Some(i), line: line_of(&i, v, &why) })
+        }
+        Err(e) => Some(RetrievalVerdict {
+            verdict: Verdict::Inconclusive,
+            interval: None,
+            line: format!("{claim}: **inconclusive**: {e}"),
+        }),
+    }
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.0}%", 100.0 * x)
 }
 
 fn section(
@@ -374,50 +493,73 @@ fn section(
         return Ok(());
     };
     let s = &any.settings;
+    let share = any.seeds.first().map_or(0.0, |x| x.recall_share);
     let _ = writeln!(
         md,
-        "Fine-tuning: {} steps of {} prompts at {}x the training length. Evaluation: {} prompts per cell, depths {:?}.\n",
-        s.steps, s.batch, any.train_multiple, s.prompts, s.depths
+        "Training mix: {:.0}% of every model's training windows were recall sequences. Evaluation: {} prompts per cell and seed, {} distractor needles each, NTK RoPE; a cell is (prompt length, needle distance), both in multiples of T_train. Gate: {:.0}% accuracy at 1x on every seed.\n",
+        100.0 * share,
+        s.prompts,
+        s.distractors,
+        100.0 * s.gate
     );
-    let _ = write!(md, "| row | fine-tune loss |");
-    for m in &s.multiples {
-        let _ = write!(md, " {m}x |");
+    if share == 0.0 {
+        let _ = writeln!(md, "**These models were trained without the recall mix**: they never saw the task.\n");
     }
-    let _ = writeln!(md, " example at {}x |", s.multiples.last().copied().unwrap_or(1));
-    let _ = writeln!(md, "|---|---:|{}---|", "---:|".repeat(s.multiples.len()));
+    let longest = any.multiples.iter().copied().max().unwrap_or(1);
+    let _ = write!(md, "| row | seeds | 1x accuracy (gate) |");
+    for d in &s.distances {
+        let _ = write!(md, " distance {d}x |");
+    }
+    let _ = writeln!(md);
+    let _ = writeln!(md, "|---|---:|---|{}", "---:|".repeat(s.distances.len()));
     let mut series: Vec<Series> = Vec::new();
     for (i, r) in e.rows.iter().enumerate() {
         let Some(res) = retrieval.get(&r.label) else {
-            let _ = writeln!(md, "| {} | - |{} - |", r.label, " - |".repeat(s.multiples.len()));
+            let _ = writeln!(md, "| {} | - | - |{}", r.label, " - |".repeat(s.distances.len()));
             continue;
         };
-        let _ = write!(md, "| {} | {:.3} |", r.label, res.finetune_loss);
-        for &m in &s.multiples {
-            let pct = |x: Option<f64>| x.map_or("-".into(), |a| format!("{:.0}%", 100.0 * a));
-            let _ = write!(md, " {} / {} |", pct(res.mean_at(m)), pct(res.digits_at(m)));
+        let gates: Vec<String> = res.seeds.iter().map(|x| x.gate_accuracy().map_or("-".into(), pct)).collect();
+        let gate = if res.passes_gate() { "passed" } else { "**not learnt**" };
+        let _ = write!(md, "| {} | {} | {gate}: {} |", r.label, res.seeds.len(), gates.join(", "));
+        for &d in &s.distances {
+            let cell = res.counts_at(longest, d).map_or("-".into(), |(hit, n)| {
+                let (lo, hi) = wilson(hit, n);
+                format!("{} [{}, {}]", pct(hit as f64 / n as f64), pct(lo), pct(hi))
+            });
+            let _ = write!(md, " {cell} |");
         }
-        let _ = writeln!(md, " {} |", res.example.replace('|', "/"));
+        let _ = writeln!(md);
         series.push((
             r.label.clone(),
             i,
             r.posthoc.is_some(),
-            s.multiples.iter().filter_map(|&m| res.digits_at(m).map(|a| (m as f64, a))).collect(),
+            s.distances
+                .iter()
+                .filter_map(|&d| res.counts_at(longest, d).map(|(hit, n)| (d, hit as f64 / n as f64)))
+                .collect(),
         ));
         let name = format!("{}_{}", e.name, run_dir_name(&r.label));
-        let acc =
-            |m: usize, d: f64| res.digit_cells.iter().find(|c| c.0 == m && (c.1 - d).abs() < 1e-9).map_or(0.0, |c| c.2);
-        let (ms, ds) = (&res.settings.multiples, &res.settings.depths);
-        draw_grid(&figures_dir.join(&name), &format!("{}: passkey digit accuracy", r.label), ms, ds, &acc)?;
+        let acc = |m: usize, d: f64| res.counts_at(m, d).map_or(f64::NAN, |(hit, n)| hit as f64 / n as f64);
+        draw_grid(
+            &figures_dir.join(&name),
+            &format!("{}: recall accuracy, all seeds", r.label),
+            ("needle distance (x T_train)", "prompt length"),
+            &res.multiples,
+            &s.distances,
+            &acc,
+        )?;
     }
     let _ = writeln!(
         md,
-        "\nCells: exact accuracy (the whole key) / digit accuracy (share of the key's digits in place; 10% is chance), averaged over depths. The figure and the heat maps (length x depth) show digit accuracy.\n"
+        "\nCells: accuracy in prompts of {longest}x T_train over every seed, with its 95% Wilson interval; chance is {:.0}% (one of {} candidate values). The heat maps show every length.\n",
+        100.0 / trainer::data::recall::VALUES as f64,
+        trainer::data::recall::VALUES
     );
     let name = format!("{}_accuracy", e.name);
     save_with(
         &figures_dir.join(&name),
-        "Passkey digit accuracy against length (mean over depths)",
-        ("length multiple", "digit accuracy"),
+        &format!("Recall accuracy against needle distance ({longest}x prompts, all seeds)"),
+        ("needle distance / T_train (log scale)", "accuracy"),
         &series,
     )?;
     let _ = writeln!(md, "![{}]({figures_rel}/{name}.png) ([SVG]({figures_rel}/{name}.svg))\n", e.title);
@@ -428,66 +570,93 @@ fn section(
     Ok(())
 }
 
-/// One verdict line on retrieval beyond the training length: LSSAR against softmax at the longest length.
-fn verdicts(retrieval: &BTreeMap<String, RetrievalResult>) -> Vec<String> {
-    let (Some(s), Some(r)) = (retrieval.get("Softmax"), retrieval.get("LSSAR p=15 (train)")) else {
-        return Vec::new();
-    };
-    let Some(&last) = s.settings.multiples.last() else { return Vec::new() };
-    let first = s.settings.multiples[0];
-    let pct = |x: Option<f64>| x.map_or("-".to_string(), |a| format!("{:.0}%", 100.0 * a));
-    let (s1, sl, r1, rl) = (s.mean_at(first), s.mean_at(last), r.mean_at(first), r.mean_at(last));
-    let claim = matches!((sl, rl, r1), (Some(sl), Some(rl), Some(r1)) if rl > sl + 0.2 && r1 > 0.5);
-    let (sd1, sdl, rd1, rdl) = (s.digits_at(first), s.digits_at(last), r.digits_at(first), r.digits_at(last));
-    vec![format!(
-        "**Passkey retrieval beyond the training length, LSSAR vs softmax**: {}. Exact accuracy {first}x -> {last}x: LSSAR (p = 15, trained) {} -> {}, softmax {} -> {}; digit accuracy LSSAR {} -> {}, softmax {} -> {} (10% is chance).",
-        if claim {
-            "reproduced (LSSAR holds more than 20 points above softmax at the longest length)"
-        } else if r1.is_some_and(|a| a < 0.5) && s1.is_some_and(|a| a < 0.5) {
-            "not testable at this scale: neither model retrieves the key reliably even at the training length"
-        } else {
-            "not reproduced at this scale"
-        },
-        pct(r1),
-        pct(rl),
-        pct(s1),
-        pct(sl),
-        pct(rd1),
-        pct(rdl),
-        pct(sd1),
-        pct(sdl)
-    )]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn digit_accuracy_compares_the_first_number_place_by_place() {
-        assert_eq!(digit_accuracy("85722", " 85722."), 1.0);
-        assert_eq!(digit_accuracy("85722", "key 85. 722"), 0.4);
-        assert_eq!(digit_accuracy("85722", "the pass key?"), 0.0);
-        assert_eq!(digit_accuracy("85722", "95721"), 0.6);
+    fn wilson_intervals_match_known_values() {
+        // 50 of 50: the interval's lower end is 92.9% (a textbook value for n = 50).
+        let (lo, hi) = wilson(50, 50);
+        assert!((lo - 0.9287).abs() < 1e-3 && hi == 1.0, "{lo} {hi}");
+        // 0 of 50 mirrors it.
+        let (lo, hi) = wilson(0, 50);
+        assert!(lo == 0.0 && (hi - 0.0713).abs() < 1e-3, "{lo} {hi}");
+        // 32 of 64: symmetric about 0.5, half-width about 0.12.
+        let (lo, hi) = wilson(32, 64);
+        assert!((0.5 - lo - (hi - 0.5)).abs() < 1e-12 && (hi - lo - 0.2386).abs() < 2e-3, "{lo} {hi}");
     }
 
     #[test]
-    fn a_tuning_sequence_is_len_plus_one_tokens_ending_in_the_key_it_hides() {
-        let tok = Tokenizer::gpt2().unwrap();
-        let text = "The river bends past the old mill, and the mill wheel turns slowly in the current. ".repeat(200);
-        let filler: Vec<u16> = tok.encode(&text).into_iter().map(|t| t as u16).collect();
-        let mut rng = ChaCha8Rng::seed_from_u64(5);
-        for (len, depth) in [(128, 0.0), (129, 0.5), (300, 1.0), (1024, 0.3)] {
-            let (seq, at) = tuning_sequence(&tok, &filler, len, depth, &mut rng).unwrap();
-            assert_eq!(seq.len(), len + 1);
-            assert_eq!(at.end, len + 1, "the answer ends the sequence");
-            let ids: Vec<u32> = seq.iter().map(|&t| t as u32).collect();
-            let answer = tok.decode(&ids[at.clone()]);
-            let key = answer.trim().trim_end_matches('.');
-            assert!(key.len() == 5 && key.chars().all(|c| c.is_ascii_digit()), "answer {answer:?}");
-            let prompt = tok.decode(&ids[..at.start]);
-            assert!(prompt.contains(&format!("The pass key is {key}.")), "the prompt hides the answered key");
-            assert!(prompt.ends_with("The pass key is"), "the answer follows the question");
+    fn distances_fit_their_prompts() {
+        assert_eq!(distance_tokens(0.5, 64, 64), Some(32));
+        assert_eq!(distance_tokens(1.0, 64, 64), Some(61), "the farthest that fits a 1x prompt");
+        assert_eq!(distance_tokens(2.0, 64, 64), None, "no 2x distance in a 1x prompt");
+        assert_eq!(distance_tokens(15.0, 64, 1024), Some(960));
+        assert_eq!(distance_tokens(15.0, 64, 512), None);
+    }
+
+    fn result(label: &str, gate_hits: usize, beyond_hits: &[usize]) -> RetrievalResult {
+        let settings = Settings::for_scale("small");
+        let seeds = beyond_hits
+            .iter()
+            .enumerate()
+            .map(|(s, &hits)| SeedResult {
+                seed_index: s,
+                recall_share: 0.1,
+                cells: vec![
+                    Cell {
+                        multiple: 1,
+                        distance: 0.5,
+                        correct: (0..64).map(|i| i < gate_hits).collect(),
+                        log_p: vec![-0.1; 64],
+                    },
+                    Cell {
+                        multiple: 16,
+                        distance: 8.0,
+                        correct: (0..64).map(|i| i < hits).collect(),
+                        log_p: vec![-1.0; 64],
+                    },
+                ],
+                wall_s: 1.0,
+            })
+            .collect();
+        RetrievalResult {
+            label: label.into(),
+            variant: "v".into(),
+            posthoc: None,
+            settings,
+            multiples: vec![1, 16],
+            seeds,
         }
+    }
+
+    #[test]
+    fn the_verdict_needs_the_gate_then_reads_the_paired_difference() {
+        let mut m = BTreeMap::new();
+        m.insert(LSSAR.to_string(), result(LSSAR, 64, &[60, 58, 62]));
+        m.insert(SOFTMAX.to_string(), result(SOFTMAX, 64, &[10, 12, 8]));
+        let v = verdict(&m).unwrap();
+        assert_eq!(v.verdict, Verdict::Reproduced, "{}", v.line);
+        let i = v.interval.unwrap();
+        assert!((i.estimate - (180.0 - 30.0) / 192.0).abs() < 1e-9 && i.lo > 0.5, "{i:?}");
+        // The same accuracies both ways: no effect.
+        m.insert(SOFTMAX.to_string(), result(SOFTMAX, 64, &[60, 58, 62]));
+        let v = verdict(&m).unwrap();
+        assert_eq!(v.verdict, Verdict::Inconclusive, "{}", v.line);
+        // Softmax better: contradicted.
+        m.insert(LSSAR.to_string(), result(LSSAR, 64, &[5, 8, 6]));
+        assert_eq!(verdict(&m).unwrap().verdict, Verdict::Contradicted);
+        // A row below the gate on one seed: not judged, and the line says which row and its numbers.
+        m.insert(LSSAR.to_string(), result(LSSAR, 32, &[60, 58, 62]));
+        let v = verdict(&m).unwrap();
+        assert_eq!((v.verdict, v.interval), (Verdict::Inconclusive, None));
+        assert!(
+            v.line.contains("did not learn") && v.line.contains(&format!("{LSSAR} (1x accuracy by seed: 50%")),
+            "{}",
+            v.line
+        );
+        m.remove(SOFTMAX);
+        assert!(verdict(&m).is_none());
     }
 }

@@ -206,10 +206,15 @@ pub struct Trained {
 /// Loads the trained `variant` of `scale` under `out` (its last checkpoint), with its tokenizer and
 /// the validation tokens.
 pub fn load_trained(scale: &Scale, out: &Path, variant: &str) -> Result<Trained> {
+    load_trained_seed(scale, out, variant, 0)
+}
+
+/// [`load_trained`] for seed `seed_index` of `variant`.
+pub fn load_trained_seed(scale: &Scale, out: &Path, variant: &str, seed_index: usize) -> Result<Trained> {
     let (data_dir, sd, base) = base_config(scale, out)?;
     let tokenizer = trainer::data::tokenizer::Tokenizer::load_for_dir(&data_dir)?;
     let val = trainer::data::loader::validation_tokens(&data_dir, scale.val_tokens, Some(sd.tokenizer_id()))?;
-    let cfg = run_config(&base, out, variant, 0);
+    let cfg = run_config(&base, out, variant, seed_index);
     let ckpt = train::list_checkpoints(&cfg.out_dir)?
         .pop()
         .with_context(|| format!("no trained `{variant}` model in {} (train it first)", cfg.out_dir.display()))?;

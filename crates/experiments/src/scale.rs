@@ -47,6 +47,12 @@ pub const SMALL_DATA: &str = "data/bpe2k";
 /// The command that writes [`SMALL_DATA`].
 pub const SMALL_DATA_COMMAND: &str = "cargo xtask data --vocab-size 2048 --out data/bpe2k";
 
+/// Share of training windows that are associative-recall sequences at our scales (smoke, small,
+/// gpu), so the retrieval experiment measures a task the models learnt at `T_train`
+/// (`trainer::data::recall`). Every row of a scale trains with the same mix, so the losses of all rows
+/// stay comparable. The paper scale keeps the paper's recipe (no mix).
+pub const RECALL_SHARE: f64 = 0.1;
+
 /// Names accepted by [`Scale::by_name`].
 pub const SCALES: [&str; 4] = ["smoke", "small", "gpu", "paper"];
 
@@ -77,6 +83,7 @@ impl Scale {
                     ckpt_every: 0,
                     keep_last: 1,
                     device: DeviceChoice::Cpu,
+                    recall_share: RECALL_SHARE,
                     ..base
                 },
                 data: Data::Generated,
@@ -114,6 +121,7 @@ impl Scale {
                     keep_last: 1,
                     seed: 2026,
                     device: DeviceChoice::Cpu,
+                    recall_share: RECALL_SHARE,
                     ..base
                 },
                 data: Data::Shards(PathBuf::from(SMALL_DATA)),
@@ -146,6 +154,7 @@ impl Scale {
                     ckpt_every: 500,
                     keep_last: 1,
                     device: DeviceChoice::Auto,
+                    recall_share: RECALL_SHARE,
                     ..base
                 },
                 data: Data::Shards(PathBuf::from("data/default")),

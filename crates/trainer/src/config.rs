@@ -75,6 +75,15 @@ pub struct TrainConfig {
     pub threads: usize,
     /// Peak FLOP/s of one device, for MFU in the metrics (0: unknown, MFU not reported).
     pub peak_flops: f64,
+    /// Share of training windows replaced by associative-recall sequences on their own text
+    /// ([`crate::data::recall`]), so that retrieval is learnt in training (0: none; omitted from the
+    /// TOML then, so configs without it read and print as before).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub recall_share: f64,
+}
+
+fn is_zero(x: &f64) -> bool {
+    *x == 0.0
 }
 
 impl Default for TrainConfig {
@@ -104,6 +113,7 @@ impl Default for TrainConfig {
             bf16: true,
             threads: 0,
             peak_flops: 0.0,
+            recall_share: 0.0,
         }
     }
 }
@@ -229,6 +239,17 @@ impl TrainConfig {
         }
         if self.keep_last == 0 {
             return bad("keep_last", "0".into(), "must keep at least one checkpoint");
+        }
+        if !(0.0..1.0).contains(&self.recall_share) {
+            return bad("recall_share", self.recall_share.to_string(), "must be in [0, 1)");
+        }
+        if self.recall_share > 0.0 {
+            if let Err(e) = crate::data::recall::RecallTask::for_vocab(self.model.vocab_size) {
+                return bad("recall_share", self.recall_share.to_string(), &e.to_string());
+            }
+            if self.model.context_len < 12 {
+                return bad("recall_share", self.recall_share.to_string(), "needs model.context_len >= 12");
+            }
         }
         self.accumulation(1)?;
         Ok(())

@@ -242,6 +242,15 @@ pub fn train(
     cfg.validate()?;
     let start = Instant::now();
     let (rank, world) = (coll.rank(), coll.world_size());
+    // The recall mix wraps whatever source the caller gave (checkpoints store its position too).
+    let mut mixed;
+    let data: &mut dyn BatchSource = if cfg.recall_share > 0.0 {
+        let task = crate::data::recall::RecallTask::for_vocab(cfg.model.vocab_size)?;
+        mixed = crate::data::recall::RecallMix::new(data, task, cfg.recall_share, cfg.model.context_len, cfg.seed)?;
+        &mut mixed
+    } else {
+        data
+    };
     let accum = cfg.accumulation(world)?;
     let local_rank = std::env::var("LOCAL_RANK").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     let device = pick_device(cfg.device, local_rank)?;

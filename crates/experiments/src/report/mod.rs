@@ -154,7 +154,7 @@ pub fn write(
     if !others.is_empty() {
         let _ = writeln!(
             md,
-            "### Retrieval and Newton's law: observations, not verdicts\n\nThese experiments cannot yet tell the variants apart at this scale (one seed, models that do not learn the task at 1x); they are reported as observed, without a verdict.\n"
+            "### Retrieval and Newton's law\n\nRetrieval is judged like the claims above (paired on identical prompts, every seed, an effect fixed in advance, and only for models that learnt the task at the training length); the Newton's-law lines are observations, not verdicts.\n"
         );
         for v in others {
             let _ = writeln!(md, "- {v}");

@@ -28,6 +28,8 @@
 //!   cleaning, the deterministic validation hold-out, and [`corpus::build`], which writes a directory.
 //! - [`loader`]: [`DataLoader`] (disjoint per-rank batches, epochs, resumable [`Position`]) and
 //!   [`validation_tokens`].
+//! - [`recall`]: associative recall in token space, mixed into training at a share
+//!   ([`recall::RecallMix`], `recall_share` in the config) and asked beyond the training length.
 //!
 //! **Invariant:** nothing here downloads anything except [`corpus::fetch_default_corpus`], which only
 //! the `lssa-data` binary calls (set-up time, through npm and pip); tests never call it.
@@ -35,6 +37,7 @@
 pub mod corpus;
 pub mod io;
 pub mod loader;
+pub mod recall;
 pub mod shard;
 pub mod tokenizer;
 
