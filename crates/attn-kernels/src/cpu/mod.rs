@@ -1,6 +1,6 @@
 //! Fused CPU attention: the public entry points (ndarray and raw pointers), input checks, the
-//! rayon work split; the streaming maths is in [`engine`](self) and the vector code in `tile`,
-//! `act` and [`math`].
+//! rayon work split; the streaming maths is in [`engine`](self) (its backward in `grad`) and the
+//! vector code in `tile`, `act` and [`math`].
 //!
 //! Thread count: the kernels run on the caller's rayon pool (`pool.install(|| forward(..))`);
 //! they spawn no threads of their own. Scratch: per task, a few tiles (`O(block · d)`), and for
@@ -11,6 +11,7 @@
 
 pub(crate) mod act;
 pub(crate) mod engine;
+pub(crate) mod grad;
 pub mod isa;
 pub mod math;
 pub(crate) mod tile;
@@ -21,7 +22,8 @@ use rayon::prelude::*;
 use attn_core::{OutputNorm, Plan, Transform, Variant};
 
 pub use engine::Tuning;
-use engine::{BwdScratch, Dims, FwdScratch, Head, RowGrad, STATS};
+use engine::{Dims, FwdScratch, Head, STATS};
+use grad::{BwdScratch, RowGrad};
 pub use isa::Isa;
 
 use crate::{Error, Grads, Result};
@@ -388,7 +390,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
                     let w = rw_aux_per_row(d);
                     let ax =
                         (!aux.0.is_null()).then(|| std::slice::from_raw_parts(aux.0.add((x * t + i0) * w), nq * w));
-                    engine::backward_rows(isa, &plan, &hd, g, ldg, os, ldo, st, dims, i0, nq, sc, rgt, ax);
+                    grad::backward_rows(isa, &plan, &hd, g, ldg, os, ldo, st, dims, i0, nq, sc, rgt, ax);
                 }
             },
         );
@@ -417,7 +419,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
                     write_rows(dk_out.0, b, h, j0, d, dk);
                     write_rows(dv_out.0, b, h, j0, d, dv);
                 };
-                engine::backward_keys(
+                grad::backward_keys(
                     isa,
                     &plan,
                     &hd,
@@ -450,7 +452,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
             // SAFETY: forwarded.
             let hd = unsafe { head(p, &norms, &packed, dims, b, h) };
             for i in 0..t {
-                engine::project(&mut first[i * d..(i + 1) * d], &hd.q[i * hd.ldq..i * hd.ldq + d], hd.inq[i]);
+                grad::project(&mut first[i * d..(i + 1) * d], &hd.q[i * hd.ldq..i * hd.ldq + d], hd.inq[i]);
             }
         }
         // SAFETY: forwarded; head x's dq rows belong to this task alone.

@@ -11,7 +11,7 @@
 //   DTYPE        0 f32, 1 f16, 2 bf16 (inputs and outputs; all arithmetic is f32)
 //   HD           head dimension
 // Everything else (the per-row scale and bias constants, sizes, strides) is a kernel argument.
-// The maths mirrors src/cpu/engine.rs line for line; SPEC sections 2-6 are the definition.
+// The maths mirrors src/cpu/engine.rs (and its backward, src/cpu/grad.rs) line for line; SPEC sections 2-6 are the definition.
 
 #ifndef INFINITY
 #define INFINITY __int_as_float(0x7f800000)

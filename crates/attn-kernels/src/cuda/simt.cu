@@ -28,7 +28,7 @@ __device__ __forceinline__ RowG row_g(const KParams& p, int bh, int i, float dp,
 }
 
 // For one visible entry with score x and <g_i, v_j> = gv: the final weight w_ij and dL/ds_ij
-// (before the score's own factor scale_i * inq_i * ink_j). Mirrors grad_tile in cpu/engine.rs.
+// (before the score's own factor scale_i * inq_i * ink_j). Mirrors grad_tile in cpu/grad.rs.
 __device__ __forceinline__ void entry_grad(float x, float gv, const RowG& r, float& w, float& ds) {
     float xs = RUNNING_MAX ? x - r.mx : x;
     float f = act(xs);

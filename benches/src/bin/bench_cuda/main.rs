@@ -1,0 +1,73 @@
+//! The CUDA kernel lab and benchmark (`cargo xtask bench cuda`): runs on a GPU machine from a binary
+//! built anywhere (libtorch and NVRTC are found at run time).
+//!
+//! - `check`: every fused variant, forward and backward, against the attn-core f64 reference on the
+//!   same (dtype-rounded) inputs, at awkward lengths, head dimensions 64, 128 and 48, f32 / f16 /
+//!   bf16, `p` in {1, 3, 15, 64}; next to the error of the plain tch-ops implementation in the same
+//!   dtype on the same GPU. Fails (exit 1) when an error exceeds its bound.
+//! - `speed`: TFLOP/s (FlashAttention's convention: `4 B H T^2 d`, halved for causal; backward 2.5x
+//!   the forward) for `T` in 1K..32K, `B T = 16K`, `H = 12`, bf16, causal: our LSSA and LSSAR
+//!   (`p = 15`), libtorch SDPA (softmax), and LSSA / LSSAR as tch ops; forward and forward+backward;
+//!   plus device memory at 16K and 64K.
+//! - `model`: a GPT-2 124M forward+backward step, fused vs reference attention, tokens/s.
+//!
+//! Results: a table on stdout, JSON to `--out` (default `docs/bench/cuda.json`).
+
+mod check;
+mod cli;
+mod speed;
+mod transcript;
+
+use anyhow::{Result, bail};
+use attn_kernels::cuda;
+use clap::Parser;
+use serde_json::{Value, json};
+
+use cli::Args;
+use transcript::{LOG, say};
+
+fn main() -> Result<()> {
+    let a: Vec<String> = std::env::args().collect();
+    if a.len() == 4 && a[1] == "memory-one" {
+        return speed::memory_one(&a[2], a[3].parse()?); // internal: one measurement of `memory`, in its own process
+    }
+    let args = Args::parse();
+    if !tch::Cuda::is_available() {
+        bail!("no CUDA device visible to libtorch: run this on a GPU machine (see docs/GUIDE.md, CUDA kernels)");
+    }
+    say!("device: {}; NVRTC from {}", cuda::device_description()?, cuda::nvrtc_location()?.display());
+    let mut out = serde_json::Map::new();
+    out.insert("device".into(), json!(cuda::device_description()?));
+    let all = args.what == "all";
+    let mut failed = false;
+    if all || args.what == "check" {
+        let mut rows = Vec::new();
+        failed |= !check::check(&args, &mut rows)?;
+        out.insert("check".into(), Value::Array(rows));
+    }
+    if all || args.what == "speed" {
+        let mut rows = Vec::new();
+        speed::speed(&args, &mut rows)?;
+        out.insert("speed".into(), Value::Array(rows));
+        let mut rows = Vec::new();
+        speed::memory(&mut rows)?;
+        out.insert("memory".into(), Value::Array(rows));
+    }
+    if all || args.what == "model" {
+        let mut rows = Vec::new();
+        speed::model(&mut rows)?;
+        out.insert("model".into(), Value::Array(rows));
+    }
+    if let Some(dir) = args.out.parent() {
+        std::fs::create_dir_all(dir).ok();
+    }
+    std::fs::write(&args.out, serde_json::to_string_pretty(&Value::Object(out))?)?;
+    let md = args.out.with_extension("md");
+    let log = LOG.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    std::fs::write(&md, format!("# bench-cuda `{}`\n\n```text\n{log}```\n", args.what))?;
+    say!("\nwrote {} and {}", args.out.display(), md.display());
+    if failed {
+        bail!("correctness check failed (rows marked FAIL)");
+    }
+    Ok(())
+}

@@ -1,0 +1,299 @@
+//! `trainer eval`: the validation loss at several lengths, downstream multiple choice and passkey
+//! retrieval of a checkpoint, as one JSON.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{Context, Result, bail, ensure};
+use serde::Serialize;
+use trainer::data::loader::validation_tokens;
+use trainer::eval::{self, LengthLoss, Rope};
+use trainer::sample as sampling;
+use trainer::tasks::{self, ModelScorer, PasskeyOptions, PasskeyResult, Scores};
+use trainer::train;
+
+use crate::common::{DeviceArg, EVAL_FORMAT, Header, set_threads};
+
+/// `eval --lengths` when no section is asked for.
+const DEFAULT_LENGTHS: [usize; 5] = [1, 2, 4, 8, 16];
+
+#[derive(clap::Args, Debug)]
+pub(crate) struct EvalArgs {
+    /// The checkpoint, a training state or a weights-only export (its config and tokenizer are read
+    /// from it).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// Shard directory for the validation tokens and the tokenizer (default: the checkpoint's
+    /// training data_dir); for the tokenizer alone, any directory holding its tokenizer.json.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Multiples of the training length for the validation loss [default: 1,2,4,8,16 unless --tasks
+    /// or --passkey is given, which then skip the loss unless --lengths is given too].
+    #[arg(long, value_delimiter = ',')]
+    lengths: Option<Vec<usize>>,
+    /// RoPE at long lengths.
+    #[arg(long, value_enum, default_value_t = RopeChoice::Both)]
+    rope: RopeChoice,
+    /// Post-hoc re-weighting powers to apply, in every section asked for (none: the trained variant
+    /// only).
+    #[arg(long, value_delimiter = ',')]
+    reweight: Vec<u32>,
+    /// Validation tokens scored at every length (trimmed to a multiple of the longest length).
+    #[arg(long, default_value_t = 65_536)]
+    val_tokens: usize,
+    /// Tokens per forward.
+    #[arg(long, default_value_t = 16_384)]
+    batch_tokens: usize,
+    /// Also write the JSON here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Score the multiple-choice files of this directory (arc_easy, arc_challenge, hellaswag, piqa,
+    /// sciq, mmlu `.jsonl`, any subset; see trainer::tasks) zero-shot, as lm-evaluation-harness does.
+    #[arg(long, value_name = "DIR")]
+    tasks: Option<PathBuf>,
+    /// Passkey retrieval with greedy decoding (see trainer::tasks).
+    #[arg(long)]
+    passkey: bool,
+    /// Passkey prompt lengths, multiples of the training length (lengths too short for the prompt's
+    /// fixed text are skipped and reported).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16", requires = "passkey")]
+    passkey_lengths: Vec<usize>,
+    /// Depths of the passkey in the filler (0: start, 1: end).
+    #[arg(long, value_delimiter = ',', default_value = "0,0.25,0.5,0.75,1", requires = "passkey")]
+    passkey_depths: Vec<f64>,
+    /// Passkey prompts per (length, depth).
+    #[arg(long, default_value_t = 4, requires = "passkey")]
+    passkey_prompts: usize,
+    /// Seed of the passkey prompts.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Where to run.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Auto)]
+    device: DeviceArg,
+    /// CPU threads for libtorch (0: its default, all cores).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+}
+
+/// `eval --rope`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum RopeChoice {
+    /// NTK-scaled beyond the training length.
+    Ntk,
+    /// Plain RoPE at every length.
+    Plain,
+    /// Both, one after the other.
+    Both,
+}
+
+#[derive(Serialize)]
+struct EvalResult {
+    #[serde(flatten)]
+    header: Header,
+    lengths: Vec<LengthLoss>,
+    /// With --tasks: one row per re-weighting setting (the trained variant, then each --reweight).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tasks: Option<Vec<TasksRow>>,
+    /// With --passkey.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    passkey: Option<PasskeySection>,
+}
+
+#[derive(Serialize)]
+struct TasksRow {
+    reweight: Option<u32>,
+    dir: PathBuf,
+    /// Per task: the file and the scores.
+    scores: BTreeMap<String, TaskScore>,
+    /// The same in lm-evaluation-harness's layout.
+    lm_eval: serde_json::Value,
+}
+
+#[derive(Serialize)]
+struct TaskScore {
+    file: PathBuf,
+    #[serde(flatten)]
+    scores: Scores,
+}
+
+#[derive(Serialize)]
+struct PasskeySection {
+    options: PasskeyOptions,
+    /// One per (RoPE, re-weighting) setting.
+    results: Vec<PasskeyResult>,
+}
+
+pub(crate) fn eval_cmd(a: EvalArgs) -> Result<()> {
+    set_threads(a.threads);
+    let ckpt = sampling::open_checkpoint(&a.checkpoint)?;
+    let meta = ckpt.metadata().clone();
+    let model_cfg = ckpt.config()?;
+    // The validation loss: asked with --lengths, or by default when no other section is.
+    let lengths_asked = match &a.lengths {
+        Some(l) => Some(l.clone()),
+        None if a.tasks.is_none() && !a.passkey => Some(DEFAULT_LENGTHS.to_vec()),
+        None => None,
+    };
+    let data_dir = match (&lengths_asked, &a.data_dir, sampling::train_data_dir(&meta)?) {
+        (None, ..) => None,
+        (Some(_), Some(d), _) => Some(d.clone()),
+        (Some(_), None, Some(d)) => Some(d),
+        (Some(_), None, None) => {
+            bail!("{}: no training config in the checkpoint; pass --data-dir", a.checkpoint.display())
+        }
+    };
+    if let Some(dir) = &a.tasks {
+        tasks::task_files(dir).context("--tasks")?; // a typo fails now, not after the loss
+    }
+    let ropes = match a.rope {
+        RopeChoice::Ntk => vec![Rope::Ntk],
+        RopeChoice::Plain => vec![Rope::Plain],
+        RopeChoice::Both => vec![Rope::Ntk, Rope::Plain],
+    };
+    let device = train::pick_device(a.device.into(), 0)?;
+    let (_vs, model) = sampling::load_model(&ckpt, device)?;
+    drop(ckpt);
+    let powers: Vec<Option<u32>> = std::iter::once(None).chain(a.reweight.iter().map(|&p| Some(p))).collect();
+    let sections = (usize::from(lengths_asked.is_some() && data_dir.is_some()) * ropes.len()
+        + usize::from(a.passkey) * ropes.len()
+        + usize::from(a.tasks.is_some()))
+        * powers.len();
+    let progress = Sections::new(sections);
+    let mut lengths = Vec::new();
+    if let (Some(multiples), Some(data_dir)) = (&lengths_asked, &data_dir) {
+        let val = validation_tokens(data_dir, a.val_tokens + 1, meta.get("tokenizer").map(String::as_str))
+            .with_context(|| format!("reading the validation split of {}", data_dir.display()))?;
+        for rope in &ropes {
+            for p in &powers {
+                progress.start(&format!("loss at {multiples:?} x T_train ({}{})", rope_name(*rope), rw_name(*p)));
+                lengths.extend(eval::multi_length(&model, &val, multiples, *rope, *p, a.batch_tokens, device)?);
+                progress.done();
+            }
+        }
+    }
+    let tokenizer = if a.tasks.is_some() || a.passkey {
+        Some(sampling::tokenizer_for(&meta, &a.checkpoint, a.data_dir.as_deref())?)
+    } else {
+        None
+    };
+    let mut task_rows = None;
+    if let (Some(dir), Some(tok)) = (&a.tasks, &tokenizer) {
+        let mut rows = Vec::new();
+        for p in &powers {
+            let mut scorer = ModelScorer::new(&model, tok, device);
+            scorer.forward.reweight = *p;
+            progress.start(&format!("tasks in {}{}", dir.display(), rw_name(*p)));
+            let scored = tasks::score_dir(dir, &mut scorer)?;
+            progress.done();
+            for (task, _, s) in &scored {
+                eprintln!(
+                    "eval {task}{}: acc {:.4}, acc_norm {:.4} (n = {})",
+                    p.map(|p| format!(" (rw{p})")).unwrap_or_default(),
+                    s.acc,
+                    s.acc_norm,
+                    s.n
+                );
+            }
+            let pairs: Vec<(String, Scores)> = scored.iter().map(|(t, _, s)| (t.clone(), s.clone())).collect();
+            rows.push(TasksRow {
+                reweight: *p,
+                dir: dir.clone(),
+                lm_eval: tasks::lm_eval_json(&pairs),
+                scores: scored.into_iter().map(|(t, file, scores)| (t, TaskScore { file, scores })).collect(),
+            });
+        }
+        task_rows = Some(rows);
+    }
+    let mut passkey = None;
+    if let (true, Some(tok)) = (a.passkey, &tokenizer) {
+        ensure!(
+            a.passkey_depths.iter().all(|d| (0.0..=1.0).contains(d)),
+            "--passkey-depths must lie in [0, 1], got {:?}",
+            a.passkey_depths
+        );
+        let options = PasskeyOptions {
+            multiples: a.passkey_lengths.clone(),
+            depths: a.passkey_depths.clone(),
+            prompts: a.passkey_prompts,
+            seed: a.seed,
+            batch_tokens: a.batch_tokens,
+        };
+        let mut results = Vec::new();
+        for rope in &ropes {
+            for p in &powers {
+                progress.start(&format!("passkey ({}{})", rope_name(*rope), rw_name(*p)));
+                let r = tasks::passkey(&model, tok, &options, *rope, *p)?;
+                progress.done();
+                for s in &r.skipped {
+                    eprintln!("eval passkey: skipped {s}");
+                }
+                eprintln!(
+                    "eval passkey ({}{}): {}",
+                    if *rope == Rope::Ntk { "ntk" } else { "plain" },
+                    p.map(|p| format!(", rw{p}")).unwrap_or_default(),
+                    r.example
+                );
+                results.push(r);
+            }
+        }
+        passkey = Some(PasskeySection { options, results });
+    }
+    let result =
+        EvalResult { header: Header::new(EVAL_FORMAT, &a.checkpoint, &model_cfg), lengths, tasks: task_rows, passkey };
+    let json = serde_json::to_string_pretty(&result)?;
+    println!("{json}");
+    if let Some(out) = &a.out {
+        std::fs::write(out, &json).with_context(|| format!("writing {}", out.display()))?;
+    }
+    Ok(())
+}
+
+/// `eval`'s sections (a loss sweep, a task directory, a passkey sweep) as they run: a bar on a
+/// terminal, a line each otherwise.
+struct Sections {
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl Sections {
+    fn new(n: usize) -> Sections {
+        let bar = std::io::IsTerminal::is_terminal(&std::io::stderr()).then(|| {
+            let bar = indicatif::ProgressBar::new(n as u64);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template("eval {pos}/{len} [{bar:25}] {msg} ({elapsed})")
+                    .expect("a valid template")
+                    .progress_chars("=> "),
+            );
+            bar
+        });
+        Sections { bar }
+    }
+
+    fn start(&self, what: &str) {
+        match &self.bar {
+            Some(bar) => bar.set_message(what.to_string()),
+            None => eprintln!("eval: {what} ..."),
+        }
+    }
+
+    fn done(&self) {
+        if let Some(bar) = &self.bar {
+            bar.inc(1);
+        }
+    }
+}
+
+impl Drop for Sections {
+    fn drop(&mut self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+fn rope_name(rope: Rope) -> &'static str {
+    if rope == Rope::Ntk { "ntk" } else { "plain" }
+}
+
+fn rw_name(p: Option<u32>) -> String {
+    p.map(|p| format!(", rw{p}")).unwrap_or_default()
+}
