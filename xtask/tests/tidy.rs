@@ -364,3 +364,16 @@ fn attn_core_stands_alone_and_attn_kernels_never_links_libtorch() {
         assert!(!kernels.iter().any(|d| d == forbidden), "attn-kernels depends on {forbidden}");
     }
 }
+
+#[test]
+fn no_rust_file_is_longer_than_800_lines() {
+    // ARCHITECTURE.md: a file that grows past this is split by concern (kernel sources, `.cu`, `.cuh`
+    // and the emulator's `emu.h`, are not Rust and are exempt).
+    const MAX: usize = 800;
+    let long: Vec<String> = text_files(&["rs"])
+        .into_iter()
+        .filter(|(_, text)| text.lines().count() > MAX)
+        .map(|(p, text)| format!("{} ({} lines)", p.display(), text.lines().count()))
+        .collect();
+    assert!(long.is_empty(), "over {MAX} lines: {long:?}");
+}
