@@ -100,7 +100,7 @@ pub struct SeedNoise {
 }
 
 /// A draw from Student's t with `df` degrees of freedom (normal / sqrt(chi-square / df)).
-fn student_t(rng: &mut Rng, df: usize) -> f64 {
+pub(crate) fn student_t(rng: &mut Rng, df: usize) -> f64 {
     let z = rng.normal();
     let chi2: f64 = (0..df).map(|_| rng.normal().powi(2)).sum();
     z / (chi2 / df as f64).sqrt()

@@ -116,8 +116,9 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
         "the attention maps"
     );
     assert!(out.join("figures/map_lssa_rw15_8x.png").exists());
-    // Retrieval: every row fine-tuned and evaluated, with its heat map; the physics experiment too.
+    // Retrieval: every row evaluated, with its heat map; the physics experiment too, with its verdict.
     assert!(report.contains("## Associative recall") && report.contains("## Newton's law"));
+    assert!(report.contains("**LSSAR recovers Newton's law and softmax does not**"), "the Newton verdict line");
     assert!(
         report.contains("**LSSAR retrieves beyond the training length where softmax does not**"),
         "the verdict line"

@@ -1,23 +1,29 @@
 //! The physics experiment (SPEC section 9): a small transformer learns to predict the next positions
-//! of simulated two-body orbits; the forces implied by its predictions are read back with the
-//! symbolic regression of [`super::regress`], once per attention variant (the paper: the LSSAR model
-//! recovers `F ~ m1 m2 / r^2`, the softmax model does not).
+//! of simulated two-body orbits; the forces implied by its predictions are read back and fitted with a
+//! power law, once per attention variant and seed (the paper: the LSSAR model recovers
+//! `F ~ m1 m2 / r^2`, the softmax model does not).
 //!
 //! Set-up (choices, since the paper gives no details):
 //!
 //! - Data: random bound two-body systems ([`super::sim::random_two_body`], `G = 1`), sampled every
-//!   `dt` for `seq_len + 1` steps. The masses are **not** an input: the model must infer them from
-//!   the history, which is what its attention is for.
+//!   `dt`. The masses are **not** an input: the model must infer them from the history, which is what
+//!   its attention is for. Training sequences have `seq_len` steps; held-out sequences have
+//!   `eval_multiple` times as many, so the forces are read where the model attends further back than
+//!   in training.
 //! - Input per step: both positions and their change since the previous step (zero at the first).
-//!   A learned position embedding gives the order.
-//! - Output: the next positions, parametrised as `x_{t+1} = 2 x_t - x_{t-1} + dt^2 · y_t` (constant-
-//!   velocity extrapolation plus a learned correction): the loss is the mean squared error of the
-//!   predicted positions, in units of `dt^2` so that it reads as an acceleration error.
-//! - Implied force on body `i` at step `t`: `m_i |x̂_{t+1} - 2 x_t + x_{t-1}| / dt^2`, with the true
-//!   masses; one regression sample per body and step of held-out orbits, `(m_i, m_other, r, F)`,
-//!   from the second quarter of each sequence on (so the model has seen some history).
-//! - Regression: the grid search over power laws and sums of two ([`super::regress::search`]), and a
-//!   continuous power-law fit with standard errors ([`super::regress::power_law`]).
+//!   Positions enter attention through RoPE (NTK-scaled beyond the training length), as in the
+//!   language models, so a sequence longer than any in training is well defined.
+//! - Objective: the next positions, `x_{t+1} = x_t + dt · y_t` (the model outputs the step), mean
+//!   squared error in units of `dt^2` over every step but the first. Nothing in the objective
+//!   singles out the acceleration.
+//! - Readout, by finite differences of the predicted positions: the implied acceleration of body `i`
+//!   at step `t` is `(x̂_{t+1} - 2 x_t + x_{t-1}) / dt^2`, its force `m_i |a|` with the true masses.
+//! - Error floor: the root mean squared error of the implied accelerations beyond the training length;
+//!   only samples whose true acceleration exceeds [`Settings::floor_factor`] times it enter the fit, so
+//!   forces the model cannot resolve do not dominate it.
+//! - Fit: `ln F = ln c + a ln m1 + b ln m2 + k ln r` by least squares over the samples beyond the
+//!   training length, per seed; intervals from a bootstrap over orbits and seeds ([`super::fit`]); the
+//!   grid search of [`super::regress::search`] names the best law of its grammar (first seed).
 
 use std::path::Path;
 
@@ -30,8 +36,10 @@ use tch::{Device, Kind, Tensor, nn, nn::Module, nn::OptimizerConfig};
 use attn_core::Variant;
 use gpt_model::AttnImpl;
 
-use super::regress::{self, Sample};
+use super::fit::{self, SeedOrbits};
+use super::regress::{self, Normal, Sample};
 use super::sim;
+use crate::stats::{Interval, Verdict};
 
 /// Sizes of one physics run; see [`Settings::for_scale`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -40,13 +48,15 @@ pub struct Settings {
     pub train_orbits: usize,
     /// Held-out orbits the forces are read from.
     pub test_orbits: usize,
-    /// Steps per sequence.
+    /// Steps per training sequence (the training length).
     pub seq_len: usize,
+    /// Held-out sequences are this many times longer.
+    pub eval_multiple: usize,
     /// Time between steps.
     pub dt: f64,
     /// Width of the residual stream.
     pub d_model: i64,
-    /// Attention heads (head dimension `d_model / n_head`).
+    /// Attention heads (head dimension `d_model / n_head`, even for RoPE).
     pub n_head: i64,
     /// Transformer blocks.
     pub n_layer: i64,
@@ -56,18 +66,23 @@ pub struct Settings {
     pub batch: usize,
     /// Adam learning rate (cosine decay to a tenth).
     pub lr: f64,
-    /// Seed of the orbits and of the initial weights.
+    /// Models per variant (seeds of the initial weights and batch order; the orbits are shared).
+    pub seeds: usize,
+    /// Samples enter the fit when their true acceleration exceeds this many times the error floor.
+    pub floor_factor: f64,
+    /// Seed of the orbits and of the first model.
     pub seed: u64,
 }
 
 impl Settings {
     /// The settings of a reproduction scale: `smoke` (seconds, in the test suite), `small` (a few
-    /// minutes per variant on two CPU cores), `gpu` and `paper` (larger model, more orbits).
+    /// minutes per variant and seed on two CPU cores), `gpu` and `paper` (larger model, more orbits).
     pub fn for_scale(scale: &str) -> Self {
         let base = Settings {
             train_orbits: 2000,
             test_orbits: 100,
             seq_len: 64,
+            eval_multiple: 4,
             dt: 0.05,
             d_model: 128,
             n_head: 2,
@@ -75,6 +90,8 @@ impl Settings {
             steps: 1500,
             batch: 32,
             lr: 2e-3,
+            seeds: 3,
+            floor_factor: 2.0,
             seed: 2026,
         };
         match scale {
@@ -82,11 +99,13 @@ impl Settings {
                 train_orbits: 64,
                 test_orbits: 8,
                 seq_len: 24,
+                eval_multiple: 2,
                 d_model: 64,
                 n_head: 1,
                 n_layer: 1,
                 steps: 20,
                 batch: 8,
+                seeds: 2,
                 ..base
             },
             "gpu" | "paper" => Settings {
@@ -103,7 +122,31 @@ impl Settings {
     }
 }
 
-/// What one variant's physics run found.
+/// One seed's model: its errors and the data of its fit.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeedResult {
+    /// Seed index (the model's seed is the settings' plus it).
+    pub seed_index: usize,
+    /// Training loss (next-position squared error in units of `dt^2`) over the last tenth of the steps.
+    pub final_train_loss: f64,
+    /// Root mean squared error of the implied accelerations over that of the exact ones, within the
+    /// training length (steps `T/4..T` of the held-out orbits).
+    pub accel_rel_rmse_within: f64,
+    /// The same beyond the training length (steps `T..eval_multiple T`).
+    pub accel_rel_rmse_beyond: f64,
+    /// The error floor beyond the training length (root mean squared acceleration error).
+    pub floor: f64,
+    /// Samples above the floor (of all samples beyond the training length).
+    pub kept: usize,
+    /// All samples beyond the training length.
+    pub samples: usize,
+    /// Per held-out orbit, the normal equations of its samples above the floor.
+    pub orbits: SeedOrbits,
+    /// Training and evaluation time, seconds.
+    pub wall_s: f64,
+}
+
+/// What one variant's physics runs found.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct PhysicsResult {
     /// The attention variant.
@@ -112,31 +155,39 @@ pub struct PhysicsResult {
     pub settings: Settings,
     /// The code that computed it ([`crate::runner::task_revision`]; a cached result is reused only
     /// from the same code).
-    #[serde(default)]
     pub revision: String,
-    /// Root mean squared error of the implied accelerations over that of the exact ones (held-out).
-    pub accel_rel_rmse: f64,
-    /// The same for the constant-velocity extrapolation alone (no model): the bar to beat.
-    pub baseline_rel_rmse: f64,
-    /// Training loss (mean squared acceleration error) over the last tenth of the steps.
-    pub final_train_loss: f64,
-    /// The best law of the grammar (lowest BIC), as text.
+    /// One entry per seed.
+    pub seeds: Vec<SeedResult>,
+    /// The best law of the grammar on the first seed's samples above the floor, as text.
     pub best_law: String,
-    /// Its root mean squared relative error.
-    pub best_law_rel_rmse: f64,
-    /// The continuous power-law fit `[ln c, a, b, k]` and its standard errors.
-    pub power_law: Option<([f64; 4], [f64; 4])>,
-    /// Whether the best law is Newton's (one term, exponents 1, 1, -2).
-    pub newton_recovered: bool,
-    /// Median of implied force / Newton force in bins of distance: `(r, ratio)`.
+    /// Median of implied force / Newton force in bins of distance, first seed, beyond the training
+    /// length: `(r, ratio)`.
     pub ratio_by_r: Vec<(f64, f64)>,
-    /// Training and evaluation time, seconds.
-    pub wall_s: f64,
+}
+
+impl PhysicsResult {
+    /// The exponents `(a, b, k)` with intervals over orbits and seeds, if every seed can be fitted.
+    pub fn exponents(&self) -> Option<[Interval; 3]> {
+        let seeds: Vec<SeedOrbits> = self.seeds.iter().map(|s| s.orbits.clone()).collect();
+        fit::exponents(&[(1.0, &seeds)], 0x4e45_5754)
+    }
+
+    /// Whether the variant's law is Newton's ([`fit::is_newton`]); inconclusive without a fit.
+    pub fn newton(&self) -> Verdict {
+        self.exponents().map_or(Verdict::Inconclusive, |e| fit::is_newton(&e))
+    }
+
+    /// Total time, seconds.
+    pub fn wall_s(&self) -> f64 {
+        self.seeds.iter().map(|s| s.wall_s).sum()
+    }
 }
 
 struct Orbits {
-    /// `(n, seq_len + 1, 4)` positions `x1, y1, x2, y2`.
+    /// `(n, len + 1, 4)` positions `x1, y1, x2, y2`.
     pos: Vec<f32>,
+    /// `(n, len + 1, 4)` exact accelerations.
+    acc: Vec<f64>,
     masses: Vec<[f64; 2]>,
     n: usize,
     len: usize,
@@ -144,30 +195,34 @@ struct Orbits {
 
 fn orbits(n: usize, len: usize, dt: f64, rng: &mut ChaCha8Rng) -> Orbits {
     let mut pos = Vec::with_capacity(n * (len + 1) * 4);
+    let mut acc = Vec::with_capacity(n * (len + 1) * 4);
     let mut masses = Vec::with_capacity(n);
     for _ in 0..n {
         let mut system = sim::random_two_body(rng, 1.0);
         masses.push([system.bodies[0].mass, system.bodies[1].mass]);
         let traj = sim::simulate(&mut system, dt, len + 1, 20);
-        for step in &traj.pos {
-            for body in step {
+        for (step, a) in traj.pos.iter().zip(&traj.acc) {
+            for (body, ab) in step.iter().zip(a) {
                 pos.extend([body[0] as f32, body[1] as f32]);
+                acc.extend([ab[0], ab[1]]);
             }
         }
     }
-    Orbits { pos, masses, n, len }
+    Orbits { pos, acc, masses, n, len }
 }
 
-/// The model: input projection, learned positions, pre-norm blocks with the chosen attention, output head.
+/// The model: input projection, pre-norm blocks with the chosen attention and RoPE, output head.
 struct OrbitModel {
     inp: nn::Linear,
-    wpe: nn::Embedding,
     blocks: Vec<(nn::LayerNorm, nn::Linear, nn::Linear, nn::LayerNorm, nn::Linear, nn::Linear)>,
     ln_f: nn::LayerNorm,
     out: nn::Linear,
     n_head: i64,
     variant: Variant,
 }
+
+/// RoPE's base (as the language models').
+const ROPE_BASE: f64 = 10_000.0;
 
 impl OrbitModel {
     fn new(vs: &nn::Path<'_>, s: &Settings, variant: Variant) -> Self {
@@ -188,7 +243,6 @@ impl OrbitModel {
             .collect();
         OrbitModel {
             inp: nn::linear(vs / "inp", 8, d, Default::default()),
-            wpe: nn::embedding(vs / "wpe", s.seq_len as i64, d, Default::default()),
             blocks,
             ln_f: ln(vs / "ln_f"),
             out: nn::linear(vs / "out", d, 4, Default::default()),
@@ -197,17 +251,23 @@ impl OrbitModel {
         }
     }
 
-    /// `(B, T, 8)` features to `(B, T, 4)` acceleration estimates.
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `(B, T, 8)` features to `(B, T, 4)` steps (next position minus this one, over `dt`), with
+    /// RoPE NTK-scaled for sequences `length_scale` times the training length.
+    fn forward(&self, x: &Tensor, length_scale: f64) -> Result<Tensor> {
         let (b, t, _) = x.size3()?;
-        let pos = Tensor::arange(t, (Kind::Int64, x.device()));
-        let mut h = self.inp.forward(x) + self.wpe.forward(&pos);
+        let mut h = self.inp.forward(x);
         let d = h.size()[2];
         let hd = d / self.n_head;
+        let base =
+            if length_scale > 1.0 { attn_core::ntk_rope_base(ROPE_BASE, hd as usize, length_scale) } else { ROPE_BASE };
+        let inv_freq = Tensor::from_slice(&attn_core::rope_inv_freq(base, hd as usize)?).to_device(x.device());
+        let angles = Tensor::arange(t, (Kind::Double, x.device())).unsqueeze(1) * inv_freq.unsqueeze(0);
+        let (cos, sin) = (angles.cos().to_kind(h.kind()), angles.sin().to_kind(h.kind()));
         for (ln1, qkv, proj, ln2, fc, fc2) in &self.blocks {
             let y = qkv.forward(&ln1.forward(&h));
             let split = |i: i64| y.narrow(2, i * d, d).reshape([b, t, self.n_head, hd]).transpose(1, 2);
             let (q, k, v) = (split(0), split(1), split(2));
+            let (q, k) = (gpt_model::model::rope(&q, &cos, &sin), gpt_model::model::rope(&k, &cos, &sin));
             let a = gpt_model::attention::attend(&q, &k, &v, &self.variant, AttnImpl::Fused, 0)?;
             h = &h + proj.forward(&a.transpose(1, 2).reshape([b, t, d]));
             h = &h + fc2.forward(&fc.forward(&ln2.forward(&h)).gelu("none"));
@@ -241,7 +301,106 @@ fn batch(o: &Orbits, idx: &[usize], device: Device) -> (Tensor, Tensor, Tensor, 
     (feats, cur, prev, next)
 }
 
-/// Runs (or reuses from `cache`) the physics experiment for `variant`.
+/// One seed's result, its samples above the floor, and its `(r, implied / Newton)` ratios.
+type SeedRun = (SeedResult, Vec<Sample>, Vec<(f64, f64)>);
+
+/// Trains seed `seed_index` on `train` and reads the forces of `test` back.
+fn run_seed(
+    settings: &Settings,
+    variant: &Variant,
+    seed_index: usize,
+    train: &Orbits,
+    test: &Orbits,
+) -> Result<SeedRun> {
+    let start = std::time::Instant::now();
+    let device = Device::cuda_if_available();
+    let seed = settings.seed + seed_index as u64;
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0062_6174_6368_6573);
+    let vs = nn::VarStore::new(device);
+    let model = gpt_model::model::with_seed(seed as i64, || OrbitModel::new(&vs.root(), settings, variant.clone()));
+    let mut opt = nn::Adam::default().build(&vs, settings.lr)?;
+    let dt = settings.dt;
+    let mut tail = Vec::new();
+    for step in 0..settings.steps {
+        let frac = step as f64 / settings.steps.max(1) as f64;
+        opt.set_lr(settings.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * frac).cos())));
+        let idx: Vec<usize> = (0..settings.batch).map(|_| rand::Rng::random_range(&mut rng, 0..train.n)).collect();
+        let (feats, cur, _, next) = batch(train, &idx, device);
+        let y = model.forward(&feats, 1.0)?;
+        // The next positions, in units of dt^2; step 0 (no previous position) is left out.
+        let pred = &cur + &y * dt;
+        let t = y.size()[1];
+        let loss = (pred - &next).narrow(1, 1, t - 1).square().mean(Kind::Float) / (dt * dt * dt * dt);
+        opt.backward_step(&loss);
+        let l = loss.double_value(&[]);
+        anyhow::ensure!(l.is_finite(), "physics run `{variant}` seed {seed_index} diverged at step {step}");
+        if step >= settings.steps - settings.steps.div_ceil(10) {
+            tail.push(l);
+        }
+    }
+    // Held-out orbits, `eval_multiple` times longer: implied accelerations by finite differences.
+    let all: Vec<usize> = (0..test.n).collect();
+    let (feats, cur, prev, _) = batch(test, &all, device);
+    let y = tch::no_grad(|| model.forward(&feats, settings.eval_multiple as f64))?;
+    let implied = ((&cur + &y * dt - &cur * 2.0 + &prev) / (dt * dt)).to_device(Device::Cpu).to_kind(Kind::Double);
+    let flat = |x: &Tensor| -> Result<Vec<f64>> { Ok(Vec::<f64>::try_from(x.contiguous().view([-1]))?) };
+    let (av, cv) = (flat(&implied)?, flat(&cur.to_device(Device::Cpu).to_kind(Kind::Double))?);
+    let (t, len) = (settings.seq_len, test.len);
+    let stride = (len + 1) * 4;
+    // Errors within and beyond the training length; the floor is the latter.
+    let rel_rmse = |from: usize, to: usize| {
+        let (mut e2, mut a2) = (0.0, 0.0);
+        for o in 0..test.n {
+            for s in from..to {
+                for c in 0..4 {
+                    let (got, want) = (av[(o * len + s) * 4 + c], test.acc[o * stride + s * 4 + c]);
+                    e2 += (got - want).powi(2);
+                    a2 += want * want;
+                }
+            }
+        }
+        ((e2 / a2).sqrt(), (e2 / (test.n * (to - from) * 2) as f64).sqrt())
+    };
+    let (within, _) = rel_rmse((t / 4).max(1), t);
+    let (beyond, floor) = rel_rmse(t, len);
+    let mut per_orbit = Vec::with_capacity(test.n);
+    let (mut first_samples, mut ratios, mut samples) = (Vec::new(), Vec::new(), 0usize);
+    for (o, m) in test.masses.iter().enumerate() {
+        let mut kept = Vec::new();
+        for s in t..len {
+            let base = (o * len + s) * 4;
+            let r = sim::distance([cv[base], cv[base + 1]], [cv[base + 2], cv[base + 3]]);
+            for body in 0..2 {
+                samples += 1;
+                let ta = &test.acc[o * stride + s * 4 + 2 * body..];
+                let true_a = (ta[0].powi(2) + ta[1].powi(2)).sqrt();
+                let a = (av[base + 2 * body].powi(2) + av[base + 2 * body + 1].powi(2)).sqrt();
+                let f = m[body] * a;
+                if true_a > settings.floor_factor * floor && f.is_finite() && f > 0.0 {
+                    kept.push(Sample { m1: m[body], m2: m[1 - body], r, f });
+                    ratios.push((r, f / (m[0] * m[1] / (r * r))));
+                }
+            }
+        }
+        per_orbit.push(Normal::of(&kept));
+        first_samples.extend(kept);
+    }
+    let kept = per_orbit.iter().map(|n| n.n).sum();
+    let result = SeedResult {
+        seed_index,
+        final_train_loss: tail.iter().sum::<f64>() / tail.len().max(1) as f64,
+        accel_rel_rmse_within: within,
+        accel_rel_rmse_beyond: beyond,
+        floor,
+        kept,
+        samples,
+        orbits: SeedOrbits { orbits: per_orbit },
+        wall_s: start.elapsed().as_secs_f64(),
+    };
+    Ok((result, first_samples, ratios))
+}
+
+/// Runs (or reuses from `cache`) the physics experiment for `variant`: one model per seed.
 pub fn run(settings: &Settings, variant: &str, cache: &Path) -> Result<PhysicsResult> {
     let file = cache.join(format!("{}.json", crate::runner::run_dir_name(variant)));
     if let Ok(text) = std::fs::read_to_string(&file)
@@ -250,99 +409,43 @@ pub fn run(settings: &Settings, variant: &str, cache: &Path) -> Result<PhysicsRe
         && r.variant == variant
         && r.revision == crate::runner::task_revision()
     {
-        crate::runner::say(&format!("physics experiment, `{variant}`: cached in {}", file.display()));
+        crate::progress::say(&format!("physics experiment, `{variant}`: cached in {}", file.display()));
         return Ok(r);
     }
-    crate::runner::say(&format!("physics experiment, `{variant}` ..."));
-    let start = std::time::Instant::now();
     let parsed: Variant = variant.parse().with_context(|| format!("physics variant `{variant}`"))?;
-    let device = Device::cuda_if_available();
+    anyhow::ensure!(
+        settings.d_model % settings.n_head == 0 && (settings.d_model / settings.n_head) % 2 == 0,
+        "physics: head dimension {} / {} must be an even integer (RoPE)",
+        settings.d_model,
+        settings.n_head
+    );
     let mut rng = ChaCha8Rng::seed_from_u64(settings.seed);
     let train = orbits(settings.train_orbits, settings.seq_len, settings.dt, &mut rng);
-    let test = orbits(settings.test_orbits, settings.seq_len, settings.dt, &mut rng);
-    let vs = nn::VarStore::new(device);
-    let model = gpt_model::model::with_seed(settings.seed as i64, || OrbitModel::new(&vs.root(), settings, parsed));
-    let mut opt = nn::Adam::default().build(&vs, settings.lr)?;
-    let dt2 = (settings.dt * settings.dt) as f32;
-    let step_loss = |feats: &Tensor, cur: &Tensor, prev: &Tensor, next: &Tensor| -> Result<Tensor> {
-        let y = model.forward(feats)?;
-        // Positions in units of dt^2: the error of the implied acceleration. Step 0 has no previous position.
-        let pred_acc = y.narrow(1, 1, y.size()[1] - 1);
-        let true_acc = (next - cur * 2.0 + prev).narrow(1, 1, y.size()[1] - 1) / f64::from(dt2);
-        Ok((pred_acc - true_acc).square().mean(Kind::Float))
-    };
-    let mut tail = Vec::new();
-    for step in 0..settings.steps {
-        let frac = step as f64 / settings.steps.max(1) as f64;
-        opt.set_lr(settings.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * frac).cos())));
-        let idx: Vec<usize> = (0..settings.batch).map(|_| rand::Rng::random_range(&mut rng, 0..train.n)).collect();
-        let (feats, cur, prev, next) = batch(&train, &idx, device);
-        let loss = step_loss(&feats, &cur, &prev, &next)?;
-        opt.backward_step(&loss);
-        let l = loss.double_value(&[]);
-        anyhow::ensure!(l.is_finite(), "physics run `{variant}` diverged at step {step}");
-        if step >= settings.steps - settings.steps.div_ceil(10) {
-            tail.push(l);
+    let test = orbits(settings.test_orbits, settings.seq_len * settings.eval_multiple, settings.dt, &mut rng);
+    let work = crate::progress::Work::start(&format!("physics `{variant}`"), settings.seeds, "seeds");
+    let (mut seeds, mut best_law, mut ratio_by_r) = (Vec::new(), String::new(), Vec::new());
+    for s in 0..settings.seeds {
+        let (r, samples, ratios) = run_seed(settings, &parsed, s, &train, &test)?;
+        if s == 0 {
+            // The grid search is quadratic in the grid, linear in the samples: an evenly spaced subset suffices.
+            let sub: Vec<Sample> = samples.iter().step_by(samples.len().div_ceil(3000).max(1)).copied().collect();
+            best_law = if sub.len() >= 5 { regress::search(&sub)[0].to_string() } else { "-".into() };
+            ratio_by_r = median_by_log_bins(&ratios, 12);
         }
+        seeds.push(r);
+        work.inc();
     }
-    // Held-out orbits: implied accelerations and forces.
-    let all: Vec<usize> = (0..test.n).collect();
-    let (feats, cur, prev, next) = batch(&test, &all, device);
-    let y = tch::no_grad(|| model.forward(&feats))?.to_device(Device::Cpu).to_kind(Kind::Double);
-    let true_acc = ((&next - &cur * 2.0 + &prev) / f64::from(dt2)).to_device(Device::Cpu).to_kind(Kind::Double);
-    let cur = cur.to_device(Device::Cpu).to_kind(Kind::Double);
-    let t = settings.seq_len;
-    let from = (t / 4).max(1);
-    let window = |x: &Tensor| x.narrow(1, from as i64, (t - from) as i64);
-    let rel = |e: &Tensor, r: &Tensor| {
-        (e.square().mean(Kind::Double).double_value(&[]) / r.square().mean(Kind::Double).double_value(&[])).sqrt()
-    };
-    let accel_rel_rmse = rel(&(window(&y) - window(&true_acc)), &window(&true_acc));
-    let baseline_rel_rmse = rel(&window(&true_acc), &window(&true_acc));
-    let flat = |x: &Tensor| -> Result<Vec<f64>> { Ok(Vec::<f64>::try_from(x.contiguous().view([-1]))?) };
-    let (yv, cv) = (flat(&y)?, flat(&cur)?);
-    let mut samples = Vec::new();
-    let mut ratios = Vec::new();
-    for (o, m) in test.masses.iter().enumerate() {
-        for s in from..t {
-            let base = (o * t + s) * 4;
-            let (p1, p2) = ([cv[base], cv[base + 1]], [cv[base + 2], cv[base + 3]]);
-            let r = sim::distance(p1, p2);
-            for body in 0..2 {
-                let a = (yv[base + 2 * body].powi(2) + yv[base + 2 * body + 1].powi(2)).sqrt();
-                let f = m[body] * a;
-                let newton = m[0] * m[1] / (r * r);
-                if f.is_finite() && f > 0.0 {
-                    samples.push(Sample { m1: m[body], m2: m[1 - body], r, f });
-                    ratios.push((r, f / newton));
-                }
-            }
-        }
-    }
-    anyhow::ensure!(samples.len() >= 5, "physics run `{variant}`: too few positive implied forces");
-    // The grid search is quadratic in the grid, linear in the samples: an evenly spaced subset suffices.
-    let every = samples.len().div_ceil(3000);
-    let sub: Vec<Sample> = samples.iter().step_by(every).copied().collect();
-    let laws = regress::search(&sub);
-    let best = &laws[0];
-    let newton_recovered = best.terms.len() == 1 && best.terms[0].same_shape(1.0, 1.0, -2.0);
-    let power_law = regress::power_law(&samples).map(|p| (p.params, p.stderr));
     let result = PhysicsResult {
         variant: variant.to_string(),
         settings: settings.clone(),
         revision: crate::runner::task_revision(),
-        accel_rel_rmse,
-        baseline_rel_rmse,
-        final_train_loss: tail.iter().sum::<f64>() / tail.len().max(1) as f64,
-        best_law: best.to_string(),
-        best_law_rel_rmse: best.rel_rmse,
-        power_law,
-        newton_recovered,
-        ratio_by_r: median_by_log_bins(&ratios, 12),
-        wall_s: start.elapsed().as_secs_f64(),
+        seeds,
+        best_law,
+        ratio_by_r,
     };
     std::fs::create_dir_all(cache)?;
-    std::fs::write(&file, serde_json::to_string_pretty(&result)?)
+    let text = serde_json::to_string_pretty(&result)?;
+    trainer::data::io::write_atomic(&file, |w| w.write_all(text.as_bytes()))
         .with_context(|| format!("writing {}", file.display()))?;
     Ok(result)
 }
@@ -385,18 +488,29 @@ mod tests {
     }
 
     #[test]
-    fn the_smoke_run_trains_caches_and_reads_forces_back() {
+    fn the_smoke_run_trains_every_seed_caches_and_reads_forces_back() {
         let dir = tempfile::tempdir().unwrap();
         let s = Settings::for_scale("smoke");
         let r = run(&s, "softmax", dir.path()).unwrap();
-        assert!(r.accel_rel_rmse.is_finite() && r.final_train_loss.is_finite());
-        assert!((r.baseline_rel_rmse - 1.0).abs() < 1e-12, "the baseline predicts zero correction");
-        assert!(!r.best_law.is_empty());
+        assert_eq!(r.seeds.len(), s.seeds);
+        for x in &r.seeds {
+            assert!(x.final_train_loss.is_finite() && x.accel_rel_rmse_beyond.is_finite() && x.floor > 0.0);
+            assert_eq!(x.orbits.orbits.len(), s.test_orbits, "one set of normal equations per held-out orbit");
+            assert_eq!(
+                x.samples,
+                s.test_orbits * 2 * s.seq_len * (s.eval_multiple - 1),
+                "every body and step beyond T"
+            );
+            assert!(x.kept <= x.samples);
+        }
+        assert_ne!(r.seeds[0].final_train_loss, r.seeds[1].final_train_loss, "seeds differ");
         // A second call reuses the cached result (same settings), a changed setting reruns.
         // (JSON may move the last bit of a float; a rerun would move its wall time by milliseconds.)
         let again = run(&s, "softmax", dir.path()).unwrap();
-        assert_eq!(again.best_law, r.best_law);
-        assert!((again.wall_s - r.wall_s).abs() < 1e-9, "the cached result was not reused");
+        assert_eq!(again.seeds.len(), r.seeds.len());
+        for (a, b) in again.seeds.iter().zip(&r.seeds) {
+            assert!((a.wall_s - b.wall_s).abs() < 1e-9 && a.kept == b.kept, "the cached result was not reused");
+        }
         let s2 = Settings { steps: 3, ..s };
         assert_eq!(run(&s2, "softmax", dir.path()).unwrap().settings.steps, 3);
     }

@@ -4,6 +4,7 @@
 //! accelerations supply the forces.
 
 pub mod experiment;
+pub mod fit;
 pub mod regress;
 pub mod report;
 pub mod sim;

@@ -248,6 +248,57 @@ pub fn power_law(samples: &[Sample]) -> Option<PowerLaw> {
     Some(PowerLaw { params: beta, stderr, log_rmse: (rss / n as f64).sqrt() })
 }
 
+/// The normal equations of the log-space power-law fit over a set of samples: `X^T X`, `X^T y` with
+/// rows `[1, ln m1, ln m2, ln r]` and `y = ln F`, and the sample count. Sums of these are the
+/// equations of the union, so a bootstrap over orbits resamples per-orbit sums instead of samples.
+#[derive(Clone, Copy, Debug, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Normal {
+    /// `X^T X`.
+    pub xtx: [[f64; 4]; 4],
+    /// `X^T y`.
+    pub xty: [f64; 4],
+    /// Samples summed.
+    pub n: usize,
+}
+
+impl Normal {
+    /// The equations of `samples` (each with a positive force).
+    pub fn of(samples: &[Sample]) -> Self {
+        let mut out = Self::default();
+        for s in samples {
+            let (x, y) = ([1.0, s.m1.ln(), s.m2.ln(), s.r.ln()], s.f.ln());
+            for i in 0..4 {
+                out.xty[i] += x[i] * y;
+                for j in 0..4 {
+                    out.xtx[i][j] += x[i] * x[j];
+                }
+            }
+        }
+        out.n = samples.len();
+        out
+    }
+
+    /// Adds `other`'s equations (`weight` times: a bootstrap draws an orbit several times).
+    pub fn add(&mut self, other: &Normal, weight: f64) {
+        for i in 0..4 {
+            self.xty[i] += weight * other.xty[i];
+            for j in 0..4 {
+                self.xtx[i][j] += weight * other.xtx[i][j];
+            }
+        }
+        self.n += (weight as usize) * other.n;
+    }
+
+    /// `[ln c, a, b, k]`, or `None` with fewer than 5 samples or collinear logarithms.
+    pub fn solve(&self) -> Option<[f64; 4]> {
+        if self.n < 5 {
+            return None;
+        }
+        let inv = invert4(self.xtx)?;
+        Some([0, 1, 2, 3].map(|i| (0..4).map(|j| inv[i][j] * self.xty[j]).sum()))
+    }
+}
+
 /// Gauss-Jordan inverse with partial pivoting; `None` when (near) singular.
 fn invert4(m: [[f64; 4]; 4]) -> Option<[[f64; 4]; 4]> {
     let mut a = [[0.0; 8]; 4];
