@@ -377,3 +377,84 @@ fn no_rust_file_is_longer_than_800_lines() {
         .collect();
     assert!(long.is_empty(), "over {MAX} lines: {long:?}");
 }
+
+/// The edges `module -> module` between the top-level modules of one crate's library (`src/`, not
+/// `src/bin`): a file of module `m` (`m.rs` or anything under `m/`) that names `crate::n::`, outside
+/// comments and its `#[cfg(test)]` part.
+fn module_edges(files: &[(PathBuf, String)], src: &Path) -> std::collections::BTreeSet<(String, String)> {
+    let mut edges = std::collections::BTreeSet::new();
+    for (p, text) in files {
+        let Ok(rel) = p.strip_prefix(src) else { continue };
+        let Some(first) = rel.components().next().and_then(|c| c.as_os_str().to_str()) else { continue };
+        let module = first.trim_end_matches(".rs");
+        if ["lib", "main", "bin"].contains(&module) {
+            continue;
+        }
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for (i, _) in line.match_indices("crate::") {
+                let other: String =
+                    line[i + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+                if !other.is_empty() && other != module {
+                    edges.insert((module.to_string(), other));
+                }
+            }
+        }
+    }
+    edges
+}
+
+/// The modules of `edges` that lie on a cycle.
+fn on_cycles(edges: &std::collections::BTreeSet<(String, String)>) -> Vec<String> {
+    let reaches = |from: &str, to: &str| {
+        let (mut seen, mut todo) = (std::collections::BTreeSet::new(), vec![from.to_string()]);
+        while let Some(m) = todo.pop() {
+            for (_, b) in edges.iter().filter(|(a, _)| *a == m) {
+                if b == to {
+                    return true;
+                }
+                if seen.insert(b.clone()) {
+                    todo.push(b.clone());
+                }
+            }
+        }
+        false
+    };
+    let mut out: Vec<String> =
+        edges.iter().filter(|(a, b)| reaches(b, a)).map(|(a, b)| format!("{a} <-> {b}")).collect();
+    out.dedup();
+    out
+}
+
+#[test]
+fn no_crate_has_a_cycle_between_its_top_level_modules() {
+    let files = text_files(&["rs"]);
+    let mut cycles = Vec::new();
+    for krate in ["attn-core", "attn-kernels", "gpt-model", "trainer", "experiments"] {
+        let src = PathBuf::from(format!("crates/{krate}/src"));
+        let mine: Vec<(PathBuf, String)> = files.iter().filter(|(p, _)| p.starts_with(&src)).cloned().collect();
+        if mine.is_empty() && tracked().is_none() {
+            return;
+        }
+        assert!(!mine.is_empty(), "no sources under {}", src.display());
+        cycles.extend(on_cycles(&module_edges(&mine, &src)).into_iter().map(|c| format!("{krate}: {c}")));
+    }
+    assert!(cycles.is_empty(), "modules that depend on each other (directly or through others): {cycles:?}");
+}
+
+#[test]
+fn the_cycle_finder_sees_indirect_cycles() {
+    let file = |p: &str, t: &str| (PathBuf::from(p), t.to_string());
+    let src = Path::new("s");
+    let files = [
+        file("s/a.rs", "use crate::b::X;\n// crate::c in a comment\n"),
+        file("s/b/mod.rs", "fn f() { crate::c::g() }\n"),
+        file("s/c.rs", "use crate::a::Y;\n#[cfg(test)]\nmod tests { use crate::b::Z; }\n"),
+        file("s/d.rs", "use crate::a::W;\n"),
+    ];
+    let edges = module_edges(&files, src);
+    assert!(edges.contains(&("a".into(), "b".into())) && !edges.contains(&("a".into(), "c".into())));
+    assert!(!edges.contains(&("c".into(), "b".into())), "test code is left out");
+    let cycles = on_cycles(&edges);
+    assert_eq!(cycles, ["a <-> b", "b <-> c", "c <-> a"].map(String::from).to_vec(), "d only points in");
+}

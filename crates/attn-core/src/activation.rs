@@ -1,9 +1,7 @@
 //! Positivity maps `phi` (the `Activation` trait and the nine built-ins) and their stable scalar maths.
 
-use std::fmt::Debug;
+use std::fmt::{self, Debug};
 use std::sync::Arc;
-
-use crate::plan::Builtin;
 
 /// `1 / sqrt(pi)`.
 const FRAC_1_SQRT_PI: f64 = 0.564_189_583_547_756_3;
@@ -315,4 +313,83 @@ pub fn builtin_activations() -> Vec<Arc<dyn Activation>> {
 /// The built-in activation with this [`Activation::name`], if any.
 pub fn activation_by_name(name: &str) -> Option<Arc<dyn Activation>> {
     Builtin::from_name(name).map(Builtin::activation)
+}
+
+/// attn-core's built-in activations: every backend has its own code for each one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Builtin {
+    /// [`Exp`].
+    Exp,
+    /// [`Softplus`].
+    Softplus,
+    /// [`Relu`].
+    Relu,
+    /// [`Relu2`].
+    Relu2,
+    /// [`Relu6`].
+    Relu6,
+    /// [`Gelu`].
+    Gelu,
+    /// [`Sigmoid`].
+    Sigmoid,
+    /// [`Mish`].
+    Mish,
+    /// [`Identity`].
+    Identity,
+}
+
+impl Builtin {
+    /// Every built-in, in the fixed order of [`builtin_activations`].
+    pub const ALL: [Builtin; 9] = [
+        Builtin::Exp,
+        Builtin::Softplus,
+        Builtin::Relu,
+        Builtin::Relu2,
+        Builtin::Relu6,
+        Builtin::Gelu,
+        Builtin::Sigmoid,
+        Builtin::Mish,
+        Builtin::Identity,
+    ];
+
+    /// attn-core's implementation (the f64 ground truth every kernel is tested against).
+    pub fn activation(self) -> Arc<dyn Activation> {
+        match self {
+            Builtin::Exp => Arc::new(Exp),
+            Builtin::Softplus => Arc::new(Softplus),
+            Builtin::Relu => Arc::new(Relu),
+            Builtin::Relu2 => Arc::new(Relu2),
+            Builtin::Relu6 => Arc::new(Relu6),
+            Builtin::Gelu => Arc::new(Gelu),
+            Builtin::Sigmoid => Arc::new(Sigmoid),
+            Builtin::Mish => Arc::new(Mish),
+            Builtin::Identity => Arc::new(Identity),
+        }
+    }
+
+    /// The stable name ([`Activation::name`] of [`Builtin::activation`]).
+    pub fn name(self) -> &'static str {
+        match self {
+            Builtin::Exp => "exp",
+            Builtin::Softplus => "softplus",
+            Builtin::Relu => "relu",
+            Builtin::Relu2 => "relu2",
+            Builtin::Relu6 => "relu6",
+            Builtin::Gelu => "gelu",
+            Builtin::Sigmoid => "sigmoid",
+            Builtin::Mish => "mish",
+            Builtin::Identity => "identity",
+        }
+    }
+
+    /// The built-in with this name, if any.
+    pub fn from_name(name: &str) -> Option<Builtin> {
+        Builtin::ALL.into_iter().find(|b| b.name() == name)
+    }
+}
+
+impl fmt::Display for Builtin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }

@@ -207,11 +207,11 @@ pub mod testing;
 mod variant;
 
 pub use activation::{
-    Activation, Exp, Gelu, Identity, Mish, Relu, Relu2, Relu6, Sigmoid, Softplus, activation_by_name,
+    Activation, Builtin, Exp, Gelu, Identity, Mish, Relu, Relu2, Relu6, Sigmoid, Softplus, activation_by_name,
     builtin_activations, erf, erfc, normal_cdf, sigmoid, softplus,
 };
 pub use error::{Error, Result};
-pub use plan::{Builtin, Phi, Plan};
+pub use plan::{Phi, Plan};
 pub use real::Real;
 pub use reference::{Grads, backward, check_inputs, forward, weights};
 pub use rope::{ntk_rope_base, rope_apply, rope_apply_in_place, rope_inv_freq, rope_rotate};

@@ -1,10 +1,9 @@
-//! The backend-neutral plan of a variant: the closed set of built-in activations ([`Builtin`]) and
-//! [`Plan`], the one description of what a kernel computes that every backend (the CPU engine, the
-//! CUDA configuration and its emulator, the tch ops of `gpt-model`) consumes with an exhaustive
-//! `match`.
+//! The backend-neutral plan of a variant: [`Plan`], the one description of what a kernel computes
+//! that every backend (the CPU engine, the CUDA configuration and its emulator, the tch ops of
+//! `gpt-model`) consumes with an exhaustive `match`, its activation a closed [`Builtin`] or a user's.
 //!
-//! Adding a built-in activation is a compiler-guided walk: add the type and its [`Builtin`] arm
-//! here, then every backend's `match` on [`Builtin`] stops compiling until it has an arm too.
+//! Adding a built-in activation is a compiler-guided walk: add the type and its [`Builtin`] arm (in
+//! `activation.rs`), then every backend's `match` on [`Builtin`] stops compiling until it has an arm too.
 //! A user's own [`Activation`] is [`Phi::Custom`]: a backend runs it through `value` and
 //! `derivative` (correct, slow) or refuses it with an error that says so; it is never mistaken for
 //! a built-in, whatever its name.
@@ -12,88 +11,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::activation::{self, Activation};
+use crate::activation::{Activation, Builtin};
 use crate::stage::{Bias, Norm, OutputNorm, Scale, Scores, Transform};
 use crate::{Result, Variant};
-
-/// attn-core's built-in activations: every backend has its own code for each one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Builtin {
-    /// [`activation::Exp`].
-    Exp,
-    /// [`activation::Softplus`].
-    Softplus,
-    /// [`activation::Relu`].
-    Relu,
-    /// [`activation::Relu2`].
-    Relu2,
-    /// [`activation::Relu6`].
-    Relu6,
-    /// [`activation::Gelu`].
-    Gelu,
-    /// [`activation::Sigmoid`].
-    Sigmoid,
-    /// [`activation::Mish`].
-    Mish,
-    /// [`activation::Identity`].
-    Identity,
-}
-
-impl Builtin {
-    /// Every built-in, in the fixed order of [`activation::builtin_activations`].
-    pub const ALL: [Builtin; 9] = [
-        Builtin::Exp,
-        Builtin::Softplus,
-        Builtin::Relu,
-        Builtin::Relu2,
-        Builtin::Relu6,
-        Builtin::Gelu,
-        Builtin::Sigmoid,
-        Builtin::Mish,
-        Builtin::Identity,
-    ];
-
-    /// attn-core's implementation (the f64 ground truth every kernel is tested against).
-    pub fn activation(self) -> Arc<dyn Activation> {
-        match self {
-            Builtin::Exp => Arc::new(activation::Exp),
-            Builtin::Softplus => Arc::new(activation::Softplus),
-            Builtin::Relu => Arc::new(activation::Relu),
-            Builtin::Relu2 => Arc::new(activation::Relu2),
-            Builtin::Relu6 => Arc::new(activation::Relu6),
-            Builtin::Gelu => Arc::new(activation::Gelu),
-            Builtin::Sigmoid => Arc::new(activation::Sigmoid),
-            Builtin::Mish => Arc::new(activation::Mish),
-            Builtin::Identity => Arc::new(activation::Identity),
-        }
-    }
-
-    /// The stable name ([`Activation::name`] of [`Builtin::activation`]).
-    pub fn name(self) -> &'static str {
-        match self {
-            Builtin::Exp => "exp",
-            Builtin::Softplus => "softplus",
-            Builtin::Relu => "relu",
-            Builtin::Relu2 => "relu2",
-            Builtin::Relu6 => "relu6",
-            Builtin::Gelu => "gelu",
-            Builtin::Sigmoid => "sigmoid",
-            Builtin::Mish => "mish",
-            Builtin::Identity => "identity",
-        }
-    }
-
-    /// The built-in with this name, if any.
-    pub fn from_name(name: &str) -> Option<Builtin> {
-        Builtin::ALL.into_iter().find(|b| b.name() == name)
-    }
-}
-
-impl fmt::Display for Builtin {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
-    }
-}
 
 /// The activation `phi` as a backend sees it.
 #[derive(Clone)]
@@ -221,7 +141,8 @@ mod tests {
             assert_eq!(a.name(), b.name());
             assert_eq!(Builtin::from_name(b.name()), Some(b));
         }
-        let listed: Vec<String> = activation::builtin_activations().iter().map(|a| a.name().to_string()).collect();
+        let listed: Vec<String> =
+            crate::activation::builtin_activations().iter().map(|a| a.name().to_string()).collect();
         let all: Vec<String> = Builtin::ALL.iter().map(|b| b.name().to_string()).collect();
         assert_eq!(listed, all);
     }

@@ -19,6 +19,10 @@ use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
 use tch::{Device, Kind, Tensor};
 
+use crate::data::recall::RecallTask;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
 use crate::config::{DeviceChoice, TrainConfig};
 use crate::eval;
 use crate::optim::{self, AdamW};
@@ -245,8 +249,8 @@ pub fn train(
     // The recall mix wraps whatever source the caller gave (checkpoints store its position too).
     let mut mixed;
     let data: &mut dyn BatchSource = if cfg.recall_share > 0.0 {
-        let task = crate::data::recall::RecallTask::for_vocab(cfg.model.vocab_size)?;
-        mixed = crate::data::recall::RecallMix::new(data, task, cfg.recall_share, cfg.model.context_len, cfg.seed)?;
+        let task = RecallTask::for_vocab(cfg.model.vocab_size)?;
+        mixed = RecallMix::new(data, task, cfg.recall_share, cfg.model.context_len, cfg.seed)?;
         &mut mixed
     } else {
         data
@@ -658,5 +662,76 @@ impl BatchSource for MemorySource {
 
     fn tokenizer_id(&self) -> String {
         self.tokenizer.clone()
+    }
+}
+/// A [`BatchSource`] that replaces a share of another's windows by recall sequences
+/// ([`RecallTask::training_window`] on the window's own text; [`crate::data::recall`]). Whether a window is replaced, and its
+/// needles, depend only on `seed` and the window's tokens: a resumed run, or the same run split over
+/// data-parallel ranks, sees the same sequences (a window seen again in a later epoch gets the same
+/// sequence again).
+pub struct RecallMix<'a> {
+    inner: &'a mut dyn BatchSource,
+    task: RecallTask,
+    share: f64,
+    seq_len: usize,
+    seed: u64,
+}
+
+impl<'a> RecallMix<'a> {
+    /// Mixes `share` (in `[0, 1]`) recall windows of `seq_len` tokens into `inner`'s batches.
+    pub fn new(
+        inner: &'a mut dyn BatchSource,
+        task: RecallTask,
+        share: f64,
+        seq_len: usize,
+        seed: u64,
+    ) -> Result<Self> {
+        ensure!((0.0..=1.0).contains(&share), "recall share {share} is outside [0, 1]");
+        ensure!(seq_len >= 12, "recall sequences need windows of at least 12 tokens, not {seq_len}");
+        Ok(Self { inner, task, share, seq_len, seed })
+    }
+}
+
+/// A generator seeded by `seed` and the tokens of `window` (FNV-1a).
+fn window_rng(seed: u64, window: &[u32]) -> ChaCha8Rng {
+    let h = window
+        .iter()
+        .flat_map(|t| t.to_le_bytes())
+        .chain(seed.to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
+    ChaCha8Rng::seed_from_u64(h)
+}
+
+impl BatchSource for RecallMix<'_> {
+    fn next_batch(&mut self) -> Result<(Vec<i64>, Vec<i64>)> {
+        let (mut x, mut y) = self.inner.next_batch()?;
+        let t = self.seq_len;
+        ensure!(x.len() == y.len() && x.len() % t == 0, "a batch of {} tokens is not whole windows of {t}", x.len());
+        for row in 0..x.len() / t {
+            let (xr, yr) = (&mut x[row * t..(row + 1) * t], &mut y[row * t..(row + 1) * t]);
+            let mut window: Vec<u32> = xr.iter().map(|&v| v as u32).chain(std::iter::once(yr[t - 1] as u32)).collect();
+            let mut rng = window_rng(self.seed, &window);
+            if rng.random::<f64>() >= self.share {
+                continue;
+            }
+            self.task.training_window(&mut window, &mut rng)?;
+            for i in 0..t {
+                xr[i] = i64::from(window[i]);
+                yr[i] = i64::from(window[i + 1]);
+            }
+        }
+        Ok((x, y))
+    }
+
+    fn position(&self) -> serde_json::Value {
+        self.inner.position()
+    }
+
+    fn seek(&mut self, pos: &serde_json::Value) -> Result<()> {
+        self.inner.seek(pos)
+    }
+
+    fn tokenizer_id(&self) -> String {
+        self.inner.tokenizer_id()
     }
 }

@@ -10,10 +10,10 @@
 //! - [`RecallTask::training_window`] turns one training window into a multi-query recall sequence
 //!   (several needles, then questions about each of them in another order, every answer in place), so
 //!   ordinary next-token loss on the whole window teaches the task.
-//! - [`RecallMix`] wraps any [`BatchSource`] and replaces a fixed share of its windows by such
-//!   sequences, deterministically: whether a window is replaced, and its needles, are a function of the
-//!   seed and the window's own tokens, so a resumed run, and the same run on any number of ranks, see
-//!   the same sequences.
+//! - [`crate::train::RecallMix`] wraps any training source and replaces a fixed share of its windows
+//!   by such sequences, deterministically: whether a window is replaced, and its needles, are a
+//!   function of the seed and the window's own tokens, so a resumed run, and the same run on any
+//!   number of ranks, see the same sequences.
 //! - [`RecallTask::prompt`] builds an evaluation prompt of any length: filler text, the asked needle at
 //!   an exact distance from the question, and distractor needles with other keys.
 //!
@@ -22,11 +22,8 @@
 //! meaning elsewhere in the text; a needle is recognised by the marker followed by a key.
 
 use anyhow::{Result, ensure};
+use rand::Rng;
 use rand::seq::SliceRandom;
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
-
-use crate::train::BatchSource;
 
 /// Keys in the closed set.
 pub const KEYS: usize = 16;
@@ -103,6 +100,23 @@ impl RecallTask {
         Ok(())
     }
 
+    /// Reads a sequence back, as a check: for every marker and key whose key was seen before, `(the
+    /// index of the token after them, the value that followed the key's latest earlier needle, the
+    /// token there)`. In a recall sequence the last two agree.
+    pub fn questions(&self, w: &[u32]) -> Vec<(usize, u32, u32)> {
+        let mut seen = std::collections::HashMap::new();
+        let mut out = Vec::new();
+        for i in 0..w.len().saturating_sub(2) {
+            if w[i] == self.marker && self.keys.contains(&w[i + 1]) {
+                if let Some(&v) = seen.get(&w[i + 1]) {
+                    out.push((i + 2, v, w[i + 2]));
+                }
+                seen.insert(w[i + 1], w[i + 2]);
+            }
+        }
+        out
+    }
+
     /// An evaluation prompt of `len` tokens of `filler` (from a random offset) with the asked needle's
     /// value `distance` tokens before the question's key (the last token), and `distractors` needles
     /// of other keys and values at random places.
@@ -159,82 +173,11 @@ fn spaced_starts(n: usize, count: usize, width: usize, rng: &mut impl Rng) -> Ve
     cuts.iter().enumerate().map(|(i, &c)| c + i * width).collect()
 }
 
-/// A [`BatchSource`] that replaces a share of another's windows by recall sequences
-/// ([`RecallTask::training_window`] on the window's own text). Whether a window is replaced, and its
-/// needles, depend only on `seed` and the window's tokens: a resumed run, or the same run split over
-/// data-parallel ranks, sees the same sequences (a window seen again in a later epoch gets the same
-/// sequence again).
-pub struct RecallMix<'a> {
-    inner: &'a mut dyn BatchSource,
-    task: RecallTask,
-    share: f64,
-    seq_len: usize,
-    seed: u64,
-}
-
-impl<'a> RecallMix<'a> {
-    /// Mixes `share` (in `[0, 1]`) recall windows of `seq_len` tokens into `inner`'s batches.
-    pub fn new(
-        inner: &'a mut dyn BatchSource,
-        task: RecallTask,
-        share: f64,
-        seq_len: usize,
-        seed: u64,
-    ) -> Result<Self> {
-        ensure!((0.0..=1.0).contains(&share), "recall share {share} is outside [0, 1]");
-        ensure!(seq_len >= 12, "recall sequences need windows of at least 12 tokens, not {seq_len}");
-        Ok(Self { inner, task, share, seq_len, seed })
-    }
-}
-
-/// A generator seeded by `seed` and the tokens of `window` (FNV-1a).
-fn window_rng(seed: u64, window: &[u32]) -> ChaCha8Rng {
-    let h = window
-        .iter()
-        .flat_map(|t| t.to_le_bytes())
-        .chain(seed.to_le_bytes())
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3));
-    ChaCha8Rng::seed_from_u64(h)
-}
-
-impl BatchSource for RecallMix<'_> {
-    fn next_batch(&mut self) -> Result<(Vec<i64>, Vec<i64>)> {
-        let (mut x, mut y) = self.inner.next_batch()?;
-        let t = self.seq_len;
-        ensure!(x.len() == y.len() && x.len() % t == 0, "a batch of {} tokens is not whole windows of {t}", x.len());
-        for row in 0..x.len() / t {
-            let (xr, yr) = (&mut x[row * t..(row + 1) * t], &mut y[row * t..(row + 1) * t]);
-            let mut window: Vec<u32> = xr.iter().map(|&v| v as u32).chain(std::iter::once(yr[t - 1] as u32)).collect();
-            let mut rng = window_rng(self.seed, &window);
-            if rng.random::<f64>() >= self.share {
-                continue;
-            }
-            self.task.training_window(&mut window, &mut rng)?;
-            for i in 0..t {
-                xr[i] = i64::from(window[i]);
-                yr[i] = i64::from(window[i + 1]);
-            }
-        }
-        Ok((x, y))
-    }
-
-    fn position(&self) -> serde_json::Value {
-        self.inner.position()
-    }
-
-    fn seek(&mut self, pos: &serde_json::Value) -> Result<()> {
-        self.inner.seek(pos)
-    }
-
-    fn tokenizer_id(&self) -> String {
-        self.inner.tokenizer_id()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::MemorySource;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
 
     #[test]
     fn the_tokens_sit_below_the_top_id_and_small_vocabularies_are_refused() {
@@ -250,22 +193,6 @@ mod tests {
         assert!(RecallTask::for_vocab(100).is_err());
     }
 
-    /// Reads a recall sequence back: for every `M K` whose key was seen before, the value that followed
-    /// the key's latest earlier `M K`.
-    fn questions(task: &RecallTask, w: &[u32]) -> Vec<(usize, u32, u32)> {
-        let mut seen = std::collections::HashMap::new();
-        let mut out = Vec::new();
-        for i in 0..w.len().saturating_sub(2) {
-            if w[i] == task.marker && task.keys.contains(&w[i + 1]) {
-                if let Some(&v) = seen.get(&w[i + 1]) {
-                    out.push((i + 2, v, w[i + 2]));
-                }
-                seen.insert(w[i + 1], w[i + 2]);
-            }
-        }
-        out
-    }
-
     #[test]
     fn a_training_window_asks_every_needle_once_and_answers_it() {
         let task = RecallTask::for_vocab(2048).unwrap();
@@ -274,7 +201,7 @@ mod tests {
             for _ in 0..50 {
                 let mut w: Vec<u32> = (0..len as u32).map(|i| i % 500).collect();
                 task.training_window(&mut w, &mut rng).unwrap();
-                let qs = questions(&task, &w);
+                let qs = task.questions(&w);
                 assert_eq!(qs.len(), RecallTask::pairs_for(len), "len {len}: {w:?}");
                 for (at, expected, got) in qs {
                     assert_eq!(expected, got, "the answer at {at} is the needle's value");
@@ -306,47 +233,5 @@ mod tests {
         }
         assert!(task.prompt(&filler, 64, 62, 0, &mut rng).is_err(), "the needle must fit");
         assert!(task.prompt(&filler[..10], 64, 10, 0, &mut rng).is_err(), "not enough filler");
-    }
-
-    #[test]
-    fn the_mix_replaces_its_share_deterministically_and_resumes() {
-        let tokens: Vec<u16> = (0..20_000u32).map(|i| (i % 1500) as u16).collect();
-        let task = RecallTask::for_vocab(2048).unwrap();
-        let run = |skip: usize, resume_from: Option<serde_json::Value>| {
-            let mut src = MemorySource::new(tokens.clone(), 8, 32, 0, 1, "t").unwrap();
-            let mut mix = RecallMix::new(&mut src, task.clone(), 0.25, 32, 7).unwrap();
-            if let Some(p) = resume_from {
-                mix.seek(&p).unwrap();
-            }
-            let mut out = Vec::new();
-            for _ in 0..skip {
-                mix.next_batch().unwrap();
-            }
-            let pos = mix.position();
-            for _ in 0..10 {
-                out.push(mix.next_batch().unwrap());
-            }
-            (out, pos)
-        };
-        let (all, _) = run(0, None);
-        let mut replaced = 0;
-        for (x, y) in &all {
-            for row in 0..8 {
-                let (xr, yr) = (&x[row * 32..(row + 1) * 32], &y[row * 32..(row + 1) * 32]);
-                assert_eq!(&xr[1..], &yr[..31], "y is x shifted by one");
-                let w: Vec<u32> = xr.iter().chain(&yr[31..]).map(|&v| v as u32).collect();
-                if w.contains(&task.marker) {
-                    replaced += 1;
-                    assert!(questions(&task, &w).iter().all(|(_, e, g)| e == g));
-                }
-            }
-        }
-        // 80 windows at a share of 0.25: 20 expected; a binomial sd of about 3.9.
-        assert!((8..=32).contains(&replaced), "{replaced} of 80 windows replaced");
-        // Resuming from the position after 4 batches gives the same next 6 batches.
-        let (first, pos) = run(4, None);
-        let (again, _) = run(0, Some(pos));
-        assert_eq!(&first[..6], &again[..6]);
-        assert_eq!(&all[4..], &first[..6]);
     }
 }
