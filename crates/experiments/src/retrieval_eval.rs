@@ -50,7 +50,7 @@ pub const EFFECT: f64 = 0.2;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Settings {
     /// Needle distances, in multiples of `T_train` (a distance of `d` is evaluated in prompts of at
-    /// least `d x T_train` tokens; distance 1 in a 1x prompt is `T_train - 3`, the farthest that fits).
+    /// least `d x T_train` tokens; distance 1 in a 1x prompt is `T_train - 1`, the farthest that fits).
     pub distances: Vec<f64>,
     /// Prompts per (length, distance) cell.
     pub prompts: usize,
@@ -87,7 +87,7 @@ pub struct Cell {
     pub distance: f64,
     /// Per prompt: whether the answer scored highest among the candidates.
     pub correct: Vec<bool>,
-    /// Per prompt: the answer's log-probability among the candidates (`ln(1/32)` is chance).
+    /// Per prompt: the answer's log-probability among the candidates (`ln(1/16)` is chance).
     pub log_p: Vec<f64>,
 }
 
@@ -208,7 +208,7 @@ pub fn wilson(hits: usize, n: usize) -> (f64, f64) {
 /// `None` when the cell does not exist (the distance exceeds the prompt's length).
 pub fn distance_tokens(distance: f64, t_train: usize, len: usize) -> Option<usize> {
     let d = (distance * t_train as f64).round() as usize;
-    (distance <= (len / t_train) as f64 && d >= 2).then(|| d.min(len - 3))
+    (distance <= (len / t_train) as f64 && d >= 1).then(|| d.min(len - 1))
 }
 
 /// The prompts of one cell: a function of the settings' seed, the length and the distance alone.
@@ -590,7 +590,7 @@ mod tests {
     #[test]
     fn distances_fit_their_prompts() {
         assert_eq!(distance_tokens(0.5, 64, 64), Some(32));
-        assert_eq!(distance_tokens(1.0, 64, 64), Some(61), "the farthest that fits a 1x prompt");
+        assert_eq!(distance_tokens(1.0, 64, 64), Some(63), "the farthest that fits a 1x prompt");
         assert_eq!(distance_tokens(2.0, 64, 64), None, "no 2x distance in a 1x prompt");
         assert_eq!(distance_tokens(15.0, 64, 1024), Some(960));
         assert_eq!(distance_tokens(15.0, 64, 512), None);

@@ -214,7 +214,12 @@ pub fn load_trained_seed(scale: &Scale, out: &Path, variant: &str, seed_index: u
     let (data_dir, sd, base) = base_config(scale, out)?;
     let tokenizer = trainer::data::tokenizer::Tokenizer::load_for_dir(&data_dir)?;
     let val = trainer::data::loader::validation_tokens(&data_dir, scale.val_tokens, Some(sd.tokenizer_id()))?;
-    let cfg = run_config(&base, out, variant, seed_index);
+    // The config the run was trained with (a `--set` may have changed the scale's), else the scale's.
+    let mut cfg = run_config(&base, out, variant, seed_index);
+    let saved = cfg.out_dir.join("config.toml");
+    if let Ok(text) = std::fs::read_to_string(&saved) {
+        cfg = TrainConfig::from_toml_with_overrides(&text, &saved.display().to_string(), &[])?;
+    }
     let ckpt = train::list_checkpoints(&cfg.out_dir)?
         .pop()
         .with_context(|| format!("no trained `{variant}` model in {} (train it first)", cfg.out_dir.display()))?;
