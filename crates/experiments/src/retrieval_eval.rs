@@ -7,8 +7,8 @@
 //! sits at a fixed *distance* before the question, measured in multiples of `T_train`: beyond 1x the
 //! model must attend further back than any training sequence allowed. Each prompt has distractor
 //! needles with other keys, filler from the validation tokens, and is scored in one forward pass: the
-//! answer is the highest-scoring of the [`VALUES`](trainer::data::recall::VALUES) candidate tokens at
-//! the question (exact match), and the answer's log-probability among the candidates shows partial skill.
+//! answer is the highest-scoring of the asked key's [`VALUES`](trainer::data::recall::VALUES) candidate
+//! tokens at the question (exact match), and the answer's log-probability among them shows partial skill.
 //!
 //! - Prompts are a function of the settings' seed, the length and the distance alone: every model and
 //!   seed answers the same prompts, so differences between rows are paired.
@@ -87,7 +87,7 @@ pub struct Cell {
     pub distance: f64,
     /// Per prompt: whether the answer scored highest among the candidates.
     pub correct: Vec<bool>,
-    /// Per prompt: the answer's log-probability among the candidates (`ln(1/16)` is chance).
+    /// Per prompt: the answer's log-probability among the candidates (`ln(1/8)` is chance).
     pub log_p: Vec<f64>,
 }
 
@@ -238,7 +238,6 @@ fn eval_seed(
         crate::runner::load_trained_seed(scale, out, variant, seed_index)?;
     let t = cfg.model.context_len;
     let task = RecallTask::for_vocab(cfg.model.vocab_size)?;
-    let candidates = Tensor::from_slice(&task.values.iter().map(|&v| i64::from(v)).collect::<Vec<_>>()).to(device);
     let cells_n = multiples.len() * settings.distances.len();
     let work = crate::progress::Work::start(
         &format!("retrieval `{variant}` seed {seed_index}"),
@@ -262,7 +261,11 @@ fn eval_seed(
                     let ids: Vec<i64> = chunk.iter().flat_map(|p| p.tokens.iter().map(|&x| i64::from(x))).collect();
                     let idx = Tensor::from_slice(&ids).view([chunk.len() as i64, len as i64]).to(device);
                     let logits = tch::no_grad(|| model.forward(&idx, &opts))?;
-                    let last = logits.select(1, len as i64 - 1).index_select(1, &candidates).to_kind(tch::Kind::Double);
+                    // Each prompt's candidates: the asked key's values.
+                    let cand: Vec<i64> =
+                        chunk.iter().flat_map(|p| task.candidates(p.key).iter().map(|&c| i64::from(c))).collect();
+                    let cand = Tensor::from_slice(&cand).view([chunk.len() as i64, -1]).to(device);
+                    let last = logits.select(1, len as i64 - 1).gather(1, &cand, false).to_kind(tch::Kind::Double);
                     let lp = last.log_softmax(-1, tch::Kind::Double).to_device(tch::Device::Cpu);
                     let best = lp.argmax(-1, false);
                     for (i, p) in chunk.iter().enumerate() {
@@ -551,7 +554,7 @@ fn section(
     }
     let _ = writeln!(
         md,
-        "\nCells: accuracy in prompts of {longest}x T_train over every seed, with its 95% Wilson interval; chance is {:.0}% (one of {} candidate values). The heat maps show every length.\n",
+        "\nCells: accuracy in prompts of {longest}x T_train over every seed, with its 95% Wilson interval; chance is {:.0}% (one of the asked key's {} tokens). The heat maps show every length.\n",
         100.0 / trainer::data::recall::VALUES as f64,
         trainer::data::recall::VALUES
     );
