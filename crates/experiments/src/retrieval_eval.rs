@@ -156,12 +156,13 @@ impl RetrievalResult {
         })
     }
 
-    /// Mean log-probability of the answer over every seed at `(multiple, distance)`.
-    pub fn log_p_at(&self, multiple: usize, distance: f64) -> Option<f64> {
+    /// Mean log-probability of the answer among its key's candidates over every seed and every
+    /// prompt at 1x (the gate's prompts): partial skill below the gate (`ln(1/8)` is chance).
+    pub fn gate_log_p(&self) -> Option<f64> {
         let xs: Vec<f64> = self
             .seeds
             .iter()
-            .flat_map(|s| s.cells.iter().filter(|c| c.multiple == multiple && c.distance == distance))
+            .flat_map(|s| s.cells.iter().filter(|c| c.multiple == 1))
             .flat_map(|c| c.log_p.iter().copied())
             .collect();
         (!xs.is_empty()).then(|| xs.iter().sum::<f64>() / xs.len() as f64)
@@ -509,21 +510,22 @@ fn section(
         let _ = writeln!(md, "**These models were trained without the recall mix**: they never saw the task.\n");
     }
     let longest = any.multiples.iter().copied().max().unwrap_or(1);
-    let _ = write!(md, "| row | seeds | 1x accuracy (gate) |");
+    let _ = write!(md, "| row | seeds | 1x accuracy (gate) | 1x answer log-prob |");
     for d in &s.distances {
         let _ = write!(md, " distance {d}x |");
     }
     let _ = writeln!(md);
-    let _ = writeln!(md, "|---|---:|---|{}", "---:|".repeat(s.distances.len()));
+    let _ = writeln!(md, "|---|---:|---|---:|{}", "---:|".repeat(s.distances.len()));
     let mut series: Vec<Series> = Vec::new();
     for (i, r) in e.rows.iter().enumerate() {
         let Some(res) = retrieval.get(&r.label) else {
-            let _ = writeln!(md, "| {} | - | - |{}", r.label, " - |".repeat(s.distances.len()));
+            let _ = writeln!(md, "| {} | - | - | - |{}", r.label, " - |".repeat(s.distances.len()));
             continue;
         };
         let gates: Vec<String> = res.seeds.iter().map(|x| x.gate_accuracy().map_or("-".into(), pct)).collect();
         let gate = if res.passes_gate() { "passed" } else { "**not learnt**" };
-        let _ = write!(md, "| {} | {} | {gate}: {} |", r.label, res.seeds.len(), gates.join(", "));
+        let log_p = res.gate_log_p().map_or("-".into(), |x| format!("{x:.2}"));
+        let _ = write!(md, "| {} | {} | {gate}: {} | {log_p} |", r.label, res.seeds.len(), gates.join(", "));
         for &d in &s.distances {
             let cell = res.counts_at(longest, d).map_or("-".into(), |(hit, n)| {
                 let (lo, hi) = wilson(hit, n);
@@ -554,9 +556,10 @@ fn section(
     }
     let _ = writeln!(
         md,
-        "\nCells: accuracy in prompts of {longest}x T_train over every seed, with its 95% Wilson interval; chance is {:.0}% (one of the asked key's {} tokens). The heat maps show every length.\n",
+        "\nCells: accuracy in prompts of {longest}x T_train over every seed, with its 95% Wilson interval; chance is {:.0}% (one of the asked key's {} tokens). The 1x answer log-prob is the mean log-probability of the answer among those tokens over the gate's prompts, in nats (chance {:.2}): partial skill below the gate shows there. The heat maps show every length.\n",
         100.0 / trainer::data::recall::VALUES as f64,
-        trainer::data::recall::VALUES
+        trainer::data::recall::VALUES,
+        -(trainer::data::recall::VALUES as f64).ln()
     );
     let name = format!("{}_accuracy", e.name);
     save_with(
