@@ -421,8 +421,25 @@ fn the_emulator_catches_planted_kernel_bugs() {
             (r, _) => panic!("{what}: unexpected outcome {:?}", r.map(|o| rel_err(&o, &c.o))),
         }
     }
-    // The v6 backward with the sigmoid of negative scores taken as that of positive ones.
-    let edit = replace_first("gp = y >= 0.f ? rr : e * rr;", "gp = rr;");
+    // v5 with the keys' inverse norms copied in the next tile's copy group: read before they land.
+    let edit = replace_first(
+        "load_ink_async(inkS[stage], p, bh, kt * BK5, BK5);\n            cp_commit();",
+        "cp_commit();\n            load_ink_async(inkS[stage], p, bh, kt * BK5, BK5);",
+    );
+    let opts5 = Options { dtype: c.dt, kernel: Kernel::TensorCoreV5 };
+    let o = emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts5, &Lab { edit: Some(&edit), ..Lab::default() }).unwrap();
+    let e = rel_err(&o, &c.o);
+    assert!(e > 0.05, "v5 reading the norms before their copy lands not caught (error {e:.2e})");
+    // The v6 rows kernel leaving no records: its keys kernel reads the workspace unwritten (NaN in
+    // the emulator, garbage on a GPU).
+    let edit = replace_first("((RowK6*)p.rowk)[(long long)bh * p.T + rows[q]] = rk[q];", "");
+    let lab = Lab { edit: Some(&edit), ..Lab::default() };
+    let gr = emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts5, &lab).unwrap();
+    let e = rel_err(&gr.dk, &c.grads.dk);
+    assert!(e.is_nan() || e > 0.05, "v6 keys kernel without the rows' records not caught (dk error {e:.2e})");
+    // The v6 backward with the sigmoid of negative scores taken as that of positive ones
+    // (2^(max(y, 0) - softplus2(y)) = sigmoid(|x|)).
+    let edit = replace_first("gp = ex2_fast(y - sp2);", "gp = ex2_fast(fmaxf(y, 0.f) - sp2);");
     let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV5 };
     let lab = Lab { edit: Some(&edit), ..Lab::default() };
     let gr = emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &lab).unwrap();

@@ -10,9 +10,15 @@ pub enum AttnImpl {
     /// Plain tch ops with a materialised `T x T` weight matrix, autograd-native; every variant.
     Reference,
     /// `attn-kernels` through the C++ autograd bridge: O(T·d) memory, on the CPU and on CUDA. Variants
-    /// without a fused kernel fall back to `Reference` with a one-time warning.
+    /// without a fused kernel fall back to `Reference` with a one-time warning. Plain `softmax` on a
+    /// GPU runs libtorch's `scaled_dot_product_attention` (FlashAttention), the baseline a nanoGPT
+    /// user gets, so that comparisons with LSSA are against the best softmax; on the CPU our fused
+    /// softmax already matches SDPA's speed (`docs/bench/kernels-cpu.md`) and stays.
     #[default]
     Fused,
+    /// As `Fused`, but softmax on a GPU runs our own kernel too (to benchmark it against SDPA).
+    #[serde(rename = "fused-own")]
+    FusedOwn,
 }
 
 /// GPT-2 with RoPE. Every field has a default (GPT-2 small, SPEC section 7) so a TOML file only

@@ -88,6 +88,11 @@ fn config_presets_toml_and_errors() {
     }
     let partial = ModelConfig::from_toml("n_layer = 3\nattention = \"lssa+rw15\"\n").unwrap();
     assert_eq!((partial.n_layer, partial.d_model), (3, 768));
+    for (name, imp) in
+        [("reference", AttnImpl::Reference), ("fused", AttnImpl::Fused), ("fused-own", AttnImpl::FusedOwn)]
+    {
+        assert_eq!(ModelConfig::from_toml(&format!("attn_impl = \"{name}\"\n")).unwrap().attn_impl, imp, "{name}");
+    }
     let err = ModelConfig::from_toml("n_layers = 3\n").unwrap_err();
     assert!(matches!(err, ConfigError::Toml(_)) && err.to_string().contains("n_layers"), "{err}");
     let err = ModelConfig::from_toml("attention = \"lsa\"\n").unwrap_err();

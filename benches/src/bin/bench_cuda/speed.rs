@@ -419,23 +419,30 @@ fn used_device_bytes() -> Option<u64> {
 pub(crate) fn model(rows: &mut Vec<Value>) -> Result<()> {
     use gpt_model::{AttnImpl, ForwardOptions, Gpt, ModelConfig};
     say!("\nGPT-2 124M forward+backward step (bf16 weights and activations), tokens/s, B*T = 8K");
+    say!("  (softmax: `Fused` runs libtorch's SDPA, the nanoGPT baseline; `FusedOwn` our softmax kernel)");
     for t in [1024i64, 4096] {
-        for variant in ["lssa", "lssa+rw15"] {
+        for variant in ["softmax", "lssa", "lssa+rw15"] {
             let mut line = format!("  T = {t:>5} {variant:<10}");
             let mut res = serde_json::Map::new();
             // The fused step with the default kernels, then with the newer ones (v5 + v6, v5 + v7, v8 + v9).
             for (imp, kernel) in [
                 (AttnImpl::Reference, Kernel::Auto),
                 (AttnImpl::Fused, Kernel::Auto),
+                (AttnImpl::FusedOwn, Kernel::Auto),
                 (AttnImpl::Fused, Kernel::TensorCoreV5),
                 (AttnImpl::Fused, Kernel::TensorCoreV7),
                 (AttnImpl::Fused, Kernel::TensorCoreV8),
             ] {
+                if variant == "softmax" && kernel != Kernel::Auto {
+                    continue; // the lab generations are LSSA's
+                }
                 gpt_model::attention::fused::set_cuda_kernel(kernel);
                 // Labelled by the versions the fused step runs here (GPT-2 124M: head dimension 64).
+                let parsed: attn_core::Variant = variant.parse()?;
                 let label = match imp {
-                    AttnImpl::Fused => {
-                        let (f, b) = cuda::versions(&variant.parse()?, 64, Dtype::Bf16, kernel)?;
+                    _ if gpt_model::attention::uses_sdpa(&parsed, imp, 0, Device::Cuda(0)) => "SDPA".to_string(),
+                    AttnImpl::Fused | AttnImpl::FusedOwn => {
+                        let (f, b) = cuda::versions(&parsed, 64, Dtype::Bf16, kernel)?;
                         format!("Fused(v{f}+v{b})")
                     }
                     _ => format!("{imp:?}"),

@@ -102,10 +102,29 @@ fn gpu() -> Result<&'static Gpu> {
         let (major, minor) = ctx.compute_capability().map_err(|e| format!("{e:?}"))?;
         let arch = arch_name(major, minor).map_err(|e| e.to_string())?;
         let stream = ctx.default_stream();
+        keep_pool_memory(&ctx);
         Ok(Gpu { ctx, stream, arch, cache: Mutex::new(HashMap::new()) })
     })
     .as_ref()
     .map_err(|e| Error::Cuda(e.clone()))
+}
+
+/// Workspaces are reused across calls: cudarc allocates them with `cuMemAllocAsync` from the
+/// device's default memory pool, and this keeps the pool's freed memory (release threshold: never)
+/// instead of returning it to the driver at every synchronisation, so after the first call a
+/// call's workspaces come from the pool without a driver allocation. Best effort: where the driver
+/// has no memory pools, allocation works as before.
+fn keep_pool_memory(ctx: &CudaContext) {
+    use cudarc::driver::sys;
+    let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+    let mut threshold = u64::MAX;
+    // SAFETY: `pool` and `threshold` are valid for the calls; the attribute takes a u64.
+    unsafe {
+        if sys::cuDeviceGetDefaultMemPool(&mut pool, ctx.cu_device()) == sys::CUresult::CUDA_SUCCESS {
+            let attr = sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD;
+            let _ = sys::cuMemPoolSetAttribute(pool, attr, (&mut threshold as *mut u64).cast());
+        }
+    }
 }
 
 /// Whether a CUDA device and driver are present (NVRTC is checked at first compile).
@@ -203,6 +222,11 @@ impl Exec for GpuExec {
 
     fn zeros(&self, bytes: usize) -> Result<Buf> {
         Ok(self.device(self.gpu.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(cuda_err)?))
+    }
+
+    fn scratch(&self, bytes: usize) -> Result<Buf> {
+        // SAFETY: u8 has no invalid bit patterns, and the kernels write these bytes before reading them.
+        Ok(self.device(unsafe { self.gpu.stream.alloc::<u8>(bytes.max(1)) }.map_err(cuda_err)?))
     }
 
     fn upload(&self, bytes: &[u8]) -> Result<Buf> {

@@ -59,6 +59,7 @@ struct Copy {
     void* dst;
     const void* src;
     bool pred;
+    int bytes; // 16 (cp.async.cg) or 4 (cp.async.ca)
 };
 
 // Switching fibers. glibc's swapcontext saves and restores the signal mask with a system call on
@@ -185,9 +186,9 @@ static void generic_write(const void* p) {
 
 static void do_copy(const Copy& c) {
     if (c.pred)
-        memcpy(c.dst, c.src, 16);
+        memcpy(c.dst, c.src, c.bytes);
     else
-        memset(c.dst, 0, 16);
+        memset(c.dst, 0, c.bytes);
     generic_write(c.dst);
 }
 
@@ -510,8 +511,13 @@ static void ldsm4(u32* r, const u16* p, bool trans) {
 
 static void cp_async16(void* dst, const void* src, bool pred) {
     if ((uintptr_t)dst % 16 || (pred && (uintptr_t)src % 16)) fail("cp.async address not 16-byte aligned");
-    threads[cur].open.push_back({dst, src, pred});
+    threads[cur].open.push_back({dst, src, pred, 16});
     counts.cp_async_bytes += 16;
+}
+static void cp_async4(void* dst, const void* src, bool pred) {
+    if ((uintptr_t)dst % 4 || (pred && (uintptr_t)src % 4)) fail("cp.async address not 4-byte aligned");
+    threads[cur].open.push_back({dst, src, pred, 4});
+    counts.cp_async_bytes += 4;
 }
 static void cp_commit() {
     Thread& t = threads[cur];

@@ -256,6 +256,11 @@ impl Exec for EmuExec<'_> {
         Ok(Buf::Host(vec![0u128; bytes.div_ceil(16).max(1)]))
     }
 
+    fn scratch(&self, bytes: usize) -> Result<Buf> {
+        // All ones: every f32 in it is a NaN, which poisons whatever reads it before a kernel writes it.
+        Ok(Buf::Host(vec![u128::MAX; bytes.div_ceil(16).max(1)]))
+    }
+
     fn upload(&self, bytes: &[u8]) -> Result<Buf> {
         let mut v = vec![0u128; bytes.len().div_ceil(16).max(1)];
         for (dst, src) in v.iter_mut().zip(bytes.chunks(16)) {

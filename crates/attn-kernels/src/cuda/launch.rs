@@ -10,6 +10,9 @@ use super::{Config, Dtype, Kernel, has_tensor_core_forward};
 use crate::cpu::Params;
 use crate::{Error, Result};
 
+/// Bytes of one row's backward constants (`RowK6` in `mma_bwd6.cu`, which asserts the size).
+const ROWK_BYTES: usize = 64;
+
 pub(super) fn check_params(p: &Params) -> Result<()> {
     if p.batch == 0 || p.heads == 0 || p.seq_len == 0 || p.head_dim == 0 {
         return Err(Error::BadParams(format!(
@@ -48,6 +51,9 @@ pub(crate) trait Exec {
     fn launch(&self, k: Kern, grid: (u32, u32), kp: &KParams) -> Result<()>;
     /// `bytes` zeroed bytes.
     fn zeros(&self, bytes: usize) -> Result<Buf>;
+    /// `bytes` bytes that the kernels write before they read them: not zeroed on a GPU (one memset
+    /// fewer per call); the emulator fills them with NaN bytes, so a read before the write shows.
+    fn scratch(&self, bytes: usize) -> Result<Buf>;
     /// A copy of `bytes`.
     fn upload(&self, bytes: &[u8]) -> Result<Buf>;
     /// The contents of `b` (after the work queued before).
@@ -71,7 +77,7 @@ fn prepare(x: &dyn Exec, cfg: &Config, p: &Params) -> Result<Call> {
         return Ok(Call { kp, _norms: None, bh });
     }
     let rows = p.batch * p.heads * p.seq_len;
-    let norms = x.zeros(2 * rows * 4)?;
+    let norms = x.scratch(2 * rows * 4)?; // every row's norm is written first
     kp.inv_norms = norms.addr();
     let blocks = (2 * rows as u64).div_ceil(Kern::InvNorms.threads(p.head_dim) as u64 / 32); // a warp per row
     let blocks = u32::try_from(blocks).map_err(|_| Error::BadParams("too many rows".into()))?;
@@ -110,9 +116,18 @@ pub(super) unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype
     let tc = has_tensor_core_forward(p.head_dim, dtype) && all16;
     let version = backward_version(kernel, p.head_dim, dtype, tc, x.wgmma())?;
     let Call { mut kp, _norms, bh } = prepare(x, cfg, p)?;
-    let rowgrad = x.zeros(2 * p.batch * p.heads * p.seq_len * 4)?;
+    let rowgrad = x.scratch(2 * p.batch * p.heads * p.seq_len * 4)?; // rows kernel, then keys kernel
     kp.rowgrad = rowgrad.addr();
     let t = p.seq_len as u32;
+    // The lab's rows kernels leave each row's constants (64 bytes) for their keys kernel.
+    let _rowk = match version {
+        BwdVersion::V6 | BwdVersion::V7 | BwdVersion::V9 => {
+            let buf = x.scratch(p.batch * p.heads * p.seq_len * ROWK_BYTES)?;
+            kp.rowk = buf.addr();
+            Some(buf)
+        }
+        BwdVersion::V4 | BwdVersion::V1 => None,
+    };
     match version {
         BwdVersion::V7 | BwdVersion::V9 => {
             let dq_acc = x.zeros(p.batch * p.heads * p.seq_len * p.head_dim * 4)?;

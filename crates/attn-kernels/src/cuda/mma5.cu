@@ -46,6 +46,39 @@ __device__ __forceinline__ float ex2_fast(float x) {
 #endif
 }
 
+// The lab's (v5 to v9) helpers for what every tile needs besides K and V.
+#ifdef LSSA_EMU
+__device__ __forceinline__ void cp_async4(float* s, const float* g, bool pred) { emu::cp_async4(s, g, pred); }
+#else
+__device__ __forceinline__ void cp_async4(float* s, const float* g, bool pred) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr(s)), "l"(g), "r"(pred ? 4 : 0));
+}
+#endif
+
+// The inverse norms of keys [j0, j0 + n) (n <= blockDim.x) into s by cp.async, in the caller's open
+// copy group (issue before its cp_commit), 0 past T: a tile's norms land with its K, and no thread
+// waits on a global load before the tile's barrier (v3 to v4 load them synchronously and store them
+// to shared memory). Only for cosine scores; the readers take 1 (`ink_of`) otherwise.
+__device__ __forceinline__ void load_ink_async(float* s, const KParams& p, int bh, int j0, int n) {
+    if (COSINE && (int)threadIdx.x < n) {
+        const int j = j0 + threadIdx.x;
+        const float* norms = (const float*)p.inv_norms + ((long long)bh * 2 + 1) * p.T;
+        cp_async4(s + threadIdx.x, norms + (j < p.T ? j : 0), j < p.T);
+    }
+}
+// Key c's inverse norm from a tile's copy (1 where the scores are not cosine: the compiler drops it).
+__device__ __forceinline__ float ink_of(const float* ink, int c) { return COSINE ? ink[c] : 1.f; }
+
+// Longest first across heads (v5 to v9). The grid is (tiles, B*H), as for every kernel, and blocks
+// start in launch order (x fastest); this numbers them tile-major, so the first wave holds every
+// head's longest tile rather than one head's tiles longest first, and the short tiles of the causal
+// triangle fill the tail of the last wave. Returns the tile's rank (0: the longest) and sets bh.
+__device__ __forceinline__ int longest_first(int& bh) {
+    const int lin = blockIdx.y * gridDim.x + blockIdx.x;
+    bh = lin % gridDim.y;
+    return lin / gridDim.y;
+}
+
 // log2(1 + e) / e on [0, 1]: degree-5 least-squares fit on Chebyshev nodes, relative error 9.5e-6
 // in f32 (so softplus needs one special-function op, ex2, per score; see ANCHORS.md).
 __device__ __forceinline__ float log2_1p_over(float e) {
@@ -307,8 +340,9 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
     __shared__ int anyFallback;
 #endif
     const int nqb = (p.T + BQ5 - 1) / BQ5;
-    const int qb = nqb - 1 - blockIdx.x; // the longest rows first
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    int bh;
+    const int qb = nqb - 1 - longest_first(bh);
+    const int b = bh / p.H, h = bh % p.H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int lm = lane >> 3, lr = lane & 7; // ldmatrix: which 8x8 matrix this lane addresses, and its row
     const int i0 = qb * BQ5;
@@ -416,11 +450,8 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
                 load_async(ks, p.k, b, h, kt * BK5, BK5, p.T);
                 if (want_v) load_async(ks + TILE5, p.v, b, h, kt * BK5, BK5, p.T);
             }
+            load_ink_async(inkS[stage], p, bh, kt * BK5, BK5);
             cp_commit();
-            if (threadIdx.x < BK5) {
-                int j = kt * BK5 + threadIdx.x;
-                inkS[stage][threadIdx.x] = (COSINE && j < p.T) ? inv_norm(p, bh, 1, j) : 1.f;
-            }
         };
         int kt = next_tile(0);
         int stage = 0;
@@ -448,7 +479,7 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
                             const int r = 2 * mt + (e >> 1), cl = nn * 8 + 2 * t4 + (e & 1);
-                            if (mt >= m0 && mt < m1) s[mt][nn][e] = fmaf(s[mt][nn][e] * fac[r], ink[cl], bias[r]);
+                            if (mt >= m0 && mt < m1) s[mt][nn][e] = fmaf(s[mt][nn][e] * fac[r], ink_of(ink, cl), bias[r]);
                         }
 #if RUNNING_MAX
                 if (pass == 0) {

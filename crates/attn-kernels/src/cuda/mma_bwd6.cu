@@ -6,8 +6,11 @@
 //   and a divergent branch (v4's softplus_f and sigmoid_f).
 // - No branch per entry: masked entries and re-weighting's fallback rows are selects, and key (or
 //   query) tiles wholly inside the causal triangle skip the mask.
-// - Each row's constants are computed once per tile into one 64-byte record (RowK6) in shared
-//   memory (keys kernel) or registers (rows kernel) instead of once per entry.
+// - Each row's constants are computed once, by the rows kernel, into one 64-byte record (RowK6):
+//   kept in registers there and left in p.rowk for the keys kernel, which copies a tile's records
+//   by cp.async with its Q and G tiles instead of rebuilding them per tile (or per entry, as v4).
+// - The keys' inverse norms arrive by cp.async with their tile (load_ink_async), and blocks run
+//   longest first across heads (longest_first); the sigmoid is 2^(y - softplus2(y)), one ex2.
 // f16 / bf16 at head dimension 64 or 128, 16-byte aligned rows (as v4). Uses v5's log2 helpers and
 // v4's tile helpers (a_frags, mma_rows_t, mma_acc_rows, project_rows, store_rows).
 
@@ -24,6 +27,7 @@ struct __align__(16) RowK6 {
     float fb;          // 1 where the row falls back to stage 1 (umax <= 0)
     float pad[2];
 };
+static_assert(sizeof(RowK6) == 64, "launch.rs sizes the rows' records as ROWK_BYTES = 64");
 
 // The two products of a backward tile step, x = A X^T and y = B Y^T (S and G V^T in the rows
 // kernel, their transposes in the keys kernel): on warpgroup tensor cores (v9, waited for) or on
@@ -69,9 +73,11 @@ __device__ __forceinline__ RowK6 row_k6(const KParams& p, int bh, int i, int n, 
 __device__ __forceinline__ void phi6(float y, const RowK6& r, float& f, float& gp) {
 #if ACT == 1
     float e = ex2_fast(-fabsf(y));
-    f = F_UNIT * (fmaxf(y, 0.f) + e * log2_1p_over(e));
-    float rr = __fdividef(1.f, 1.f + e);
-    gp = y >= 0.f ? rr : e * rr; // sigmoid(x)
+    const float sp2 = fmaxf(y, 0.f) + e * log2_1p_over(e); // softplus in log2 units
+    f = F_UNIT * sp2;
+    // sigmoid(x) = e^x / (1 + e^x) = 2^(y - sp2): one add and one ex2 (no reciprocal, no select);
+    // y - sp2 = -log2(1 + 2^-y) <= 0, so it never overflows.
+    gp = ex2_fast(y - sp2);
 #elif ACT == 0
     f = ex2_fast(RUNNING_MAX ? y - r.m2 : y);
     gp = f;
@@ -195,9 +201,9 @@ __device__ __forceinline__ void rows_tile6(float (*s)[4], const float (*gv)[4], 
         for (int x = 0; x < 4; x++) {
             const int q = x >> 1, cl = nn * 8 + 2 * t4 + (x & 1);
             float w, ds;
-            entry6<MASK>(fmaf(s[nn][x] * rk[q].fac2, ink[cl], rk[q].bias2), gv[nn][x], rk[q], j0 + cl <= rows[q], w,
+            entry6<MASK>(fmaf(s[nn][x] * rk[q].fac2, ink_of(ink, cl), rk[q].bias2), gv[nn][x], rk[q], j0 + cl <= rows[q], w,
                          ds);
-            s[nn][x] = ds * ink[cl];
+            s[nn][x] = ds * ink_of(ink, cl);
         }
 }
 
@@ -211,8 +217,9 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_rows6(co
     __shared__ float inkS[2][BB];
     __shared__ float dpS[BB];
     const int nqb = (p.T + BB - 1) / BB;
-    const int qb = nqb - 1 - blockIdx.x;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    int bh;
+    const int qb = nqb - 1 - longest_first(bh);
+    const int b = bh / p.H, h = bh % p.H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int lm = lane >> 3, lr = lane & 7;
     const int i0 = qb * BB;
@@ -276,11 +283,8 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_rows6(co
             u16* ks = smb + stage * 2 * TILE;
             load(ks, p.k, kt * BB);
             load(ks + TILE, p.v, kt * BB);
+            load_ink_async(inkS[stage], p, bh, kt * BB, BB);
             cp_commit();
-            if (threadIdx.x < BB) {
-                int j = kt * BB + threadIdx.x;
-                inkS[stage][threadIdx.x] = (COSINE && j < p.T) ? inv_norm(p, bh, 1, j) : 1.f;
-            }
         };
         issue(0, 0);
         for (int kt = 0; kt < nkt; kt++) {
@@ -301,7 +305,7 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_rows6(co
 #pragma unroll
                     for (int x = 0; x < 4; x++) {
                         const int q = x >> 1, cl = nn * 8 + 2 * t4 + (x & 1);
-                        float term = e_term6(fmaf(s[nn][x] * rk[q].fac2, ink[cl], rk[q].bias2), gv[nn][x], rk[q]);
+                        float term = e_term6(fmaf(s[nn][x] * rk[q].fac2, ink_of(ink, cl), rk[q].bias2), gv[nn][x], rk[q]);
                         e[q] += (!diag || j0 + cl <= rows[q]) ? term : 0.f;
                     }
 #endif
@@ -330,6 +334,9 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_rows6(co
             float* r = (float*)p.rowgrad + ((long long)bh * p.T + rows[q]) * 2;
             r[0] = rk[q].dp;
             r[1] = rk[q].c;
+            // The whole record for the keys kernel, which reads it per tile instead of rebuilding
+            // it (three global loads, three divisions and two logs per row per tile).
+            ((RowK6*)p.rowk)[(long long)bh * p.T + rows[q]] = rk[q];
         }
     }
     if (DQ) {
@@ -368,10 +375,11 @@ __device__ __forceinline__ void keys_tile6(float (*st)[4], float (*gvt)[4], cons
 template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_keys6(const KParams& p) {
     DYN_SMEM(u16, smb); // K block, V block, then [stage][Q | G] tiles (then dS^T with DQ)
     __shared__ RowK6 rt[2][BB];
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    int bh;
+    const int jb = longest_first(bh) * BB; // the first blocks have the most query rows: launched first
+    const int b = bh / p.H, h = bh % p.H;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
     const int lm = lane >> 3, lr = lane & 7;
-    const int jb = blockIdx.x * BB; // the first blocks have the most query rows: launched first
     const int nqt = (p.T + BB - 1) / BB;
     const int TILE = BB * KP3;
     u16* Kb = smb;
@@ -401,13 +409,14 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_keys6(co
         u16* qs = stages + stage * 2 * TILE;
         load(qs, p.q, qt * BB);
         load(qs + TILE, p.g, qt * BB);
-        cp_commit();
-        if (threadIdx.x < BB) {
-            int r = threadIdx.x, i = qt * BB + r;
-            int ic = i < p.T ? i : p.T - 1;
-            const float* rgp = (const float*)p.rowgrad + ((long long)bh * p.T + ic) * 2;
-            rt[stage][r] = row_k6(p, bh, ic, i + 1, rgp[0], rgp[1]);
+        // The tile's row records (written by the rows kernel) land with its Q and G; rows past T
+        // get zeros, which the mask discards (nothing divides by a record's fields).
+        for (int e = threadIdx.x; e < BB * 4; e += blockDim.x) {
+            const int r = e >> 2, part = e & 3, i = qt * BB + r;
+            const RowK6* src = (const RowK6*)p.rowk + (long long)bh * p.T + (i < p.T ? i : 0);
+            cp_async16((u16*)&rt[stage][r] + 8 * part, (const u16*)src + 8 * part, i < p.T);
         }
+        cp_commit();
     };
     const int qt0 = jb / BB;
     const int kmax = jb + warp * 16 + 15; // this warp's last key

@@ -34,10 +34,12 @@ pub struct PathCounts {
     pub reference_full: usize,
     /// Calls served by the chunked no-grad reference.
     pub reference_chunked: usize,
+    /// Softmax calls on a GPU served by libtorch's `scaled_dot_product_attention`.
+    pub sdpa: usize,
 }
 
 thread_local! {
-    static COUNTS: Cell<PathCounts> = const { Cell::new(PathCounts { fused: 0, reference_full: 0, reference_chunked: 0 }) };
+    static COUNTS: Cell<PathCounts> = const { Cell::new(PathCounts { fused: 0, reference_full: 0, reference_chunked: 0, sdpa: 0 }) };
 }
 
 fn count(f: impl FnOnce(&mut PathCounts)) {
@@ -58,7 +60,8 @@ pub fn path_counts() -> PathCounts {
 /// Causal attention of `(B, H, T_q, d)` queries at absolute positions `q_offset..q_offset + T_q`
 /// over `(B, H, q_offset + T_q, d)` keys and values, with `variant`, by `imp`:
 ///
-/// - `Fused` with `q_offset == 0`: the fused kernels (CPU f32, or CUDA f32/f16/bf16) through the
+/// - `Fused` with `q_offset == 0`, plain `softmax` on a GPU: libtorch's SDPA (see [`uses_sdpa`]).
+/// - `Fused` or `FusedOwn` with `q_offset == 0`: the fused kernels (CPU f32, or CUDA f32/f16/bf16) through the
 ///   autograd bridge. A variant without a fused kernel, or CUDA kernels that cannot run (no NVRTC),
 ///   fall back to the reference, with a one-time warning on stderr.
 /// - otherwise the reference. Without autograd (`tch::no_grad`) and with more than `EVAL_CHUNK`
@@ -71,7 +74,11 @@ pub fn attend(
     imp: AttnImpl,
     q_offset: i64,
 ) -> Result<Tensor, AttentionError> {
-    if imp == AttnImpl::Fused && q_offset == 0 {
+    if uses_sdpa(variant, imp, q_offset, q.device()) {
+        count(|c| c.sdpa += 1);
+        return Ok(sdpa(q, k, v));
+    }
+    if imp != AttnImpl::Reference && q_offset == 0 {
         match fused::attention(q, k, v, variant) {
             Ok(out) => {
                 count(|c| c.fused += 1);
@@ -96,4 +103,59 @@ pub fn attend(
     }
     count(|c| c.reference_full += 1);
     Ok(torch_ops::attention(q, k, v, variant, q_offset)?)
+}
+
+/// Whether [`attend`] runs libtorch's `scaled_dot_product_attention` (causal, `1/sqrt(d)`; its
+/// FlashAttention kernels on a GPU): for exactly the `softmax` variant (no re-weighting, no
+/// parameters), on a GPU, by `Fused`, over a whole sequence (`q_offset == 0`, where its causal mask
+/// is ours). The baseline is then the softmax a nanoGPT user runs; `FusedOwn` keeps our kernel.
+pub fn uses_sdpa(variant: &attn_core::Variant, imp: AttnImpl, q_offset: i64, device: tch::Device) -> bool {
+    imp == AttnImpl::Fused
+        && q_offset == 0
+        && device.is_cuda()
+        && attn_core::Variant::preset("softmax").is_some_and(|s| &s == variant)
+}
+
+/// Causal softmax attention of `(B, H, T, d)` tensors by libtorch's `scaled_dot_product_attention`
+/// (scale `1/sqrt(d)`, no dropout): SPEC's `softmax` variant.
+pub fn sdpa(q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
+    Tensor::scaled_dot_product_attention(q, k, v, None::<Tensor>, 0.0, true, None, false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tch::{Device, Kind};
+
+    fn v(name: &str) -> attn_core::Variant {
+        name.parse().unwrap()
+    }
+
+    #[test]
+    fn only_plain_softmax_on_a_gpu_by_fused_goes_to_sdpa() {
+        let gpu = Device::Cuda(0);
+        assert!(uses_sdpa(&v("softmax"), AttnImpl::Fused, 0, gpu));
+        assert!(!uses_sdpa(&v("softmax"), AttnImpl::Fused, 0, Device::Cpu), "the CPU keeps our fused softmax");
+        assert!(!uses_sdpa(&v("softmax"), AttnImpl::FusedOwn, 0, gpu), "FusedOwn asks for our kernel");
+        assert!(!uses_sdpa(&v("softmax"), AttnImpl::Reference, 0, gpu));
+        assert!(!uses_sdpa(&v("softmax"), AttnImpl::Fused, 5, gpu), "decoding with a cache is not SDPA's causal mask");
+        for other in ["softmax+rw15", "lssa", "lssa+rw15", "inverse", "exp-nonorm", "softplus-l1"] {
+            assert!(!uses_sdpa(&v(other), AttnImpl::Fused, 0, gpu), "{other}");
+        }
+    }
+
+    #[test]
+    fn sdpa_computes_the_softmax_variant() {
+        // The same causal mask and 1/sqrt(d) scale as the reference's `softmax` (f64 on the CPU, where
+        // libtorch's SDPA runs its math path): the GPU path differs only in kernels.
+        tch::manual_seed(3);
+        let (b, h, t, d) = (2, 3, 37, 16);
+        let opts = (Kind::Double, Device::Cpu);
+        let (q, k, val) =
+            (Tensor::randn([b, h, t, d], opts), Tensor::randn([b, h, t, d], opts), Tensor::randn([b, h, t, d], opts));
+        let want = torch_ops::attention(&q, &k, &val, &v("softmax"), 0).unwrap();
+        let got = sdpa(&q, &k, &val);
+        let err = (got - want).abs().max().double_value(&[]);
+        assert!(err < 1e-12, "max |sdpa - reference| = {err}");
+    }
 }
