@@ -42,6 +42,7 @@ struct KParams {
     u64 dq_acc;    // f32 (B*H*T, HD): dq before the projection and the dtype (backward v7 only)
     u64 rowk;      // RowK6 (B*H*T): each row's backward constants, written once by the lab's rows
                    // kernel (v6, v7, v9) for its keys kernel (lab backward only)
+    u64 tilemax;   // int (ordered f32): re-weighting's tile maxima from lssa_fwd_stats5/8 (lab forward)
     float scale_c; // scale_i = scale_c * (scale_log ? ln N_i : 1)
     int scale_log;
     float bias_c; // bias_i = bias_c - (bias_log ? ln N_i : 0)

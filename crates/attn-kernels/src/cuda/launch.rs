@@ -94,15 +94,39 @@ pub(super) unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype:
     let tc = has_tensor_core_forward(p.head_dim, dtype);
     let version =
         forward_version(kernel, p.head_dim, dtype, [tc && pairs_aligned(p), tc && rows_aligned16(p)], x.wgmma())?;
-    let Call { kp, _norms, bh } = prepare(x, cfg, p)?;
+    let Call { mut kp, _norms, bh } = prepare(x, cfg, p)?;
     let t = p.seq_len as u32;
     match version {
+        // Re-weighting in the lab: the first sweep as a statistics kernel of its own, then the second.
+        FwdVersion::V8 | FwdVersion::V5 if cfg.p > 0 => {
+            let (stats, rw) = if version == FwdVersion::V8 {
+                (Kern::FwdStats8, Kern::FwdRw8)
+            } else {
+                (Kern::FwdStats5, Kern::FwdRw5)
+            };
+            let tilemax = x.scratch(p.batch * p.heads * tilemax_len(p.seq_len) * 4)?;
+            kp.tilemax = tilemax.addr();
+            x.launch(stats, (t.div_ceil(MMA5_ROWS), bh), &kp)?;
+            x.launch(rw, (t.div_ceil(MMA5_ROWS), bh), &kp)
+        }
         FwdVersion::V8 => x.launch(Kern::FwdWg8, (t.div_ceil(MMA5_ROWS), bh), &kp),
         FwdVersion::V5 => x.launch(Kern::FwdMma5, (t.div_ceil(MMA5_ROWS), bh), &kp),
         FwdVersion::V3 => x.launch(Kern::FwdMma3, (t.div_ceil(MMA3_ROWS), bh), &kp),
         FwdVersion::V2 => x.launch(Kern::FwdMma, (t.div_ceil(MMA_ROWS), bh), &kp),
         FwdVersion::V1 => x.launch(Kern::FwdSimt, (t.div_ceil(ROWS_PER_BLOCK), bh), &kp),
     }
+}
+
+/// The most key tiles whose maxima a v5/v8 block keeps (`MAX_TILES5` in `mma5.cu`).
+const MAX_TILES5: usize = 2048;
+
+/// Tile maxima the v5/v8 statistics kernel leaves per head at length `t`: query blocks of 128 rows,
+/// block `q` with `min(C, 2 q + 2)` causal tiles of 64 keys, `C = min(tiles, MAX_TILES5)`
+/// (`tilemax_before5` in `mma5.cu` counts the same way).
+fn tilemax_len(t: usize) -> usize {
+    let (blocks, c) = (t.div_ceil(MMA5_ROWS as usize), t.div_ceil(64).min(MAX_TILES5));
+    let m = blocks.min(c / 2);
+    m * (m + 1) + (blocks - m) * c
 }
 
 /// The backward on `x`.
@@ -153,6 +177,21 @@ pub(super) unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype
             let grid = (t.div_ceil(ROWS_PER_BLOCK), bh);
             x.launch(Kern::BwdRows, grid, &kp)?;
             x.launch(Kern::BwdKeys, grid, &kp)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tilemax_len_counts_every_blocks_kept_tiles() {
+        for t in [1usize, 63, 64, 65, 127, 128, 129, 1000, 4096, 65_536, 131_072, 200_000, 300_001] {
+            let tiles = t.div_ceil(64);
+            // Block q's causal key tiles, as the kernel counts them, capped as it keeps them.
+            let want: usize = (0..t.div_ceil(128)).map(|q| tiles.min((q * 128 + 128 + 63) / 64).min(MAX_TILES5)).sum();
+            assert_eq!(tilemax_len(t), want, "T = {t}");
         }
     }
 }

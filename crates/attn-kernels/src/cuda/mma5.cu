@@ -5,9 +5,9 @@
 //   ldmatrix bytes per tile as the tensor cores needed cycles, twice over) and gives each warp two
 //   independent accumulator chains.
 // - Softplus and exp work in log2 units: log2(e) is folded into the per-row scale and bias, so
-//   exp is one ex2.approx; softplus is max(y, 0) + log2(1 + 2^-|y|) with the log by a degree-5
-//   polynomial e * q(e) on [0, 1] (relative error 9.5e-6, fitted by least squares on Chebyshev
-//   nodes; SPEC's ln-based softplus is ln 2 times this). ln 2 cancels in the l1 normaliser and is
+//   exp is one ex2.approx; softplus is max(y, 0) + log2(1 + 2^-|y|) with the log by a degree-4
+//   polynomial e * q(e) on [0, 1] (relative error 5.7e-5, below a tenth of f16's rounding unit;
+//   SPEC's ln-based softplus is ln 2 times this). ln 2 cancels in the l1 normaliser and is
 //   applied once per row otherwise; the saved statistics are in natural units, as the backward
 //   and the other kernels have them.
 // - Key tiles entirely below the diagonal skip the mask (and the visibility test): masked entries
@@ -79,12 +79,15 @@ __device__ __forceinline__ int longest_first(int& bh) {
     return lin / gridDim.y;
 }
 
-// log2(1 + e) / e on [0, 1]: degree-5 least-squares fit on Chebyshev nodes, relative error 9.5e-6
-// in f32 (so softplus needs one special-function op, ex2, per score; see ANCHORS.md).
+// log2(1 + e) / e on [0, 1]: degree 4, fitted for the least maximum relative error (weighted least
+// squares on 4000 Chebyshev nodes, reweighted toward minimax). Measured in f32 Horner evaluation
+// on 2M evenly spaced points: relative error 5.7e-5, against bf16's rounding unit 3.9e-3 and
+// f16's 4.9e-4 (the tensor-core kernels' dtypes, which round P to them anyway). Degree 5 (v5's
+// first version: 9.5e-6; 8.5e-6 refitted) costs one more FMA per score; degree 3 gives 3.9e-4,
+// 0.8 of f16's unit.
 __device__ __forceinline__ float log2_1p_over(float e) {
-    return fmaf(fmaf(fmaf(fmaf(fmaf(-0.0336934812f, e, 0.144150004f), e, -0.301359147f), e, 0.468561947f), e,
-                     -0.720347941f),
-                e, 1.44268143f);
+    return fmaf(fmaf(fmaf(fmaf(0.0596514829f, e, -0.227119327f), e, 0.441898763f), e, -0.716987371f), e,
+                1.44261324f);
 }
 
 // The activation on y, in the kernel's units (f / F_UNIT).
@@ -263,6 +266,20 @@ __device__ __forceinline__ void load_async_cm(u16* s, const Tensor4& x, int b, i
 #define MT8 (HD == 128 ? 1 : 2)
 #define NW8 (HD == 128 ? 8 : 4)
 
+// Where query block qb's tile maxima sit in p.tilemax (re-weighting in two kernels): the blocks of a
+// head in order, block q with min(nkt(q), MAX_TILES5) = min(C, 2 q + 2) tiles, C = min(ktiles,
+// MAX_TILES5) (nkt(q) = 2 q + 2 causal tiles of 64 keys for 128 rows, at most ktiles). The first
+// m = min(q, C / 2) blocks hold 2 q + 2 each, the others C: m (m + 1) + (q - m) C.
+// `cuda::launch::tilemax_len` is the same count.
+__device__ __forceinline__ long long tilemax_before5(long long q, long long c) {
+    const long long m = q < c / 2 ? q : c / 2;
+    return m * (m + 1) + (q - m) * c;
+}
+__device__ __forceinline__ long long tilemax_offset5(int bh, int qb, int nqb, int ktiles) {
+    const long long c = ktiles < MAX_TILES5 ? ktiles : MAX_TILES5;
+    return (long long)bh * tilemax_before5(nqb, c) + tilemax_before5(qb, c);
+}
+
 // Re-weighting's per-row constants from the first sweep, in the kernel's units: a_ij = f5_ij * an2,
 // u_ij = f5_ij * na2 - off, umax = max_j u_ij (clamped at 0; 0 means the fallback a_ij).
 struct Rw5 {
@@ -328,7 +345,11 @@ __device__ __forceinline__ void tile_f5(int m0, int m1, float (*s)[BK5 / 8][4], 
 // wgmma; at d = 64 warp w has rows 16w.. and 64 + 16w.. of the block, the two m64 halves of one
 // warpgroup; at d = 128 warp w has rows 64 (w / 4) + 16 (w % 4).., warpgroup w / 4 one m64 half).
 // MT: the warp's row tiles; row r = 2 mt + q of a thread is tile_row(mt) + g + 8 q, r < 2 MT.
-template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
+// MODE (re-weighting): 0 runs both sweeps in one kernel; 1 only the first (the statistics kernel:
+// Q K^T and the activation, no V tiles and no output accumulators, so it holds fewer registers and
+// more blocks per SM): each row's sum, maximum and largest activation go to p.stats (kernel units)
+// and the block's tile maxima to p.tilemax; 2 only the second, from those.
+template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const KParams& p) {
     constexpr bool WG = GEN == 8;
     constexpr int MT = WG ? MT8 : 2;
     static_assert(WG || HD == 64, "v5 is written for head dimension 64");
@@ -393,9 +414,22 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
     for (int r = 0; r < 4; r++) mx[r] = fmx[r] = -INFINITY;
 #if P > 0
     for (int t = threadIdx.x; t < MAX_TILES5; t += blockDim.x) tmaxS[t] = ordered(-INFINITY);
+    int* tilemax = MODE != 0 ? (int*)p.tilemax + tilemax_offset5(bh, qb, nqb, ktiles) : nullptr;
+    if (MODE == 2) {
+        // The statistics kernel's results (each thread reads the entries it initialised above).
+        for (int t = threadIdx.x; t < min(nkt, MAX_TILES5); t += blockDim.x) tmaxS[t] = tilemax[t];
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            if (rows[r] >= p.T) continue;
+            const float* stt = (const float*)p.stats + ((long long)bh * p.T + rows[r]) * STATS;
+            z[r] = stt[ST_Z];
+            mx[r] = stt[ST_MAX];
+            fmx[r] = stt[ST_W];
+        }
+    }
 #endif
 
-    for (int pass = 0; pass < (P > 0 ? 2 : 1); pass++) {
+    for (int pass = MODE == 2 ? 1 : 0; pass < (MODE == 1 ? 1 : P > 0 ? 2 : 1); pass++) {
         const bool want_v = P == 0 || pass == 1;
         float ra[4] = {0.f, 0.f, 0.f, 0.f}, rb[4] = {0.f, 0.f, 0.f, 0.f}, rc[4] = {0.f, 0.f, 0.f, 0.f};
         float wsum[4] = {0.f, 0.f, 0.f, 0.f};
@@ -638,6 +672,21 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
                 wsum[r] += __shfl_xor_sync(0xffffffffu, wsum[r], 2);
             }
         }
+#if P > 0
+        if (MODE == 1) {
+            // Hand the first sweep to the second kernel, which overwrites these slots of p.stats.
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                if (rows[r] >= p.T || t4 != 0) continue;
+                float* stt = (float*)p.stats + ((long long)bh * p.T + rows[r]) * STATS;
+                stt[ST_Z] = z[r];
+                stt[ST_MAX] = mx[r];
+                stt[ST_W] = fmx[r];
+            }
+            __syncthreads(); // every warp's tile maxima are in
+            for (int t = threadIdx.x; t < min(nkt, MAX_TILES5); t += blockDim.x) tilemax[t] = tmaxS[t];
+        }
+#endif
         if (pass == (P > 0 ? 1 : 0)) {
 #pragma unroll
             for (int r = 0; r < 4; r++) {
@@ -672,10 +721,15 @@ template <int GEN> __device__ __forceinline__ void fwd5_body(const KParams& p) {
 
 #if HD == 64
 extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_mma5(KParams p) { fwd5_body<5>(p); }
+// Re-weighting in two kernels: the first sweep's statistics, then the second sweep (MODE above).
+extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_stats5(KParams p) { fwd5_body<5, 1>(p); }
+extern "C" __global__ void __launch_bounds__(NW5 * 32) lssa_fwd_rw5(KParams p) { fwd5_body<5, 2>(p); }
 #endif
 
 #if HAVE_WGMMA
 extern "C" __global__ void __launch_bounds__(NW8 * 32) lssa_fwd_wg8(KParams p) { fwd5_body<8>(p); }
+extern "C" __global__ void __launch_bounds__(NW8 * 32) lssa_fwd_stats8(KParams p) { fwd5_body<8, 1>(p); }
+extern "C" __global__ void __launch_bounds__(NW8 * 32) lssa_fwd_rw8(KParams p) { fwd5_body<8, 2>(p); }
 #endif
 
 #if HAVE_WGMMA && HD == 64

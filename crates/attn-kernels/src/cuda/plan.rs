@@ -122,7 +122,11 @@ pub(crate) enum Kern {
     FwdMma,
     FwdMma3,
     FwdMma5,
+    FwdStats5,
+    FwdRw5,
     FwdWg8,
+    FwdStats8,
+    FwdRw8,
     BwdRows,
     BwdKeys,
     BwdRowsMma,
@@ -138,13 +142,17 @@ pub(crate) enum Kern {
 }
 
 impl Kern {
-    pub(super) const ALL: [Kern; 18] = [
+    pub(super) const ALL: [Kern; 22] = [
         Kern::InvNorms,
         Kern::FwdSimt,
         Kern::FwdMma,
         Kern::FwdMma3,
         Kern::FwdMma5,
+        Kern::FwdStats5,
+        Kern::FwdRw5,
         Kern::FwdWg8,
+        Kern::FwdStats8,
+        Kern::FwdRw8,
         Kern::BwdRows,
         Kern::BwdKeys,
         Kern::BwdRowsMma,
@@ -166,7 +174,11 @@ impl Kern {
             Kern::FwdMma => "lssa_fwd_mma",
             Kern::FwdMma3 => "lssa_fwd_mma3",
             Kern::FwdMma5 => "lssa_fwd_mma5",
+            Kern::FwdStats5 => "lssa_fwd_stats5",
+            Kern::FwdRw5 => "lssa_fwd_rw5",
             Kern::FwdWg8 => "lssa_fwd_wg8",
+            Kern::FwdStats8 => "lssa_fwd_stats8",
+            Kern::FwdRw8 => "lssa_fwd_rw8",
             Kern::BwdRows => "lssa_bwd_rows",
             Kern::BwdKeys => "lssa_bwd_keys",
             Kern::BwdRowsMma => "lssa_bwd_rows_mma",
@@ -186,7 +198,7 @@ impl Kern {
     pub(crate) fn threads(self, head_dim: usize) -> u32 {
         match self {
             Kern::InvNorms | Kern::FwdMma3 => 256,
-            Kern::FwdWg8 if head_dim == 128 => 256, // two warpgroups of one m64 half each
+            Kern::FwdWg8 | Kern::FwdStats8 | Kern::FwdRw8 if head_dim == 128 => 256, // two warpgroups of one m64 half each
             Kern::FwdSimt | Kern::BwdRows | Kern::BwdKeys | Kern::BwdDq7 => 32 * ROWS_PER_BLOCK,
             _ => 128,
         }
@@ -197,7 +209,11 @@ impl Kern {
         match self {
             Kern::FwdMma3
             | Kern::FwdMma5
+            | Kern::FwdStats5
+            | Kern::FwdRw5
             | Kern::FwdWg8
+            | Kern::FwdStats8
+            | Kern::FwdRw8
             | Kern::BwdRowsMma
             | Kern::BwdRowsMma6
             | Kern::BwdRowStats7
@@ -218,7 +234,11 @@ impl Kern {
             Kern::FwdMma => Generation::V2,
             Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma => Generation::First,
             Kern::FwdMma5
+            | Kern::FwdStats5
+            | Kern::FwdRw5
             | Kern::FwdWg8
+            | Kern::FwdStats8
+            | Kern::FwdRw8
             | Kern::BwdRowsMma6
             | Kern::BwdKeysMma6
             | Kern::BwdRowStats7
@@ -240,8 +260,8 @@ impl Kern {
     ) -> impl Iterator<Item = Kern> {
         let tc = has_tensor_core_forward(head_dim, dtype);
         Self::ALL.into_iter().filter(move |k| k.generation() <= generation).filter(move |k| match k {
-            Kern::FwdMma5 => tc && head_dim == 64,
-            Kern::FwdWg8 => tc && wgmma,
+            Kern::FwdMma5 | Kern::FwdStats5 | Kern::FwdRw5 => tc && head_dim == 64,
+            Kern::FwdWg8 | Kern::FwdStats8 | Kern::FwdRw8 => tc && wgmma,
             Kern::BwdRowStats9 | Kern::BwdKeysWg9 | Kern::WgProbe => tc && head_dim == 64 && wgmma,
             Kern::FwdMma | Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma => tc,
             Kern::BwdRowsMma6 | Kern::BwdKeysMma6 => tc,
@@ -282,6 +302,7 @@ pub(crate) struct KParams {
     pub(super) rowgrad: u64,
     pub(super) dq_acc: u64,
     pub(super) rowk: u64,
+    pub(super) tilemax: u64,
     pub(super) scale_c: f32,
     pub(super) scale_log: i32,
     pub(super) bias_c: f32,
@@ -319,6 +340,7 @@ pub(super) fn kparams(cfg: &Config, p: &Params) -> Result<KParams> {
         rowgrad: 0,
         dq_acc: 0,
         rowk: 0,
+        tilemax: 0,
         scale_c: cfg.scale_c,
         scale_log: cfg.scale_log as i32,
         bias_c: cfg.bias_c,
