@@ -105,6 +105,9 @@ fn time(reps: usize, mut f: impl FnMut() -> Result<()>) -> Option<f64> {
 pub(crate) fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
     let lssa: Variant = "lssa".parse()?;
     let lssar: Variant = "lssa+rw15".parse()?;
+    // Identity + l1 on the same kernels: almost no element-wise work per score, so LSSA's time over
+    // linear-l1's says how much of it the element-wise step costs (the rest is the pipeline).
+    let linear: Variant = "linear-l1".parse()?;
     // What the driver made of each kernel: registers, spills, shared memory and blocks per SM explain
     // much of a timing (and differ from an offline ptxas when the driver's JIT is another version).
     for v in [&lssa, &lssar] {
@@ -219,6 +222,11 @@ pub(crate) fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                 });
                 Ok((fb, s))
             };
+            // Time b over time a.
+            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                (Some(a), Some(b)) => format!("{:.2}", b / a),
+                _ => "-".into(),
+            };
             let (l, lr) = (fwd(&lssa, Kernel::Auto)?.1, fwd(&lssar, Kernel::Auto)?.1);
             let (lfb, lrfb) = (fb(&lssa, Kernel::Auto)?.1, fb(&lssar, Kernel::Auto)?.1);
             // The lab: every kernel request, labelled with the versions it ran on this device (off sm_90
@@ -233,11 +241,11 @@ pub(crate) fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                 }
                 let (f, sl) = fwd(&lssa, k)?;
                 // v1 and v2 are forward-only lab rows (their backward is v1's).
-                let (pair, sfb, slr) = if slow {
-                    ((f, 0), None, None)
+                let (pair, sfb, slr, slin) = if slow {
+                    ((f, 0), None, None, None)
                 } else {
                     let (pair, sfb) = fb(&lssa, k)?;
-                    (pair, sfb, fwd(&lssar, k)?.1)
+                    (pair, sfb, fwd(&lssar, k)?.1, fwd(&linear, k)?.1)
                 };
                 if ran.contains(&pair) {
                     continue;
@@ -245,14 +253,16 @@ pub(crate) fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                 ran.push(pair);
                 let label = if pair.1 == 0 { format!("v{}", pair.0) } else { format!("v{}+v{}", pair.0, pair.1) };
                 lab.push(format!(
-                    "{d:>4} {t:>6} | {request:>7} {label:>7} | {:>8} {:>9} {:>10}",
+                    "{d:>4} {t:>6} | {request:>7} {label:>7} | {:>8} {:>9} {:>10} | {:>10} {:>9}",
                     fmt(tf(sl, 1.0)),
                     fmt(tf(slr, 1.0)),
-                    fmt(tf(sfb, 3.5))
+                    fmt(tf(sfb, 3.5)),
+                    fmt(tf(slin, 1.0)),
+                    ratio(slin, sl)
                 ));
                 lab_json
                     .push(json!({"request": request, "forward": pair.0, "backward": (pair.1 > 0).then_some(pair.1),
-                    "lssa_fwd": sl, "lssar15_fwd": slr, "lssa_fwd_bwd": sfb}));
+                    "lssa_fwd": sl, "lssar15_fwd": slr, "lssa_fwd_bwd": sfb, "linear_l1_fwd": slin}));
             }
             let ops = |pp: Option<u32>| {
                 if t > 16384 {
@@ -280,10 +290,6 @@ pub(crate) fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
                     (&o * &bufs.g).sum(Kind::Float).backward();
                     Ok(())
                 })
-            };
-            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-                (Some(a), Some(b)) => format!("{:.2}", b / a),
-                _ => "-".into(),
             };
             say!(
                 "{:>4} {:>6} {:>3} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8} | {:>7} {:>7}",
@@ -331,14 +337,16 @@ pub(crate) fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
     }
     say!("\nKernel lab, TFLOP/s by the versions each request ran (bf16, causal, H = 12, B*T = 16K)");
     say!(
-        "{:>4} {:>6} | {:>7} {:>7} | {:>8} {:>9} {:>10}",
+        "{:>4} {:>6} | {:>7} {:>7} | {:>8} {:>9} {:>10} | {:>10} {:>9}",
         "d",
         "T",
         "request",
         "ran",
         "LSSA fwd",
         "LSSAR fwd",
-        "LSSA fb"
+        "LSSA fb",
+        "linear fwd",
+        "LSSA/lin"
     );
     for l in lab {
         say!("{l}");
