@@ -130,6 +130,34 @@ pub(crate) fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
             rows.push(json!({"variant": v.to_string(), "d": d, "kernel_resources": res}));
         }
     }
+    // The driver's JIT log: ptxas says there where it serialised wgmma (C7515 and kin) or spilled.
+    for v in [&lssa, &lssar, &"softmax".parse::<Variant>()?] {
+        for &d in &args.head_dims {
+            match cuda::jit_info_log(v, d as usize, Dtype::Bf16) {
+                Ok(log) => {
+                    let flagged: Vec<&str> = log
+                        .lines()
+                        .filter(|l| l.contains("wgmma") || l.contains("C75") || l.contains("spill"))
+                        .filter(|l| !l.contains(" 0 bytes spill"))
+                        .collect();
+                    say!(
+                        "
+JIT info log of {v} at d = {d}, bf16: {} lines, {} on wgmma or spills",
+                        log.lines().count(),
+                        flagged.len()
+                    );
+                    for l in &flagged {
+                        say!("  {l}");
+                    }
+                    rows.push(json!({"variant": v.to_string(), "d": d, "jit_info_log": log}));
+                }
+                Err(e) => say!(
+                    "
+JIT info log of {v} at d = {d}: {e}"
+                ),
+            }
+        }
+    }
     say!("\nTFLOP/s, bf16, causal, H = 12, B*T = 16K (FlashAttention FLOP convention); '-' = failed (OOM)");
     say!(
         "{:>4} {:>6} {:>3} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8} | {:>7} {:>7}",

@@ -142,6 +142,46 @@ pub(super) fn cuda_err(e: impl std::fmt::Debug) -> Error {
     Error::Cuda(format!("{e:?}"))
 }
 
+/// The driver's JIT info log (verbose) for one specialisation's `generation` compiled for this
+/// thread's GPU: where ptxas says it serialised `wgmma` (C7515 and kin) or spilled. The module is
+/// loaded once more for the log and unloaded; the cached module is untouched.
+pub(super) fn jit_info_log(cfg: &Config, head_dim: usize, dtype: Dtype, generation: Generation) -> Result<String> {
+    use cudarc::driver::sys;
+    use std::ffi::c_void;
+    let g = gpu()?;
+    g.ctx.bind_to_thread().map_err(cuda_err)?;
+    let ptx = compile(cfg, head_dim, dtype, g.arch, generation)?;
+    let image = std::ffi::CString::new(ptx.to_src()).map_err(|e| Error::Cuda(format!("PTX with a NUL: {e}")))?;
+    let mut log = vec![0u8; 1 << 20];
+    let mut opts = [
+        sys::CUjit_option::CU_JIT_INFO_LOG_BUFFER,
+        sys::CUjit_option::CU_JIT_INFO_LOG_BUFFER_SIZE_BYTES,
+        sys::CUjit_option::CU_JIT_LOG_VERBOSE,
+    ];
+    // Scalar option values travel in the pointer slots themselves, as the driver API specifies.
+    let scalar = std::ptr::without_provenance_mut::<c_void>;
+    let mut values: [*mut c_void; 3] = [log.as_mut_ptr().cast(), scalar(log.len()), scalar(1)];
+    let mut module: sys::CUmodule = std::ptr::null_mut();
+    // SAFETY: `image` is a NUL-terminated PTX string; `opts` and `values` have the length passed and
+    // `log` outlives the call; the module is unloaded below.
+    let r = unsafe {
+        sys::cuModuleLoadDataEx(
+            &mut module,
+            image.as_ptr().cast(),
+            opts.len() as u32,
+            opts.as_mut_ptr(),
+            values.as_mut_ptr(),
+        )
+    };
+    let text = String::from_utf8_lossy(&log[..log.iter().position(|&b| b == 0).unwrap_or(log.len())]).into_owned();
+    if r != sys::CUresult::CUDA_SUCCESS {
+        return Err(Error::Cuda(format!("cuModuleLoadDataEx: {r:?}\n{text}")));
+    }
+    // SAFETY: `module` was loaded above and nothing else holds it.
+    let _ = unsafe { sys::cuModuleUnload(module) };
+    Ok(text)
+}
+
 /// The module of one specialisation's `generation` on this thread's GPU, compiled at first use.
 pub(super) fn module(cfg: &Config, head_dim: usize, dtype: Dtype, generation: Generation) -> Result<Arc<Module>> {
     let g = gpu()?;

@@ -190,7 +190,8 @@ mod tests {
         for t in [1usize, 63, 64, 65, 127, 128, 129, 1000, 4096, 65_536, 131_072, 200_000, 300_001] {
             let tiles = t.div_ceil(64);
             // Block q's causal key tiles, as the kernel counts them, capped as it keeps them.
-            let want: usize = (0..t.div_ceil(128)).map(|q| tiles.min((q * 128 + 128 + 63) / 64).min(MAX_TILES5)).sum();
+            let want: usize =
+                (0..t.div_ceil(128)).map(|q| tiles.min((q * 128 + 128).div_ceil(64)).min(MAX_TILES5)).sum();
             assert_eq!(tilemax_len(t), want, "T = {t}");
         }
     }

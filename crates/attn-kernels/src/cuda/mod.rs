@@ -60,7 +60,7 @@ pub use compile::{
 pub use device::{backward_raw, forward_raw, versions};
 pub use device::{device_description, is_available, synchronize};
 pub use plan::Config;
-pub use probe::{KernelResources, WGMMA_PROBE_MODES, kernel_resources, wgmma_probe};
+pub use probe::{KernelResources, WGMMA_PROBE_MODES, jit_info_log, kernel_resources, wgmma_probe};
 pub use staging::{backward, backward_with, forward, forward_with};
 
 // The crate-internal host side, for the emulator ([`emu`]).

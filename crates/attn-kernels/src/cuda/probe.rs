@@ -50,6 +50,13 @@ pub fn kernel_resources(variant: &Variant, head_dim: usize, dtype: Dtype) -> Res
     Ok(out)
 }
 
+/// The driver's verbose JIT info log for the lab's kernels of `variant` on this thread's GPU (see
+/// `bench-cuda speed`): ptxas says there where it serialised `wgmma` or spilled.
+pub fn jit_info_log(variant: &Variant, head_dim: usize, dtype: Dtype) -> Result<String> {
+    let cfg = Config::new(variant, head_dim)?;
+    super::device::jit_info_log(&cfg, head_dim, dtype, Generation::Lab)
+}
+
 /// The modes of the wgmma layout probe (`lssa_wg_probe` in `mma5.cu`), and whether each must match.
 pub const WGMMA_PROBE_MODES: [(&str, bool); 5] = [
     ("A registers, B K-major (v8 Q K^T, v9 K Q^T)", true),
