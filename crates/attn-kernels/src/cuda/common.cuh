@@ -38,7 +38,7 @@ struct KParams {
     Tensor4 q, k, v, o, g, dq, dk, dv;
     u64 stats;     // f32 (B, H, T, 4): Z, running max, m_i (u max), W_i
     u64 inv_norms; // f32 (B*H, 2, T): 1 / max(||x||, 1e-12) of q rows then k rows (cosine only)
-    u64 rowgrad;   // f32 (B*H*T, 2): D'_i and C_i (backward only)
+    u64 rowgrad;   // f32 (B*H*T, 2): D'_i and C_i (backward v1 and v4; the lab's use rowk)
     u64 dq_acc;    // f32 (B*H*T, HD): dq before the projection and the dtype (backward v7 only)
     u64 rowk;      // RowK6 (B*H*T): each row's backward constants, written once by the lab's rows
                    // kernel (v6, v7, v9) for its keys kernel (lab backward only)

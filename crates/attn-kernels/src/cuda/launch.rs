@@ -140,17 +140,21 @@ pub(super) unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype
     let tc = has_tensor_core_forward(p.head_dim, dtype) && all16;
     let version = backward_version(kernel, p.head_dim, dtype, tc, x.wgmma())?;
     let Call { mut kp, _norms, bh } = prepare(x, cfg, p)?;
-    let rowgrad = x.scratch(2 * p.batch * p.heads * p.seq_len * 4)?; // rows kernel, then keys kernel
-    kp.rowgrad = rowgrad.addr();
     let t = p.seq_len as u32;
-    // The lab's rows kernels leave each row's constants (64 bytes) for their keys kernel.
-    let _rowk = match version {
+    // What the rows kernel hands the keys kernel: each row's whole 64-byte record (the lab's v6, v7,
+    // v9), or D'_i and C_i (v1, v4), from which the keys kernel rebuilds the rest.
+    let rows = p.batch * p.heads * p.seq_len;
+    let _handover = match version {
         BwdVersion::V6 | BwdVersion::V7 | BwdVersion::V9 => {
-            let buf = x.scratch(p.batch * p.heads * p.seq_len * ROWK_BYTES)?;
+            let buf = x.scratch(rows * ROWK_BYTES)?;
             kp.rowk = buf.addr();
-            Some(buf)
+            buf
         }
-        BwdVersion::V4 | BwdVersion::V1 => None,
+        BwdVersion::V4 | BwdVersion::V1 => {
+            let buf = x.scratch(rows * 2 * 4)?;
+            kp.rowgrad = buf.addr();
+            buf
+        }
     };
     match version {
         BwdVersion::V7 | BwdVersion::V9 => {

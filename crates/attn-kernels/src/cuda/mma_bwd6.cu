@@ -331,11 +331,9 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_rows6(co
 #pragma unroll
         for (int q = 0; q < 2; q++) {
             if (rows[q] >= p.T) continue;
-            float* r = (float*)p.rowgrad + ((long long)bh * p.T + rows[q]) * 2;
-            r[0] = rk[q].dp;
-            r[1] = rk[q].c;
-            // The whole record for the keys kernel, which reads it per tile instead of rebuilding
-            // it (three global loads, three divisions and two logs per row per tile).
+            // The whole record (D'_i and C_i among its fields) for the keys kernel, which reads it
+            // per tile instead of rebuilding it (three global loads, three divisions and two logs
+            // per row per tile).
             ((RowK6*)p.rowk)[(long long)bh * p.T + rows[q]] = rk[q];
         }
     }
