@@ -142,6 +142,9 @@ pub struct SeedResult {
     pub samples: usize,
     /// Per held-out orbit, the normal equations of its samples above the floor.
     pub orbits: SeedOrbits,
+    /// The best law of the grammar ([`regress::search`]) on this seed's samples above the floor, as
+    /// text; `-` with fewer than 5 samples.
+    pub best_law: String,
     /// Training and evaluation time, seconds.
     pub wall_s: f64,
 }
@@ -158,8 +161,6 @@ pub struct PhysicsResult {
     pub revision: String,
     /// One entry per seed.
     pub seeds: Vec<SeedResult>,
-    /// The best law of the grammar on the first seed's samples above the floor, as text.
-    pub best_law: String,
     /// Median of implied force / Newton force in bins of distance, first seed, beyond the training
     /// length: `(r, ratio)`.
     pub ratio_by_r: Vec<(f64, f64)>,
@@ -175,6 +176,13 @@ impl PhysicsResult {
     /// Whether the variant's law is Newton's ([`fit::is_newton`]); inconclusive without a fit.
     pub fn newton(&self) -> Verdict {
         self.exponents().map_or(Verdict::Inconclusive, |e| fit::is_newton(&e))
+    }
+
+    /// Seed `i`'s exponents alone, with intervals from the bootstrap over orbits; `None` when that
+    /// seed cannot be fitted. The orbit draws are those of [`Self::exponents`].
+    pub fn seed_exponents(&self, i: usize) -> Option<[Interval; 3]> {
+        let one = [self.seeds.get(i)?.orbits.clone()];
+        fit::exponents(&[(1.0, &one)], 0x4e45_5754)
     }
 
     /// Total time, seconds.
@@ -301,8 +309,8 @@ fn batch(o: &Orbits, idx: &[usize], device: Device) -> (Tensor, Tensor, Tensor, 
     (feats, cur, prev, next)
 }
 
-/// One seed's result, its samples above the floor, and its `(r, implied / Newton)` ratios.
-type SeedRun = (SeedResult, Vec<Sample>, Vec<(f64, f64)>);
+/// One seed's result and its `(r, implied / Newton)` ratios.
+type SeedRun = (SeedResult, Vec<(f64, f64)>);
 
 /// Trains seed `seed_index` on `train` and reads the forces of `test` back.
 fn run_seed(
@@ -364,7 +372,7 @@ fn run_seed(
     let (within, _) = rel_rmse((t / 4).max(1), t);
     let (beyond, floor) = rel_rmse(t, len);
     let mut per_orbit = Vec::with_capacity(test.n);
-    let (mut first_samples, mut ratios, mut samples) = (Vec::new(), Vec::new(), 0usize);
+    let (mut all_kept, mut ratios, mut samples) = (Vec::new(), Vec::new(), 0usize);
     for (o, m) in test.masses.iter().enumerate() {
         let mut kept = Vec::new();
         for s in t..len {
@@ -383,9 +391,12 @@ fn run_seed(
             }
         }
         per_orbit.push(Normal::of(&kept));
-        first_samples.extend(kept);
+        all_kept.extend(kept);
     }
     let kept = per_orbit.iter().map(|n| n.n).sum();
+    // The grid search is quadratic in the grid, linear in the samples: an evenly spaced subset suffices.
+    let sub: Vec<Sample> = all_kept.iter().step_by(all_kept.len().div_ceil(3000).max(1)).copied().collect();
+    let best_law = if sub.len() >= 5 { regress::search(&sub)[0].to_string() } else { "-".into() };
     let result = SeedResult {
         seed_index,
         final_train_loss: tail.iter().sum::<f64>() / tail.len().max(1) as f64,
@@ -395,9 +406,10 @@ fn run_seed(
         kept,
         samples,
         orbits: SeedOrbits { orbits: per_orbit },
+        best_law,
         wall_s: start.elapsed().as_secs_f64(),
     };
-    Ok((result, first_samples, ratios))
+    Ok((result, ratios))
 }
 
 /// Runs (or reuses from `cache`) the physics experiment for `variant`: one model per seed.
@@ -423,13 +435,10 @@ pub fn run(settings: &Settings, variant: &str, cache: &Path) -> Result<PhysicsRe
     let train = orbits(settings.train_orbits, settings.seq_len, settings.dt, &mut rng);
     let test = orbits(settings.test_orbits, settings.seq_len * settings.eval_multiple, settings.dt, &mut rng);
     let work = crate::progress::Work::start(&format!("physics `{variant}`"), settings.seeds, "seeds");
-    let (mut seeds, mut best_law, mut ratio_by_r) = (Vec::new(), String::new(), Vec::new());
+    let (mut seeds, mut ratio_by_r) = (Vec::new(), Vec::new());
     for s in 0..settings.seeds {
-        let (r, samples, ratios) = run_seed(settings, &parsed, s, &train, &test)?;
+        let (r, ratios) = run_seed(settings, &parsed, s, &train, &test)?;
         if s == 0 {
-            // The grid search is quadratic in the grid, linear in the samples: an evenly spaced subset suffices.
-            let sub: Vec<Sample> = samples.iter().step_by(samples.len().div_ceil(3000).max(1)).copied().collect();
-            best_law = if sub.len() >= 5 { regress::search(&sub)[0].to_string() } else { "-".into() };
             ratio_by_r = median_by_log_bins(&ratios, 12);
         }
         seeds.push(r);
@@ -440,7 +449,6 @@ pub fn run(settings: &Settings, variant: &str, cache: &Path) -> Result<PhysicsRe
         settings: settings.clone(),
         revision: crate::runner::task_revision(),
         seeds,
-        best_law,
         ratio_by_r,
     };
     std::fs::create_dir_all(cache)?;

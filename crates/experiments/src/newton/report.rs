@@ -118,6 +118,42 @@ pub fn verdict(physics: &BTreeMap<String, PhysicsResult>) -> Option<NewtonVerdic
     })
 }
 
+/// The table of each seed's model: its errors, exponents with intervals from the bootstrap over
+/// orbits alone, the law they give, and the grammar's best law on its samples.
+fn per_seed(md: &mut String, e: &Experiment, physics: &BTreeMap<String, PhysicsResult>) {
+    let _ = writeln!(
+        md,
+        "Each seed's model alone (intervals from the bootstrap over orbits; the grammar's best law fitted to that seed's forces above the floor):\n"
+    );
+    let _ = writeln!(
+        md,
+        "| model | seed | acceleration error beyond T | forces above the floor | a (m1) | b (m2) | k (r) | law | best law of the grammar |"
+    );
+    let _ = writeln!(md, "|---|---:|---:|---:|---|---|---|---|---|");
+    for r in &e.rows {
+        let Some(p) = physics.get(&r.train) else { continue };
+        for (i, x) in p.seeds.iter().enumerate() {
+            let ex = p.seed_exponents(i);
+            let cell = |j: usize| ex.map_or("-".to_string(), |e| e[j].show());
+            let law = ex.map_or(Verdict::Inconclusive, |e| fit::is_newton(&e));
+            let _ = writeln!(
+                md,
+                "| {} | {} | {:.3} | {:.0}% | {} | {} | {} | {} | `{}` |",
+                r.label,
+                x.seed_index,
+                x.accel_rel_rmse_beyond,
+                100.0 * x.kept as f64 / x.samples.max(1) as f64,
+                cell(0),
+                cell(1),
+                cell(2),
+                law_word(law),
+                x.best_law
+            );
+        }
+    }
+    let _ = writeln!(md);
+}
+
 /// The exponents of `a` minus those of `b`, paired on orbits and seeds.
 fn difference(a: &PhysicsResult, b: &PhysicsResult) -> Option<[Interval; 3]> {
     let sa: Vec<SeedOrbits> = a.seeds.iter().map(|s| s.orbits.clone()).collect();
@@ -155,16 +191,16 @@ fn section(
     );
     let _ = writeln!(
         md,
-        "| model | next-position loss | acceleration error within / beyond T | forces above the floor | a (m1) | b (m2) | k (r) | law | best law of the grammar (seed 0) | time |"
+        "| model | next-position loss | acceleration error within / beyond T | forces above the floor | a (m1) | b (m2) | k (r) | law | time |"
     );
-    let _ = writeln!(md, "|---|---:|---|---:|---|---|---|---|---|---:|");
+    let _ = writeln!(md, "|---|---:|---|---:|---|---|---|---|---:|");
     let mean = |p: &PhysicsResult, f: fn(&super::experiment::SeedResult) -> f64| {
         p.seeds.iter().map(f).sum::<f64>() / p.seeds.len().max(1) as f64
     };
     let mut series: Vec<Series> = Vec::new();
     for (i, r) in e.rows.iter().enumerate() {
         let Some(p) = physics.get(&r.train) else {
-            let _ = writeln!(md, "| {} | - | - | - | - | - | - | - | - | - |", r.label);
+            let _ = writeln!(md, "| {} | - | - | - | - | - | - | - | - |", r.label);
             continue;
         };
         let ex = p.exponents();
@@ -173,7 +209,7 @@ fn section(
         let all: usize = p.seeds.iter().map(|x| x.samples).sum();
         let _ = writeln!(
             md,
-            "| {} | {:.3} | {:.3} / {:.3} | {:.0}% | {} | {} | {} | {} | `{}` | {:.0} s |",
+            "| {} | {:.3} | {:.3} / {:.3} | {:.0}% | {} | {} | {} | {} | {:.0} s |",
             r.label,
             mean(p, |x| x.final_train_loss),
             mean(p, |x| x.accel_rel_rmse_within),
@@ -183,7 +219,6 @@ fn section(
             cell(1),
             cell(2),
             law_word(p.newton()),
-            p.best_law,
             p.wall_s()
         );
         series.push((r.label.clone(), i, false, p.ratio_by_r.iter().map(|&(x, y)| (x, y.log10())).collect()));
@@ -198,6 +233,7 @@ fn section(
     {
         let _ = writeln!(md, "LSSAR minus softmax, paired on orbits and seeds: {}.\n", show3(&d));
     }
+    per_seed(md, e, physics);
     if let Some((lo, hi)) = series
         .iter()
         .flat_map(|s| s.3.iter().map(|p| p.0))
@@ -243,6 +279,7 @@ mod tests {
             kept: 200,
             samples: 200,
             orbits: SeedOrbits { orbits: (0..10).map(orbit).collect() },
+            best_law: "F = m1 m2 r^-2".into(),
             wall_s: 1.0,
         };
         PhysicsResult {
@@ -250,7 +287,6 @@ mod tests {
             settings: Settings::for_scale("small"),
             revision: String::new(),
             seeds: (0..3).map(seed).collect(),
-            best_law: String::new(),
             ratio_by_r: Vec::new(),
         }
     }
@@ -270,5 +306,25 @@ mod tests {
         assert_eq!(verdict(&m).unwrap().verdict, Verdict::Contradicted, "LSSAR does not");
         m.remove("softmax");
         assert!(verdict(&m).is_none());
+    }
+
+    #[test]
+    fn each_seed_gets_its_own_row_with_its_own_law() {
+        let physics_exp = crate::spec::all().unwrap().into_iter().find(|e| e.kind == Kind::Physics).unwrap();
+        let mut m = BTreeMap::new();
+        m.insert("lssa+rw15".to_string(), exact("lssa+rw15", -2.0));
+        let mut soft = exact("softmax", -2.0);
+        // Seed 1 of softmax follows an inverse-distance law instead.
+        soft.seeds[1] = exact("softmax", -1.0).seeds[1].clone();
+        m.insert("softmax".to_string(), soft);
+        let mut md = String::new();
+        per_seed(&mut md, &physics_exp, &m);
+        let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| model")).collect();
+        let ran = physics_exp.rows.iter().filter(|r| m.contains_key(&r.train)).count();
+        assert_eq!(rows.len(), 3 * ran, "{md}");
+        assert!(rows.iter().any(|l| l.contains("| 1 |") && l.contains("-1.000 [")), "seed 1's k of -1: {md}");
+        let newton = rows.iter().filter(|l| l.contains("| Newton's law |")).count();
+        let not_newton = rows.iter().filter(|l| l.contains("| not Newton's law |")).count();
+        assert_eq!((newton, not_newton), (3 * ran - 1, 1), "{md}");
     }
 }
