@@ -36,11 +36,15 @@ fn tanh_softplus<const FMA: bool>(x: f32) -> f32 {
 }
 
 /// Replaces every score `xs[c]` by `phi(xs[c])`: built-ins in vectorisable code, a user's activation
-/// element by element through its f64 `value` (correct, slow).
+/// element by element through its f64 `value` (correct, slow). `in_range`: the caller knows every
+/// score lies within `±math::IN_RANGE_MAX`, so softplus may skip its range handling (same values).
 #[inline(always)]
-pub(crate) fn apply<const FMA: bool>(phi: &Phi, xs: &mut [f32]) {
+pub(crate) fn apply<const FMA: bool>(phi: &Phi, in_range: bool, xs: &mut [f32]) {
     match phi {
         Phi::Builtin(Builtin::Exp) => xs.iter_mut().for_each(|x| *x = math::exp::<FMA>(*x)),
+        Phi::Builtin(Builtin::Softplus) if in_range => {
+            xs.iter_mut().for_each(|x| *x = math::softplus_in_range::<FMA>(*x))
+        }
         Phi::Builtin(Builtin::Softplus) => xs.iter_mut().for_each(|x| *x = math::softplus::<FMA>(*x)),
         Phi::Builtin(Builtin::Relu) => xs.iter_mut().for_each(|x| *x = x.max(0.0)),
         Phi::Builtin(Builtin::Relu2) => xs.iter_mut().for_each(|x| *x = x.max(0.0) * x.max(0.0)),
@@ -58,12 +62,16 @@ pub(crate) fn apply<const FMA: bool>(phi: &Phi, xs: &mut [f32]) {
 /// `out[c] *= phi'(s[c])`: multiplies an upstream gradient by the derivative at the scores.
 /// `f` holds `phi(s)` already (used by exp, whose derivative is itself, and by sigmoid; for exp under
 /// a running maximum it holds `exp(s - max)`, which is what the caller's normaliser expects).
+/// `in_range` as for [`apply`].
 #[inline(always)]
-pub(crate) fn mul_derivative<const FMA: bool>(phi: &Phi, s: &[f32], f: &[f32], out: &mut [f32]) {
+pub(crate) fn mul_derivative<const FMA: bool>(phi: &Phi, in_range: bool, s: &[f32], f: &[f32], out: &mut [f32]) {
     let n = out.len();
     let s = &s[..n];
     match phi {
         Phi::Builtin(Builtin::Exp) => out.iter_mut().zip(&f[..n]).for_each(|(o, &f)| *o *= f),
+        Phi::Builtin(Builtin::Softplus) if in_range => {
+            out.iter_mut().zip(s).for_each(|(o, &s)| *o *= math::sigmoid_in_range::<FMA>(s))
+        }
         Phi::Builtin(Builtin::Softplus) => out.iter_mut().zip(s).for_each(|(o, &s)| *o *= math::sigmoid::<FMA>(s)),
         Phi::Builtin(Builtin::Relu) => out.iter_mut().zip(s).for_each(|(o, &s)| *o = if s > 0.0 { *o } else { 0.0 }),
         Phi::Builtin(Builtin::Relu2) => out.iter_mut().zip(s).for_each(|(o, &s)| *o *= 2.0 * s.max(0.0)),

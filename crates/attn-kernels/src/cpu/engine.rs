@@ -142,12 +142,41 @@ pub(crate) struct Dims {
     pub bk: usize,
     /// [`Tuning::score_cache_bytes`].
     pub cache_bytes: usize,
+    /// Every score of the call lies within `±math::IN_RANGE_MAX` ([`scores_in_range`]), so `phi`
+    /// may skip its range handling.
+    pub in_range: bool,
 }
 
 impl Dims {
     pub(crate) fn bk_pad(&self) -> usize {
         pad_nr(self.bk)
     }
+}
+
+/// Whether every score `s_ij = scale_i cos(q_i, k_j) + b_i` of a call lies within
+/// `±math::IN_RANGE_MAX`, for cosine scores at length `t` and head dimension `d`, given every row's
+/// inverse norm (`inv_norms`: the `inq` and `ink` of every head). Two conditions: no dot product
+/// `q_i . k_j` overflows f32 (`max |q| max |k| < 1e30`), and `|scale_i| + |b_i|` stays below the range
+/// with a margin of 1e-3 for the rounding of the cosine (at most `d` ulps of it: 4e-6 at `d = 64`)
+/// and of the constants. Always false for dot-product scores, which no such bound covers.
+pub(crate) fn scores_in_range(plan: &Plan, inv_norms: &[f32], t: usize, d: usize) -> bool {
+    if !plan.cosine() || inv_norms.is_empty() {
+        return false;
+    }
+    // inv = 1 / max(|x|, 1e-12), so the largest norm of any row is 1 / (smallest inv).
+    let smallest = inv_norms.iter().fold(f32::INFINITY, |m, &x| m.min(x));
+    let largest_norm = 1.0 / f64::from(smallest);
+    let no_overflow = largest_norm * largest_norm < 1e30;
+    if !no_overflow {
+        return false;
+    }
+    let bound = (1..=t)
+        .map(|n| {
+            let (scale, b) = plan.row_constants(n, d);
+            scale.abs() + b.abs()
+        })
+        .fold(0.0f64, f64::max);
+    bound * 1.001 <= f64::from(math::IN_RANGE_MAX)
 }
 
 /// Per-row constants of a query tile: `fac = scale_i * inq_i`, `bias`, `n = N_i`.
@@ -418,7 +447,7 @@ fn forward_body<const FMA: bool>(
                 let m = mx[r];
                 live.iter_mut().for_each(|x| *x -= m);
             }
-            act::apply::<FMA>(&plan.phi, live);
+            act::apply::<FMA>(&plan.phi, dims.in_range, live);
             let sum: f32 = if plan.signed { lane_sum::<true>(live) } else { lane_sum::<false>(live) };
             z[r] += sum as f64;
             if reweight.is_some() && !plan.running_max {
@@ -510,7 +539,7 @@ fn forward_body<const FMA: bool>(
                     let m = mx[r];
                     live.iter_mut().for_each(|x| *x -= m);
                 }
-                act::apply::<FMA>(&plan.phi, live);
+                act::apply::<FMA>(&plan.phi, dims.in_range, live);
             }
             let a = an[r];
             if keep_aux {
@@ -579,5 +608,30 @@ pub(crate) fn inv_norms(x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32
     for i in 0..t {
         let n2: f64 = x[i * ld..i * ld + d].iter().map(|&v| (v as f64) * (v as f64)).sum();
         out[i] = (1.0 / n2.sqrt().max(1e-12)) as f32;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(name: &str) -> Plan {
+        name.parse::<attn_core::Variant>().unwrap().plan().unwrap()
+    }
+
+    #[test]
+    fn cosine_scores_are_in_range_up_to_long_sequences_and_dot_scores_never() {
+        let unit = vec![1.0f32; 8];
+        // LSSA: |s| <= ln(d) ln(T): 34.6 at d = 64, T = 4096; 53.8 at d = 128, T = 2^16.
+        assert!(scores_in_range(&plan("lssa"), &unit, 4096, 64));
+        assert!(scores_in_range(&plan("lssa+rw15"), &unit, 1 << 16, 128));
+        // ln(256) ln(T) passes 87 near T = 6.5e6.
+        assert!(!scores_in_range(&plan("lssa"), &unit, 7_000_000, 256));
+        // Dot-product scores have no bound; without norms there is nothing to bound.
+        assert!(!scores_in_range(&plan("softmax"), &unit, 64, 64));
+        assert!(!scores_in_range(&plan("lssa"), &[], 64, 64));
+        // A row with |x| = 1e16 could overflow q . k (1e32 > 1e30): not in range.
+        let huge = [1.0f32, 1e-16, 1.0];
+        assert!(!scores_in_range(&plan("lssa"), &huge, 64, 64));
     }
 }

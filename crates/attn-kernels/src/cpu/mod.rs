@@ -163,6 +163,7 @@ fn dims(p: &Params, tuning: Tuning, isa: Isa) -> Result<Dims> {
         bq: tuning.block_q,
         bk: tuning.block_k,
         cache_bytes: tuning.score_cache_bytes,
+        in_range: false, // set once the norms are known (`engine::scores_in_range`)
     })
 }
 
@@ -272,10 +273,11 @@ unsafe fn write_rows(x: RawTensor<*mut f32>, b: usize, h: usize, i0: usize, d: u
 /// else. Shapes are not checked here (the ndarray API checks them); `T >= 1`, `d >= 1`.
 pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Result<()> {
     let plan = plan(variant)?;
-    let dims = dims(p, opts.tuning, opts.isa)?;
+    let mut dims = dims(p, opts.tuning, opts.isa)?;
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
     // SAFETY: forwarded from our caller.
     let norms = unsafe { inverse_norms(p, plan.cosine()) };
+    dims.in_range = engine::scores_in_range(&plan, &norms, t, d);
     // SAFETY: forwarded.
     let packed = unsafe { pack(p, dims, false) };
     let nqt = t.div_ceil(dims.bq);
@@ -314,11 +316,12 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Resu
 /// As [`forward_raw`], for every pointer of `p`; `dq`, `dk`, `dv` must not alias anything else.
 pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Result<()> {
     let plan = plan(variant)?;
-    let dims = dims(p, opts.tuning, opts.isa)?;
+    let mut dims = dims(p, opts.tuning, opts.isa)?;
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
     let isa = opts.isa.assert_supported();
     // SAFETY: forwarded from our caller.
     let norms = unsafe { inverse_norms(p, plan.cosine()) };
+    dims.in_range = engine::scores_in_range(&plan, &norms, t, d);
     // SAFETY: forwarded.
     let packed = unsafe { pack(p, dims, true) };
     let stats_all = SendPtr(p.stats as *const f32);

@@ -1,0 +1,73 @@
+//! Side-by-side timing of fused CPU variants, for kernel work on a machine that may be busy:
+//! `cpu_lab T threads rounds pass variant...` with `pass` one of `fwd`, `bwd` (forward + backward).
+//!
+//! Each round runs every variant once (B = 1, H = 12, d = 64, causal, f32) after an untimed warm-up
+//! of each, and prints the median over rounds of each variant's time over the first variant's time
+//! in the same round: load that lands on a round lands on every variant of it. With one thread on
+//! Linux the time is the thread's CPU time (`/proc/thread-self/schedstat`), which time slices lost to
+//! other processes do not inflate, so kernel changes can be compared on a busy machine; otherwise it
+//! is wall time. It needs no libtorch; the SDPA comparison is `bench-kernels`' job. The environment
+//! variables `CPU_LAB_BQ` and `CPU_LAB_BK` override the tile sizes of [`Tuning`]'s default.
+//!
+//! [`Tuning`]: attn_kernels::cpu::Tuning
+use std::time::Instant;
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let usage = "usage: cpu_lab T threads rounds fwd|bwd variant...";
+    let num = |i: usize| -> usize { args.get(i).and_then(|s| s.parse().ok()).unwrap_or_else(|| panic!("{usage}")) };
+    let (t, threads, rounds) = (num(1), num(2), num(3));
+    let backward = match args.get(4).map(String::as_str) {
+        Some("fwd") => false,
+        Some("bwd") => true,
+        _ => panic!("{usage}"),
+    };
+    let variants: Vec<attn_core::Variant> = args[5..].iter().map(|s| s.parse().expect("variant name")).collect();
+    assert!(!variants.is_empty(), "{usage}");
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    let (q, k, v) = attn_core::fixtures::random_qkv::<f32>([1, 12, t, 64], 1);
+    let mut opts = attn_kernels::cpu::Options::default();
+    let env = |name: &str| std::env::var(name).ok().map(|s| s.parse::<usize>().expect("a tile size"));
+    opts.tuning.block_q = env("CPU_LAB_BQ").unwrap_or(opts.tuning.block_q);
+    opts.tuning.block_k = env("CPU_LAB_BK").unwrap_or(opts.tuning.block_k);
+    let cpu_time = threads == 1 && thread_cpu_s().is_some();
+    // Seconds the call took: on the pool's only thread, its CPU time; else wall time.
+    let run = |var: &attn_core::Variant| -> f64 {
+        pool.install(|| {
+            let (wall, cpu) = (Instant::now(), thread_cpu_s());
+            if backward {
+                drop(attn_kernels::cpu::backward_with(var, &q, &k, &v, &v, &opts).unwrap());
+            } else {
+                drop(attn_kernels::cpu::forward_with(var, &q, &k, &v, &opts).unwrap());
+            }
+            match (cpu_time, cpu, thread_cpu_s()) {
+                (true, Some(a), Some(b)) => b - a,
+                _ => wall.elapsed().as_secs_f64(),
+            }
+        })
+    };
+    variants.iter().for_each(|v| {
+        run(v);
+    });
+    let mut times = vec![Vec::new(); variants.len()];
+    for _ in 0..rounds {
+        for (var, ts) in variants.iter().zip(&mut times) {
+            ts.push(run(var));
+        }
+    }
+    println!("{} time, T = {t}, {threads} thread(s), {rounds} rounds", if cpu_time { "thread CPU" } else { "wall" });
+    let median = |mut xs: Vec<f64>| {
+        xs.sort_by(f64::total_cmp);
+        xs[xs.len() / 2]
+    };
+    for (var, ts) in variants.iter().zip(&times) {
+        let ratio = median(ts.iter().zip(&times[0]).map(|(a, b)| a / b).collect());
+        println!("{var:>16}: median {:8.1} ms, {ratio:.3}x {}", median(ts.clone()) * 1e3, variants[0]);
+    }
+}
+
+/// This thread's CPU time in seconds (Linux: the first field of `/proc/thread-self/schedstat`, ns).
+fn thread_cpu_s() -> Option<f64> {
+    let text = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    Some(text.split_whitespace().next()?.parse::<f64>().ok()? * 1e-9)
+}
