@@ -438,7 +438,8 @@ fn post_hoc_reweighting_changes_the_model_without_retraining() {
     // ... and equals a model configured as lssa+rw15 with the same weights.
     let cfg15 = tiny("lssa+rw15", AttnImpl::Fused);
     let (_vs15, model15) = build(&cfg15, 16, Kind::Float);
-    assert!(max_diff(&rw, &model15.forward(&x, &ForwardOptions::default()).unwrap()) < 1e-6);
+    let d15 = max_diff(&rw, &model15.forward(&x, &ForwardOptions::default()).unwrap());
+    assert!(d15 < 1e-6, "{d15}");
 }
 
 #[test]
