@@ -166,8 +166,9 @@ mod x86 {
     const MR512: usize = 8;
     /// AVX2 + FMA: 8 lanes, `4 x 16` blocks (8 ymm accumulators + 2 for `B`, of 16 registers). On
     /// a tile in cache they run at 93-98 GFLOP/s of the 102 an FMA loop reaches on one Zen 3 core
-    /// (`tile_gflops`); `6 x 16` (12 accumulators, the FMA latency hidden twice over) measured the
-    /// same for `C = A Bᵀ` and 5% slower for `C += A B`.
+    /// (a probe repeating each product on one 64 x 64 tile, `d = 64`); `6 x 16` (12 accumulators,
+    /// the FMA latency hidden twice over) measured the same for `C = A Bᵀ` and 5% slower for
+    /// `C += A B`.
     struct Avx2;
     /// Rows of an AVX2 block.
     const MR256: usize = 4;
@@ -778,33 +779,5 @@ mod tests {
                 }
             }
         }
-    }
-
-    /// Lab probe, not a check: GFLOP/s of the two micro-kernels on one attention tile (64 x 64,
-    /// `d = 64`), repeated in cache. `cargo test --release -p attn-kernels --lib tile_gflops -- --ignored --nocapture`
-    #[test]
-    #[ignore = "a timing probe for kernel work; prints, asserts nothing"]
-    fn tile_gflops() {
-        let (m, n, k) = (64, 64, 64);
-        let a = data(m * k, 1);
-        let mut bt = vec![0.0; k * n];
-        pack_transposed(&data(n * k, 2), k, n, k, &mut bt);
-        let v = data(n * k, 3);
-        let mut s = vec![0.0; m * n];
-        let mut o = vec![0.0; m * k];
-        let isa = Isa::detect();
-        let reps = 20_000;
-        let flops = (2 * m * n * k * reps) as f64;
-        let t = std::time::Instant::now();
-        for _ in 0..reps {
-            matmul_nt::<true>(isa, &a, k, &bt, n, k, m, &mut s, n);
-        }
-        let nt = flops / t.elapsed().as_secs_f64() / 1e9;
-        let t = std::time::Instant::now();
-        for _ in 0..reps {
-            matmul_acc::<true>(isa, &s, n, &v, k, m, n, k, &mut o, k);
-        }
-        let acc = flops / t.elapsed().as_secs_f64() / 1e9;
-        println!("{isa}: nt {nt:.1} GFLOP/s, acc {acc:.1} GFLOP/s ({})", o[0]);
     }
 }
