@@ -202,7 +202,13 @@ pub fn log1p_unit<const FMA: bool>(y: f32) -> f32 {
 /// is below `f32::MIN_POSITIVE`, absolute error < 1.2e-38). NaN for NaN.
 #[inline(always)]
 pub fn softplus<const FMA: bool>(x: f32) -> f32 {
-    let e = exp::<FMA>(-x.abs());
+    softplus_of::<FMA>(x, exp::<FMA>(-x.abs()))
+}
+
+/// `max(x, 0) + ln(1 + e)` with `e = e^(-|x|)`: [`softplus`] and [`softplus_in_range`] differ only
+/// in how they compute `e`.
+#[inline(always)]
+fn softplus_of<const FMA: bool>(x: f32, e: f32) -> f32 {
     let pos = if x > 0.0 { x } else { 0.0 };
     pos + log1p_unit::<FMA>(e)
 }
@@ -212,18 +218,14 @@ pub fn softplus<const FMA: bool>(x: f32) -> f32 {
 /// bounded scale (`engine::scores_in_range`).
 #[inline(always)]
 pub fn softplus_in_range<const FMA: bool>(x: f32) -> f32 {
-    let e = exp_in_range::<FMA>(-x.abs());
-    let pos = if x > 0.0 { x } else { 0.0 };
-    pos + log1p_unit::<FMA>(e)
+    softplus_of::<FMA>(x, exp_in_range::<FMA>(-x.abs()))
 }
 
 /// [`sigmoid`] for `|x| <= IN_RANGE_MAX`, bit for bit, without [`exp`]'s range handling; unspecified
 /// (never UB) beyond, NaN included.
 #[inline(always)]
 pub fn sigmoid_in_range<const FMA: bool>(x: f32) -> f32 {
-    let e = exp_in_range::<FMA>(-x.abs());
-    let num = if x >= 0.0 { 1.0 } else { e };
-    num / (1.0 + e)
+    sigmoid_of(x, exp_in_range::<FMA>(-x.abs()))
 }
 
 /// The logistic sigmoid `1 / (1 + e^(-x))`, computed from `e^(-|x|)` so it never overflows, and
@@ -231,8 +233,13 @@ pub fn sigmoid_in_range<const FMA: bool>(x: f32) -> f32 {
 /// [`SIGMOID_MAX_ULPS`] for `x >= EXP_MIN`, absolute [`SIGMOID_MAX_ABS`] everywhere. NaN for NaN.
 #[inline(always)]
 pub fn sigmoid<const FMA: bool>(x: f32) -> f32 {
-    let e = exp::<FMA>(-x.abs());
-    // One division either way: 1 / (1 + e) for x >= 0, e / (1 + e) for x < 0.
+    sigmoid_of(x, exp::<FMA>(-x.abs()))
+}
+
+/// The sigmoid from `e = e^(-|x|)`, shared by [`sigmoid`] and [`sigmoid_in_range`]: one division
+/// either way, `1 / (1 + e)` for `x >= 0` and `e / (1 + e)` for `x < 0`.
+#[inline(always)]
+fn sigmoid_of(x: f32, e: f32) -> f32 {
     let num = if x >= 0.0 { 1.0 } else { e };
     num / (1.0 + e)
 }
