@@ -109,7 +109,7 @@ mod tests {
         // is 1/(i+1) and its entropy ln(i+1); averaged over rows 1..T.
         let t = 600; // more than one block of rows
         let q = Tensor::zeros([1, 2, t, 8], (Kind::Float, tch::Device::Cpu));
-        let k = Tensor::randn([1, 2, t, 8], (Kind::Float, tch::Device::Cpu));
+        let k = gpt_model::model::with_seed(2, || Tensor::randn([1, 2, t, 8], (Kind::Float, tch::Device::Cpu)));
         let s = stats_from_qk(&q, &k, &"softmax".parse::<attn_core::Variant>().unwrap()).unwrap();
         let rows = (1..t).map(|i| i as f64 + 1.0);
         let n = (t - 1) as f64;
@@ -153,7 +153,7 @@ mod tests {
             ..gpt_model::ModelConfig::preset("tiny").unwrap()
         };
         let model = Gpt::new_seeded(&vs.root(), &cfg, 1).unwrap();
-        let idx = Tensor::randint(64, [2, 32], (Kind::Int64, tch::Device::Cpu));
+        let idx = gpt_model::model::with_seed(3, || Tensor::randint(64, [2, 32], (Kind::Int64, tch::Device::Cpu)));
         let opts = ForwardOptions::default();
         let plain = tch::no_grad(|| model.forward(&idx, &opts)).unwrap();
         let mut seen = Vec::new();

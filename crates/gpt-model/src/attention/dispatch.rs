@@ -148,11 +148,11 @@ mod tests {
     fn sdpa_computes_the_softmax_variant() {
         // The same causal mask and 1/sqrt(d) scale as the reference's `softmax` (f64 on the CPU, where
         // libtorch's SDPA runs its math path): the GPU path differs only in kernels.
-        tch::manual_seed(3);
         let (b, h, t, d) = (2, 3, 37, 16);
         let opts = (Kind::Double, Device::Cpu);
-        let (q, k, val) =
-            (Tensor::randn([b, h, t, d], opts), Tensor::randn([b, h, t, d], opts), Tensor::randn([b, h, t, d], opts));
+        let (q, k, val) = crate::model::with_seed(3, || {
+            (Tensor::randn([b, h, t, d], opts), Tensor::randn([b, h, t, d], opts), Tensor::randn([b, h, t, d], opts))
+        });
         let want = torch_ops::attention(&q, &k, &val, &v("softmax"), 0).unwrap();
         let got = sdpa(&q, &k, &val);
         let err = (got - want).abs().max().double_value(&[]);
