@@ -7,7 +7,8 @@
 //! Linux the time is the thread's CPU time (`/proc/thread-self/schedstat`), which time slices lost to
 //! other processes do not inflate, so kernel changes can be compared on a busy machine; otherwise it
 //! is wall time. It needs no libtorch; the SDPA comparison is `bench-kernels`' job. The environment
-//! variables `CPU_LAB_BQ` and `CPU_LAB_BK` override the tile sizes of [`Tuning`]'s default.
+//! variables `CPU_LAB_BQ` and `CPU_LAB_BK` override the tile sizes of [`Tuning`]'s default, and
+//! `CPU_LAB_CACHE` its score cache (bytes; 0 recomputes re-weighting's second sweep).
 //!
 //! [`Tuning`]: attn_kernels::cpu::Tuning
 use std::time::Instant;
@@ -30,6 +31,7 @@ fn main() {
     let env = |name: &str| std::env::var(name).ok().map(|s| s.parse::<usize>().expect("a tile size"));
     opts.tuning.block_q = env("CPU_LAB_BQ").unwrap_or(opts.tuning.block_q);
     opts.tuning.block_k = env("CPU_LAB_BK").unwrap_or(opts.tuning.block_k);
+    opts.tuning.score_cache_bytes = env("CPU_LAB_CACHE").unwrap_or(opts.tuning.score_cache_bytes);
     let cpu_time = threads == 1 && thread_cpu_s().is_some();
     // Seconds the call took: on the pool's only thread, its CPU time; else wall time.
     let run = |var: &attn_core::Variant| -> f64 {

@@ -454,6 +454,40 @@ fn head_dims_and_lengths_that_do_not_fit_the_tiles() {
 }
 
 #[test]
+fn rows_longer_than_one_fold_group_match_the_reference() {
+    // 450 keys in tiles of 24 are 19 key tiles: a row's lane sums fold into its normaliser every
+    // `FOLD_TILES` (8) tiles, so the last rows cross two group boundaries and end in a partial group.
+    for isa in Isa::all_supported() {
+        for name in ["lssa", "lssa+rw15", "softmax", "softmax+rw15", "relu-l1+rw15"] {
+            check_case(name, (1, 1, 450, 16), 450, 1.0, &small_tiles(isa));
+        }
+    }
+}
+
+#[test]
+fn key_groups_without_an_above_mean_key_are_skipped_correctly() {
+    // relu-l1+rw15 with the first 200 keys pointing away from every query: their f is 0, so for the
+    // query tiles past them the first groups of key tiles hold no above-mean key, and the second
+    // sweep skips them (rows that see only those keys fall back to w = a).
+    let (t, d) = (450, 16);
+    let q = random((1, 1, t, d), 11, 0.3) + 1.0; // every component in [0.7, 1.3]
+    let mut k = random((1, 1, t, d), 12, 1.0);
+    k.slice_mut(ndarray::s![.., .., ..200, ..]).mapv_inplace(|x| -1.0 - x.abs());
+    let val = random((1, 1, t, d), 13, 1.0);
+    let v = variant("relu-l1+rw15");
+    let want = attn_core::forward(&v, &to64(&q), &to64(&k), &to64(&val)).unwrap();
+    let naive_err = max_abs_diff(&naive_f32(&v, &q, &k, &val), &want);
+    let tol = forward_tolerance(naive_err, &want, v.reweight);
+    for isa in Isa::all_supported() {
+        for bytes in [0, usize::MAX] {
+            let opts = Options { tuning: Tuning { score_cache_bytes: bytes, ..small_tiles(isa).tuning }, isa };
+            let err = max_abs_diff(&cpu::forward_with(&v, &q, &k, &val, &opts).unwrap(), &want);
+            assert!(err <= tol, "{isa:?}, score cache {bytes}: forward error {err:.3e} > {tol:.3e}");
+        }
+    }
+}
+
+#[test]
 fn adversarial_large_logits_and_near_uniform_rows() {
     let opts = small_tiles(Isa::detect());
     for name in FUSED {

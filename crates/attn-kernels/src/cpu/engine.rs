@@ -101,12 +101,22 @@ pub(crate) fn packed_len(dims: Dims) -> usize {
     dims.t.div_ceil(dims.bk) * dims.d * dims.bk_pad()
 }
 
-/// Sum of a slice (of `|x|` when `ABS`) with 16 independent lanes, so it vectorises (a plain
-/// `iter().sum()` is a serial chain of scalar adds under IEEE ordering).
+/// Key tiles per fold: a row's 16 lane sums (and maxima) run over this many key tiles before they
+/// fold into the row's f64 normaliser. A fold of 16 lanes costs about as much as summing a 64-key
+/// row itself (LLVM extracts the lanes one by one): folding once per tile took 9% of the LSSA
+/// forward and 14% of LSSAR's (T = 4096, AVX-512, measured by leaving the fold out). Each lane
+/// adds at most `FOLD_TILES * block_k / 16` terms in f32 (32 at the default tiles) before its f64
+/// fold.
+pub(super) const FOLD_TILES: usize = 8;
+
+/// 16 lanes of running sums or maxima of one row, folded every [`FOLD_TILES`] key tiles.
+pub(super) type Lanes = [f32; 16];
+
+/// `acc[l] += sum of xs[l + 16 c]` (of `|x|` when `ABS`): 16 independent lanes, so it vectorises
+/// (a plain `iter().sum()` is a serial chain of scalar adds under IEEE ordering); no fold.
 #[inline(always)]
-fn lane_sum<const ABS: bool>(xs: &[f32]) -> f32 {
+pub(super) fn lane_add<const ABS: bool>(xs: &[f32], acc: &mut Lanes) {
     let term = |x: f32| if ABS { x.abs() } else { x };
-    let mut acc = [0.0f32; 16];
     let chunks = xs.chunks_exact(16);
     let rem = chunks.remainder();
     for c in chunks {
@@ -114,12 +124,46 @@ fn lane_sum<const ABS: bool>(xs: &[f32]) -> f32 {
             acc[l] += term(c[l]);
         }
     }
-    fold_lanes(acc, |a, b| a + b) + rem.iter().map(|&x| term(x)).sum::<f32>()
+    rem.iter().zip(acc.iter_mut()).for_each(|(&x, a)| *a += term(x));
 }
 
-/// Reduces 16 lanes pairwise (lane `l` with `l + 8`, then `l + 4`, ...): four vector operations and
-/// a few shuffles, where a left-to-right fold is 16 dependent scalar operations, which cost more
-/// than summing a 64-key row itself (14% of the LSSA forward's element-wise time, profiled).
+/// `acc[l] = max(acc[l], max of xs[l + 16 c])`: [`lane_add`] for the maximum.
+#[inline(always)]
+fn lane_max_into(xs: &[f32], acc: &mut Lanes) {
+    let chunks = xs.chunks_exact(16);
+    let rem = chunks.remainder();
+    for c in chunks {
+        for l in 0..16 {
+            acc[l] = if c[l] > acc[l] { c[l] } else { acc[l] };
+        }
+    }
+    rem.iter().zip(acc.iter_mut()).for_each(|(&x, a)| *a = if x > *a { x } else { *a });
+}
+
+/// The sum of `acc`'s lanes as f64, resetting them to 0.
+#[inline(always)]
+pub(super) fn take_sum(acc: &mut Lanes) -> f64 {
+    let s = fold_lanes(*acc, |a, b| a + b);
+    *acc = [0.0; 16];
+    f64::from(s)
+}
+
+/// The maximum of `acc`'s lanes, resetting them to `-inf`.
+#[inline(always)]
+fn take_max(acc: &mut Lanes) -> f32 {
+    let m = fold_lanes(*acc, |a, b| if b > a { b } else { a });
+    *acc = [f32::NEG_INFINITY; 16];
+    m
+}
+
+/// Whether a row's lanes fold after key tile `kt` of `nkt`.
+#[inline(always)]
+pub(super) fn fold_after(kt: usize, nkt: usize) -> bool {
+    (kt + 1).is_multiple_of(FOLD_TILES) || kt + 1 == nkt
+}
+
+/// Reduces 16 lanes pairwise (lane `l` with `l + 8`, then `l + 4`, ...): a left-to-right fold is
+/// 16 dependent scalar operations.
 #[inline(always)]
 fn fold_lanes(mut acc: [f32; 16], op: impl Fn(f32, f32) -> f32) -> f32 {
     for w in [8, 4, 2, 1] {
@@ -250,45 +294,38 @@ pub(super) fn scores<const FMA: bool>(
     }
 }
 
-/// `xs <- xs^P` with `P` known at compile time: the squarings unroll and stay in registers.
+/// `x^P` with `P` known at compile time: the squarings unroll and stay in registers.
 #[inline(always)]
-fn pow_const<const P: u32>(xs: &mut [f32]) {
-    xs.iter_mut().for_each(|x| {
-        let (mut base, mut acc, mut e) = (*x, 1.0f32, P);
-        while e > 0 {
-            if e & 1 == 1 {
-                acc *= base;
-            }
-            base *= base;
-            e >>= 1;
+fn pow_one<const P: u32>(x: f32) -> f32 {
+    let (mut base, mut acc, mut e) = (x, 1.0f32, P);
+    while e > 0 {
+        if e & 1 == 1 {
+            acc *= base;
         }
-        *x = acc;
-    });
+        base *= base;
+        e >>= 1;
+    }
+    acc
 }
 
-/// `xs <- xs^p`: the powers the paper and its sweeps use (and their `p - 1` for gradients) are
-/// compiled as constants (one pass, in registers); any other `p` runs repeated squaring over the
-/// slice (`tmp` is scratch of the same length), one pass per bit of `p`.
+/// `xs <- g(xs)^p` (`g` element-wise): the powers the paper and its sweeps use (and their `p - 1`
+/// for gradients) are compiled as constants, one pass with `g` fused in and the squarings in
+/// registers; any other `p` applies `g`, then runs repeated squaring over the slice (`tmp` is
+/// scratch of the same length), one pass per bit of `p`. The same values either way.
 #[inline(always)]
-pub(super) fn pow_slice(xs: &mut [f32], p: u32, tmp: &mut [f32]) {
-    match p {
-        0 => return xs.fill(1.0),
-        1 => return,
-        2 => return pow_const::<2>(xs),
-        3 => return pow_const::<3>(xs),
-        4 => return pow_const::<4>(xs),
-        5 => return pow_const::<5>(xs),
-        7 => return pow_const::<7>(xs),
-        8 => return pow_const::<8>(xs),
-        14 => return pow_const::<14>(xs),
-        15 => return pow_const::<15>(xs),
-        24 => return pow_const::<24>(xs),
-        25 => return pow_const::<25>(xs),
-        49 => return pow_const::<49>(xs),
-        50 => return pow_const::<50>(xs),
-        63 => return pow_const::<63>(xs),
-        64 => return pow_const::<64>(xs),
-        _ => {}
+pub(super) fn map_pow(xs: &mut [f32], p: u32, tmp: &mut [f32], g: impl Fn(f32) -> f32) {
+    macro_rules! compiled {
+        ($($p:literal)*) => {
+            match p {
+                $($p => return xs.iter_mut().for_each(|x| *x = pow_one::<$p>(g(*x))),)*
+                _ => {}
+            }
+        };
+    }
+    compiled!(1 2 3 4 5 7 8 14 15 24 25 49 50 63 64);
+    xs.iter_mut().for_each(|x| *x = g(*x));
+    if p == 0 {
+        return xs.fill(1.0);
     }
     let n = xs.len();
     let base = &mut tmp[..n];
@@ -305,6 +342,12 @@ pub(super) fn pow_slice(xs: &mut [f32], p: u32, tmp: &mut [f32]) {
         }
         base.iter_mut().for_each(|b| *b *= *b);
     }
+}
+
+/// `xs <- xs^p` ([`map_pow`] with no map).
+#[inline(always)]
+pub(super) fn pow_slice(xs: &mut [f32], p: u32, tmp: &mut [f32]) {
+    map_pow(xs, p, tmp, |x| x)
 }
 
 /// Stage-1 normalising factor of a row with `n = N_i` keys in a sequence of `t = T` keys:
@@ -335,6 +378,7 @@ pub(crate) struct FwdScratch {
     s: Vec<f32>,
     acc: Vec<f32>,
     tmp: Vec<f32>,
+    /// Re-weighting: each row's largest `f` per group of [`FOLD_TILES`] key tiles (`bq x groups`).
     tmax: Vec<f32>,
     /// The first sweep's activations of a query tile, key tile after key tile (`nq x bk_pad`
     /// each), for re-weighting's second sweep; allocated once, on first use.
@@ -354,7 +398,7 @@ impl FwdScratch {
             s: vec![0.0; dims.bq * bkp],
             acc: vec![0.0; dims.bq * dims.d],
             tmp: vec![0.0; bkp],
-            tmax: vec![0.0; dims.bq * nkt],
+            tmax: vec![0.0; dims.bq * nkt.div_ceil(FOLD_TILES)],
             stripe: Vec::new(),
             aux_w: Vec::new(),
             aux_row: Vec::new(),
@@ -405,6 +449,12 @@ fn forward_body<const FMA: bool>(
     let mut z = vec![0.0f64; nq];
     let mut mx = vec![f32::NEG_INFINITY; nq];
     let mut fmax = vec![f32::NEG_INFINITY; nq];
+    // Per row, the lane sums of Z and the lane maxima of f since the last fold (FOLD_TILES).
+    let mut zl = vec![[0.0f32; 16]; nq];
+    let mut ml = vec![[f32::NEG_INFINITY; 16]; nq];
+    // Re-weighting's skip test works per group of FOLD_TILES key tiles: `tmax` holds each row's
+    // largest f (or raw score, under a running maximum) per group.
+    let ngroups = nkt.div_ceil(FOLD_TILES);
     let reweight = plan.reweight;
     // Re-weighting keeps the first sweep's activations (the scores, under a running maximum, which
     // moves until the sweep ends) for the second, where they fit the budget: the same values the
@@ -441,33 +491,40 @@ fn forward_body<const FMA: bool>(
             let row = &mut s[r * lds..r * lds + lds];
             let (live, dead) = row.split_at_mut(vis);
             dead.fill(0.0);
-            if vis == 0 {
-                if reweight.is_some() {
-                    sc.tmax[r * nkt + kt] = f32::NEG_INFINITY;
+            if vis > 0 {
+                if plan.running_max {
+                    let tile_max = lane_max(live);
+                    if reweight.is_some() {
+                        ml[r][0] = ml[r][0].max(tile_max); // raw score; f = exp(s - final max) later
+                    }
+                    if tile_max > mx[r] {
+                        let rescale = math::exp::<FMA>(mx[r] - tile_max);
+                        z[r] = (z[r] + take_sum(&mut zl[r])) * rescale as f64;
+                        acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= rescale);
+                        mx[r] = tile_max;
+                    }
+                    let m = mx[r];
+                    live.iter_mut().for_each(|x| *x -= m);
                 }
-                continue;
+                act::apply::<FMA>(&plan.phi, dims.in_range, live);
+                if plan.signed {
+                    lane_add::<true>(live, &mut zl[r]);
+                } else {
+                    lane_add::<false>(live, &mut zl[r]);
+                }
+                if reweight.is_some() && !plan.running_max {
+                    lane_max_into(live, &mut ml[r]);
+                }
             }
-            if plan.running_max {
-                let tile_max = lane_max(live);
+            if fold_after(kt, nkt) {
+                z[r] += take_sum(&mut zl[r]);
                 if reweight.is_some() {
-                    sc.tmax[r * nkt + kt] = tile_max; // raw score; f = exp(s - final max) later
+                    let m = take_max(&mut ml[r]);
+                    sc.tmax[r * ngroups + kt / FOLD_TILES] = m;
+                    if !plan.running_max {
+                        fmax[r] = fmax[r].max(m);
+                    }
                 }
-                if tile_max > mx[r] {
-                    let rescale = math::exp::<FMA>(mx[r] - tile_max);
-                    z[r] *= rescale as f64;
-                    acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= rescale);
-                    mx[r] = tile_max;
-                }
-                let m = mx[r];
-                live.iter_mut().for_each(|x| *x -= m);
-            }
-            act::apply::<FMA>(&plan.phi, dims.in_range, live);
-            let sum: f32 = if plan.signed { lane_sum::<true>(live) } else { lane_sum::<false>(live) };
-            z[r] += sum as f64;
-            if reweight.is_some() && !plan.running_max {
-                let m = lane_max(live);
-                sc.tmax[r * nkt + kt] = m;
-                fmax[r] = fmax[r].max(m);
             }
         }
         if reweight.is_none() {
@@ -508,19 +565,21 @@ fn forward_body<const FMA: bool>(
         umax[r] = math::fmadd::<FMA>(f_top, n as f32 * an[r], -offset(n)).max(0.0);
         thr[r] = if an[r] > 0.0 { offset(n) / (n as f32 * an[r]) } else { f32::INFINITY };
         if plan.running_max {
-            // Stored tile maxima are raw scores: turn them into f relative to the final maximum.
-            for kt in 0..nkt {
-                let t = &mut sc.tmax[r * nkt + kt];
+            // Stored group maxima are raw scores: turn them into f relative to the final maximum.
+            for g in 0..ngroups {
+                let t = &mut sc.tmax[r * ngroups + g];
                 *t = if *t == f32::NEG_INFINITY { 0.0 } else { math::exp::<FMA>(*t - mx[r]) };
             }
         }
     }
     acc.fill(0.0);
     let mut wsum = vec![0.0f64; nq];
+    let mut wl = vec![[0.0f32; 16]; nq];
     // The backward helper: c_i = sum_j f_ij rho_ij^(p-1) and y_i = sum_j f_ij rho_ij^(p-1) v_j, so the
     // backward's E_i is (<g_i, y_i> - D'_i c_i) times a row constant, without a sweep of its own.
     let keep_aux = aux.is_some();
     let mut csum = vec![0.0f64; nq];
+    let mut cl = vec![[0.0f32; 16]; nq];
     if keep_aux {
         sc.aux_w.resize(dims.bq * lds, 0.0);
         sc.aux_row.resize(lds, 0.0);
@@ -528,8 +587,10 @@ fn forward_body<const FMA: bool>(
         sc.aux_acc[..nq * d].fill(0.0);
     }
     for kt in 0..nkt {
-        // A key tile where no row has an above-mean key (and no row falls back to w = a) adds nothing.
-        let needed = (0..nq).any(|r| umax[r] <= 0.0 || sc.tmax[r * nkt + kt] > thr[r]);
+        // A group of key tiles where no row has an above-mean key (and no row falls back to w = a)
+        // adds nothing.
+        let g = kt / FOLD_TILES;
+        let needed = (0..nq).any(|r| umax[r] <= 0.0 || sc.tmax[r * ngroups + g] > thr[r]);
         if !needed {
             continue;
         }
@@ -577,12 +638,15 @@ fn forward_body<const FMA: bool>(
                     }
                     let w = &mut sc.aux_w[r * lds..r * lds + vis];
                     w.iter_mut().zip(rp.iter().zip(live.iter())).for_each(|(w, (&x, &f))| *w = x * f);
-                    csum[r] += lane_sum::<false>(w) as f64;
+                    lane_add::<false>(w, &mut cl[r]);
                 }
-                live.iter_mut().for_each(|x| *x = (math::fmadd::<FMA>(*x, na, -off)).max(0.0) * inv_m);
-                pow_slice(live, p, &mut sc.tmp);
+                map_pow(live, p, &mut sc.tmp, |x| (math::fmadd::<FMA>(x, na, -off)).max(0.0) * inv_m);
             }
-            wsum[r] += lane_sum::<false>(live) as f64;
+            lane_add::<false>(live, &mut wl[r]);
+            if fold_after(kt, nkt) {
+                wsum[r] += take_sum(&mut wl[r]);
+                csum[r] += take_sum(&mut cl[r]);
+            }
         }
         let v = &head.v[j0 * head.ldv..];
         tile::matmul_acc::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, acc, d);
@@ -591,6 +655,8 @@ fn forward_body<const FMA: bool>(
         }
     }
     for r in 0..nq {
+        // (The lanes are empty here: a skipped group skips every one of its tiles, the last included.)
+        debug_assert!(wl[r] == [0.0; 16] && cl[r] == [0.0; 16]);
         let scale = if umax[r] <= 0.0 { 1.0 } else { 1.0 / (wsum[r] as f32) };
         let o = &mut out[r * d..(r + 1) * d];
         o.iter_mut().zip(&acc[r * d..(r + 1) * d]).for_each(|(o, &x)| *o = x * scale);
