@@ -42,9 +42,7 @@ fn tanh_softplus<const FMA: bool>(x: f32) -> f32 {
 pub(crate) fn apply<const FMA: bool>(phi: &Phi, in_range: bool, xs: &mut [f32]) {
     match phi {
         Phi::Builtin(Builtin::Exp) => xs.iter_mut().for_each(|x| *x = math::exp::<FMA>(*x)),
-        Phi::Builtin(Builtin::Softplus) if in_range => {
-            xs.iter_mut().for_each(|x| *x = math::softplus_in_range::<FMA>(*x))
-        }
+        Phi::Builtin(Builtin::Softplus) if in_range => softplus_in_range_two_pass::<FMA>(xs),
         Phi::Builtin(Builtin::Softplus) => xs.iter_mut().for_each(|x| *x = math::softplus::<FMA>(*x)),
         Phi::Builtin(Builtin::Relu) => xs.iter_mut().for_each(|x| *x = x.max(0.0)),
         Phi::Builtin(Builtin::Relu2) => xs.iter_mut().for_each(|x| *x = x.max(0.0) * x.max(0.0)),
@@ -56,6 +54,21 @@ pub(crate) fn apply<const FMA: bool>(phi: &Phi, in_range: bool, xs: &mut [f32]) 
         Phi::Builtin(Builtin::Mish) => xs.iter_mut().for_each(|x| *x *= tanh_softplus::<FMA>(*x)),
         Phi::Builtin(Builtin::Identity) => {}
         Phi::Custom(a) => xs.iter_mut().for_each(|x| *x = a.value(*x as f64) as f32),
+    }
+}
+
+/// [`math::softplus_in_range`] over `xs`, bit for bit, in two passes per 64 scores: `e^(-|x|)`, then
+/// `max(x, 0) + ln(1 + e)`. One pass needs about 20 constants and AVX2 has 16 registers, so it
+/// re-loads constants every iteration; two passes each fit, and the store and reload of `e` stay in
+/// L1. Measured side by side (`cpu_lab`, 1 thread, T = 4096, 3 alternations): the LSSA forward took
+/// 0.92-0.96x the time under AVX2 and the same under AVX-512.
+#[inline(always)]
+fn softplus_in_range_two_pass<const FMA: bool>(xs: &mut [f32]) {
+    for c in xs.chunks_mut(64) {
+        let mut e = [0.0f32; 64];
+        let e = &mut e[..c.len()];
+        e.iter_mut().zip(c.iter()).for_each(|(e, &x)| *e = math::exp_in_range::<FMA>(-x.abs()));
+        c.iter_mut().zip(e.iter()).for_each(|(x, &e)| *x = math::softplus_of::<FMA>(*x, e));
     }
 }
 
@@ -90,5 +103,32 @@ pub(crate) fn mul_derivative<const FMA: bool>(phi: &Phi, in_range: bool, s: &[f3
         }),
         Phi::Builtin(Builtin::Identity) => {}
         Phi::Custom(a) => out.iter_mut().zip(s).for_each(|(o, &s)| *o *= a.derivative(s as f64) as f32),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn softplus_in_range_is_the_full_softplus_bit_for_bit_at_every_length() {
+        // Lengths around the two-pass form's 64-score chunks; values over the whole in-range span.
+        let phi = Phi::Builtin(Builtin::Softplus);
+        for n in [1, 63, 64, 65, 130, 1000] {
+            let xs: Vec<f32> = (0..n).map(|i| (i as f32 / n as f32 * 2.0 - 1.0) * math::IN_RANGE_MAX).collect();
+            for fma in [false, true] {
+                let (mut fast, mut full) = (xs.clone(), xs.clone());
+                if fma {
+                    apply::<true>(&phi, true, &mut fast);
+                    apply::<true>(&phi, false, &mut full);
+                } else {
+                    apply::<false>(&phi, true, &mut fast);
+                    apply::<false>(&phi, false, &mut full);
+                }
+                let differ = fast.iter().zip(&full).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
+                assert_eq!(differ, 0, "n = {n}, fma = {fma}: {differ} values differ");
+                assert!(full.iter().zip(&xs).all(|(&f, &x)| f >= x.max(0.0)), "softplus(x) >= max(x, 0)");
+            }
+        }
     }
 }

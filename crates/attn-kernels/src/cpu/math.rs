@@ -208,7 +208,7 @@ pub fn softplus<const FMA: bool>(x: f32) -> f32 {
 /// `max(x, 0) + ln(1 + e)` with `e = e^(-|x|)`: [`softplus`] and [`softplus_in_range`] differ only
 /// in how they compute `e`.
 #[inline(always)]
-fn softplus_of<const FMA: bool>(x: f32, e: f32) -> f32 {
+pub(crate) fn softplus_of<const FMA: bool>(x: f32, e: f32) -> f32 {
     let pos = if x > 0.0 { x } else { 0.0 };
     pos + log1p_unit::<FMA>(e)
 }
