@@ -160,7 +160,11 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
     let policy = Policy { max_reps: args.max_reps, cell_budget_s: args.cell_secs, ..Policy::default() };
     let round_policy = Policy { min_reps: args.min_round_reps, ..policy };
     let (b, h, d) = (args.batch, args.heads, args.head_dim);
-    let cpu = env::cpu_model();
+    // What ran, not only what the CPU offers: ATTN_KERNELS_ISA and ATEN_CPU_CAPABILITY can lower both.
+    let aten = std::env::var("ATEN_CPU_CAPABILITY")
+        .map(|c| format!(", libtorch's ATEN_CPU_CAPABILITY={c}"))
+        .unwrap_or_default();
+    let cpu = format!("{}; fused kernels' ISA: {}{aten}", env::cpu_model(), attn_kernels::cpu::Isa::detect());
     eprintln!("bench-kernels: {cpu}; {threads} thread(s); B={b} H={h} d={d}; T = {lengths:?}");
 
     let start = Instant::now();
