@@ -284,29 +284,57 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Resu
     let (o, stats) = (SendPtr(p.o), SendPtr(p.stats));
     let aux = SendPtr(if plan.reweight.is_some() { p.rw_aux } else { std::ptr::null_mut() });
     let isa = opts.isa.assert_supported();
-    (0..bh * nqt).into_par_iter().for_each_init(
-        || (FwdScratch::new(dims), vec![0.0f32; dims.bq * d]),
-        |(sc, out), task| {
-            // Capture the whole SendPtr (not its raw-pointer field) in the closure.
-            #[allow(clippy::redundant_locals)]
-            let (o, stats, aux) = (o, stats, aux);
-            let (x, qt) = (task / nqt, task % nqt);
-            let (b, h) = (x / p.heads, x % p.heads);
-            let i0 = qt * dims.bq;
-            let nq = dims.bq.min(t - i0);
-            // SAFETY: forwarded; this task alone writes rows [i0, i0 + nq) of head (b, h).
-            unsafe {
-                let hd = head(p, &norms, &packed, dims, b, h);
-                let st = std::slice::from_raw_parts_mut(stats.0.add((x * t + i0) * STATS), nq * STATS);
-                let w = rw_aux_per_row(d);
-                let ax =
-                    (!aux.0.is_null()).then(|| std::slice::from_raw_parts_mut(aux.0.add((x * t + i0) * w), nq * w));
-                engine::forward_tile(isa, &plan, &hd, dims, i0, nq, sc, &mut out[..nq * d], st, ax);
-                write_rows(o.0, b, h, i0, d, &out[..nq * d]);
-            }
-        },
-    );
+    let scratch = PerThread::new();
+    (0..bh * nqt).into_par_iter().for_each(|task| {
+        scratch.with(
+            || (FwdScratch::new(dims), vec![0.0f32; dims.bq * d]),
+            |(sc, out)| {
+                // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+                #[allow(clippy::redundant_locals)]
+                let (o, stats, aux) = (o, stats, aux);
+                let (x, qt) = (task / nqt, task % nqt);
+                let (b, h) = (x / p.heads, x % p.heads);
+                let i0 = qt * dims.bq;
+                let nq = dims.bq.min(t - i0);
+                // SAFETY: forwarded; this task alone writes rows [i0, i0 + nq) of head (b, h).
+                unsafe {
+                    let hd = head(p, &norms, &packed, dims, b, h);
+                    let st = std::slice::from_raw_parts_mut(stats.0.add((x * t + i0) * STATS), nq * STATS);
+                    let w = rw_aux_per_row(d);
+                    let ax =
+                        (!aux.0.is_null()).then(|| std::slice::from_raw_parts_mut(aux.0.add((x * t + i0) * w), nq * w));
+                    engine::forward_tile(isa, &plan, &hd, dims, i0, nq, sc, &mut out[..nq * d], st, ax);
+                    write_rows(o.0, b, h, i0, d, &out[..nq * d]);
+                }
+            },
+        )
+    });
     Ok(())
+}
+
+/// One scratch per worker thread of the current rayon pool, made on first use and kept for the
+/// call. `for_each_init` makes one per rayon split instead, many per call, and re-weighting's
+/// scratch holds a score cache of up to 16 MiB: after the first such block is freed, glibc serves
+/// the later ones from its heap (its dynamic mmap threshold) and keeps them, so LSSAR's peak memory
+/// at T = 65536 rose from 50 to 75 MiB when faster kernels changed the splits (`bench-kernels memory`).
+struct PerThread<S> {
+    slots: Vec<std::sync::Mutex<Option<S>>>,
+}
+
+impl<S> PerThread<S> {
+    fn new() -> Self {
+        Self { slots: (0..rayon::current_num_threads()).map(|_| std::sync::Mutex::new(None)).collect() }
+    }
+
+    /// Runs `f` on this thread's scratch (made by `make` on first use). Off the pool, or should the
+    /// thread's slot be in use (a task that re-enters rayon), `f` gets a scratch of its own.
+    fn with<R>(&self, make: impl FnOnce() -> S, f: impl FnOnce(&mut S) -> R) -> R {
+        let slot = rayon::current_thread_index().and_then(|i| self.slots.get(i)).and_then(|m| m.try_lock().ok());
+        match slot {
+            Some(mut held) => f(held.get_or_insert_with(make)),
+            None => f(&mut make()),
+        }
+    }
 }
 
 /// Fused backward on raw pointers: reads `q`, `k`, `v`, `o`, `stats` (from [`forward_raw`]) and
