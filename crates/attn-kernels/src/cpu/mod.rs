@@ -292,10 +292,7 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Resu
                 // Capture the whole SendPtr (not its raw-pointer field) in the closure.
                 #[allow(clippy::redundant_locals)]
                 let (o, stats, aux) = (o, stats, aux);
-                let (x, qt) = (task / nqt, task % nqt);
-                let (b, h) = (x / p.heads, x % p.heads);
-                let i0 = qt * dims.bq;
-                let nq = dims.bq.min(t - i0);
+                let QueryTask { x, b, h, i0, nq } = QueryTask::new(task, p, dims);
                 // SAFETY: forwarded; this task alone writes rows [i0, i0 + nq) of head (b, h).
                 unsafe {
                     let hd = head(p, &norms, &packed, dims, b, h);
@@ -310,6 +307,25 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Resu
         )
     });
     Ok(())
+}
+
+/// A task of the forward or of the backward's row phase: query tile `task % nqt` of head
+/// `x = task / nqt` (batch `b`, head `h`), rows `[i0, i0 + nq)`.
+struct QueryTask {
+    x: usize,
+    b: usize,
+    h: usize,
+    i0: usize,
+    nq: usize,
+}
+
+impl QueryTask {
+    fn new(task: usize, p: &Params, dims: Dims) -> Self {
+        let nqt = p.seq_len.div_ceil(dims.bq);
+        let (x, qt) = (task / nqt, task % nqt);
+        let i0 = qt * dims.bq;
+        Self { x, b: x / p.heads, h: x % p.heads, i0, nq: dims.bq.min(p.seq_len - i0) }
+    }
 }
 
 /// One scratch per worker thread of the current rayon pool, made on first use and kept for the
@@ -407,10 +423,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
                 // Capture the whole SendPtr (not its raw-pointer field) in the closure.
                 #[allow(clippy::redundant_locals)]
                 let (o, stats_all, rg_ptr, aux) = (o, stats_all, rg_ptr, aux);
-                let (x, qt) = (task / nqt, task % nqt);
-                let (b, h) = (x / p.heads, x % p.heads);
-                let i0 = qt * dims.bq;
-                let nq = dims.bq.min(t - i0);
+                let QueryTask { x, b, h, i0, nq } = QueryTask::new(task, p, dims);
                 // SAFETY: forwarded; rows [i0, i0+nq) of head x of `rg` belong to this task alone.
                 unsafe {
                     let hd = head(p, &norms, &packed, dims, b, h);
