@@ -178,15 +178,8 @@ fn fold_lanes(mut acc: [f32; 16], op: impl Fn(f32, f32) -> f32) -> f32 {
 #[inline(always)]
 fn lane_max(xs: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; 16];
-    let chunks = xs.chunks_exact(16);
-    let rem = chunks.remainder();
-    for c in chunks {
-        for l in 0..16 {
-            acc[l] = if c[l] > acc[l] { c[l] } else { acc[l] };
-        }
-    }
-    let m = fold_lanes(acc, |a, b| if b > a { b } else { a });
-    rem.iter().fold(m, |m, &x| if x > m { x } else { m })
+    lane_max_into(xs, &mut acc);
+    take_max(&mut acc)
 }
 
 /// Sizes shared by every tile of a call.
