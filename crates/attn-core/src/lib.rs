@@ -81,7 +81,8 @@
 //!
 //! `<stage1>` is one of [`STAGE1_NAMES`]: softmax, inverse, recentered, recentered-l1, linear,
 //! exp-nonorm, linear-l1, relu-l1, relu2-l1, relu6-l1, gelu-l1, sigmoid-l1, softplus-l1, mish-l1,
-//! sigmoid-bias, sigmoid-rowbias, sigmoid-rowbias-l1, relu-seqlen, relu-rowlen, relu-ln, lssa.
+//! sigmoid-bias, sigmoid-rowbias, sigmoid-rowbias-l1, relu-seqlen, relu-rowlen, relu-ln, lssa,
+//! lssa-exp, softmax-logn.
 //! Keys: `d_factor=<f64>` (lssa only; replaces `ln(d)`), `t_train=<usize >= 1>` (sigmoid-bias only;
 //! without it the name parses but forward/backward return [`Error::MissingParameter`] until
 //! [`Variant::with_train_len`] fills it in). `+rw<p>` adds stage 2 with power `p` (1..=1024).

@@ -34,7 +34,7 @@ pub enum Scale {
         /// Replaces `ln(d)` when set (`lssa:d_factor=4.0`).
         d_factor: Option<f64>,
     },
-    /// `ln(N_i) / sqrt(d)` (SSMax-style; no preset uses it).
+    /// `ln(N_i) / sqrt(d)` (Chiang & Cholak; SSMax-style): the `softmax-logn` preset.
     LogNOverSqrtD,
 }
 

@@ -10,7 +10,7 @@ use crate::stage::{Bias, MAX_REWEIGHT_POWER, Norm, OutputNorm, Scale, Scores, St
 use crate::{Error, Result};
 
 /// Every stage-1 preset name of SPEC section 4, in table order.
-pub const STAGE1_NAMES: [&str; 21] = [
+pub const STAGE1_NAMES: [&str; 23] = [
     "softmax",
     "inverse",
     "recentered",
@@ -32,6 +32,8 @@ pub const STAGE1_NAMES: [&str; 21] = [
     "relu-rowlen",
     "relu-ln",
     "lssa",
+    "lssa-exp",
+    "softmax-logn",
 ];
 
 /// The variant-name grammar, as shown in error messages.
@@ -71,6 +73,10 @@ impl Stage1 {
                 scale: Scale::LssaLog { d_factor: None },
                 ..act(Arc::new(Softplus), Norm::L1)
             },
+            // The ablations of LSSA's ingredients: its scores with exp in place of softplus, and
+            // softmax with only the length scale (Chiang & Cholak; Scalable-Softmax).
+            "lssa-exp" => Stage1 { scores: Scores::Cosine, scale: Scale::LssaLog { d_factor: None }, ..softmax },
+            "softmax-logn" => Stage1 { scale: Scale::LogNOverSqrtD, ..softmax },
             _ => return None,
         })
     }

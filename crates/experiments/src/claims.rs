@@ -69,6 +69,34 @@ pub struct Ordering {
     pub experiments: Vec<String>,
 }
 
+/// A row of the retrieval benchmark: a trained variant, with a post-hoc power or not.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RowRef {
+    /// Trained variant.
+    pub train: String,
+    /// Post-hoc re-weighting power.
+    #[serde(default)]
+    pub posthoc: Option<u32>,
+}
+
+/// A `[[retrieval]]` claim: a row recalls beyond the training length better than a baseline, by at
+/// least `delta` (judged by the retrieval benchmark, `crate::retrieval`).
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrievalClaim {
+    /// Stable name.
+    pub name: String,
+    /// What it says, in words.
+    pub statement: String,
+    /// The row claimed better.
+    pub row: RowRef,
+    /// The row it is compared with.
+    pub baseline: RowRef,
+    /// The least effect that counts (a share of questions).
+    pub delta: f64,
+}
+
 /// `defs/claims.toml`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -77,6 +105,9 @@ pub struct Claims {
     pub claim: Vec<Claim>,
     /// The ordering rule.
     pub ordering: Ordering,
+    /// The retrieval benchmark's claims.
+    #[serde(default)]
+    pub retrieval: Vec<RetrievalClaim>,
 }
 
 /// The claims, parsed and checked (variant names parse, rules are known, multiples are positive).
@@ -97,6 +128,15 @@ pub fn all() -> anyhow::Result<Claims> {
                 v.with_reweight(p).map_err(|e| anyhow::anyhow!("claim {}: {e}", claim.name))?;
             }
             anyhow::ensure!(t.multiple >= 1, "claim {}: multiple 0", claim.name);
+        }
+    }
+    for r in &c.retrieval {
+        for row in [&r.row, &r.baseline] {
+            let v: attn_core::Variant =
+                row.train.parse().map_err(|e| anyhow::anyhow!("retrieval claim {}: `{}`: {e}", r.name, row.train))?;
+            if let Some(p) = row.posthoc {
+                v.with_reweight(p).map_err(|e| anyhow::anyhow!("retrieval claim {}: {e}", r.name))?;
+            }
         }
     }
     Ok(c)
@@ -167,7 +207,8 @@ fn span_values(r: &RunResult, key: &EvalKey, measure: Measure, longest: usize, r
     Some(window.chunks(per_span).map(|s| s.iter().sum::<f64>() / s.len() as f64).collect())
 }
 
-/// The per-seed, per-span losses of a row (every seed of `variant` that has the evaluation).
+/// The per-span losses of a row by seed index (`RunResult::seed_index`, never the run's position):
+/// every seed of `variant` that trained without error and has the evaluation.
 fn row_values(
     runs: &Runs,
     variant: &str,
@@ -175,12 +216,12 @@ fn row_values(
     measure: Measure,
     longest: usize,
     reference: usize,
-) -> Option<Vec<Vec<f64>>> {
-    let seeds: Vec<Vec<f64>> = runs
+) -> Option<BTreeMap<usize, Vec<f64>>> {
+    let seeds: BTreeMap<usize, Vec<f64>> = runs
         .get(variant)?
         .iter()
         .filter(|r| r.error.is_none())
-        .filter_map(|r| span_values(r, key, measure, longest, reference))
+        .filter_map(|r| Some((r.seed_index, span_values(r, key, measure, longest, reference)?)))
         .collect();
     (!seeds.is_empty()).then_some(seeds)
 }
@@ -190,20 +231,33 @@ pub fn longest_multiple(runs: &Runs) -> usize {
     runs.values().flatten().flat_map(|r| r.evals.iter().map(|(k, _)| k.multiple)).max().unwrap_or(1)
 }
 
-/// The seed-to-seed standard deviation of a row's 1x loss, pooled over the variants with several
-/// seeds (what a single-seed row's interval adds, [`stats::bootstrap`]).
-pub fn seed_sd(runs: &Runs) -> Option<stats::SeedNoise> {
+/// The seed noise of a row's 1x loss and its correlation between rows on a shared seed, from the
+/// variants with several seeds paired by seed index ([`stats::seed_noise`]): what the interval of a
+/// contrast between single-seed rows uses ([`stats::contrast`]).
+pub fn seed_noise(runs: &Runs) -> Option<stats::SeedNoise> {
     let key = EvalKey::new(true, None, 1);
-    let rows: Vec<Vec<f64>> = runs
+    let rows: Vec<BTreeMap<usize, f64>> = runs
         .values()
-        .map(|seeds| seeds.iter().filter(|r| r.error.is_none()).filter_map(|r| r.loss(&key)).collect())
+        .map(|seeds| {
+            seeds
+                .iter()
+                .filter(|r| r.error.is_none())
+                .filter_map(|r| Some((r.seed_index, r.loss(&key).filter(|l| l.is_finite())?)))
+                .collect()
+        })
         .collect();
-    stats::pooled_seed_sd(&rows)
+    stats::seed_noise(&rows)
 }
 
-/// The interval of any contrast `sum coef x row` of rows `(coef, trained variant, evaluation)`, read as
-/// `measure` (tails paired with `reference`'s windows); `None` when a row has no results.
-pub fn contrast(runs: &Runs, terms: &[(f64, &str, EvalKey)], measure: Measure, reference: usize) -> Option<Interval> {
+/// The contrast `sum coef x row` of rows `(coef, trained variant, evaluation)` with its interval, read
+/// as `measure` (tails paired with `reference`'s windows), on the seeds every row has; `None` when a
+/// row has no results or no seed is common to all.
+pub fn contrast(
+    runs: &Runs,
+    terms: &[(f64, &str, EvalKey)],
+    measure: Measure,
+    reference: usize,
+) -> Option<stats::Contrast> {
     let longest = longest_multiple(runs);
     let terms: Option<Vec<Term>> = terms
         .iter()
@@ -211,7 +265,14 @@ pub fn contrast(runs: &Runs, terms: &[(f64, &str, EvalKey)], measure: Measure, r
             Some(Term { coef: *coef, values: row_values(runs, v, key, measure, longest, reference)? })
         })
         .collect();
-    stats::bootstrap(&terms?, seed_sd(runs), 0xF16).ok()
+    stats::contrast(&terms?, seed_noise(runs)).ok()
+}
+
+/// `` `lssa` `` / `` `lssa` post-hoc p=15 at 16x ``: a claim term in a note.
+fn term_label(t: &ClaimTerm) -> String {
+    let p = t.posthoc.map_or(String::new(), |p| format!(" post-hoc p={p}"));
+    let m = if t.multiple > 1 { format!(" at {}x", t.multiple) } else { String::new() };
+    format!("`{}`{p}{m}", t.train)
 }
 
 /// One reading of a claim: a RoPE treatment (none at 1x) and a measure.
@@ -227,6 +288,9 @@ pub struct Reading {
     pub verdict: Verdict,
     /// Why, in words.
     pub why: String,
+    /// When some seed of a variant had no result for this reading, so the contrast read only the
+    /// seeds every term has: which seeds, and which variant lacks which.
+    pub note: Option<String>,
 }
 
 /// A judged claim.
@@ -245,12 +309,11 @@ pub struct Judged {
 /// Judges every claim on `runs`.
 pub fn judge(claims: &Claims, runs: &Runs) -> Vec<Judged> {
     let longest = longest_multiple(runs);
-    let sd = seed_sd(runs);
+    let noise = seed_noise(runs);
     claims
         .claim
         .iter()
-        .enumerate()
-        .map(|(ci, c)| {
+        .map(|c| {
             let seeds: BTreeMap<String, usize> = c
                 .terms
                 .iter()
@@ -282,18 +345,30 @@ pub fn judge(claims: &Claims, runs: &Runs) -> Vec<Judged> {
                             missing: Some("some of its runs or evaluations have no results".into()),
                         };
                     };
-                    match stats::bootstrap(&terms, sd, 0x5EED + ci as u64) {
-                        Ok(interval) => {
-                            let (verdict, why) = c.rule().judge(&interval);
-                            readings.push(Reading { rope, measure, interval, verdict, why });
+                    match stats::contrast(&terms, noise) {
+                        Ok(q) => {
+                            let (verdict, why) = c.rule().judge(&q.interval);
+                            let note = q.note(|k| term_label(&c.terms[k]));
+                            readings.push(Reading { rope, measure, interval: q.interval, verdict, why, note });
                         }
                         Err(e) => {
-                            return Judged {
-                                claim: c.clone(),
-                                seeds,
-                                readings: Vec::new(),
-                                missing: Some(e.to_string()),
+                            let why = match e {
+                                stats::StatsError::NoCommonSeed(_) => format!(
+                                    "no seed has results for every term: {}",
+                                    c.terms
+                                        .iter()
+                                        .zip(&terms)
+                                        .map(|(ct, t)| format!(
+                                            "{} has seeds {:?}",
+                                            term_label(ct),
+                                            t.values.keys().collect::<Vec<_>>()
+                                        ))
+                                        .collect::<Vec<_>>()
+                                        .join("; ")
+                                ),
+                                e => e.to_string(),
                             };
+                            return Judged { claim: c.clone(), seeds, readings: Vec::new(), missing: Some(why) };
                         }
                     }
                 }
@@ -334,11 +409,11 @@ pub struct OrderingVerdict {
 /// Judges the Tables 1-3 ordering claims at 1x.
 pub fn judge_orderings(claims: &Claims, experiments: &[Experiment], runs: &Runs) -> Vec<OrderingVerdict> {
     let longest = longest_multiple(runs);
-    let sd = seed_sd(runs);
+    let noise = seed_noise(runs);
     let key = EvalKey::new(true, None, 1);
     let mut out = Vec::new();
     for e in experiments.iter().filter(|e| claims.ordering.experiments.contains(&e.name)) {
-        let rows: Vec<(&crate::spec::Row, Vec<Vec<f64>>)> = e
+        let rows: Vec<(&crate::spec::Row, BTreeMap<usize, Vec<f64>>)> = e
             .rows
             .iter()
             .filter(|r| r.posthoc.is_none() && !r.paper.is_empty())
@@ -353,7 +428,8 @@ pub fn judge_orderings(claims: &Claims, experiments: &[Experiment], runs: &Runs)
             for j in i + 1..rows.len() {
                 let terms =
                     [Term { coef: 1.0, values: rows[i].1.clone() }, Term { coef: -1.0, values: rows[j].1.clone() }];
-                let Ok(ours) = stats::bootstrap(&terms, sd, 0x0DE5 + (i * 31 + j) as u64) else { continue };
+                // Single-seed rows meet on their shared seed, with the correlated seed-noise model.
+                let Ok(ours) = stats::contrast(&terms, noise).map(|q| q.interval) else { continue };
                 let paper = rows[i].0.paper[0] - rows[j].0.paper[0];
                 let separated = (paper.abs() > claims.ordering.paper_noise, ours.lo > 0.0 || ours.hi < 0.0);
                 if separated.0 && separated.1 {
@@ -402,7 +478,79 @@ pub fn judge_orderings(claims: &Claims, experiments: &[Experiment], runs: &Runs)
 
 #[cfg(test)]
 mod tests {
+    use trainer::eval::{LengthLoss, WindowLosses};
+
     use super::*;
+
+    /// A run of `variant` at seed index `seed` with per-window 1x losses `first` (one window per span).
+    fn run(variant: &str, seed: usize, first: Vec<f32>) -> RunResult {
+        let loss = first.iter().map(|&x| f64::from(x)).sum::<f64>() / first.len() as f64;
+        let eval = LengthLoss {
+            multiple: 1,
+            seq_len: 8,
+            rope: Rope::Ntk,
+            reweight: None,
+            loss,
+            tokens: 8 * first.len(),
+            windows: first.len(),
+            per_window: Some(WindowLosses { first, rest: Vec::new(), tail: Vec::new() }),
+        };
+        serde_json::from_value(serde_json::json!({
+            "format": "test", "format_version": 1, "scale": "test", "variant": variant, "seed_index": seed,
+            "config": "", "git_revision": "", "command": "", "train_wall_s": 0.0, "tokens_per_s": 0.0,
+            "final_train_loss": 1.0, "evals": [[EvalKey::new(true, None, 1), eval]],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn rows_pair_on_the_seed_index_and_a_missing_seed_is_noted() {
+        let claims: Claims = toml::from_str(
+            r#"
+            [[claim]]
+            name = "gap"
+            statement = "softmax is worse"
+            rule = "effect"
+            delta = 0.02
+            terms = [{ coef = 1.0, train = "softmax", multiple = 1 }, { coef = -1.0, train = "lssa", multiple = 1 }]
+            [ordering]
+            paper_noise = 0.01
+            experiments = []
+            "#,
+        )
+        .unwrap();
+        // Seed s moves both rows by 0.5 s; softmax is 0.05 above lssa on every span of every seed.
+        let losses = |level: f64, s: usize| -> Vec<f32> {
+            (0..8).map(|w| (level + 0.5 * s as f64 + 0.1 * w as f64 + 0.001 * ((s * w) % 3) as f64) as f32).collect()
+        };
+        let mut failed = run("softmax", 1, Vec::new());
+        (failed.evals, failed.error) = (Vec::new(), Some("diverged".into()));
+        let mut runs = Runs::new();
+        // Seed 1 of softmax failed, and the runs are out of order: pairing by position would meet
+        // softmax's seed 2 with lssa's seed 1.
+        runs.insert(
+            "softmax".into(),
+            vec![
+                run("softmax", 3, losses(5.05, 3)),
+                run("softmax", 0, losses(5.05, 0)),
+                failed,
+                run("softmax", 2, losses(5.05, 2)),
+            ],
+        );
+        runs.insert("lssa".into(), (0..4).map(|s| run("lssa", s, losses(5.0, s))).collect());
+        let j = &judge(&claims, &runs)[0];
+        assert_eq!(j.missing, None);
+        let r = &j.readings[0];
+        assert!((r.interval.estimate - 0.05).abs() < 1e-5 && r.interval.hi - r.interval.lo < 0.01, "{r:?}");
+        assert_eq!(r.verdict, Verdict::Reproduced);
+        assert_eq!(
+            r.note.as_deref(),
+            Some("restricted to seeds 0, 2, 3, the seeds every term has: seed 1 is missing from `softmax`")
+        );
+        // The seed-noise model pairs the two rows on seeds 0, 2, 3: their deviations are identical.
+        let noise = seed_noise(&runs).unwrap();
+        assert_eq!((noise.pairs, noise.rho), (1, stats::MAX_RHO), "{noise:?}");
+    }
 
     #[test]
     fn the_claims_parse_and_read_multi_seed_rows() {

@@ -15,13 +15,14 @@
 //!   attention maps with it, so it must not depend on the runner or the report).
 //! - [`claims`]: the paper's headline claims (`defs/claims.toml`) and the Tables 1-3 ordering rule,
 //!   judged three-way from the runs.
-//! - [`stats`]: the bootstrap over seeds and validation spans, the verdict rule, the permutation test.
+//! - [`stats`]: exact t intervals of contrasts over seeds (paired by index) and validation spans, the
+//!   seed-noise model of single-seed rows, the verdict rule, the permutation test.
 //! - [`status`]: every part of the paper covered, and any not implemented, said plainly.
 //! - [`downstream`]: lm-evaluation-harness-style multiple-choice scoring of user-supplied ARC, HellaSwag,
 //!   PIQA, SciQ and MMLU files (`reproduce --downstream DIR`), in the report and in lm-eval's JSON.
 //! - [`progress`]: bars on a terminal, plain lines in a log.
-//! - [`retrieval_eval`]: the retrieval experiment: associative recall learnt in training (the recall
-//!   mix of `trainer::data::recall`), accuracy by prompt length and needle distance, gate and verdict.
+//! - [`retrieval`]: the retrieval benchmark: small models trained from scratch on associative recall,
+//!   accuracy by prompt length inside and beyond the training length, gate and verdicts.
 //! - [`post`]: the post-training experiment kinds' common interface.
 //! - [`sinks`]: attention-sink share and row entropy per layer, attention maps.
 //! - [`newton`]: orbits, the orbit transformer and the symbolic regression of force laws.
@@ -33,7 +34,7 @@ pub mod plot;
 pub mod post;
 pub mod progress;
 pub mod report;
-pub mod retrieval_eval;
+pub mod retrieval;
 pub mod runner;
 pub mod scale;
 pub mod sinks;

@@ -144,67 +144,6 @@ pub fn draw_map(path: &Path, title: &str, map: &[Vec<f32>]) -> Result<()> {
     Ok(())
 }
 
-/// A length x depth heat map of accuracies (PNG): darker is more accurate, each cell labelled.
-/// Draws a heat map of accuracies to `<path>.png`: rows the lengths `ms` (multiples of `T_train`),
-/// columns `ds`, `acc(m, d)` in `[0, 1]` per cell (NaN: no such cell, drawn grey); `(x, y)` the axes' names.
-pub(crate) fn draw_grid(
-    path_no_ext: &Path,
-    title: &str,
-    (x_desc, y_desc): (&str, &str),
-    ms: &[usize],
-    ds: &[f64],
-    acc: &dyn Fn(usize, f64) -> f64,
-) -> Result<()> {
-    let png = path_no_ext.with_extension("png");
-    let root = BitMapBackend::new(&png, (120 + 90 * ds.len() as u32, 90 + 50 * ms.len() as u32)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 18))
-        .margin(10)
-        .x_label_area_size(30)
-        .y_label_area_size(50)
-        // Cell (i, j) is centred on integer coordinates, so the labels sit under the cells.
-        .build_cartesian_2d(-0.5f64..ds.len() as f64 - 0.5, -0.5f64..ms.len() as f64 - 0.5)
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    chart
-        .configure_mesh()
-        .disable_mesh()
-        .x_labels(4 * ds.len())
-        .y_labels(4 * ms.len())
-        .x_desc(x_desc)
-        .y_desc(y_desc)
-        .x_label_formatter(&|x| at_integer(*x).and_then(|i| ds.get(i)).map_or(String::new(), |d| format!("{d}")))
-        .y_label_formatter(&|y| at_integer(*y).and_then(|i| ms.get(i)).map_or(String::new(), |m| format!("{m}x")))
-        .draw()
-        .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    for (yi, m) in ms.iter().enumerate() {
-        for (xi, d) in ds.iter().enumerate() {
-            let acc = acc(*m, *d);
-            let shade = (255.0 * (1.0 - 0.8 * acc)) as u8;
-            let (x, y) = (xi as f64, yi as f64);
-            let fill = if acc.is_nan() { RGBColor(225, 225, 225) } else { RGBColor(shade, shade, 255) };
-            chart
-                .draw_series(std::iter::once(Rectangle::new([(x - 0.5, y - 0.5), (x + 0.5, y + 0.5)], fill.filled())))
-                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-            chart
-                .draw_series(std::iter::once(Text::new(
-                    if acc.is_nan() { "-".to_string() } else { format!("{:.0}%", 100.0 * acc) },
-                    (x - 0.15, y + 0.1),
-                    ("sans-serif", 15),
-                )))
-                .map_err(|e| anyhow::anyhow!("{e:?}"))?;
-        }
-    }
-    root.present().map_err(|e| anyhow::anyhow!("{e:?}"))?;
-    Ok(())
-}
-
-/// `Some(i)` when `x` is (to rounding) the non-negative integer `i`: tick labels only at cell centres.
-fn at_integer(x: f64) -> Option<usize> {
-    ((x - x.round()).abs() < 1e-6 && x > -0.5).then(|| x.round() as usize)
-}
-
-/// A series of the gap figure: label, colour index, dashed, (length multiple, interval) points.
 /// Series of a gap plot: label, colour index, dashed, `(x, interval)` points.
 pub(crate) type GapSeries = (String, usize, bool, Vec<(f64, crate::stats::Interval)>);
 
@@ -212,6 +151,7 @@ pub(crate) type GapSeries = (String, usize, bool, Vec<(f64, crate::stats::Interv
 fn draw_gaps<DB: DrawingBackend>(
     root: DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
+    (x_desc, y_desc): (&str, &str),
     series: &[GapSeries],
 ) -> Result<()>
 where
@@ -238,8 +178,8 @@ where
         .map_err(e)?;
     chart
         .configure_mesh()
-        .x_desc("inference length / training length")
-        .y_desc("loss minus softmax's (nats/token)")
+        .x_desc(x_desc)
+        .y_desc(y_desc)
         .x_labels((x1.log2() as usize + 1).max(2))
         .x_label_formatter(&|v| format!("{:.0}", 2f64.powf(v.round())))
         .draw()
@@ -276,11 +216,27 @@ where
 
 /// Draws `series` (gaps with 95% intervals against length) to `<path>.png` and `<path>.svg`.
 pub(crate) fn save_gaps(path_no_ext: &Path, title: &str, series: &[GapSeries]) -> Result<()> {
+    save_intervals(
+        path_no_ext,
+        title,
+        ("inference length / training length", "loss minus softmax's (nats/token)"),
+        series,
+    )
+}
+
+/// Draws `series` (estimates with 95% intervals against a length multiple, on a log2 axis) to
+/// `<path>.png` and `<path>.svg`, with axis `labels` (x, y).
+pub(crate) fn save_intervals(
+    path_no_ext: &Path,
+    title: &str,
+    labels: (&str, &str),
+    series: &[GapSeries],
+) -> Result<()> {
     let png = path_no_ext.with_extension("png");
     let svg = path_no_ext.with_extension("svg");
-    draw_gaps(BitMapBackend::new(&png, (900, 560)).into_drawing_area(), title, series)
+    draw_gaps(BitMapBackend::new(&png, (900, 560)).into_drawing_area(), title, labels, series)
         .with_context(|| format!("drawing {}", png.display()))?;
-    draw_gaps(SVGBackend::new(&svg, (900, 560)).into_drawing_area(), title, series)
+    draw_gaps(SVGBackend::new(&svg, (900, 560)).into_drawing_area(), title, labels, series)
         .with_context(|| format!("drawing {}", svg.display()))?;
     Ok(())
 }

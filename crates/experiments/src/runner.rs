@@ -454,7 +454,8 @@ fn train_attempt(
 ) -> Result<(f64, f64)> {
     match launch {
         Launch::InProcess => {
-            let mut data = ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, 0, 1, cfg.seed)?;
+            let (batch, seq) = (cfg.batch_size, cfg.model.context_len);
+            let mut data = ShardSource::open(&cfg.data_dir, batch, seq, 0, 1, cfg.seed, cfg.sampling)?;
             let progress = progress.clone();
             // The runner owns the directory: it resumes or clears it before calling.
             let opts = RunOptions {

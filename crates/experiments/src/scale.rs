@@ -38,6 +38,8 @@ pub struct Scale {
     pub meaningful: bool,
     /// Seconds per optimiser step on the machine it targets, for the up-front estimate.
     pub est_step_s: f64,
+    /// Seeds of each variant the headline claims read, unless `reproduce --seeds` says otherwise.
+    pub headline_seeds: usize,
 }
 
 /// The `small` scale's shard directory: the default corpus with a 2K byte-level BPE (a smaller
@@ -46,12 +48,6 @@ pub struct Scale {
 pub const SMALL_DATA: &str = "data/bpe2k";
 /// The command that writes [`SMALL_DATA`].
 pub const SMALL_DATA_COMMAND: &str = "cargo xtask data --vocab-size 2048 --out data/bpe2k";
-
-/// Share of training windows that are associative-recall sequences at our scales (smoke, small,
-/// gpu), so the retrieval experiment measures a task the models learnt at `T_train`
-/// (`trainer::data::recall`). Every row of a scale trains with the same mix, so the losses of all rows
-/// stay comparable. The paper scale keeps the paper's recipe (no mix).
-pub const RECALL_SHARE: f64 = 0.1;
 
 /// Names accepted by [`Scale::by_name`].
 pub const SCALES: [&str; 4] = ["smoke", "small", "gpu", "paper"];
@@ -83,7 +79,6 @@ impl Scale {
                     ckpt_every: 0,
                     keep_last: 1,
                     device: DeviceChoice::Cpu,
-                    recall_share: RECALL_SHARE,
                     ..base
                 },
                 data: Data::Generated,
@@ -92,12 +87,14 @@ impl Scale {
                 eval_batch_tokens: 4096,
                 meaningful: false,
                 est_step_s: 0.05,
+                headline_seeds: 3,
             },
             // The default of `cargo xtask reproduce`: about 2.5 hours on a 2-core CPU for everything.
             // Chosen by the pilot in docs/PILOT.md (four regimes, softmax and LSSAR with 2 seeds each):
             // of those that fit the budget, this one made softmax degrade most from 1x to 16x under
             // plain RoPE (+0.21 nats; 2 layers of width 256 at T = 128 gave +0.10). Its seeds start at
-            // 2026, not at the pilot's 1337: the verdicts are read on runs the choice never saw.
+            // 4100, neither the pilot's 1337 nor the 2026 of the reports whose numbers the power
+            // calculation of docs/PILOT.md read: the verdicts are read on runs no choice ever saw.
             "small" => Scale {
                 name: "small",
                 about: "4 layers, width 128, 2 heads of 64, T = 64, 2000 steps of 1024 tokens, the default corpus with a 2K BPE (data/bpe2k), 2 CPU cores",
@@ -119,9 +116,8 @@ impl Scale {
                     eval_every: 0,
                     ckpt_every: 500,
                     keep_last: 1,
-                    seed: 2026,
+                    seed: 4100,
                     device: DeviceChoice::Cpu,
-                    recall_share: RECALL_SHARE,
                     ..base
                 },
                 data: Data::Shards(PathBuf::from(SMALL_DATA)),
@@ -131,6 +127,10 @@ impl Scale {
                 meaningful: true,
                 // Two runs at a time on 2 cores: 0.18 s per step each.
                 est_step_s: 0.09,
+                // The power calculation of docs/PILOT.md: the smallest count that decides "softmax
+                // degrades" and "the interaction" under both RoPE treatments with power >= 0.85 even at
+                // 2/3 of the effects measured before, and fits the 2.5 hours with the retrieval benchmark.
+                headline_seeds: 7,
             },
             // One GPU, about an hour: a 6-layer model at T = 512.
             "gpu" => Scale {
@@ -154,7 +154,6 @@ impl Scale {
                     ckpt_every: 500,
                     keep_last: 1,
                     device: DeviceChoice::Auto,
-                    recall_share: RECALL_SHARE,
                     ..base
                 },
                 data: Data::Shards(PathBuf::from("data/default")),
@@ -163,6 +162,7 @@ impl Scale {
                 eval_batch_tokens: 65_536,
                 meaningful: true,
                 est_step_s: 0.1,
+                headline_seeds: 3,
             },
             // SPEC section 8 on FineWeb-10B shards supplied by the user (8 GPUs via torchrun).
             "paper" => Scale {
@@ -175,6 +175,7 @@ impl Scale {
                 eval_batch_tokens: 262_144,
                 meaningful: true,
                 est_step_s: 0.35,
+                headline_seeds: 3,
             },
             other => anyhow::bail!("unknown scale `{other}`: expected one of {}", SCALES.join(", ")),
         })

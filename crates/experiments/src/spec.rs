@@ -21,7 +21,8 @@ pub enum Kind {
     Sinks,
     /// The Newton's-law experiment: its own small model per row, trained on orbits (no language model).
     Physics,
-    /// Passkey retrieval by length and depth: the trained models, fine-tuned on the task (no losses).
+    /// Associative recall by prompt length and needle distance: small models of its own, trained from
+    /// scratch on the task (no language-model losses).
     Retrieval,
     /// Zero-shot multiple choice on user-supplied data sets (`--downstream DIR`).
     Downstream,
@@ -120,6 +121,31 @@ impl Experiment {
     }
 }
 
+/// The default reproduction's scope: `all` restricted to the rows that train one of `headline` (the
+/// variants the headline claims read) with no post-hoc power or one of `powers`, and to the
+/// experiments that read such rows through the language models' losses, sinks, retrieval or
+/// downstream scores (the retrieval benchmark whole: its rows are models of its own), less the
+/// experiments named in `skip` (the Tables 1-3 ordering tables, whose
+/// verdicts compare their own single-seed rows). Figure 2's sweep (a p sweep), Newton's law (its own
+/// models per row), the skipped tables and Table 4's other rows are left to `reproduce --all`.
+pub fn headline(
+    all: Vec<Experiment>,
+    headline: &std::collections::BTreeSet<String>,
+    powers: &[u32],
+    skip: &[String],
+) -> Vec<Experiment> {
+    all.into_iter()
+        .filter(|e| !matches!(e.kind, Kind::PSweep | Kind::Physics) && !skip.contains(&e.name))
+        .filter_map(|mut e| {
+            // The retrieval benchmark's rows are its own small models: it runs whole.
+            if e.kind != Kind::Retrieval {
+                e.rows.retain(|r| headline.contains(&r.train) && r.posthoc.is_none_or(|p| powers.contains(&p)));
+            }
+            (!e.rows.is_empty()).then_some(e)
+        })
+        .collect()
+}
+
 /// One evaluation of a trained model: a RoPE treatment, a post-hoc power, a length multiple.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub struct EvalKey {
@@ -147,7 +173,8 @@ impl EvalKey {
 /// Every training run (by trained variant name) and the evaluations each needs.
 pub fn plan(experiments: &[Experiment]) -> BTreeMap<String, Vec<EvalKey>> {
     let mut out: BTreeMap<String, Vec<EvalKey>> = BTreeMap::new();
-    for e in experiments.iter().filter(|e| e.kind != Kind::Physics) {
+    // Physics and retrieval train small models of their own: no language-model runs.
+    for e in experiments.iter().filter(|e| !matches!(e.kind, Kind::Physics | Kind::Retrieval)) {
         for r in &e.rows {
             let needs = out.entry(r.train.clone()).or_default();
             let mut add = |ntk: bool, posthoc: Option<u32>| {
@@ -166,9 +193,9 @@ pub fn plan(experiments: &[Experiment]) -> BTreeMap<String, Vec<EvalKey>> {
                         add(true, Some(p));
                     }
                 }
-                // Trained, but measured by [`sink_plan`], not by losses.
-                Kind::Sinks | Kind::Retrieval | Kind::Downstream => {}
-                Kind::Physics => unreachable!("filtered above"),
+                // Trained, but measured by [`sink_plan`] or by the downstream scorer, not by losses.
+                Kind::Sinks | Kind::Downstream => {}
+                Kind::Physics | Kind::Retrieval => unreachable!("filtered above"),
             }
         }
     }
@@ -230,10 +257,10 @@ mod tests {
                 "newton"
             ]
         );
-        // The physics experiment trains its own small models: it adds no language-model runs.
-        let physics: Vec<_> = all.iter().filter(|e| e.kind == Kind::Physics).cloned().collect();
-        assert_eq!(physics.len(), 1);
-        assert!(plan(&physics).is_empty());
+        // The physics and retrieval experiments train their own small models: no language-model runs.
+        let own: Vec<_> = all.iter().filter(|e| matches!(e.kind, Kind::Physics | Kind::Retrieval)).cloned().collect();
+        assert_eq!(own.len(), 2);
+        assert!(plan(&own).is_empty());
         let sinks = sink_plan(&all);
         assert_eq!(sinks.keys().collect::<Vec<_>>(), ["lssa", "lssa+rw15", "softmax"]);
         assert!(sinks["lssa"].contains(&SinkKey { posthoc: Some(15), multiple: 8, map: true }));
@@ -251,5 +278,23 @@ mod tests {
         assert_eq!(rows.len(), 2);
         assert_eq!(rows[0].paper, rows[1].paper);
         assert_eq!(rows[1].posthoc, Some(15));
+    }
+
+    #[test]
+    fn the_default_scope_keeps_the_headline_rows_and_the_retrieval_benchmark() {
+        let headline_variants: std::collections::BTreeSet<String> =
+            ["softmax", "lssa", "lssa+rw15", "softmax+rw15"].iter().map(|s| s.to_string()).collect();
+        let skip: Vec<String> = ["table1", "table2", "table3"].iter().map(|s| s.to_string()).collect();
+        let h = headline(all().unwrap(), &headline_variants, &[15], &skip);
+        let names: Vec<&str> = h.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["table4", "figure1", "sinks", "retrieval", "downstream"]);
+        let p = plan(&h);
+        assert_eq!(p.keys().cloned().collect::<std::collections::BTreeSet<_>>(), headline_variants);
+        // Table 4 keeps its headline rows, with p = 15 post hoc but not p = 3.
+        let t4: Vec<&str> = h[0].rows.iter().map(|r| r.label.as_str()).collect();
+        assert!(t4.contains(&"LSSAR, p=15 (post hoc)") && !t4.contains(&"LSSA, p=3 (post hoc)"), "{t4:?}");
+        assert!(!p["lssa"].iter().any(|k| k.posthoc == Some(3)));
+        // The retrieval benchmark keeps its ablation rows.
+        assert_eq!(h[3].rows.len(), all().unwrap()[7].rows.len());
     }
 }

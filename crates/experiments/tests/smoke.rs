@@ -1,14 +1,16 @@
-//! `reproduce --scale smoke` end to end: every experiment runs, the report and its figures are written,
-//! every run (every seed) has its evaluations with per-window losses, every verdict is judged, a
-//! second invocation redoes nothing, and more seeds later train only the new ones.
+//! `reproduce --scale smoke` end to end: with `--all` every experiment runs, the report and its figures
+//! are written, every run (every seed) has its evaluations with per-window losses, every verdict is
+//! judged, a second invocation redoes nothing, and more seeds later train only the new ones; without
+//! it, the plan is the headline rows alone.
 
 use std::path::Path;
 use std::process::Command;
 
 const REPRODUCE: &str = env!("CARGO_BIN_EXE_reproduce");
 
+/// `reproduce --all`: every experiment.
 fn reproduce(out: &Path) -> std::process::Output {
-    reproduce_with(out, &[])
+    reproduce_with(out, &["--all"])
 }
 
 fn reproduce_with(out: &Path, extra: &[&str]) -> std::process::Output {
@@ -46,7 +48,7 @@ fn a_diverging_run_is_retried_at_lower_learning_rates_then_recorded() {
     let out = std::env::temp_dir().join(format!("lssa-smoke-diverge-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&out);
     // Unnormalised exp attention at an absurd learning rate diverges at every rate tried.
-    reproduce_with(&out, &["--only", "exp-nonorm", "--set", "lr=400", "--set", "warmup_steps=0"]);
+    reproduce_with(&out, &["--all", "--only", "exp-nonorm", "--set", "lr=400", "--set", "warmup_steps=0"]);
     let r = result(&out, "exp-nonorm");
     let err = r.error.as_deref().expect("recorded as failed");
     for lr in ["lr 400 ", "lr 200 ", "lr 100 "] {
@@ -57,7 +59,7 @@ fn a_diverging_run_is_retried_at_lower_learning_rates_then_recorded() {
     assert!(report.contains("training failed: training diverged at lr 400"), "the report names the divergence");
     // A later invocation reads the failed result back (its NaN loss was written as null) and does not retrain it.
     let before = std::fs::read_to_string(out.join("exp-nonorm").join("result.json")).unwrap();
-    reproduce_with(&out, &["--only", "exp-nonorm", "--set", "lr=400", "--set", "warmup_steps=0"]);
+    reproduce_with(&out, &["--all", "--only", "exp-nonorm", "--set", "lr=400", "--set", "warmup_steps=0"]);
     assert_eq!(std::fs::read_to_string(out.join("exp-nonorm").join("result.json")).unwrap(), before);
     std::fs::remove_dir_all(&out).unwrap();
 }
@@ -73,7 +75,7 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
     for (from, to) in [("arc.jsonl", "arc_easy.jsonl"), ("piqa.jsonl", "piqa.jsonl"), ("mmlu.jsonl", "mmlu.jsonl")] {
         std::fs::copy(fixtures.join(from), mc.join(to)).unwrap();
     }
-    let first = reproduce_with(&out, &["--downstream", mc.to_str().unwrap()]);
+    let first = reproduce_with(&out, &["--all", "--downstream", mc.to_str().unwrap()]);
     // Off a terminal, every training logs plain progress lines (smoke: 6 steps, a line per step).
     let log = String::from_utf8_lossy(&first.stderr);
     for step in 1..=6 {
@@ -116,41 +118,40 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
         "the attention maps"
     );
     assert!(out.join("figures/map_lssa_rw15_8x.png").exists());
-    // Retrieval: every row evaluated, with its heat map; the physics experiment too, with its verdict.
-    assert!(report.contains("## Associative recall") && report.contains("## Newton's law"));
+    // Retrieval: its own models, every row with its 1x gate and accuracies, both RoPE figures, every
+    // claim of `[[retrieval]]` with a verdict line; the physics experiment too, with its verdict.
+    assert!(report.contains("## Associative recall from scratch") && report.contains("## Newton's law"));
     assert!(report.contains("**LSSAR recovers Newton's law and softmax does not**"), "the Newton verdict line");
-    assert!(
-        report.contains("**LSSAR retrieves beyond the training length where softmax does not**"),
-        "the verdict line"
-    );
-    for row in ["| Softmax |", "| LSSAR p=15 (post hoc) |"] {
+    for claim in &experiments::claims::all().unwrap().retrieval {
+        assert!(report.contains(&format!("**{}**", claim.name)), "no verdict line for {}", claim.name);
+    }
+    let retrieval = experiments::spec::all().unwrap().into_iter().find(|e| e.name == "retrieval").unwrap();
+    for row in &retrieval.rows {
         let line = report
             .lines()
-            .find(|l| l.starts_with(row) && l.contains('%'))
-            .unwrap_or_else(|| panic!("no retrieval row {row}"));
-        assert!(!line.contains("| - |"), "{line}");
+            .find(|l| {
+                l.starts_with(&format!("| {} |", row.label)) && (l.contains("passed") || l.contains("not learnt"))
+            })
+            .unwrap_or_else(|| panic!("no retrieval gate row for {}", row.label));
+        assert!(!line.contains("not run"), "{line}");
     }
-    let retrieval_figs: Vec<&str> = report
-        .lines()
-        .filter_map(|l| l.strip_prefix("![").and_then(|l| l.split("](").nth(1)))
-        .map(|l| l.split(')').next().unwrap())
-        .filter(|p| p.starts_with("figures/retrieval_"))
-        .collect();
-    assert_eq!(retrieval_figs.len(), 5, "the accuracy figure and a heat map per row: {retrieval_figs:?}");
-    for f in retrieval_figs {
-        assert!(out.join(f).exists(), "{f}");
-    }
-    let cached: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(out.join("retrieval").join("Softmax.json")).unwrap()).unwrap();
-    let rr: experiments::retrieval_eval::RetrievalResult = serde_json::from_value(cached["result"].clone()).unwrap();
-    // Every trained seed answered every cell that fits, with the recall mix in its training.
-    assert!(!rr.seeds.is_empty());
-    for s in &rr.seeds {
-        assert_eq!(s.recall_share, experiments::scale::RECALL_SHARE);
-        assert!(s.cells.iter().any(|c| c.multiple == 1) && s.cells.iter().any(|c| c.distance > 1.0));
-        for c in &s.cells {
-            assert_eq!(c.correct.len(), rr.settings.prompts);
-            assert!(c.log_p.iter().all(|&l| l <= 0.0 && l > -50.0), "log-probabilities among the candidates");
+    let settings = experiments::retrieval::Settings::for_scale("smoke");
+    for k in 0..settings.seeds {
+        let cached: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(out.join("retrieval").join(format!("lssa_seed{k}.json"))).unwrap(),
+        )
+        .unwrap();
+        let run: experiments::retrieval::SeedRun = serde_json::from_value(cached["run"].clone()).unwrap();
+        assert_eq!(run.seed_index, k);
+        // Post-hoc p = 15 and as trained, every length, both RoPE treatments beyond 1x.
+        for posthoc in [None, Some(15)] {
+            for &m in &settings.multiples {
+                for ntk in [true, false] {
+                    let a = run.get(ntk, posthoc, m).unwrap_or_else(|| panic!("{posthoc:?} {m}x ntk {ntk}"));
+                    assert_eq!(a.correct.len(), settings.prompts * settings.asked);
+                    assert_eq!(a.distance.len(), a.correct.len());
+                }
+            }
         }
     }
     for fig in [
@@ -160,7 +161,8 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
         "claims_gap",
         "sinks_first_key",
         "sinks_entropy",
-        "retrieval_accuracy",
+        "retrieval_ntk",
+        "retrieval_plain",
         "newton_force_ratio",
     ] {
         for ext in ["png", "svg"] {
@@ -211,7 +213,7 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
     // The same run trained by two Gloo ranks (each half of the global batch, through the launcher)
     // lands on the same losses as the single process that accumulated both halves.
     let ranks = out.with_extension("ranks");
-    reproduce_with(&ranks, &["--only", "lssa", "--seeds", "1", "--nproc-per-node", "2"]);
+    reproduce_with(&ranks, &["--all", "--only", "lssa", "--seeds", "1", "--nproc-per-node", "2"]);
     let one = result(&out, "lssa");
     let two = result(&ranks, "lssa");
     assert!(
@@ -237,8 +239,26 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
         "the verdicts changed without new work"
     );
     // A fourth seed later trains only the fourth seed.
-    reproduce_with(&out, &["--only", "lssa+rw15", "--seeds", "4"]);
+    reproduce_with(&out, &["--all", "--only", "lssa+rw15", "--seeds", "4"]);
     assert_eq!(dirs.iter().map(|d| checkpoint_time(d)).collect::<Vec<_>>(), before, "an old seed was retrained");
     assert_eq!(seed_result(&out, "lssa+rw15", 3).seed_index, 3);
     std::fs::remove_dir_all(&out).unwrap();
+}
+
+#[test]
+fn the_default_plans_the_headline_rows_and_all_plans_every_experiment() {
+    let out = std::env::temp_dir().join(format!("lssa-smoke-plan-{}", std::process::id()));
+    let plan = |extra: &[&str]| {
+        let o = reproduce_with(&out, &[&["--plan"], extra].concat());
+        String::from_utf8_lossy(&o.stdout).lines().map(String::from).collect::<Vec<_>>()
+    };
+    let seeds = experiments::scale::Scale::by_name("smoke").unwrap().headline_seeds;
+    let default = plan(&[]);
+    let headline: Vec<String> = experiments::claims::all().unwrap().variants().into_iter().collect();
+    assert_eq!(default.len(), headline.len(), "{default:?}");
+    for (line, v) in default.iter().zip(&headline) {
+        assert!(line.starts_with(&format!("{v}: {seeds} seeds, ")), "{line}");
+    }
+    assert_eq!(plan(&["--all"]).len(), 26);
+    assert!(plan(&["--seeds", "9"]).iter().all(|l| l.contains(": 9 seeds")));
 }

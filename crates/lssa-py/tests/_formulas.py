@@ -25,7 +25,7 @@ from torch import Tensor
 class Stage1:
     act: str
     cosine: bool = False
-    scale: str = "1/sqrt(d)"  # or "ln(d) ln(N)" (LSSA)
+    scale: str = "1/sqrt(d)"  # or "ln(d) ln(N)" (LSSA), "ln(N)/sqrt(d)" (length scale only)
     bias: str = "0"  # or "-ln(T_train)", "-ln(N)"
     norm: str = "l1"  # or "none", "/N", "/L"
     transform: str = "none"  # or "inverse", "recentered", "recentered-l1"
@@ -55,6 +55,8 @@ PRESETS = {
     "relu-rowlen": Stage1("relu", norm="/N"),
     "relu-ln": Stage1("relu", norm="none", layer_norm=True),
     "lssa": Stage1("softplus", cosine=True, scale="ln(d) ln(N)"),
+    "lssa-exp": Stage1("exp", cosine=True, scale="ln(d) ln(N)"),
+    "softmax-logn": Stage1("exp", scale="ln(N)/sqrt(d)"),
 }
 
 
@@ -105,6 +107,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, name: str, dtype: torch.dtype = t
         dots = (q[:, :, i : i + 1, :] * k[:, :, :n, :]).sum(-1)  # (B, H, N)
         if s1.scale == "1/sqrt(d)":
             scale = 1 / math.sqrt(d)
+        elif s1.scale == "ln(N)/sqrt(d)":
+            scale = math.log(n) / math.sqrt(d)
         else:  # LSSA: ln(d) ln(N_i), the ln(d) replaceable by d_factor
             scale = (d_factor if d_factor is not None else math.log(d)) * math.log(n)
         bias = {"0": 0.0, "-ln(T_train)": -math.log(t_train or 1), "-ln(N)": -math.log(n)}[s1.bias]

@@ -15,6 +15,8 @@ from conftest import inputs, tolerance, with_grads
 FUSED = [
     "softmax",
     "lssa",
+    "lssa-exp",
+    "softmax-logn",
     "softplus-l1",
     "relu-l1",
     "relu2-l1",
@@ -41,6 +43,8 @@ FUSED = [
     "sigmoid-rowbias-l1+rw15",
     "relu-seqlen+rw3",
     "lssa:d_factor=4.0+rw15",
+    "lssa-exp+rw15",
+    "softmax-logn+rw15",
 ]
 
 # Variants without a fused kernel: the Table-1 transforms, and re-weighting before relu-ln's layer norm.

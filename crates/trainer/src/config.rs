@@ -6,6 +6,8 @@ use std::path::PathBuf;
 use gpt_model::ModelConfig;
 use serde::{Deserialize, Serialize};
 
+use crate::data::loader::WindowSampling;
+
 /// Where to train.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
@@ -64,9 +66,16 @@ pub struct TrainConfig {
     pub ckpt_every: usize,
     /// Keep this many most recent checkpoints (at least 1).
     pub keep_last: usize,
-    /// Seed of the initialisation and of the data order (the training stream is read from a token
-    /// derived from it: [`crate::data::loader::seed_rotation`]).
+    /// Seed of the initialisation and of the data order (see `sampling`).
     pub seed: u64,
+    /// How training windows are chosen ([`crate::data::loader`]): `"random"` (the default) starts each
+    /// window of `context_len + 1` tokens at a uniformly random token of the whole training split,
+    /// drawn from a hash of `seed` and the window's index, so any run reads windows spread over all
+    /// of it; `"stream"` reads consecutive windows of the split in epochs, from a token derived from
+    /// `seed` ([`crate::data::loader::seed_rotation`]), so a run shorter than an epoch reads one
+    /// seed-chosen stretch. Both resume exactly and give one process the windows of several ranks; a
+    /// checkpoint resumes only with the sampling that wrote it.
+    pub sampling: WindowSampling,
     /// Device.
     pub device: DeviceChoice,
     /// bf16 autocast on CUDA (ignored on the CPU).
@@ -109,6 +118,7 @@ impl Default for TrainConfig {
             ckpt_every: 200,
             keep_last: 2,
             seed: 1337,
+            sampling: WindowSampling::Random,
             device: DeviceChoice::Auto,
             bf16: true,
             threads: 0,
@@ -344,5 +354,13 @@ mod tests {
         assert_eq!((c.model.n_layer, c.model.d_model), (3, tiny.d_model));
         let err = TrainConfig::from_toml_with_overrides("[model]\npreset = \"gpt5\"\n", "t.toml", &[]).unwrap_err();
         assert!(err.to_string().contains("model.preset"), "{err}");
+        // `sampling`: random by default and printed, stream on request, nothing else.
+        assert!(TrainConfig::default().to_toml().contains("sampling = \"random\""));
+        let c = TrainConfig::from_toml_with_overrides("", "t.toml", &["sampling=stream".into()]).unwrap();
+        assert_eq!(c.sampling, WindowSampling::Stream);
+        assert_eq!(TrainConfig::from_toml_with_overrides(&c.to_toml(), "x", &[]).unwrap(), c);
+        let err = TrainConfig::from_toml_with_overrides("sampling = \"shuffled\"\n", "t.toml", &[]).unwrap_err();
+        let e = err.to_string();
+        assert!(e.contains("sampling") && e.contains("expected `random` or `stream`"), "{e}");
     }
 }

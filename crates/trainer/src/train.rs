@@ -24,6 +24,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::config::{DeviceChoice, TrainConfig};
+use crate::data::loader::WindowSampling;
 use crate::eval;
 use crate::optim::{self, AdamW};
 
@@ -123,7 +124,8 @@ impl Rank {
     /// This rank's share of the training split of `cfg.data_dir`.
     pub fn open_data(&self, cfg: &TrainConfig) -> Result<ShardSource> {
         let c = self.collective();
-        ShardSource::open(&cfg.data_dir, cfg.batch_size, cfg.model.context_len, c.rank(), c.world_size(), cfg.seed)
+        let (batch, seq) = (cfg.batch_size, cfg.model.context_len);
+        ShardSource::open(&cfg.data_dir, batch, seq, c.rank(), c.world_size(), cfg.seed, cfg.sampling)
             .with_context(|| format!("opening the training data in {}", cfg.data_dir.display()))
     }
 }
@@ -525,7 +527,7 @@ fn resume(
     let t: u64 = get("optim_t")?.parse().context("optim_t")?;
     opt.load_state(&state, t).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
     let pos: serde_json::Value = serde_json::from_str(get("data_position")?).context("data_position")?;
-    data.seek(&pos)?;
+    data.seek(&pos).with_context(|| format!("{}: its data position", path.display()))?;
     let step: usize = get("step")?.parse().context("step")?;
     ensure!(step <= cfg.max_steps, "{}: already at step {step} >= max_steps {}", path.display(), cfg.max_steps);
     Ok(step)
@@ -541,10 +543,19 @@ pub struct ShardSource {
 }
 
 impl ShardSource {
-    /// Opens the training split of `dir` for this rank, in the order of `seed` (the stream read from
-    /// [`crate::data::loader::seed_rotation`]'s token on).
-    pub fn open(dir: &Path, batch: usize, seq_len: usize, rank: usize, world: usize, seed: u64) -> Result<Self> {
-        use crate::data::loader::{DataLoader, Geometry, seed_rotation};
+    /// Opens the training split of `dir` for this rank, in the order of `seed` under `sampling`
+    /// ([`crate::data::loader::DataLoader::seeded`]: random windows keyed by the seed, or the stream
+    /// read from [`crate::data::loader::seed_rotation`]'s token on).
+    pub fn open(
+        dir: &Path,
+        batch: usize,
+        seq_len: usize,
+        rank: usize,
+        world: usize,
+        seed: u64,
+        sampling: WindowSampling,
+    ) -> Result<Self> {
+        use crate::data::loader::{DataLoader, Geometry};
         let sd = crate::data::shard::ShardDir::open(dir)?;
         let tokenizer = sd.tokenizer_id().to_string();
         let loader = DataLoader::open(
@@ -553,8 +564,7 @@ impl ShardSource {
             Geometry::new(batch, seq_len, rank, world)?,
             Some(&tokenizer),
         )?;
-        let rotation = seed_rotation(seed, loader.total_tokens());
-        Ok(Self { loader: loader.rotated(rotation), tokenizer })
+        Ok(Self { loader: loader.seeded(sampling, seed), tokenizer })
     }
 }
 

@@ -363,5 +363,11 @@ fn bad_input_gives_one_clear_error() {
     // A checkpoint of another model: refused, naming the field.
     let e = err(&["--set", "max_steps=4", "--set", "model.n_layer=3", "--resume", "latest"]);
     assert!(e.contains("n_layer"), "{e}");
+    // A checkpoint of the other window sampling: refused, naming the setting that resumes it.
+    let e = err(&["--set", "max_steps=4", "--set", "sampling=\"stream\"", "--resume", "latest"]);
+    assert!(
+        e.contains("`random` sampling, but this loader has `stream`") && e.contains("sampling = \"random\""),
+        "{e}"
+    );
     std::fs::remove_dir_all(&root).unwrap();
 }

