@@ -142,7 +142,8 @@ pub fn write(
     let claims = crate::claims::all()?;
     let judged = crate::claims::judge(&claims, results);
     let orderings = crate::claims::judge_orderings(&claims, experiments, results);
-    verdicts_section(&mut md, &judged, &orderings, crate::claims::seed_noise(results));
+    let noise = crate::claims::seed_noise(results);
+    verdicts_section(&mut md, &judged, &orderings, noise);
     if gap_figure(results, &figures_dir.join("claims_gap"))? {
         let _ = writeln!(
             md,
@@ -185,6 +186,7 @@ pub fn write(
         match e.kind {
             Kind::Table => {
                 table(&mut md, e, results);
+                resolution(&mut md, e, results, noise);
                 if let Some(o) = orderings.iter().find(|o| o.experiment == e.name) {
                     ordering_pairs(&mut md, o);
                 }
@@ -561,6 +563,55 @@ fn verdicts_section(
         );
     }
     let _ = writeln!(md);
+}
+
+/// The smallest difference between two of a table's rows at 1x that our seeds resolve (the half-width
+/// of a paired difference's 95% interval from the seed noise alone: the validation spans add a
+/// little), beside the paper's differences between the same rows.
+fn resolution(md: &mut String, e: &Experiment, results: &Runs, noise: Option<crate::stats::SeedNoise>) {
+    let Some(n) = noise else { return };
+    let seeds: Vec<usize> = e
+        .rows
+        .iter()
+        .filter(|r| r.posthoc.is_none())
+        .map(|r| results.get(&r.train).map_or(0, |s| s.iter().filter(|x| x.error.is_none()).count()))
+        .filter(|&k| k > 0)
+        .collect();
+    let (Some(&few), Some(&most)) = (seeds.iter().min(), seeds.iter().max()) else { return };
+    let t = crate::stats::t_quantile(0.975, n.df as f64);
+    // Two rows on the same seeds: the shared part of the seed noise cancels in the difference.
+    let half = |k: usize| t * (n.variance(&[1.0, -1.0]) / k as f64).sqrt();
+    let paper: Vec<f64> = e.rows.iter().filter_map(|r| r.paper.first().copied()).collect();
+    let spread = |xs: &[f64]| {
+        let mut d: Vec<f64> =
+            xs.iter().enumerate().flat_map(|(i, a)| xs[i + 1..].iter().map(move |b| (a - b).abs())).collect();
+        d.sort_by(f64::total_cmp);
+        (d.first().copied(), d.get(d.len() / 2).copied(), d.last().copied())
+    };
+    let ours = if few == most {
+        format!("about ±{:.3} nats ({few} seed{} per row)", half(few), if few == 1 { "" } else { "s" })
+    } else {
+        format!(
+            "about ±{:.3} nats between rows with {few} seed{}, ±{:.3} between rows with {most}",
+            half(few),
+            if few == 1 { "" } else { "s" },
+            half(most)
+        )
+    };
+    let theirs = match spread(&paper) {
+        (Some(lo), Some(mid), Some(hi)) => {
+            format!(
+                "the paper's differences between these rows at its first length are {lo:.4} to {hi:.4} nats (median {mid:.4})"
+            )
+        }
+        _ => "the paper gives no numbers for these rows".to_string(),
+    };
+    let _ = writeln!(
+        md,
+        "
+Resolution: a difference between two of these rows at 1x is resolved when it exceeds {ours}, from the seed noise measured on the multi-seed rows (sd {:.4}, correlation {:.2} on a shared seed, t with {} degrees of freedom); {theirs}.",
+        n.sd, n.rho, n.df
+    );
 }
 
 /// The pairs of an ordering table: the paper's difference, ours with its interval, and which count.
