@@ -195,7 +195,7 @@ pub(super) fn t_quantile_expansion(p: f64, df: f64) -> f64 {
 }
 
 /// The `p` quantile of Student's t with `df > 0` (real, `f64::INFINITY` for the normal) degrees of
-/// freedom; NaN outside `0 < p < 1`. Below [`EXPANSION_DF`], the root of the CDF by bisection on
+/// freedom; NaN outside `0 < p < 1`. Below `EXPANSION_DF` (1e4), the root of the CDF by bisection on
 /// `ln t` (to the last bit, about 1e-13 relative with the CDF's own error).
 pub fn t_quantile(p: f64, df: f64) -> f64 {
     if !(p > 0.0 && p < 1.0) || df.is_nan() || df <= 0.0 {
