@@ -152,6 +152,7 @@ fn draw_gaps<DB: DrawingBackend>(
     root: DrawingArea<DB, plotters::coord::Shift>,
     title: &str,
     (x_desc, y_desc): (&str, &str),
+    zero_line: bool,
     series: &[GapSeries],
 ) -> Result<()>
 where
@@ -160,7 +161,9 @@ where
     let e = |x: DrawingAreaErrorKind<DB::ErrorType>| anyhow::anyhow!("{x:?}");
     root.fill(&WHITE).map_err(e)?;
     let all = series.iter().flat_map(|s| s.3.iter());
-    let (mut y0, mut y1, mut x1) = (0f64, 0f64, 2f64);
+    // A gap figure keeps 0 (no difference) in view; other figures fit their data.
+    let (mut y0, mut y1, mut x1) =
+        if zero_line { (0f64, 0f64, 2f64) } else { (f64::INFINITY, f64::NEG_INFINITY, 2f64) };
     for (x, i) in all {
         y0 = y0.min(i.lo);
         y1 = y1.max(i.hi);
@@ -184,7 +187,9 @@ where
         .x_label_formatter(&|v| format!("{:.0}", 2f64.powf(v.round())))
         .draw()
         .map_err(e)?;
-    chart.draw_series(LineSeries::new([(-0.3, 0.0), (x1.log2() + 0.3, 0.0)], BLACK.mix(0.4))).map_err(e)?;
+    if zero_line {
+        chart.draw_series(LineSeries::new([(-0.3, 0.0), (x1.log2() + 0.3, 0.0)], BLACK.mix(0.4))).map_err(e)?;
+    }
     for (label, c, dashed, pts) in series {
         let color = COLORS[c % COLORS.len()];
         let style = ShapeStyle { color: color.to_rgba(), filled: false, stroke_width: 2 };
@@ -207,7 +212,7 @@ where
         .configure_series_labels()
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
-        .position(SeriesLabelPosition::UpperLeft)
+        .position(if zero_line { SeriesLabelPosition::UpperLeft } else { SeriesLabelPosition::LowerLeft })
         .draw()
         .map_err(e)?;
     root.present().map_err(e)?;
@@ -220,23 +225,25 @@ pub(crate) fn save_gaps(path_no_ext: &Path, title: &str, series: &[GapSeries]) -
         path_no_ext,
         title,
         ("inference length / training length", "loss minus softmax's (nats/token)"),
+        true,
         series,
     )
 }
 
 /// Draws `series` (estimates with 95% intervals against a length multiple, on a log2 axis) to
-/// `<path>.png` and `<path>.svg`, with axis `labels` (x, y).
+/// `<path>.png` and `<path>.svg`, with axis `labels` (x, y); `zero_line` keeps 0 in view and draws it.
 pub(crate) fn save_intervals(
     path_no_ext: &Path,
     title: &str,
     labels: (&str, &str),
+    zero_line: bool,
     series: &[GapSeries],
 ) -> Result<()> {
     let png = path_no_ext.with_extension("png");
     let svg = path_no_ext.with_extension("svg");
-    draw_gaps(BitMapBackend::new(&png, (900, 560)).into_drawing_area(), title, labels, series)
+    draw_gaps(BitMapBackend::new(&png, (900, 560)).into_drawing_area(), title, labels, zero_line, series)
         .with_context(|| format!("drawing {}", png.display()))?;
-    draw_gaps(SVGBackend::new(&svg, (900, 560)).into_drawing_area(), title, labels, series)
+    draw_gaps(SVGBackend::new(&svg, (900, 560)).into_drawing_area(), title, labels, zero_line, series)
         .with_context(|| format!("drawing {}", svg.display()))?;
     Ok(())
 }

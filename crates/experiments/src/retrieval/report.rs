@@ -271,13 +271,14 @@ pub fn section(
             }
             let _ = writeln!(md);
             series.push((format!("{} (beyond)", r.label), i, false, beyond));
-            series.push((format!("{} (inside)", r.label), i, true, inside));
+            series.push((format!("{} (inside, dashed)", r.label), i, true, inside));
         }
         let name = format!("{}_{}", e.name, if ntk { "ntk" } else { "plain" });
         save_intervals(
             &figures.dir.join(&name),
             &format!("Recall accuracy against prompt length, {rope} RoPE (needle inside / beyond T_train)"),
             ("prompt length / training length", "accuracy"),
+            false,
             &series,
         )?;
         let _ = writeln!(
