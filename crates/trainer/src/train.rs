@@ -71,6 +71,10 @@ pub trait Collective {
     fn rank(&self) -> usize;
     /// Number of ranks.
     fn world_size(&self) -> usize;
+    /// This process's index on its node (the CUDA device it uses); 0 outside a process group.
+    fn local_rank(&self) -> usize {
+        0
+    }
     /// Overwrite `tensors` with rank 0's.
     fn broadcast_(&self, tensors: &[Tensor]) -> Result<()>;
     /// Replace `tensors` with their mean over ranks.
@@ -258,14 +262,16 @@ pub fn train(
         data
     };
     let accum = cfg.accumulation(world)?;
-    let local_rank = std::env::var("LOCAL_RANK").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
-    let device = pick_device(cfg.device, local_rank)?;
-    if cfg.threads > 0 {
-        tch::set_num_threads(cfg.threads as i32);
-    }
+    // One writer per run directory, for the whole training: a second one is refused here, before
+    // anything below deletes or writes.
+    let _lock = if rank == 0 { Some(crate::process::RunLock::acquire(&cfg.out_dir)?) } else { None };
+    let device = pick_device(cfg.device, coll.local_rank())?;
+    crate::process::claim_threads(cfg.threads)?;
     let autocast = cfg.bf16 && device.is_cuda();
     if autocast {
-        gpt_model::runtime::use_bf16_autocast();
+        // The same setting for every training that asks for it: set once, never undone.
+        static BF16: std::sync::Once = std::sync::Once::new();
+        BF16.call_once(gpt_model::runtime::use_bf16_autocast);
     }
     // Every rank refuses (so none waits on a rank 0 that stopped); rank 0 alone deletes.
     if opts.resume.is_none() {
@@ -330,7 +336,9 @@ pub fn train(
     } else {
         None
     };
-    let bar = (rank == 0 && opts.progress).then(|| {
+    // On a terminal a bar; otherwise (a job log, `nohup`) a plain line per evaluation and per tenth.
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let bar = (rank == 0 && opts.progress && terminal).then(|| {
         let b = indicatif::ProgressBar::new(cfg.max_steps as u64);
         b.set_style(
             indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] step {pos}/{len} {msg} (eta {eta})")
@@ -343,6 +351,7 @@ pub fn train(
     tracing::info!(rank, world, accum, ?device, params = cfg.model.n_params(), start_step = step, "training");
 
     let (b, t) = (cfg.batch_size as i64, cfg.model.context_len as i64);
+    let first_step = step;
     let mut steps = Vec::new();
     let mut last_ckpt = PathBuf::new();
     let mut tokens_seen = 0usize;
@@ -416,6 +425,10 @@ pub fn train(
                 Some(v) => format!("loss {loss:.4} val {v:.4}"),
                 None => format!("loss {loss:.4}"),
             });
+        } else if rank == 0 && opts.progress {
+            if val_loss.is_some() || step.is_multiple_of(cfg.max_steps.div_ceil(10)) {
+                eprintln!("{}", progress_line(&m, cfg.max_steps, first_step));
+            }
         } else if rank == 0 && (val_loss.is_some() || step.is_multiple_of(50) || step == 1) {
             tracing::info!(step, loss, lr, grad_norm, tokens_per_s, val_loss, "step");
         }
@@ -432,6 +445,18 @@ pub fn train(
     }
     let wall_s = start.elapsed().as_secs_f64();
     Ok(RunSummary { steps, checkpoint: last_ckpt, wall_s, tokens_per_s: tokens_seen as f64 / wall_s })
+}
+
+/// `trainer: step 500/2000, loss 4.1234, val 4.2001, 10234 tok/s, ~3.2 min left` (the time left from
+/// the pace since `first_step`, where this invocation started).
+pub fn progress_line(m: &StepMetrics, max_steps: usize, first_step: usize) -> String {
+    let done = m.step.saturating_sub(first_step).max(1) as f64;
+    let left_min = m.elapsed_s / done * max_steps.saturating_sub(m.step) as f64 / 60.0;
+    let val = m.val_loss.map_or(String::new(), |v| format!(", val {v:.4}"));
+    format!(
+        "trainer: step {}/{max_steps}, loss {:.4}{val}, {:.0} tok/s, ~{left_min:.1} min left",
+        m.step, m.loss, m.tokens_per_s
+    )
 }
 
 /// Writes the training state of `step` and deletes checkpoints beyond the newest `keep_last`.
@@ -591,6 +616,9 @@ impl BatchSource for ShardSource {
 impl Collective for crate::dist::ProcessGroup {
     fn rank(&self) -> usize {
         crate::dist::ProcessGroup::rank(self)
+    }
+    fn local_rank(&self) -> usize {
+        self.env().local_rank
     }
     fn world_size(&self) -> usize {
         crate::dist::ProcessGroup::world_size(self)

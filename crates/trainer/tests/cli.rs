@@ -130,6 +130,60 @@ fn a_killed_run_resumed_logs_every_step_once_and_ends_with_the_uninterrupted_wei
 }
 
 #[test]
+fn a_second_training_into_a_running_ones_directory_is_refused_and_touches_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    common::tiny_data(root.path());
+    let long = config(root.path(), "run", 100_000);
+    let dir = root.path().join("run");
+    let mut first = trainer(&long, &[]).stderr(std::process::Stdio::null()).spawn().unwrap();
+    while logged_steps(&dir).is_empty() {
+        assert!(first.try_wait().unwrap().is_none(), "the first run ended early");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // The same directory from another config (another length): refused at once, naming the directory
+    // and the first run's pid; its config.toml is still the first run's.
+    let other = common::tiny_config(root.path(), "run", 30, 10, 2);
+    let config_before = std::fs::read(dir.join("config.toml")).unwrap();
+    let second = run(&other, &["--overwrite"]);
+    assert!(!second.status.success());
+    let err = String::from_utf8_lossy(&second.stderr);
+    assert!(err.contains(&dir.display().to_string()) && err.contains(&format!("process {}", first.id())), "{err}");
+    assert_eq!(std::fs::read(dir.join("config.toml")).unwrap(), config_before, "the refused run wrote its config");
+    assert!(trainer::train::list_checkpoints(&dir).unwrap().iter().all(|c| c.exists()));
+    // Killed, the first run's lock dies with it: the next training there is not blocked.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    let after = run(&other, &["--overwrite"]);
+    assert!(after.status.success(), "{}", String::from_utf8_lossy(&after.stderr));
+}
+
+#[test]
+fn off_a_terminal_training_prints_a_plain_line_per_tenth_and_per_evaluation() {
+    let root = tempfile::tempdir().unwrap();
+    common::tiny_data(root.path());
+    let cfg = config(root.path(), "run", 20);
+    // Without --no-progress, stderr piped to this test: no bar, plain lines.
+    let out = Command::new(TRAINER)
+        .args(["train", "--eval-lengths", "1", "--config"])
+        .arg(&cfg)
+        .args(["--set", "eval_every=10"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("trainer: step ")).collect();
+    assert_eq!(lines.len(), 10, "one line per tenth of 20 steps: {err}");
+    for (i, l) in lines.iter().enumerate() {
+        assert!(l.starts_with(&format!("trainer: step {}/20, loss ", 2 * (i + 1))), "{l}");
+        assert!(l.contains("tok/s") && l.ends_with("min left"), "{l}");
+    }
+    // Steps 10 and 20 evaluate: their lines carry the validation loss.
+    assert!(lines[4].contains(", val ") && lines[9].contains(", val ") && !lines[0].contains(", val "), "{lines:?}");
+    assert!(!err.contains('\r') && !err.contains('\u{1b}'), "bar output in a log");
+}
+
+#[test]
 fn version_names_the_git_revision_and_closed_choices_are_checked() {
     let v = Command::new(TRAINER).arg("--version").output().unwrap();
     assert!(v.status.success());

@@ -176,6 +176,7 @@ fn an_export_evaluates_like_its_checkpoint_and_cannot_be_resumed() {
             "ntk",
             "--threads",
             "1",
+            "--json",
         ];
         serde_json::from_str(&ok(&args)).unwrap()
     };
@@ -184,6 +185,37 @@ fn an_export_evaluates_like_its_checkpoint_and_cannot_be_resumed() {
     assert_eq!(a["lengths"].as_array().unwrap().len(), 2);
     assert_eq!(a["lengths"], b["lengths"]);
     assert!(a.get("tasks").is_none() && a.get("passkey").is_none(), "sections not asked for are absent");
+    // Without --json: a table, one row per length, one column per setting, the JSON's numbers.
+    let file = scratch("eval-json").join("eval.json");
+    let table = ok(&[
+        "eval",
+        "--checkpoint",
+        ckpt(),
+        "--lengths",
+        "1,2",
+        "--val-tokens",
+        "512",
+        "--reweight",
+        "15",
+        "--threads",
+        "1",
+        "--out",
+        file.to_str().unwrap(),
+    ]);
+    assert!(table.starts_with("validation loss (nats/token"), "{table}");
+    let header = table.lines().nth(1).unwrap();
+    for col in ["ntk", "plain", "ntk rw15", "plain rw15"] {
+        assert!(header.contains(col), "{header}");
+    }
+    let written: Value = serde_json::from_str(&std::fs::read_to_string(&file).unwrap()).unwrap();
+    let lengths = written["lengths"].as_array().unwrap();
+    assert_eq!(lengths.len(), 2 * 4, "2 lengths x (2 RoPE x 2 powers)");
+    for (m, line) in [(1, table.lines().nth(2).unwrap()), (2, table.lines().nth(3).unwrap())] {
+        assert!(line.trim_start().starts_with(&format!("{m}x")), "{line}");
+        let first =
+            lengths.iter().find(|l| l["multiple"] == m && l["rope"] == "ntk" && l["reweight"].is_null()).unwrap();
+        assert!(line.contains(&format!("{:.4}", first["loss"].as_f64().unwrap())), "{line} vs {first}");
+    }
 
     // sample reads it too (its tokenizer from the recorded training data), with the same text.
     let s = |path: &str| ok(&["sample", "--checkpoint", path, "--prompt", "the", "--max-tokens", "8", "--seed", "4"]);
@@ -242,6 +274,7 @@ fn eval_tasks_and_passkey_use_the_shared_scorer_in_one_json() {
         "256",
         "--threads",
         "1",
+        "--json",
     ];
     let json: Value = serde_json::from_str(&ok(&args)).unwrap();
     assert_eq!((json["format"].as_str(), json["format_version"].as_u64()), (Some("lssa-eval"), Some(1)));

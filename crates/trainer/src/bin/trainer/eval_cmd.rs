@@ -1,5 +1,6 @@
 //! `trainer eval`: the validation loss at several lengths, downstream multiple choice and passkey
-//! retrieval of a checkpoint, as one JSON.
+//! retrieval of a checkpoint: tables on standard output, or one JSON with `--json` (and in the file
+//! of `--out`, whichever is printed).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -44,6 +45,9 @@ pub(crate) struct EvalArgs {
     /// Tokens per forward.
     #[arg(long, default_value_t = 16_384)]
     batch_tokens: usize,
+    /// Print the readings as one JSON document instead of tables.
+    #[arg(long)]
+    json: bool,
     /// Also write the JSON here.
     #[arg(long)]
     out: Option<PathBuf>,
@@ -241,11 +245,74 @@ pub(crate) fn eval_cmd(a: EvalArgs) -> Result<()> {
     let result =
         EvalResult { header: Header::new(EVAL_FORMAT, &a.checkpoint, &model_cfg), lengths, tasks: task_rows, passkey };
     let json = serde_json::to_string_pretty(&result)?;
-    println!("{json}");
+    if a.json {
+        println!("{json}");
+    } else {
+        print!("{}", tables(&result));
+    }
     if let Some(out) = &a.out {
         std::fs::write(out, &json).with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(())
+}
+
+/// The readings as plain-text tables: the loss by length (rows) and (RoPE, re-weighting) setting
+/// (columns), the task scores by re-weighting, and passkey accuracy by setting and length.
+fn tables(r: &EvalResult) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    if !r.lengths.is_empty() {
+        let mut settings: Vec<(Rope, Option<u32>)> = Vec::new();
+        let mut multiples: Vec<(usize, usize)> = Vec::new();
+        for l in &r.lengths {
+            if !settings.contains(&(l.rope, l.reweight)) {
+                settings.push((l.rope, l.reweight));
+            }
+            if !multiples.iter().any(|m| m.0 == l.multiple) {
+                multiples.push((l.multiple, l.seq_len));
+            }
+        }
+        let tokens = r.lengths.first().map_or(0, |l| l.tokens);
+        let _ = writeln!(out, "validation loss (nats/token, {tokens} tokens at every length)");
+        let _ = write!(out, "{:>6} {:>7}", "length", "T");
+        for (rope, p) in &settings {
+            let _ = write!(
+                out,
+                " {:>12}",
+                format!("{}{}", rope_name(*rope), p.map(|p| format!(" rw{p}")).unwrap_or_default())
+            );
+        }
+        let _ = writeln!(out);
+        for (m, t) in &multiples {
+            let _ = write!(out, "{:>5}x {t:>7}", m);
+            for (rope, p) in &settings {
+                let cell = r.lengths.iter().find(|l| l.multiple == *m && l.rope == *rope && l.reweight == *p);
+                let _ = write!(out, " {:>12}", cell.map_or("-".to_string(), |l| format!("{:.4}", l.loss)));
+            }
+            let _ = writeln!(out);
+        }
+    }
+    for row in r.tasks.iter().flatten() {
+        let _ = writeln!(out, "\nmultiple choice{} ({})", rw_name(row.reweight), row.dir.display());
+        let _ = writeln!(out, "{:<14} {:>6} {:>8} {:>9}", "task", "n", "acc", "acc_norm");
+        for (task, s) in &row.scores {
+            let _ = writeln!(out, "{task:<14} {:>6} {:>8.4} {:>9.4}", s.scores.n, s.scores.acc, s.scores.acc_norm);
+        }
+    }
+    if let Some(p) = &r.passkey {
+        let _ = writeln!(out, "\npasskey accuracy (exact; mean over depths {:?})", p.options.depths);
+        for res in &p.results {
+            let _ = write!(out, "{:<12}", format!("{}{}", rope_name(res.rope), rw_name(res.reweight)));
+            for m in &p.options.multiples {
+                let cells: Vec<f64> = res.cells.iter().filter(|c| c.multiple == *m).map(|c| c.accuracy).collect();
+                if !cells.is_empty() {
+                    let _ = write!(out, " {m}x {:.2}", cells.iter().sum::<f64>() / cells.len() as f64);
+                }
+            }
+            let _ = writeln!(out);
+        }
+    }
+    out
 }
 
 /// `eval`'s sections (a loss sweep, a task directory, a passkey sweep) as they run: a bar on a

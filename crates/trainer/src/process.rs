@@ -1,0 +1,146 @@
+//! What a training shares with the rest of its process and machine, handled in one place.
+//!
+//! - [`claim_threads`]: libtorch's CPU thread count, one setting per process.
+//! - [`RunLock`]: one writer per run directory.
+//!
+//! A training holds an exclusive advisory lock
+//! (`flock(2)`) on `<out_dir>/.lock` for its whole life, so a second training started into the same
+//! directory (a job submitted twice, two shells) is refused at once, naming the directory and the
+//! holder's pid, before it deletes or writes anything. The kernel drops the lock when its holder exits,
+//! however it exits, so a run killed with SIGKILL leaves nothing that blocks its `--resume`.
+//!
+//! Two trainings in one process into one directory are refused too: `flock` locks belong to open file
+//! descriptions, and each [`RunLock::acquire`] opens its own.
+
+use std::fs::File;
+use std::io::{Read, Seek, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result, bail};
+
+/// The lock file's name inside a run directory.
+pub const LOCK_FILE: &str = ".lock";
+
+/// The exclusive lock of one run directory, released when dropped (or when the process ends).
+#[derive(Debug)]
+pub struct RunLock {
+    file: File,
+    dir: PathBuf,
+}
+
+impl RunLock {
+    /// Creates `dir` if needed and locks it, or fails at once when another writer holds it: the error
+    /// names the directory and the holder's pid. Writes this process's pid into the lock file.
+    pub fn acquire(dir: &Path) -> Result<RunLock> {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        let path = dir.join(LOCK_FILE);
+        let mut file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .with_context(|| format!("opening {}", path.display()))?;
+        // SAFETY: `flock` on a file descriptor this function owns; no memory is passed.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            let err = std::io::Error::last_os_error();
+            if err.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                return Err(err).with_context(|| format!("locking {}", path.display()));
+            }
+            let mut holder = String::new();
+            let _ = file.read_to_string(&mut holder);
+            let holder = match holder.trim() {
+                "" => "another process".to_string(),
+                pid => format!("process {pid}"),
+            };
+            bail!(
+                "{} is in use: {holder} is training into it (it holds {}); wait for it to finish, or train into another --out-dir",
+                dir.display(),
+                path.display()
+            );
+        }
+        file.set_len(0).and_then(|()| file.rewind()).with_context(|| format!("writing {}", path.display()))?;
+        writeln!(file, "{}", std::process::id()).with_context(|| format!("writing {}", path.display()))?;
+        Ok(RunLock { file, dir: dir.to_path_buf() })
+    }
+
+    /// The locked directory.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for RunLock {
+    fn drop(&mut self) {
+        // The pid goes with the lock; the file stays (deleting it would race with a writer opening it).
+        let _ = self.file.set_len(0);
+        // SAFETY: as in `acquire`; closing the file would release the lock anyway.
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// libtorch's CPU thread count is one setting per process, shared by every training in it
+/// (`reproduce --jobs N` trains on threads of one process): the first training that asks for a count
+/// sets it; a later one that asks for another is refused rather than changing it under the first.
+static THREADS: std::sync::Mutex<Option<usize>> = std::sync::Mutex::new(None);
+
+/// Claims `threads` (0: no preference) for a training of this process: the first claim sets
+/// libtorch's count, a later claim of another count is an error.
+pub fn claim_threads(threads: usize) -> Result<()> {
+    claim_threads_in(&THREADS, threads)
+}
+
+/// [`claim_threads`] on `cell` (a test's own, so it never touches the process's setting).
+fn claim_threads_in(cell: &std::sync::Mutex<Option<usize>>, threads: usize) -> Result<()> {
+    if threads == 0 {
+        return Ok(());
+    }
+    let mut set = cell.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match *set {
+        None => {
+            tch::set_num_threads(threads as i32);
+            *set = Some(threads);
+            Ok(())
+        }
+        Some(n) if n == threads => Ok(()),
+        Some(n) => bail!(
+            "threads = {threads}: this process's trainings already run on {n} libtorch threads, a setting shared by the whole process; give every training of one process the same `threads` (or 0)"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_thread_count_is_claimed_once_and_a_different_one_is_refused() {
+        let cell = std::sync::Mutex::new(None);
+        claim_threads_in(&cell, 0).unwrap();
+        assert_eq!(*cell.lock().unwrap(), None, "0 asks for nothing");
+        claim_threads_in(&cell, 2).unwrap();
+        claim_threads_in(&cell, 2).unwrap();
+        claim_threads_in(&cell, 0).unwrap();
+        let err = claim_threads_in(&cell, 3).unwrap_err().to_string();
+        assert!(err.contains("threads = 3") && err.contains("already run on 2"), "{err}");
+        assert_eq!(*cell.lock().unwrap(), Some(2));
+    }
+
+    #[test]
+    fn a_second_writer_is_refused_with_the_holders_pid_until_the_first_lets_go() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("run");
+        let first = RunLock::acquire(&dir).unwrap();
+        assert_eq!(first.dir(), dir);
+        let err = RunLock::acquire(&dir).unwrap_err().to_string();
+        assert!(err.contains(&dir.display().to_string()), "{err}");
+        assert!(err.contains(&format!("process {}", std::process::id())), "{err}");
+        // Another directory is free; the first again once its lock is dropped.
+        RunLock::acquire(&root.path().join("other")).unwrap();
+        drop(first);
+        let again = RunLock::acquire(&dir).unwrap();
+        drop(again);
+        assert_eq!(std::fs::read_to_string(dir.join(LOCK_FILE)).unwrap(), "", "no pid left behind");
+    }
+}
