@@ -22,7 +22,7 @@ pub const PARTS: &[Part] = &[
     Part { name: "Figure 2", what: "sweep over re-weighting power p", missing: None },
     Part {
         name: "Retrieval",
-        what: "passkey accuracy vs length and depth, after a passkey fine-tune of each row's model",
+        what: "associative recall among distractors, small models trained from scratch, accuracy vs prompt length inside and beyond T_train",
         missing: None,
     },
     Part { name: "Attention sinks", what: "weight on the first key and row entropy vs length", missing: None },
