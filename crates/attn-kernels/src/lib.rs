@@ -8,6 +8,9 @@
 //! - [`cuda`]: the same API on NVIDIA GPUs: CUDA C++ compiled at run time by NVRTC (driver and
 //!   NVRTC loaded dynamically through `cudarc`, so this crate builds and tests on machines without
 //!   CUDA; calls there return [`Error::Cuda`]).
+//! - [`forward_raw`] / [`backward_raw`]: the one entry point on raw pointers ([`Params`]) for callers
+//!   that own their tensors (the model's autograd bridge, the Python extension): a [`Target`] says
+//!   where the call runs, and each backend implements [`Backend`].
 //!
 //! The ground truth is `attn_core`: every kernel is tested against its f64 reference, forward and
 //! backward, and reuses its definitions (variant names, per-row scales and biases, re-weighting
@@ -33,6 +36,10 @@ use ndarray::Array4;
 
 pub mod cpu;
 pub mod cuda;
+mod target;
+
+pub use cpu::{Params, RawTensor};
+pub use target::{Backend, CpuBackend, CudaBackend, Target, backward_raw, forward_raw};
 
 /// Everything the kernels can refuse.
 #[derive(Debug, thiserror::Error)]

@@ -37,7 +37,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use attn_core::{Bias, Norm, OutputNorm, Scale, Scores, Transform, Variant};
 use attn_kernels::cpu::{self, Params, RawTensor};
-use attn_kernels::{Error, cuda};
+use attn_kernels::{Error, Target, cuda};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -46,31 +46,11 @@ use pyo3::types::PyDict;
 /// stride)`, strides in elements; the last axis is contiguous.
 type PyTensor = (usize, usize, usize, usize);
 
-/// The largest head dimension the CUDA kernels take (`attn_kernels::cuda`'s parameter check refuses
-/// larger ones with `BadParams`; the crate exports no constant for it, so it is restated here).
-const CUDA_MAX_HEAD_DIM: usize = 256;
-
-/// Where a call runs.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Target {
-    /// The fused CPU kernels (f32).
-    Cpu,
-    /// The CUDA kernels, in this dtype.
-    Cuda(cuda::Dtype),
-}
-
-/// The kernels for `device` and `dtype`, or what they take instead (a `TypeError` at the call sites).
+/// The kernels for `device` and `dtype` ([`Target::for_tensors`]), the CUDA kernel choice applied.
 fn target(device: &str, dtype: &str) -> Result<Target, String> {
-    match (device, dtype) {
-        ("cpu", "float32") => Ok(Target::Cpu),
-        ("cpu", other) => Err(format!("the fused CPU kernels take float32 tensors, got {other}")),
-        ("cuda", "float32") => Ok(Target::Cuda(cuda::Dtype::F32)),
-        ("cuda", "float16") => Ok(Target::Cuda(cuda::Dtype::F16)),
-        ("cuda", "bfloat16") => Ok(Target::Cuda(cuda::Dtype::Bf16)),
-        ("cuda", other) => {
-            Err(format!("the fused CUDA kernels take float32, float16 or bfloat16 tensors, got {other}"))
-        }
-        (other, _) => Err(format!("no fused kernels for device `{other}` (only cpu and cuda)")),
+    match Target::for_tensors(device, dtype)? {
+        Target::Cuda { dtype, .. } => Ok(Target::Cuda { dtype, kernel: cuda_kernel().map_err(|e| e.to_string())? }),
+        cpu => Ok(cpu),
     }
 }
 
@@ -302,34 +282,10 @@ fn not_fused_reason(
     if value_dim.is_some_and(|dv| dv != head_dim) {
         return Ok(Some("the fused kernels need v to have the head dimension of q and k".into()));
     }
-    let head_dim = head_dim.max(1);
-    match target {
-        Target::Cpu => {
-            if cpu::is_fused(&variant) {
-                return Ok(None);
-            }
-            // The kernel's own reason: the forward of a 1-element input refuses the variant with it.
-            let x = ndarray::Array4::<f32>::zeros((1, 1, 1, 1));
-            Ok(Some(match cpu::forward(&variant, &x, &x, &x) {
-                Err(Error::NotFused { reason, .. }) => format!("no fused CPU kernel: {reason}"),
-                Err(e) => e.to_string(),
-                Ok(_) => "no fused CPU kernel".into(),
-            }))
-        }
-        Target::Cuda(_) => {
-            if head_dim > CUDA_MAX_HEAD_DIM {
-                return Ok(Some(format!(
-                    "the CUDA kernels take head dimensions up to {CUDA_MAX_HEAD_DIM}, got {head_dim}"
-                )));
-            }
-            if let Err(e) = cuda::Config::new(&variant, head_dim) {
-                return Ok(Some(match e {
-                    Error::NotFused { reason, .. } => format!("no fused CUDA kernel: {reason}"),
-                    e => e.to_string(),
-                }));
-            }
-            Ok(cuda_unavailable_reason())
-        }
+    match target.not_fused_reason(&variant, head_dim) {
+        Some(why) => Ok(Some(why)),
+        None if matches!(target, Target::Cuda { .. }) => Ok(cuda_unavailable_reason()),
+        None => Ok(None),
     }
 }
 
@@ -381,9 +337,8 @@ fn forward(
     let variant = parse(variant)?;
     let target = target(device, dtype).map_err(PyTypeError::new_err)?;
     let p = params(shape, q, k, v, out, stats)?;
-    let entry = Entry { cpu: cpu::forward_raw, cuda: cuda::forward_raw };
     // SAFETY: the module's contract: live tensors of these sizes and strides (see above).
-    unsafe { launch(py, variant, target, p, aux, stream, threads, entry) }
+    unsafe { launch(py, variant, target, p, aux, stream, threads, attn_kernels::forward_raw) }
 }
 
 /// Fused causal backward: reads `q`, `k`, `v`, `out`, the statistics (and the helper, when the
@@ -418,16 +373,12 @@ fn backward(
     p.dq = raw_mut(dq);
     p.dk = raw_mut(dk);
     p.dv = raw_mut(dv);
-    let entry = Entry { cpu: cpu::backward_raw, cuda: cuda::backward_raw };
     // SAFETY: the module's contract (see `forward`).
-    unsafe { launch(py, variant, target, p, aux, stream, threads, entry) }
+    unsafe { launch(py, variant, target, p, aux, stream, threads, attn_kernels::backward_raw) }
 }
 
-/// The raw kernel entry points of one direction (forward or backward).
-struct Entry {
-    cpu: unsafe fn(&Variant, &Params, &cpu::Options) -> attn_kernels::Result<()>,
-    cuda: unsafe fn(&Variant, &Params, cuda::Dtype, cuda::Kernel) -> attn_kernels::Result<()>,
-}
+/// The raw entry point of one direction: [`attn_kernels::forward_raw`] or [`attn_kernels::backward_raw`].
+type Entry = unsafe fn(&Variant, &Params, &Target) -> attn_kernels::Result<()>;
 
 /// Runs `entry` on `target` with the GIL released: on the CPU in `threads` threads (0: rayon's
 /// global pool) with the re-weighting helper `aux` when the variant keeps one; on CUDA in the chosen
@@ -448,28 +399,28 @@ unsafe fn launch(
     threads: usize,
     entry: Entry,
 ) -> PyResult<()> {
-    match target {
-        Target::Cpu => {
+    // Where the call runs (a thread pool on the CPU, the stream check on CUDA) is the caller's
+    // business; which kernels run is `entry`'s, on `target`.
+    let pool = match target {
+        Target::Cpu(_) => {
             if aux != 0 && variant.reweight.is_some() {
                 p.rw_aux = aux as *mut f32;
             }
-            let pool = pool(threads)?;
-            run_detached(py, move || {
-                // SAFETY: forwarded from our caller.
-                let call = || unsafe { (entry.cpu)(&variant, &p, &cpu::Options::default()) };
-                match pool {
-                    Some(pool) => pool.install(call),
-                    None => call(),
-                }
-            })
+            pool(threads)?
         }
-        Target::Cuda(dt) => {
+        Target::Cuda { .. } => {
             check_stream(stream)?;
-            let kernel = cuda_kernel()?;
-            // SAFETY: forwarded from our caller, with device memory.
-            run_detached(py, move || unsafe { (entry.cuda)(&variant, &p, dt, kernel) })
+            None
         }
-    }
+    };
+    run_detached(py, move || {
+        // SAFETY: forwarded from our caller (host memory on a CPU target, device memory on CUDA).
+        let call = || unsafe { entry(&variant, &p, &target) };
+        match pool {
+            Some(pool) => pool.install(call),
+            None => call(),
+        }
+    })
 }
 
 /// The fused LSSA / LSSAR attention kernels (attn-kernels), called with tensors' pointers and
@@ -479,7 +430,7 @@ fn _lssa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STATS_PER_ROW", cpu::STATS_PER_ROW)?;
     m.add("GRAMMAR", attn_core::GRAMMAR)?;
     m.add("MAX_REWEIGHT_POWER", attn_core::MAX_REWEIGHT_POWER)?;
-    m.add("CUDA_MAX_HEAD_DIM", CUDA_MAX_HEAD_DIM)?;
+    m.add("CUDA_MAX_HEAD_DIM", cuda::MAX_HEAD_DIM)?;
     m.add_function(wrap_pyfunction!(variants, m)?)?;
     m.add_function(wrap_pyfunction!(canonical, m)?)?;
     m.add_function(wrap_pyfunction!(describe, m)?)?;

@@ -20,8 +20,12 @@ pub(super) fn check_params(p: &Params) -> Result<()> {
             p.batch, p.heads, p.seq_len, p.head_dim
         )));
     }
-    if p.head_dim > 256 {
-        return Err(Error::BadParams(format!("head dimension {} > 256 has no CUDA kernel", p.head_dim)));
+    if p.head_dim > super::MAX_HEAD_DIM {
+        return Err(Error::BadParams(format!(
+            "head dimension {} > {} has no CUDA kernel",
+            p.head_dim,
+            super::MAX_HEAD_DIM
+        )));
     }
     Ok(())
 }

@@ -98,6 +98,9 @@ impl Dtype {
     }
 }
 
+/// The largest head dimension the CUDA kernels take.
+pub const MAX_HEAD_DIM: usize = 256;
+
 /// Which forward kernel runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kernel {

@@ -3,8 +3,8 @@
 //!
 //! tch has no custom-autograd API. The C++ file defines a `torch::autograd::Function` whose static
 //! forward and backward call back into the `extern "C"` functions below, which run
-//! `attn_kernels::cpu::forward_raw` / `backward_raw` (CPU f32 tensors) or `attn_kernels::cuda::`
-//! `forward_raw` / `backward_raw` (CUDA f32, f16, bf16 tensors) on the tensors' memory. The C++ side
+//! `attn_kernels::forward_raw` / `backward_raw` on an `attn_kernels::Target` (CPU f32 tensors, or CUDA
+//! f32, f16, bf16 tensors) on the tensors' memory: the bridge keeps no CPU/CUDA branching of its own. The C++ side
 //! allocates every output on the input's device and dtype (row statistics in f32). What crosses the bridge:
 //!
 //! - Rust -> C++ ([`attention`]): the three `at::Tensor*` of `q`, `k`, `v` (tch's
@@ -183,10 +183,10 @@ impl VariantHandle {
     }
 }
 
-/// The CPU kernels' parameters of a callback: the bridge's, plus, for a call whose handle has `aux`
-/// set, the helper, which lives after the `B·H·T` rows of statistics in the buffer the bridge
-/// allocated for both.
-fn cpu_params(p: &Params, aux: bool) -> Params {
+/// The kernels' parameters of a callback: the bridge's, plus, for a call whose handle has `aux` set
+/// (CPU calls only), the helper, which lives after the `B·H·T` rows of statistics in the buffer the
+/// bridge allocated for both.
+fn with_helper(p: &Params, aux: bool) -> Params {
     if !aux {
         return *p;
     }
@@ -272,19 +272,25 @@ fn error_string(msg: String) -> *mut c_char {
     CString::new(msg.replace('\0', " ")).expect("NULs removed").into_raw()
 }
 
-/// Runs `f` for a callback: `Ok` is null, an error or a panic a Rust-owned message.
+/// Runs `f` for a callback on the handle's variant, kernel target and helper flag: `Ok` is null, an
+/// error or a panic a Rust-owned message.
 fn callback(
     handle: VariantHandle,
-    f: impl FnOnce(&Variant, Option<cuda::Dtype>, bool) -> attn_kernels::Result<()>,
+    f: impl FnOnce(&Variant, &attn_kernels::Target, bool) -> attn_kernels::Result<()>,
 ) -> *mut c_char {
     let Some(variant) = lookup(handle.variant) else {
         return error_string(format!("unknown variant in handle {handle:?}"));
     };
-    let Ok(dtype) = handle.dtype() else {
-        return error_string(format!("unknown kernel target in handle {handle:?}"));
+    let target = match handle.dtype() {
+        Ok(None) => attn_kernels::Target::Cpu(cpu::Options::default()),
+        Ok(Some(dtype)) => match cuda_kernel() {
+            Ok(kernel) => attn_kernels::Target::Cuda { dtype, kernel },
+            Err(e) => return error_string(e.to_string()),
+        },
+        Err(_) => return error_string(format!("unknown kernel target in handle {handle:?}")),
     };
     let aux = handle.aux != 0;
-    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&variant, dtype, aux))) {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(&variant, &target, aux))) {
         Ok(Ok(())) => std::ptr::null_mut(),
         Ok(Err(e)) => error_string(e.to_string()),
         Err(panic) => {
@@ -328,11 +334,8 @@ pub fn cuda_kernel() -> attn_kernels::Result<cuda::Kernel> {
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpt_model_fused_forward(handle: *const VariantHandle, p: *const Params) -> *mut c_char {
     // SAFETY: see the function contract; `Params` and `VariantHandle` are the C structs' layouts (checked).
-    callback(unsafe { *handle }, |variant, dtype, aux| unsafe {
-        match dtype {
-            None => cpu::forward_raw(variant, &cpu_params(&*p, aux), &cpu::Options::default()),
-            Some(dt) => cuda::forward_raw(variant, &*p, dt, cuda_kernel()?),
-        }
+    callback(unsafe { *handle }, |variant, target, aux| unsafe {
+        attn_kernels::forward_raw(variant, &with_helper(&*p, aux), target)
     })
 }
 
@@ -344,11 +347,8 @@ pub unsafe extern "C" fn gpt_model_fused_forward(handle: *const VariantHandle, p
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn gpt_model_fused_backward(handle: *const VariantHandle, p: *const Params) -> *mut c_char {
     // SAFETY: see the function contract.
-    callback(unsafe { *handle }, |variant, dtype, aux| unsafe {
-        match dtype {
-            None => cpu::backward_raw(variant, &cpu_params(&*p, aux), &cpu::Options::default()),
-            Some(dt) => cuda::backward_raw(variant, &*p, dt, cuda_kernel()?),
-        }
+    callback(unsafe { *handle }, |variant, target, aux| unsafe {
+        attn_kernels::backward_raw(variant, &with_helper(&*p, aux), target)
     })
 }
 

@@ -1,0 +1,223 @@
+//! The one typed entry point of the raw kernels: a [`Target`] says where a call runs (the CPU with
+//! its options, or CUDA with a dtype and a kernel choice), and [`forward_raw`] / [`backward_raw`]
+//! dispatch to the backend that implements [`Backend`] for it. Consumers (the model's autograd bridge,
+//! the Python extension) build a [`Params`] and a `Target` and keep no CPU/CUDA branching of their
+//! own; adding a backend is a `Target` variant and one `Backend` implementation.
+
+use attn_core::Variant;
+
+use crate::cpu::{self, Params};
+use crate::cuda;
+use crate::{Error, Result};
+
+/// Where a raw call runs.
+#[derive(Clone, Copy, Debug)]
+pub enum Target {
+    /// The fused CPU kernels: `f32` host memory, on the calling thread's rayon pool.
+    Cpu(cpu::Options),
+    /// The CUDA kernels: device memory of `dtype`, on the legacy default stream.
+    Cuda {
+        /// Element type of every tensor the call reads and writes (the statistics are always `f32`).
+        dtype: cuda::Dtype,
+        /// Which kernel versions run ([`cuda::Kernel::Auto`] unless a benchmark asks).
+        kernel: cuda::Kernel,
+    },
+}
+
+impl Target {
+    /// The target of tensors on `device` (`"cpu"` or `"cuda"`) with elements `dtype` (`"float32"`,
+    /// `"float16"`, `"bfloat16"`, as PyTorch names them), with default options; the error says what
+    /// the kernels take instead.
+    pub fn for_tensors(device: &str, dtype: &str) -> std::result::Result<Target, String> {
+        let cuda = |dtype| Ok(Target::Cuda { dtype, kernel: cuda::Kernel::Auto });
+        match (device, dtype) {
+            ("cpu", "float32") => Ok(Target::Cpu(cpu::Options::default())),
+            ("cpu", other) => Err(format!("the fused CPU kernels take float32 tensors, got {other}")),
+            ("cuda", "float32") => cuda(cuda::Dtype::F32),
+            ("cuda", "float16") => cuda(cuda::Dtype::F16),
+            ("cuda", "bfloat16") => cuda(cuda::Dtype::Bf16),
+            ("cuda", other) => {
+                Err(format!("the fused CUDA kernels take float32, float16 or bfloat16 tensors, got {other}"))
+            }
+            (other, _) => Err(format!("no fused kernels for device `{other}` (only cpu and cuda)")),
+        }
+    }
+
+    /// Why `variant` at head dimension `head_dim` has no fused kernel on this target, or `None`
+    /// when it has one (whether the GPU can run it is [`cuda::is_available`]'s question).
+    pub fn not_fused_reason(&self, variant: &Variant, head_dim: usize) -> Option<String> {
+        match self {
+            Target::Cpu(_) => {
+                if cpu::is_fused(variant) {
+                    return None;
+                }
+                // The kernel's own reason: the forward of a 1-element input refuses it with it.
+                let x = ndarray::Array4::<f32>::zeros((1, 1, 1, 1));
+                Some(match cpu::forward(variant, &x, &x, &x) {
+                    Err(Error::NotFused { reason, .. }) => format!("no fused CPU kernel: {reason}"),
+                    Err(e) => e.to_string(),
+                    Ok(_) => "no fused CPU kernel".into(),
+                })
+            }
+            Target::Cuda { .. } => {
+                if head_dim > cuda::MAX_HEAD_DIM {
+                    return Some(format!(
+                        "the CUDA kernels take head dimensions up to {}, got {head_dim}",
+                        cuda::MAX_HEAD_DIM
+                    ));
+                }
+                match cuda::Config::new(variant, head_dim.max(1)) {
+                    Ok(_) => None,
+                    Err(Error::NotFused { reason, .. }) => Some(format!("no fused CUDA kernel: {reason}")),
+                    Err(e) => Some(e.to_string()),
+                }
+            }
+        }
+    }
+}
+
+/// One backend's raw entry points, which [`forward_raw`] and [`backward_raw`] dispatch to.
+pub trait Backend {
+    /// What a call needs besides the variant and the tensors.
+    type Settings;
+
+    /// The forward: writes `p.o`, `p.stats` (and `p.rw_aux` where the backend keeps it).
+    ///
+    /// # Safety
+    /// As [`forward_raw`].
+    unsafe fn forward(variant: &Variant, p: &Params, settings: &Self::Settings) -> Result<()>;
+
+    /// The backward: writes `p.dq`, `p.dk`, `p.dv`.
+    ///
+    /// # Safety
+    /// As [`backward_raw`].
+    unsafe fn backward(variant: &Variant, p: &Params, settings: &Self::Settings) -> Result<()>;
+}
+
+/// The CPU backend ([`cpu::forward_raw`], [`cpu::backward_raw`]).
+#[derive(Clone, Copy, Debug)]
+pub struct CpuBackend;
+
+/// The CUDA backend ([`cuda::forward_raw`], [`cuda::backward_raw`]).
+#[derive(Clone, Copy, Debug)]
+pub struct CudaBackend;
+
+impl Backend for CpuBackend {
+    type Settings = cpu::Options;
+
+    unsafe fn forward(variant: &Variant, p: &Params, settings: &cpu::Options) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { cpu::forward_raw(variant, p, settings) }
+    }
+
+    unsafe fn backward(variant: &Variant, p: &Params, settings: &cpu::Options) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { cpu::backward_raw(variant, p, settings) }
+    }
+}
+
+impl Backend for CudaBackend {
+    type Settings = (cuda::Dtype, cuda::Kernel);
+
+    unsafe fn forward(variant: &Variant, p: &Params, &(dtype, kernel): &Self::Settings) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { cuda::forward_raw(variant, p, dtype, kernel) }
+    }
+
+    unsafe fn backward(variant: &Variant, p: &Params, &(dtype, kernel): &Self::Settings) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe { cuda::backward_raw(variant, p, dtype, kernel) }
+    }
+}
+
+/// The fused forward of `variant` on `target`.
+///
+/// # Safety
+/// Every pointer of `p` the forward uses (`q`, `k`, `v`, `o`, `stats`, and `rw_aux` when not null)
+/// addresses memory of `target`'s kind (host or device) and element type that covers the sizes and
+/// strides `p` states, outputs not aliasing inputs: the contract of [`cpu::forward_raw`] and
+/// [`cuda::forward_raw`].
+pub unsafe fn forward_raw(variant: &Variant, p: &Params, target: &Target) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match target {
+            Target::Cpu(o) => CpuBackend::forward(variant, p, o),
+            Target::Cuda { dtype, kernel } => CudaBackend::forward(variant, p, &(*dtype, *kernel)),
+        }
+    }
+}
+
+/// The fused backward of `variant` on `target`, from the forward's `o` and `stats`.
+///
+/// # Safety
+/// As [`forward_raw`], for every pointer of `p` (the backward also reads `d_out` and writes `dq`,
+/// `dk`, `dv`).
+pub unsafe fn backward_raw(variant: &Variant, p: &Params, target: &Target) -> Result<()> {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match target {
+            Target::Cpu(o) => CpuBackend::backward(variant, p, o),
+            Target::Cuda { dtype, kernel } => CudaBackend::backward(variant, p, &(*dtype, *kernel)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_named_as_frameworks_name_tensors_and_refusals_say_why() {
+        assert!(matches!(Target::for_tensors("cpu", "float32"), Ok(Target::Cpu(_))));
+        assert!(matches!(
+            Target::for_tensors("cuda", "bfloat16"),
+            Ok(Target::Cuda { dtype: cuda::Dtype::Bf16, kernel: cuda::Kernel::Auto })
+        ));
+        assert!(Target::for_tensors("cpu", "float16").unwrap_err().contains("float32"));
+        assert!(Target::for_tensors("mps", "float32").unwrap_err().contains("`mps`"));
+        let cpu = Target::for_tensors("cpu", "float32").unwrap();
+        let gpu = Target::for_tensors("cuda", "float32").unwrap();
+        let v = |s: &str| s.parse::<Variant>().unwrap();
+        assert_eq!(cpu.not_fused_reason(&v("lssa+rw15"), 64), None);
+        assert!(cpu.not_fused_reason(&v("recentered"), 64).unwrap().starts_with("no fused CPU kernel"));
+        assert_eq!(gpu.not_fused_reason(&v("lssa"), 64), None);
+        assert!(gpu.not_fused_reason(&v("lssa"), 512).unwrap().contains("up to 256"));
+        assert!(gpu.not_fused_reason(&v("relu-seqlen"), 64).unwrap().starts_with("no fused CUDA kernel"));
+    }
+
+    #[test]
+    fn the_entry_point_runs_the_cpu_backend_on_a_cpu_target() {
+        // The same numbers as the CPU kernels' own ndarray entry point, through raw pointers.
+        let v: Variant = "lssa+rw15".parse().unwrap();
+        let (b, h, t, d) = (1, 2, 37, 16);
+        let q = ndarray::Array4::<f32>::from_shape_fn((b, h, t, d), |(_, h, t, c)| {
+            ((h * 7 + t * 3 + c) % 11) as f32 / 11.0 - 0.5
+        });
+        let want = cpu::forward(&v, &q, &q, &q).unwrap();
+        let mut o = ndarray::Array4::<f32>::zeros((b, h, t, d));
+        let mut stats = vec![0f32; b * h * t * cpu::STATS_PER_ROW];
+        let strides = [h * t * d, t * d, d];
+        let c = |x: *const f32| cpu::RawTensor { ptr: x, strides };
+        let null_c = cpu::RawTensor { ptr: std::ptr::null(), strides: [0; 3] };
+        let null_m = cpu::RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] };
+        let p = cpu::Params {
+            batch: b,
+            heads: h,
+            seq_len: t,
+            head_dim: d,
+            q: c(q.as_ptr()),
+            k: c(q.as_ptr()),
+            v: c(q.as_ptr()),
+            o: cpu::RawTensor { ptr: o.as_mut_ptr(), strides },
+            stats: stats.as_mut_ptr(),
+            rw_aux: std::ptr::null_mut(),
+            d_out: null_c,
+            dq: null_m,
+            dk: null_m,
+            dv: null_m,
+        };
+        // SAFETY: every pointer covers its contiguous (b, h, t, d) tensor or the statistics.
+        unsafe { forward_raw(&v, &p, &Target::Cpu(cpu::Options::default())) }.unwrap();
+        assert_eq!(o, want);
+    }
+}
