@@ -8,6 +8,10 @@ works: a stage-1 preset of :func:`variants` (``softmax``, ``lssa``, the paper's 
 optionally with parameters and re-weighting, ``<stage1>[:<key>=<value>,...][+rw<p>]`` (``GRAMMAR``);
 ``lssa+rw15`` is LSSAR, and post-hoc re-weighting of an LSSA model is just ``lssa+rw<p>`` at inference.
 
+Backends (``backend=``): ``auto`` (fused where a kernel exists, else the reference), ``fused``,
+``flex`` (PyTorch's FlexAttention, for the variants of its form) and ``reference``; see
+:func:`attention` and :func:`backend_for`.
+
 Devices and dtypes: CPU float32 runs the fused CPU kernels (SIMD, multi-threaded with torch's thread
 count), CUDA float32 / float16 / bfloat16 the CUDA kernels (compiled at first use by NVRTC, on the
 device's default stream). Every other case (a variant without a fused kernel such as ``recentered``,
@@ -28,6 +32,7 @@ from typing import List, Tuple
 import torch
 from torch import Tensor
 
+from . import _flex
 from . import _lssa
 from . import _ops
 from . import _reference
@@ -45,6 +50,8 @@ __all__ = [
     "reference_attention",
     "variants",
     "is_fused",
+    "backend_for",
+    "BACKENDS",
     "canonical_name",
     "GRAMMAR",
     "LssaFallbackWarning",
@@ -52,6 +59,9 @@ __all__ = [
 
 #: The variant-name grammar (attn-core's).
 GRAMMAR: str = _lssa.GRAMMAR
+
+#: The values of ``attention(..., backend=...)``.
+BACKENDS = ("auto", "fused", "flex", "reference")
 
 
 class LssaFallbackWarning(UserWarning):
@@ -185,26 +195,51 @@ def _check(q: Tensor, k: Tensor, v: Tensor, variant: str, causal: bool, rows_con
                 )
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, variant: str = "lssa+rw15", causal: bool = True) -> Tensor:
+def backend_for(variant: str, device="cpu", dtype: torch.dtype = torch.float32, head_dim: int = 64) -> str:
+    """Which backend ``attention(..., backend="auto")`` runs ``variant`` on for tensors on ``device`` of
+    ``dtype`` with heads of ``head_dim``: ``"fused"`` where a fused kernel exists, else ``"reference"``.
+    FlexAttention (``"flex"``) is never chosen by ``auto`` until a GPU table measured by
+    ``benches/gpu-session.sh`` shows it faster there (on the CPU the fused kernels are 1.9-2.4x faster
+    than compiled FlexAttention's forward, ``docs/bench/kernels-cpu.md``). ``ValueError`` for a bad name."""
+    return "fused" if is_fused(variant, device, dtype, head_dim) else "reference"
+
+
+def attention(
+    q: Tensor, k: Tensor, v: Tensor, variant: str = "lssa+rw15", causal: bool = True, backend: str = "auto"
+) -> Tensor:
     """Causal attention of ``variant`` on ``(B, H, T, d)`` tensors: the output, ``(B, H, T, d)``.
 
-    Fused where a kernel exists (CPU float32; CUDA float32, float16, bfloat16), else the materialised
-    :func:`reference_attention` with a one-time :class:`LssaFallbackWarning`. ``q, k, v`` may be any
-    strided views whose last dimension is contiguous (``qkv.unbind`` / slices of a fused projection
-    are read in place); differentiable with respect to all three.
+    ``backend``: ``"auto"`` (the default) runs a fused kernel where one exists (CPU float32; CUDA
+    float32, float16, bfloat16), else the materialised :func:`reference_attention` with a one-time
+    :class:`LssaFallbackWarning` (:func:`backend_for` says which in advance). ``"fused"`` insists on the
+    kernels (a ``ValueError`` saying why where none exists), ``"reference"`` runs the materialised
+    version, and ``"flex"`` PyTorch's FlexAttention (``lssa._flex``: the variants of the form
+    ``phi(s) / sum phi(s)`` with ``phi`` exp, softplus or sigmoid, re-weighting included; compiled and
+    differentiable on CUDA, forward-only on the CPU, where PyTorch 2.11's FlexAttention has no backward).
+    ``q, k, v`` may be any strided views whose last dimension is contiguous (``qkv.unbind`` / slices of a
+    fused projection are read in place); differentiable with respect to all three.
 
     Raises ``ValueError`` for shapes (not 4-D, ``k`` not the shape of ``q``, ``T`` or ``d`` of 0), a
-    last dimension that is not contiguous, ``causal=False`` and variant names attn-core rejects (its
-    message); ``TypeError`` for non-tensors, non-floating or mixed dtypes and mixed devices.
+    last dimension that is not contiguous, ``causal=False``, variant names attn-core rejects (its
+    message) and an unknown backend; ``TypeError`` for non-tensors, non-floating or mixed dtypes and
+    mixed devices.
     """
-    _check(q, k, v, variant, causal, rows_contiguous=True)
+    if backend not in BACKENDS:
+        raise ValueError(f"lssa.attention: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    _check(q, k, v, variant, causal, rows_contiguous=backend in ("auto", "fused"))
     error, reason = _plan(variant, q.device.type, q.dtype)
     if error:
         raise ValueError(error)
+    if backend == "reference":
+        return _reference.attention(q, k, v, Spec(*_spec(variant)))
+    if backend == "flex":
+        return _flex.attention(q, k, v, Spec(*_spec(variant)))
     if not reason and v.shape[-1] != q.shape[-1]:
         reason = "the fused kernels need v to have the head dimension of q and k"
     if not reason and q.device.type == "cuda" and q.shape[-1] > _lssa.CUDA_MAX_HEAD_DIM:
         reason = f"the CUDA kernels take head dimensions up to {_lssa.CUDA_MAX_HEAD_DIM}"
+    if reason and backend == "fused":
+        raise ValueError(f"lssa.attention(backend='fused'): `{variant}` has no fused kernel here: {reason}")
     if reason or q.numel() == 0:
         if reason:
             _warn_fallback(variant, q.device.type, q.dtype, reason)
