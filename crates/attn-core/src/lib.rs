@@ -214,7 +214,7 @@ pub use activation::{
 pub use error::{Error, Result};
 pub use plan::{Phi, Plan};
 pub use real::Real;
-pub use reference::{Grads, backward, check_inputs, forward, weights};
+pub use reference::{Grads, backward, check_inputs, check_inputs_cached, forward, weights};
 pub use rope::{ntk_rope_base, rope_apply, rope_apply_in_place, rope_inv_freq, rope_rotate};
 pub use stage::{
     Bias, L2_NORM_EPS, LAYER_NORM_EPS, MAX_REWEIGHT_POWER, Norm, OutputNorm, Scale, Scores, Stage1, Transform,

@@ -19,24 +19,38 @@ pub struct Grads<F> {
     pub dv: Array4<F>,
 }
 
-/// Sizes shared by the inputs.
+/// Sizes shared by the inputs: `q` (B, H, T_q, d), `k` (B, H_kv, T_k, d), `v` (B, H_kv, T_k, d_v).
 #[derive(Debug, Clone, Copy)]
 struct Dims {
     b: usize,
     h: usize,
+    /// Key and value heads; query head `h` reads key head `h / (H / H_kv)` (grouped-query attention).
+    h_kv: usize,
+    /// Query rows: the last `T_q` rows of the `T_k`-long causal sequence.
+    t_q: usize,
+    /// Keys (the sequence so far).
     t: usize,
     d: usize,
     dv: usize,
+}
+
+impl Dims {
+    /// The key head of query head `h`.
+    fn kv_head(&self, h: usize) -> usize {
+        h / (self.h / self.h_kv)
+    }
 }
 
 fn dims_of(shape: &[usize]) -> [usize; 4] {
     [shape[0], shape[1], shape[2], shape[3]]
 }
 
-/// The checks every entry point makes, for kernels that must refuse exactly what the reference
-/// refuses (same typed errors, same order): the variant's parameters ([`Variant::validate`]),
-/// `T >= 1`, `d >= 1`, `k` of `q`'s shape, `v` of shape (B, H, T, d_v >= 1), `d_out` (if given) of
-/// `v`'s shape, and every value finite (`q`, `k`, `v`, then `d_out`).
+/// The checks of a kernel that takes whole sequences with one key head per query head, for kernels
+/// that must refuse exactly what the reference refuses there (same typed errors, same order): the
+/// variant's parameters ([`Variant::validate`]), `T >= 1`, `d >= 1`, `k` of `q`'s shape, `v` of shape
+/// (B, H, T, d_v >= 1), `d_out` (if given) of the output's shape, and every value finite (`q`, `k`,
+/// `v`, then `d_out`). [`forward`] and [`backward`] take more: queries that continue a sequence and
+/// grouped-query attention ([`check_inputs_cached`]).
 pub fn check_inputs<F: Real>(
     variant: &Variant,
     q: &ArrayView4<'_, F>,
@@ -44,42 +58,8 @@ pub fn check_inputs<F: Real>(
     v: &ArrayView4<'_, F>,
     d_out: Option<&ArrayView4<'_, F>>,
 ) -> Result<()> {
-    check(variant, q, k, v)?;
-    if let Some(g) = d_out {
-        check_d_out(v, g)?;
-    }
-    Ok(())
-}
-
-fn check_d_out<F: Real>(v: &ArrayView4<'_, F>, g: &ArrayView4<'_, F>) -> Result<()> {
-    if g.shape() != v.shape() {
-        return Err(Error::ShapeMismatch {
-            arg: "d_out",
-            got: g.shape().to_vec(),
-            expected: v.shape().to_vec(),
-            expected_from: "the output (B, H, T, d_v)",
-        });
-    }
-    check_finite(g, "d_out")
-}
-
-/// Check shapes (`k` = `q`; `v` = (B, H, T, any d_v >= 1)), `T >= 1`, `d >= 1`, finiteness and
-/// the variant's parameters.
-fn check<F: Real>(
-    variant: &Variant,
-    q: &ArrayView4<'_, F>,
-    k: &ArrayView4<'_, F>,
-    v: &ArrayView4<'_, F>,
-) -> Result<Dims> {
     variant.validate()?;
-    let [b, h, t, d] = dims_of(q.shape());
-    if t == 0 {
-        return Err(Error::EmptyAxis { arg: "q", axis: "T", got: 0, min: 1 });
-    }
-    if d == 0 {
-        return Err(Error::EmptyAxis { arg: "q", axis: "d", got: 0, min: 1 });
-    }
-    if k.shape() != q.shape() {
+    if k.shape() != q.shape() && !q.shape().contains(&0) {
         return Err(Error::ShapeMismatch {
             arg: "k",
             got: k.shape().to_vec(),
@@ -87,13 +67,72 @@ fn check<F: Real>(
             expected_from: "q",
         });
     }
+    check_inputs_cached(variant, q, k, v, d_out)
+}
+
+/// The checks of [`forward`] and [`backward`]: the variant's parameters, `T_q >= 1`, `d >= 1`; `k` of
+/// shape (B, H_kv, T_k, d) with `H` a multiple of `H_kv` and `T_k >= T_q` (the queries are the last
+/// `T_q` rows of the `T_k`-long sequence); `v` of shape (B, H_kv, T_k, d_v >= 1); `d_out` (if given)
+/// of the output's shape (B, H, T_q, d_v); every value finite (`q`, `k`, `v`, then `d_out`).
+pub fn check_inputs_cached<F: Real>(
+    variant: &Variant,
+    q: &ArrayView4<'_, F>,
+    k: &ArrayView4<'_, F>,
+    v: &ArrayView4<'_, F>,
+    d_out: Option<&ArrayView4<'_, F>>,
+) -> Result<()> {
+    let dims = check(variant, q, k, v)?;
+    if let Some(g) = d_out {
+        check_d_out(dims, g)?;
+    }
+    Ok(())
+}
+
+fn check_d_out<F: Real>(dims: Dims, g: &ArrayView4<'_, F>) -> Result<()> {
+    let expected = [dims.b, dims.h, dims.t_q, dims.dv];
+    if g.shape() != expected {
+        return Err(Error::ShapeMismatch {
+            arg: "d_out",
+            got: g.shape().to_vec(),
+            expected: expected.to_vec(),
+            expected_from: "the output (B, H, T_q, d_v)",
+        });
+    }
+    check_finite(g, "d_out")
+}
+
+/// Check shapes (see [`check_inputs_cached`]), finiteness and the variant's parameters.
+fn check<F: Real>(
+    variant: &Variant,
+    q: &ArrayView4<'_, F>,
+    k: &ArrayView4<'_, F>,
+    v: &ArrayView4<'_, F>,
+) -> Result<Dims> {
+    variant.validate()?;
+    let [b, h, t_q, d] = dims_of(q.shape());
+    if t_q == 0 {
+        return Err(Error::EmptyAxis { arg: "q", axis: "T", got: 0, min: 1 });
+    }
+    if d == 0 {
+        return Err(Error::EmptyAxis { arg: "q", axis: "d", got: 0, min: 1 });
+    }
+    let [kb, h_kv, t, kd] = dims_of(k.shape());
+    let groups_fit = if h_kv == 0 { h == 0 } else { h % h_kv == 0 };
+    if kb != b || kd != d || !groups_fit || t < t_q {
+        return Err(Error::ShapeMismatch {
+            arg: "k",
+            got: k.shape().to_vec(),
+            expected: vec![b, h_kv.max(1), t.max(t_q), d],
+            expected_from: "q: k is (B, H_kv, T_k, d) with H a multiple of H_kv and T_k >= T_q (q holds the last T_q rows of the T_k-long sequence)",
+        });
+    }
     let vs = dims_of(v.shape());
-    if vs[..3] != [b, h, t] {
+    if vs[..3] != [b, h_kv, t] {
         return Err(Error::ShapeMismatch {
             arg: "v",
             got: v.shape().to_vec(),
-            expected: vec![b, h, t, usize::MAX],
-            expected_from: "q (B, H, T; any d_v)",
+            expected: vec![b, h_kv, t, usize::MAX],
+            expected_from: "k (B, H_kv, T_k; any d_v)",
         });
     }
     if vs[3] == 0 {
@@ -102,7 +141,7 @@ fn check<F: Real>(
     check_finite(q, "q")?;
     check_finite(k, "k")?;
     check_finite(v, "v")?;
-    Ok(Dims { b, h, t, d, dv: vs[3] })
+    Ok(Dims { b, h, h_kv, t_q, t, d, dv: vs[3] })
 }
 
 fn check_finite<F: Real>(x: &ArrayView4<'_, F>, arg: &'static str) -> Result<()> {
@@ -118,8 +157,10 @@ fn check_finite<F: Real>(x: &ArrayView4<'_, F>, arg: &'static str) -> Result<()>
 
 /// One head, widened to f64, contiguous row-major, with the (possibly L2-normalised) q', k'.
 struct Head {
-    /// The sequence length `T` (keys of the whole sequence).
+    /// The sequence length `T_k` (keys of the whole sequence).
     t: usize,
+    /// `T_k - T_q`: query row `r` is row `offset + r` of the sequence.
+    offset: usize,
     d: usize,
     dv: usize,
     /// q' (T * d) and ||q_i|| (T).
@@ -150,6 +191,7 @@ fn l2_normalise_rows(x: &mut [f64], d: usize) -> Vec<f64> {
 }
 
 impl Head {
+    /// Query head `h` of batch `b` with its key head (grouped-query attention).
     fn new<F: Real>(
         scores: Scores,
         dims: Dims,
@@ -157,12 +199,14 @@ impl Head {
         b: usize,
         h: usize,
     ) -> Head {
-        let (mut qw, mut kw) = (widen(q, b, h), widen(k, b, h));
+        let hk = dims.kv_head(h);
+        let (mut qw, mut kw) = (widen(q, b, h), widen(k, b, hk));
         let (qnorm, knorm) = match scores {
             Scores::Dot => (Vec::new(), Vec::new()),
             Scores::Cosine => (l2_normalise_rows(&mut qw, dims.d), l2_normalise_rows(&mut kw, dims.d)),
         };
-        Head { t: dims.t, d: dims.d, dv: dims.dv, q: qw, qnorm, k: kw, knorm, v: widen(v, b, h) }
+        let offset = dims.t - dims.t_q;
+        Head { t: dims.t, offset, d: dims.d, dv: dims.dv, q: qw, qnorm, k: kw, knorm, v: widen(v, b, hk) }
     }
 
     fn qi(&self, i: usize) -> &[f64] {
@@ -175,18 +219,19 @@ impl Head {
         &self.v[j * self.dv..(j + 1) * self.dv]
     }
 
-    /// Row `i` (0-based; `N_i = i + 1`): its scale and its scores `s_ij`, `j <= i`.
-    fn scores(&self, variant: &Variant, i: usize) -> Result<(f64, Vec<f64>)> {
-        let n = i + 1;
+    /// Query row `r`, row `i = offset + r` of the sequence (0-based; `N_i = i + 1`): its scale and its
+    /// scores `s_ij`, `j <= i`.
+    fn scores(&self, variant: &Variant, r: usize) -> Result<(f64, Vec<f64>)> {
+        let n = self.offset + r + 1;
         let scale = variant.stage1.scale.value(n, self.d);
         let bias = variant.stage1.bias.value(n)?;
-        let qi = self.qi(i);
+        let qi = self.qi(r);
         let s = (0..n).map(|j| scale * dot(qi, self.kj(j)) + bias).collect();
         Ok((scale, s))
     }
 
-    /// Row `i` of a causal sequence of `T` keys (the length [`Norm::DivLen`](crate::Norm::DivLen)
-    /// divides by).
+    /// Query row `i` of a causal sequence of `T_k` keys (the length
+    /// [`Norm::DivLen`](crate::Norm::DivLen) divides by).
     fn row(&self, variant: &Variant, i: usize, grad: bool) -> Result<(f64, Row)> {
         let (scale, s) = self.scores(variant, i)?;
         Ok((scale, row_forward(&variant.stage1, variant.reweight, &s, self.t, grad)))
@@ -219,11 +264,18 @@ fn layer_norm(o: &[f64]) -> (Vec<f64>, f64) {
     (o.iter().map(|x| (x - mean) / sigma).collect(), sigma)
 }
 
-/// Causal attention output `y` (B, H, T, d_v) of `variant` (SPEC sections 2-3).
+/// Causal attention output `y` (B, H, T_q, d_v) of `variant` (SPEC sections 2-3).
 ///
 /// Inputs may be `f32` or `f64` (anything that is `AsArray`: `&Array4`, `ArrayView4`); the maths
 /// runs in `f64` and the result is rounded to `F`. Memory beyond the output is O(T) per row.
 /// `v` may have its own head dimension `d_v`.
+///
+/// `q` (B, H, T_q, d) may hold only the last `T_q` rows of a `T_k`-long causal sequence whose keys
+/// and values `k`, `v` (B, H_kv, T_k, ·) hold (a KV cache, chunked prefill): query row `r` is row
+/// `T_k - T_q + r` of the sequence, with its count `N`, scale, bias and re-weighting offset, exactly
+/// as in the full sequence. `H` may be a multiple of `H_kv` (grouped-query attention: query head `h`
+/// reads key head `h / (H / H_kv)`). One variant depends on more than the rows so far: `relu-seqlen`
+/// divides by the sequence's length `T_k`, so its rows change as the sequence grows.
 pub fn forward<'a, F: Real>(
     variant: &Variant,
     q: impl AsArray<'a, F, Ix4>,
@@ -232,11 +284,11 @@ pub fn forward<'a, F: Real>(
 ) -> Result<Array4<F>> {
     let (q, k, v) = (q.into(), k.into(), v.into());
     let dims = check(variant, &q, &k, &v)?;
-    let mut out = Array4::<F>::zeros((dims.b, dims.h, dims.t, dims.dv));
+    let mut out = Array4::<F>::zeros((dims.b, dims.h, dims.t_q, dims.dv));
     for b in 0..dims.b {
         for h in 0..dims.h {
             let head = Head::new(variant.stage1.scores, dims, (&q, &k, &v), b, h);
-            for i in 0..dims.t {
+            for i in 0..dims.t_q {
                 let (_, row) = head.row(variant, i, false)?;
                 let mut o = head.output(row.w());
                 if variant.stage1.output_norm == OutputNorm::LayerNorm {
@@ -251,21 +303,21 @@ pub fn forward<'a, F: Real>(
     Ok(out)
 }
 
-/// Final attention weights `w` (B, H, T, T) of `variant`; zero above the diagonal. For `relu-ln`
-/// these are the weights before the output layer norm.
+/// Final attention weights `w` (B, H, T_q, T_k) of `variant` (queries and heads as in [`forward`]);
+/// zero above the diagonal. For `relu-ln` these are the weights before the output layer norm.
 pub fn weights<'a, F: Real>(
     variant: &Variant,
     q: impl AsArray<'a, F, Ix4>,
     k: impl AsArray<'a, F, Ix4>,
 ) -> Result<Array4<F>> {
     let (q, k) = (q.into(), k.into());
-    // v is not needed: check q and k against themselves as a stand-in.
-    let dims = check(variant, &q, &k, &q)?;
-    let mut out = Array4::<F>::zeros((dims.b, dims.h, dims.t, dims.t));
+    // v is not needed: k stands in for it.
+    let dims = check(variant, &q, &k, &k)?;
+    let mut out = Array4::<F>::zeros((dims.b, dims.h, dims.t_q, dims.t));
     for b in 0..dims.b {
         for h in 0..dims.h {
-            let head = Head::new(variant.stage1.scores, dims, (&q, &k, &q), b, h);
-            for i in 0..dims.t {
+            let head = Head::new(variant.stage1.scores, dims, (&q, &k, &k), b, h);
+            for i in 0..dims.t_q {
                 let (_, row) = head.row(variant, i, false)?;
                 for (j, &w) in row.w().iter().enumerate() {
                     out[[b, h, i, j]] = F::from_f64(w);
@@ -278,7 +330,9 @@ pub fn weights<'a, F: Real>(
 
 /// Analytic gradients of `L = sum(d_out * forward(q, k, v))` with respect to `q`, `k`, `v`
 /// (SPEC section 5; every variant, including re-weighting, transforms, the L2-normalisation and
-/// layer-norm Jacobians). `d_out` has the output's shape (B, H, T, d_v).
+/// layer-norm Jacobians), for every input [`forward`] takes. `d_out` has the output's shape
+/// (B, H, T_q, d_v); with grouped-query attention, the gradients of a key head sum over its query
+/// heads.
 pub fn backward<'a, F: Real>(
     variant: &Variant,
     q: impl AsArray<'a, F, Ix4>,
@@ -288,22 +342,25 @@ pub fn backward<'a, F: Real>(
 ) -> Result<Grads<F>> {
     let (q, k, v, g) = (q.into(), k.into(), v.into(), d_out.into());
     let dims = check(variant, &q, &k, &v)?;
-    check_d_out(&v, &g)?;
-    let Dims { b: nb, h: nh, t, d, dv } = dims;
+    check_d_out(dims, &g)?;
+    let Dims { b: nb, h: nh, h_kv, t_q, t, d, dv } = dims;
     let mut grads = Grads {
-        dq: Array4::<F>::zeros((nb, nh, t, d)),
-        dk: Array4::<F>::zeros((nb, nh, t, d)),
-        dv: Array4::<F>::zeros((nb, nh, t, dv)),
+        dq: Array4::<F>::zeros((nb, nh, t_q, d)),
+        dk: Array4::<F>::zeros((nb, h_kv, t, d)),
+        dv: Array4::<F>::zeros((nb, h_kv, t, dv)),
     };
     let stage1 = &variant.stage1;
     for b in 0..nb {
+        // Per key head: dL/dk (after the L2 Jacobian, which is linear, so the group's heads add) and dL/dv.
+        let mut dk_acc = vec![vec![0.0; t * d]; h_kv];
+        let mut dv_acc = vec![vec![0.0; t * dv]; h_kv];
         for h in 0..nh {
             let head = Head::new(stage1.scores, dims, (&q, &k, &v), b, h);
-            let gh = widen(&g, b, h); // (T, d_v)
-            let mut dq = vec![0.0; t * d]; // dL/dq' (T, d)
-            let mut dk = vec![0.0; t * d]; // dL/dk' (T, d)
-            let mut dvv = vec![0.0; t * dv]; // (T, d_v)
-            for i in 0..t {
+            let gh = widen(&g, b, h); // (T_q, d_v)
+            let mut dq = vec![0.0; t_q * d]; // dL/dq' (T_q, d)
+            let mut dk = vec![0.0; t * d]; // dL/dk' (T_k, d)
+            let dvv = &mut dv_acc[dims.kv_head(h)]; // (T_k, d_v)
+            for i in 0..t_q {
                 let (scale, row) = head.row(variant, i, true)?;
                 let w = row.w();
                 let gi = &gh[i * dv..(i + 1) * dv];
@@ -318,9 +375,8 @@ pub fn backward<'a, F: Real>(
                     gi.to_vec()
                 };
                 // dv_j += w_ij go_i; dw_ij = <go_i, v_j>.
-                let mut dw = vec![0.0; i + 1];
-                for j in 0..=i {
-                    let wj = w[j];
+                let mut dw = vec![0.0; w.len()];
+                for (j, &wj) in w.iter().enumerate() {
                     for (c, &goc) in go.iter().enumerate() {
                         dvv[j * dv + c] += wj * goc;
                     }
@@ -343,13 +399,22 @@ pub fn backward<'a, F: Real>(
                 l2_backward(&head.q, &head.qnorm, &mut dq, d);
                 l2_backward(&head.k, &head.knorm, &mut dk, d);
             }
-            for i in 0..t {
+            for (acc, x) in dk_acc[dims.kv_head(h)].iter_mut().zip(&dk) {
+                *acc += x;
+            }
+            for i in 0..t_q {
                 for e in 0..d {
                     grads.dq[[b, h, i, e]] = F::from_f64(dq[i * d + e]);
-                    grads.dk[[b, h, i, e]] = F::from_f64(dk[i * d + e]);
+                }
+            }
+        }
+        for (hk, (dk, dvv)) in dk_acc.iter().zip(&dv_acc).enumerate() {
+            for j in 0..t {
+                for e in 0..d {
+                    grads.dk[[b, hk, j, e]] = F::from_f64(dk[j * d + e]);
                 }
                 for e in 0..dv {
-                    grads.dv[[b, h, i, e]] = F::from_f64(dvv[i * dv + e]);
+                    grads.dv[[b, hk, j, e]] = F::from_f64(dvv[j * dv + e]);
                 }
             }
         }

@@ -153,14 +153,24 @@ fn bad_inputs_are_typed_errors_naming_argument_and_sizes() {
     let (q, k, v) = random_qkv::<f64>([1, 2, 4, 3], 3);
     let other = random_array::<f64>([1, 2, 5, 3], 4);
 
-    let err = forward(&softmax, &q, &other, &v).unwrap_err();
+    // k may be a longer cache (T_k = 5 >= T_q = 4) or have fewer heads (grouped-query attention), but
+    // its B and d are q's, T_k >= T_q, and H is a multiple of H_kv; v follows k.
+    let wide_d = random_array::<f64>([1, 2, 4, 5], 5);
+    let err = forward(&softmax, &q, &wide_d, &v).unwrap_err();
     assert!(matches!(&err, Error::ShapeMismatch { arg: "k", .. }), "{err:?}");
-    assert!(err.to_string().contains("[1, 2, 5, 3]") && err.to_string().contains("[1, 2, 4, 3]"), "{err}");
+    assert!(err.to_string().contains("[1, 2, 4, 5]") && err.to_string().contains("H_kv"), "{err}");
+    let short = random_array::<f64>([1, 2, 3, 3], 6);
+    assert!(matches!(forward(&softmax, &q, &short, &short), Err(Error::ShapeMismatch { arg: "k", .. })));
+    let three_heads = random_array::<f64>([1, 3, 4, 3], 7);
+    assert!(matches!(forward(&softmax, &three_heads, &k, &v), Err(Error::ShapeMismatch { arg: "k", .. })));
+    let err = forward(&softmax, &q, &other, &v).unwrap_err();
+    assert!(matches!(&err, Error::ShapeMismatch { arg: "v", .. }), "{err:?}");
     let err = forward(&softmax, &q, &k, &other).unwrap_err();
     assert!(matches!(&err, Error::ShapeMismatch { arg: "v", .. }), "{err:?}");
     let err = backward(&softmax, &q, &k, &v, &other).unwrap_err();
     assert!(matches!(&err, Error::ShapeMismatch { arg: "d_out", .. }), "{err:?}");
-    let err = weights(&softmax, &q, &other).unwrap_err();
+    assert_eq!(weights(&softmax, &q, &other).unwrap().shape(), &[1, 2, 4, 5], "T_q x T_k weights of a cache");
+    let err = weights(&softmax, &q, &wide_d).unwrap_err();
     assert!(matches!(&err, Error::ShapeMismatch { arg: "k", .. }), "{err:?}");
 
     let empty_t = Array4::<f64>::zeros((1, 2, 0, 3));
@@ -203,6 +213,10 @@ fn bad_inputs_are_typed_errors_naming_argument_and_sizes() {
     let err = attn_core::check_inputs(&softmax, &q.view(), &k.view(), &v.view(), Some(&other.view())).unwrap_err();
     assert!(matches!(&err, Error::ShapeMismatch { arg: "d_out", .. }), "{err:?}");
     assert!(attn_core::check_inputs(&softmax, &q.view(), &k.view(), &v.view(), None).is_ok());
+    // The kernels' checks take whole sequences with a key head per query head; the cached ones more.
+    let err = attn_core::check_inputs(&softmax, &q.view(), &other.view(), &other.view(), None).unwrap_err();
+    assert!(matches!(&err, Error::ShapeMismatch { arg: "k", .. }), "{err:?}");
+    assert!(attn_core::check_inputs_cached(&softmax, &q.view(), &other.view(), &other.view(), None).is_ok());
 
     // B = 0 or H = 0 is not an error: empty output.
     let none = Array4::<f64>::zeros((0, 2, 4, 3));
