@@ -1,5 +1,5 @@
 //! Links this crate's tests and binaries against the project's libtorch (see `torch-build`) and
-//! compiles the c10d shim (`csrc/dist_shim.cpp`): Gloo always, NCCL when its headers are present.
+//! compiles the c10d shim (`csrc/dist_shim.cpp`) and the optimiser shim (`csrc/optim_shim.cpp`): Gloo always, NCCL when its headers are present.
 //!
 //! NCCL is a compile-time option decided here, not a cargo feature, so `--all-features` still builds
 //! on a machine without the CUDA headers. `LSSA_NCCL` chooses: `0` never, `1` always (the build fails
@@ -25,6 +25,7 @@ fn main() {
     build
         .cpp(true)
         .file("csrc/dist_shim.cpp")
+        .file("csrc/optim_shim.cpp")
         .includes(&includes)
         .include("csrc/gloo-decl")
         .define("USE_C10D_GLOO", None)

@@ -12,8 +12,9 @@ pub enum AttnImpl {
     /// `attn-kernels` through the C++ autograd bridge: O(T·d) memory, on the CPU and on CUDA. Variants
     /// without a fused kernel fall back to `Reference` with a one-time warning. Plain `softmax` on a
     /// GPU runs libtorch's `scaled_dot_product_attention` (FlashAttention), the baseline a nanoGPT
-    /// user gets, so that comparisons with LSSA are against the best softmax; on the CPU our fused
-    /// softmax already matches SDPA's speed (`docs/bench/kernels-cpu.md`) and stays.
+    /// user gets, so that comparisons with LSSA are against the best softmax; on the CPU it runs SDPA
+    /// up to `attention::SDPA_CPU_MAX_LEN` rows, where SDPA is faster, and our kernel beyond, where
+    /// ours is (`docs/bench/train-cpu.md`, `docs/bench/kernels-cpu.md`).
     #[default]
     Fused,
     /// As `Fused`, but softmax on a GPU runs our own kernel too (to benchmark it against SDPA).

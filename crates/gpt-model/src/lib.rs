@@ -14,6 +14,7 @@ pub mod attention;
 pub mod checkpoint;
 pub mod config;
 pub mod io;
+pub mod loss;
 pub mod model;
 pub mod runtime;
 

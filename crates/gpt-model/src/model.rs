@@ -229,14 +229,16 @@ impl Gpt {
     /// real (unpadded) vocabulary.
     pub fn loss(&self, idx: &Tensor, targets: &Tensor, opts: &ForwardOptions) -> Result<Tensor, ModelError> {
         let logits = self.forward(idx, opts)?;
-        Ok(self.loss_from_logits(&logits, targets))
+        self.loss_from_logits(&logits, targets)
     }
 
-    /// Cross-entropy of `(B, T, V_pad)` logits against `(B, T)` targets over the real vocabulary.
-    pub fn loss_from_logits(&self, logits: &Tensor, targets: &Tensor) -> Tensor {
+    /// Cross-entropy of `(B, T, V_pad)` logits against `(B, T)` targets over the real vocabulary
+    /// ([`crate::loss::cross_entropy`]); a target outside the vocabulary is an input error.
+    pub fn loss_from_logits(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor, ModelError> {
         let v = self.cfg.vocab_size as i64;
         let logits = logits.narrow(-1, 0, v); // drop the padding columns
-        logits.reshape([-1, v]).to_kind(Kind::Float).cross_entropy_for_logits(&targets.reshape([-1]))
+        let logits = logits.reshape([-1, v]).to_kind(Kind::Float);
+        crate::loss::cross_entropy(&logits, &targets.reshape([-1])).map_err(ModelError::Input)
     }
 
     /// Logits of new tokens `idx` `(B, T_new)` continuing what `cache` holds (positions

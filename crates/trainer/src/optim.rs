@@ -2,8 +2,11 @@
 //! and global-norm gradient clipping.
 //!
 //! tch's built-in optimisers keep their moments inside libtorch where a checkpoint cannot reach them,
-//! so the update is written out here (the textbook AdamW of Loshchilov & Hutter with PyTorch's bias
-//! correction) and its state is plain tensors that the trainer saves and restores exactly.
+//! so the update is driven from here (the AdamW of Loshchilov & Hutter with PyTorch's bias correction)
+//! and its state is plain tensors that the trainer saves and restores exactly. The update itself runs
+//! libtorch's fused AdamW kernel (the one `torch.optim.AdamW(fused=True)` runs) and the clipping its
+//! multi-tensor ops, through a small C++ shim (`csrc/optim_shim.cpp`; tch does not bind them): one
+//! pass over each tensor instead of a dozen ops with a temporary each.
 
 use tch::{Kind, Tensor};
 
@@ -32,6 +35,78 @@ pub struct Slot {
     pub v: Tensor,
     /// Whether weight decay applies (matrices: 2 or more dimensions).
     pub decay: bool,
+}
+
+/// AdamW's constants.
+#[derive(Clone, Copy, Debug)]
+struct Hyper {
+    beta1: f64,
+    beta2: f64,
+    eps: f64,
+    weight_decay: f64,
+}
+
+impl Slot {
+    /// [`AdamW::step_unfused`]'s update of this slot, at update count `t`.
+    fn update_unfused(&self, grad: &Tensor, lr: f64, h: Hyper, t: u64) {
+        let bc1 = 1.0 - h.beta1.powi(t as i32);
+        let bc2 = 1.0 - h.beta2.powi(t as i32);
+        let g = grad.to_kind(Kind::Float);
+        let (mut p, mut m, mut v) = (self.param.shallow_clone(), self.m.shallow_clone(), self.v.shallow_clone());
+        if self.decay && h.weight_decay > 0.0 {
+            let _ = p.g_mul_scalar_(1.0 - lr * h.weight_decay);
+        }
+        let _ = m.g_mul_scalar_(h.beta1);
+        let _ = m.g_add_(&(&g * (1.0 - h.beta1)));
+        let _ = v.g_mul_scalar_(h.beta2);
+        let _ = v.g_add_(&(g.square() * (1.0 - h.beta2)));
+        let denom = (&v / bc2).sqrt() + h.eps;
+        let update = (&m / bc1) / denom * lr;
+        let _ = p.g_sub_(&update.to_kind(p.kind()));
+    }
+}
+
+/// The optimiser shim (`csrc/optim_shim.cpp`): libtorch's fused and multi-tensor kernels.
+mod shim {
+    use std::ffi::{CStr, c_char, c_void};
+
+    use tch::Tensor;
+
+    unsafe extern "C" {
+        pub fn lssa_optim_adamw(
+            params: *const *const c_void,
+            grads: *const *const c_void,
+            exp_avgs: *const *const c_void,
+            exp_avg_sqs: *const *const c_void,
+            n: usize,
+            step: f64,
+            lr: f64,
+            beta1: f64,
+            beta2: f64,
+            weight_decay: f64,
+            eps: f64,
+        ) -> *mut c_char;
+        pub fn lssa_optim_grad_norm(grads: *const *const c_void, n: usize, out: *mut f64) -> *mut c_char;
+        pub fn lssa_optim_scale(tensors: *const *const c_void, n: usize, factor: f64) -> *mut c_char;
+        pub fn lssa_optim_clear_grads(params: *const *const c_void, n: usize) -> *mut c_char;
+        pub fn lssa_optim_free_error(msg: *mut c_char);
+    }
+
+    /// The `at::Tensor*` of each tensor (tch's tensors are heap `at::Tensor`s); valid while `ts` lives.
+    pub fn ptrs(ts: &[Tensor]) -> Vec<*const c_void> {
+        ts.iter().map(|t| t.as_ptr().cast::<c_void>()).collect()
+    }
+
+    /// The shim's error message, if any (and releases it).
+    pub fn check(err: *mut c_char) -> Result<(), String> {
+        if err.is_null() {
+            return Ok(());
+        }
+        // SAFETY: a NUL-terminated string malloc'ed by the shim, released once by the shim's free.
+        let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
+        unsafe { lssa_optim_free_error(err) };
+        Err(format!("optimiser: {msg}"))
+    }
 }
 
 /// AdamW over a fixed list of parameters.
@@ -63,69 +138,100 @@ impl AdamW {
         Self { slots, t: 0, beta1, beta2, eps, weight_decay }
     }
 
-    /// The gradients' global L2 norm.
-    pub fn grad_norm(&self) -> f64 {
+    /// The gradients' global L2 norm (each tensor's in its dtype, their combination in float64).
+    pub fn grad_norm(&self) -> Result<f64, String> {
         let _g = tch::no_grad_guard();
-        let sq: f64 = self
-            .slots
-            .iter()
-            .filter(|s| s.param.grad().defined())
-            .map(|s| s.param.grad().to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[]))
-            .sum();
-        sq.sqrt()
+        let grads = self.grads();
+        let mut norm = 0.0;
+        shim::check(unsafe { shim::lssa_optim_grad_norm(shim::ptrs(&grads).as_ptr(), grads.len(), &mut norm) })?;
+        Ok(norm)
     }
 
     /// Scales every gradient by `max_norm / norm` when `norm > max_norm > 0`; returns the norm before.
-    pub fn clip_grad_norm(&self, max_norm: f64) -> f64 {
-        let norm = self.grad_norm();
+    pub fn clip_grad_norm(&self, max_norm: f64) -> Result<f64, String> {
+        let norm = self.grad_norm()?;
         if max_norm > 0.0 && norm > max_norm {
             let _g = tch::no_grad_guard();
+            let grads = self.grads();
             let scale = max_norm / (norm + 1e-6);
-            for s in &self.slots {
-                let mut g = s.param.grad();
-                if g.defined() {
-                    let _ = g.g_mul_scalar_(scale);
-                }
-            }
+            shim::check(unsafe { shim::lssa_optim_scale(shim::ptrs(&grads).as_ptr(), grads.len(), scale) })?;
         }
-        norm
+        Ok(norm)
     }
 
-    /// One update with learning rate `lr`:
-    /// `p -= lr·wd·p` (matrices), `m = b1 m + (1-b1) g`, `v = b2 v + (1-b2) g²`,
-    /// `p -= lr · (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)`.
-    pub fn step(&mut self, lr: f64) {
+    /// The defined gradients, in slot order.
+    fn grads(&self) -> Vec<Tensor> {
+        self.slots.iter().map(|s| s.param.grad()).filter(Tensor::defined).collect()
+    }
+
+    /// One update with learning rate `lr`, libtorch's fused AdamW kernel over every parameter that has
+    /// a gradient (the formula of [`AdamW::step_unfused`], the update of `torch.optim.AdamW`); a
+    /// parameter whose dtype differs from its moments' (a half-precision parameter) takes the unfused
+    /// path.
+    pub fn step(&mut self, lr: f64) -> Result<(), String> {
         let _g = tch::no_grad_guard();
         self.t += 1;
-        let bc1 = 1.0 - self.beta1.powi(self.t as i32);
-        let bc2 = 1.0 - self.beta2.powi(self.t as i32);
-        for s in &mut self.slots {
+        for decay in [true, false] {
+            let (mut p, mut g, mut m, mut v) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            for s in self.slots.iter().filter(|s| s.decay == decay) {
+                let grad = s.param.grad();
+                if !grad.defined() {
+                    continue;
+                }
+                if s.param.kind() != s.m.kind() || grad.kind() != s.m.kind() {
+                    s.update_unfused(&grad, lr, self.hyper(), self.t);
+                    continue;
+                }
+                p.push(s.param.shallow_clone());
+                g.push(grad);
+                m.push(s.m.shallow_clone());
+                v.push(s.v.shallow_clone());
+            }
+            let wd = if decay { self.weight_decay } else { 0.0 };
+            let (pp, gp, mp, vp) = (shim::ptrs(&p), shim::ptrs(&g), shim::ptrs(&m), shim::ptrs(&v));
+            shim::check(unsafe {
+                shim::lssa_optim_adamw(
+                    pp.as_ptr(),
+                    gp.as_ptr(),
+                    mp.as_ptr(),
+                    vp.as_ptr(),
+                    p.len(),
+                    self.t as f64,
+                    lr,
+                    self.beta1,
+                    self.beta2,
+                    wd,
+                    self.eps,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// [`AdamW::step`] written out tensor by tensor:
+    /// `p -= lr·wd·p` (matrices), `m = b1 m + (1-b1) g`, `v = b2 v + (1-b2) g²`,
+    /// `p -= lr · (m / (1-b1^t)) / (sqrt(v / (1-b2^t)) + eps)`: the definition the fused kernel is
+    /// tested against (equal up to float rounding).
+    pub fn step_unfused(&mut self, lr: f64) {
+        let _g = tch::no_grad_guard();
+        self.t += 1;
+        for s in &self.slots {
             let g = s.param.grad();
-            if !g.defined() {
-                continue;
+            if g.defined() {
+                s.update_unfused(&g, lr, self.hyper(), self.t);
             }
-            let g = g.to_kind(Kind::Float);
-            if s.decay && self.weight_decay > 0.0 {
-                let _ = s.param.g_mul_scalar_(1.0 - lr * self.weight_decay);
-            }
-            let _ = s.m.g_mul_scalar_(self.beta1);
-            let _ = s.m.g_add_(&(&g * (1.0 - self.beta1)));
-            let _ = s.v.g_mul_scalar_(self.beta2);
-            let _ = s.v.g_add_(&(g.square() * (1.0 - self.beta2)));
-            let denom = (&s.v / bc2).sqrt() + self.eps;
-            let update = (&s.m / bc1) / denom * lr;
-            let _ = s.param.g_sub_(&update.to_kind(s.param.kind()));
         }
     }
 
-    /// Sets every gradient to zero.
-    pub fn zero_grad(&mut self) {
-        for s in &mut self.slots {
-            let mut g = s.param.grad();
-            if g.defined() {
-                let _ = g.zero_();
-            }
-        }
+    fn hyper(&self) -> Hyper {
+        Hyper { beta1: self.beta1, beta2: self.beta2, eps: self.eps, weight_decay: self.weight_decay }
+    }
+
+    /// Drops every gradient (`zero_grad(set_to_none=True)` in PyTorch): the next backward writes fresh
+    /// gradients where zeroed ones would be filled and then added to.
+    pub fn zero_grad(&mut self) -> Result<(), String> {
+        let params: Vec<Tensor> = self.slots.iter().map(|s| s.param.shallow_clone()).collect();
+        shim::check(unsafe { shim::lssa_optim_clear_grads(shim::ptrs(&params).as_ptr(), params.len()) })
     }
 
     /// The moments as named tensors (`optim.m.<name>`, `optim.v.<name>`) for a checkpoint.
@@ -195,7 +301,7 @@ mod tests {
         let loss = w.square().sum(Kind::Float) + (&b * 3.0).sum(Kind::Float);
         loss.backward();
         let lr = 0.01;
-        opt.step(lr);
+        opt.step(lr).unwrap();
         // First step: m/bc1 = g, v/bc2 = g^2, so the update is lr * g / (|g| + eps) = lr * sign(g).
         let want_w: Vec<f32> =
             [1.0f32, -2.0, 3.0, 0.5].iter().map(|&x| x * (1.0 - 0.01 * 0.1) - 0.01 * x.signum()).collect();
@@ -230,7 +336,75 @@ mod tests {
         let w = Tensor::from_slice(&[3.0f32, 4.0]).set_requires_grad(true);
         let opt = AdamW::new(vec![("w".into(), w.shallow_clone())], 0.9, 0.95, 1e-8, 0.0);
         (&w * &w.detach()).sum(Kind::Float).backward(); // grad = w = (3, 4), norm 5
-        assert!((opt.clip_grad_norm(1.0) - 5.0).abs() < 1e-6);
-        assert!((opt.grad_norm() - 1.0).abs() < 1e-5);
+        assert!((opt.clip_grad_norm(1.0).unwrap() - 5.0).abs() < 1e-6);
+        assert!((opt.grad_norm().unwrap() - 1.0).abs() < 1e-5);
+        assert!((opt.clip_grad_norm(2.0).unwrap() - 1.0).abs() < 1e-5, "under the bound: unchanged");
+        assert!((opt.grad_norm().unwrap() - 1.0).abs() < 1e-5);
+    }
+
+    /// Parameters of several shapes (one unused, so it has no gradient) and their gradients after
+    /// `loss = sum_i c_i · sum(p_i²)` with a different `c` per step.
+    fn toy(seed: i64) -> (Vec<Tensor>, AdamW) {
+        let shapes: [&[i64]; 4] = [&[3, 5], &[7], &[2, 3, 4], &[4]];
+        let params: Vec<Tensor> = gpt_model::model::with_seed(seed, || {
+            shapes.iter().map(|s| Tensor::randn(*s, (Kind::Float, Device::Cpu)).set_requires_grad(true)).collect()
+        });
+        let named = params.iter().enumerate().map(|(i, p)| (format!("p{i}"), p.shallow_clone())).collect();
+        (params, AdamW::new(named, 0.9, 0.95, 1e-8, 0.1))
+    }
+
+    fn toy_backward(params: &[Tensor], step: usize) {
+        let loss = params[..3]
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p * p).sum(Kind::Float) * (1.0 + i as f64 + 0.3 * step as f64))
+            .fold(Tensor::zeros([], (Kind::Float, Device::Cpu)), |a, b| a + b);
+        loss.backward();
+    }
+
+    #[test]
+    fn the_fused_update_equals_the_written_out_formula_over_many_steps() {
+        let (pf, mut fused) = toy(7);
+        let (pu, mut unfused) = toy(7);
+        for step in 0..20 {
+            let lr = 1e-2 * (1.0 + step as f64 / 10.0);
+            fused.zero_grad().unwrap();
+            toy_backward(&pf, step);
+            fused.step(lr).unwrap();
+            for p in &pu {
+                let mut g = p.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            }
+            toy_backward(&pu, step);
+            unfused.step_unfused(lr);
+        }
+        assert_eq!(fused.t, 20);
+        for (a, b) in fused.slots.iter().zip(&unfused.slots) {
+            for (x, y) in [(&a.param, &b.param), (&a.m, &b.m), (&a.v, &b.v)] {
+                let diff = (x - y).abs().max().double_value(&[]);
+                let scale = y.abs().max().double_value(&[]).max(1e-6);
+                assert!(diff <= 1e-5 * scale, "{}: fused and written-out differ by {diff} (scale {scale})", a.name);
+            }
+        }
+        // The unused parameter was never touched: no gradient, no decay, zero moments.
+        let untouched = &fused.slots[3];
+        assert!(!untouched.param.grad().defined());
+        assert_eq!(untouched.m.abs().sum(Kind::Float).double_value(&[]), 0.0);
+    }
+
+    #[test]
+    fn zero_grad_drops_gradients_and_the_next_backward_writes_fresh_ones() {
+        let (params, mut opt) = toy(3);
+        toy_backward(&params, 0);
+        toy_backward(&params, 0); // accumulated: twice the gradient
+        let twice = params[0].grad().copy();
+        opt.zero_grad().unwrap();
+        assert!(params.iter().all(|p| !p.grad().defined()));
+        toy_backward(&params, 0);
+        let once = params[0].grad();
+        assert!((&twice - &once * 2.0).abs().max().double_value(&[]) < 1e-6);
+        assert!(opt.grad_norm().unwrap() > 0.0);
     }
 }

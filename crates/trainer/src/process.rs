@@ -80,6 +80,28 @@ impl Drop for RunLock {
     }
 }
 
+/// Keeps freed tensor memory in the process instead of handing it back to the OS after every step
+/// (glibc's `malloc`: no `mmap` for blocks under 256 MiB, no heap trimming under 1 GiB free), once per
+/// process; a no-op elsewhere. What it saves: a training step allocates and frees the same few
+/// megabyte-sized tensors (logits and their gradient are 8 MiB each at the `small` shape), and with
+/// glibc's defaults many of them are fresh `mmap`s or trimmed heap, so every step page-faults them
+/// back in (about 10% of a `small` step under `perf`: `clear_page`, `exc_page_fault`,
+/// `unmap_page_range`). The measurements are in `docs/bench/train-cpu.md`, beside a PyTorch loop
+/// with the same settings (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`), which gains alike.
+/// The cost: the process keeps its peak heap until it exits, as with jemalloc or tcmalloc, which
+/// PyTorch's CPU tuning guide recommends for the same reason.
+pub fn keep_freed_memory() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        #[cfg(all(target_os = "linux", target_env = "gnu"))]
+        // SAFETY: mallopt only changes allocator parameters, under the allocator's own lock.
+        unsafe {
+            libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 20);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+        }
+    });
+}
+
 /// libtorch's CPU thread count is one setting per process, shared by every training in it
 /// (`reproduce --jobs N` trains on threads of one process): the first training that asks for a count
 /// sets it; a later one that asks for another is refused rather than changing it under the first.

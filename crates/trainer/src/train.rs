@@ -267,6 +267,7 @@ pub fn train(
     let _lock = if rank == 0 { Some(crate::process::RunLock::acquire(&cfg.out_dir)?) } else { None };
     let device = pick_device(cfg.device, coll.local_rank())?;
     crate::process::claim_threads(cfg.threads)?;
+    crate::process::keep_freed_memory();
     let autocast = cfg.bf16 && device.is_cuda();
     if autocast {
         // The same setting for every training that asks for it: set once, never undone.
@@ -358,7 +359,7 @@ pub fn train(
     while step < cfg.max_steps {
         let t0 = Instant::now();
         let lr = optim::lr_at(step, cfg.max_steps, cfg.warmup_steps, cfg.lr, cfg.min_lr_ratio);
-        opt.zero_grad();
+        opt.zero_grad().map_err(anyhow::Error::msg)?;
         let mut loss_sum = 0.0;
         for _ in 0..accum {
             let (x, y) = data.next_batch()?;
@@ -371,8 +372,8 @@ pub fn train(
         }
         let grads: Vec<Tensor> = opt.slots.iter().map(|s| s.param.grad()).filter(|g| g.defined()).collect();
         coll.all_reduce_mean_(&grads)?;
-        let grad_norm = opt.clip_grad_norm(cfg.grad_clip);
-        opt.step(lr);
+        let grad_norm = opt.clip_grad_norm(cfg.grad_clip).map_err(anyhow::Error::msg)?;
+        opt.step(lr).map_err(anyhow::Error::msg)?;
         step += 1;
         let loss = coll.all_reduce_sum_f64(loss_sum / accum as f64)? / world as f64;
         if !loss.is_finite() {

@@ -476,7 +476,7 @@ pub(crate) fn model(rows: &mut Vec<Value>) -> Result<()> {
                 // Labelled by the versions the fused step runs here (GPT-2 124M: head dimension 64).
                 let parsed: attn_core::Variant = variant.parse()?;
                 let label = match imp {
-                    _ if gpt_model::attention::uses_sdpa(&parsed, imp, 0, Device::Cuda(0)) => "SDPA".to_string(),
+                    _ if gpt_model::attention::uses_sdpa(&parsed, imp, 0, 1, Device::Cuda(0)) => "SDPA".to_string(),
                     AttnImpl::Fused | AttnImpl::FusedOwn => {
                         let (f, b) = cuda::versions(&parsed, 64, Dtype::Bf16, kernel)?;
                         format!("Fused(v{f}+v{b})")

@@ -60,7 +60,8 @@ pub fn path_counts() -> PathCounts {
 /// Causal attention of `(B, H, T_q, d)` queries at absolute positions `q_offset..q_offset + T_q`
 /// over `(B, H, q_offset + T_q, d)` keys and values, with `variant`, by `imp`:
 ///
-/// - `Fused` with `q_offset == 0`, plain `softmax` on a GPU: libtorch's SDPA (see [`uses_sdpa`]).
+/// - `Fused` with `q_offset == 0`, plain `softmax` on a GPU, or on the CPU up to
+///   [`SDPA_CPU_MAX_LEN`] rows: libtorch's SDPA (see [`uses_sdpa`]).
 /// - `Fused` or `FusedOwn` with `q_offset == 0`: the fused kernels (CPU f32, or CUDA f32/f16/bf16) through the
 ///   autograd bridge. A variant without a fused kernel, or CUDA kernels that cannot run (no NVRTC),
 ///   fall back to the reference, with a one-time warning on stderr.
@@ -74,7 +75,7 @@ pub fn attend(
     imp: AttnImpl,
     q_offset: i64,
 ) -> Result<Tensor, AttentionError> {
-    if uses_sdpa(variant, imp, q_offset, q.device()) {
+    if uses_sdpa(variant, imp, q_offset, q.size()[2], q.device()) {
         count(|c| c.sdpa += 1);
         return Ok(sdpa(q, k, v));
     }
@@ -105,14 +106,22 @@ pub fn attend(
     Ok(torch_ops::attention(q, k, v, variant, q_offset)?)
 }
 
-/// Whether [`attend`] runs libtorch's `scaled_dot_product_attention` (causal, `1/sqrt(d)`; its
-/// FlashAttention kernels on a GPU): for exactly the `softmax` variant (no re-weighting, no
-/// parameters), on a GPU, by `Fused`, over a whole sequence (`q_offset == 0`, where its causal mask
-/// is ours). The baseline is then the softmax a nanoGPT user runs; `FusedOwn` keeps our kernel.
-pub fn uses_sdpa(variant: &attn_core::Variant, imp: AttnImpl, q_offset: i64, device: tch::Device) -> bool {
+/// The longest sequence for which plain softmax on the CPU runs libtorch's SDPA rather than our fused
+/// kernel. Measured side by side (forward + backward, B = 16, H = 2, d = 64, 2 threads; `cargo xtask
+/// bench train`'s notes in `docs/bench/train-cpu.md`): SDPA takes 0.45x our kernel's time at T = 64,
+/// 0.65x at 128, 0.76x at 256, and 1.45x at 512, where our tiles pay off (`docs/bench/kernels-cpu.md`:
+/// 0.57x-0.94x of SDPA's time from T = 512 up).
+pub const SDPA_CPU_MAX_LEN: i64 = 256;
+
+/// Whether [`attend`] runs libtorch's `scaled_dot_product_attention` (causal, `1/sqrt(d)`): for exactly
+/// the `softmax` variant (no re-weighting, no parameters), by `Fused`, over a whole sequence
+/// (`q_offset == 0`, where its causal mask is ours), of any length `t` on a GPU (its FlashAttention
+/// kernels: the softmax a nanoGPT user runs) and of at most [`SDPA_CPU_MAX_LEN`] rows on the CPU
+/// (where it is faster than our kernel). `FusedOwn` keeps our kernel.
+pub fn uses_sdpa(variant: &attn_core::Variant, imp: AttnImpl, q_offset: i64, t: i64, device: tch::Device) -> bool {
     imp == AttnImpl::Fused
         && q_offset == 0
-        && device.is_cuda()
+        && (device.is_cuda() || t <= SDPA_CPU_MAX_LEN)
         && attn_core::Variant::preset("softmax").is_some_and(|s| &s == variant)
 }
 
@@ -132,15 +141,19 @@ mod tests {
     }
 
     #[test]
-    fn only_plain_softmax_on_a_gpu_by_fused_goes_to_sdpa() {
+    fn only_plain_softmax_by_fused_goes_to_sdpa_on_a_gpu_and_for_short_rows_on_the_cpu() {
         let gpu = Device::Cuda(0);
-        assert!(uses_sdpa(&v("softmax"), AttnImpl::Fused, 0, gpu));
-        assert!(!uses_sdpa(&v("softmax"), AttnImpl::Fused, 0, Device::Cpu), "the CPU keeps our fused softmax");
-        assert!(!uses_sdpa(&v("softmax"), AttnImpl::FusedOwn, 0, gpu), "FusedOwn asks for our kernel");
-        assert!(!uses_sdpa(&v("softmax"), AttnImpl::Reference, 0, gpu));
-        assert!(!uses_sdpa(&v("softmax"), AttnImpl::Fused, 5, gpu), "decoding with a cache is not SDPA's causal mask");
+        let cpu = Device::Cpu;
+        assert!(uses_sdpa(&v("softmax"), AttnImpl::Fused, 0, 65536, gpu));
+        assert!(uses_sdpa(&v("softmax"), AttnImpl::Fused, 0, SDPA_CPU_MAX_LEN, cpu), "short rows on the CPU");
+        assert!(!uses_sdpa(&v("softmax"), AttnImpl::Fused, 0, SDPA_CPU_MAX_LEN + 1, cpu), "long rows: our kernel");
+        assert!(!uses_sdpa(&v("softmax"), AttnImpl::FusedOwn, 0, 64, gpu), "FusedOwn asks for our kernel");
+        assert!(!uses_sdpa(&v("softmax"), AttnImpl::FusedOwn, 0, 64, cpu), "FusedOwn asks for our kernel");
+        assert!(!uses_sdpa(&v("softmax"), AttnImpl::Reference, 0, 64, gpu));
+        assert!(!uses_sdpa(&v("softmax"), AttnImpl::Fused, 5, 64, gpu), "decoding with a cache is not SDPA's causal mask");
         for other in ["softmax+rw15", "lssa", "lssa+rw15", "inverse", "exp-nonorm", "softplus-l1"] {
-            assert!(!uses_sdpa(&v(other), AttnImpl::Fused, 0, gpu), "{other}");
+            assert!(!uses_sdpa(&v(other), AttnImpl::Fused, 0, 64, gpu), "{other}");
+            assert!(!uses_sdpa(&v(other), AttnImpl::Fused, 0, 64, cpu), "{other}");
         }
     }
 

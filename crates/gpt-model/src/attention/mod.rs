@@ -16,4 +16,4 @@ mod dispatch;
 pub mod fused;
 pub mod torch_ops;
 
-pub use dispatch::{AttentionError, EVAL_CHUNK, PathCounts, attend, path_counts, sdpa, uses_sdpa};
+pub use dispatch::{AttentionError, EVAL_CHUNK, PathCounts, SDPA_CPU_MAX_LEN, attend, path_counts, sdpa, uses_sdpa};

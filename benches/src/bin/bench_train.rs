@@ -1,0 +1,515 @@
+//! bench-train: the trainer's training step against the PyTorch eager loop a user would write, at the
+//! `small` scale's shape, side by side in one run; and a profile of where the trainer's step spends
+//! its time.
+//!
+//! Runbook:
+//!
+//! ```text
+//! cargo xtask bench train                          # T = 64, 256; softmax, lssa, lssa+rw15; writes docs/bench/train-cpu.{md,json}
+//! cargo xtask bench train --lengths 64 --no-write  # a quick look
+//! ```
+//!
+//! What is compared, per (attention, T), in rounds (one cell of each side per round, the side that
+//! goes first alternating):
+//!
+//! - the trainer: [`trainer::train::train`] itself (the loop `trainer train` runs: data, forward,
+//!   backward, clipping, AdamW, the metrics line) on `configs/small.toml`'s model and recipe, fed random
+//!   token ids; its tokens/s is the median of the per-step rates after the warm-up steps;
+//! - PyTorch: `benches/python/train_eager.py` (nanoGPT-style: the same model, `torch.optim.AdamW` and
+//!   `clip_grad_norm_` with their defaults, `F.scaled_dot_product_attention` for softmax and the
+//!   project's `lssa.attention` for the others, so both sides run the same attention kernels), in the
+//!   torch venv's Python, with the same threads, shape and step counts; once as a user runs it, once
+//!   with the allocator settings the trainer makes for itself ([`trainer::process::keep_freed_memory`],
+//!   here through glibc's `MALLOC_*_` variables), so the table shows what they are worth on both sides.
+//!
+//! The ratios are the medians over rounds of the trainer's tokens/s over PyTorch's in the same round.
+//! The profile (`--profile`, on by default) times the phases of one step as the trainer runs them
+//! (zeroing the gradients, the batch, forward, backward, clipping, AdamW), once with the optimiser the
+//! trainer uses and once with the per-tensor AdamW it replaced.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use clap::Parser;
+use gpt_model::model::{ForwardOptions, Gpt};
+use lssa_benches::env;
+use lssa_benches::measure::median;
+use serde::Serialize;
+use tch::nn::VarStore;
+use tch::{Device, Kind, Tensor};
+use trainer::config::TrainConfig;
+use trainer::optim::AdamW;
+use trainer::train::{BatchSource, RunOptions, Single};
+
+const FORMAT: &str = "lssa-bench-train";
+const FORMAT_VERSION: u32 = 1;
+
+#[derive(Parser, Debug)]
+#[command(name = "bench-train", about = "The trainer's step against a PyTorch eager loop, side by side")]
+struct Cli {
+    /// Sequence lengths (the batch stays `configs/small.toml`'s).
+    #[arg(long, value_delimiter = ',', default_value = "64,256")]
+    lengths: Vec<usize>,
+    /// Attention variants (attn-core names).
+    #[arg(long, value_delimiter = ',', default_value = "softmax,lssa,lssa+rw15")]
+    variants: Vec<String>,
+    /// Rounds per cell.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
+    /// Tokens timed per cell and round (steps = tokens / (batch · T), at least 10).
+    #[arg(long, default_value_t = 131_072)]
+    tokens: usize,
+    /// Untimed steps before each cell's timed ones.
+    #[arg(long, default_value_t = 5)]
+    warmup: usize,
+    /// Threads for libtorch and the kernels, on both sides.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// The Python with torch (and the `lssa` package for the variants other than softmax); default:
+    /// `LSSA_TORCH_PYTHON`, else the venv behind the work tree's `.torch/libtorch`.
+    #[arg(long)]
+    python: Option<PathBuf>,
+    /// Skip the phase profile.
+    #[arg(long)]
+    no_profile: bool,
+    /// Print only; do not write docs/bench/train-cpu.{md,json}.
+    #[arg(long)]
+    no_write: bool,
+}
+
+#[derive(Serialize)]
+struct Row {
+    variant: String,
+    t: usize,
+    batch: usize,
+    steps: usize,
+    trainer_tokens_per_s: Vec<f64>,
+    pytorch_tokens_per_s: Vec<f64>,
+    /// PyTorch with the trainer's allocator settings.
+    pytorch_tuned_tokens_per_s: Vec<f64>,
+    /// Median over rounds of trainer / PyTorch in the same round.
+    ratio: f64,
+    /// The same against PyTorch with the trainer's allocator settings.
+    ratio_tuned: f64,
+}
+
+#[derive(Serialize)]
+struct Phase {
+    phase: &'static str,
+    ms: f64,
+}
+
+#[derive(Serialize)]
+struct Profile {
+    variant: String,
+    optimiser: &'static str,
+    steps: usize,
+    phases: Vec<Phase>,
+}
+
+#[derive(Serialize)]
+struct Report {
+    format: &'static str,
+    format_version: u32,
+    git_revision: String,
+    command: String,
+    date: String,
+    cpu: String,
+    threads: usize,
+    torch: String,
+    rows: Vec<Row>,
+    profiles: Vec<Profile>,
+}
+
+/// Random token ids: what both sides train on (the step's cost does not depend on the ids).
+struct RandomTokens {
+    state: u64,
+    len: usize,
+}
+
+impl RandomTokens {
+    fn next(&mut self) -> u64 {
+        // splitmix64
+        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn ids(&mut self, vocab: usize) -> Vec<i64> {
+        (0..self.len).map(|_| (self.next() % vocab as u64) as i64).collect()
+    }
+}
+
+struct Source {
+    tokens: RandomTokens,
+    vocab: usize,
+    batch: usize,
+    t: usize,
+}
+
+impl BatchSource for Source {
+    fn next_batch(&mut self) -> Result<(Vec<i64>, Vec<i64>)> {
+        let mut x = Vec::with_capacity(self.batch * self.t);
+        let mut y = Vec::with_capacity(self.batch * self.t);
+        for _ in 0..self.batch {
+            let row = self.tokens.ids(self.vocab);
+            x.extend_from_slice(&row[..self.t]);
+            y.extend_from_slice(&row[1..]);
+        }
+        Ok((x, y))
+    }
+    fn position(&self) -> serde_json::Value {
+        serde_json::json!(self.tokens.state)
+    }
+    fn seek(&mut self, pos: &serde_json::Value) -> Result<()> {
+        self.tokens.state = pos.as_u64().context("a u64 position")?;
+        Ok(())
+    }
+    fn tokenizer_id(&self) -> String {
+        "random".into()
+    }
+}
+
+fn small_config(variant: &str, t: usize, steps: usize, threads: usize, out_dir: &Path) -> Result<TrainConfig> {
+    let path = env::workspace_root().join("configs/small.toml");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let mut cfg = TrainConfig::from_toml_with_overrides(&text, "configs/small.toml", &[])?;
+    cfg.model.attention = variant.to_string();
+    cfg.model.context_len = t;
+    cfg.tokens_per_step = cfg.batch_size * t;
+    cfg.max_steps = steps;
+    cfg.warmup_steps = 1;
+    cfg.eval_every = 0;
+    cfg.ckpt_every = 0;
+    cfg.threads = threads;
+    cfg.out_dir = out_dir.to_path_buf();
+    Ok(cfg)
+}
+
+/// The trainer's median tokens/s over its steps after `warmup`.
+fn trainer_cell(variant: &str, t: usize, steps: usize, warmup: usize, threads: usize) -> Result<f64> {
+    let dir = tempfile::tempdir()?;
+    let cfg = small_config(variant, t, warmup + steps, threads, dir.path())?;
+    let mut source = Source {
+        tokens: RandomTokens { state: 7, len: t + 1 },
+        vocab: cfg.model.vocab_size,
+        batch: cfg.batch_size,
+        t,
+    };
+    let opts = RunOptions { overwrite: true, ..Default::default() };
+    let summary = trainer::train::train(&cfg, &mut source, &Single, &opts)?;
+    let rates: Vec<f64> = summary.steps.iter().skip(warmup).map(|m| m.tokens_per_s).collect();
+    Ok(median(&rates))
+}
+
+#[derive(serde::Deserialize)]
+struct EagerOut {
+    tokens_per_s: f64,
+}
+
+/// glibc's variables for [`trainer::process::keep_freed_memory`]'s settings.
+const TUNED_MALLOC: [(&str, &str); 2] =
+    [("MALLOC_MMAP_THRESHOLD_", "268435456"), ("MALLOC_TRIM_THRESHOLD_", "1073741824")];
+
+#[allow(clippy::too_many_arguments)]
+fn pytorch_cell(
+    python: &Path,
+    tuned: bool,
+    variant: &str,
+    t: usize,
+    batch: usize,
+    steps: usize,
+    warmup: usize,
+    threads: usize,
+) -> Result<f64> {
+    let script = env::workspace_root().join("benches/python/train_eager.py");
+    let mut cmd = Command::new(python);
+    if tuned {
+        cmd.envs(TUNED_MALLOC);
+    } else {
+        cmd.env_remove(TUNED_MALLOC[0].0).env_remove(TUNED_MALLOC[1].0);
+    }
+    let out = cmd
+        .arg(&script)
+        .args(["--attention", variant, "--json"])
+        .args(["--threads", &threads.to_string(), "--context", &t.to_string(), "--batch", &batch.to_string()])
+        .args(["--steps", &steps.to_string(), "--warmup", &warmup.to_string()])
+        .output()
+        .with_context(|| format!("running {} {}", python.display(), script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed ({}):\n{}", script.display(), out.status, String::from_utf8_lossy(&out.stderr));
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().context("train_eager.py printed nothing")?;
+    Ok(serde_json::from_str::<EagerOut>(line).with_context(|| format!("reading `{line}`"))?.tokens_per_s)
+}
+
+/// The torch venv's Python: `--python`, else the one behind the work tree's `.torch/libtorch` link.
+fn find_python(cli: &Cli) -> Result<PathBuf> {
+    if let Some(p) = cli.python.clone().or_else(|| std::env::var_os("LSSA_TORCH_PYTHON").map(PathBuf::from)) {
+        return Ok(p);
+    }
+    let torch = env::workspace_root().join(".torch/libtorch").canonicalize().context(
+        "no .torch/libtorch in the work tree: run `cargo xtask setup` (or pass --python with a Python that has torch)",
+    )?;
+    // <venv>/lib/pythonX.Y/site-packages/torch -> <venv>/bin/python
+    let venv = torch.ancestors().nth(4).context("the torch link is not inside a venv")?;
+    let python = venv.join("bin/python");
+    if !python.exists() {
+        bail!("{} does not exist: pass --python", python.display());
+    }
+    Ok(python)
+}
+
+fn torch_version(python: &Path) -> String {
+    Command::new(python)
+        .args(["-c", "import torch; print(torch.__version__)"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+fn lssa_importable(python: &Path) -> bool {
+    Command::new(python).args(["-c", "import lssa"]).output().is_ok_and(|o| o.status.success())
+}
+
+/// How one step of the trainer splits into phases: the trainer's step (train.rs) written out with a
+/// clock between the phases; `fused` picks the trainer's optimiser or the per-tensor AdamW it replaced.
+fn profile(variant: &str, steps: usize, fused: bool) -> Result<Profile> {
+    let dir = tempfile::tempdir()?;
+    let cfg = small_config(variant, 64, steps, 0, dir.path())?;
+    let (b, t) = (cfg.batch_size as i64, cfg.model.context_len as i64);
+    let vs = VarStore::new(Device::Cpu);
+    let model = Gpt::new_seeded(&vs.root(), &cfg.model, 1)?;
+    let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    let mut opt = AdamW::new(params, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay);
+    let mut source = Source {
+        tokens: RandomTokens { state: 11, len: t as usize + 1 },
+        vocab: cfg.model.vocab_size,
+        batch: cfg.batch_size,
+        t: t as usize,
+    };
+    const NAMES: [&str; 6] = ["zero gradients", "batch", "forward", "backward", "clip", "AdamW"];
+    let mut acc = [0.0f64; 6];
+    let warmup = 5;
+    for i in 0..warmup + steps {
+        let mut marks = [Instant::now(); 7];
+        if fused {
+            opt.zero_grad().map_err(anyhow::Error::msg)?;
+        } else {
+            for s in &opt.slots {
+                let mut g = s.param.grad();
+                if g.defined() {
+                    let _ = g.zero_();
+                }
+            }
+        }
+        marks[1] = Instant::now();
+        let (x, y) = source.next_batch()?;
+        let (x, y) = (Tensor::from_slice(&x).view([b, t]), Tensor::from_slice(&y).view([b, t]));
+        marks[2] = Instant::now();
+        let loss = model.loss(&x, &y, &ForwardOptions::default())?;
+        marks[3] = Instant::now();
+        loss.backward();
+        let _ = loss.to_kind(Kind::Double).double_value(&[]);
+        marks[4] = Instant::now();
+        if fused {
+            opt.clip_grad_norm(cfg.grad_clip).map_err(anyhow::Error::msg)?;
+        } else {
+            clip_per_tensor(&opt, cfg.grad_clip);
+        }
+        marks[5] = Instant::now();
+        if fused {
+            opt.step(1e-3).map_err(anyhow::Error::msg)?;
+        } else {
+            opt.step_unfused(1e-3);
+        }
+        marks[6] = Instant::now();
+        if i >= warmup {
+            for (k, a) in acc.iter_mut().enumerate() {
+                *a += (marks[k + 1] - marks[k]).as_secs_f64();
+            }
+        }
+    }
+    let mut phases: Vec<Phase> =
+        NAMES.iter().zip(acc).map(|(&phase, s)| Phase { phase, ms: s * 1e3 / steps as f64 }).collect();
+    phases.push(Phase { phase: "step", ms: acc.iter().sum::<f64>() * 1e3 / steps as f64 });
+    Ok(Profile {
+        variant: variant.to_string(),
+        optimiser: if fused { "fused (the trainer's)" } else { "per-tensor (before)" },
+        steps,
+        phases,
+    })
+}
+
+/// The clipping the trainer had before its multi-tensor ops: one float64 norm and one read per tensor.
+fn clip_per_tensor(opt: &AdamW, max_norm: f64) {
+    let _g = tch::no_grad_guard();
+    let grads: Vec<Tensor> = opt.slots.iter().map(|s| s.param.grad()).filter(Tensor::defined).collect();
+    let norm = grads.iter().map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[])).sum::<f64>().sqrt();
+    if norm > max_norm {
+        for mut g in grads {
+            let _ = g.g_mul_scalar_(max_norm / (norm + 1e-6));
+        }
+    }
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let python = find_python(&cli)?;
+    let torch = torch_version(&python);
+    if cli.variants.iter().any(|v| v != "softmax") && !lssa_importable(&python) {
+        bail!(
+            "{} cannot `import lssa` (the PyTorch side of the LSSA rows): install it with `cargo xtask test` \
+             (which builds and installs the wheel) or `{} -m pip install ./crates/lssa-py`, or pass --variants softmax",
+            python.display(),
+            python.display()
+        );
+    }
+    trainer::process::claim_threads(cli.threads)?;
+    trainer::process::keep_freed_memory(); // as trainer::train does: the profile below runs under it too
+    let cfg = small_config("softmax", 64, 1, cli.threads, Path::new("."))?;
+    let batch = cfg.batch_size;
+
+    let mut profiles = Vec::new();
+    if !cli.no_profile {
+        for variant in ["softmax", "lssa+rw15"] {
+            for fused in [false, true] {
+                let p = profile(variant, 100, fused)?;
+                eprintln!(
+                    "profile {variant} ({}): {}",
+                    p.optimiser,
+                    p.phases.iter().map(|ph| format!("{} {:.2} ms", ph.phase, ph.ms)).collect::<Vec<_>>().join(", ")
+                );
+                profiles.push(p);
+            }
+        }
+    }
+
+    let mut rows = Vec::new();
+    for &t in &cli.lengths {
+        let steps = (cli.tokens / (batch * t)).max(10);
+        for variant in &cli.variants {
+            let (mut ours, mut theirs, mut tuned) = (Vec::new(), Vec::new(), Vec::new());
+            for round in 0..cli.rounds {
+                // The order of the three sides rotates from round to round.
+                for side in (0..3).map(|i| (i + round) % 3) {
+                    match side {
+                        0 => ours.push(trainer_cell(variant, t, steps, cli.warmup, cli.threads)?),
+                        1 => theirs
+                            .push(pytorch_cell(&python, false, variant, t, batch, steps, cli.warmup, cli.threads)?),
+                        _ => tuned
+                            .push(pytorch_cell(&python, true, variant, t, batch, steps, cli.warmup, cli.threads)?),
+                    }
+                }
+                eprintln!(
+                    "{variant} T={t} round {}: trainer {:.0} tokens/s, PyTorch eager {:.0} (with the trainer's allocator settings {:.0})",
+                    round + 1,
+                    ours[round],
+                    theirs[round],
+                    tuned[round]
+                );
+            }
+            let ratio = |other: &[f64]| median(&ours.iter().zip(other).map(|(a, b)| a / b).collect::<Vec<_>>());
+            rows.push(Row {
+                variant: variant.clone(),
+                t,
+                batch,
+                steps,
+                ratio: ratio(&theirs),
+                ratio_tuned: ratio(&tuned),
+                trainer_tokens_per_s: ours,
+                pytorch_tokens_per_s: theirs,
+                pytorch_tuned_tokens_per_s: tuned,
+            });
+        }
+    }
+
+    let report = Report {
+        format: FORMAT,
+        format_version: FORMAT_VERSION,
+        git_revision: env::git_revision(),
+        command: env::command_line(),
+        date: env::utc_now(),
+        cpu: env::cpu_model(),
+        threads: cli.threads,
+        torch,
+        rows,
+        profiles,
+    };
+    let md = markdown(&report, cli.warmup);
+    print!("{md}");
+    if !cli.no_write {
+        let dir = env::workspace_root().join("docs/bench");
+        std::fs::write(dir.join("train-cpu.md"), &md)?;
+        std::fs::write(dir.join("train-cpu.json"), serde_json::to_string_pretty(&report)? + "\n")?;
+        eprintln!("wrote docs/bench/train-cpu.{{md,json}}");
+    }
+    Ok(())
+}
+
+fn markdown(r: &Report, warmup: usize) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# The trainer's step against a PyTorch eager loop (CPU)\n");
+    let _ = writeln!(s, "- CPU: {} ({} threads for libtorch and the kernels, on both sides)", r.cpu, r.threads);
+    let _ = writeln!(s, "- date: {}; git revision: `{}`; torch {}", r.date, r.git_revision, r.torch);
+    let _ = writeln!(s, "- command: `{}`", r.command);
+    let _ = writeln!(
+        s,
+        "- model: `configs/small.toml` (4 layers, width 128, 2 heads of 64, vocabulary 2048, batch {}), random token ids",
+        r.rows.first().map_or(16, |row| row.batch)
+    );
+    let _ = writeln!(
+        s,
+        "- trainer: `trainer::train` (what `trainer train` runs); PyTorch: `benches/python/train_eager.py` (the same model, \
+         `torch.optim.AdamW` and `clip_grad_norm_` with their defaults; SDPA for softmax, `lssa.attention` otherwise)"
+    );
+    let _ = writeln!(
+        s,
+        "- PyTorch (tuned malloc): the same loop with the trainer's allocator settings (`trainer::process::keep_freed_memory`: \
+         `MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824`), which a PyTorch user can set too"
+    );
+    let _ = writeln!(
+        s,
+        "- timing: each cell {warmup} untimed steps, then the median per-step tokens/s; the three sides take turns within a \
+         round, in an order that rotates; ratios = median over rounds of trainer / PyTorch in the same round\n"
+    );
+    let _ = writeln!(
+        s,
+        "| attention | T | steps | trainer tokens/s (rounds) | PyTorch eager (rounds) | PyTorch eager, tuned malloc (rounds) | trainer / PyTorch | trainer / PyTorch tuned |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---|---|---|---:|---:|");
+    let list = |xs: &[f64]| xs.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" / ");
+    for row in &r.rows {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {} | {:.2}x | {:.2}x |",
+            row.variant,
+            row.t,
+            row.steps,
+            list(&row.trainer_tokens_per_s),
+            list(&row.pytorch_tokens_per_s),
+            list(&row.pytorch_tuned_tokens_per_s),
+            row.ratio,
+            row.ratio_tuned
+        );
+    }
+    if !r.profiles.is_empty() {
+        let _ = writeln!(s, "\n## Where the trainer's step goes (T = 64, ms per step, mean over {} steps)\n", r.profiles[0].steps);
+        let names: Vec<&str> = r.profiles[0].phases.iter().map(|p| p.phase).collect();
+        let _ = writeln!(s, "| attention | optimiser | {} |", names.join(" | "));
+        let _ = writeln!(s, "|---|---|{}|", names.iter().map(|_| "---:").collect::<Vec<_>>().join("|"));
+        for p in &r.profiles {
+            let cells: Vec<String> = p.phases.iter().map(|ph| format!("{:.2}", ph.ms)).collect();
+            let _ = writeln!(s, "| {} | {} | {} |", p.variant, p.optimiser, cells.join(" | "));
+        }
+    }
+    s
+}
