@@ -11,6 +11,7 @@
 //! cargo xtask reproduce [--scale S]    set-up if needed, then the paper reproduction (default scale: small)
 //! cargo xtask bench kernels [ARGS...]  set-up if needed, then the CPU kernel benchmarks (bench-kernels ARGS...)
 //! cargo xtask bench model [ARGS...]    set-up if needed, then one gpt2-124m block, fused vs reference (bench-model ARGS...)
+//! cargo xtask bench train [ARGS...]    set-up if needed, then the trainer's step against a PyTorch eager loop (bench-train ARGS...)
 //! cargo xtask bench cuda [ARGS...]     set-up if needed, build the CUDA kernel lab; run it where there is a GPU (bench-cuda ARGS...)
 //! cargo xtask data [ARGS...]           set-up if needed, then the token shards for training (lssa-data ARGS...)
 //! ```
@@ -46,6 +47,11 @@ commands:
   bench model [ARGS...]   set-up if needed, then `bench-model ARGS...` (release): one gpt2-124m block,
                           forward+backward, fused vs reference attention at T = 1024, 4096, written to
                           docs/bench/model-cpu.{md,json}
+  bench train [ARGS...]   set-up if needed, then `bench-train ARGS...` (release): the trainer's step against
+                          the PyTorch eager loop of benches/python/train_eager.py at the `small` shape,
+                          T = 64 and 256, softmax, lssa, lssa+rw15, in rounds, with a phase profile; written
+                          to docs/bench/train-cpu.{md,json} (the lssa rows need the `lssa` wheel that
+                          `cargo xtask test` installs)
   bench cuda [ARGS...]    set-up if needed, then build `bench-cuda` (release) and, on a machine with an
                           NVIDIA GPU, run it: CUDA kernels vs the attn-core reference (check), TFLOP/s vs
                           libtorch SDPA and tch ops (speed), GPT-2 124M step (model); `all` by default,
@@ -265,9 +271,10 @@ fn bench(workspace: &Path, args: &[String]) -> Result<()> {
     let bin = match args.first().map(String::as_str) {
         Some("kernels") => "bench-kernels",
         Some("model") => "bench-model",
+        Some("train") => "bench-train",
         Some("cuda") => return bench_cuda(workspace, &args[1..]),
-        Some(other) => bail!("unknown benchmark `{other}` (known: kernels, model, cuda)\n{USAGE}"),
-        None => bail!("bench needs a benchmark name (known: kernels, model, cuda)\n{USAGE}"),
+        Some(other) => bail!("unknown benchmark `{other}` (known: kernels, model, train, cuda)\n{USAGE}"),
+        None => bail!("bench needs a benchmark name (known: kernels, model, train, cuda)\n{USAGE}"),
     };
     setup::ensure(&setup::Options::from_env(workspace, false)?)?;
     let mut cmd = cargo(workspace);

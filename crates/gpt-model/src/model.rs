@@ -286,14 +286,16 @@ impl Gpt {
         let imp = opts.attn_impl.unwrap_or(self.cfg.attn_impl);
         let device = self.wte.device();
         let (cos, sin) = self.rope_tables(offset, t, opts, device);
+        // q and k rotate in one call (half the ops of one call each, forward and backward).
+        let (cos, sin) = (cos.view([t, 1, 1, hd / 2]), sin.view([t, 1, 1, hd / 2]));
+        let d = self.cfg.d_model as i64;
         let mut x = Tensor::embedding(&self.wte, idx, -1, false, false); // (B, T, d)
         for (layer, blk) in self.blocks.iter().enumerate() {
             let qkv = x.apply(&blk.ln_1).apply(&blk.c_attn); // (B, T, 3d)
-            let split = qkv.split(self.cfg.d_model as i64, 2);
-            let heads = |t_: &Tensor| t_.view([b, t, h, hd]).transpose(1, 2); // (B, H, T, hd)
-            let q = rope(&heads(&split[0]), &cos, &sin);
-            let mut k = rope(&heads(&split[1]), &cos, &sin);
-            let mut v = heads(&split[2]);
+            let qk = rope(&qkv.narrow(2, 0, 2 * d).view([b, t, 2, h, hd]), &cos, &sin); // (B, T, 2, H, hd)
+            let q = qk.select(2, 0).transpose(1, 2); // (B, H, T, hd)
+            let mut k = qk.select(2, 1).transpose(1, 2);
+            let mut v = qkv.narrow(2, 2 * d, d).view([b, t, h, hd]).transpose(1, 2);
             if let Some(cache) = cache.as_deref_mut() {
                 let lc = &mut cache.layers[layer];
                 if let (Some(pk), Some(pv)) = (&lc.k, &lc.v) {
@@ -607,11 +609,13 @@ impl SampleRng {
     }
 }
 
-/// RoPE, rotate-half: `(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)` on `(B, H, T, hd)` with
-/// `(T, hd/2)` tables.
+/// RoPE, rotate-half: `(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)` on the last axis (`hd`) of
+/// `x`, with tables that broadcast against `x` without that axis' second half: `(T, hd/2)` tables
+/// for `(B, H, T, hd)` heads; the model rotates q and k in one call, `(B, T, 2, H, hd)` with
+/// `(T, 1, 1, hd/2)` tables.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
-    let half = x.size()[3] / 2;
-    let x1 = x.narrow(3, 0, half);
-    let x2 = x.narrow(3, half, half);
-    Tensor::cat(&[&x1 * cos - &x2 * sin, &x2 * cos + &x1 * sin], 3)
+    let half = x.size()[x.dim() - 1] / 2;
+    let x1 = x.narrow(-1, 0, half);
+    let x2 = x.narrow(-1, half, half);
+    Tensor::cat(&[&x1 * cos - &x2 * sin, &x2 * cos + &x1 * sin], -1)
 }
