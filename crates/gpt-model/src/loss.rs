@@ -5,31 +5,13 @@
 //! the gradient `softmax(x) · g/N - (g/N at the target)` in one tensor. At the `small` training shape
 //! (1,024 rows of 2,048 logits) that is about 3% of a step (`docs/bench/train-cpu.md`).
 
-use std::ffi::{CStr, c_char, c_void};
-
 use tch::Tensor;
-
-unsafe extern "C" {
-    fn gpt_model_cross_entropy(logits: *const c_void, targets: *const c_void, out: *mut *mut c_void) -> *mut c_char;
-    fn gpt_model_loss_free_error(msg: *mut c_char);
-}
 
 /// Mean cross-entropy (nats) of `logits` `(N, V)` (float32 or float64, any device) against `targets`
 /// `(N,)` (int64 in `0..V`); differentiable in `logits`. Errors name the bad shape, dtype or id.
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor, String> {
-    let mut out: *mut c_void = std::ptr::null_mut();
-    // SAFETY: both pointers are live `at::Tensor`s for the call; on success the bridge writes a newly
-    // allocated tensor to `out`.
-    let err = unsafe { gpt_model_cross_entropy(logits.as_ptr().cast(), targets.as_ptr().cast(), &mut out) };
-    if !err.is_null() {
-        // SAFETY: a NUL-terminated string malloc'ed by the bridge, released once by its free.
-        let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
-        // SAFETY: as above.
-        unsafe { gpt_model_loss_free_error(err) };
-        return Err(msg);
-    }
-    // SAFETY: `out` is a new `at::Tensor*` that nobody else owns.
-    Ok(unsafe { Tensor::from_ptr(out.cast()) })
+    // The crate's FFI lives in one module (ARCHITECTURE.md; a tidy test keeps it there).
+    crate::attention::fused::cross_entropy(logits, targets)
 }
 
 #[cfg(test)]
@@ -73,7 +55,11 @@ mod tests {
         let xr = padded.detach().set_requires_grad(true);
         (reference(&xr.narrow(1, 0, 64), &t) * 3.0).backward();
         assert!((x.grad() - xr.grad()).abs().max().double_value(&[]) < 1e-12);
-        assert_eq!(x.grad().narrow(1, 64, 6).abs().sum(Kind::Double).double_value(&[]), 0.0, "padding gets no gradient");
+        assert_eq!(
+            x.grad().narrow(1, 64, 6).abs().sum(Kind::Double).double_value(&[]),
+            0.0,
+            "padding gets no gradient"
+        );
     }
 
     #[test]

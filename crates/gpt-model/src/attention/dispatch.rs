@@ -108,7 +108,7 @@ pub fn attend(
 
 /// The longest sequence for which plain softmax on the CPU runs libtorch's SDPA rather than our fused
 /// kernel. Measured side by side (forward + backward, B = 16, H = 2, d = 64, 2 threads; `cargo xtask
-/// bench train`'s notes in `docs/bench/train-cpu.md`): SDPA takes 0.45x our kernel's time at T = 64,
+/// bench train`'s notes in `docs/bench/train-cpu-notes.md`): SDPA takes 0.45x our kernel's time at T = 64,
 /// 0.65x at 128, 0.76x at 256, and 1.45x at 512, where our tiles pay off (`docs/bench/kernels-cpu.md`:
 /// 0.57x-0.94x of SDPA's time from T = 512 up).
 pub const SDPA_CPU_MAX_LEN: i64 = 256;
@@ -150,7 +150,10 @@ mod tests {
         assert!(!uses_sdpa(&v("softmax"), AttnImpl::FusedOwn, 0, 64, gpu), "FusedOwn asks for our kernel");
         assert!(!uses_sdpa(&v("softmax"), AttnImpl::FusedOwn, 0, 64, cpu), "FusedOwn asks for our kernel");
         assert!(!uses_sdpa(&v("softmax"), AttnImpl::Reference, 0, 64, gpu));
-        assert!(!uses_sdpa(&v("softmax"), AttnImpl::Fused, 5, 64, gpu), "decoding with a cache is not SDPA's causal mask");
+        assert!(
+            !uses_sdpa(&v("softmax"), AttnImpl::Fused, 5, 64, gpu),
+            "decoding with a cache is not SDPA's causal mask"
+        );
         for other in ["softmax+rw15", "lssa", "lssa+rw15", "inverse", "exp-nonorm", "softplus-l1"] {
             assert!(!uses_sdpa(&v(other), AttnImpl::Fused, 0, 64, gpu), "{other}");
             assert!(!uses_sdpa(&v(other), AttnImpl::Fused, 0, 64, cpu), "{other}");

@@ -1,5 +1,6 @@
 //! Fused attention inside libtorch's autograd: the Rust half of the C++ bridge
-//! (`csrc/fused_attention.cpp`).
+//! (`csrc/fused_attention.cpp`). The crate's one FFI module: it also declares the fused loss of
+//! `csrc/fused_loss.cpp` ([`crate::loss::cross_entropy`]).
 //!
 //! tch has no custom-autograd API. The C++ file defines a `torch::autograd::Function` whose static
 //! forward and backward call back into the `extern "C"` functions below, which run
@@ -75,6 +76,26 @@ unsafe extern "C" {
     fn gpt_model_bridge_params_size() -> usize;
     fn gpt_model_bridge_handle_size() -> usize;
     fn gpt_model_autocast_cuda_bf16();
+    // csrc/fused_loss.cpp
+    fn gpt_model_cross_entropy(logits: *const c_void, targets: *const c_void, out: *mut *mut c_void) -> *mut c_char;
+    fn gpt_model_loss_free_error(msg: *mut c_char);
+}
+
+/// [`crate::loss::cross_entropy`]'s call into `csrc/fused_loss.cpp`.
+pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor, String> {
+    let mut out: *mut c_void = std::ptr::null_mut();
+    // SAFETY: both pointers are live `at::Tensor`s for the call; on success the bridge writes a newly
+    // allocated tensor to `out`.
+    let err = unsafe { gpt_model_cross_entropy(logits.as_ptr().cast(), targets.as_ptr().cast(), &mut out) };
+    if !err.is_null() {
+        // SAFETY: a NUL-terminated string malloc'ed by the bridge, released once by its free.
+        let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
+        // SAFETY: as above.
+        unsafe { gpt_model_loss_free_error(err) };
+        return Err(msg);
+    }
+    // SAFETY: `out` is a new `at::Tensor*` that nobody else owns.
+    Ok(unsafe { Tensor::from_ptr(out.cast()) })
 }
 
 /// Sets libtorch's CUDA autocast dtype to bf16 ([`crate::runtime::use_bf16_autocast`]); this module
