@@ -195,12 +195,8 @@ fn small_config(variant: &str, t: usize, steps: usize, threads: usize, out_dir: 
 fn trainer_cell(variant: &str, t: usize, steps: usize, warmup: usize, threads: usize) -> Result<f64> {
     let dir = tempfile::tempdir()?;
     let cfg = small_config(variant, t, warmup + steps, threads, dir.path())?;
-    let mut source = Source {
-        tokens: RandomTokens { state: 7, len: t + 1 },
-        vocab: cfg.model.vocab_size,
-        batch: cfg.batch_size,
-        t,
-    };
+    let mut source =
+        Source { tokens: RandomTokens { state: 7, len: t + 1 }, vocab: cfg.model.vocab_size, batch: cfg.batch_size, t };
     let opts = RunOptions { overwrite: true, ..Default::default() };
     let summary = trainer::train::train(&cfg, &mut source, &Single, &opts)?;
     let rates: Vec<f64> = summary.steps.iter().skip(warmup).map(|m| m.tokens_per_s).collect();
@@ -353,7 +349,8 @@ fn profile(variant: &str, steps: usize, fused: bool) -> Result<Profile> {
 fn clip_per_tensor(opt: &AdamW, max_norm: f64) {
     let _g = tch::no_grad_guard();
     let grads: Vec<Tensor> = opt.slots.iter().map(|s| s.param.grad()).filter(Tensor::defined).collect();
-    let norm = grads.iter().map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[])).sum::<f64>().sqrt();
+    let norm =
+        grads.iter().map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[])).sum::<f64>().sqrt();
     if norm > max_norm {
         for mut g in grads {
             let _ = g.g_mul_scalar_(max_norm / (norm + 1e-6));
@@ -403,10 +400,19 @@ fn main() -> Result<()> {
                 for side in (0..3).map(|i| (i + round) % 3) {
                     match side {
                         0 => ours.push(trainer_cell(variant, t, steps, cli.warmup, cli.threads)?),
-                        1 => theirs
-                            .push(pytorch_cell(&python, false, variant, t, batch, steps, cli.warmup, cli.threads)?),
-                        _ => tuned
-                            .push(pytorch_cell(&python, true, variant, t, batch, steps, cli.warmup, cli.threads)?),
+                        1 => theirs.push(pytorch_cell(
+                            &python,
+                            false,
+                            variant,
+                            t,
+                            batch,
+                            steps,
+                            cli.warmup,
+                            cli.threads,
+                        )?),
+                        _ => {
+                            tuned.push(pytorch_cell(&python, true, variant, t, batch, steps, cli.warmup, cli.threads)?)
+                        }
                     }
                 }
                 eprintln!(
@@ -502,7 +508,11 @@ fn markdown(r: &Report, warmup: usize) -> String {
         );
     }
     if !r.profiles.is_empty() {
-        let _ = writeln!(s, "\n## Where the trainer's step goes (T = 64, ms per step, mean over {} steps)\n", r.profiles[0].steps);
+        let _ = writeln!(
+            s,
+            "\n## Where the trainer's step goes (T = 64, ms per step, mean over {} steps)\n",
+            r.profiles[0].steps
+        );
         let names: Vec<&str> = r.profiles[0].phases.iter().map(|p| p.phase).collect();
         let _ = writeln!(s, "| attention | optimiser | {} |", names.join(" | "));
         let _ = writeln!(s, "|---|---|{}|", names.iter().map(|_| "---:").collect::<Vec<_>>().join("|"));
