@@ -73,6 +73,34 @@ fn every_todo_names_its_issue() {
     assert!(offenders.is_empty(), "TODO / FIXME / XXX without an issue (write `TODO(issue 12)`): {offenders:?}");
 }
 
+#[test]
+fn the_kernel_lab_is_public_only_behind_its_feature() {
+    // ARCHITECTURE.md: the emulator, the kernel sources and PTX, the probes and the CPU special
+    // functions are attn-kernels' lab; production callers see none of them (44 public items, not 99).
+    let lab_exports = ["pub mod emu;", "pub mod math;", "pub use probe::", "compile_ptx,"];
+    let offenders: Vec<String> = text_files(&["rs"])
+        .into_iter()
+        .filter(|(p, _)| p.starts_with("crates/attn-kernels/src"))
+        .flat_map(|(p, text)| {
+            let lines: Vec<&str> = text.lines().collect();
+            let mut bad = Vec::new();
+            for (i, l) in lines.iter().enumerate() {
+                if !lab_exports.iter().any(|m| l.trim_start().starts_with(m) || l.contains(&format!(" {m}"))) {
+                    continue;
+                }
+                // The item starts at the nearest line above that opens a `pub` item (a multi-line `pub use`).
+                let start = (0..=i).rev().find(|&j| lines[j].trim_start().starts_with("pub ")).unwrap_or(i);
+                let gated = start > 0 && lines[start - 1].trim() == "#[cfg(feature = \"lab\")]";
+                if !gated {
+                    bad.push(format!("{}:{}", p.display(), i + 1));
+                }
+            }
+            bad
+        })
+        .collect();
+    assert!(offenders.is_empty(), "lab items public without `#[cfg(feature = \"lab\")]`: {offenders:?}");
+}
+
 /// The targets of the Markdown links `[text](target)` in `text` (images included).
 fn link_targets(text: &str) -> Vec<&str> {
     let mut out = Vec::new();

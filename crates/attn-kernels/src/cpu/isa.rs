@@ -9,7 +9,7 @@
 //! helper cannot carry them. The pattern is instead:
 //!
 //! 1. one `#[inline(always)]` body, written as plain scalar Rust over slices (the functions in
-//!    [`crate::cpu::math`] are `#[inline(always)]` too, so they melt into it);
+//!    `crate::cpu::math` are `#[inline(always)]` too, so they melt into it);
 //! 2. three thin wrappers, `#[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]`,
 //!    `#[target_feature(enable = "avx2,fma")]` and plain, each just calling the body, so the body is
 //!    inlined and auto-vectorised once per feature set;
@@ -203,7 +203,7 @@ impl FromStr for Isa {
 /// (any name) as its only generic parameter, a first parameter of type [`Isa`], further parameters
 /// as `name: Type`, and an optional return type. The generated function drops the generic
 /// parameter; inside the body, the flag is `true` under AVX2/AVX-512 and [`SCALAR_FMA`] on the
-/// portable path, and is meant to be passed on to [`crate::cpu::math`] (`math::exp::<FMA>(x)`).
+/// portable path, and is meant to be passed on to `crate::cpu::math` (`math::exp::<FMA>(x)`).
 ///
 /// Attributes (doc comments, `#[allow(clippy::too_many_arguments)]`, ...) apply to the generated
 /// dispatcher; the hidden inner functions allow `too_many_arguments` and `type_complexity`

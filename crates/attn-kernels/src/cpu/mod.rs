@@ -1,6 +1,6 @@
 //! Fused CPU attention: the public entry points (ndarray and raw pointers), input checks, the
 //! rayon work split; the streaming maths is in [`engine`](self) (its backward in `grad`) and the
-//! vector code in `tile`, `act` and [`math`].
+//! vector code in `tile`, `act` and `math`.
 //!
 //! Thread count: the kernels run on the caller's rayon pool (`pool.install(|| forward(..))`);
 //! they spawn no threads of their own. Scratch: per task, a few tiles (`O(block · d)`), and for
@@ -13,7 +13,13 @@ pub(crate) mod act;
 pub(crate) mod engine;
 pub(crate) mod grad;
 pub mod isa;
+// The vectorised special functions and their measured error bounds: the lab's (public with the `lab`
+// feature); the kernels use a few of them.
+#[cfg(feature = "lab")]
 pub mod math;
+#[cfg(not(feature = "lab"))]
+#[allow(dead_code)] // the lab's functions and bounds that only its tests and benches read
+pub(crate) mod math;
 pub(crate) mod tile;
 
 use ndarray::{Array4, ArrayView4, AsArray, Ix4};

@@ -5,6 +5,7 @@ use std::sync::OnceLock;
 
 use cudarc::nvrtc::{CompileOptions, Ptx};
 
+#[cfg(feature = "lab")]
 use attn_core::Variant;
 
 use super::{Config, Dtype, Generation};
@@ -135,6 +136,7 @@ pub fn nvrtc_location() -> Result<PathBuf> {
 /// Compiles one specialisation's `generation` to PTX for `arch` (e.g. `"compute_90"`); needs NVRTC
 /// only, no GPU. The test suite calls this for every fused variant, so a kernel that does not
 /// compile fails CI.
+#[cfg(feature = "lab")]
 pub fn compile_ptx(
     variant: &Variant,
     head_dim: usize,
@@ -186,4 +188,5 @@ pub(super) fn has_wgmma(arch: &str) -> bool {
 }
 
 /// Every architecture name the kernels are compiled for (CI compiles each kernel for each).
+#[cfg(feature = "lab")]
 pub const ARCHES: [&str; 3] = ["compute_80", "compute_90", "compute_90a"];

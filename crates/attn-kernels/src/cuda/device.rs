@@ -145,6 +145,7 @@ pub(super) fn cuda_err(e: impl std::fmt::Debug) -> Error {
 /// The driver's JIT info log (verbose) for one specialisation's `generation` compiled for this
 /// thread's GPU: where ptxas says it serialised `wgmma` (C7515 and kin) or spilled. The module is
 /// loaded once more for the log and unloaded; the cached module is untouched.
+#[cfg(feature = "lab")]
 pub(super) fn jit_info_log(cfg: &Config, head_dim: usize, dtype: Dtype, generation: Generation) -> Result<String> {
     use cudarc::driver::sys;
     use std::ffi::c_void;

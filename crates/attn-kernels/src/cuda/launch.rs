@@ -31,9 +31,13 @@ pub(super) fn check_params(p: &Params) -> Result<()> {
 }
 
 /// A buffer in the memory the kernels run on: device memory, or host memory aligned to 16 bytes for
-/// the emulator ([`emu`](super::emu)).
+/// the emulator (`emu`, with the `lab` feature).
 pub(crate) enum Buf {
-    Device { mem: cudarc::driver::CudaSlice<u8>, addr: u64 },
+    Device {
+        mem: cudarc::driver::CudaSlice<u8>,
+        addr: u64,
+    },
+    #[cfg_attr(not(feature = "lab"), allow(dead_code))] // built by the emulator only
     Host(Vec<u128>),
 }
 

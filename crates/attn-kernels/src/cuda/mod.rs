@@ -28,7 +28,7 @@
 //!
 //! Other head dimensions and f32 run v1.
 //!
-//! [`emu`] runs the same kernels, and the same host code (the `Exec` trait), in a CPU emulator:
+//! `emu` (with the `lab` feature) runs the same kernels, and the same host code (the `Exec` trait), in a CPU emulator:
 //! how the test suite checks them on machines without a GPU.
 //!
 //! Numerics: scores, activations, row sums and outputs are accumulated in f32 whatever the input
@@ -44,31 +44,46 @@
 //! libtorch's later work after ours, with no synchronisation. A caller that runs libtorch on a
 //! side stream must synchronise that stream before calling in.
 
+#[cfg(feature = "lab")]
 pub mod emu;
 
 mod compile;
 mod device;
 mod launch;
 mod plan;
+#[cfg(feature = "lab")]
 mod probe;
 mod staging;
 
+pub use compile::nvrtc_location;
+// The lab: kernel sources, PTX and the probes (benches, the emulator tests).
+#[cfg(feature = "lab")]
 pub use compile::{
     ARCHES, COMMON_SRC, MMA_BWD_SRC, MMA_BWD6_SRC, MMA_BWD7_SRC, MMA_SRC, MMA3_SRC, MMA5_SRC, SIMT_SRC, compile_ptx,
-    has_tensor_core_forward, nvrtc_location, source,
+    has_tensor_core_forward, source,
 };
 pub use device::{backward_raw, forward_raw, versions};
 pub use device::{device_description, is_available, synchronize};
 pub use plan::Config;
+#[cfg(feature = "lab")]
 pub use probe::{KernelResources, WGMMA_PROBE_MODES, jit_info_log, kernel_resources, wgmma_probe};
 pub use staging::{backward, backward_with, forward, forward_with};
 
-// The crate-internal host side, for the emulator ([`emu`]).
+#[cfg(not(feature = "lab"))]
+use compile::has_tensor_core_forward;
+
+// The crate-internal host side, for the emulator (`emu`, with the `lab` feature).
+#[cfg(feature = "lab")]
 pub(crate) use launch::{Buf, Exec};
+#[cfg(feature = "lab")]
 use launch::{backward_exec, check_params, forward_exec};
+#[cfg(feature = "lab")]
 pub(crate) use plan::{KParams, Kern};
+#[cfg(feature = "lab")]
 use probe::wgmma_probe_on;
+#[cfg(feature = "lab")]
 use staging::checked;
+#[cfg(feature = "lab")]
 pub(crate) use staging::{backward_on, forward_on};
 
 use crate::{Error, Result};
