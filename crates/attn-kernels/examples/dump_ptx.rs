@@ -1,5 +1,5 @@
 //! Writes the PTX of one specialisation, for reading the compiler's resource report offline:
-//! `cargo run -p attn-kernels --example dump_ptx -- lssa 64 bf16 out.ptx [compute_90a]`, then
+//! `cargo run -p attn-kernels --features lab --example dump_ptx -- lssa 64 bf16 out.ptx [compute_90a]`, then
 //! `ptxas -arch=sm_90a -v out.ptx` (the architecture defaults to compute_90a, whose PTX has lab v8;
 //! every generation of the lab is compiled).
 use attn_kernels::cuda::{self, Dtype};
