@@ -36,9 +36,10 @@ use ndarray::Array4;
 
 pub mod cpu;
 pub mod cuda;
+mod params;
 mod target;
 
-pub use cpu::{Params, RawTensor};
+pub use params::{Dtype, Params, RawTensor, null_input, null_output};
 pub use target::{Backend, CpuBackend, CudaBackend, Target, backward_raw, forward_raw};
 
 /// Everything the kernels can refuse.

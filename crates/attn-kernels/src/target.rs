@@ -6,7 +6,8 @@
 
 use attn_core::Variant;
 
-use crate::cpu::{self, Params};
+use crate::Params;
+use crate::cpu;
 use crate::cuda;
 use crate::{Error, Result};
 
@@ -40,6 +41,14 @@ impl Target {
                 Err(format!("the fused CUDA kernels take float32, float16 or bfloat16 tensors, got {other}"))
             }
             (other, _) => Err(format!("no fused kernels for device `{other}` (only cpu and cuda)")),
+        }
+    }
+
+    /// The element type of the tensors this target runs on ([`Params::dtype`]).
+    pub fn dtype(&self) -> crate::Dtype {
+        match self {
+            Target::Cpu(_) => crate::Dtype::F32,
+            Target::Cuda { dtype, .. } => *dtype,
         }
     }
 
@@ -165,6 +174,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, target: &Target) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::RawTensor;
 
     #[test]
     fn targets_are_named_as_frameworks_name_tensors_and_refusals_say_why() {
@@ -197,10 +207,8 @@ mod tests {
         let mut o = ndarray::Array4::<f32>::zeros((b, h, t, d));
         let mut stats = vec![0f32; b * h * t * cpu::STATS_PER_ROW];
         let strides = [h * t * d, t * d, d];
-        let c = |x: *const f32| cpu::RawTensor { ptr: x, strides };
-        let null_c = cpu::RawTensor { ptr: std::ptr::null(), strides: [0; 3] };
-        let null_m = cpu::RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] };
-        let p = cpu::Params {
+        let c = |x: *const f32| RawTensor { ptr: x.cast(), strides };
+        let mut p = Params {
             batch: b,
             heads: h,
             seq_len: t,
@@ -208,14 +216,21 @@ mod tests {
             q: c(q.as_ptr()),
             k: c(q.as_ptr()),
             v: c(q.as_ptr()),
-            o: cpu::RawTensor { ptr: o.as_mut_ptr(), strides },
+            o: RawTensor { ptr: o.as_mut_ptr().cast(), strides },
             stats: stats.as_mut_ptr(),
             rw_aux: std::ptr::null_mut(),
-            d_out: null_c,
-            dq: null_m,
-            dk: null_m,
-            dv: null_m,
+            d_out: crate::null_input(),
+            dq: crate::null_output(),
+            dk: crate::null_output(),
+            dv: crate::null_output(),
+            dtype: crate::Dtype::F32,
         };
+        // Another dtype is refused before anything is read.
+        p.dtype = crate::Dtype::Bf16;
+        // SAFETY: refused before any pointer is read.
+        let err = unsafe { forward_raw(&v, &p, &Target::Cpu(cpu::Options::default())) }.unwrap_err();
+        assert!(err.to_string().contains("f32"), "{err}");
+        p.dtype = crate::Dtype::F32;
         // SAFETY: every pointer covers its contiguous (b, h, t, d) tensor or the statistics.
         unsafe { forward_raw(&v, &p, &Target::Cpu(cpu::Options::default())) }.unwrap();
         assert_eq!(o, want);

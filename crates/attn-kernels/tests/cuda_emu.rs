@@ -9,8 +9,9 @@
 //! Needs the host C++ compiler (`$CXX` or `c++`), which building tch already requires.
 
 use attn_core::Variant;
-use attn_kernels::cpu::{Params, RawTensor, STATS_PER_ROW};
+use attn_kernels::cpu::STATS_PER_ROW;
 use attn_kernels::cuda::{Dtype, Kernel, Options, emu};
+use attn_kernels::{Params, RawTensor};
 use emu::Lab;
 use half::{bf16, f16};
 use ndarray::Array4;
@@ -324,16 +325,17 @@ fn raw_run(c: &Case, stride: usize, kernel: Kernel) -> attn_kernels::Result<[Arr
         heads: shape.1,
         seq_len: shape.2,
         head_dim: shape.3,
-        q: q.raw::<f32>(shape, stride).as_const(),
-        k: k.raw::<f32>(shape, stride).as_const(),
-        v: v.raw::<f32>(shape, stride).as_const(),
+        q: q.raw::<std::ffi::c_void>(shape, stride).as_const(),
+        k: k.raw::<std::ffi::c_void>(shape, stride).as_const(),
+        v: v.raw::<std::ffi::c_void>(shape, stride).as_const(),
         o: o.raw(shape, stride),
         stats: stats.as_mut_ptr(),
         rw_aux: std::ptr::null_mut(),
-        d_out: g.raw::<f32>(shape, stride).as_const(),
+        d_out: g.raw::<std::ffi::c_void>(shape, stride).as_const(),
         dq: dq.raw(shape, stride),
         dk: dk.raw(shape, stride),
         dv: dv.raw(shape, stride),
+        dtype: c.dt,
     };
     // SAFETY: every pointer is a live host buffer of the shape and strides given, in `c.dt`.
     unsafe {

@@ -32,13 +32,14 @@ struct RawTensor {
   size_t strides[3];  // element strides of the batch, head and row axes; the last axis is contiguous
 };
 
-// Mirrors attn_kernels::cpu::Params field for field (checked from Rust: gpt_model_bridge_params_size).
+// Mirrors attn_kernels::Params field for field (checked from Rust: gpt_model_bridge_params_size).
 struct AttnParams {
   size_t batch, heads, seq_len, head_dim;
   RawTensor q, k, v, o;
   float* stats;
   float* rw_aux;  // optional re-weighting helper (set by Rust for CPU tensors; null here)
   RawTensor d_out, dq, dk, dv;
+  uint32_t dtype;  // attn_kernels::Dtype: 0 f32, 1 f16, 2 bf16 (what every tensor above holds)
 };
 
 // Mirrors gpt_model::attention::fused::VariantHandle (checked from Rust: gpt_model_bridge_handle_size):
@@ -85,6 +86,12 @@ AttnParams base_params(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   p.q = raw(q);
   p.k = raw(k);
   p.v = raw(v);
+  switch (q.scalar_type()) {
+    case at::kFloat: p.dtype = 0; break;
+    case at::kHalf: p.dtype = 1; break;
+    case at::kBFloat16: p.dtype = 2; break;
+    default: TORCH_CHECK(false, "the fused attention takes float32, float16 or bfloat16 tensors, got ", q.scalar_type());
+  }
   return p;
 }
 

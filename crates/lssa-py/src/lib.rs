@@ -17,7 +17,7 @@
 //! - on CUDA, the stream the caller ordered the work on (see [`forward`]), and on the CPU the number
 //!   of threads (torch's `get_num_threads()`, so `torch.set_num_threads` governs the kernels too).
 //!
-//! These are exactly the fields of [`attn_kernels::cpu::Params`], which the raw entry points
+//! These are exactly the fields of [`attn_kernels::Params`], which the raw entry points
 //! [`attn_kernels::cpu::forward_raw`] / [`attn_kernels::cuda::forward_raw`] (and `backward_raw`)
 //! take: the same struct the libtorch bridge of `gpt-model` fills from C++.
 //!
@@ -32,11 +32,13 @@
 //! too, so no unwinding reaches Python.
 
 use std::collections::HashMap;
+use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use attn_core::{Bias, Norm, OutputNorm, Scale, Scores, Transform, Variant};
-use attn_kernels::cpu::{self, Params, RawTensor};
+use attn_kernels::cpu;
+use attn_kernels::{Dtype, Params, RawTensor};
 use attn_kernels::{Error, Target, cuda};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -138,6 +140,7 @@ fn params(
     v: PyTensor,
     o: PyTensor,
     stats: usize,
+    dtype: Dtype,
 ) -> PyResult<Params> {
     let (batch, heads, seq_len, head_dim) = shape;
     if [batch, heads, seq_len, head_dim].contains(&0) {
@@ -146,8 +149,6 @@ fn params(
         )));
     }
     non_null(&[("q", q.0), ("k", k.0), ("v", v.0), ("out", o.0), ("stats", stats)])?;
-    let null_c = RawTensor { ptr: std::ptr::null(), strides: [0; 3] };
-    let null_m = RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] };
     Ok(Params {
         batch,
         heads,
@@ -159,19 +160,20 @@ fn params(
         o: raw_mut(o),
         stats: stats as *mut f32,
         rw_aux: std::ptr::null_mut(),
-        d_out: null_c,
-        dq: null_m,
-        dk: null_m,
-        dv: null_m,
+        d_out: attn_kernels::null_input(),
+        dq: attn_kernels::null_output(),
+        dk: attn_kernels::null_output(),
+        dv: attn_kernels::null_output(),
+        dtype,
     })
 }
 
-fn raw(x: PyTensor) -> RawTensor<*const f32> {
-    RawTensor { ptr: x.0 as *const f32, strides: [x.1, x.2, x.3] }
+fn raw(x: PyTensor) -> RawTensor<*const c_void> {
+    RawTensor { ptr: x.0 as *const c_void, strides: [x.1, x.2, x.3] }
 }
 
-fn raw_mut(x: PyTensor) -> RawTensor<*mut f32> {
-    RawTensor { ptr: x.0 as *mut f32, strides: [x.1, x.2, x.3] }
+fn raw_mut(x: PyTensor) -> RawTensor<*mut c_void> {
+    RawTensor { ptr: x.0 as *mut c_void, strides: [x.1, x.2, x.3] }
 }
 
 /// The stream the CUDA kernels run on is the legacy default stream (`attn_kernels::cuda` takes no
@@ -336,7 +338,7 @@ fn forward(
 ) -> PyResult<()> {
     let variant = parse(variant)?;
     let target = target(device, dtype).map_err(PyTypeError::new_err)?;
-    let p = params(shape, q, k, v, out, stats)?;
+    let p = params(shape, q, k, v, out, stats, target.dtype())?;
     // SAFETY: the module's contract: live tensors of these sizes and strides (see above).
     unsafe { launch(py, variant, target, p, aux, stream, threads, attn_kernels::forward_raw) }
 }
@@ -367,7 +369,7 @@ fn backward(
 ) -> PyResult<()> {
     let variant = parse(variant)?;
     let target = target(device, dtype).map_err(PyTypeError::new_err)?;
-    let mut p = params(shape, q, k, v, out, stats)?;
+    let mut p = params(shape, q, k, v, out, stats, target.dtype())?;
     non_null(&[("grad", grad.0), ("dq", dq.0), ("dk", dk.0), ("dv", dv.0)])?;
     p.d_out = raw(grad);
     p.dq = raw_mut(dq);

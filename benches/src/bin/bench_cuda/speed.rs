@@ -6,8 +6,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use attn_core::Variant;
-use attn_kernels::cpu::{Params, RawTensor, STATS_PER_ROW};
+use attn_kernels::cpu::STATS_PER_ROW;
 use attn_kernels::cuda::{self, Dtype, Kernel};
+use attn_kernels::{Params, RawTensor};
 use lssa_benches::flex;
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor};
@@ -55,16 +56,17 @@ impl Bufs {
             heads: sz[1] as usize,
             seq_len: sz[2] as usize,
             head_dim: sz[3] as usize,
-            q: raw::<f32>(&self.q).as_const(),
-            k: raw::<f32>(&self.k).as_const(),
-            v: raw::<f32>(&self.v).as_const(),
+            q: raw::<std::ffi::c_void>(&self.q).as_const(),
+            k: raw::<std::ffi::c_void>(&self.k).as_const(),
+            v: raw::<std::ffi::c_void>(&self.v).as_const(),
             o: raw(&self.o),
             stats: self.stats.data_ptr() as *mut f32,
             rw_aux: std::ptr::null_mut(),
-            d_out: raw::<f32>(&self.g).as_const(),
+            d_out: raw::<std::ffi::c_void>(&self.g).as_const(),
             dq: raw(&self.dq),
             dk: raw(&self.dk),
             dv: raw(&self.dv),
+            dtype: Dtype::Bf16, // Bufs::new's tensors
         }
     }
 }

@@ -32,7 +32,7 @@ use engine::{Dims, FwdScratch, Head, STATS};
 use grad::{BwdScratch, RowGrad};
 pub use isa::Isa;
 
-use crate::{Error, Grads, Result};
+use crate::{Dtype, Error, Grads, Params, RawTensor, Result};
 
 /// Number of f32 statistics per row that [`forward_raw`] saves for [`backward_raw`].
 pub const STATS_PER_ROW: usize = STATS;
@@ -58,68 +58,52 @@ impl Default for Options {
     }
 }
 
-/// One strided `(B, H, T, d)` f32 tensor as the raw entry points see it: element strides of the
-/// batch, head and row axes; the last axis must be contiguous.
+/// [`Params`] with its pointers typed `f32`, which is all the CPU kernels take: what every function
+/// below reads. Made once per call by [`F32Params::new`], which refuses another dtype.
 #[derive(Clone, Copy, Debug)]
-#[repr(C)]
-pub struct RawTensor<P> {
-    /// Address of element `[0, 0, 0, 0]`.
-    pub ptr: P,
-    /// Element strides of the batch, head and row axes.
-    pub strides: [usize; 3],
+pub(crate) struct F32Params {
+    pub(crate) batch: usize,
+    pub(crate) heads: usize,
+    pub(crate) seq_len: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) q: RawTensor<*const f32>,
+    pub(crate) k: RawTensor<*const f32>,
+    pub(crate) v: RawTensor<*const f32>,
+    pub(crate) o: RawTensor<*mut f32>,
+    pub(crate) stats: *mut f32,
+    pub(crate) rw_aux: *mut f32,
+    pub(crate) d_out: RawTensor<*const f32>,
+    pub(crate) dq: RawTensor<*mut f32>,
+    pub(crate) dk: RawTensor<*mut f32>,
+    pub(crate) dv: RawTensor<*mut f32>,
 }
 
-/// The one parameter struct that crosses the FFI boundary (as flash-attention's `Flash_fwd_params`):
-/// pointers, strides and sizes, shared by [`forward_raw`], [`backward_raw`] and their callers.
-/// Outputs never alias inputs.
-#[derive(Clone, Copy, Debug)]
-#[repr(C)]
-pub struct Params {
-    /// Batch size `B`.
-    pub batch: usize,
-    /// Heads `H`.
-    pub heads: usize,
-    /// Sequence length `T`.
-    pub seq_len: usize,
-    /// Head dimension `d` (of `q`, `k` and `v`).
-    pub head_dim: usize,
-    /// Queries, (B, H, T, d).
-    pub q: RawTensor<*const f32>,
-    /// Keys, (B, H, T, d).
-    pub k: RawTensor<*const f32>,
-    /// Values, (B, H, T, d).
-    pub v: RawTensor<*const f32>,
-    /// Output of the forward (written by [`forward_raw`], read by [`backward_raw`]).
-    pub o: RawTensor<*mut f32>,
-    /// Contiguous `(B, H, T, STATS_PER_ROW)` row statistics (written by the forward, read by the backward).
-    pub stats: *mut f32,
-    /// Re-weighted variants on the CPU, optional (null: not kept): contiguous `(B, H, T,
-    /// rw_aux_per_row(d))` floats, per row `c_i = sum_j f_ij rho_ij^(p-1)` then `y_i = sum_j f_ij
-    /// rho_ij^(p-1) v_j`. [`forward_raw`] writes it when not null (one more `P V`-sized product in its
-    /// second sweep); [`backward_raw`] given the forward's helper computes re-weighting's `E_i` from
-    /// it instead of sweeping the keys once more (SPEC section 5: `E_i` is linear in `g_i`). Ignored
-    /// by variants without re-weighting and by the CUDA kernels.
-    pub rw_aux: *mut f32,
-    /// Upstream gradient `dL/do` (backward only).
-    pub d_out: RawTensor<*const f32>,
-    /// `dL/dq` (backward only, written).
-    pub dq: RawTensor<*mut f32>,
-    /// `dL/dk` (backward only, written).
-    pub dk: RawTensor<*mut f32>,
-    /// `dL/dv` (backward only, written).
-    pub dv: RawTensor<*mut f32>,
-}
-
-// SAFETY: `Params` is plain data; the raw entry points' contract (valid pointers, outputs written by
-// one task per row, inputs only read) is what makes sharing it across rayon tasks sound.
-unsafe impl Send for Params {}
+// SAFETY: plain data, as `Params`.
+unsafe impl Send for F32Params {}
 // SAFETY: as above.
-unsafe impl Sync for Params {}
+unsafe impl Sync for F32Params {}
 
-impl<T> RawTensor<*mut T> {
-    /// The same tensor, read-only.
-    pub fn as_const(self) -> RawTensor<*const T> {
-        RawTensor { ptr: self.ptr as *const T, strides: self.strides }
+impl F32Params {
+    fn new(p: &Params) -> Result<Self> {
+        if p.dtype != Dtype::F32 {
+            return Err(Error::BadParams(format!("the CPU kernels take f32 tensors, got {:?}", p.dtype)));
+        }
+        Ok(Self {
+            batch: p.batch,
+            heads: p.heads,
+            seq_len: p.seq_len,
+            head_dim: p.head_dim,
+            q: p.q.cast(),
+            k: p.k.cast(),
+            v: p.v.cast(),
+            o: p.o.cast_mut(),
+            stats: p.stats,
+            rw_aux: p.rw_aux,
+            d_out: p.d_out.cast(),
+            dq: p.dq.cast_mut(),
+            dk: p.dk.cast_mut(),
+            dv: p.dv.cast_mut(),
+        })
     }
 }
 
@@ -158,7 +142,7 @@ pub fn is_fused(variant: &Variant) -> bool {
     plan(variant).is_ok()
 }
 
-fn dims(p: &Params, tuning: Tuning, isa: Isa) -> Result<Dims> {
+fn dims(p: &F32Params, tuning: Tuning, isa: Isa) -> Result<Dims> {
     if tuning.block_q == 0 || tuning.block_k == 0 {
         return Err(Error::BadParams(format!("tile sizes must be >= 1, got {tuning:?}")));
     }
@@ -185,7 +169,7 @@ unsafe fn head_slice<'a>(x: RawTensor<*const f32>, b: usize, h: usize, t: usize,
 }
 
 /// Inverse L2 norms of every `q` and `k` row (cosine variants): `(B·H, 2, T)`.
-unsafe fn inverse_norms(p: &Params, cosine: bool) -> Vec<f32> {
+unsafe fn inverse_norms(p: &F32Params, cosine: bool) -> Vec<f32> {
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
     if !cosine {
         return Vec::new();
@@ -211,7 +195,7 @@ unsafe fn inverse_norms(p: &Params, cosine: bool) -> Vec<f32> {
 ///
 /// # Safety
 /// As [`forward_raw`].
-unsafe fn pack(p: &Params, dims: Dims, values: bool) -> (Vec<f32>, Vec<f32>) {
+unsafe fn pack(p: &F32Params, dims: Dims, values: bool) -> (Vec<f32>, Vec<f32>) {
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
     let len = engine::packed_len(dims);
     let one = |x: RawTensor<*const f32>| -> Vec<f32> {
@@ -233,7 +217,7 @@ unsafe fn pack(p: &Params, dims: Dims, values: bool) -> (Vec<f32>, Vec<f32>) {
 /// # Safety
 /// As [`forward_raw`]; `packed` from [`pack`] for the same call.
 unsafe fn head<'a>(
-    p: &Params,
+    p: &F32Params,
     norms: &'a [f32],
     packed: &'a (Vec<f32>, Vec<f32>),
     dims: Dims,
@@ -278,6 +262,15 @@ unsafe fn write_rows(x: RawTensor<*mut f32>, b: usize, h: usize, i0: usize, d: u
 /// sizes and strides given, rows of `d` contiguous elements; `o` and `stats` must not alias anything
 /// else. Shapes are not checked here (the ndarray API checks them); `T >= 1`, `d >= 1`.
 pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Result<()> {
+    // SAFETY: forwarded.
+    unsafe { forward_f32(variant, &F32Params::new(p)?, opts) }
+}
+
+/// [`forward_raw`] on typed pointers.
+///
+/// # Safety
+/// As [`forward_raw`].
+unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Result<()> {
     let plan = plan(variant)?;
     let mut dims = dims(p, opts.tuning, opts.isa)?;
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
@@ -326,7 +319,7 @@ struct QueryTask {
 }
 
 impl QueryTask {
-    fn new(task: usize, p: &Params, dims: Dims) -> Self {
+    fn new(task: usize, p: &F32Params, dims: Dims) -> Self {
         let nqt = p.seq_len.div_ceil(dims.bq);
         let (x, qt) = (task / nqt, task % nqt);
         let i0 = qt * dims.bq;
@@ -365,6 +358,15 @@ impl<S> PerThread<S> {
 /// # Safety
 /// As [`forward_raw`], for every pointer of `p`; `dq`, `dk`, `dv` must not alias anything else.
 pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Result<()> {
+    // SAFETY: forwarded.
+    unsafe { backward_f32(variant, &F32Params::new(p)?, opts) }
+}
+
+/// [`backward_raw`] on typed pointers.
+///
+/// # Safety
+/// As [`backward_raw`].
+unsafe fn backward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Result<()> {
     let plan = plan(variant)?;
     let mut dims = dims(p, opts.tuning, opts.isa)?;
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
@@ -548,11 +550,11 @@ fn rows_contiguous<'a>(x: ArrayView4<'a, f32>) -> ndarray::CowArray<'a, f32, Ix4
     }
 }
 
-fn base_params(q: &ArrayView4<'_, f32>, k: &ArrayView4<'_, f32>, v: &ArrayView4<'_, f32>) -> Params {
+fn base_params(q: &ArrayView4<'_, f32>, k: &ArrayView4<'_, f32>, v: &ArrayView4<'_, f32>) -> F32Params {
     let sh = q.shape();
     let null_c = RawTensor { ptr: std::ptr::null(), strides: [0; 3] };
     let null_m = RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] };
-    Params {
+    F32Params {
         batch: sh[0],
         heads: sh[1],
         seq_len: sh[2],
@@ -616,7 +618,7 @@ fn forward_stats(
         p.rw_aux = aux.as_mut_ptr();
     }
     // SAFETY: every pointer comes from a live array of the checked shape; o, stats, aux are fresh.
-    unsafe { forward_raw(variant, &p, opts)? };
+    unsafe { forward_f32(variant, &p, opts)? };
     Ok((o, stats, aux))
 }
 
@@ -661,6 +663,6 @@ pub fn backward_with<'a>(
     p.dk = raw_mut(&mut dk);
     p.dv = raw_mut(&mut dv);
     // SAFETY: as in forward_stats; dq, dk, dv are fresh arrays.
-    unsafe { backward_raw(variant, &p, opts)? };
+    unsafe { backward_f32(variant, &p, opts)? };
     Ok(Grads { dq, dk, dv })
 }

@@ -13,7 +13,7 @@ use super::compile::{arch_name, compile, has_wgmma};
 use super::launch::{Buf, Exec, backward_exec, check_params, forward_exec};
 use super::plan::{KParams, Kern, backward_version, forward_version, not_compiled};
 use super::{Config, Dtype, Generation, Kernel, has_tensor_core_forward};
-use crate::cpu::Params;
+use crate::Params;
 use crate::{Error, Result};
 
 /// One compiled specialisation on a GPU.
@@ -294,10 +294,11 @@ pub fn synchronize() -> Result<()> {
 /// Fused forward on device memory: writes `o` and the row statistics. `kernel` picks the forward.
 ///
 /// # Safety
-/// As [`crate::cpu::forward_raw`], with device pointers holding `dtype` elements (the `Params`
-/// pointer types are nominal here); `stats` holds f32. Work is queued on the legacy default stream
+/// As [`crate::cpu::forward_raw`], with device pointers holding `dtype` elements (`p.dtype`, which
+/// must be `dtype`); `stats` holds f32. Work is queued on the legacy default stream
 /// of the GPU holding `q` and not waited for.
 pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    same_dtype(p, dtype)?;
     check_params(p)?;
     let cfg = Config::new(variant, p.head_dim)?;
     on_device(device_for(p)?, || {
@@ -317,6 +318,7 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: K
 /// # Safety
 /// As [`forward_raw`], for every pointer of `p`.
 pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    same_dtype(p, dtype)?;
     check_params(p)?;
     let cfg = Config::new(variant, p.head_dim)?;
     on_device(device_for(p)?, || {
@@ -324,6 +326,15 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: 
         // SAFETY: forwarded from our caller.
         unsafe { backward_exec(&x, &cfg, p, dtype, kernel) }
     })
+}
+
+/// The call's dtype is the one the parameters say their tensors hold.
+fn same_dtype(p: &Params, dtype: Dtype) -> Result<()> {
+    if p.dtype == dtype {
+        Ok(())
+    } else {
+        Err(Error::BadParams(format!("the tensors hold {:?} but the call asks for {dtype:?}", p.dtype)))
+    }
 }
 
 /// The lab versions, `(forward, backward)`, that `kernel` runs on this thread's GPU for `variant` at

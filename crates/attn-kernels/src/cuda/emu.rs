@@ -35,7 +35,7 @@ use ndarray::{Array4, AsArray, Ix4};
 use attn_core::Variant;
 
 use super::{Buf, Config, Dtype, Exec, Generation, KParams, Kern, Kernel, Options};
-use crate::cpu::Params;
+use crate::Params;
 use crate::{Error, Grads, Result};
 
 /// The emulation layer, prepended to the kernel sources.

@@ -7,7 +7,7 @@ use super::plan::{
     forward_version, kparams, pairs_aligned, rows_aligned16, t4, t4m,
 };
 use super::{Config, Dtype, Kernel, has_tensor_core_forward};
-use crate::cpu::Params;
+use crate::Params;
 use crate::{Error, Result};
 
 /// Bytes of one row's backward constants (`RowK6` in `mma_bwd6.cu`, which asserts the size).

@@ -88,30 +88,7 @@ pub(crate) use staging::{backward_on, forward_on};
 
 use crate::{Error, Result};
 
-/// Element type of `q`, `k`, `v`, `o` and the gradients on the device. Arithmetic is f32 in every case.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Dtype {
-    /// IEEE single precision.
-    F32,
-    /// IEEE half precision.
-    F16,
-    /// bfloat16.
-    Bf16,
-}
-
-impl Dtype {
-    fn code(self) -> u32 {
-        match self {
-            Dtype::F32 => 0,
-            Dtype::F16 => 1,
-            Dtype::Bf16 => 2,
-        }
-    }
-    /// Bytes per element.
-    pub fn size(self) -> usize {
-        if self == Dtype::F32 { 4 } else { 2 }
-    }
-}
+pub use crate::Dtype;
 
 /// The largest head dimension the CUDA kernels take.
 pub const MAX_HEAD_DIM: usize = 256;

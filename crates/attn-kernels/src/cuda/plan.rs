@@ -7,7 +7,7 @@ use cudarc::driver::DeviceRepr;
 use attn_core::{Bias, Builtin, Norm, OutputNorm, Phi, Scale, Transform, Variant};
 
 use super::{Dtype, Generation, Kernel, has_tensor_core_forward};
-use crate::cpu::Params;
+use crate::Params;
 use crate::{Error, Result};
 
 /// A variant resolved into the macros and constants of the kernels.
@@ -312,10 +312,10 @@ pub(crate) struct KParams {
 // SAFETY: plain old data with the C layout the kernels declare.
 unsafe impl DeviceRepr for KParams {}
 
-pub(super) fn t4<P>(x: crate::cpu::RawTensor<*const P>) -> Tensor4 {
+pub(super) fn t4<P>(x: crate::RawTensor<*const P>) -> Tensor4 {
     Tensor4 { ptr: x.ptr as u64, sb: x.strides[0] as i64, sh: x.strides[1] as i64, st: x.strides[2] as i64 }
 }
-pub(super) fn t4m<P>(x: crate::cpu::RawTensor<*mut P>) -> Tensor4 {
+pub(super) fn t4m<P>(x: crate::RawTensor<*mut P>) -> Tensor4 {
     t4(x.as_const())
 }
 

@@ -9,7 +9,8 @@ use super::device::GpuExec;
 use super::launch::{Buf, Exec, backward_exec, forward_exec};
 use super::plan::not_fused;
 use super::{Config, Dtype, Options};
-use crate::cpu::{Params, STATS_PER_ROW};
+use crate::Params;
+use crate::cpu::STATS_PER_ROW;
 use crate::{Error, Grads, Result};
 
 // ---------------------------------------------------------------------------------------------
@@ -53,9 +54,9 @@ pub(super) fn checked(
     Config::new(variant, q.shape()[3])
 }
 
-fn contiguous<P>(addr: u64, shape: (usize, usize, usize, usize)) -> crate::cpu::RawTensor<*mut P> {
+fn contiguous<P>(addr: u64, shape: (usize, usize, usize, usize)) -> crate::RawTensor<*mut P> {
     let (_, h, t, d) = shape;
-    crate::cpu::RawTensor { ptr: addr as *mut P, strides: [h * t * d, t * d, d] }
+    crate::RawTensor { ptr: addr as *mut P, strides: [h * t * d, t * d, d] }
 }
 
 /// The inputs, output and statistics of one forward in `x`'s memory.
@@ -75,16 +76,16 @@ fn staged_forward(x: &dyn Exec, cfg: &Config, [q, k, v]: [&ArrayView4<'_, f32>; 
         [x.upload(&to_bytes(q, opts.dtype))?, x.upload(&to_bytes(k, opts.dtype))?, x.upload(&to_bytes(v, opts.dtype))?];
     let o = x.zeros(n * opts.dtype.size())?;
     let stats = x.zeros(sh[0] * sh[1] * sh[2] * STATS_PER_ROW * 4)?;
-    let null_c = crate::cpu::RawTensor { ptr: std::ptr::null(), strides: [0; 3] };
-    let null_m = crate::cpu::RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] };
+    let null_c = crate::RawTensor { ptr: std::ptr::null(), strides: [0; 3] };
+    let null_m = crate::RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] };
     let params = Params {
         batch: sh[0],
         heads: sh[1],
         seq_len: sh[2],
         head_dim: sh[3],
-        q: contiguous::<f32>(inputs[0].addr(), shape).as_const(),
-        k: contiguous::<f32>(inputs[1].addr(), shape).as_const(),
-        v: contiguous::<f32>(inputs[2].addr(), shape).as_const(),
+        q: contiguous::<std::ffi::c_void>(inputs[0].addr(), shape).as_const(),
+        k: contiguous::<std::ffi::c_void>(inputs[1].addr(), shape).as_const(),
+        v: contiguous::<std::ffi::c_void>(inputs[2].addr(), shape).as_const(),
         o: contiguous(o.addr(), shape),
         stats: stats.addr() as *mut f32,
         rw_aux: std::ptr::null_mut(),
@@ -92,6 +93,7 @@ fn staged_forward(x: &dyn Exec, cfg: &Config, [q, k, v]: [&ArrayView4<'_, f32>; 
         dq: null_m,
         dk: null_m,
         dv: null_m,
+        dtype: opts.dtype,
     };
     // SAFETY: every pointer is a live buffer of `x` of the shape given, in `opts.dtype`.
     unsafe { forward_exec(x, cfg, &params, opts.dtype, opts.kernel)? };
@@ -123,7 +125,7 @@ pub(crate) fn backward_on(
     let (dq, dk, dv) =
         (x.zeros(n * opts.dtype.size())?, x.zeros(n * opts.dtype.size())?, x.zeros(n * opts.dtype.size())?);
     let mut p = s.params;
-    p.d_out = contiguous::<f32>(g.addr(), s.shape).as_const();
+    p.d_out = contiguous::<std::ffi::c_void>(g.addr(), s.shape).as_const();
     p.dq = contiguous(dq.addr(), s.shape);
     p.dk = contiguous(dk.addr(), s.shape);
     p.dv = contiguous(dv.addr(), s.shape);

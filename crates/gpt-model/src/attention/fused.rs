@@ -15,13 +15,13 @@
 //!   number of statistics per row. The result comes back as a new `at::Tensor*` that Rust owns
 //!   (`Tensor::from_ptr`).
 //! - C++ -> Rust (callbacks): the handle and one `AttnParams` struct, which is
-//!   [`attn_kernels::cpu::Params`] field for field (`#[repr(C)]`; the sizes are checked on first use).
+//!   [`attn_kernels::Params`] field for field (`#[repr(C)]`; the sizes are checked on first use).
 //!
 //! Ownership: libtorch allocates and owns every tensor (output, `(B, H, T, S)` row statistics,
 //! gradients); the callbacks only read and write through the pointers while they run. The autograd
 //! context saves `q`, `k`, `v`, the output and the statistics, nothing `T x T`. For a re-weighted
 //! variant on the CPU whose inputs require gradients, `S` also counts re-weighting's backward helper
-//! ([`cpu::Params::rw_aux`], `d + 1` floats per row): the buffer holds the `B·H·T` rows of
+//! ([`Params::rw_aux`], `d + 1` floats per row): the buffer holds the `B·H·T` rows of
 //! statistics, then the helper's, and the handle's `aux` tells the callbacks so.
 //!
 //! CUDA kernels: [`cuda::Kernel::Auto`] unless `LSSA_CUDA_KERNEL` (`auto`, `v1`, `v2`, `v3`, `v5`, `v7`, `v8`;
@@ -35,7 +35,8 @@ use std::ffi::{CStr, CString, c_char, c_void};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use attn_core::Variant;
-use attn_kernels::cpu::{self, Params};
+use attn_kernels::Params;
+use attn_kernels::cpu;
 use attn_kernels::cuda;
 use tch::{Device, Kind, Tensor};
 
@@ -138,7 +139,7 @@ fn check_layout() -> Result<(), FusedError> {
     // SAFETY: plain functions returning sizeof of the C structs.
     let (params, handle) = unsafe { (gpt_model_bridge_params_size(), gpt_model_bridge_handle_size()) };
     for (c_name, c_size, rust_name, rust_size) in [
-        ("AttnParams", params, "attn_kernels::cpu::Params", std::mem::size_of::<Params>()),
+        ("AttnParams", params, "attn_kernels::Params", std::mem::size_of::<Params>()),
         ("VariantHandle", handle, "VariantHandle", std::mem::size_of::<VariantHandle>()),
     ] {
         if c_size != rust_size {
@@ -180,7 +181,7 @@ pub struct VariantHandle {
     /// Which kernels: 0 for the CPU, `1 + i` for CUDA tensors of [`CUDA_TARGETS`]`[i]`.
     target: u32,
     /// 1 when the CPU statistics buffer also holds re-weighting's backward helper
-    /// ([`cpu::Params::rw_aux`]) after the statistics, else 0.
+    /// ([`Params::rw_aux`]) after the statistics, else 0.
     aux: u32,
 }
 

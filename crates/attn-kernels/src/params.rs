@@ -1,0 +1,124 @@
+//! The raw entry points' one parameter struct ([`Params`]): untyped pointers with their strides and
+//! sizes, and the element type they hold ([`Dtype`]). What the CPU and the CUDA backends read, what
+//! the model's C++ bridge fills (its `AttnParams` mirrors it field for field) and what the Python
+//! extension builds.
+
+use std::ffi::c_void;
+
+/// Element type of `q`, `k`, `v`, `o` and the gradients (the row statistics and re-weighting's
+/// helper are always `f32`). Arithmetic is f32 in every case. The CPU kernels take `F32` only.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum Dtype {
+    /// IEEE single precision.
+    F32 = 0,
+    /// IEEE half precision.
+    F16 = 1,
+    /// bfloat16.
+    Bf16 = 2,
+}
+
+impl Dtype {
+    /// The code the C++ side and the CUDA sources use (`DTYPE`): 0, 1, 2.
+    pub(crate) fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        if self == Dtype::F32 { 4 } else { 2 }
+    }
+}
+
+/// One strided `(B, H, T, d)` tensor as the raw entry points see it: element strides of the batch,
+/// head and row axes; the last axis must be contiguous.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct RawTensor<P> {
+    /// Address of element `[0, 0, 0, 0]`.
+    pub ptr: P,
+    /// Element strides of the batch, head and row axes.
+    pub strides: [usize; 3],
+}
+
+impl<T> RawTensor<*mut T> {
+    /// The same tensor, read-only.
+    pub fn as_const(self) -> RawTensor<*const T> {
+        RawTensor { ptr: self.ptr as *const T, strides: self.strides }
+    }
+}
+
+impl<T> RawTensor<*const T> {
+    /// The same tensor with its elements typed `U` (a reinterpretation of the pointer, nothing read).
+    pub fn cast<U>(self) -> RawTensor<*const U> {
+        RawTensor { ptr: self.ptr.cast(), strides: self.strides }
+    }
+}
+
+impl<T> RawTensor<*mut T> {
+    /// The same tensor with its elements typed `U` (a reinterpretation of the pointer, nothing read).
+    pub fn cast_mut<U>(self) -> RawTensor<*mut U> {
+        RawTensor { ptr: self.ptr.cast(), strides: self.strides }
+    }
+}
+
+/// A null tensor: an input or output a call does not use.
+pub fn null_input() -> RawTensor<*const c_void> {
+    RawTensor { ptr: std::ptr::null(), strides: [0; 3] }
+}
+
+/// A null output tensor.
+pub fn null_output() -> RawTensor<*mut c_void> {
+    RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] }
+}
+
+/// The one parameter struct that crosses the FFI boundary (as flash-attention's `Flash_fwd_params`):
+/// untyped pointers, strides and sizes, and the element type, shared by [`crate::forward_raw`],
+/// [`crate::backward_raw`] and their callers. Outputs never alias inputs.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub struct Params {
+    /// Batch size `B`.
+    pub batch: usize,
+    /// Heads `H`.
+    pub heads: usize,
+    /// Sequence length `T`.
+    pub seq_len: usize,
+    /// Head dimension `d` (of `q`, `k` and `v`).
+    pub head_dim: usize,
+    /// Queries, (B, H, T, d).
+    pub q: RawTensor<*const c_void>,
+    /// Keys, (B, H, T, d).
+    pub k: RawTensor<*const c_void>,
+    /// Values, (B, H, T, d).
+    pub v: RawTensor<*const c_void>,
+    /// Output of the forward (written by the forward, read by the backward).
+    pub o: RawTensor<*mut c_void>,
+    /// Contiguous `(B, H, T, STATS_PER_ROW)` f32 row statistics (written by the forward, read by the
+    /// backward).
+    pub stats: *mut f32,
+    /// Re-weighted variants on the CPU, optional (null: not kept): contiguous `(B, H, T,
+    /// rw_aux_per_row(d))` f32, per row `c_i = sum_j f_ij rho_ij^(p-1)` then `y_i = sum_j f_ij
+    /// rho_ij^(p-1) v_j`. The forward writes it when not null (one more `P V`-sized product in its
+    /// second sweep); the backward given the forward's helper computes re-weighting's `E_i` from it
+    /// instead of sweeping the keys once more (SPEC section 5: `E_i` is linear in `g_i`). Ignored by
+    /// variants without re-weighting and by the CUDA kernels.
+    pub rw_aux: *mut f32,
+    /// Upstream gradient `dL/do` (backward only).
+    pub d_out: RawTensor<*const c_void>,
+    /// `dL/dq` (backward only, written).
+    pub dq: RawTensor<*mut c_void>,
+    /// `dL/dk` (backward only, written).
+    pub dk: RawTensor<*mut c_void>,
+    /// `dL/dv` (backward only, written).
+    pub dv: RawTensor<*mut c_void>,
+    /// What `q`, `k`, `v`, `o`, `d_out`, `dq`, `dk`, `dv` hold; a backend refuses a dtype it does not
+    /// take, and a [`crate::Target`] of another dtype.
+    pub dtype: Dtype,
+}
+
+// SAFETY: `Params` is plain data; the raw entry points' contract (valid pointers, outputs written by
+// one task per row, inputs only read) is what makes sharing it across threads sound.
+unsafe impl Send for Params {}
+// SAFETY: as above.
+unsafe impl Sync for Params {}
