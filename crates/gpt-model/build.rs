@@ -11,4 +11,5 @@ fn main() {
     }
     build.compile("gpt_model_bridge");
     println!("cargo:rerun-if-changed=csrc");
+    println!("cargo:rerun-if-changed={}", torch_build::FFI_INCLUDE);
 }

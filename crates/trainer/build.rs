@@ -42,6 +42,7 @@ fn main() {
     build.compile("trainer_dist_shim");
 
     println!("cargo:rerun-if-changed=csrc");
+    println!("cargo:rerun-if-changed={}", torch_build::FFI_INCLUDE);
     println!("cargo:rerun-if-env-changed=LSSA_NCCL");
     println!("cargo:rerun-if-env-changed=LSSA_CUDA_INCLUDE");
 }

@@ -17,6 +17,7 @@
 // are propagated by libtorch's autograd engine to the caller of `backward()` (tch reports them).
 
 #include <ATen/ATen.h>
+#include <lssa_ffi_guard.h>
 #include <ATen/autocast_mode.h>
 #include <torch/csrc/autograd/custom_function.h>
 
@@ -138,13 +139,6 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   }
 };
 
-char* dup_message(const char* what) {
-  size_t n = std::strlen(what);
-  char* out = static_cast<char*>(std::malloc(n + 1));
-  if (out != nullptr) std::memcpy(out, what, n + 1);
-  return out;
-}
-
 }  // namespace
 
 extern "C" {
@@ -154,19 +148,14 @@ extern "C" {
 // caller, as tch's `Tensor::from_ptr` expects) and returns null; on failure returns the message.
 char* gpt_model_fused_apply(at::Tensor* q, at::Tensor* k, at::Tensor* v, const VariantHandle* handle,
                             int64_t stats_per_row, at::Tensor** out) {
-  try {
-    at::Tensor o = FusedAttention::apply(*q, *k, *v, static_cast<int64_t>(handle->variant),
-                                         static_cast<int64_t>(handle->target), static_cast<int64_t>(handle->aux),
-                                         stats_per_row);
-    *out = new at::Tensor(std::move(o));
-    return nullptr;
-  } catch (const c10::Error& e) {
-    return dup_message(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return dup_message(e.what());
-  } catch (...) {
-    return dup_message("unknown C++ exception in the fused attention bridge");
-  }
+  return lssa_ffi::guarded(
+      [&] {
+        at::Tensor o = FusedAttention::apply(*q, *k, *v, static_cast<int64_t>(handle->variant),
+                                             static_cast<int64_t>(handle->target),
+                                             static_cast<int64_t>(handle->aux), stats_per_row);
+        *out = new at::Tensor(std::move(o));
+      },
+      "unknown C++ exception in the fused attention bridge");
 }
 
 void gpt_model_bridge_free(char* msg) { std::free(msg); }

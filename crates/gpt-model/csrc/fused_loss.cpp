@@ -9,13 +9,12 @@
 //
 // What crosses: two `at::Tensor*` in (tch's `Tensor::as_ptr()`), a new `at::Tensor*` out that Rust
 // owns (`Tensor::from_ptr`). Errors: NULL on success or a `malloc`ed message released with
-// `gpt_model_loss_free_error`; no C++ exception crosses into Rust.
+// `gpt_model_loss_free_error` (lssa_ffi_guard.h's convention).
 
+#include <lssa_ffi_guard.h>
 #include <torch/torch.h>
 
 #include <cstdlib>
-#include <cstring>
-#include <string>
 
 namespace {
 
@@ -44,29 +43,14 @@ struct CrossEntropy : public torch::autograd::Function<CrossEntropy> {
   }
 };
 
-char* dup_message(const char* what) {
-  size_t n = std::strlen(what);
-  char* out = static_cast<char*>(std::malloc(n + 1));
-  if (out != nullptr) std::memcpy(out, what, n + 1);
-  return out;
-}
-
 }  // namespace
 
 extern "C" {
 
 // Mean cross-entropy of `*logits` (N, V) against `*targets` (N,), recorded in the autograd graph.
 char* gpt_model_cross_entropy(const at::Tensor* logits, const at::Tensor* targets, at::Tensor** out) {
-  try {
-    *out = new at::Tensor(CrossEntropy::apply(*logits, *targets));
-    return nullptr;
-  } catch (const c10::Error& e) {
-    return dup_message(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return dup_message(e.what());
-  } catch (...) {
-    return dup_message("unknown C++ exception in the fused cross-entropy");
-  }
+  return lssa_ffi::guarded([&] { *out = new at::Tensor(CrossEntropy::apply(*logits, *targets)); },
+                           "unknown C++ exception in the fused cross-entropy");
 }
 
 void gpt_model_loss_free_error(char* msg) { std::free(msg); }

@@ -40,8 +40,13 @@ pub fn link_libtorch() {
     println!("cargo:rustc-link-arg=-Wl,--no-as-needed,-ltorch_cuda,-ltorch,--as-needed");
 }
 
+/// The directory of the shims' shared header (`lssa_ffi_guard.h`: the error convention of every
+/// `extern "C"` function of the workspace's C++), on [`cpp_settings`]' include path. A build script
+/// that compiles a shim lists it in `cargo:rerun-if-changed`.
+pub const FFI_INCLUDE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/include");
+
 /// Include directories and flags for C++ that uses libtorch's headers (the autograd bridge, the
-/// c10d shim): `(include dirs, compiler flags)`. Hand them to `cc::Build`; tch already links
+/// c10d shim): `(include dirs, compiler flags)`, [`FFI_INCLUDE`] among the dirs. Hand them to `cc::Build`; tch already links
 /// `torch_cpu` and `c10`.
 ///
 /// Panics like [`link_libtorch`] when `LIBTORCH` holds no libtorch.
@@ -53,7 +58,7 @@ pub fn cpp_settings() -> (Vec<PathBuf>, Vec<&'static str>) {
     let root = lib.parent().expect("lib has a parent").to_path_buf();
     let root = root.canonicalize().unwrap_or(root);
     let include = root.join("include");
-    let dirs = vec![include.join("torch/csrc/api/include"), include];
+    let dirs = vec![include.join("torch/csrc/api/include"), include, PathBuf::from(FFI_INCLUDE)];
     // libtorch from PyPI is built with the C++11 ABI; C++17 is what its headers require.
     (dirs, vec!["-std=c++17", "-D_GLIBCXX_USE_CXX11_ABI=1", "-w"])
 }

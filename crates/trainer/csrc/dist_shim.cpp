@@ -24,6 +24,7 @@
 // headers are present).
 
 #include <c10/util/Exception.h>
+#include <lssa_ffi_guard.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -81,26 +82,7 @@ struct LssaDistPg {
 
 namespace {
 
-char* dup_message(const std::string& msg) {
-  char* out = static_cast<char*>(std::malloc(msg.size() + 1));
-  if (out != nullptr) std::memcpy(out, msg.c_str(), msg.size() + 1);
-  return out;
-}
-
-// Runs `body`, turning every exception into a malloc'ed message.
-template <typename F>
-char* guarded(F&& body) {
-  try {
-    body();
-    return nullptr;
-  } catch (const c10::Error& e) {
-    return dup_message(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return dup_message(e.what());
-  } catch (...) {
-    return dup_message("unknown C++ exception");
-  }
-}
+using lssa_ffi::guarded;
 
 // The backend that owns `t`'s device: Gloo for CPU tensors, NCCL (created on first use, at the same
 // point on every rank because collectives run in the same order everywhere) for CUDA tensors.

@@ -9,14 +9,12 @@
 // which is what every other op of the trainer does too).
 //
 // Errors: every function returns NULL on success or a `malloc`ed message (released with
-// `lssa_optim_free_error`). Every C++ exception is caught here; none crosses into Rust.
+// `lssa_optim_free_error`): the convention of lssa_ffi_guard.h (torch-build's include/).
 
 #include <ATen/ATen.h>
-#include <c10/util/Exception.h>
+#include <lssa_ffi_guard.h>
 
 #include <cstdlib>
-#include <cstring>
-#include <string>
 #include <vector>
 
 extern "C" {
@@ -31,25 +29,7 @@ void lssa_optim_free_error(char* msg);
 
 namespace {
 
-char* dup_message(const std::string& s) {
-  char* out = static_cast<char*>(std::malloc(s.size() + 1));
-  if (out != nullptr) std::memcpy(out, s.c_str(), s.size() + 1);
-  return out;
-}
-
-template <typename F>
-char* guarded(F&& body) {
-  try {
-    body();
-    return nullptr;
-  } catch (const c10::Error& e) {
-    return dup_message(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return dup_message(e.what());
-  } catch (...) {
-    return dup_message("unknown C++ exception");
-  }
-}
+using lssa_ffi::guarded;
 
 std::vector<at::Tensor> list(const void* const* ptrs, size_t n) {
   std::vector<at::Tensor> out;
