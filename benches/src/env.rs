@@ -81,3 +81,35 @@ mod tests {
         assert_eq!(civil_from_days(20_454), (2026, 1, 1));
     }
 }
+
+/// The provenance every report's JSON opens with (flattened into it): its format, and the revision,
+/// command, date and CPU of the run.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Header {
+    /// The report's format name, e.g. `lssa-bench-train`.
+    pub format: &'static str,
+    /// Its version (bumped when a field changes meaning).
+    pub format_version: u32,
+    /// [`git_revision`].
+    pub git_revision: String,
+    /// [`command_line`].
+    pub command: String,
+    /// [`utc_now`].
+    pub date: String,
+    /// [`cpu_model`].
+    pub cpu: String,
+}
+
+impl Header {
+    /// This run's header for a report of `format` at `format_version`.
+    pub fn now(format: &'static str, format_version: u32) -> Self {
+        Self {
+            format,
+            format_version,
+            git_revision: git_revision(),
+            command: command_line(),
+            date: utc_now(),
+            cpu: cpu_model(),
+        }
+    }
+}

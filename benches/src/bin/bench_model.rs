@@ -60,12 +60,8 @@ struct Row {
 
 #[derive(Serialize)]
 struct Report {
-    format: &'static str,
-    format_version: u32,
-    git_revision: String,
-    command: String,
-    date: String,
-    cpu: String,
+    #[serde(flatten)]
+    header: env::Header,
     threads: usize,
     rows: Vec<Row>,
 }
@@ -131,16 +127,7 @@ fn main() -> Result<()> {
             }
         }
     }
-    let report = Report {
-        format: FORMAT,
-        format_version: FORMAT_VERSION,
-        git_revision: env::git_revision(),
-        command: env::command_line(),
-        date: env::utc_now(),
-        cpu: env::cpu_model(),
-        threads,
-        rows,
-    };
+    let report = Report { header: env::Header::now(FORMAT, FORMAT_VERSION), threads, rows };
     let md = markdown(&report, &cli);
     print!("{md}");
     if !cli.no_write {
@@ -158,9 +145,9 @@ fn main() -> Result<()> {
 fn markdown(r: &Report, cli: &Cli) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# One GPT-2 block (gpt2-124m shape), forward+backward: fused vs reference attention\n");
-    let _ = writeln!(s, "- CPU: {} ({} threads for libtorch and the kernels alike)", r.cpu, r.threads);
-    let _ = writeln!(s, "- date: {}; git revision: `{}`", r.date, r.git_revision);
-    let _ = writeln!(s, "- command: `{}`", r.command);
+    let _ = writeln!(s, "- CPU: {} ({} threads for libtorch and the kernels alike)", r.header.cpu, r.threads);
+    let _ = writeln!(s, "- date: {}; git revision: `{}`", r.header.date, r.header.git_revision);
+    let _ = writeln!(s, "- command: `{}`", r.header.command);
     let _ = writeln!(
         s,
         "- model: 1 block, d_model 768, 12 heads x 64, MLP 4x, vocabulary 64, B = 1, f32; timed: `loss.backward()` after the forward"

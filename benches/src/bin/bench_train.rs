@@ -112,12 +112,8 @@ struct Profile {
 
 #[derive(Serialize)]
 struct Report {
-    format: &'static str,
-    format_version: u32,
-    git_revision: String,
-    command: String,
-    date: String,
-    cpu: String,
+    #[serde(flatten)]
+    header: env::Header,
     threads: usize,
     torch: String,
     rows: Vec<Row>,
@@ -438,18 +434,8 @@ fn main() -> Result<()> {
         }
     }
 
-    let report = Report {
-        format: FORMAT,
-        format_version: FORMAT_VERSION,
-        git_revision: env::git_revision(),
-        command: env::command_line(),
-        date: env::utc_now(),
-        cpu: env::cpu_model(),
-        threads: cli.threads,
-        torch,
-        rows,
-        profiles,
-    };
+    let report =
+        Report { header: env::Header::now(FORMAT, FORMAT_VERSION), threads: cli.threads, torch, rows, profiles };
     let md = markdown(&report, cli.warmup);
     print!("{md}");
     if !cli.no_write {
@@ -464,9 +450,9 @@ fn main() -> Result<()> {
 fn markdown(r: &Report, warmup: usize) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# The trainer's step against a PyTorch eager loop (CPU)\n");
-    let _ = writeln!(s, "- CPU: {} ({} threads for libtorch and the kernels, on both sides)", r.cpu, r.threads);
-    let _ = writeln!(s, "- date: {}; git revision: `{}`; torch {}", r.date, r.git_revision, r.torch);
-    let _ = writeln!(s, "- command: `{}`", r.command);
+    let _ = writeln!(s, "- CPU: {} ({} threads for libtorch and the kernels, on both sides)", r.header.cpu, r.threads);
+    let _ = writeln!(s, "- date: {}; git revision: `{}`; torch {}", r.header.date, r.header.git_revision, r.torch);
+    let _ = writeln!(s, "- command: `{}`", r.header.command);
     let _ = writeln!(
         s,
         "- model: `configs/small.toml` (4 layers, width 128, 2 heads of 64, vocabulary 2048, batch {}), random token ids",
