@@ -86,8 +86,8 @@ impl Drop for RunLock {
 /// megabyte-sized tensors (logits and their gradient are 8 MiB each at the `small` shape), and with
 /// glibc's defaults many of them are fresh `mmap`s or trimmed heap, so every step page-faults them
 /// back in (about 10% of a `small` step under `perf`: `clear_page`, `exc_page_fault`,
-/// `unmap_page_range`). The measurements are in `docs/bench/train-cpu.md`, beside a PyTorch loop
-/// with the same settings (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`), which gains alike.
+/// `unmap_page_range`). `docs/bench/train-cpu.md` also times the PyTorch loop with the same settings
+/// (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`: its "tuned malloc" column).
 /// The cost: the process keeps its peak heap until it exits, as with jemalloc or tcmalloc, which
 /// PyTorch's CPU tuning guide recommends for the same reason.
 pub fn keep_freed_memory() {
