@@ -14,19 +14,20 @@ use crate::{Error, Result};
 /// The CUDA sources, in the order they are concatenated.
 pub const COMMON_SRC: &str = include_str!("common.cuh");
 /// SIMT kernels (lab v1).
-pub const SIMT_SRC: &str = include_str!("simt.cu");
+pub const SIMT_SRC: &str = include_str!("v1_simt.cu");
 /// Tensor-core forward (lab v2).
-pub const MMA_SRC: &str = include_str!("mma.cu");
+pub const MMA_SRC: &str = include_str!("v2_fwd.cu");
 /// Tensor-core forward with cp.async and ldmatrix (lab v3).
-pub const MMA3_SRC: &str = include_str!("mma3.cu");
-/// Tensor-core forward, 2 x 16 rows per warp, log2-domain activations (lab v5).
-pub const MMA5_SRC: &str = include_str!("mma5.cu");
+pub const MMA3_SRC: &str = include_str!("v3_fwd.cu");
+/// Tensor-core forward, 2 x 16 rows per warp, log2-domain activations (lab v5), its warpgroup
+/// (`wgmma`) form for sm_90 (lab v8) and the wgmma layout probe.
+pub const MMA5_SRC: &str = include_str!("v5_v8_fwd.cu");
 /// Tensor-core backward (lab v4).
-pub const MMA_BWD_SRC: &str = include_str!("mma_bwd.cu");
+pub const MMA_BWD_SRC: &str = include_str!("v4_bwd.cu");
 /// Tensor-core backward with log2-domain, branch-free entry maths (lab v6).
-pub const MMA_BWD6_SRC: &str = include_str!("mma_bwd6.cu");
-/// v6 with dq accumulated by the keys kernel (lab v7).
-pub const MMA_BWD7_SRC: &str = include_str!("mma_bwd7.cu");
+pub const MMA_BWD6_SRC: &str = include_str!("v6_bwd.cu");
+/// v6 with dq accumulated by the keys kernel (lab v7), and its warpgroup form for sm_90 (lab v9).
+pub const MMA_BWD7_SRC: &str = include_str!("v7_v9_bwd.cu");
 
 /// Whether the tensor-core forward exists for this head dimension and dtype.
 pub fn has_tensor_core_forward(head_dim: usize, dtype: Dtype) -> bool {

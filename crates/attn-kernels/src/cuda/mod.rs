@@ -1,5 +1,5 @@
 //! Fused attention on NVIDIA GPUs, with the API of [`crate::cpu`]: CUDA C++ kept in this crate as
-//! source (`common.cuh`, `simt.cu`, `mma.cu`), specialised per variant with preprocessor macros,
+//! source (`common.cuh`, `v1_simt.cu`, `v2_fwd.cu`), specialised per variant with preprocessor macros,
 //! compiled by NVRTC at first use and cached per (variant configuration, head dimension, dtype,
 //! architecture, [`Generation`]): a module holds only the kernel files its [`Kernel`] request can
 //! select, so the default one carries no lab version. The driver and NVRTC are loaded at run time
@@ -172,13 +172,13 @@ impl std::str::FromStr for Kernel {
 /// are cumulative: each holds the files of those before it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Generation {
-    /// `common.cuh` and `simt.cu`: the inverse norms and lab v1.
+    /// `common.cuh` and `v1_simt.cu`: the inverse norms and lab v1.
     Simt,
-    /// And `mma.cu`: lab v2.
+    /// And `v2_fwd.cu`: lab v2.
     V2,
-    /// And `mma3.cu` and `mma_bwd.cu`: lab v3 and v4, what [`Kernel::Auto`] runs.
+    /// And `v3_fwd.cu` and `v4_bwd.cu`: lab v3 and v4, what [`Kernel::Auto`] runs.
     First,
-    /// And `mma5.cu`, `mma_bwd6.cu` and `mma_bwd7.cu`: lab v5 to v9 and the wgmma probe.
+    /// And `v5_v8_fwd.cu`, `v6_bwd.cu` and `v7_v9_bwd.cu`: lab v5 to v9 and the wgmma probe.
     Lab,
 }
 

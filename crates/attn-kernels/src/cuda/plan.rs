@@ -364,10 +364,10 @@ pub(super) fn rows_aligned16(p: &Params) -> bool {
     [t4(p.q), t4(p.k), t4(p.v)].iter().all(|x| aligned(x, 16, 8)) && pairs_aligned(p)
 }
 
-pub(super) const ROWS_PER_BLOCK: u32 = 8; // ROWS in simt.cu
-pub(super) const MMA_ROWS: u32 = 64; // BQ in mma.cu
-pub(super) const MMA3_ROWS: u32 = 128; // BQ3 in mma3.cu
-pub(super) const MMA5_ROWS: u32 = 128; // BQ5 in mma5.cu
+pub(super) const ROWS_PER_BLOCK: u32 = 8; // ROWS in v1_simt.cu
+pub(super) const MMA_ROWS: u32 = 64; // BQ in v2_fwd.cu
+pub(super) const MMA3_ROWS: u32 = 128; // BQ3 in v3_fwd.cu
+pub(super) const MMA5_ROWS: u32 = 128; // BQ5 in v5_v8_fwd.cu
 
 /// Dynamic shared memory of v3 and of the v4 rows kernel: two stages of two tiles (K and V), each
 /// 64 rows of `d + 8` 16-bit values.

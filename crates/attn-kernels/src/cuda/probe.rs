@@ -57,7 +57,7 @@ pub fn jit_info_log(variant: &Variant, head_dim: usize, dtype: Dtype) -> Result<
     super::device::jit_info_log(&cfg, head_dim, dtype, Generation::Lab)
 }
 
-/// The modes of the wgmma layout probe (`lssa_wg_probe` in `mma5.cu`), and whether each must match.
+/// The modes of the wgmma layout probe (`lssa_wg_probe` in `v5_v8_fwd.cu`), and whether each must match.
 pub const WGMMA_PROBE_MODES: [(&str, bool); 5] = [
     ("A registers, B K-major (v8 Q K^T, v9 K Q^T)", true),
     ("  the same, descriptor offsets swapped", false),

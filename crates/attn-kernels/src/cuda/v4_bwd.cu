@@ -6,7 +6,7 @@
 // - lssa_bwd_keys_mma, one block per 64 keys: the transposed products S^T = K Q^T and V G^T, then
 //   dv_j += W^T G and dk_j += dS^T Q. Runs after the rows kernel, whose C_i it reads.
 // No atomics: dq and (dk, dv) come from separate sweeps, at the price of computing S and G V^T twice.
-// Uses entry_grad and RowG from simt.cu and the helpers of mma3.cu.
+// Uses entry_grad and RowG from v1_simt.cu and the helpers of v3_fwd.cu.
 
 #define BB 64  // query rows (rows kernel) or keys (keys kernel) per block, and per streamed tile
 #define NWB 4  // warps per block: 16 rows or keys each

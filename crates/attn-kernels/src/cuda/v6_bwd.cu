@@ -141,7 +141,7 @@ __device__ __forceinline__ void a_frags_cm(u32 (*fr)[4], const u16* s, int warp,
     for (int kk = 0; kk < HD / 16; kk++) ldsm4(fr[kk], s + cm_index(warp * 16 + (lm & 1) * 8 + lr, kk * 16 + (lm >> 1) * 8));
 }
 
-static_assert(BB == BK5, "acc_to_a (mma5.cu) packs tiles of BK5 columns");
+static_assert(BB == BK5, "acc_to_a (v5_v8_fwd.cu) packs tiles of BK5 columns");
 
 // Re-weighting's sharpening of one entry: rho = max(f n an - off, 0) / umax (computed as umax was),
 // and rp = rho^(P-1), the power whose derivative the gradient needs.
