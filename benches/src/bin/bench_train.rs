@@ -69,7 +69,7 @@ struct Cli {
     #[arg(long, default_value_t = 2)]
     threads: usize,
     /// The Python with torch (and the `lssa` package for the variants other than softmax); default:
-    /// `LSSA_TORCH_PYTHON`, else the venv behind the work tree's `.torch/libtorch`.
+    /// `gpt_model::runtime::torch_python` (`LSSA_TORCH_PYTHON`, else the venv of the loaded libtorch).
     #[arg(long)]
     python: Option<PathBuf>,
     /// Skip the phase profile.
@@ -120,32 +120,22 @@ struct Report {
     profiles: Vec<Profile>,
 }
 
-/// Random token ids: what both sides train on (the step's cost does not depend on the ids).
-struct RandomTokens {
-    state: u64,
-    len: usize,
-}
-
-impl RandomTokens {
-    fn next(&mut self) -> u64 {
-        // splitmix64
-        self.state = self.state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.state;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn ids(&mut self, vocab: usize) -> Vec<i64> {
-        (0..self.len).map(|_| (self.next() % vocab as u64) as i64).collect()
-    }
-}
-
+/// Random token ids (attn-core's seeded generator): what both sides train on (the step's cost does
+/// not depend on the ids). Its position is the number of batches drawn.
 struct Source {
-    tokens: RandomTokens,
+    seed: u64,
+    rng: attn_core::fixtures::Rng,
+    drawn: u64,
     vocab: usize,
     batch: usize,
     t: usize,
+}
+
+impl Source {
+    fn new(seed: u64, cfg: &TrainConfig) -> Self {
+        let (vocab, batch, t) = (cfg.model.vocab_size, cfg.batch_size, cfg.model.context_len);
+        Source { seed, rng: attn_core::fixtures::Rng::new(seed), drawn: 0, vocab, batch, t }
+    }
 }
 
 impl BatchSource for Source {
@@ -153,17 +143,22 @@ impl BatchSource for Source {
         let mut x = Vec::with_capacity(self.batch * self.t);
         let mut y = Vec::with_capacity(self.batch * self.t);
         for _ in 0..self.batch {
-            let row = self.tokens.ids(self.vocab);
+            let row: Vec<i64> = (0..=self.t).map(|_| (self.rng.next_u64() % self.vocab as u64) as i64).collect();
             x.extend_from_slice(&row[..self.t]);
             y.extend_from_slice(&row[1..]);
         }
+        self.drawn += 1;
         Ok((x, y))
     }
     fn position(&self) -> serde_json::Value {
-        serde_json::json!(self.tokens.state)
+        serde_json::json!(self.drawn)
     }
     fn seek(&mut self, pos: &serde_json::Value) -> Result<()> {
-        self.tokens.state = pos.as_u64().context("a u64 position")?;
+        let target = pos.as_u64().context("a u64 position")?;
+        (self.rng, self.drawn) = (attn_core::fixtures::Rng::new(self.seed), 0);
+        while self.drawn < target {
+            self.next_batch()?;
+        }
         Ok(())
     }
     fn tokenizer_id(&self) -> String {
@@ -191,8 +186,7 @@ fn small_config(variant: &str, t: usize, steps: usize, threads: usize, out_dir: 
 fn trainer_cell(variant: &str, t: usize, steps: usize, warmup: usize, threads: usize) -> Result<f64> {
     let dir = tempfile::tempdir()?;
     let cfg = small_config(variant, t, warmup + steps, threads, dir.path())?;
-    let mut source =
-        Source { tokens: RandomTokens { state: 7, len: t + 1 }, vocab: cfg.model.vocab_size, batch: cfg.batch_size, t };
+    let mut source = Source::new(7, &cfg);
     let opts = RunOptions { overwrite: true, ..Default::default() };
     let summary = trainer::train::train(&cfg, &mut source, &Single, &opts)?;
     let rates: Vec<f64> = summary.steps.iter().skip(warmup).map(|m| m.tokens_per_s).collect();
@@ -241,23 +235,6 @@ fn pytorch_cell(
     Ok(serde_json::from_str::<EagerOut>(line).with_context(|| format!("reading `{line}`"))?.tokens_per_s)
 }
 
-/// The torch venv's Python: `--python`, else the one behind the work tree's `.torch/libtorch` link.
-fn find_python(cli: &Cli) -> Result<PathBuf> {
-    if let Some(p) = cli.python.clone().or_else(|| std::env::var_os("LSSA_TORCH_PYTHON").map(PathBuf::from)) {
-        return Ok(p);
-    }
-    let torch = env::workspace_root().join(".torch/libtorch").canonicalize().context(
-        "no .torch/libtorch in the work tree: run `cargo xtask setup` (or pass --python with a Python that has torch)",
-    )?;
-    // <venv>/lib/pythonX.Y/site-packages/torch -> <venv>/bin/python
-    let venv = torch.ancestors().nth(4).context("the torch link is not inside a venv")?;
-    let python = venv.join("bin/python");
-    if !python.exists() {
-        bail!("{} does not exist: pass --python", python.display());
-    }
-    Ok(python)
-}
-
 fn torch_version(python: &Path) -> String {
     Command::new(python)
         .args(["-c", "import torch; print(torch.__version__)"])
@@ -282,12 +259,7 @@ fn profile(variant: &str, steps: usize, fused: bool) -> Result<Profile> {
     let model = Gpt::new_seeded(&vs.root(), &cfg.model, 1)?;
     let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     let mut opt = AdamW::new(params, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay);
-    let mut source = Source {
-        tokens: RandomTokens { state: 11, len: t as usize + 1 },
-        vocab: cfg.model.vocab_size,
-        batch: cfg.batch_size,
-        t: t as usize,
-    };
+    let mut source = Source::new(11, &cfg);
     const NAMES: [&str; 6] = ["zero gradients", "batch", "forward", "backward", "clip", "AdamW"];
     let mut acc = [0.0f64; 6];
     let warmup = 5;
@@ -344,7 +316,7 @@ fn profile(variant: &str, steps: usize, fused: bool) -> Result<Profile> {
 /// The clipping the trainer had before its multi-tensor ops: one float64 norm and one read per tensor.
 fn clip_per_tensor(opt: &AdamW, max_norm: f64) {
     let _g = tch::no_grad_guard();
-    let grads: Vec<Tensor> = opt.slots.iter().map(|s| s.param.grad()).filter(Tensor::defined).collect();
+    let grads = opt.grads();
     let norm =
         grads.iter().map(|g| g.to_kind(Kind::Double).square().sum(Kind::Double).double_value(&[])).sum::<f64>().sqrt();
     if norm > max_norm {
@@ -356,7 +328,7 @@ fn clip_per_tensor(opt: &AdamW, max_norm: f64) {
 
 fn main() -> Result<()> {
     let cli = Cli::parse();
-    let python = find_python(&cli)?;
+    let python = cli.python.clone().unwrap_or_else(|| gpt_model::runtime::torch_python().0);
     let torch = torch_version(&python);
     if cli.variants.iter().any(|v| v != "softmax") && !lssa_importable(&python) {
         bail!(

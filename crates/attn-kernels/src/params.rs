@@ -62,13 +62,13 @@ impl<T> RawTensor<*mut T> {
     }
 }
 
-/// A null tensor: an input or output a call does not use.
-pub fn null_input() -> RawTensor<*const c_void> {
+/// A null input tensor: one a call does not read.
+pub fn null_input<T>() -> RawTensor<*const T> {
     RawTensor { ptr: std::ptr::null(), strides: [0; 3] }
 }
 
-/// A null output tensor.
-pub fn null_output() -> RawTensor<*mut c_void> {
+/// A null output tensor: one a call does not write.
+pub fn null_output<T>() -> RawTensor<*mut T> {
     RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] }
 }
 

@@ -66,6 +66,14 @@ impl Slot {
     }
 }
 
+/// The global L2 norm of `grads` (each tensor's in its dtype, their combination in float64).
+fn norm_of(grads: &[Tensor]) -> Result<f64, String> {
+    let _g = tch::no_grad_guard();
+    let mut norm = 0.0;
+    shim::check(unsafe { shim::lssa_optim_grad_norm(shim::ptrs(grads).as_ptr(), grads.len(), &mut norm) })?;
+    Ok(norm)
+}
+
 /// The optimiser shim (`csrc/optim_shim.cpp`): libtorch's fused and multi-tensor kernels.
 mod shim {
     use std::ffi::{CStr, c_char, c_void};
@@ -140,27 +148,23 @@ impl AdamW {
 
     /// The gradients' global L2 norm (each tensor's in its dtype, their combination in float64).
     pub fn grad_norm(&self) -> Result<f64, String> {
-        let _g = tch::no_grad_guard();
-        let grads = self.grads();
-        let mut norm = 0.0;
-        shim::check(unsafe { shim::lssa_optim_grad_norm(shim::ptrs(&grads).as_ptr(), grads.len(), &mut norm) })?;
-        Ok(norm)
+        norm_of(&self.grads())
     }
 
     /// Scales every gradient by `max_norm / norm` when `norm > max_norm > 0`; returns the norm before.
     pub fn clip_grad_norm(&self, max_norm: f64) -> Result<f64, String> {
-        let norm = self.grad_norm()?;
+        let grads = self.grads();
+        let norm = norm_of(&grads)?;
         if max_norm > 0.0 && norm > max_norm {
             let _g = tch::no_grad_guard();
-            let grads = self.grads();
             let scale = max_norm / (norm + 1e-6);
             shim::check(unsafe { shim::lssa_optim_scale(shim::ptrs(&grads).as_ptr(), grads.len(), scale) })?;
         }
         Ok(norm)
     }
 
-    /// The defined gradients, in slot order.
-    fn grads(&self) -> Vec<Tensor> {
+    /// The defined gradients, in slot order (what a data-parallel step averages over ranks).
+    pub fn grads(&self) -> Vec<Tensor> {
         self.slots.iter().map(|s| s.param.grad()).filter(Tensor::defined).collect()
     }
 

@@ -370,8 +370,7 @@ pub fn train(
             scaled.backward();
             loss_sum += loss.to_kind(Kind::Double).double_value(&[]);
         }
-        let grads: Vec<Tensor> = opt.slots.iter().map(|s| s.param.grad()).filter(|g| g.defined()).collect();
-        coll.all_reduce_mean_(&grads)?;
+        coll.all_reduce_mean_(&opt.grads())?;
         let grad_norm = opt.clip_grad_norm(cfg.grad_clip).map_err(anyhow::Error::msg)?;
         opt.step(lr).map_err(anyhow::Error::msg)?;
         step += 1;

@@ -552,8 +552,7 @@ fn rows_contiguous<'a>(x: ArrayView4<'a, f32>) -> ndarray::CowArray<'a, f32, Ix4
 
 fn base_params(q: &ArrayView4<'_, f32>, k: &ArrayView4<'_, f32>, v: &ArrayView4<'_, f32>) -> F32Params {
     let sh = q.shape();
-    let null_c = RawTensor { ptr: std::ptr::null(), strides: [0; 3] };
-    let null_m = RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] };
+    let (null_c, null_m) = (crate::null_input(), crate::null_output());
     F32Params {
         batch: sh[0],
         heads: sh[1],

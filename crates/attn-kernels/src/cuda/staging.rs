@@ -76,8 +76,7 @@ fn staged_forward(x: &dyn Exec, cfg: &Config, [q, k, v]: [&ArrayView4<'_, f32>; 
         [x.upload(&to_bytes(q, opts.dtype))?, x.upload(&to_bytes(k, opts.dtype))?, x.upload(&to_bytes(v, opts.dtype))?];
     let o = x.zeros(n * opts.dtype.size())?;
     let stats = x.zeros(sh[0] * sh[1] * sh[2] * STATS_PER_ROW * 4)?;
-    let null_c = crate::RawTensor { ptr: std::ptr::null(), strides: [0; 3] };
-    let null_m = crate::RawTensor { ptr: std::ptr::null_mut(), strides: [0; 3] };
+    let (null_c, null_m) = (crate::null_input(), crate::null_output());
     let params = Params {
         batch: sh[0],
         heads: sh[1],
