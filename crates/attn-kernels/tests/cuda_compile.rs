@@ -3,7 +3,7 @@
 //! `cargo xtask setup` installs it). A syntax or template error fails here, not on a user's GPU.
 
 use attn_core::Variant;
-use attn_kernels::cuda::{self, Dtype, Generation, Kernel};
+use attn_kernels::cuda::{self, Dtype, Generation, Kernel, Version};
 use rayon::prelude::*;
 
 /// Every stage-1 name of attn-core that has a CUDA kernel, plus re-weighted forms.
@@ -162,8 +162,8 @@ fn each_generation_compiles_alone_and_holds_only_its_kernels() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     // The default request loads the first generation; only the lab's requests load the lab.
     assert_eq!(Kernel::Auto.generation(), Generation::First);
-    assert_eq!(Kernel::TensorCore.generation(), Generation::First);
-    for k in [Kernel::TensorCoreV5, Kernel::TensorCoreV7, Kernel::TensorCoreV8] {
+    assert_eq!(Kernel::Lab(Version::V3).generation(), Generation::First);
+    for k in [Kernel::Lab(Version::V5), Kernel::Lab(Version::V7), Kernel::Lab(Version::V8)] {
         assert_eq!(k.generation(), Generation::Lab, "{k:?}");
     }
 }
@@ -191,17 +191,22 @@ fn without_a_gpu_calls_fail_with_a_clear_error() {
 #[test]
 fn kernel_names_parse() {
     use cuda::Kernel;
-    for (s, k) in
-        [("auto", Kernel::Auto), ("V1", Kernel::Simt), ("v2", Kernel::TensorCoreV2), ("v3", Kernel::TensorCore)]
-    {
+    for (s, k) in [
+        ("auto", Kernel::Auto),
+        ("V1", Kernel::Lab(Version::V1)),
+        ("v2", Kernel::Lab(Version::V2)),
+        ("v3", Kernel::Lab(Version::V3)),
+    ] {
         assert_eq!(s.parse::<Kernel>().unwrap(), k, "{s}");
     }
-    assert_eq!(" v5 ".parse::<Kernel>().unwrap(), Kernel::TensorCoreV5);
+    assert_eq!(" v5 ".parse::<Kernel>().unwrap(), Kernel::Lab(Version::V5));
     let err = "v4.5".parse::<Kernel>().unwrap_err().to_string();
-    assert_eq!("V7".parse::<Kernel>().unwrap(), Kernel::TensorCoreV7);
-    assert_eq!("v8".parse::<Kernel>().unwrap(), Kernel::TensorCoreV8);
-    assert_eq!("v9".parse::<Kernel>().unwrap(), Kernel::TensorCoreV8);
-    assert!(err.contains("auto, v1, v2, v3, v5, v7 or v8"), "{err}");
+    assert_eq!("V7".parse::<Kernel>().unwrap(), Kernel::Lab(Version::V7));
+    assert_eq!("v8".parse::<Kernel>().unwrap(), Kernel::Lab(Version::V8));
+    assert_eq!("v9".parse::<Kernel>().unwrap(), Kernel::Lab(Version::V9));
+    assert_eq!("simt".parse::<Kernel>().unwrap(), Kernel::Lab(Version::V1));
+    assert!(err.contains("auto or v1 to v9"), "{err}");
+    assert!("v10".parse::<Kernel>().is_err());
     for k in Kernel::ALL {
         assert_eq!(k.name().parse::<Kernel>().unwrap(), k, "{}", k.name());
     }

@@ -10,7 +10,7 @@
 
 use attn_core::Variant;
 use attn_kernels::cpu::STATS_PER_ROW;
-use attn_kernels::cuda::{Dtype, Kernel, Options, emu};
+use attn_kernels::cuda::{Dtype, Kernel, Options, Version, emu};
 use attn_kernels::{Params, RawTensor};
 use emu::Lab;
 use half::{bf16, f16};
@@ -181,12 +181,23 @@ fn kernel_jobs_b(
     jobs
 }
 
-const ALL_FWD: [Kernel; 5] =
-    [Kernel::Simt, Kernel::TensorCoreV2, Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV8];
-const TC_FWD: [Kernel; 3] = [Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV8];
-const BOTH_BWD: [Kernel; 5] =
-    [Kernel::Simt, Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV7, Kernel::TensorCoreV8];
-const TC_BWD: [Kernel; 4] = [Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV7, Kernel::TensorCoreV8];
+const ALL_FWD: [Kernel; 5] = [
+    Kernel::Lab(Version::V1),
+    Kernel::Lab(Version::V2),
+    Kernel::Lab(Version::V3),
+    Kernel::Lab(Version::V5),
+    Kernel::Lab(Version::V8),
+];
+const TC_FWD: [Kernel; 3] = [Kernel::Lab(Version::V3), Kernel::Lab(Version::V5), Kernel::Lab(Version::V8)];
+const BOTH_BWD: [Kernel; 5] = [
+    Kernel::Lab(Version::V1),
+    Kernel::Lab(Version::V3),
+    Kernel::Lab(Version::V5),
+    Kernel::Lab(Version::V7),
+    Kernel::Lab(Version::V8),
+];
+const TC_BWD: [Kernel; 4] =
+    [Kernel::Lab(Version::V3), Kernel::Lab(Version::V5), Kernel::Lab(Version::V7), Kernel::Lab(Version::V8)];
 
 #[test]
 fn every_kernel_version_matches_the_reference() {
@@ -209,8 +220,17 @@ fn every_kernel_version_matches_the_reference() {
     jobs.extend(kernel_jobs_b("lssa+rw15", 2, 70, 64, Dtype::Bf16, &ALL_FWD, &BOTH_BWD, &[false, true]));
     jobs.extend(kernel_jobs_b("softmax", 1, 150, 64, Dtype::F16, &ALL_FWD, &BOTH_BWD, &[true]));
     // v8 at head dimension 128: two warpgroups per block, one m64 half each, O in two N = 64 halves.
-    jobs.extend(kernel_jobs("lssa", 200, 128, Dtype::Bf16, &[Kernel::TensorCoreV8], &[]));
-    jobs.extend(kernel_jobs_b("softmax+rw15", 2, 70, 128, Dtype::Bf16, &[Kernel::TensorCoreV8], &[], &[false, true]));
+    jobs.extend(kernel_jobs("lssa", 200, 128, Dtype::Bf16, &[Kernel::Lab(Version::V8)], &[]));
+    jobs.extend(kernel_jobs_b(
+        "softmax+rw15",
+        2,
+        70,
+        128,
+        Dtype::Bf16,
+        &[Kernel::Lab(Version::V8)],
+        &[],
+        &[false, true],
+    ));
     // Awkward lengths: a single row, fewer rows than a quad, one past a block.
     for t in [1, 5, 129] {
         jobs.extend(kernel_jobs("lssa+rw15", t, 64, Dtype::Bf16, &TC_FWD, &TC_BWD));
@@ -369,19 +389,19 @@ fn strided_inputs_get_the_kernel_that_can_read_them() {
         assert!(e[0] <= bo && e[1..].iter().all(|&x| x <= bg), "{what}: errors (o, dq, dk, dv) {e:?}");
     };
     // 16-byte aligned rows: v3 and v4.
-    check(raw_run(&c, 72, Kernel::TensorCore).unwrap(), "stride 72, v3 + v4");
-    check(raw_run(&c, 72, Kernel::TensorCoreV5).unwrap(), "stride 72, v5 + v6");
-    check(raw_run(&c, 72, Kernel::TensorCoreV7).unwrap(), "stride 72, v5 + v7");
-    check(raw_run(&c, 72, Kernel::TensorCoreV8).unwrap(), "stride 72, v8 + v9");
+    check(raw_run(&c, 72, Kernel::Lab(Version::V3)).unwrap(), "stride 72, v3 + v4");
+    check(raw_run(&c, 72, Kernel::Lab(Version::V5)).unwrap(), "stride 72, v5 + v6");
+    check(raw_run(&c, 72, Kernel::Lab(Version::V7)).unwrap(), "stride 72, v5 + v7");
+    check(raw_run(&c, 72, Kernel::Lab(Version::V8)).unwrap(), "stride 72, v8 + v9");
     // Rows 4-byte aligned only: Auto runs v2 and the v1 backward; v3 is refused with a reason.
     check(raw_run(&c, 66, Kernel::Auto).unwrap(), "stride 66, auto");
-    for k in [Kernel::TensorCore, Kernel::TensorCoreV5, Kernel::TensorCoreV8] {
+    for k in [Kernel::Lab(Version::V3), Kernel::Lab(Version::V5), Kernel::Lab(Version::V8)] {
         let err = raw_run(&c, 66, k).unwrap_err().to_string();
         assert!(err.contains("no tensor-core forward"), "{err}");
     }
     // Odd strides: only the SIMT kernels can read them.
     check(raw_run(&c, 65, Kernel::Auto).unwrap(), "stride 65, auto");
-    let err = raw_run(&c, 65, Kernel::TensorCoreV2).unwrap_err().to_string();
+    let err = raw_run(&c, 65, Kernel::Lab(Version::V2)).unwrap_err().to_string();
     assert!(err.contains("v2"), "{err}");
 }
 
@@ -397,7 +417,7 @@ fn replace_first(from: &'static str, to: &'static str) -> impl Fn(String) -> Str
 fn the_emulator_catches_planted_kernel_bugs() {
     assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
     let c = case("lssa", 200, 64, Dtype::Bf16, 11);
-    let opts = Options { dtype: c.dt, kernel: Kernel::TensorCore };
+    let opts = Options { dtype: c.dt, kernel: Kernel::Lab(Version::V3) };
     let run = |edit: &dyn Fn(String) -> String| {
         emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { edit: Some(edit), ..Lab::default() })
     };
@@ -428,7 +448,7 @@ fn the_emulator_catches_planted_kernel_bugs() {
         "load_ink_async(inkS[stage], p, bh, kt * BK5, BK5);\n            cp_commit();",
         "cp_commit();\n            load_ink_async(inkS[stage], p, bh, kt * BK5, BK5);",
     );
-    let opts5 = Options { dtype: c.dt, kernel: Kernel::TensorCoreV5 };
+    let opts5 = Options { dtype: c.dt, kernel: Kernel::Lab(Version::V5) };
     let o = emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts5, &Lab { edit: Some(&edit), ..Lab::default() }).unwrap();
     let e = rel_err(&o, &c.o);
     assert!(e > 0.05, "v5 reading the norms before their copy lands not caught (error {e:.2e})");
@@ -442,14 +462,14 @@ fn the_emulator_catches_planted_kernel_bugs() {
     // The v6 backward with the sigmoid of negative scores taken as that of positive ones
     // (2^(max(y, 0) - softplus2(y)) = sigmoid(|x|)).
     let edit = replace_first("gp = ex2_fast(y - sp2);", "gp = ex2_fast(fmaxf(y, 0.f) - sp2);");
-    let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV5 };
+    let opts = Options { dtype: c.dt, kernel: Kernel::Lab(Version::V5) };
     let lab = Lab { edit: Some(&edit), ..Lab::default() };
     let gr = emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &lab).unwrap();
     let e = rel_err(&gr.dq, &c.grads.dq);
     assert!(e > 0.05, "wrong sigmoid in the v6 backward not caught (dq error {e:.2e})");
     // v9 (wgmma backward): dS read as a K-major A operand.
     let edit = replace_first("wgmma64_ss<1, 1>(&dqt", "wgmma64_ss<0, 1>(&dqt");
-    let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV8 };
+    let opts = Options { dtype: c.dt, kernel: Kernel::Lab(Version::V8) };
     let lab = Lab { edit: Some(&edit), ..Lab::default() };
     let gr = emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &lab).unwrap();
     let e = rel_err(&gr.dq, &c.grads.dq);
@@ -457,7 +477,7 @@ fn the_emulator_catches_planted_kernel_bugs() {
     assert!(rel_err(&gr.dk, &c.grads.dk) < bounds(&c).1, "v9: dk does not depend on the dq product");
     // v8 (wgmma): V read with the descriptor's two offsets swapped, or the scores used before
     // the wgmma that computes them is waited for.
-    let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV8 };
+    let opts = Options { dtype: c.dt, kernel: Kernel::Lab(Version::V8) };
     let planted: [(&str, &str, &str); 2] = [
         (
             "wg_desc(rows + kb * 16 * HD + nh * 512, HD * 16, 128)",
@@ -547,7 +567,7 @@ fn reversed_thread_order_finds_a_missing_barrier() {
         let at = s.rfind(from).unwrap();
         format!("{}{}{}", &s[..at], to, &s[at + from.len()..])
     };
-    let opts = Options { dtype: c.dt, kernel: Kernel::TensorCoreV5 };
+    let opts = Options { dtype: c.dt, kernel: Kernel::Lab(Version::V5) };
     let err = |reverse: bool| {
         let o = emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { edit: Some(&edit), reverse, ..Lab::default() })
             .unwrap();
@@ -585,10 +605,10 @@ fn the_second_generation_does_less_work() {
     let c = case_b("lssa", 1, 512, 64, Dtype::Bf16, 17);
     let profile = |kernel: Kernel| profile_of(&c, kernel);
     let ((f3, b4), (f5, b6), (_, b7), (f8, b9)) = (
-        profile(Kernel::TensorCore),
-        profile(Kernel::TensorCoreV5),
-        profile(Kernel::TensorCoreV7),
-        profile(Kernel::TensorCoreV8),
+        profile(Kernel::Lab(Version::V3)),
+        profile(Kernel::Lab(Version::V5)),
+        profile(Kernel::Lab(Version::V7)),
+        profile(Kernel::Lab(Version::V8)),
     );
     // Scores the forward computes: 128-row blocks times 64-key tiles up to the diagonal, two heads.
     let tiles: u64 = (0..512 / 128).map(|qb| ((qb * 128 + 128 + 63) / 64).min(512 / 64) as u64).sum();
@@ -614,7 +634,7 @@ fn the_second_generation_does_less_work() {
     // With re-weighting v9's row statistics sweep E_i on wgmma too: ldmatrix only for its Q and G
     // fragments, once per 64-row block (2 heads x 8 blocks x 4 warps x 2 x 4).
     let r = case_b("lssa+rw15", 1, 512, 64, Dtype::Bf16, 17);
-    let ((_, r7), (_, r9)) = (profile_of(&r, Kernel::TensorCoreV7), profile_of(&r, Kernel::TensorCoreV8));
+    let ((_, r7), (_, r9)) = (profile_of(&r, Kernel::Lab(Version::V7)), profile_of(&r, Kernel::Lab(Version::V8)));
     assert_eq!((r9.mma, r9.special), (r7.mma, r7.special), "v9 does v7's work with re-weighting");
     assert_eq!(
         r9.ldmatrix,

@@ -110,8 +110,8 @@ fn pool(threads: usize) -> PyResult<Option<Arc<rayon::ThreadPool>>> {
     Ok(Some(p))
 }
 
-/// The CUDA kernel to run: `LSSA_CUDA_KERNEL` (`auto`, `v1`, `v2`, `v3`, `v5`, `v7`, `v8`), read once,
-/// as the libtorch bridge reads it; `auto` when unset.
+/// The CUDA kernel to run: `LSSA_CUDA_KERNEL` (`auto`, or `v1` to `v9` in a build with the `lab`
+/// feature), read once, as the libtorch bridge reads it; `auto` when unset.
 fn cuda_kernel() -> PyResult<cuda::Kernel> {
     static KERNEL: OnceLock<Result<cuda::Kernel, String>> = OnceLock::new();
     KERNEL

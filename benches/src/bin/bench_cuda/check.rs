@@ -4,7 +4,7 @@
 use anyhow::Result;
 use attn_core::Variant;
 use attn_core::fixtures::Rng;
-use attn_kernels::cuda::{self, Dtype, Kernel};
+use attn_kernels::cuda::{self, Dtype, Kernel, Version};
 use ndarray::Array4;
 use serde_json::{Value, json};
 use tch::{Device, Kind, Tensor};
@@ -164,7 +164,7 @@ pub(crate) fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         let kernels: &[Kernel] = if cuda::has_tensor_core_forward(d, dt) {
             &Kernel::ALL[1..] // Auto runs one of the others
         } else {
-            &[Kernel::Simt]
+            &[Kernel::Lab(Version::V1)]
         };
         trace(args.trace, format_args!("naive"));
         let nv = naive(&v, &q, &k, &vv, &g, dt)?;

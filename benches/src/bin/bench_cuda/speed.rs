@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use attn_core::Variant;
 use attn_kernels::cpu::STATS_PER_ROW;
-use attn_kernels::cuda::{self, Dtype, Kernel};
+use attn_kernels::cuda::{self, Dtype, Kernel, Version};
 use attn_kernels::{Params, RawTensor};
 use lssa_benches::flex;
 use serde_json::{Value, json};
@@ -265,7 +265,7 @@ JIT info log of {v} at d = {d}: {e}"
             let mut lab_json = Vec::new();
             for k in Kernel::ALL[1..].iter().copied() {
                 let request = k.name();
-                let slow = matches!(k, Kernel::Simt | Kernel::TensorCoreV2);
+                let slow = matches!(k, Kernel::Lab(Version::V1) | Kernel::Lab(Version::V2));
                 if slow && t > 16384 {
                     continue;
                 }
@@ -467,9 +467,9 @@ pub(crate) fn model(rows: &mut Vec<Value>) -> Result<()> {
                 (AttnImpl::Reference, Kernel::Auto),
                 (AttnImpl::Fused, Kernel::Auto),
                 (AttnImpl::FusedOwn, Kernel::Auto),
-                (AttnImpl::Fused, Kernel::TensorCoreV5),
-                (AttnImpl::Fused, Kernel::TensorCoreV7),
-                (AttnImpl::Fused, Kernel::TensorCoreV8),
+                (AttnImpl::Fused, Kernel::Lab(Version::V5)),
+                (AttnImpl::Fused, Kernel::Lab(Version::V7)),
+                (AttnImpl::Fused, Kernel::Lab(Version::V8)),
             ] {
                 if variant == "softmax" && kernel != Kernel::Auto {
                     continue; // the lab generations are LSSA's

@@ -8,7 +8,7 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 #[cfg(feature = "lab")]
 use attn_core::Variant;
 
-use super::{Config, Dtype, Generation};
+use super::{Config, Dtype};
 use crate::{Error, Result};
 
 /// The CUDA sources, in the order they are concatenated.
@@ -21,13 +21,44 @@ pub const MMA_SRC: &str = include_str!("v2_fwd.cu");
 pub const MMA3_SRC: &str = include_str!("v3_fwd.cu");
 /// Tensor-core forward, 2 x 16 rows per warp, log2-domain activations (lab v5), its warpgroup
 /// (`wgmma`) form for sm_90 (lab v8) and the wgmma layout probe.
+#[cfg(feature = "lab")]
 pub const MMA5_SRC: &str = include_str!("v5_v8_fwd.cu");
 /// Tensor-core backward (lab v4).
 pub const MMA_BWD_SRC: &str = include_str!("v4_bwd.cu");
 /// Tensor-core backward with log2-domain, branch-free entry maths (lab v6).
+#[cfg(feature = "lab")]
 pub const MMA_BWD6_SRC: &str = include_str!("v6_bwd.cu");
 /// v6 with dq accumulated by the keys kernel (lab v7), and its warpgroup form for sm_90 (lab v9).
+#[cfg(feature = "lab")]
 pub const MMA_BWD7_SRC: &str = include_str!("v7_v9_bwd.cu");
+
+/// The kernel files one compiled module holds: each [`Kernel`](super::Kernel) request compiles only the generations
+/// it can select, so production (`Auto`) modules carry no lab kernel (see `LAB.md`). The generations
+/// are cumulative: each holds the files of those before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Generation {
+    /// `common.cuh` and `v1_simt.cu`: the inverse norms and lab v1.
+    Simt,
+    /// And `v2_fwd.cu`: lab v2.
+    V2,
+    /// And `v3_fwd.cu` and `v4_bwd.cu`: lab v3 and v4, what [`Kernel::Auto`](super::Kernel::Auto) runs.
+    First,
+    /// And `v5_v8_fwd.cu`, `v6_bwd.cu` and `v7_v9_bwd.cu` (compiled into this crate with the `lab`
+    /// feature only): lab v5 to v9 and the wgmma probe.
+    Lab,
+}
+
+impl Generation {
+    /// The short name in a module's cache key.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Generation::Simt => "simt",
+            Generation::V2 => "v2",
+            Generation::First => "first",
+            Generation::Lab => "lab",
+        }
+    }
+}
 
 /// Whether the tensor-core forward exists for this head dimension and dtype.
 pub fn has_tensor_core_forward(head_dim: usize, dtype: Dtype) -> bool {
@@ -60,6 +91,7 @@ pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype, generation: Generatio
         s.push_str(MMA3_SRC);
         s.push_str(MMA_BWD_SRC);
     }
+    #[cfg(feature = "lab")]
     if generation >= Generation::Lab {
         s.push_str(MMA5_SRC);
         s.push_str(MMA_BWD6_SRC);

@@ -309,11 +309,9 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: K
 }
 
 /// Fused backward on device memory: reads `q`, `k`, `v`, `o`, `stats`, `d_out`; writes `dq`, `dk`,
-/// `dv`. `kernel`: [`Kernel::Auto`] and [`Kernel::TensorCore`] run the tensor-core backward (lab
-/// v4) where it applies (as v3: f16/bf16, d 64 or 128, 16-byte aligned rows), [`Kernel::TensorCoreV5`]
-/// its successor v6 there, [`Kernel::TensorCoreV7`] v7, [`Kernel::TensorCoreV8`] v9 (v7 where v9 does
-/// not apply), [`Kernel::Simt`] and
-/// [`Kernel::TensorCoreV2`] the SIMT one (v1).
+/// `dv`. `kernel`: [`Kernel::Auto`] runs the tensor-core backward (lab v4) where it applies (as v3:
+/// f16/bf16, d 64 or 128, 16-byte aligned rows), else the SIMT one (v1); a lab request runs the
+/// backward of its pair (see [`Kernel`]).
 ///
 /// # Safety
 /// As [`forward_raw`], for every pointer of `p`.
@@ -339,7 +337,7 @@ fn same_dtype(p: &Params, dtype: Dtype) -> Result<()> {
 
 /// The lab versions, `(forward, backward)`, that `kernel` runs on this thread's GPU for `variant` at
 /// `head_dim` in `dtype` with contiguous inputs: what a benchmark of `kernel` measures (on other
-/// devices than sm_90, for instance, [`Kernel::TensorCoreV8`] runs v5 + v7).
+/// devices than sm_90, for instance, the lab's v8 request runs v5 + v7).
 pub fn versions(variant: &Variant, head_dim: usize, dtype: Dtype, kernel: Kernel) -> Result<(u32, u32)> {
     let cfg = Config::new(variant, head_dim)?;
     let wgmma = module(&cfg, head_dim, dtype, kernel.generation())?.wgmma;

@@ -3,10 +3,10 @@
 //! them are in `device.rs`).
 
 use super::plan::{
-    BwdVersion, FwdVersion, KParams, Kern, MMA_ROWS, MMA3_ROWS, MMA5_ROWS, ROWS_PER_BLOCK, aligned, backward_version,
-    forward_version, kparams, pairs_aligned, rows_aligned16, t4, t4m,
+    KParams, Kern, MMA_ROWS, MMA3_ROWS, MMA5_ROWS, ROWS_PER_BLOCK, aligned, backward_version, forward_version, kparams,
+    pairs_aligned, rows_aligned16, t4, t4m,
 };
-use super::{Config, Dtype, Kernel, has_tensor_core_forward};
+use super::{Config, Dtype, Kernel, Version, has_tensor_core_forward};
 use crate::Params;
 use crate::{Error, Result};
 
@@ -106,22 +106,20 @@ pub(super) unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype:
     let t = p.seq_len as u32;
     match version {
         // Re-weighting in the lab: the first sweep as a statistics kernel of its own, then the second.
-        FwdVersion::V8 | FwdVersion::V5 if cfg.p > 0 => {
-            let (stats, rw) = if version == FwdVersion::V8 {
-                (Kern::FwdStats8, Kern::FwdRw8)
-            } else {
-                (Kern::FwdStats5, Kern::FwdRw5)
-            };
+        Version::V8 | Version::V5 if cfg.p > 0 => {
+            let (stats, rw) =
+                if version == Version::V8 { (Kern::FwdStats8, Kern::FwdRw8) } else { (Kern::FwdStats5, Kern::FwdRw5) };
             let tilemax = x.scratch(p.batch * p.heads * tilemax_len(p.seq_len) * 4)?;
             kp.tilemax = tilemax.addr();
             x.launch(stats, (t.div_ceil(MMA5_ROWS), bh), &kp)?;
             x.launch(rw, (t.div_ceil(MMA5_ROWS), bh), &kp)
         }
-        FwdVersion::V8 => x.launch(Kern::FwdWg8, (t.div_ceil(MMA5_ROWS), bh), &kp),
-        FwdVersion::V5 => x.launch(Kern::FwdMma5, (t.div_ceil(MMA5_ROWS), bh), &kp),
-        FwdVersion::V3 => x.launch(Kern::FwdMma3, (t.div_ceil(MMA3_ROWS), bh), &kp),
-        FwdVersion::V2 => x.launch(Kern::FwdMma, (t.div_ceil(MMA_ROWS), bh), &kp),
-        FwdVersion::V1 => x.launch(Kern::FwdSimt, (t.div_ceil(ROWS_PER_BLOCK), bh), &kp),
+        Version::V8 => x.launch(Kern::FwdWg8, (t.div_ceil(MMA5_ROWS), bh), &kp),
+        Version::V5 => x.launch(Kern::FwdMma5, (t.div_ceil(MMA5_ROWS), bh), &kp),
+        Version::V3 => x.launch(Kern::FwdMma3, (t.div_ceil(MMA3_ROWS), bh), &kp),
+        Version::V2 => x.launch(Kern::FwdMma, (t.div_ceil(MMA_ROWS), bh), &kp),
+        Version::V1 => x.launch(Kern::FwdSimt, (t.div_ceil(ROWS_PER_BLOCK), bh), &kp),
+        Version::V4 | Version::V6 | Version::V7 | Version::V9 => Err(not_a(version, "forward")),
     }
 }
 
@@ -153,22 +151,23 @@ pub(super) unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype
     // v9), or D'_i and C_i (v1, v4), from which the keys kernel rebuilds the rest.
     let rows = p.batch * p.heads * p.seq_len;
     let _handover = match version {
-        BwdVersion::V6 | BwdVersion::V7 | BwdVersion::V9 => {
+        Version::V6 | Version::V7 | Version::V9 => {
             let buf = x.scratch(rows * ROWK_BYTES)?;
             kp.rowk = buf.addr();
             buf
         }
-        BwdVersion::V4 | BwdVersion::V1 => {
+        Version::V4 | Version::V1 => {
             let buf = x.scratch(rows * 2 * 4)?;
             kp.rowgrad = buf.addr();
             buf
         }
+        Version::V2 | Version::V3 | Version::V5 | Version::V8 => return Err(not_a(version, "backward")),
     };
     match version {
-        BwdVersion::V7 | BwdVersion::V9 => {
+        Version::V7 | Version::V9 => {
             let dq_acc = x.zeros(p.batch * p.heads * p.seq_len * p.head_dim * 4)?;
             kp.dq_acc = dq_acc.addr();
-            let (rows, keys) = if version == BwdVersion::V9 {
+            let (rows, keys) = if version == Version::V9 {
                 (Kern::BwdRowStats9, Kern::BwdKeysWg9)
             } else {
                 (Kern::BwdRowStats7, Kern::BwdKeysMma7)
@@ -177,20 +176,26 @@ pub(super) unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype
             x.launch(keys, (t.div_ceil(64), bh), &kp)?;
             x.launch(Kern::BwdDq7, (t.div_ceil(ROWS_PER_BLOCK), bh), &kp)
         }
-        BwdVersion::V6 => {
+        Version::V6 => {
             x.launch(Kern::BwdRowsMma6, (t.div_ceil(64), bh), &kp)?;
             x.launch(Kern::BwdKeysMma6, (t.div_ceil(64), bh), &kp)
         }
-        BwdVersion::V4 => {
+        Version::V4 => {
             x.launch(Kern::BwdRowsMma, (t.div_ceil(64), bh), &kp)?;
             x.launch(Kern::BwdKeysMma, (t.div_ceil(64), bh), &kp)
         }
-        BwdVersion::V1 => {
+        Version::V1 => {
             let grid = (t.div_ceil(ROWS_PER_BLOCK), bh);
             x.launch(Kern::BwdRows, grid, &kp)?;
             x.launch(Kern::BwdKeys, grid, &kp)
         }
+        Version::V2 | Version::V3 | Version::V5 | Version::V8 => Err(not_a(version, "backward")),
     }
+}
+
+/// A version resolved for the wrong direction: a bug of `forward_version` or `backward_version`.
+fn not_a(version: Version, what: &str) -> Error {
+    Error::Cuda(format!("lab {} is not a {what} kernel", version.name()))
 }
 
 #[cfg(test)]

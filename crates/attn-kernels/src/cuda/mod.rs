@@ -1,8 +1,9 @@
 //! Fused attention on NVIDIA GPUs, with the API of [`crate::cpu`]: CUDA C++ kept in this crate as
 //! source (`common.cuh`, `v1_simt.cu`, `v2_fwd.cu`), specialised per variant with preprocessor macros,
 //! compiled by NVRTC at first use and cached per (variant configuration, head dimension, dtype,
-//! architecture, [`Generation`]): a module holds only the kernel files its [`Kernel`] request can
-//! select, so the default one carries no lab version. The driver and NVRTC are loaded at run time
+//! architecture, generation of kernel files): a module holds only the kernel files its [`Kernel`]
+//! request can select, so the default one carries no lab version, and the files of v5 to v9 are
+//! compiled into this crate only with the `lab` feature. The driver and NVRTC are loaded at run time
 //! through `cudarc`, so this crate builds and its tests run on machines without CUDA; there every
 //! call returns [`Error::Cuda`].
 //!
@@ -17,13 +18,14 @@
 //! - v4 `lssa_bwd_rows_mma` + `lssa_bwd_keys_mma`: the tensor-core backward (dq and `E_i` per query
 //!   block; dk and dv per key block; no atomics). The default backward where v3 applies.
 //!
+//! With the `lab` feature, `Kernel::Lab` picks any of them, and also:
+//!
 //! - v5 `lssa_fwd_mma5` (d = 64), v6 (`lssa_bwd_{rows,keys}_mma6`) and v7 (`lssa_bwd_rowstats7`,
-//!   `lssa_bwd_keys_mma7`, `lssa_bwd_dq7`): the second generation, selected by
-//!   [`Kernel::TensorCoreV5`] (v5 + v6) and [`Kernel::TensorCoreV7`] (v5 + v7); checked in the
-//!   emulator, not yet timed on a GPU.
+//!   `lssa_bwd_keys_mma7`, `lssa_bwd_dq7`): the second generation, selected by the lab requests
+//!   `v5` (v5 + v6) and `v7` (v5 + v7); checked in the emulator, not yet timed on a GPU.
 //! - v8 `lssa_fwd_wg8` (d = 64 and 128) and v9 `lssa_bwd_rowstats9` + `lssa_bwd_keys_wg9` (d = 64),
 //!   sm_90a (the PTX for compute capability 9.0 is arch-specific): v5 and v7 on Hopper's warpgroup tensor cores
-//!   (`wgmma.mma_async`, tiles read from shared memory by descriptor); [`Kernel::TensorCoreV8`].
+//!   (`wgmma.mma_async`, tiles read from shared memory by descriptor); the lab request `v8`.
 //!   Checked in the emulator, not yet timed.
 //!
 //! Other head dimensions and f32 run v1.
@@ -59,18 +61,22 @@ pub use compile::nvrtc_location;
 // The lab: kernel sources, PTX and the probes (benches, the emulator tests).
 #[cfg(feature = "lab")]
 pub use compile::{
-    ARCHES, COMMON_SRC, MMA_BWD_SRC, MMA_BWD6_SRC, MMA_BWD7_SRC, MMA_SRC, MMA3_SRC, MMA5_SRC, SIMT_SRC, compile_ptx,
-    has_tensor_core_forward, source,
+    ARCHES, COMMON_SRC, Generation, MMA_BWD_SRC, MMA_BWD6_SRC, MMA_BWD7_SRC, MMA_SRC, MMA3_SRC, MMA5_SRC, SIMT_SRC,
+    compile_ptx, has_tensor_core_forward, source,
 };
 pub use device::{backward_raw, forward_raw, versions};
 pub use device::{device_description, is_available, synchronize};
 pub use plan::Config;
 #[cfg(feature = "lab")]
+pub use plan::Version;
+#[cfg(not(feature = "lab"))]
+use plan::Version;
+#[cfg(feature = "lab")]
 pub use probe::{KernelResources, WGMMA_PROBE_MODES, jit_info_log, kernel_resources, wgmma_probe};
 pub use staging::{backward, backward_with, forward, forward_with};
 
 #[cfg(not(feature = "lab"))]
-use compile::has_tensor_core_forward;
+use compile::{Generation, has_tensor_core_forward};
 
 // The crate-internal host side, for the emulator (`emu`, with the `lab` feature).
 #[cfg(feature = "lab")]
@@ -93,57 +99,74 @@ pub use crate::Dtype;
 /// The largest head dimension the CUDA kernels take.
 pub const MAX_HEAD_DIM: usize = 256;
 
-/// Which forward kernel runs.
+/// Which kernels run: [`Kernel::Auto`], the measured default, or (with the `lab` feature) one
+/// version of the kernel lab by its number, for benchmarks and the emulator tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kernel {
-    /// The fastest that applies: v3 (16-byte aligned rows), else v2 (even strides), else SIMT.
+    /// The fastest measured kernels that apply: forward v3 (16-byte aligned rows), else v2 (even
+    /// strides), else v1; backward v4 where v3 applies, else v1.
     #[default]
     Auto,
-    /// The SIMT kernel (lab v1) in every case.
-    Simt,
-    /// Tensor cores, lab v2 (synchronous loads); an error where it does not apply.
-    TensorCoreV2,
-    /// Tensor cores, lab v3 (cp.async pipeline, ldmatrix); an error where it does not apply.
-    TensorCore,
-    /// The second generation of tensor-core kernels: forward lab v5 (v3 with 2 x 16 rows per warp,
-    /// log2-domain activations, one special-function op per softplus score; at head dimension 64,
-    /// v3 at 128) and backward lab v6 (v4 with two special-function ops per entry instead
-    /// of four, no branch per entry; where v4 applies). Checked in the emulator, not yet timed on a
-    /// GPU, so [`Kernel::Auto`] does not choose them yet.
-    TensorCoreV5,
-    /// Forward as [`Kernel::TensorCoreV5`], backward lab v7: v6 with dq accumulated in f32 by the
-    /// keys kernel (atomics), so S, G V^T and the entry gradients are computed once instead of
-    /// twice. Checked in the emulator, not yet timed on a GPU.
-    TensorCoreV7,
-    /// The Hopper generation, on warpgroup tensor cores (`wgmma.mma_async`) on sm_90: forward lab v8
-    /// (v5's maths; head dimension 64 or 128), backward v9 (v7's kernels; 64); elsewhere what
-    /// [`Kernel::TensorCoreV7`] runs (v5 + v7, v3 + v7 at 128). Checked in the emulator, not yet timed on a GPU.
-    TensorCoreV8,
+    /// The forward and backward pair of the lab that holds this version (`LAB.md`), refused where a
+    /// tensor-core version does not apply to the dtype, head dimension or strides:
+    ///
+    /// | request | forward | backward |
+    /// |---|---|---|
+    /// | v1 | v1 | v1 |
+    /// | v2 | v2 | v1 |
+    /// | v3, v4 | v3 | v4 |
+    /// | v5, v6 | v5 (v3 at d = 128) | v6 |
+    /// | v7 | v5 (v3 at d = 128) | v7 |
+    /// | v8, v9 | v8 on sm_90, else as v7 | v9 at d = 64 on sm_90, else v7 |
+    ///
+    /// Versions 5 to 9 are checked in the emulator but not yet timed on a GPU.
+    #[cfg(feature = "lab")]
+    Lab(Version),
+}
+
+#[cfg(feature = "lab")]
+impl Kernel {
+    /// Every distinct request: [`Kernel::Auto`], then one per pair of the lab, in order.
+    pub const ALL: [Kernel; 7] = [
+        Kernel::Auto,
+        Kernel::Lab(Version::V1),
+        Kernel::Lab(Version::V2),
+        Kernel::Lab(Version::V3),
+        Kernel::Lab(Version::V5),
+        Kernel::Lab(Version::V7),
+        Kernel::Lab(Version::V8),
+    ];
 }
 
 impl Kernel {
-    /// Every kernel request, [`Kernel::Auto`] first, then by generation.
-    pub const ALL: [Kernel; 7] = [
-        Kernel::Auto,
-        Kernel::Simt,
-        Kernel::TensorCoreV2,
-        Kernel::TensorCore,
-        Kernel::TensorCoreV5,
-        Kernel::TensorCoreV7,
-        Kernel::TensorCoreV8,
-    ];
-
     /// The request's name as [`FromStr`](std::str::FromStr) reads it (and `LSSA_CUDA_KERNEL`):
-    /// `auto`, `v1`, `v2`, `v3`, `v5`, `v7`, `v8`.
+    /// `auto`, or the lab version `v1` to `v9`.
     pub const fn name(self) -> &'static str {
         match self {
             Kernel::Auto => "auto",
-            Kernel::Simt => "v1",
-            Kernel::TensorCoreV2 => "v2",
-            Kernel::TensorCore => "v3",
-            Kernel::TensorCoreV5 => "v5",
-            Kernel::TensorCoreV7 => "v7",
-            Kernel::TensorCoreV8 => "v8",
+            #[cfg(feature = "lab")]
+            Kernel::Lab(v) => v.name(),
+        }
+    }
+
+    /// The generation whose module this request runs from: the least one holding every kernel the
+    /// request can select (on any device, for any strides).
+    pub const fn generation(self) -> Generation {
+        match self.lab_version() {
+            // Auto falls back to v2 and v1 for rows that are not 16-byte aligned.
+            None | Some(Version::V3 | Version::V4) => Generation::First,
+            Some(Version::V1) => Generation::Simt,
+            Some(Version::V2) => Generation::V2,
+            Some(Version::V5 | Version::V6 | Version::V7 | Version::V8 | Version::V9) => Generation::Lab,
+        }
+    }
+
+    /// The lab version asked for; `None` for [`Kernel::Auto`].
+    pub(crate) const fn lab_version(self) -> Option<Version> {
+        match self {
+            Kernel::Auto => None,
+            #[cfg(feature = "lab")]
+            Kernel::Lab(v) => Some(v),
         }
     }
 }
@@ -151,62 +174,25 @@ impl Kernel {
 impl std::str::FromStr for Kernel {
     type Err = Error;
 
-    /// `auto`, `v1` (or `simt`), `v2`, `v3` (the first tensor-core generation, v3 + v4), `v5` (the
-    /// second, v5 + v6), `v7` (v5 + v7), `v8` or `v9` (v8 + v9), case-insensitive.
+    /// `auto`, or `v1` (also `simt`) to `v9`, case-insensitive; a version needs the `lab` feature.
     fn from_str(s: &str) -> Result<Self> {
-        Ok(match s.trim().to_ascii_lowercase().as_str() {
-            "auto" => Kernel::Auto,
-            "v1" | "simt" => Kernel::Simt,
-            "v2" => Kernel::TensorCoreV2,
-            "v3" | "v4" => Kernel::TensorCore,
-            "v5" | "v6" => Kernel::TensorCoreV5,
-            "v7" => Kernel::TensorCoreV7,
-            "v8" | "v9" => Kernel::TensorCoreV8,
-            _ => return Err(Error::BadParams(format!("unknown CUDA kernel {s:?}: auto, v1, v2, v3, v5, v7 or v8"))),
-        })
-    }
-}
-
-/// The kernel files one compiled module holds: each [`Kernel`] request compiles only the generations
-/// it can select, so production (`Auto`) modules carry no lab kernel (see `LAB.md`). The generations
-/// are cumulative: each holds the files of those before it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Generation {
-    /// `common.cuh` and `v1_simt.cu`: the inverse norms and lab v1.
-    Simt,
-    /// And `v2_fwd.cu`: lab v2.
-    V2,
-    /// And `v3_fwd.cu` and `v4_bwd.cu`: lab v3 and v4, what [`Kernel::Auto`] runs.
-    First,
-    /// And `v5_v8_fwd.cu`, `v6_bwd.cu` and `v7_v9_bwd.cu`: lab v5 to v9 and the wgmma probe.
-    Lab,
-}
-
-impl Generation {
-    /// Every generation, in order.
-    pub const ALL: [Generation; 4] = [Generation::Simt, Generation::V2, Generation::First, Generation::Lab];
-
-    /// The short name in a module's cache key.
-    pub const fn name(self) -> &'static str {
-        match self {
-            Generation::Simt => "simt",
-            Generation::V2 => "v2",
-            Generation::First => "first",
-            Generation::Lab => "lab",
+        let name = s.trim().to_ascii_lowercase();
+        if name == "auto" {
+            return Ok(Kernel::Auto);
         }
-    }
-}
-
-impl Kernel {
-    /// The generation whose module this request runs from: the least one holding every kernel the
-    /// request can select (on any device, for any strides).
-    pub const fn generation(self) -> Generation {
-        match self {
-            Kernel::Simt => Generation::Simt,
-            Kernel::TensorCoreV2 => Generation::V2,
-            // Auto falls back to v2 for rows that are not 16-byte aligned.
-            Kernel::Auto | Kernel::TensorCore => Generation::First,
-            Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 => Generation::Lab,
+        let version = match name.as_str() {
+            "simt" => Some(Version::V1),
+            _ => Version::ALL.into_iter().find(|v| v.name() == name),
+        };
+        match version {
+            #[cfg(feature = "lab")]
+            Some(v) => Ok(Kernel::Lab(v)),
+            #[cfg(not(feature = "lab"))]
+            Some(v) => Err(Error::BadParams(format!(
+                "CUDA kernel {}: the lab's versions need attn-kernels' `lab` feature; this build runs `auto`",
+                v.name()
+            ))),
+            None => Err(Error::BadParams(format!("unknown CUDA kernel {s:?}: auto or v1 to v9"))),
         }
     }
 }
@@ -223,5 +209,27 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Self { dtype: Dtype::F32, kernel: Kernel::Auto }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Production builds know the lab's names but refuse them, saying which feature runs them.
+    #[test]
+    fn lab_requests_need_the_lab_feature() {
+        assert_eq!(" AUTO ".parse::<Kernel>().unwrap(), Kernel::Auto);
+        assert_eq!(Kernel::default().name(), "auto");
+        let v5 = "v5".parse::<Kernel>();
+        #[cfg(feature = "lab")]
+        assert_eq!(v5.unwrap(), Kernel::Lab(Version::V5));
+        #[cfg(not(feature = "lab"))]
+        {
+            let err = v5.unwrap_err().to_string();
+            assert!(err.contains("v5") && err.contains("`lab` feature"), "{err}");
+        }
+        let err = "v0".parse::<Kernel>().unwrap_err().to_string();
+        assert!(err.contains("unknown CUDA kernel \"v0\""), "{err}");
     }
 }

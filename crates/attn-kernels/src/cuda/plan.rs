@@ -380,63 +380,57 @@ fn bwd_keys_smem(head_dim: usize) -> usize {
     6 * 64 * (head_dim + 8) * 2
 }
 
-/// A forward kernel of the lab, by its version number (`src/cuda/LAB.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum FwdVersion {
-    /// `lssa_fwd_simt`.
+/// A kernel version of the lab, by its number (`src/cuda/LAB.md`): forwards v1, v2, v3, v5 and v8,
+/// backwards v1, v4, v6, v7 and v9. What a launch resolves a [`Kernel`] to, and (with the `lab`
+/// feature) what a [`Kernel::Lab`] request names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Version {
+    /// `lssa_fwd_simt`; `lssa_bwd_rows` + `lssa_bwd_keys`.
     V1,
     /// `lssa_fwd_mma`.
     V2,
     /// `lssa_fwd_mma3`.
     V3,
-    /// `lssa_fwd_mma5`.
-    V5,
-    /// `lssa_fwd_wg8`.
-    V8,
-}
-
-impl FwdVersion {
-    /// The lab's version number.
-    pub(super) const fn number(self) -> u32 {
-        match self {
-            FwdVersion::V1 => 1,
-            FwdVersion::V2 => 2,
-            FwdVersion::V3 => 3,
-            FwdVersion::V5 => 5,
-            FwdVersion::V8 => 8,
-        }
-    }
-}
-
-/// A backward kernel pair (or triple) of the lab, by its version number (`src/cuda/LAB.md`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum BwdVersion {
-    /// `lssa_bwd_rows` + `lssa_bwd_keys`.
-    V1,
     /// `lssa_bwd_rows_mma` + `lssa_bwd_keys_mma`.
     V4,
+    /// `lssa_fwd_mma5` (with re-weighting `lssa_fwd_stats5` + `lssa_fwd_rw5`).
+    V5,
     /// `lssa_bwd_rows_mma6` + `lssa_bwd_keys_mma6`.
     V6,
     /// `lssa_bwd_rowstats7` + `lssa_bwd_keys_mma7` + `lssa_bwd_dq7`.
     V7,
+    /// `lssa_fwd_wg8` (with re-weighting `lssa_fwd_stats8` + `lssa_fwd_rw8`).
+    V8,
     /// `lssa_bwd_rowstats9` + `lssa_bwd_keys_wg9` + `lssa_bwd_dq7`.
     V9,
 }
 
-impl BwdVersion {
+impl Version {
+    /// Every version, in order.
+    pub const ALL: [Version; 9] = [
+        Version::V1,
+        Version::V2,
+        Version::V3,
+        Version::V4,
+        Version::V5,
+        Version::V6,
+        Version::V7,
+        Version::V8,
+        Version::V9,
+    ];
+
     /// The lab's version number.
-    pub(super) const fn number(self) -> u32 {
-        match self {
-            BwdVersion::V1 => 1,
-            BwdVersion::V4 => 4,
-            BwdVersion::V6 => 6,
-            BwdVersion::V7 => 7,
-            BwdVersion::V9 => 9,
-        }
+    pub const fn number(self) -> u32 {
+        self as u32 + 1
+    }
+
+    /// `v1` to `v9`.
+    pub const fn name(self) -> &'static str {
+        ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9"][self as usize]
     }
 }
 
-/// The forward lab version `kernel` runs (1, 2, 3, 5 or 8) for inputs whose rows allow `[v2, v3]`
+/// The forward version `kernel` runs (1, 2, 3, 5 or 8) for inputs whose rows allow `[v2, v3]`
 /// (even strides; 16-byte aligned rows) on a module with (`wgmma`) or without the sm_90 kernels.
 pub(super) fn forward_version(
     kernel: Kernel,
@@ -444,29 +438,37 @@ pub(super) fn forward_version(
     dtype: Dtype,
     [v2, v3]: [bool; 2],
     wgmma: bool,
-) -> Result<FwdVersion> {
+) -> Result<Version> {
+    let auto = if v3 {
+        Version::V3
+    } else if v2 {
+        Version::V2
+    } else {
+        Version::V1
+    };
+    let Some(asked) = kernel.lab_version() else {
+        return Ok(auto);
+    };
     let refuse = |what: &str| {
         Err(Error::BadParams(format!(
             "no tensor-core forward ({what}) for {dtype:?} at head dimension {head_dim} with these strides"
         )))
     };
-    Ok(match kernel {
-        Kernel::Auto if v3 => FwdVersion::V3,
-        Kernel::Auto if v2 => FwdVersion::V2,
-        Kernel::Auto | Kernel::Simt => FwdVersion::V1,
-        Kernel::TensorCoreV2 if v2 => FwdVersion::V2,
-        Kernel::TensorCoreV2 => return refuse("v2"),
-        Kernel::TensorCore if v3 => FwdVersion::V3,
-        Kernel::TensorCore => return refuse("v3"),
-        Kernel::TensorCoreV8 if v3 && wgmma => FwdVersion::V8,
-        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 if v3 && head_dim == 64 => FwdVersion::V5,
+    Ok(match asked {
+        Version::V1 => Version::V1,
+        Version::V2 if v2 => Version::V2,
+        Version::V2 => return refuse("v2"),
+        Version::V3 | Version::V4 if v3 => Version::V3,
+        Version::V3 | Version::V4 => return refuse("v3"),
+        Version::V8 | Version::V9 if v3 && wgmma => Version::V8,
+        Version::V5 | Version::V6 | Version::V7 | Version::V8 | Version::V9 if v3 && head_dim == 64 => Version::V5,
         // v5 exists at head dimension 64 only, v8 on sm_90 only.
-        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 if v3 => FwdVersion::V3,
-        Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8 => return refuse("v5"),
+        Version::V5 | Version::V6 | Version::V7 | Version::V8 | Version::V9 if v3 => Version::V3,
+        Version::V5 | Version::V6 | Version::V7 | Version::V8 | Version::V9 => return refuse("v5"),
     })
 }
 
-/// The backward lab version `kernel` runs (1, 4, 6, 7 or 9) where the tensor-core backward applies
+/// The backward version `kernel` runs (1, 4, 6, 7 or 9) where the tensor-core backward applies
 /// (`tc`: its dtype, head dimension and 16-byte aligned rows) or not.
 pub(super) fn backward_version(
     kernel: Kernel,
@@ -474,21 +476,21 @@ pub(super) fn backward_version(
     dtype: Dtype,
     tc: bool,
     wgmma: bool,
-) -> Result<BwdVersion> {
-    let newer =
-        matches!(kernel, Kernel::TensorCore | Kernel::TensorCoreV5 | Kernel::TensorCoreV7 | Kernel::TensorCoreV8);
-    if newer && !tc {
-        return Err(Error::BadParams(format!(
-            "no tensor-core backward for {dtype:?} at head dimension {head_dim} with these strides"
-        )));
-    }
-    Ok(match kernel {
-        _ if !tc => BwdVersion::V1,
-        Kernel::TensorCoreV8 if head_dim == 64 && wgmma => BwdVersion::V9,
-        Kernel::TensorCoreV7 | Kernel::TensorCoreV8 => BwdVersion::V7,
-        Kernel::TensorCoreV5 => BwdVersion::V6,
-        Kernel::Auto | Kernel::TensorCore => BwdVersion::V4,
-        Kernel::Simt | Kernel::TensorCoreV2 => BwdVersion::V1,
+) -> Result<Version> {
+    let Some(asked) = kernel.lab_version() else {
+        return Ok(if tc { Version::V4 } else { Version::V1 });
+    };
+    Ok(match asked {
+        Version::V1 | Version::V2 => Version::V1,
+        _ if !tc => {
+            return Err(Error::BadParams(format!(
+                "no tensor-core backward for {dtype:?} at head dimension {head_dim} with these strides"
+            )));
+        }
+        Version::V3 | Version::V4 => Version::V4,
+        Version::V5 | Version::V6 => Version::V6,
+        Version::V8 | Version::V9 if head_dim == 64 && wgmma => Version::V9,
+        Version::V7 | Version::V8 | Version::V9 => Version::V7,
     })
 }
 
@@ -498,43 +500,63 @@ mod tests {
 
     /// What a benchmark labels a run with (`versions`) and what the launches run are the same
     /// functions; these are the rules they must keep whatever the next generation adds.
+    #[cfg(feature = "lab")]
     #[test]
     fn versions_follow_the_device_and_the_strides() {
+        let lab = |v| Kernel::Lab(v);
         for kernel in Kernel::ALL {
             for hd in [64, 128] {
                 for dt in [Dtype::Bf16, Dtype::F16] {
                     for wgmma in [false, true] {
                         let f = forward_version(kernel, hd, dt, [true, true], wgmma).unwrap();
                         let b = backward_version(kernel, hd, dt, true, wgmma).unwrap();
+                        // Forwards and backwards are the lab's, each in its own list.
+                        assert!(matches!(f, Version::V1 | Version::V2 | Version::V3 | Version::V5 | Version::V8));
+                        assert!(matches!(b, Version::V1 | Version::V4 | Version::V6 | Version::V7 | Version::V9));
                         // The warpgroup kernels run only where the module has them, and only when asked.
-                        assert_eq!(
-                            f == FwdVersion::V8,
-                            kernel == Kernel::TensorCoreV8 && wgmma,
-                            "{kernel:?} {hd} {wgmma}"
-                        );
-                        assert_eq!(b == BwdVersion::V9, kernel == Kernel::TensorCoreV8 && wgmma && hd == 64);
+                        assert_eq!(f == Version::V8, kernel == lab(Version::V8) && wgmma, "{kernel:?} {hd} {wgmma}");
+                        assert_eq!(b == Version::V9, kernel == lab(Version::V8) && wgmma && hd == 64);
                         // v5 (and its backwards v6, v7) exist at head dimension 64; v7 also at 128.
-                        assert!(f != FwdVersion::V5 || hd == 64);
-                        assert!(b != BwdVersion::V6 || hd == 64 || kernel == Kernel::TensorCoreV5);
+                        assert!(f != Version::V5 || hd == 64);
+                        assert!(b != Version::V6 || hd == 64 || kernel == lab(Version::V5));
+                        // A request of the pair's backward runs the same pair.
+                        if let Some(pair) = match kernel.lab_version() {
+                            Some(Version::V3) => Some(Version::V4),
+                            Some(Version::V5) => Some(Version::V6),
+                            Some(Version::V8) => Some(Version::V9),
+                            _ => None,
+                        } {
+                            assert_eq!(forward_version(lab(pair), hd, dt, [true, true], wgmma).unwrap(), f);
+                            assert_eq!(backward_version(lab(pair), hd, dt, true, wgmma).unwrap(), b);
+                        }
                         // The default stays the measured generation until a GPU run says otherwise.
                         if kernel == Kernel::Auto {
-                            assert_eq!((f, b), (FwdVersion::V3, BwdVersion::V4));
+                            assert_eq!((f, b), (Version::V3, Version::V4));
                         }
                     }
                     // Unaligned rows: every explicitly requested tensor-core kernel is refused, the
                     // default falls back.
                     for wgmma in [false, true] {
-                        let tc_only = !matches!(kernel, Kernel::Auto | Kernel::Simt);
+                        let v = kernel.lab_version();
+                        let tc_only = !matches!(v, None | Some(Version::V1));
                         assert_eq!(forward_version(kernel, hd, dt, [false, false], wgmma).is_err(), tc_only);
-                        let asked = !matches!(kernel, Kernel::Auto | Kernel::Simt | Kernel::TensorCoreV2);
+                        let asked = !matches!(v, None | Some(Version::V1 | Version::V2));
                         assert_eq!(backward_version(kernel, hd, dt, false, wgmma).is_err(), asked);
                     }
-                    assert_eq!(forward_version(Kernel::Auto, hd, dt, [true, false], false).unwrap(), FwdVersion::V2);
+                    assert_eq!(forward_version(Kernel::Auto, hd, dt, [true, false], false).unwrap(), Version::V2);
                 }
             }
         }
         // The SIMT kernels in f32 (no tensor-core forward), whatever was asked.
-        assert_eq!(forward_version(Kernel::Auto, 64, Dtype::F32, [false, false], true).unwrap(), FwdVersion::V1);
-        assert_eq!(backward_version(Kernel::Auto, 64, Dtype::F32, false, true).unwrap(), BwdVersion::V1);
+        assert_eq!(forward_version(Kernel::Auto, 64, Dtype::F32, [false, false], true).unwrap(), Version::V1);
+        assert_eq!(backward_version(Kernel::Auto, 64, Dtype::F32, false, true).unwrap(), Version::V1);
+    }
+
+    #[test]
+    fn version_numbers_and_names_agree() {
+        for (i, v) in Version::ALL.into_iter().enumerate() {
+            assert_eq!(v.number() as usize, i + 1);
+            assert_eq!(v.name(), format!("v{}", i + 1));
+        }
     }
 }
