@@ -5,7 +5,7 @@
 #[non_exhaustive]
 pub enum Error {
     /// An input array does not have the shape the other inputs imply.
-    #[error("shape mismatch: `{arg}` has shape {got:?} but {expected_from} implies {expected:?}")]
+    #[error("shape mismatch: `{arg}` has shape {got:?} but {expected_from} implies {}", shape_pattern(.expected))]
     ShapeMismatch {
         /// The offending argument (`"k"`, `"v"`, `"d_out"`, ...).
         arg: &'static str,
@@ -94,3 +94,9 @@ pub enum Error {
 
 /// `Result` with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A shape with its free axes (`usize::MAX`) written `_`: `[1, 2, 9, _]`.
+fn shape_pattern(shape: &[usize]) -> String {
+    let axes: Vec<String> = shape.iter().map(|&n| if n == usize::MAX { "_".into() } else { n.to_string() }).collect();
+    format!("[{}]", axes.join(", "))
+}

@@ -80,19 +80,27 @@ pub fn null_output<T>() -> RawTensor<*mut T> {
 pub struct Params {
     /// Batch size `B`.
     pub batch: usize,
-    /// Heads `H`.
+    /// Query heads `H`.
     pub heads: usize,
-    /// Sequence length `T`.
+    /// Key and value heads `H_kv`, a divisor of `H`: query head `h` reads key head `h / (H / H_kv)`
+    /// (grouped-query attention; `H` for plain multi-head attention). The CPU kernels take any; the
+    /// CUDA kernels only `H`.
+    pub kv_heads: usize,
+    /// Query rows `T` (`T_q`): the last `T` rows of a `kv_len`-long causal sequence, so query row `r`
+    /// sees keys `0..=kv_len - T + r` and its `N` is `kv_len - T + r + 1`.
     pub seq_len: usize,
+    /// Keys `T_k >= T` (a KV cache and the new rows; `seq_len` for a whole sequence). The CPU kernels
+    /// take any; the CUDA kernels only `seq_len`.
+    pub kv_len: usize,
     /// Head dimension `d` (of `q`, `k` and `v`).
     pub head_dim: usize,
     /// Queries, (B, H, T, d).
     pub q: RawTensor<*const c_void>,
-    /// Keys, (B, H, T, d).
+    /// Keys, (B, H_kv, T_k, d).
     pub k: RawTensor<*const c_void>,
-    /// Values, (B, H, T, d).
+    /// Values, (B, H_kv, T_k, d).
     pub v: RawTensor<*const c_void>,
-    /// Output of the forward (written by the forward, read by the backward).
+    /// Output of the forward, (B, H, T, d) (written by the forward, read by the backward).
     pub o: RawTensor<*mut c_void>,
     /// Contiguous `(B, H, T, STATS_PER_ROW)` f32 row statistics (written by the forward, read by the
     /// backward).
@@ -108,13 +116,37 @@ pub struct Params {
     pub d_out: RawTensor<*const c_void>,
     /// `dL/dq` (backward only, written).
     pub dq: RawTensor<*mut c_void>,
-    /// `dL/dk` (backward only, written).
+    /// `dL/dk`, (B, H_kv, T_k, d) (backward only, written; summed over each key head's group).
     pub dk: RawTensor<*mut c_void>,
-    /// `dL/dv` (backward only, written).
+    /// `dL/dv`, as `dk` (backward only, written).
     pub dv: RawTensor<*mut c_void>,
     /// What `q`, `k`, `v`, `o`, `d_out`, `dq`, `dk`, `dv` hold; a backend refuses a dtype it does not
     /// take, and a [`crate::Target`] of another dtype.
     pub dtype: Dtype,
+}
+
+impl Params {
+    /// Whether `kv_heads` and `kv_len` fit `heads` and `seq_len`.
+    pub(crate) fn check_kv(&self) -> crate::Result<()> {
+        if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
+            return Err(crate::Error::BadParams(format!(
+                "{} query heads cannot share {} key heads: H must be a multiple of H_kv >= 1",
+                self.heads, self.kv_heads
+            )));
+        }
+        if self.kv_len < self.seq_len {
+            return Err(crate::Error::BadParams(format!(
+                "{} query rows continue a sequence of only {} keys: T_k must be >= T_q",
+                self.seq_len, self.kv_len
+            )));
+        }
+        Ok(())
+    }
+
+    /// Whether this is a whole sequence with a key head per query head: all the CUDA kernels take.
+    pub(crate) fn is_plain(&self) -> bool {
+        self.kv_heads == self.heads && self.kv_len == self.seq_len
+    }
 }
 
 // SAFETY: `Params` is plain data; the raw entry points' contract (valid pointers, outputs written by

@@ -211,7 +211,9 @@ mod tests {
         let mut p = Params {
             batch: b,
             heads: h,
+            kv_heads: h,
             seq_len: t,
+            kv_len: t,
             head_dim: d,
             q: c(q.as_ptr()),
             k: c(q.as_ptr()),

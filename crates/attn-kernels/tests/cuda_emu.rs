@@ -343,7 +343,9 @@ fn raw_run(c: &Case, stride: usize, kernel: Kernel) -> attn_kernels::Result<[Arr
     let p = Params {
         batch: shape.0,
         heads: shape.1,
+        kv_heads: shape.1,
         seq_len: shape.2,
+        kv_len: shape.2,
         head_dim: shape.3,
         q: q.raw::<std::ffi::c_void>(shape, stride).as_const(),
         k: k.raw::<std::ffi::c_void>(shape, stride).as_const(),

@@ -35,7 +35,7 @@ struct RawTensor {
 
 // Mirrors attn_kernels::Params field for field (checked from Rust: gpt_model_bridge_params_size).
 struct AttnParams {
-  size_t batch, heads, seq_len, head_dim;
+  size_t batch, heads, kv_heads, seq_len, kv_len, head_dim;
   RawTensor q, k, v, o;
   float* stats;
   float* rw_aux;  // optional re-weighting helper (set by Rust for CPU tensors; null here)
@@ -82,7 +82,9 @@ AttnParams base_params(const at::Tensor& q, const at::Tensor& k, const at::Tenso
   std::memset(&p, 0, sizeof(p));
   p.batch = q.size(0);
   p.heads = q.size(1);
+  p.kv_heads = k.size(1);  // grouped-query attention: H a multiple of H_kv
   p.seq_len = q.size(2);
+  p.kv_len = k.size(2);  // queries that continue a sequence: T_q <= T_k
   p.head_dim = q.size(3);
   p.q = raw(q);
   p.k = raw(k);
@@ -121,8 +123,8 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &o = saved[3], &stats = saved[4];
     at::Tensor g = rows_contiguous(grad_outputs[0]);
     at::Tensor dq = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
-    at::Tensor dk = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
-    at::Tensor dv = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
+    at::Tensor dk = at::empty(k.sizes(), k.options().memory_format(at::MemoryFormat::Contiguous));
+    at::Tensor dv = at::empty(v.sizes(), v.options().memory_format(at::MemoryFormat::Contiguous));
     AttnParams p = base_params(q, k, v);
     p.o = raw(o);
     p.stats = const_cast<float*>(stats.data_ptr<float>());

@@ -245,14 +245,19 @@ fn a_custom_activation_trains_fused_on_the_cpu_and_decodes_with_the_kv_cache() {
     }
     assert!(last < first - 1.0, "loss {first} -> {last}");
 
-    // KV-cached decoding (the tch ops, query offsets > 0) equals the full fused forward.
+    // KV-cached decoding (the fused kernels again, on query rows that continue the cache) equals the
+    // full fused forward, and never materialises a row.
     let _g = tch::no_grad_guard();
     let full = model.forward(&x, &opts).unwrap();
+    let before = path_counts();
     let mut cache = KvCache::default();
     let mut pieces = vec![model.forward_cached(&x.narrow(1, 0, 4), &mut cache, &opts).unwrap()];
     for t in 4..32 {
         pieces.push(model.forward_cached(&x.narrow(1, t, 1), &mut cache, &opts).unwrap());
     }
+    let after = path_counts();
+    assert_eq!(after.fused - before.fused, 29 * cfg.n_layer, "every cached step of every layer ran fused");
+    assert_eq!((after.reference_full, after.reference_chunked), (before.reference_full, before.reference_chunked));
     let cached = Tensor::cat(&pieces, 1);
     assert!(max_diff(&full, &cached) < 1e-4, "cached vs full: {}", max_diff(&full, &cached));
     let out = model.generate(&[1, 2, 3], 6, None, &opts).unwrap();

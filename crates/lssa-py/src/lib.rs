@@ -135,6 +135,7 @@ fn non_null(pointers: &[(&str, usize)]) -> PyResult<()> {
 /// checks that do not need the memory (sizes >= 1, pointers not null).
 fn params(
     shape: (usize, usize, usize, usize),
+    (kv_heads, kv_len): (usize, usize),
     q: PyTensor,
     k: PyTensor,
     v: PyTensor,
@@ -143,16 +144,24 @@ fn params(
     dtype: Dtype,
 ) -> PyResult<Params> {
     let (batch, heads, seq_len, head_dim) = shape;
-    if [batch, heads, seq_len, head_dim].contains(&0) {
+    if [batch, heads, seq_len, head_dim, kv_heads, kv_len].contains(&0) {
         return Err(PyValueError::new_err(format!(
-            "every size must be >= 1, got (B, H, T, d) = ({batch}, {heads}, {seq_len}, {head_dim})"
+            "every size must be >= 1, got (B, H, T, d) = ({batch}, {heads}, {seq_len}, {head_dim}), (H_kv, T_k) = \
+             ({kv_heads}, {kv_len})"
+        )));
+    }
+    if !heads.is_multiple_of(kv_heads) || kv_len < seq_len {
+        return Err(PyValueError::new_err(format!(
+            "H = {heads} must be a multiple of H_kv = {kv_heads}, and T_k = {kv_len} >= T = {seq_len}"
         )));
     }
     non_null(&[("q", q.0), ("k", k.0), ("v", v.0), ("out", o.0), ("stats", stats)])?;
     Ok(Params {
         batch,
         heads,
+        kv_heads,
         seq_len,
+        kv_len,
         head_dim,
         q: raw(q),
         k: raw(k),
@@ -320,13 +329,14 @@ fn rw_aux_per_row(head_dim: usize) -> usize {
 /// live memory of the given sizes and strides on `device` in `dtype` (statistics and helper f32,
 /// contiguous), `out`, `stats` and `aux` alias nothing else.
 #[pyfunction]
-#[pyo3(signature = (variant, device, dtype, shape, q, k, v, out, stats, aux, stream, threads))]
+#[pyo3(signature = (variant, device, dtype, shape, kv, q, k, v, out, stats, aux, stream, threads))]
 fn forward(
     py: Python<'_>,
     variant: &str,
     device: &str,
     dtype: &str,
     shape: (usize, usize, usize, usize),
+    kv: (usize, usize),
     q: PyTensor,
     k: PyTensor,
     v: PyTensor,
@@ -338,7 +348,7 @@ fn forward(
 ) -> PyResult<()> {
     let variant = parse(variant)?;
     let target = target(device, dtype).map_err(PyTypeError::new_err)?;
-    let p = params(shape, q, k, v, out, stats, target.dtype())?;
+    let p = params(shape, kv, q, k, v, out, stats, target.dtype())?;
     // SAFETY: the module's contract: live tensors of these sizes and strides (see above).
     unsafe { launch(py, variant, target, p, aux, stream, threads, attn_kernels::forward_raw) }
 }
@@ -347,13 +357,14 @@ fn forward(
 /// forward kept it) and the upstream gradient `grad`; writes `dq`, `dk`, `dv`. Same stream and
 /// safety contract as [`forward`]; `dq`, `dk`, `dv` alias nothing else.
 #[pyfunction]
-#[pyo3(signature = (variant, device, dtype, shape, q, k, v, out, stats, aux, grad, dq, dk, dv, stream, threads))]
+#[pyo3(signature = (variant, device, dtype, shape, kv, q, k, v, out, stats, aux, grad, dq, dk, dv, stream, threads))]
 fn backward(
     py: Python<'_>,
     variant: &str,
     device: &str,
     dtype: &str,
     shape: (usize, usize, usize, usize),
+    kv: (usize, usize),
     q: PyTensor,
     k: PyTensor,
     v: PyTensor,
@@ -369,7 +380,7 @@ fn backward(
 ) -> PyResult<()> {
     let variant = parse(variant)?;
     let target = target(device, dtype).map_err(PyTypeError::new_err)?;
-    let mut p = params(shape, q, k, v, out, stats, target.dtype())?;
+    let mut p = params(shape, kv, q, k, v, out, stats, target.dtype())?;
     non_null(&[("grad", grad.0), ("dq", dq.0), ("dk", dk.0), ("dv", dv.0)])?;
     p.d_out = raw(grad);
     p.dq = raw_mut(dq);

@@ -54,7 +54,9 @@ impl Bufs {
         Params {
             batch: sz[0] as usize,
             heads: sz[1] as usize,
+            kv_heads: sz[1] as usize,
             seq_len: sz[2] as usize,
+            kv_len: sz[2] as usize,
             head_dim: sz[3] as usize,
             q: raw::<std::ffi::c_void>(&self.q).as_const(),
             k: raw::<std::ffi::c_void>(&self.k).as_const(),

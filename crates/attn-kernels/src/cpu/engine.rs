@@ -187,7 +187,11 @@ fn lane_max(xs: &[f32]) -> f32 {
 pub(crate) struct Dims {
     /// The instruction set of this call (the micro-kernels dispatch on it).
     pub isa: Isa,
+    /// Keys `T_k`: the length of the causal sequence.
     pub t: usize,
+    /// Rows of the sequence before the first query row (`T_k - T_q`): query row `r` (the index into
+    /// every per-row array) is row `off + r` of the sequence, with `N = off + r + 1` keys visible.
+    pub off: usize,
     pub d: usize,
     pub bq: usize,
     pub bk: usize,
@@ -201,6 +205,28 @@ pub(crate) struct Dims {
 impl Dims {
     pub(crate) fn bk_pad(&self) -> usize {
         pad_nr(self.bk)
+    }
+
+    /// Query rows `T_q`.
+    pub(crate) fn tq(&self) -> usize {
+        self.t - self.off
+    }
+
+    /// `N` of query row `r`: the keys it sees.
+    #[inline(always)]
+    pub(crate) fn n(&self, r: usize) -> usize {
+        self.off + r + 1
+    }
+
+    /// Keys of tile `[j0, j0 + nk)` visible from query row `r` (causal).
+    #[inline(always)]
+    pub(crate) fn visible(&self, r: usize, j0: usize, nk: usize) -> usize {
+        self.n(r).saturating_sub(j0).min(nk)
+    }
+
+    /// Key tiles that query rows `[0, end)` see.
+    pub(crate) fn key_tiles(&self, end: usize) -> usize {
+        (self.off + end).div_ceil(self.bk)
     }
 }
 
@@ -237,23 +263,17 @@ pub(super) struct Rows {
 }
 
 impl Rows {
-    pub(super) fn new(plan: &Plan, head: &Head<'_>, d: usize, i0: usize, nq: usize) -> Self {
+    pub(super) fn new(plan: &Plan, head: &Head<'_>, dims: Dims, i0: usize, nq: usize) -> Self {
         let mut fac = Vec::with_capacity(nq);
         let mut bias = Vec::with_capacity(nq);
         for r in 0..nq {
-            let (scale, b) = plan.row_constants(i0 + r + 1, d);
+            let (scale, b) = plan.row_constants(dims.n(i0 + r), dims.d);
             let inq = if plan.cosine() { head.inq[i0 + r] as f64 } else { 1.0 };
             fac.push((scale * inq) as f32);
             bias.push(b as f32);
         }
         Self { fac, bias }
     }
-}
-
-/// Keys of tile `[j0, j0 + nk)` visible from row `i` (causal).
-#[inline(always)]
-pub(super) fn visible(i: usize, j0: usize, nk: usize) -> usize {
-    (i + 1).saturating_sub(j0).min(nk)
 }
 
 /// Scores `s_ij` of rows `[i0, i0 + nq)` against keys `[j0, j0 + nk)` into `s` (row stride `lds`),
@@ -275,7 +295,7 @@ pub(super) fn scores<const FMA: bool>(
     let kt = &head.kt[j0 / dims.bk * dims.d * dims.bk_pad()..];
     tile::matmul_nt::<FMA>(dims.isa, &head.q[i0 * head.ldq..], head.ldq, kt, dims.bk_pad(), dims.d, nq, s, lds);
     for r in 0..nq {
-        let vis = visible(i0 + r, j0, nk);
+        let vis = dims.visible(i0 + r, j0, nk);
         let row = &mut s[r * lds..r * lds + vis];
         let (a, b) = (rows.fac[r], rows.bias[r]);
         if plan.cosine() {
@@ -435,8 +455,8 @@ fn forward_body<const FMA: bool>(
 ) {
     let d = dims.d;
     let lds = dims.bk_pad();
-    let rows = Rows::new(plan, head, dims.d, i0, nq);
-    let nkt = (i0 + nq).div_ceil(dims.bk);
+    let rows = Rows::new(plan, head, dims, i0, nq);
+    let nkt = dims.key_tiles(i0 + nq);
     let acc = &mut sc.acc[..nq * d];
     acc.fill(0.0);
     let mut z = vec![0.0f64; nq];
@@ -480,7 +500,7 @@ fn forward_body<const FMA: bool>(
             &mut sc.s[..]
         };
         for r in 0..nq {
-            let vis = visible(i0 + r, j0, nk);
+            let vis = dims.visible(i0 + r, j0, nk);
             let row = &mut s[r * lds..r * lds + lds];
             let (live, dead) = row.split_at_mut(vis);
             dead.fill(0.0);
@@ -528,7 +548,7 @@ fn forward_body<const FMA: bool>(
 
     let Some(p) = reweight else {
         for r in 0..nq {
-            let n = i0 + r + 1;
+            let n = dims.n(i0 + r);
             let a = anorm(plan.norm, z[r], n, dims.t);
             let o = &mut out[r * d..(r + 1) * d];
             o.iter_mut().zip(&acc[r * d..(r + 1) * d]).for_each(|(o, &x)| *o = x * a);
@@ -548,7 +568,7 @@ fn forward_body<const FMA: bool>(
     let mut thr = vec![0.0f32; nq];
     let mut an = vec![0.0f32; nq];
     for r in 0..nq {
-        let n = i0 + r + 1;
+        let n = dims.n(i0 + r);
         // Z as the backward will see it (stored in f32), so both passes compute identical u.
         z[r] = z[r] as f32 as f64;
         an[r] = anorm(plan.norm, z[r], n, dims.t);
@@ -597,8 +617,8 @@ fn forward_body<const FMA: bool>(
             &mut sc.s[..]
         };
         for r in 0..nq {
-            let n = i0 + r + 1;
-            let vis = visible(i0 + r, j0, nk);
+            let n = dims.n(i0 + r);
+            let vis = dims.visible(i0 + r, j0, nk);
             let row = &mut s[r * lds..r * lds + lds];
             let (live, dead) = row.split_at_mut(vis);
             if !cached || plan.running_max {

@@ -5,9 +5,7 @@
 use attn_core::{Builtin, Norm, Phi, Plan};
 
 use crate::cpu::act;
-use crate::cpu::engine::{
-    Dims, Head, Rows, ST_MAX, ST_UMAX, ST_W, ST_Z, STATS, anorm, offset, pow_slice, scores, visible,
-};
+use crate::cpu::engine::{Dims, Head, Rows, ST_MAX, ST_UMAX, ST_W, ST_Z, STATS, anorm, offset, pow_slice, scores};
 use crate::cpu::isa::Isa;
 use crate::cpu::math;
 use crate::cpu::tile;
@@ -77,8 +75,8 @@ fn grad_tile<const FMA: bool>(
     tile::matmul_nt::<FMA>(dims.isa, &g[i0 * ldg..], ldg, vt, dims.bk_pad(), dims.d, nq, &mut sc.gv, lds);
     for r in 0..nq {
         let i = i0 + r;
-        let n = i + 1;
-        let vis = visible(i, j0, nk);
+        let n = dims.n(i);
+        let vis = dims.visible(i, j0, nk);
         let st = &stats[i * STATS..(i + 1) * STATS];
         let s = &mut sc.s[r * lds..r * lds + vis];
         if plan.running_max {
@@ -200,7 +198,7 @@ crate::multiversion! {
                 if st[ST_UMAX] <= 0.0 {
                     continue; // fallback row: C_i = D'_i, already set
                 }
-                let n = i + 1;
+                let n = dims.n(i);
                 let a = anorm(plan.norm, st[ST_Z] as f64, n, dims.t);
                 let row = &aux[r * (d + 1)..(r + 1) * (d + 1)];
                 let gy: f64 = g[i * ldg..i * ldg + d].iter().zip(&row[1..]).map(|(&x, &y)| x as f64 * y as f64).sum();
@@ -210,10 +208,10 @@ crate::multiversion! {
             }
             return;
         }
-        let rows = Rows::new(plan, head, dims.d, i0, nq);
+        let rows = Rows::new(plan, head, dims, i0, nq);
         let lds = dims.bk_pad();
         let mut e = vec![0.0f64; nq];
-        let nkt = (i0 + nq).div_ceil(dims.bk);
+        let nkt = dims.key_tiles(i0 + nq);
         for kt in 0..nkt {
             let j0 = kt * dims.bk;
             let nk = dims.bk.min(dims.t - j0);
@@ -222,12 +220,12 @@ crate::multiversion! {
             tile::matmul_nt::<FMA>(dims.isa, &g[i0 * ldg..], ldg, vt, dims.bk_pad(), d, nq, &mut sc.gv, lds);
             for r in 0..nq {
                 let i = i0 + r;
-                let n = i + 1;
+                let n = dims.n(i);
                 let st = &stats[i * STATS..(i + 1) * STATS];
                 if st[ST_UMAX] <= 0.0 {
                     continue; // fallback row: C_i = D'_i, already set
                 }
-                let vis = visible(i, j0, nk);
+                let vis = dims.visible(i, j0, nk);
                 let f = &mut sc.s[r * lds..r * lds + vis];
                 if plan.running_max {
                     let m = st[ST_MAX];
@@ -253,7 +251,7 @@ crate::multiversion! {
         for r in 0..nq {
             let i = i0 + r;
             if stats[i * STATS + ST_UMAX] > 0.0 {
-                rg[r].c = ((i + 1) as f64 * e[r]) as f32;
+                rg[r].c = (dims.n(i) as f64 * e[r]) as f32;
             }
         }
     }
@@ -262,7 +260,7 @@ crate::multiversion! {
 crate::multiversion! {
     /// Phase B of the backward for the key tiles `kts` of one head: writes the finished `dk`, `dv`
     /// rows of those tiles through `write_kv(j0, nk, dk, dv)` and accumulates `sum_j P_ij k_j` for
-    /// every query row into `dq_part` (`T x d`, row stride `d`).
+    /// every query row into `dq_part` (`T_q x d`, row stride `d`).
     pub(crate) fn backward_keys<const FMA: bool>(
         isa: Isa,
         plan: &Plan,
@@ -279,16 +277,18 @@ crate::multiversion! {
     ) {
         let d = dims.d;
         let lds = dims.bk_pad();
-        let nqt = dims.t.div_ceil(dims.bq);
+        let tq = dims.tq();
+        let nqt = tq.div_ceil(dims.bq);
         for &kt in kts {
             let j0 = kt * dims.bk;
             let nk = dims.bk.min(dims.t - j0);
             sc.dk[..nk * d].fill(0.0);
             sc.dv[..nk * d].fill(0.0);
-            for qt in j0 / dims.bq..nqt {
+            // Query rows from `j0 - off` on see this tile.
+            for qt in j0.saturating_sub(dims.off) / dims.bq..nqt {
                 let i0 = qt * dims.bq;
-                let nq = dims.bq.min(dims.t - i0);
-                let rows = Rows::new(plan, head, dims.d, i0, nq);
+                let nq = dims.bq.min(tq - i0);
+                let rows = Rows::new(plan, head, dims, i0, nq);
                 grad_tile::<FMA>(plan, head, g, ldg, dims, &rows, stats, rg, i0, nq, j0, nk, sc);
                 // dv += w^T g and dk += P^T q, reading w and P transposed in place.
                 tile::matmul_tn_acc::<FMA>(dims.isa, &sc.f, lds, &g[i0 * ldg..], ldg, nk, nq, d, &mut sc.dv, d);

@@ -64,7 +64,9 @@ impl Default for Options {
 pub(crate) struct F32Params {
     pub(crate) batch: usize,
     pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
     pub(crate) seq_len: usize,
+    pub(crate) kv_len: usize,
     pub(crate) head_dim: usize,
     pub(crate) q: RawTensor<*const f32>,
     pub(crate) k: RawTensor<*const f32>,
@@ -84,14 +86,22 @@ unsafe impl Send for F32Params {}
 unsafe impl Sync for F32Params {}
 
 impl F32Params {
+    /// The key head that query head `h` reads.
+    fn kv_head(&self, h: usize) -> usize {
+        h / (self.heads / self.kv_heads)
+    }
+
     fn new(p: &Params) -> Result<Self> {
         if p.dtype != Dtype::F32 {
             return Err(Error::BadParams(format!("the CPU kernels take f32 tensors, got {:?}", p.dtype)));
         }
+        p.check_kv()?;
         Ok(Self {
             batch: p.batch,
             heads: p.heads,
+            kv_heads: p.kv_heads,
             seq_len: p.seq_len,
+            kv_len: p.kv_len,
             head_dim: p.head_dim,
             q: p.q.cast(),
             k: p.k.cast(),
@@ -148,7 +158,8 @@ fn dims(p: &F32Params, tuning: Tuning, isa: Isa) -> Result<Dims> {
     }
     Ok(Dims {
         isa: isa.assert_supported(),
-        t: p.seq_len,
+        t: p.kv_len,
+        off: p.kv_len - p.seq_len,
         d: p.head_dim,
         bq: tuning.block_q,
         bk: tuning.block_k,
@@ -168,35 +179,38 @@ unsafe fn head_slice<'a>(x: RawTensor<*const f32>, b: usize, h: usize, t: usize,
     (s, ld)
 }
 
-/// Inverse L2 norms of every `q` and `k` row (cosine variants): `(B·H, 2, T)`.
+/// Inverse L2 norms of every `q` and `k` row (cosine variants): `(B·H, T_q)` for the queries, then
+/// `(B·H_kv, T_k)` for the keys.
 unsafe fn inverse_norms(p: &F32Params, cosine: bool) -> Vec<f32> {
-    let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
+    let (tq, tk, d) = (p.seq_len, p.kv_len, p.head_dim);
     if !cosine {
         return Vec::new();
     }
-    let mut out = vec![0.0f32; bh * 2 * t];
-    let (q, k) = (SendPtr(p.q), SendPtr(p.k));
-    out.par_chunks_mut(2 * t).enumerate().for_each(|(x, buf)| {
-        // Capture the whole SendPtr (not its raw-pointer field) in the closure.
-        #[allow(clippy::redundant_locals)]
-        let (q, k) = (q, k);
-        let (b, h) = (x / p.heads, x % p.heads);
-        // SAFETY: forwarded from the caller of the raw entry point.
-        let ((qs, ldq), (ks, ldk)) = unsafe { (head_slice(q.0, b, h, t, d), head_slice(k.0, b, h, t, d)) };
-        let (iq, ik) = buf.split_at_mut(t);
-        engine::inv_norms(qs, ldq, t, d, iq);
-        engine::inv_norms(ks, ldk, t, d, ik);
-    });
+    let mut out = vec![0.0f32; p.batch * (p.heads * tq + p.kv_heads * tk)];
+    let (qn, kn) = out.split_at_mut(p.batch * p.heads * tq);
+    let one = |x: RawTensor<*const f32>, heads: usize, t: usize, dst: &mut [f32]| {
+        let x = SendPtr(x);
+        dst.par_chunks_mut(t).enumerate().for_each(|(i, buf)| {
+            // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+            #[allow(clippy::redundant_locals)]
+            let x = x;
+            // SAFETY: forwarded from the caller of the raw entry point.
+            let (xs, ld) = unsafe { head_slice(x.0, i / heads, i % heads, t, d) };
+            engine::inv_norms(xs, ld, t, d, buf);
+        });
+    };
+    one(p.q, p.heads, tq, qn);
+    one(p.k, p.kv_heads, tk, kn);
     out
 }
 
-/// Every head's key tiles (and value tiles when `values`) packed for the score products:
-/// `(B·H, packed_len)` each. `O(B·H·T·d)`, the size of the input.
+/// Every key head's key tiles (and value tiles when `values`) packed for the score products:
+/// `(B·H_kv, packed_len)` each. `O(B·H_kv·T_k·d)`, the size of the input.
 ///
 /// # Safety
 /// As [`forward_raw`].
 unsafe fn pack(p: &F32Params, dims: Dims, values: bool) -> (Vec<f32>, Vec<f32>) {
-    let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
+    let (bh, t, d) = (p.batch * p.kv_heads, p.kv_len, p.head_dim);
     let len = engine::packed_len(dims);
     let one = |x: RawTensor<*const f32>| -> Vec<f32> {
         let mut out = vec![0.0f32; bh * len];
@@ -206,7 +220,7 @@ unsafe fn pack(p: &F32Params, dims: Dims, values: bool) -> (Vec<f32>, Vec<f32>) 
             #[allow(clippy::redundant_locals)]
             let x = x;
             // SAFETY: forwarded from the caller of the raw entry point.
-            let (src, ld) = unsafe { head_slice(x.0, i / p.heads, i % p.heads, t, d) };
+            let (src, ld) = unsafe { head_slice(x.0, i / p.kv_heads, i % p.kv_heads, t, d) };
             engine::pack_head(src, ld, dims, dst);
         });
         out
@@ -224,18 +238,19 @@ unsafe fn head<'a>(
     b: usize,
     h: usize,
 ) -> Head<'a> {
-    let (t, d) = (p.seq_len, p.head_dim);
+    let (tq, tk, d, hk) = (p.seq_len, p.kv_len, p.head_dim, p.kv_head(h));
     // SAFETY: forwarded.
     let ((q, ldq), (k, ldk), (v, ldv)) =
-        unsafe { (head_slice(p.q, b, h, t, d), head_slice(p.k, b, h, t, d), head_slice(p.v, b, h, t, d)) };
+        unsafe { (head_slice(p.q, b, h, tq, d), head_slice(p.k, b, hk, tk, d), head_slice(p.v, b, hk, tk, d)) };
     let (inq, ink) = if norms.is_empty() {
         (&[][..], &[][..])
     } else {
-        let x = (b * p.heads + h) * 2 * t;
-        (&norms[x..x + t], &norms[x + t..x + 2 * t])
+        let xq = (b * p.heads + h) * tq;
+        let xk = p.batch * p.heads * tq + (b * p.kv_heads + hk) * tk;
+        (&norms[xq..xq + tq], &norms[xk..xk + tk])
     };
     let len = engine::packed_len(dims);
-    let x = b * p.heads + h;
+    let x = b * p.kv_heads + hk;
     let kt = &packed.0[x * len..(x + 1) * len];
     let vt = if packed.1.is_empty() { &[][..] } else { &packed.1[x * len..(x + 1) * len] };
     Head { q, k, v, ldq, ldk, ldv, inq, ink, kt, vt }
@@ -276,7 +291,7 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
     // SAFETY: forwarded from our caller.
     let norms = unsafe { inverse_norms(p, plan.cosine()) };
-    dims.in_range = engine::scores_in_range(&plan, &norms, t, d);
+    dims.in_range = engine::scores_in_range(&plan, &norms, p.kv_len, d);
     // SAFETY: forwarded.
     let packed = unsafe { pack(p, dims, false) };
     let nqt = t.div_ceil(dims.bq);
@@ -373,12 +388,12 @@ unsafe fn backward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resu
     let isa = opts.isa.assert_supported();
     // SAFETY: forwarded from our caller.
     let norms = unsafe { inverse_norms(p, plan.cosine()) };
-    dims.in_range = engine::scores_in_range(&plan, &norms, t, d);
+    dims.in_range = engine::scores_in_range(&plan, &norms, p.kv_len, d);
     // SAFETY: forwarded.
     let packed = unsafe { pack(p, dims, true) };
     let stats_all = SendPtr(p.stats as *const f32);
     let nqt = t.div_ceil(dims.bq);
-    let nkt = t.div_ceil(dims.bk);
+    let nkt = p.kv_len.div_ceil(dims.bk);
 
     // The upstream gradient the attention weights see: for relu-ln, back through the layer norm
     // (dx = (g - mean g - o mean(g o)) / sigma, with o the normalised output), into a contiguous copy.
@@ -448,11 +463,22 @@ unsafe fn backward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resu
         );
     }
 
-    // Phase B: key tiles, split into chunks only when there are fewer heads than threads.
+    // Phase B: key tiles, split into chunks only when there are fewer heads than threads. Each query
+    // head's dk and dv go to the outputs, or with grouped-query attention to one `(B, H, T_k, d)`
+    // buffer each, summed over each key head's group afterwards.
     let threads = rayon::current_num_threads();
     let chunks = if bh >= threads { 1 } else { (2 * threads).div_ceil(bh).min(nkt) };
     let mut partials = vec![0.0f32; bh * chunks * t * d];
-    let (dk_out, dv_out) = (SendPtr(p.dk), SendPtr(p.dv));
+    let tk = p.kv_len;
+    let grouped = p.kv_heads != p.heads;
+    let mut per_head = if grouped { vec![0.0f32; 2 * bh * tk * d] } else { Vec::new() };
+    let (dk_out, dv_out) = if grouped {
+        let (dk, dv) = per_head.split_at_mut(bh * tk * d);
+        let strides = [p.heads * tk * d, tk * d, d];
+        (SendPtr(RawTensor { ptr: dk.as_mut_ptr(), strides }), SendPtr(RawTensor { ptr: dv.as_mut_ptr(), strides }))
+    } else {
+        (SendPtr(p.dk), SendPtr(p.dv))
+    };
     partials.par_chunks_mut(t * d).enumerate().for_each_init(
         || BwdScratch::new(dims),
         |sc, (task, dq_part)| {
@@ -489,6 +515,13 @@ unsafe fn backward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resu
         },
     );
 
+    if grouped {
+        // SAFETY: forwarded; `per_head` holds every query head's rows.
+        unsafe { sum_groups(p, &per_head[..bh * tk * d], p.dk) };
+        // SAFETY: as above.
+        unsafe { sum_groups(p, &per_head[bh * tk * d..], p.dv) };
+    }
+
     // Phase C: dq = sum of the partials, then back through the L2 normalisation.
     let dq_out = SendPtr(p.dq);
     partials.par_chunks_mut(chunks * t * d).enumerate().for_each(|(x, parts)| {
@@ -513,6 +546,30 @@ unsafe fn backward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resu
     Ok(())
 }
 
+/// Writes, for every key head, the sum over its group of query heads of `per_head` (contiguous
+/// `(B, H, T_k, d)`) to `out` (`(B, H_kv, T_k, d)`).
+///
+/// # Safety
+/// `out` must be valid for writes of every row, and alias nothing else.
+unsafe fn sum_groups(p: &F32Params, per_head: &[f32], out: RawTensor<*mut f32>) {
+    let (tk, d, group) = (p.kv_len, p.head_dim, p.heads / p.kv_heads);
+    let out = SendPtr(out);
+    (0..p.batch * p.kv_heads).into_par_iter().for_each(|x| {
+        // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+        #[allow(clippy::redundant_locals)]
+        let out = out;
+        let (b, hk) = (x / p.kv_heads, x % p.kv_heads);
+        let first = (b * p.heads + hk * group) * tk * d;
+        let mut sum = per_head[first..first + tk * d].to_vec();
+        for m in 1..group {
+            let h = first + m * tk * d;
+            sum.iter_mut().zip(&per_head[h..h + tk * d]).for_each(|(a, &x)| *a += x);
+        }
+        // SAFETY: forwarded; this task alone writes key head (b, hk).
+        unsafe { write_rows(out.0, b, hk, 0, d, &sum) };
+    });
+}
+
 fn raw<P>(ptr: P, x: &ArrayView4<'_, f32>) -> RawTensor<P> {
     let s = x.strides();
     RawTensor { ptr, strides: [s[0] as usize, s[1] as usize, s[2] as usize] }
@@ -523,7 +580,9 @@ fn raw_mut(x: &mut Array4<f32>) -> RawTensor<*mut f32> {
     RawTensor { ptr: x.as_mut_ptr(), strides: [s[0] as usize, s[1] as usize, s[2] as usize] }
 }
 
-/// Checks inputs exactly as attn-core does (same typed errors), plus what only the kernels need.
+/// Checks inputs exactly as attn-core's [`forward`](attn_core::forward) does (same typed errors:
+/// queries that continue a sequence and grouped-query attention included), plus what only the
+/// kernels need.
 fn check(
     variant: &Variant,
     q: &ArrayView4<'_, f32>,
@@ -531,8 +590,8 @@ fn check(
     v: &ArrayView4<'_, f32>,
     d_out: Option<&ArrayView4<'_, f32>>,
 ) -> Result<()> {
-    attn_core::check_inputs(variant, q, k, v, d_out)?;
-    if v.shape() != q.shape() {
+    attn_core::check_inputs_cached(variant, q, k, v, d_out)?;
+    if v.shape()[3] != q.shape()[3] {
         return Err(Error::NotFused {
             variant: variant.to_string(),
             reason: "the fused kernels need v to have the head dimension of q and k",
@@ -556,7 +615,9 @@ fn base_params(q: &ArrayView4<'_, f32>, k: &ArrayView4<'_, f32>, v: &ArrayView4<
     F32Params {
         batch: sh[0],
         heads: sh[1],
+        kv_heads: k.shape()[1],
         seq_len: sh[2],
+        kv_len: k.shape()[2],
         head_dim: sh[3],
         q: raw(q.as_ptr(), q),
         k: raw(k.as_ptr(), k),
@@ -572,8 +633,10 @@ fn base_params(q: &ArrayView4<'_, f32>, k: &ArrayView4<'_, f32>, v: &ArrayView4<
 }
 
 /// Causal attention output `(B, H, T, d)` of `variant`, fused (never `T x T`), with default
-/// [`Options`]. Same checks and errors as [`attn_core::forward`]; variants that are not fused give
-/// [`Error::NotFused`].
+/// [`Options`]. As [`attn_core::forward`], `k` and `v` may be `(B, H_kv, T_k, d)`: grouped-query
+/// attention (`H` a multiple of `H_kv`) and queries that continue a sequence (`q` holds its last `T`
+/// of `T_k` rows: one decoding step against a KV cache, a chunk of a prefill). Same checks and
+/// errors as [`attn_core::forward`]; variants that are not fused give [`Error::NotFused`].
 pub fn forward<'a>(
     variant: &Variant,
     q: impl AsArray<'a, f32, Ix4>,
@@ -622,7 +685,8 @@ fn forward_stats(
 }
 
 /// Gradients of `sum(d_out * forward(q, k, v))` with respect to `q`, `k`, `v`, fused, with
-/// default [`Options`] (runs the forward for its statistics first).
+/// default [`Options`] (runs the forward for its statistics first). Shapes as [`forward`]; `dk` and
+/// `dv` have the shape of `k` and `v`, summed over each key head's group of query heads.
 pub fn backward<'a>(
     variant: &Variant,
     q: impl AsArray<'a, f32, Ix4>,
@@ -648,9 +712,12 @@ pub fn backward_with<'a>(
     let (q, k, v, g) = (q.view(), k.view(), v.view(), g.view());
     let keep_aux = variant.reweight.is_some() && opts.tuning.reweight_helper;
     let (mut o, mut stats, mut aux) = forward_stats(variant, &q, &k, &v, opts, keep_aux)?;
-    let sh = q.shape();
-    let shape = (sh[0], sh[1], sh[2], sh[3]);
-    let (mut dq, mut dk, mut dv) = (Array4::zeros(shape), Array4::zeros(shape), Array4::zeros(shape));
+    let (sh, kv) = (q.shape(), k.shape());
+    let (mut dq, mut dk, mut dv) = (
+        Array4::zeros((sh[0], sh[1], sh[2], sh[3])),
+        Array4::zeros((kv[0], kv[1], kv[2], kv[3])),
+        Array4::zeros((kv[0], kv[1], kv[2], kv[3])),
+    );
     let mut p = base_params(&q, &k, &v);
     p.o = raw_mut(&mut o);
     p.stats = stats.as_mut_ptr();

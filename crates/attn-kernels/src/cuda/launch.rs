@@ -20,6 +20,14 @@ pub(super) fn check_params(p: &Params) -> Result<()> {
             p.batch, p.heads, p.seq_len, p.head_dim
         )));
     }
+    p.check_kv()?;
+    if !p.is_plain() {
+        return Err(Error::BadParams(format!(
+            "the CUDA kernels take whole sequences with a key head per query head; got {} query rows of {} \
+             keys and {} query heads on {} key heads (the CPU kernels take these)",
+            p.seq_len, p.kv_len, p.heads, p.kv_heads
+        )));
+    }
     if p.head_dim > super::MAX_HEAD_DIM {
         return Err(Error::BadParams(format!(
             "head dimension {} > {} has no CUDA kernel",

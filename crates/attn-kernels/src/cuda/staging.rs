@@ -80,7 +80,9 @@ fn staged_forward(x: &dyn Exec, cfg: &Config, [q, k, v]: [&ArrayView4<'_, f32>; 
     let params = Params {
         batch: sh[0],
         heads: sh[1],
+        kv_heads: sh[1],
         seq_len: sh[2],
+        kv_len: sh[2],
         head_dim: sh[3],
         q: contiguous::<std::ffi::c_void>(inputs[0].addr(), shape).as_const(),
         k: contiguous::<std::ffi::c_void>(inputs[1].addr(), shape).as_const(),

@@ -24,8 +24,8 @@
 //! ([`Params::rw_aux`], `d + 1` floats per row): the buffer holds the `B·H·T` rows of
 //! statistics, then the helper's, and the handle's `aux` tells the callbacks so.
 //!
-//! CUDA kernels: [`cuda::Kernel::Auto`] unless `LSSA_CUDA_KERNEL` (`auto`, `v1`, `v2`, `v3`, `v5`, `v7`, `v8`;
-//! read at first use) or [`set_cuda_kernel`] says otherwise.
+//! CUDA kernels: [`cuda::Kernel::Auto`] unless `LSSA_CUDA_KERNEL` (`auto`, or with the `lab` feature
+//! `v1` to `v9`; read at first use) or [`set_cuda_kernel`] says otherwise.
 //!
 //! Errors: a kernel error (or a panic, caught) becomes a heap string returned to C++, which raises a
 //! `c10::Error`; [`attention`] gets every C++ exception back as a message ([`FusedError::Bridge`]). A
@@ -218,7 +218,10 @@ fn with_helper(p: &Params, aux: bool) -> Params {
     Params { rw_aux: p.stats.wrapping_add(rows * cpu::STATS_PER_ROW), ..*p }
 }
 
-/// Fused causal attention of `(B, H, T, d)` tensors, differentiable through libtorch's autograd.
+/// Fused causal attention of `(B, H, T, d)` queries on `(B, H_kv, T_k, d)` keys and values,
+/// differentiable through libtorch's autograd: `H` a multiple of `H_kv` (grouped-query attention),
+/// `T_k >= T` (the queries are the last `T` rows of the `T_k`-long sequence: a decoding step against
+/// a KV cache). On CUDA only `H_kv = H` and `T_k = T` (the kernel says so).
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, variant: &Variant) -> Result<Tensor, FusedError> {
     let dtype = match q.device() {
         Device::Cpu => {
@@ -248,9 +251,18 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, variant: &Variant) -> Resul
         }
     }
     let (qs, ks, vs) = (q.size(), k.size(), v.size());
-    if qs.len() != 4 || ks != qs || vs != qs {
+    let fits = qs.len() == 4
+        && ks.len() == 4
+        && vs == ks
+        && ks[0] == qs[0]
+        && ks[3] == qs[3]
+        && ks[1] > 0
+        && qs[1] % ks[1] == 0
+        && ks[2] >= qs[2];
+    if !fits {
         return Err(FusedError::Shape(format!(
-            "q, k, v must be equal (B, H, T, d) shapes, got {qs:?}, {ks:?}, {vs:?}"
+            "q must be (B, H, T, d) and k, v (B, H_kv, T_k, d) with H a multiple of H_kv and T_k >= T, got {qs:?}, \
+             {ks:?}, {vs:?}"
         )));
     }
     if qs.contains(&0) {

@@ -1,0 +1,184 @@
+//! The CPU kernels on queries that continue a sequence (a KV cache: `q` holds the last `T_q` of
+//! `T_k` rows) and on grouped-query attention (`H` query heads on `H_kv` key heads), against the
+//! attn-core f64 reference and against the kernels' own whole-sequence results.
+//!
+//! Tolerance: the whole-sequence kernel's own error against the f64 reference is the yardstick (its
+//! bound is the subject of `against_reference.rs`): a cached or grouped call must be within 2x that
+//! error, plus 64 ulps of the output scale (times `max(1, p / 4)` with re-weighting, whose `u = N a - 1`
+//! amplifies roundings by `p`). The per-row maths is the same; only which rows share a tile, and
+//! whether the call's scores are provably in range (`engine::scores_in_range`, over the call's rows),
+//! can differ.
+
+mod common;
+use common::FUSED;
+
+use attn_core::Variant;
+use attn_core::fixtures::{max_abs, random_array};
+use attn_kernels::cpu;
+use ndarray::{Array4, Axis, s};
+
+fn variant(name: &str) -> Variant {
+    name.parse().unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn to64(x: &Array4<f32>) -> Array4<f64> {
+    x.mapv(f64::from)
+}
+
+fn max_abs_diff(a: &Array4<f32>, b: &Array4<f64>) -> f64 {
+    assert_eq!(a.shape(), b.shape());
+    a.iter().zip(b).fold(0.0, |m, (&x, &y)| m.max((f64::from(x) - y).abs()))
+}
+
+/// `x` (B, H_kv, T, d) with each key head repeated for its `group` query heads: (B, H_kv·group, T, d).
+fn repeat_heads(x: &Array4<f32>, group: usize) -> Array4<f32> {
+    let sh = x.shape();
+    Array4::from_shape_fn((sh[0], sh[1] * group, sh[2], sh[3]), |(b, h, t, c)| x[[b, h / group, t, c]])
+}
+
+/// The sum over each group of `group` consecutive heads: the inverse of [`repeat_heads`] for gradients.
+fn sum_groups(x: &Array4<f32>, group: usize) -> Array4<f32> {
+    let sh = x.shape();
+    Array4::from_shape_fn((sh[0], sh[1] / group, sh[2], sh[3]), |(b, hk, t, c)| {
+        (0..group).map(|m| x[[b, hk * group + m, t, c]]).sum()
+    })
+}
+
+fn bound(whole_err: f64, reference: &Array4<f64>, p: Option<u32>) -> f64 {
+    let floor = p.map_or(1.0, |p| (f64::from(p) / 4.0).max(1.0));
+    2.0 * whole_err + floor * 64.0 * f64::from(f32::EPSILON) * max_abs(reference).max(1.0)
+}
+
+/// Random inputs: q (B, H, T, d), k and v (B, H_kv, T, d), the upstream gradient (B, H, T, d).
+struct Case {
+    q: Array4<f32>,
+    k: Array4<f32>,
+    v: Array4<f32>,
+    g: Array4<f32>,
+    group: usize,
+}
+
+impl Case {
+    fn new([b, h, h_kv, t, d]: [usize; 5], seed: u64) -> Self {
+        Self {
+            q: random_array([b, h, t, d], seed),
+            k: random_array([b, h_kv, t, d], seed + 1),
+            v: random_array([b, h_kv, t, d], seed + 2),
+            g: random_array([b, h, t, d], seed + 3),
+            group: h / h_kv,
+        }
+    }
+}
+
+#[test]
+fn grouped_query_attention_equals_repeated_key_heads_with_summed_gradients() {
+    let c = Case::new([2, 4, 2, 37, 24], 11);
+    let (kr, vr) = (repeat_heads(&c.k, c.group), repeat_heads(&c.v, c.group));
+    for name in FUSED {
+        let v = variant(name);
+        let want = attn_core::forward(&v, &to64(&c.q), &to64(&c.k), &to64(&c.v)).unwrap();
+        let whole = cpu::forward(&v, &c.q, &kr, &vr).unwrap();
+        let got = cpu::forward(&v, &c.q, &c.k, &c.v).unwrap();
+        let tol = bound(max_abs_diff(&whole, &want), &want, v.reweight);
+        let err = max_abs_diff(&got, &want);
+        assert!(err <= tol, "{name}: grouped forward error {err:.3e} > {tol:.3e}");
+
+        let want = attn_core::backward(&v, &to64(&c.q), &to64(&c.k), &to64(&c.v), &to64(&c.g)).unwrap();
+        let whole = cpu::backward(&v, &c.q, &kr, &vr, &c.g).unwrap();
+        let got = cpu::backward(&v, &c.q, &c.k, &c.v, &c.g).unwrap();
+        assert_eq!(got.dk.shape(), c.k.shape());
+        assert_eq!(got.dv.shape(), c.v.shape());
+        for (what, got, whole, want) in [
+            ("dq", &got.dq, whole.dq.clone(), &want.dq),
+            ("dk", &got.dk, sum_groups(&whole.dk, c.group), &want.dk),
+            ("dv", &got.dv, sum_groups(&whole.dv, c.group), &want.dv),
+        ] {
+            let tol = bound(max_abs_diff(&whole, want), want, v.reweight);
+            let err = max_abs_diff(got, want);
+            assert!(err <= tol, "{name}: grouped {what} error {err:.3e} > {tol:.3e}");
+        }
+    }
+}
+
+/// Decoding one token at a time, and a prefill in uneven chunks, give the rows of the whole
+/// sequence's forward: for every fused variant, re-weighting included, on grouped heads. Except
+/// `relu-seqlen` (and its re-weighting), which divides by the sequence's length, so that a row's
+/// output depends on how many keys the call holds: there each call must match the reference of the
+/// same call.
+#[test]
+fn decoding_row_by_row_and_chunked_prefill_equal_the_whole_forward() {
+    let c = Case::new([1, 4, 2, 45, 16], 23);
+    let t = c.q.shape()[2];
+    for name in FUSED {
+        let v = variant(name);
+        let whole = cpu::forward(&v, &c.q, &c.k, &c.v).unwrap();
+        let want = attn_core::forward(&v, &to64(&c.q), &to64(&c.k), &to64(&c.v)).unwrap();
+        let tol = bound(max_abs_diff(&whole, &want), &want, v.reweight);
+        let by_length = v.stage1.norm == attn_core::Norm::DivLen;
+        // The calls: one row at a time (row r against keys 0..=r), then chunks that start and end
+        // inside a tile.
+        let steps: Vec<(usize, usize)> = (0..t).map(|r| (r, r + 1)).collect();
+        for (what, calls) in [("decoded rows", steps), ("chunked prefill", vec![(0, 7), (7, 8), (8, 33), (33, t)])] {
+            let mut rows = Vec::new();
+            for (a, b) in calls {
+                let (q, k, val) =
+                    (c.q.slice(s![.., .., a..b, ..]), c.k.slice(s![.., .., ..b, ..]), c.v.slice(s![.., .., ..b, ..]));
+                let o = cpu::forward(&v, q, k, val).unwrap();
+                let call =
+                    attn_core::forward(&v, &q.mapv(f64::from), &k.mapv(f64::from), &val.mapv(f64::from)).unwrap();
+                let err = max_abs_diff(&o, &call);
+                assert!(err <= tol, "{name}: {what}, rows {a}..{b}: error {err:.3e} > {tol:.3e}");
+                rows.push(o);
+            }
+            let views: Vec<_> = rows.iter().map(|x| x.view()).collect();
+            let joined = ndarray::concatenate(Axis(2), &views).unwrap();
+            let err = max_abs_diff(&joined, &want);
+            if by_length {
+                assert!(err > 1e-3, "{name}: {what} should differ from the whole sequence's rows (T differs)");
+            } else {
+                assert!(err <= tol, "{name}: {what}' error against the whole forward {err:.3e} > {tol:.3e}");
+            }
+        }
+    }
+}
+
+/// The backward of queries that continue a sequence: `dq` of those rows, and `dk`, `dv` of every
+/// key from those rows alone, against the f64 reference of the same call.
+#[test]
+fn the_backward_of_a_continuing_chunk_matches_the_reference() {
+    let c = Case::new([2, 4, 2, 41, 24], 37);
+    let a = 29; // q: rows 29..41 of the 41-row sequence
+    let q = c.q.slice(s![.., .., a.., ..]).to_owned();
+    let g = c.g.slice(s![.., .., a.., ..]).to_owned();
+    for name in FUSED {
+        let v = variant(name);
+        let whole = cpu::backward(&v, &c.q, &c.k, &c.v, &c.g).unwrap();
+        let whole_want = attn_core::backward(&v, &to64(&c.q), &to64(&c.k), &to64(&c.v), &to64(&c.g)).unwrap();
+        let want = attn_core::backward(&v, &to64(&q), &to64(&c.k), &to64(&c.v), &to64(&g)).unwrap();
+        let got = cpu::backward(&v, &q, &c.k, &c.v, &g).unwrap();
+        for (what, got, whole, whole_want, want) in [
+            ("dq", &got.dq, &whole.dq, &whole_want.dq, &want.dq),
+            ("dk", &got.dk, &whole.dk, &whole_want.dk, &want.dk),
+            ("dv", &got.dv, &whole.dv, &whole_want.dv, &want.dv),
+        ] {
+            let tol = bound(max_abs_diff(whole, whole_want), whole_want, v.reweight);
+            let err = max_abs_diff(got, want);
+            assert!(err <= tol, "{name}: {what} of rows {a}.. error {err:.3e} > {tol:.3e}");
+        }
+    }
+}
+
+#[test]
+fn shapes_that_do_not_continue_a_sequence_are_refused_as_attn_core_refuses_them() {
+    let v = variant("lssa+rw15");
+    let q = random_array::<f32>([1, 4, 8, 16], 1);
+    for (k_shape, what) in
+        [([1, 3, 8, 16], "3 key heads for 4 query heads"), ([1, 2, 7, 16], "7 keys for 8 query rows")]
+    {
+        let k = random_array::<f32>(k_shape, 2);
+        let err = cpu::forward(&v, &q, &k, &k).unwrap_err().to_string();
+        let want = attn_core::forward(&v, &to64(&q), &to64(&k), &to64(&k)).unwrap_err().to_string();
+        assert_eq!(err, want, "{what}");
+        assert!(err.contains("H_kv") && err.contains("T_k"), "{what}: {err}");
+    }
+}

@@ -1,0 +1,32 @@
+//! What the CPU kernels' test files share.
+
+/// Every variant the CPU kernels fuse (Tables 3 and 4, plus re-weighting with several `p`).
+pub const FUSED: &[&str] = &[
+    "softmax",
+    "lssa",
+    "softplus-l1",
+    "relu-l1",
+    "relu2-l1",
+    "relu6-l1",
+    "gelu-l1",
+    "sigmoid-l1",
+    "mish-l1",
+    "exp-nonorm",
+    "linear",
+    "linear-l1",
+    "sigmoid-bias:t_train=64",
+    "sigmoid-rowbias",
+    "sigmoid-rowbias-l1",
+    "relu-seqlen",
+    "relu-rowlen",
+    "relu-ln",
+    "lssa+rw1",
+    "lssa+rw3",
+    "lssa+rw15",
+    "lssa+rw64",
+    "softmax+rw3",
+    "softmax+rw15",
+    "sigmoid-rowbias-l1+rw3",
+    "sigmoid-rowbias-l1+rw15",
+    "relu-seqlen+rw3",
+];
