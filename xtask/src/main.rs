@@ -187,8 +187,11 @@ fn python_tests(workspace: &Path, torch: &setup::Torch, pytest_args: &[String]) 
     let start = Instant::now();
     let python = torch_python(torch)?;
     let krate = workspace.join("crates").join("lssa-py");
-    for (module, what) in [("maturin", "build the wheel"), ("pytest", "run the tests")] {
-        let ok = Command::new(&python).args(["-m", module, "--version"]).output().is_ok_and(|o| o.status.success());
+    for (module, what) in
+        [("maturin", "build the wheel"), ("pytest", "run the tests"), ("transformers", "test lssa.hf")]
+    {
+        let probe = format!("import {module}");
+        let ok = Command::new(&python).args(["-c", &probe]).output().is_ok_and(|o| o.status.success());
         if !ok {
             bail!(
                 "{} has no {module} to {what} of crates/lssa-py: run `cargo xtask setup` (it installs {}), \
@@ -224,6 +227,8 @@ fn python_tests(workspace: &Path, torch: &setup::Torch, pytest_args: &[String]) 
     run_cmd(&mut install)?;
     let built = start.elapsed().as_secs_f64();
     let mut pytest = Command::new(&python);
+    // The set-up installs transformers with the test tools: lssa.hf's tests must run, never skip.
+    pytest.env("LSSA_REQUIRE_TRANSFORMERS", "1");
     pytest.current_dir(&krate).args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]).args(pytest_args);
     run_cmd(&mut pytest)?;
     eprintln!(

@@ -183,8 +183,9 @@ fn ensure_nccl_headers(venv: &Path) {
 }
 
 /// The Python packages the test suite needs beside torch, pinned: maturin builds the `lssa` wheel
-/// (crates/lssa-py), pytest runs its tests, numpy reads the token shards in `examples/`.
-pub const PYTHON_TOOLS: [&str; 3] = ["maturin==1.16.0", "pytest==9.2.0", "numpy==2.4.6"];
+/// (crates/lssa-py), pytest runs its tests, numpy reads the token shards in `examples/`, transformers
+/// is what `lssa.hf` plugs into (its tests build tiny Llama models from configs, nothing downloaded).
+pub const PYTHON_TOOLS: [&str; 4] = ["maturin==1.16.0", "pytest==9.2.0", "numpy==2.4.6", "transformers==5.24.0"];
 /// Holds the [`PYTHON_TOOLS`] list a venv got; a different list (a newer pin) installs again.
 const PYTHON_TOOLS_MARKER: &str = ".python-tools";
 

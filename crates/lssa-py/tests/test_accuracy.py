@@ -110,7 +110,7 @@ def test_strided_views_of_a_fused_qkv_are_read_in_place(monkeypatch, no_fallback
     real_forward = lssa._ops._lssa.forward
 
     def spy(*args):
-        seen.append(args[4:7])  # the (pointer, strides) of q, k, v
+        seen.append(args[5:8])  # the (pointer, strides) of q, k, v
         return real_forward(*args)
 
     monkeypatch.setattr(lssa._ops._lssa, "forward", spy)
@@ -176,7 +176,7 @@ def test_no_grad_calls_keep_no_backward_helper(monkeypatch):
     # The re-weighting helper (d + 1 floats per row) is kept only when autograd will need it.
     kept = []
     real_forward = lssa._ops._lssa.forward
-    monkeypatch.setattr(lssa._ops._lssa, "forward", lambda *a: (kept.append(a[9] != 0), real_forward(*a))[1])
+    monkeypatch.setattr(lssa._ops._lssa, "forward", lambda *a: (kept.append(a[10] != 0), real_forward(*a))[1])
     q, k, v, _ = inputs((1, 2, 40, 16), 4)
     with torch.no_grad():
         lssa.attention(q, k, v, "lssa+rw15")

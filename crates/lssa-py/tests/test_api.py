@@ -78,11 +78,12 @@ def test_bad_inputs_raise_the_right_exception_with_a_clear_message():
         (ValueError, "must be (B, H, T, d) tensors, got shapes (2, 8, 16)", lambda: lssa.attention(q[0], k[0], v[0])),
         (
             ValueError,
-            "k must have the shape of q: q is (1, 2, 8, 16), k is (1, 2, 7, 16)",
+            "for q (B, H, T, d) = (1, 2, 8, 16), with H a multiple of H_kv (grouped-query attention) and T_k >= T",
             lambda: lssa.attention(q, k[:, :, :7], v),
         ),
-        (ValueError, "k must have the shape of q", lambda: lssa.attention(q, k[..., :8], v)),
-        (ValueError, "v must have the (B, H, T) of q", lambda: lssa.attention(q, k, v[:, :1])),
+        (ValueError, "k must be (B, H_kv, T_k, d) for q (B, H, T, d)", lambda: lssa.attention(q, k[..., :8], v)),
+        (ValueError, "got (1, 3, 8, 16)", lambda: lssa.attention(q, torch.randn(1, 3, 8, 16), v)),
+        (ValueError, "v must have the (B, H_kv, T_k) of k", lambda: lssa.attention(q, k, v[:, :1])),
         (ValueError, "T and d must be >= 1", lambda: lssa.attention(q[:, :, :0], k[:, :, :0], v[:, :, :0])),
         (TypeError, "must be floating-point tensors, got torch.int64", lambda: lssa.attention(ints, ints, ints)),
         (TypeError, "must have one dtype, got torch.float32, torch.float64", lambda: lssa.attention(q, k.double(), v)),
@@ -111,7 +112,7 @@ def raw_call(**overrides):
     out, stats = torch.empty_like(q), torch.empty(1, 2, 8, 4)
     raw = lambda x: (x.data_ptr(), *x.stride()[:3])  # noqa: E731
     args = dict(
-        variant="lssa+rw15", device="cpu", dtype="float32", shape=(1, 2, 8, 16), q=raw(q), k=raw(k), v=raw(v),
+        variant="lssa+rw15", device="cpu", dtype="float32", shape=(1, 2, 8, 16), kv=(2, 8), q=raw(q), k=raw(k), v=raw(v),
         out=raw(out), stats=stats.data_ptr(), aux=0, stream=0, threads=1,
     )
     args.update(overrides)
@@ -126,6 +127,8 @@ def test_the_raw_extension_refuses_what_it_cannot_run_with_python_exceptions():
         (TypeError, "the fused CPU kernels take float32 tensors, got float64", dict(dtype="float64")),
         (TypeError, "no fused kernels for device `mps`", dict(device="mps")),
         (ValueError, "every size must be >= 1, got (B, H, T, d) = (1, 2, 0, 16)", dict(shape=(1, 2, 0, 16))),
+        (ValueError, "H = 2 must be a multiple of H_kv = 3", dict(kv=(3, 8))),
+        (ValueError, "T_k = 7 >= T = 8", dict(kv=(2, 7))),
         (ValueError, "`q` is a null pointer", dict(q=(0, 256, 128, 16))),
         (ValueError, "`stats` is a null pointer", dict(stats=0)),
         (ValueError, "legacy default stream", dict(device="cuda", stream=0x1234)),
@@ -171,7 +174,7 @@ def test_a_value_head_dimension_of_its_own_runs_the_materialised_path():
 def test_the_ops_called_directly_check_what_keeps_the_kernels_in_bounds():
     q, k, v = qkv()
     fwd, bwd = torch.ops.lssa.attention_fwd, torch.ops.lssa.attention_bwd
-    with pytest.raises(ValueError, match="k must have the shape of q"):
+    with pytest.raises(ValueError, match=r"k must be \(B, H_kv, T_k, d\)"):
         fwd(q, k[:, :, :4], v, "lssa", False)
     with pytest.raises(TypeError, match="v is torch.float64 on cpu, q is torch.float32"):
         fwd(q, k, v.double(), "lssa", False)

@@ -3,7 +3,10 @@
     import lssa
     y = lssa.attention(q, k, v, variant="lssa+rw15")   # where you called F.scaled_dot_product_attention
 
-``q, k, v`` are ``(B, H, T, d)`` tensors, attention is causal. Any variant name that attn-core parses
+``q`` is ``(B, H, T, d)``, ``k`` and ``v`` are ``(B, H_kv, T_k, d)``, attention is causal: grouped-query
+attention (``H`` a multiple of ``H_kv``, keys read without copies) and queries that continue a sequence
+(``q`` holds its last ``T <= T_k`` rows: a decoding step against a KV cache, a chunk of a prefill) work
+on every backend, fused included. ``lssa.hf`` plugs the variants into Hugging Face transformers. Any variant name that attn-core parses
 works: a stage-1 preset of :func:`variants` (``softmax``, ``lssa``, the paper's Table 1-4 baselines),
 optionally with parameters and re-weighting, ``<stage1>[:<key>=<value>,...][+rw<p>]`` (``GRAMMAR``);
 ``lssa+rw15`` is LSSAR, and post-hoc re-weighting of an LSSA model is just ``lssa+rw<p>`` at inference.
@@ -169,11 +172,16 @@ def _check(q: Tensor, k: Tensor, v: Tensor, variant: str, causal: bool, rows_con
             f"lssa.attention: q, k, v must be (B, H, T, d) tensors, got shapes {tuple(q.shape)}, "
             f"{tuple(k.shape)}, {tuple(v.shape)}"
         )
-    if k.shape != q.shape:
-        raise ValueError(f"lssa.attention: k must have the shape of q: q is {tuple(q.shape)}, k is {tuple(k.shape)}")
-    if v.shape[:3] != q.shape[:3]:
+    (b, h, t, d), (kb, h_kv, t_k, kd) = q.shape, k.shape
+    if kb != b or kd != d or h_kv == 0 or h % h_kv or t_k < t:
         raise ValueError(
-            f"lssa.attention: v must have the (B, H, T) of q: q is {tuple(q.shape)}, v is {tuple(v.shape)}"
+            f"lssa.attention: k must be (B, H_kv, T_k, d) for q (B, H, T, d) = {tuple(q.shape)}, with H a multiple "
+            f"of H_kv (grouped-query attention) and T_k >= T (q holds the last T rows of the T_k-long sequence), "
+            f"got {tuple(k.shape)}"
+        )
+    if v.shape[:3] != k.shape[:3]:
+        raise ValueError(
+            f"lssa.attention: v must have the (B, H_kv, T_k) of k: k is {tuple(k.shape)}, v is {tuple(v.shape)}"
         )
     if q.shape[2] == 0 or q.shape[3] == 0 or v.shape[3] == 0:
         raise ValueError(
@@ -207,7 +215,12 @@ def backend_for(variant: str, device="cpu", dtype: torch.dtype = torch.float32, 
 def attention(
     q: Tensor, k: Tensor, v: Tensor, variant: str = "lssa+rw15", causal: bool = True, backend: str = "auto"
 ) -> Tensor:
-    """Causal attention of ``variant`` on ``(B, H, T, d)`` tensors: the output, ``(B, H, T, d)``.
+    """Causal attention of ``variant``: the output ``(B, H, T, d_v)`` of ``(B, H, T, d)`` queries on
+    ``(B, H_kv, T_k, d)`` keys and ``(B, H_kv, T_k, d_v)`` values. ``H`` a multiple of ``H_kv``
+    (grouped-query attention: query head ``h`` reads key head ``h // (H // H_kv)``); ``T_k >= T``: the
+    queries are the last ``T`` rows of the causal sequence of ``T_k`` keys, so query row ``r`` sees keys
+    ``0 .. T_k - T + r`` and its ``N`` (the LSSA scale, re-weighting's offset) is ``T_k - T + r + 1``,
+    exactly as that row of the whole sequence. Decoding one token against a cache is ``T = 1``.
 
     ``backend``: ``"auto"`` (the default) runs a fused kernel where one exists (CPU float32; CUDA
     float32, float16, bfloat16), else the materialised :func:`reference_attention` with a one-time
@@ -219,7 +232,7 @@ def attention(
     ``q, k, v`` may be any strided views whose last dimension is contiguous (``qkv.unbind`` / slices of a
     fused projection are read in place); differentiable with respect to all three.
 
-    Raises ``ValueError`` for shapes (not 4-D, ``k`` not the shape of ``q``, ``T`` or ``d`` of 0), a
+    Raises ``ValueError`` for shapes (not 4-D, ``k`` not ``(B, H_kv, T_k, d)`` as above, ``T`` or ``d`` of 0), a
     last dimension that is not contiguous, ``causal=False``, variant names attn-core rejects (its
     message) and an unknown backend; ``TypeError`` for non-tensors, non-floating or mixed dtypes and
     mixed devices.

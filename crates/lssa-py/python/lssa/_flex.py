@@ -87,6 +87,12 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec) -> Tensor:
     reason = unsupported_reason(spec)
     if reason is not None:
         raise ValueError(f"lssa.attention(backend='flex'): `{spec.name}` does not fit: {reason}")
+    if k.shape != q.shape or v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            "lssa.attention(backend='flex'): this backend takes whole sequences with a key head per query head "
+            f"(q {tuple(q.shape)}, k {tuple(k.shape)}); use backend='fused' or 'reference' for a KV cache or "
+            "grouped-query attention"
+        )
     on_cpu = q.device.type == "cpu"
     if on_cpu and torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         raise ValueError(

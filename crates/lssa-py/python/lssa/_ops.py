@@ -1,5 +1,8 @@
 """The fused kernels as ``torch.library`` custom ops: ``lssa::attention_fwd`` and ``lssa::attention_bwd``.
 
+``q`` is ``(B, H, T, d)``; ``k`` and ``v`` are ``(B, H_kv, T_k, d)``: grouped-query attention (``H`` a
+multiple of ``H_kv``) and queries that continue a sequence (``q`` holds its last ``T <= T_k`` rows).
+
 The forward returns the output, the row statistics the backward needs (``(B, H, T, 4)`` float32:
 ``Z_i``, the running max or layer-norm sigma, ``m_i``, ``W_i``) and, for a re-weighted variant on the
 CPU that will be differentiated, re-weighting's backward helper (``(B, H, T, d + 1)`` float32; an
@@ -59,14 +62,22 @@ def _kernel_stream(x: Tensor) -> Iterator[int]:
         current.wait_stream(default)
 
 
-def _check_same(what: str, q: Tensor, **others: Tensor) -> None:
+def _check_same(what: str, q: Tensor, k: Tensor, v: Tensor, **like_q: Tensor) -> None:
     """The checks that keep the kernels' reads and writes in bounds when the ops are called directly
     (``torch.ops.lssa.*``); ``lssa.attention`` has made them already, with friendlier messages."""
     if q.dim() != 4 or 0 in q.shape:
         raise ValueError(f"{what}: q must be a (B, H, T, d) tensor with every size >= 1, got {tuple(q.shape)}")
-    for name, x in others.items():
-        if x.shape != q.shape:
-            raise ValueError(f"{what}: {name} must have the shape of q {tuple(q.shape)}, got {tuple(x.shape)}")
+    b, h, t, d = q.shape
+    if k.dim() != 4 or 0 in k.shape or k.shape[0] != b or h % k.shape[1] or k.shape[2] < t or k.shape[3] != d:
+        raise ValueError(
+            f"{what}: k must be (B, H_kv, T_k, d) with H a multiple of H_kv and T_k >= T for q {tuple(q.shape)}, "
+            f"got {tuple(k.shape)}"
+        )
+    shapes = dict(v=k.shape, **{name: q.shape for name in like_q})
+    for name, x in dict(v=v, **like_q).items():
+        if x.shape != shapes[name]:
+            raise ValueError(f"{what}: {name} must have the shape {tuple(shapes[name])}, got {tuple(x.shape)}")
+    for name, x in dict(k=k, v=v, **like_q).items():
         if x.dtype != q.dtype or x.device != q.device:
             raise TypeError(f"{what}: {name} is {x.dtype} on {x.device}, q is {q.dtype} on {q.device}")
 
@@ -78,8 +89,9 @@ def _threads(x: Tensor) -> int:
 
 @torch.library.custom_op("lssa::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, variant: str, keep_aux: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    """Fused causal attention of ``(B, H, T, d)`` tensors: ``(out, stats, aux)``."""
-    _check_same("lssa::attention_fwd", q, k=k, v=v)
+    """Fused causal attention of ``(B, H, T, d)`` queries on ``(B, H_kv, T_k, d)`` keys and values:
+    ``(out, stats, aux)``."""
+    _check_same("lssa::attention_fwd", q, k, v)
     q, k, v = _rows(q), _rows(k), _rows(v)
     b, h, t, d = q.shape
     out = torch.empty((b, h, t, d), dtype=q.dtype, device=q.device)
@@ -95,6 +107,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, variant: str, keep_aux: bool)
             q.device.type,
             dtype_name(q.dtype),
             (b, h, t, d),
+            (k.shape[1], k.shape[2]),
             _raw(q),
             _raw(k),
             _raw(v),
@@ -121,7 +134,7 @@ def attention_bwd(
     grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, stats: Tensor, aux: Tensor, variant: str
 ) -> Tuple[Tensor, Tensor, Tensor]:
     """Gradients ``(dq, dk, dv)`` of the fused forward, from its saved tensors and ``dL/d out``."""
-    _check_same("lssa::attention_bwd", q, k=k, v=v, out=out)
+    _check_same("lssa::attention_bwd", q, k, v, out=out)
     b, h, t, d = q.shape
     if grad.shape != q.shape:
         raise ValueError(
@@ -138,8 +151,8 @@ def attention_bwd(
     grad = _rows(grad.to(q.dtype))
     stats, aux = stats.contiguous(), aux.contiguous()  # locals: the pointers below must stay valid for the call
     dq = torch.empty((b, h, t, d), dtype=q.dtype, device=q.device)
-    dk = torch.empty_like(dq)
-    dv = torch.empty_like(dq)
+    dk = torch.empty(k.shape, dtype=q.dtype, device=q.device)
+    dv = torch.empty(k.shape, dtype=q.dtype, device=q.device)
     keep_aux = aux.numel() > 0
     with _kernel_stream(q) as stream:
         _lssa.backward(
@@ -147,6 +160,7 @@ def attention_bwd(
             q.device.type,
             dtype_name(q.dtype),
             (b, h, t, d),
+            (k.shape[1], k.shape[2]),
             _raw(q),
             _raw(k),
             _raw(v),
@@ -167,7 +181,7 @@ def attention_bwd(
 def _attention_bwd_fake(
     grad: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, stats: Tensor, aux: Tensor, variant: str
 ) -> Tuple[Tensor, Tensor, Tensor]:
-    return q.new_empty(q.shape), q.new_empty(q.shape), q.new_empty(q.shape)
+    return q.new_empty(q.shape), q.new_empty(k.shape), q.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output) -> None:

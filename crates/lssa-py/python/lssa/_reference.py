@@ -14,7 +14,10 @@ attn-core (``_lssa.describe``), the formulas are those of docs/SPEC.md (sections
               w_ij = r_ij / sum_j r_ij                  (m_i == 0: w_ij = a_ij)
     output    o_i  = sum_j w_ij v_j                     (relu-ln: then a layer norm over d)
 
-Rows are 1-indexed in the maths: row ``i`` sees keys ``j <= i`` and ``N_i = i``. Half-precision
+Rows are 1-indexed in the maths: row ``i`` sees keys ``j <= i`` and ``N_i = i``. ``q`` may hold the
+last ``T_q`` rows of a ``T_k``-long sequence (``k``, ``v``: all ``T_k``; a decoding step against a KV
+cache), so its row ``r`` is row ``T_k - T_q + r + 1``; and ``k``, ``v`` may have fewer heads than ``q``
+(grouped-query attention: each key head serves ``H / H_kv`` consecutive query heads). Half-precision
 inputs are computed in float32 and the result is rounded back; float64 stays float64.
 """
 
@@ -79,14 +82,18 @@ def _guarded_div(x: Tensor, z: Tensor) -> Tensor:
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec) -> Tensor:
-    """Causal attention of ``spec`` on ``(B, H, T, d)`` tensors (``v`` may have its own ``d_v``)."""
+    """Causal attention of ``spec``: ``q`` ``(B, H, T_q, d)``, ``k`` ``(B, H_kv, T_k, d)`` and ``v``
+    ``(B, H_kv, T_k, d_v)`` with ``T_k >= T_q`` and ``H`` a multiple of ``H_kv``."""
     out_dtype = q.dtype
     ct = torch.promote_types(q.dtype, torch.float32)
     q, k, v = q.to(ct), k.to(ct), v.to(ct)
-    t, d = q.shape[-2], q.shape[-1]
+    group = q.shape[1] // k.shape[1]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    t_q, t, d = q.shape[-2], k.shape[-2], q.shape[-1]
     dev = q.device
-    n = torch.arange(1, t + 1, dtype=ct, device=dev).unsqueeze(-1)  # (T, 1): N_i
-    future = torch.ones(t, t, dtype=torch.bool, device=dev).triu(1)  # (T, T): key j > row i
+    n = torch.arange(t - t_q + 1, t + 1, dtype=ct, device=dev).unsqueeze(-1)  # (T_q, 1): N_i
+    future = torch.ones(t_q, t, dtype=torch.bool, device=dev).triu(t - t_q + 1)  # (T_q, T_k): key j > row i
 
     if spec.scores == "cosine":
         q = q / torch.linalg.vector_norm(q, dim=-1, keepdim=True).clamp_min(L2_NORM_EPS)
