@@ -182,3 +182,29 @@ fn shapes_that_do_not_continue_a_sequence_are_refused_as_attn_core_refuses_them(
         assert!(err.contains("H_kv") && err.contains("T_k"), "{what}: {err}");
     }
 }
+
+/// Calls of at most `DIRECT_MAX_ROWS` (4) query rows compute their scores from `k` as it is, without
+/// packing it; 5 rows pack. Both on every instruction set this CPU has, with tiles smaller than the
+/// 70 keys, against the reference of the same call.
+#[test]
+fn short_calls_read_the_keys_unpacked_on_every_isa() {
+    let c = Case::new([1, 4, 2, 70, 40], 47);
+    for isa in cpu::Isa::all_supported() {
+        let mut opts = cpu::Options { isa, ..Default::default() };
+        opts.tuning.block_q = 16;
+        opts.tuning.block_k = 24;
+        for name in ["lssa", "lssa+rw15", "softmax", "relu-l1+rw3", "gelu-l1"] {
+            let v = variant(name);
+            let whole = cpu::forward_with(&v, &c.q, &c.k, &c.v, &opts).unwrap();
+            let want = attn_core::forward(&v, &to64(&c.q), &to64(&c.k), &to64(&c.v)).unwrap();
+            let tol = bound(max_abs_diff(&whole, &want), &want, v.reweight);
+            for rows in [1, 3, 4, 5] {
+                let q = c.q.slice(s![.., .., 70 - rows.., ..]);
+                let got = cpu::forward_with(&v, q, &c.k, &c.v, &opts).unwrap();
+                let call = attn_core::forward(&v, &q.mapv(f64::from), &to64(&c.k), &to64(&c.v)).unwrap();
+                let err = max_abs_diff(&got, &call);
+                assert!(err <= tol, "{isa:?} {name}, {rows} rows: error {err:.3e} > {tol:.3e}");
+            }
+        }
+    }
+}

@@ -73,7 +73,9 @@ pub(crate) struct Head<'a> {
     pub inq: &'a [f32],
     /// Same for keys.
     pub ink: &'a [f32],
-    /// `K` packed per key tile as `d x pad_nr(bk)` transposes ([`pack_head`]), tile after tile.
+    /// `K` packed per key tile as `d x pad_nr(bk)` transposes ([`pack_head`]), tile after tile; empty
+    /// in a forward of at most [`DIRECT_MAX_ROWS`] query rows, whose scores are dot products of `q`
+    /// with `k`'s rows as they are.
     pub kt: &'a [f32],
     /// `V` packed the same way (backward only; empty in the forward).
     pub vt: &'a [f32],
@@ -276,6 +278,28 @@ impl Rows {
     }
 }
 
+/// The most query rows of a forward whose scores skip the packing of `K` (a decoding step, a few rows
+/// of speculative decoding): for so few rows, packing every key tile would read and write `K` once
+/// more than the scores themselves read it.
+pub(crate) const DIRECT_MAX_ROWS: usize = 4;
+
+/// `sum_c a[c] b[c]` in 16 independent lanes (vectorised by the caller's target features).
+#[inline(always)]
+fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
+    let (at, bt) = (ac.remainder(), bc.remainder());
+    for (x, y) in ac.zip(bc) {
+        for l in 0..16 {
+            acc[l] = math::fmadd::<FMA>(x[l], y[l], acc[l]);
+        }
+    }
+    for (l, (&x, &y)) in at.iter().zip(bt).enumerate() {
+        acc[l] = math::fmadd::<FMA>(x, y, acc[l]);
+    }
+    fold_lanes(acc, |x, y| x + y)
+}
+
 /// Scores `s_ij` of rows `[i0, i0 + nq)` against keys `[j0, j0 + nk)` into `s` (row stride `lds`),
 /// with `kt` as scratch for the packed key tile. Entries beyond the visible keys are left unspecified.
 #[inline(always)]
@@ -292,8 +316,19 @@ pub(super) fn scores<const FMA: bool>(
     s: &mut [f32],
     lds: usize,
 ) {
-    let kt = &head.kt[j0 / dims.bk * dims.d * dims.bk_pad()..];
-    tile::matmul_nt::<FMA>(dims.isa, &head.q[i0 * head.ldq..], head.ldq, kt, dims.bk_pad(), dims.d, nq, s, lds);
+    if head.kt.is_empty() {
+        let d = dims.d;
+        for r in 0..nq {
+            let q = &head.q[(i0 + r) * head.ldq..(i0 + r) * head.ldq + d];
+            for c in 0..dims.visible(i0 + r, j0, nk) {
+                let k = &head.k[(j0 + c) * head.ldk..(j0 + c) * head.ldk + d];
+                s[r * lds + c] = dot::<FMA>(q, k);
+            }
+        }
+    } else {
+        let kt = &head.kt[j0 / dims.bk * dims.d * dims.bk_pad()..];
+        tile::matmul_nt::<FMA>(dims.isa, &head.q[i0 * head.ldq..], head.ldq, kt, dims.bk_pad(), dims.d, nq, s, lds);
+    }
     for r in 0..nq {
         let vis = dims.visible(i0 + r, j0, nk);
         let row = &mut s[r * lds..r * lds + vis];

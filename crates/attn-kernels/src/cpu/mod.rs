@@ -251,7 +251,7 @@ unsafe fn head<'a>(
     };
     let len = engine::packed_len(dims);
     let x = b * p.kv_heads + hk;
-    let kt = &packed.0[x * len..(x + 1) * len];
+    let kt = if packed.0.is_empty() { &[][..] } else { &packed.0[x * len..(x + 1) * len] };
     let vt = if packed.1.is_empty() { &[][..] } else { &packed.1[x * len..(x + 1) * len] };
     Head { q, k, v, ldq, ldk, ldv, inq, ink, kt, vt }
 }
@@ -292,8 +292,13 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
     // SAFETY: forwarded from our caller.
     let norms = unsafe { inverse_norms(p, plan.cosine()) };
     dims.in_range = engine::scores_in_range(&plan, &norms, p.kv_len, d);
-    // SAFETY: forwarded.
-    let packed = unsafe { pack(p, dims, false) };
+    // A few query rows (a decoding step) read K as it is; more pack it once per call.
+    let packed = if p.seq_len <= engine::DIRECT_MAX_ROWS {
+        (Vec::new(), Vec::new())
+    } else {
+        // SAFETY: forwarded.
+        unsafe { pack(p, dims, false) }
+    };
     let nqt = t.div_ceil(dims.bq);
     let (o, stats) = (SendPtr(p.o), SendPtr(p.stats));
     let aux = SendPtr(if plan.reweight.is_some() { p.rw_aux } else { std::ptr::null_mut() });

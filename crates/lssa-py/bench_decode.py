@@ -1,0 +1,122 @@
+"""CPU decoding speed of ``lssa.attention``: one new query row against a KV cache, the fused op (LSSA and
+LSSAR) beside PyTorch's SDPA (softmax), per attention call. Writes ``docs/bench/decode-cpu.md`` (and
+``.json`` beside it).
+
+    python crates/lssa-py/bench_decode.py               # caches of 1K and 8K keys; H = 12 (and GQA 12/4), d = 64
+    python crates/lssa-py/bench_decode.py --quick       # fewer rounds, to try it
+
+A cell runs ``--calls`` decoding steps back to back (each one query row of ``(1, H, 1, d)`` against the
+whole ``(1, H_kv, T_k, d)`` cache, under ``torch.no_grad()``): tokens per second are calls per second
+of one layer's attention. SDPA gets ``is_causal=False``, which for a last-row query is the causal
+answer (its ``is_causal`` aligns the mask top-left). Timing policy as ``bench.py``: the cells of one
+shape in rounds, ratios the median of per-round ratios.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+import lssa
+from bench import cpu_name, git_revision, median_ratio, rounds
+
+
+def decode_cell(attend, heads, kv_heads, t_k, d, calls, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(1, heads, 1, d, generator=gen)
+    k, v = (torch.randn(1, kv_heads, t_k, d, generator=gen) for _ in range(2))
+
+    def run():
+        with torch.no_grad():
+            for _ in range(calls):
+                attend(q, k, v)
+
+    return run
+
+
+def sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--caches", default="1024,8192")
+    ap.add_argument("--heads", type=int, default=12)
+    ap.add_argument("--kv-heads", default="12,4", help="key/value head counts to run (12: plain; 4: GQA)")
+    ap.add_argument("--head-dim", type=int, default=64)
+    ap.add_argument("--calls", type=int, default=50, help="decoding steps per timed cell")
+    ap.add_argument("--min-rounds", type=int, default=7)
+    ap.add_argument("--budget", type=float, default=10.0)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--threads", type=int)
+    ap.add_argument("--note", default="")
+    here = os.path.dirname(os.path.abspath(__file__))
+    ap.add_argument("--out", default=os.path.join(here, "..", "..", "docs", "bench", "decode-cpu.md"))
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    caches = [int(x) for x in args.caches.split(",")]
+    kv_heads = [int(x) for x in args.kv_heads.split(",")]
+    min_rounds = 3 if args.quick else args.min_rounds
+    h, d = args.heads, args.head_dim
+    impls = {"sdpa softmax": sdpa, "fused lssa": None, "fused lssa+rw15": None}
+
+    results = {}
+    for hk in kv_heads:
+        for t_k in caches:
+            cells = {}
+            for name in impls:
+                attend = impls[name] or (lambda q, k, v, var=name.split()[1]: lssa.attention(q, k, v, var))
+                cells[name] = decode_cell(attend, h, hk, t_k, d, args.calls)
+            print(f"H_kv={hk} T_k={t_k}: {len(cells)} cells in rounds", flush=True)
+            results[(hk, t_k)] = rounds(cells, min_rounds, args.budget)
+
+    lines = [
+        "# Decoding from Python (CPU): one query row against a KV cache, fused lssa vs SDPA",
+        "",
+        f"- CPU: {cpu_name()} ({os.cpu_count()} logical CPUs); threads: {torch.get_num_threads()}",
+        f"- torch {torch.__version__}, lssa {lssa.__version__}, Python {platform.python_version()}; "
+        f"git revision `{git_revision()}`; {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"- command: `python crates/lssa-py/bench_decode.py{' --quick' if args.quick else ''}"
+        f"{f' --threads {args.threads}' if args.threads else ''}`",
+        f"- q (1, {h}, 1, {d}) against k, v (1, H_kv, T_k, {d}), float32, `torch.no_grad()`; {args.calls} calls per "
+        f"timed cell, at least {min_rounds} rounds; tokens/s = calls per second of one attention call (one layer)",
+        "- `fused`: `lssa.attention(q, k, v, variant)` (the CPU kernels; query row N = T_k); `sdpa`: "
+        "`F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=...)`",
+    ]
+    if args.note:
+        lines.append(f"- **machine state: {args.note}**")
+    lines += ["", "| H_kv | T_k | " + " | ".join(impls) + " |", "|---:|---:|" + "---:|" * len(impls)]
+    js = {"config": {"heads": h, "kv_heads": kv_heads, "caches": caches, "head_dim": d, "calls": args.calls,
+                     "threads": torch.get_num_threads(), "torch": torch.__version__}, "cells": {}}
+    for (hk, t_k), times in results.items():
+        row = []
+        for name in impls:
+            tps = args.calls / statistics.median(times[name])
+            js["cells"][f"H_kv={hk} T_k={t_k} {name}"] = times[name]
+            if name.startswith("sdpa"):
+                row.append(f"{tps:,.0f}")
+            else:
+                # time / SDPA's time, per round: above 1 is slower than SDPA
+                row.append(f"{tps:,.0f} ({median_ratio(times[name], times['sdpa softmax']):.2f}x SDPA's time)")
+        lines.append(f"| {hk} | {t_k} | " + " | ".join(row) + " |")
+    lines += [
+        "",
+        "Cells: tokens per second (median over rounds), and in brackets the fused call's time over SDPA's "
+        "(median of per-round ratios).",
+    ]
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+        json.dump(js, f, indent=1)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
