@@ -4,7 +4,9 @@ The model is the trainer's GPT (crates/gpt-model): pre-LayerNorm blocks, rotate-
 k, GELU MLP (erf), tied embedding and head, mean cross-entropy; torch.optim.AdamW (decay on
 matrices only) and clip_grad_norm_, one optimiser step per batch of random token ids. Attention is
 F.scaled_dot_product_attention(is_causal=True) for softmax, and lssa.attention (the project's fused
-op) for every other variant, so the two loops run the same attention kernels.
+op) for every other variant, so the two loops run the same attention kernels; with --materialised,
+lssa.reference_attention instead: the variant as plain PyTorch ops with (B, H, T, T) weights, what a
+PyTorch user without the fused kernels writes.
 
     python benches/python/train_eager.py --attention softmax --threads 2 --steps 200 --json
 
@@ -79,17 +81,20 @@ class Gpt(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.view(-1))
 
 
-def attention_for(name):
+def attention_for(name, materialised=False):
     if name == "softmax":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     import lssa
 
+    if materialised:
+        return lambda q, k, v: lssa.reference_attention(q, k, v, variant=name)
     return lambda q, k, v: lssa.attention(q, k, v, variant=name)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--attention", default="softmax")
+    ap.add_argument("--materialised", action="store_true", help="the variant as PyTorch ops, not the fused op")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=2)
@@ -106,7 +111,7 @@ def main():
 
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    model = Gpt(args.layers, args.heads, args.width, args.vocab, args.context, 4, attention_for(args.attention))
+    model = Gpt(args.layers, args.heads, args.width, args.vocab, args.context, 4, attention_for(args.attention, args.materialised))
     decay = [p for p in model.parameters() if p.dim() >= 2]
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(

@@ -20,7 +20,10 @@
 //!   project's `lssa.attention` for the others, so both sides run the same attention kernels), in the
 //!   torch venv's Python, with the same threads, shape and step counts; once as a user runs it, once
 //!   with the allocator settings the trainer makes for itself ([`trainer::process::keep_freed_memory`],
-//!   here through glibc's `MALLOC_*_` variables), so the table shows what they are worth on both sides.
+//!   here through glibc's `MALLOC_*_` variables), so the table shows what they are worth on both sides;
+//! - for the variants other than softmax, PyTorch with the attention materialised
+//!   (`lssa.reference_attention`: the variant as PyTorch ops with `(B, H, T, T)` weights), the loop a
+//!   PyTorch user without this project's kernels writes (issue 36's baseline).
 //!
 //! The ratios are the medians over rounds of the trainer's tokens/s over PyTorch's in the same round.
 //! The profile (`--profile`, on by default) times the phases of one step as the trainer runs them
@@ -45,7 +48,7 @@ use trainer::optim::AdamW;
 use trainer::train::{BatchSource, RunOptions, Single};
 
 const FORMAT: &str = "lssa-bench-train";
-const FORMAT_VERSION: u32 = 1;
+const FORMAT_VERSION: u32 = 2; // 2: the materialised-attention side
 
 #[derive(Parser, Debug)]
 #[command(name = "bench-train", about = "The trainer's step against a PyTorch eager loop, side by side")]
@@ -90,10 +93,14 @@ struct Row {
     pytorch_tokens_per_s: Vec<f64>,
     /// PyTorch with the trainer's allocator settings.
     pytorch_tuned_tokens_per_s: Vec<f64>,
+    /// PyTorch with the attention materialised (empty for softmax, where both run SDPA).
+    pytorch_materialised_tokens_per_s: Vec<f64>,
     /// Median over rounds of trainer / PyTorch in the same round.
     ratio: f64,
     /// The same against PyTorch with the trainer's allocator settings.
     ratio_tuned: f64,
+    /// The same against PyTorch with the attention materialised (none for softmax).
+    ratio_materialised: Option<f64>,
 }
 
 #[derive(Serialize)]
@@ -202,10 +209,21 @@ struct EagerOut {
 const TUNED_MALLOC: [(&str, &str); 2] =
     [("MALLOC_MMAP_THRESHOLD_", "268435456"), ("MALLOC_TRIM_THRESHOLD_", "1073741824")];
 
+/// How the PyTorch side runs.
+#[derive(Clone, Copy)]
+enum Eager {
+    /// As a user runs it, with the fused op for the LSSA variants.
+    Plain,
+    /// With the trainer's allocator settings.
+    TunedMalloc,
+    /// With the attention as materialised PyTorch ops.
+    Materialised,
+}
+
 #[allow(clippy::too_many_arguments)]
 fn pytorch_cell(
     python: &Path,
-    tuned: bool,
+    how: Eager,
     variant: &str,
     t: usize,
     batch: usize,
@@ -215,13 +233,17 @@ fn pytorch_cell(
 ) -> Result<f64> {
     let script = env::workspace_root().join("benches/python/train_eager.py");
     let mut cmd = Command::new(python);
-    if tuned {
-        cmd.envs(TUNED_MALLOC);
-    } else {
-        cmd.env_remove(TUNED_MALLOC[0].0).env_remove(TUNED_MALLOC[1].0);
+    match how {
+        Eager::TunedMalloc => {
+            cmd.envs(TUNED_MALLOC);
+        }
+        Eager::Plain | Eager::Materialised => {
+            cmd.env_remove(TUNED_MALLOC[0].0).env_remove(TUNED_MALLOC[1].0);
+        }
     }
     let out = cmd
         .arg(&script)
+        .args(matches!(how, Eager::Materialised).then_some("--materialised"))
         .args(["--attention", variant, "--json"])
         .args(["--threads", &threads.to_string(), "--context", &t.to_string(), "--batch", &batch.to_string()])
         .args(["--steps", &steps.to_string(), "--warmup", &warmup.to_string()])
@@ -362,33 +384,27 @@ fn main() -> Result<()> {
     for &t in &cli.lengths {
         let steps = (cli.tokens / (batch * t)).max(10);
         for variant in &cli.variants {
-            let (mut ours, mut theirs, mut tuned) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut ours, mut theirs, mut tuned, mut mat) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            // Softmax runs SDPA on every PyTorch side: no materialised side of its own.
+            let sides = if variant == "softmax" { 3 } else { 4 };
             for round in 0..cli.rounds {
-                // The order of the three sides rotates from round to round.
-                for side in (0..3).map(|i| (i + round) % 3) {
+                // The order of the sides rotates from round to round.
+                for side in (0..sides).map(|i| (i + round) % sides) {
+                    let eager = |how| pytorch_cell(&python, how, variant, t, batch, steps, cli.warmup, cli.threads);
                     match side {
                         0 => ours.push(trainer_cell(variant, t, steps, cli.warmup, cli.threads)?),
-                        1 => theirs.push(pytorch_cell(
-                            &python,
-                            false,
-                            variant,
-                            t,
-                            batch,
-                            steps,
-                            cli.warmup,
-                            cli.threads,
-                        )?),
-                        _ => {
-                            tuned.push(pytorch_cell(&python, true, variant, t, batch, steps, cli.warmup, cli.threads)?)
-                        }
+                        1 => theirs.push(eager(Eager::Plain)?),
+                        2 => tuned.push(eager(Eager::TunedMalloc)?),
+                        _ => mat.push(eager(Eager::Materialised)?),
                     }
                 }
                 eprintln!(
-                    "{variant} T={t} round {}: trainer {:.0} tokens/s, PyTorch eager {:.0} (with the trainer's allocator settings {:.0})",
+                    "{variant} T={t} round {}: trainer {:.0} tokens/s, PyTorch eager {:.0} (with the trainer's allocator settings {:.0}{})",
                     round + 1,
                     ours[round],
                     theirs[round],
-                    tuned[round]
+                    tuned[round],
+                    mat.get(round).map_or(String::new(), |m| format!("; materialised attention {m:.0}"))
                 );
             }
             let ratio = |other: &[f64]| median(&ours.iter().zip(other).map(|(a, b)| a / b).collect::<Vec<_>>());
@@ -399,9 +415,11 @@ fn main() -> Result<()> {
                 steps,
                 ratio: ratio(&theirs),
                 ratio_tuned: ratio(&tuned),
+                ratio_materialised: (!mat.is_empty()).then(|| ratio(&mat)),
                 trainer_tokens_per_s: ours,
                 pytorch_tokens_per_s: theirs,
                 pytorch_tuned_tokens_per_s: tuned,
+                pytorch_materialised_tokens_per_s: mat,
             });
         }
     }
@@ -443,26 +461,38 @@ fn markdown(r: &Report, warmup: usize) -> String {
     let _ = writeln!(
         s,
         "- timing: each cell {warmup} untimed steps, then the median per-step tokens/s; the three sides take turns within a \
-         round, in an order that rotates; ratios = median over rounds of trainer / PyTorch in the same round\n"
+         round, in an order that rotates; ratios = median over rounds of trainer / PyTorch in the same round"
     );
     let _ = writeln!(
         s,
-        "| attention | T | steps | trainer tokens/s (rounds) | PyTorch eager (rounds) | PyTorch eager, tuned malloc (rounds) | trainer / PyTorch | trainer / PyTorch tuned |"
+        "- PyTorch, materialised attention (not for softmax, where every side runs SDPA): the same loop with \
+         `lssa.reference_attention`, the variant as PyTorch ops with (B, H, T, T) weights: what a PyTorch user \
+         without this project's kernels writes\n"
     );
-    let _ = writeln!(s, "|---|---:|---:|---|---|---|---:|---:|");
+    let _ = writeln!(
+        s,
+        "| attention | T | steps | trainer tokens/s (rounds) | PyTorch eager (rounds) | PyTorch eager, tuned malloc (rounds) | PyTorch eager, materialised attention (rounds) | trainer / PyTorch | trainer / PyTorch tuned | trainer / PyTorch materialised |"
+    );
+    let _ = writeln!(s, "|---|---:|---:|---|---|---|---|---:|---:|---:|");
     let list = |xs: &[f64]| xs.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" / ");
     for row in &r.rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {:.2}x | {:.2}x |",
+            "| {} | {} | {} | {} | {} | {} | {} | {:.2}x | {:.2}x | {} |",
             row.variant,
             row.t,
             row.steps,
             list(&row.trainer_tokens_per_s),
             list(&row.pytorch_tokens_per_s),
             list(&row.pytorch_tuned_tokens_per_s),
+            if row.pytorch_materialised_tokens_per_s.is_empty() {
+                "(SDPA)".to_string()
+            } else {
+                list(&row.pytorch_materialised_tokens_per_s)
+            },
             row.ratio,
-            row.ratio_tuned
+            row.ratio_tuned,
+            row.ratio_materialised.map_or("-".to_string(), |r| format!("{r:.2}x"))
         );
     }
     if !r.profiles.is_empty() {

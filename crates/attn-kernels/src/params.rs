@@ -83,14 +83,14 @@ pub struct Params {
     /// Query heads `H`.
     pub heads: usize,
     /// Key and value heads `H_kv`, a divisor of `H`: query head `h` reads key head `h / (H / H_kv)`
-    /// (grouped-query attention; `H` for plain multi-head attention). The CPU kernels take any; the
-    /// CUDA kernels only `H`.
+    /// (grouped-query attention; `H` for plain multi-head attention). On CUDA, `H_kv < H` runs the
+    /// SIMT kernels (lab v1).
     pub kv_heads: usize,
     /// Query rows `T` (`T_q`): the last `T` rows of a `kv_len`-long causal sequence, so query row `r`
     /// sees keys `0..=kv_len - T + r` and its `N` is `kv_len - T + r + 1`.
     pub seq_len: usize,
-    /// Keys `T_k >= T` (a KV cache and the new rows; `seq_len` for a whole sequence). The CPU kernels
-    /// take any; the CUDA kernels only `seq_len`.
+    /// Keys `T_k >= T` (a KV cache and the new rows; `seq_len` for a whole sequence). On CUDA,
+    /// `T_k > T` runs the SIMT kernels (lab v1).
     pub kv_len: usize,
     /// Head dimension `d` (of `q`, `k` and `v`).
     pub head_dim: usize,
@@ -143,7 +143,8 @@ impl Params {
         Ok(())
     }
 
-    /// Whether this is a whole sequence with a key head per query head: all the CUDA kernels take.
+    /// Whether this is a whole sequence with a key head per query head: what every CUDA kernel takes
+    /// (the others run on the SIMT kernels).
     pub(crate) fn is_plain(&self) -> bool {
         self.kv_heads == self.heads && self.kv_len == self.seq_len
     }

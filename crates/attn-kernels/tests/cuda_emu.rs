@@ -323,6 +323,45 @@ impl Padded {
 /// What output buffers hold before a kernel runs.
 const SENTINEL: u8 = 0x7e;
 
+/// A KV cache and grouped-query attention run the SIMT kernels (v1), the only ones that take them,
+/// whatever the dtype (`Auto` routes there; a tensor-core version asked for by name is refused): `q`
+/// holds the last rows of the sequence, 4 query heads share 2 key heads, against attn-core's reference
+/// of the same call. Blocks also run in reverse order, as a missing barrier or a race would show.
+#[test]
+fn kv_cache_and_grouped_heads_run_the_simt_kernels() {
+    let mut jobs: Vec<Job> = Vec::new();
+    for (name, dt, t_q, t_k, d) in [
+        ("lssa+rw15", Dtype::F32, 1, 70, 64),
+        ("lssa", Dtype::Bf16, 13, 70, 64),
+        ("softmax", Dtype::F16, 40, 40, 48),
+        ("relu-l1+rw3", Dtype::F32, 5, 37, 64),
+        ("lssa+rw15", Dtype::Bf16, 33, 100, 128),
+    ] {
+        let mut rng = Rng(0x9e37_79b9 ^ (t_q * 1000 + t_k) as u64);
+        let scale = if name.starts_with("softmax") { 0.5 } else { 0.8 };
+        let (q, k) = (rng.array((2, 4, t_q, d), scale, dt), rng.array((2, 2, t_k, d), scale, dt));
+        let (vv, g) = (rng.array((2, 2, t_k, d), 1.0, dt), rng.array((2, 4, t_q, d), 1.0, dt));
+        let c = std::sync::Arc::new(case_of(name.parse().unwrap(), dt, q, k, vv, g));
+        for (kernel, reverse) in [(Kernel::Auto, false), (Kernel::Lab(Version::V1), true)] {
+            let label = format!("{name} {dt:?} T={t_q} of {t_k} d={d} {} reverse={reverse}", kernel.name());
+            let (c1, c2) = (c.clone(), c.clone());
+            jobs.push((format!("{label} forward"), Box::new(move || check_forward(&c1, kernel, reverse))));
+            jobs.push((format!("{label} backward"), Box::new(move || check_backward(&c2, kernel, reverse))));
+        }
+        if dt != Dtype::F32 && d == 64 {
+            let c3 = c.clone();
+            jobs.push((
+                format!("{name} {dt:?}: v3 refused"),
+                Box::new(move || match check_forward(&c3, Kernel::Lab(Version::V3), false) {
+                    Err(e) if e.contains("v1 only") => Ok(()),
+                    other => Err(format!("expected v3 to be refused by name, got {other:?}")),
+                }),
+            ));
+        }
+    }
+    run_all(jobs);
+}
+
 /// Forward and backward through the raw entry points on rows padded to `stride` elements; fails if
 /// a kernel wrote outside the elements of an output (into the padding or past the end).
 fn raw_run(c: &Case, stride: usize, kernel: Kernel) -> attn_kernels::Result<[Array4<f32>; 4]> {

@@ -37,7 +37,7 @@ struct KParams {
     int B, H, T, D;
     Tensor4 q, k, v, o, g, dq, dk, dv;
     u64 stats;     // f32 (B, H, T, 4): Z, running max, m_i (u max), W_i
-    u64 inv_norms; // f32 (B*H, 2, T): 1 / max(||x||, 1e-12) of q rows then k rows (cosine only)
+    u64 inv_norms; // f32: 1 / max(||x||, 1e-12) of the (B*H, T) q rows, then the (B*Hkv, Tk) k rows (cosine only)
     u64 rowgrad;   // f32 (B*H*T, 2): D'_i and C_i (backward v1 and v4; the lab's use rowk)
     u64 dq_acc;    // f32 (B*H*T, HD): dq before the projection and the dtype (backward v7 only)
     u64 rowk;      // RowK6 (B*H*T): each row's backward constants, written once by the lab's rows
@@ -47,7 +47,16 @@ struct KParams {
     int scale_log;
     float bias_c; // bias_i = bias_c - (bias_log ? ln N_i : 0)
     int bias_log;
+    // Key and value heads (query head h reads key head h / (H / Hkv)) and keys: q holds the last T of
+    // Tk rows, so query row i is row Tk - T + i of the sequence. Only the SIMT kernels (v1) take
+    // Hkv != H or Tk != T; the host runs them there.
+    int Hkv, Tk;
 };
+
+// The key head of query head bh = b * H + h, as b * Hkv + h / (H / Hkv).
+__device__ __forceinline__ int kv_head(const KParams& p, int bh) {
+    return (bh / p.H) * p.Hkv + (bh % p.H) / (p.H / p.Hkv);
+}
 
 #define STATS 4
 #define ST_Z 0
@@ -208,8 +217,11 @@ __device__ __forceinline__ float anorm(float z, int n) {
 #endif
 }
 
+// The inverse norm of row `row` of q (which 0) or of k (which 1) as query head bh sees them.
 __device__ __forceinline__ float inv_norm(const KParams& p, int bh, int which, int row) {
-    return ((const float*)p.inv_norms)[((long long)bh * 2 + which) * p.T + row];
+    const float* n = (const float*)p.inv_norms;
+    return which == 0 ? n[(long long)bh * p.T + row]
+                      : n[(long long)p.B * p.H * p.T + (long long)kv_head(p, bh) * p.Tk + row];
 }
 
 // Order-preserving map of floats onto ints, for atomicMax on floats of either sign.
@@ -234,19 +246,19 @@ __device__ __forceinline__ float warp_max(float x) {
 extern "C" __global__ void lssa_inv_norms(KParams p) {
     long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
     int lane = threadIdx.x & 31;
-    long long rows = (long long)p.B * p.H * p.T;
-    if (w >= 2 * rows) return;
-    int which = (int)(w / rows);
-    long long r = w % rows;
-    int i = (int)(r % p.T);
-    int bh = (int)(r / p.T);
-    int b = bh / p.H, h = bh % p.H;
-    const Tensor4& x = which == 0 ? p.q : p.k;
+    long long qrows = (long long)p.B * p.H * p.T, krows = (long long)p.B * p.Hkv * p.Tk;
+    if (w >= qrows + krows) return;
+    const bool key = w >= qrows;
+    const long long r = key ? w - qrows : w;
+    const int t = key ? p.Tk : p.T, heads = key ? p.Hkv : p.H;
+    const int i = (int)(r % t), bh = (int)(r / t);
+    const int b = bh / heads, h = bh % heads;
+    const Tensor4& x = key ? p.k : p.q;
     float s = 0.f;
     for (int c = lane; c < HD; c += 32) {
         float v = ld(x, b, h, i, c);
         s += v * v;
     }
     s = warp_sum(s);
-    if (lane == 0) ((float*)p.inv_norms)[((long long)bh * 2 + which) * p.T + i] = 1.f / fmaxf(sqrtf(s), 1e-12f);
+    if (lane == 0) ((float*)p.inv_norms)[w] = 1.f / fmaxf(sqrtf(s), 1e-12f);
 }

@@ -21,13 +21,6 @@ pub(super) fn check_params(p: &Params) -> Result<()> {
         )));
     }
     p.check_kv()?;
-    if !p.is_plain() {
-        return Err(Error::BadParams(format!(
-            "the CUDA kernels take whole sequences with a key head per query head; got {} query rows of {} \
-             keys and {} query heads on {} key heads (the CPU kernels take these)",
-            p.seq_len, p.kv_len, p.heads, p.kv_heads
-        )));
-    }
     if p.head_dim > super::MAX_HEAD_DIM {
         return Err(Error::BadParams(format!(
             "head dimension {} > {} has no CUDA kernel",
@@ -92,10 +85,10 @@ fn prepare(x: &dyn Exec, cfg: &Config, p: &Params) -> Result<Call> {
     if !cfg.cosine {
         return Ok(Call { kp, _norms: None, bh });
     }
-    let rows = p.batch * p.heads * p.seq_len;
-    let norms = x.scratch(2 * rows * 4)?; // every row's norm is written first
+    let rows = p.batch * (p.heads * p.seq_len + p.kv_heads * p.kv_len);
+    let norms = x.scratch(rows * 4)?; // every row's norm is written first
     kp.inv_norms = norms.addr();
-    let blocks = (2 * rows as u64).div_ceil(Kern::InvNorms.threads(p.head_dim) as u64 / 32); // a warp per row
+    let blocks = (rows as u64).div_ceil(Kern::InvNorms.threads(p.head_dim) as u64 / 32); // a warp per row
     let blocks = u32::try_from(blocks).map_err(|_| Error::BadParams("too many rows".into()))?;
     x.launch(Kern::InvNorms, (blocks, 1), &kp)?;
     Ok(Call { kp, _norms: Some(norms), bh })
@@ -107,7 +100,8 @@ fn prepare(x: &dyn Exec, cfg: &Config, p: &Params) -> Result<Call> {
 /// As [`forward_raw`](super::forward_raw), with addresses of `x`'s memory.
 pub(super) unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
     check_params(p)?;
-    let tc = has_tensor_core_forward(p.head_dim, dtype);
+    // A KV cache or grouped heads: the SIMT kernels only.
+    let tc = has_tensor_core_forward(p.head_dim, dtype) && p.is_plain();
     let version =
         forward_version(kernel, p.head_dim, dtype, [tc && pairs_aligned(p), tc && rows_aligned16(p)], x.wgmma())?;
     let Call { mut kp, _norms, bh } = prepare(x, cfg, p)?;
@@ -151,7 +145,7 @@ pub(super) unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype
     check_params(p)?;
     let all16 =
         rows_aligned16(p) && [t4(p.d_out), t4m(p.dq), t4m(p.dk), t4m(p.dv), t4m(p.o)].iter().all(|x| aligned(x, 16, 8));
-    let tc = has_tensor_core_forward(p.head_dim, dtype) && all16;
+    let tc = has_tensor_core_forward(p.head_dim, dtype) && all16 && p.is_plain();
     let version = backward_version(kernel, p.head_dim, dtype, tc, x.wgmma())?;
     let Call { mut kp, _norms, bh } = prepare(x, cfg, p)?;
     let t = p.seq_len as u32;
@@ -193,9 +187,10 @@ pub(super) unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype
             x.launch(Kern::BwdKeysMma, (t.div_ceil(64), bh), &kp)
         }
         Version::V1 => {
-            let grid = (t.div_ceil(ROWS_PER_BLOCK), bh);
-            x.launch(Kern::BwdRows, grid, &kp)?;
-            x.launch(Kern::BwdKeys, grid, &kp)
+            x.launch(Kern::BwdRows, (t.div_ceil(ROWS_PER_BLOCK), bh), &kp)?;
+            // One block per key head's rows: it sums dk, dv over the key head's group of query heads.
+            let kv = u32::try_from(p.batch * p.kv_heads).map_err(|_| Error::BadParams("B*H_kv too large".into()))?;
+            x.launch(Kern::BwdKeys, ((p.kv_len as u32).div_ceil(ROWS_PER_BLOCK), kv), &kp)
         }
         Version::V2 | Version::V3 | Version::V5 | Version::V8 => Err(not_a(version, "backward")),
     }

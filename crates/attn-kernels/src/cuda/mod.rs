@@ -10,7 +10,9 @@
 //! Kernels (the version numbers of the kernel lab, `src/cuda/LAB.md`):
 //!
 //! - v1 `lssa_fwd_simt`, `lssa_bwd_rows`, `lssa_bwd_keys`: f32 arithmetic on CUDA cores, any dtype
-//!   and head dimension. The f32 forward and every backward.
+//!   and head dimension. The f32 forward and every backward, and the only kernels that take a KV
+//!   cache or grouped-query attention ([`crate::Params::kv_len`], [`crate::Params::kv_heads`]): the
+//!   host runs them there whatever the dtype.
 //! - v2 `lssa_fwd_mma`: the f16 / bf16 forward at head dimension 64 or 128 on tensor cores
 //!   (`mma.sync` m16n8k16, f32 accumulation), FlashAttention-2 tiling, synchronous loads.
 //! - v3 `lssa_fwd_mma3`: v2's maths with cp.async double buffering, ldmatrix and 128-row blocks; the

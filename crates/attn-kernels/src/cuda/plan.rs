@@ -307,6 +307,8 @@ pub(crate) struct KParams {
     pub(super) scale_log: i32,
     pub(super) bias_c: f32,
     pub(super) bias_log: i32,
+    pub(super) h_kv: i32,
+    pub(super) t_k: i32,
 }
 
 // SAFETY: plain old data with the C layout the kernels declare.
@@ -345,6 +347,8 @@ pub(super) fn kparams(cfg: &Config, p: &Params) -> Result<KParams> {
         scale_log: cfg.scale_log as i32,
         bias_c: cfg.bias_c,
         bias_log: cfg.bias_log as i32,
+        h_kv: fits(p.kv_heads)?,
+        t_k: fits(p.kv_len)?,
     })
 }
 
@@ -451,7 +455,8 @@ pub(super) fn forward_version(
     };
     let refuse = |what: &str| {
         Err(Error::BadParams(format!(
-            "no tensor-core forward ({what}) for {dtype:?} at head dimension {head_dim} with these strides"
+            "no tensor-core forward ({what}) for {dtype:?} at head dimension {head_dim} with these strides and \
+             shapes (a KV cache or grouped heads runs v1 only)"
         )))
     };
     Ok(match asked {
@@ -484,7 +489,8 @@ pub(super) fn backward_version(
         Version::V1 | Version::V2 => Version::V1,
         _ if !tc => {
             return Err(Error::BadParams(format!(
-                "no tensor-core backward for {dtype:?} at head dimension {head_dim} with these strides"
+                "no tensor-core backward for {dtype:?} at head dimension {head_dim} with these strides and shapes \
+                 (a KV cache or grouped heads runs v1 only)"
             )));
         }
         Version::V3 | Version::V4 => Version::V4,

@@ -47,8 +47,8 @@ pub(super) fn checked(
     v: &ArrayView4<'_, f32>,
     d_out: Option<&ArrayView4<'_, f32>>,
 ) -> Result<Config> {
-    attn_core::check_inputs(variant, q, k, v, d_out)?;
-    if v.shape() != q.shape() {
+    attn_core::check_inputs_cached(variant, q, k, v, d_out)?;
+    if v.shape()[3] != q.shape()[3] {
         return Err(not_fused(variant, "the fused kernels need v to have the head dimension of q and k"));
     }
     Config::new(variant, q.shape()[3])
@@ -59,9 +59,15 @@ fn contiguous<P>(addr: u64, shape: (usize, usize, usize, usize)) -> crate::RawTe
     crate::RawTensor { ptr: addr as *mut P, strides: [h * t * d, t * d, d] }
 }
 
+fn shape4(x: &ArrayView4<'_, f32>) -> (usize, usize, usize, usize) {
+    let s = x.shape();
+    (s[0], s[1], s[2], s[3])
+}
+
 /// The inputs, output and statistics of one forward in `x`'s memory.
 struct Staged {
     shape: (usize, usize, usize, usize),
+    kv_shape: (usize, usize, usize, usize),
     _inputs: [Buf; 3],
     o: Buf,
     _stats: Buf,
@@ -70,7 +76,7 @@ struct Staged {
 
 fn staged_forward(x: &dyn Exec, cfg: &Config, [q, k, v]: [&ArrayView4<'_, f32>; 3], opts: &Options) -> Result<Staged> {
     let sh = q.shape();
-    let shape = (sh[0], sh[1], sh[2], sh[3]);
+    let (shape, kv_shape) = (shape4(q), shape4(k));
     let n = sh.iter().product::<usize>();
     let inputs =
         [x.upload(&to_bytes(q, opts.dtype))?, x.upload(&to_bytes(k, opts.dtype))?, x.upload(&to_bytes(v, opts.dtype))?];
@@ -80,13 +86,13 @@ fn staged_forward(x: &dyn Exec, cfg: &Config, [q, k, v]: [&ArrayView4<'_, f32>; 
     let params = Params {
         batch: sh[0],
         heads: sh[1],
-        kv_heads: sh[1],
+        kv_heads: kv_shape.1,
         seq_len: sh[2],
-        kv_len: sh[2],
+        kv_len: kv_shape.2,
         head_dim: sh[3],
         q: contiguous::<std::ffi::c_void>(inputs[0].addr(), shape).as_const(),
-        k: contiguous::<std::ffi::c_void>(inputs[1].addr(), shape).as_const(),
-        v: contiguous::<std::ffi::c_void>(inputs[2].addr(), shape).as_const(),
+        k: contiguous::<std::ffi::c_void>(inputs[1].addr(), kv_shape).as_const(),
+        v: contiguous::<std::ffi::c_void>(inputs[2].addr(), kv_shape).as_const(),
         o: contiguous(o.addr(), shape),
         stats: stats.addr() as *mut f32,
         rw_aux: std::ptr::null_mut(),
@@ -98,7 +104,7 @@ fn staged_forward(x: &dyn Exec, cfg: &Config, [q, k, v]: [&ArrayView4<'_, f32>; 
     };
     // SAFETY: every pointer is a live buffer of `x` of the shape given, in `opts.dtype`.
     unsafe { forward_exec(x, cfg, &params, opts.dtype, opts.kernel)? };
-    Ok(Staged { shape, _inputs: inputs, o, _stats: stats, params })
+    Ok(Staged { shape, kv_shape, _inputs: inputs, o, _stats: stats, params })
 }
 
 /// The forward of the ndarray entry points on `x`.
@@ -121,21 +127,20 @@ pub(crate) fn backward_on(
     opts: &Options,
 ) -> Result<Grads> {
     let s = staged_forward(x, cfg, qkv, opts)?;
-    let n = s.shape.0 * s.shape.1 * s.shape.2 * s.shape.3;
+    let size = |(b, h, t, d): (usize, usize, usize, usize)| b * h * t * d * opts.dtype.size();
     let g = x.upload(&to_bytes(d_out, opts.dtype))?;
-    let (dq, dk, dv) =
-        (x.zeros(n * opts.dtype.size())?, x.zeros(n * opts.dtype.size())?, x.zeros(n * opts.dtype.size())?);
+    let (dq, dk, dv) = (x.zeros(size(s.shape))?, x.zeros(size(s.kv_shape))?, x.zeros(size(s.kv_shape))?);
     let mut p = s.params;
     p.d_out = contiguous::<std::ffi::c_void>(g.addr(), s.shape).as_const();
     p.dq = contiguous(dq.addr(), s.shape);
-    p.dk = contiguous(dk.addr(), s.shape);
-    p.dv = contiguous(dv.addr(), s.shape);
+    p.dk = contiguous(dk.addr(), s.kv_shape);
+    p.dv = contiguous(dv.addr(), s.kv_shape);
     // SAFETY: as in `staged_forward`; the gradient buffers are fresh.
     unsafe { backward_exec(x, cfg, &p, opts.dtype, opts.kernel)? };
     Ok(Grads {
         dq: from_bytes(&x.download(&dq)?, opts.dtype, s.shape)?,
-        dk: from_bytes(&x.download(&dk)?, opts.dtype, s.shape)?,
-        dv: from_bytes(&x.download(&dv)?, opts.dtype, s.shape)?,
+        dk: from_bytes(&x.download(&dk)?, opts.dtype, s.kv_shape)?,
+        dv: from_bytes(&x.download(&dv)?, opts.dtype, s.kv_shape)?,
     })
 }
 

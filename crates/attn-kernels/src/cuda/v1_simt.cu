@@ -1,6 +1,8 @@
 // SIMT kernels (f32 arithmetic on CUDA cores; any dtype, any head dimension): the f32 forward, and
 // the backward of every dtype. One warp per query row (forward, backward rows) or per key
 // (backward keys); 32 keys (or query rows) per step, one per lane, staged in shared memory.
+// The only kernels that take a KV cache (q the last T of Tk rows: query row i is row Tk - T + i) and
+// grouped heads (Hkv < H: the keys kernel runs per key head and sums over its group of query heads).
 // Kernel lab: version 1 (see LAB.md beside this file).
 
 #define ROWS 8   // warps per block: query rows (or keys) per block
@@ -16,7 +18,7 @@ struct RowG {
 __device__ __forceinline__ RowG row_g(const KParams& p, int bh, int i, float dp, float c) {
     const float* s = (const float*)p.stats + ((long long)bh * p.T + i) * STATS;
     RowG r;
-    r.n = i + 1;
+    r.n = p.Tk - p.T + i + 1;
     r.an = anorm(s[ST_Z], r.n);
     r.dp = dp;
     r.c = c;
@@ -97,15 +99,16 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_fwd_simt(KParams p)
     __shared__ float Vs[TK][HD];
     __shared__ float inkS[TK];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = kv_head(p, bh) % p.Hkv;
+    const int row0 = p.Tk - p.T; // rows of the sequence before q's first
     const int first = blockIdx.x * ROWS;
     const int i = first + warp;
     const bool valid = i < p.T;
-    const int n = i + 1;
+    const int n = row0 + i + 1;
     const float fac = row_scale(p, n) * ((COSINE && valid) ? inv_norm(p, bh, 0, i) : 1.f);
     const float bias = row_bias(p, n);
     stage_rows(&Qs[0][0], HD, p.q, b, h, first, ROWS, p.T);
-    const int last = min(first + ROWS, p.T) - 1;
+    const int last = row0 + min(first + ROWS, p.T) - 1;
     const int ntiles = last / TK + 1;
 
     float acc[NC];
@@ -126,12 +129,12 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_fwd_simt(KParams p)
         for (int t = 0; t < ntiles; t++) {
             const int j0 = t * TK;
             __syncthreads();
-            stage_rows(&Ks[0][0], HD + 1, p.k, b, h, j0, TK, p.T);
-            stage_rows(&Vs[0][0], HD, p.v, b, h, j0, TK, p.T);
-            if (threadIdx.x < TK) inkS[threadIdx.x] = (COSINE && j0 + threadIdx.x < p.T) ? inv_norm(p, bh, 1, j0 + threadIdx.x) : 1.f;
+            stage_rows(&Ks[0][0], HD + 1, p.k, b, hk, j0, TK, p.Tk);
+            stage_rows(&Vs[0][0], HD, p.v, b, hk, j0, TK, p.Tk);
+            if (threadIdx.x < TK) inkS[threadIdx.x] = (COSINE && j0 + threadIdx.x < p.Tk) ? inv_norm(p, bh, 1, j0 + threadIdx.x) : 1.f;
             __syncthreads();
             const int j = j0 + lane;
-            const bool vis = valid && j <= i;
+            const bool vis = valid && j <= row0 + i;
             float x = 0.f;
 #pragma unroll 8
             for (int c = 0; c < HD; c++) x = fmaf(Qs[warp][c], Ks[lane][c], x);
@@ -202,12 +205,13 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_bwd_rows(KParams p)
     __shared__ float Vs[TK][HD + 1];
     __shared__ float inkS[TK];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H, hk = kv_head(p, bh) % p.Hkv;
+    const int row0 = p.Tk - p.T;
     const int first = blockIdx.x * ROWS;
     const int i = first + warp;
     const bool valid = i < p.T;
     const int ic = valid ? i : p.T - 1; // clamped, for reads
-    const int n = i + 1;
+    const int n = row0 + i + 1;
     const float inq = COSINE ? inv_norm(p, bh, 0, ic) : 1.f;
     const float fac = row_scale(p, n) * inq;
     const float bias = row_bias(p, n);
@@ -218,7 +222,7 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_bwd_rows(KParams p)
     for (int c = lane; c < HD; c += 32) dp += Gs[warp][c] * (valid ? ld(p.o, b, h, i, c) : 0.f);
     dp = warp_sum(dp);
     RowG r = row_g(p, bh, ic, dp, dp);
-    const int last = min(first + ROWS, p.T) - 1;
+    const int last = row0 + min(first + ROWS, p.T) - 1;
     const int ntiles = last / TK + 1;
 
     float y[NC];
@@ -229,12 +233,12 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_bwd_rows(KParams p)
         for (int t = 0; t < ntiles; t++) {
             const int j0 = t * TK;
             __syncthreads();
-            stage_rows(&Ks[0][0], HD + 1, p.k, b, h, j0, TK, p.T);
-            stage_rows(&Vs[0][0], HD + 1, p.v, b, h, j0, TK, p.T);
-            if (threadIdx.x < TK) inkS[threadIdx.x] = (COSINE && j0 + threadIdx.x < p.T) ? inv_norm(p, bh, 1, j0 + threadIdx.x) : 1.f;
+            stage_rows(&Ks[0][0], HD + 1, p.k, b, hk, j0, TK, p.Tk);
+            stage_rows(&Vs[0][0], HD + 1, p.v, b, hk, j0, TK, p.Tk);
+            if (threadIdx.x < TK) inkS[threadIdx.x] = (COSINE && j0 + threadIdx.x < p.Tk) ? inv_norm(p, bh, 1, j0 + threadIdx.x) : 1.f;
             __syncthreads();
             const int j = j0 + lane;
-            const bool vis = valid && j <= i;
+            const bool vis = valid && j <= row0 + i;
             float x = 0.f, gv = 0.f;
 #pragma unroll 8
             for (int c = 0; c < HD; c++) {
@@ -280,8 +284,9 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_bwd_rows(KParams p)
     }
 }
 
-// Backward over keys: one warp per key j streams the query rows i >= j for dk_j and dv_j.
-// Needs lssa_bwd_rows to have written rowgrad.
+// Backward over keys: one warp per key j of key head (b, hk) streams, for each query head of the
+// key head's group, the query rows that see it (sequence row Tk - T + i >= j) for dk_j and dv_j.
+// Needs lssa_bwd_rows to have written rowgrad. Grid: (Tk / ROWS, B * Hkv).
 extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_bwd_keys(KParams p) {
     __shared__ float Kb[ROWS][HD];
     __shared__ float Vb[ROWS][HD];
@@ -289,22 +294,24 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_bwd_keys(KParams p)
     __shared__ float Gs[TK][HD + 1];
     __shared__ float facS[TK], biasS[TK], dpS[TK], cS[TK];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int group = p.H / p.Hkv, row0 = p.Tk - p.T;
+    const int b = blockIdx.y / p.Hkv, hk = blockIdx.y % p.Hkv;
     const int first = blockIdx.x * ROWS;
     const int j = first + warp;
-    const bool valid = j < p.T;
-    const float ink = (COSINE && valid) ? inv_norm(p, bh, 1, j) : 1.f;
-    stage_rows(&Kb[0][0], HD, p.k, b, h, first, ROWS, p.T);
-    stage_rows(&Vb[0][0], HD, p.v, b, h, first, ROWS, p.T);
+    const bool valid = j < p.Tk;
+    const float ink = (COSINE && valid) ? inv_norm(p, b * p.H + hk * group, 1, j) : 1.f;
+    stage_rows(&Kb[0][0], HD, p.k, b, hk, first, ROWS, p.Tk);
+    stage_rows(&Vb[0][0], HD, p.v, b, hk, first, ROWS, p.Tk);
     float dk[NC], dv[NC];
 #pragma unroll
     for (int m = 0; m < NC; m++) dk[m] = dv[m] = 0.f;
-    for (int i0 = first; i0 < p.T; i0 += TK) {
+    for (int hq = hk * group; hq < (hk + 1) * group; hq++)
+    for (int i0 = max(first - row0, 0), bh = b * p.H + hq; i0 < p.T; i0 += TK) {
         __syncthreads();
-        stage_rows(&Qs[0][0], HD + 1, p.q, b, h, i0, TK, p.T);
-        stage_rows(&Gs[0][0], HD + 1, p.g, b, h, i0, TK, p.T);
+        stage_rows(&Qs[0][0], HD + 1, p.q, b, hq, i0, TK, p.T);
+        stage_rows(&Gs[0][0], HD + 1, p.g, b, hq, i0, TK, p.T);
         if (threadIdx.x < TK) {
-            int ii = i0 + threadIdx.x, nn = ii + 1;
+            int ii = i0 + threadIdx.x, nn = row0 + ii + 1;
             bool ok = ii < p.T;
             facS[threadIdx.x] = row_scale(p, nn) * ((COSINE && ok) ? inv_norm(p, bh, 0, ii) : 1.f);
             biasS[threadIdx.x] = row_bias(p, nn);
@@ -314,7 +321,7 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_bwd_keys(KParams p)
         }
         __syncthreads();
         const int i = i0 + lane;
-        const bool vis = valid && i < p.T && j <= i;
+        const bool vis = valid && i < p.T && j <= row0 + i;
         float x = 0.f, gv = 0.f;
 #pragma unroll 8
         for (int c = 0; c < HD; c++) {
@@ -346,8 +353,8 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_bwd_keys(KParams p)
     for (int m = 0; m < NC; m++) {
         int c = lane + 32 * m;
         if (c < HD) {
-            st(p.dk, b, h, j, c, dk[m]);
-            st(p.dv, b, h, j, c, dv[m]);
+            st(p.dk, b, hk, j, c, dk[m]);
+            st(p.dv, b, hk, j, c, dv[m]);
         }
     }
 }

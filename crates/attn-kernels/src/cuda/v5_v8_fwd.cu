@@ -62,7 +62,8 @@ __device__ __forceinline__ void cp_async4(float* s, const float* g, bool pred) {
 __device__ __forceinline__ void load_ink_async(float* s, const KParams& p, int bh, int j0, int n) {
     if (COSINE && (int)threadIdx.x < n) {
         const int j = j0 + threadIdx.x;
-        const float* norms = (const float*)p.inv_norms + ((long long)bh * 2 + 1) * p.T;
+        // The key rows' norms follow the (B*H, T) query rows' (plain shapes here: key head bh).
+        const float* norms = (const float*)p.inv_norms + (long long)p.B * p.H * p.T + (long long)bh * p.T;
         cp_async4(s + threadIdx.x, norms + (j < p.T ? j : 0), j < p.T);
     }
 }

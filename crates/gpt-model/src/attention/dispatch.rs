@@ -63,8 +63,8 @@ pub fn path_counts() -> PathCounts {
 /// - `Fused` with `q_offset == 0`, plain `softmax` on a GPU, or on the CPU up to
 ///   [`SDPA_CPU_MAX_LEN`] rows: libtorch's SDPA (see [`uses_sdpa`]).
 /// - `Fused` or `FusedOwn`: the fused kernels (CPU f32, or CUDA f32/f16/bf16) through the autograd
-///   bridge, on the CPU for any `q_offset` (a decoding step reads the KV cache in place), on a GPU
-///   with `q_offset == 0`. A variant without a fused kernel, or CUDA kernels that cannot run (no
+///   bridge, for any `q_offset` (a decoding step reads the KV cache in place; on a GPU the SIMT
+///   kernels take it). A variant without a fused kernel, or CUDA kernels that cannot run (no
 ///   NVRTC), fall back to the reference, with a one-time warning on stderr.
 /// - otherwise the reference. Without autograd (`tch::no_grad`) and with more than `EVAL_CHUNK`
 ///   query rows it runs chunked, so evaluation never holds a full `T x T` matrix.
@@ -80,8 +80,7 @@ pub fn attend(
         count(|c| c.sdpa += 1);
         return Ok(sdpa(q, k, v));
     }
-    // The CUDA kernels take whole sequences only (attn-kernels' `Params::kv_len`).
-    if imp != AttnImpl::Reference && (q_offset == 0 || q.device() == tch::Device::Cpu) {
+    if imp != AttnImpl::Reference {
         match fused::attention(q, k, v, variant) {
             Ok(out) => {
                 count(|c| c.fused += 1);

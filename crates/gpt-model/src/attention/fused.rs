@@ -221,7 +221,7 @@ fn with_helper(p: &Params, aux: bool) -> Params {
 /// Fused causal attention of `(B, H, T, d)` queries on `(B, H_kv, T_k, d)` keys and values,
 /// differentiable through libtorch's autograd: `H` a multiple of `H_kv` (grouped-query attention),
 /// `T_k >= T` (the queries are the last `T` rows of the `T_k`-long sequence: a decoding step against
-/// a KV cache). On CUDA only `H_kv = H` and `T_k = T` (the kernel says so).
+/// a KV cache; on CUDA the SIMT kernels run those).
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, variant: &Variant) -> Result<Tensor, FusedError> {
     let dtype = match q.device() {
         Device::Cpu => {
