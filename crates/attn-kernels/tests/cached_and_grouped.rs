@@ -208,3 +208,21 @@ fn short_calls_read_the_keys_unpacked_on_every_isa() {
         }
     }
 }
+
+/// A short forward takes each key's norm with its dot product, in f32 lanes: keys whose squares
+/// overflow f32 (|k| of 1e20) or whose norm is clamped (1e-20) still give the reference's scores.
+#[test]
+fn a_short_forward_normalises_huge_and_tiny_keys_as_the_reference() {
+    let c = Case::new([1, 2, 2, 9, 16], 53);
+    let mut k = c.k.clone();
+    k.slice_mut(s![.., .., 2, ..]).mapv_inplace(|x| x * 1e20);
+    k.slice_mut(s![.., .., 5, ..]).mapv_inplace(|x| x * 1e-20);
+    for name in ["lssa", "lssa+rw15"] {
+        let v = variant(name);
+        let q = c.q.slice(s![.., .., 8.., ..]);
+        let got = cpu::forward(&v, q, &k, &c.v).unwrap();
+        let want = attn_core::forward(&v, &q.mapv(f64::from), &to64(&k), &to64(&c.v)).unwrap();
+        let err = max_abs_diff(&got, &want);
+        assert!(err <= 1e-5, "{name}: error {err:.3e}");
+    }
+}

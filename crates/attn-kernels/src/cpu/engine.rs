@@ -71,7 +71,8 @@ pub(crate) struct Head<'a> {
     pub ldv: usize,
     /// `1 / max(||q_i||, 1e-12)` per row for cosine scores, else empty.
     pub inq: &'a [f32],
-    /// Same for keys.
+    /// Same for keys; empty in a forward of at most [`DIRECT_MAX_ROWS`] query rows, whose scores
+    /// take each key's norm in the pass that reads it for the dot products.
     pub ink: &'a [f32],
     /// `K` packed per key tile as `d x pad_nr(bk)` transposes ([`pack_head`]), tile after tile; empty
     /// in a forward of at most [`DIRECT_MAX_ROWS`] query rows, whose scores are dot products of `q`
@@ -283,21 +284,33 @@ impl Rows {
 /// more than the scores themselves read it.
 pub(crate) const DIRECT_MAX_ROWS: usize = 4;
 
-/// `sum_c a[c] b[c]` in 16 independent lanes (vectorised by the caller's target features).
+/// `(sum_c a[c] b[c], sum_c b[c]^2)` in 16 independent lanes each (vectorised by the caller's
+/// target features); the second only when `NORM` (the compiler drops it otherwise).
 #[inline(always)]
-fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 16];
+fn dot<const FMA: bool, const NORM: bool>(a: &[f32], b: &[f32]) -> (f32, f32) {
+    let (mut acc, mut sq) = ([0.0f32; 16], [0.0f32; 16]);
     let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
     let (at, bt) = (ac.remainder(), bc.remainder());
+    // Loops over zipped iterators (which LLVM turns into whole-vector operations; indexed lanes
+    // stayed scalar) and no closures (a closure is a function of its own, compiled without the
+    // caller's target features: FMA became a libm call).
     for (x, y) in ac.zip(bc) {
-        for l in 0..16 {
-            acc[l] = math::fmadd::<FMA>(x[l], y[l], acc[l]);
+        for (a, (&x, &y)) in acc.iter_mut().zip(x.iter().zip(y)) {
+            *a = math::fmadd::<FMA>(x, y, *a);
+        }
+        if NORM {
+            for (s, &y) in sq.iter_mut().zip(y) {
+                *s = math::fmadd::<FMA>(y, y, *s);
+            }
         }
     }
     for (l, (&x, &y)) in at.iter().zip(bt).enumerate() {
         acc[l] = math::fmadd::<FMA>(x, y, acc[l]);
+        if NORM {
+            sq[l] = math::fmadd::<FMA>(y, y, sq[l]);
+        }
     }
-    fold_lanes(acc, |x, y| x + y)
+    (fold_lanes(acc, |x, y| x + y), if NORM { fold_lanes(sq, |x, y| x + y) } else { 0.0 })
 }
 
 /// Scores `s_ij` of rows `[i0, i0 + nq)` against keys `[j0, j0 + nk)` into `s` (row stride `lds`),
@@ -317,13 +330,50 @@ pub(super) fn scores<const FMA: bool>(
     lds: usize,
 ) {
     if head.kt.is_empty() {
+        // Unpacked keys (a short forward): with cosine scores and no precomputed key norms, each
+        // key's norm comes from the same read as its dot product, and the scale is applied here.
         let d = dims.d;
+        let fused_norms = plan.cosine() && head.ink.is_empty();
         for r in 0..nq {
             let q = &head.q[(i0 + r) * head.ldq..(i0 + r) * head.ldq + d];
-            for c in 0..dims.visible(i0 + r, j0, nk) {
-                let k = &head.k[(j0 + c) * head.ldk..(j0 + c) * head.ldk + d];
-                s[r * lds + c] = dot::<FMA>(q, k);
+            let row = &mut s[r * lds..r * lds + dims.visible(i0 + r, j0, nk)];
+            if !fused_norms {
+                for (c, x) in row.iter_mut().enumerate() {
+                    let j = j0 + c;
+                    *x = dot::<FMA, false>(q, &head.k[j * head.ldk..j * head.ldk + d]).0;
+                }
+                continue;
             }
+            let (a, b) = (rows.fac[r], rows.bias[r]);
+            let mut k2 = [0.0f32; 64];
+            for (c0, part) in row.chunks_mut(64).enumerate() {
+                let k2 = &mut k2[..part.len()];
+                for c in 0..part.len() {
+                    let j = j0 + 64 * c0 + c;
+                    (part[c], k2[c]) = dot::<FMA, true>(q, &head.k[j * head.ldk..j * head.ldk + d]);
+                }
+                for c in 0..part.len() {
+                    part[c] = math::fmadd::<FMA>(part[c] * a, 1.0 / k2[c].sqrt().max(1e-12), b);
+                }
+                // Squares past f32's range (|k| above 1e19): the f64 sum of `inv_norms`, and the
+                // dot product again (the lanes' copy overflowed too).
+                for c in 0..part.len() {
+                    if k2[c].is_finite() {
+                        continue;
+                    }
+                    let j = j0 + 64 * c0 + c;
+                    let k = &head.k[j * head.ldk..j * head.ldk + d];
+                    let mut n2 = 0.0f64;
+                    for &v in k {
+                        n2 += f64::from(v) * f64::from(v);
+                    }
+                    let kn = (1.0 / n2.sqrt().max(1e-12)) as f32;
+                    part[c] = math::fmadd::<FMA>(dot::<FMA, false>(q, k).0 * a, kn, b);
+                }
+            }
+        }
+        if fused_norms {
+            return;
         }
     } else {
         let kt = &head.kt[j0 / dims.bk * dims.d * dims.bk_pad()..];
@@ -734,7 +784,20 @@ fn layer_norm(o: &mut [f32]) -> f32 {
 /// `1 / max(||x||, 1e-12)` for every row of a head.
 pub(crate) fn inv_norms(x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
     for i in 0..t {
-        let n2: f64 = x[i * ld..i * ld + d].iter().map(|&v| (v as f64) * (v as f64)).sum();
+        // Squares summed in f64 in 8 independent lanes: one add chain per lane instead of one per
+        // row, which vectorises (a decoding step's norms of a 8K-key cache took longer than its scores).
+        let row = &x[i * ld..i * ld + d];
+        let mut acc = [0.0f64; 8];
+        let chunks = row.chunks_exact(8);
+        for (l, &v) in chunks.remainder().iter().enumerate() {
+            acc[l] = f64::from(v) * f64::from(v);
+        }
+        for c in chunks {
+            for l in 0..8 {
+                acc[l] += f64::from(c[l]) * f64::from(c[l]);
+            }
+        }
+        let n2 = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
         out[i] = (1.0 / n2.sqrt().max(1e-12)) as f32;
     }
 }

@@ -180,9 +180,10 @@ unsafe fn head_slice<'a>(x: RawTensor<*const f32>, b: usize, h: usize, t: usize,
 }
 
 /// Inverse L2 norms of every `q` and `k` row (cosine variants): `(B·H, T_q)` for the queries, then
-/// `(B·H_kv, T_k)` for the keys.
-unsafe fn inverse_norms(p: &F32Params, cosine: bool) -> Vec<f32> {
-    let (tq, tk, d) = (p.seq_len, p.kv_len, p.head_dim);
+/// `(B·H_kv, T_k)` for the keys unless `!keys` (a forward whose scores read `k` unpacked takes each
+/// key's norm in the same pass as its dot products).
+unsafe fn inverse_norms(p: &F32Params, cosine: bool, keys: bool) -> Vec<f32> {
+    let (tq, tk, d) = (p.seq_len, if keys { p.kv_len } else { 0 }, p.head_dim);
     if !cosine {
         return Vec::new();
     }
@@ -200,7 +201,9 @@ unsafe fn inverse_norms(p: &F32Params, cosine: bool) -> Vec<f32> {
         });
     };
     one(p.q, p.heads, tq, qn);
-    one(p.k, p.kv_heads, tk, kn);
+    if keys {
+        one(p.k, p.kv_heads, tk, kn);
+    }
     out
 }
 
@@ -247,7 +250,8 @@ unsafe fn head<'a>(
     } else {
         let xq = (b * p.heads + h) * tq;
         let xk = p.batch * p.heads * tq + (b * p.kv_heads + hk) * tk;
-        (&norms[xq..xq + tq], &norms[xk..xk + tk])
+        // Empty key norms: the scores take them with their dot products (a short forward).
+        (&norms[xq..xq + tq], norms.get(xk..xk + tk).unwrap_or(&[]))
     };
     let len = engine::packed_len(dims);
     let x = b * p.kv_heads + hk;
@@ -289,11 +293,14 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
     let plan = plan(variant)?;
     let mut dims = dims(p, opts.tuning, opts.isa)?;
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
+    // A few query rows (a decoding step) read K as it is, once, for both the keys' norms and the
+    // scores; more pack it once per call.
+    let direct = p.seq_len <= engine::DIRECT_MAX_ROWS;
     // SAFETY: forwarded from our caller.
-    let norms = unsafe { inverse_norms(p, plan.cosine()) };
-    dims.in_range = engine::scores_in_range(&plan, &norms, p.kv_len, d);
-    // A few query rows (a decoding step) read K as it is; more pack it once per call.
-    let packed = if p.seq_len <= engine::DIRECT_MAX_ROWS {
+    let norms = unsafe { inverse_norms(p, plan.cosine(), !direct) };
+    // (Without the keys' norms nothing bounds the scores: the activations keep their range handling.)
+    dims.in_range = !direct && engine::scores_in_range(&plan, &norms, p.kv_len, d);
+    let packed = if direct {
         (Vec::new(), Vec::new())
     } else {
         // SAFETY: forwarded.
@@ -392,7 +399,7 @@ unsafe fn backward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resu
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
     let isa = opts.isa.assert_supported();
     // SAFETY: forwarded from our caller.
-    let norms = unsafe { inverse_norms(p, plan.cosine()) };
+    let norms = unsafe { inverse_norms(p, plan.cosine(), true) };
     dims.in_range = engine::scores_in_range(&plan, &norms, p.kv_len, d);
     // SAFETY: forwarded.
     let packed = unsafe { pack(p, dims, true) };
