@@ -8,6 +8,7 @@
 //!                                      Python package's tests: its wheel built, installed into the torch
 //!                                      venv, pytest)
 //! cargo xtask pytest [ARGS...]         set-up if needed, then only the Python package's tests (pytest ARGS...)
+//! cargo xtask pytest --torch V [ARGS]  the same against PyTorch V, in a venv of its own (e.g. 2.15.0)
 //! cargo xtask reproduce [--scale S]    set-up if needed, then the paper reproduction (default scale: small)
 //! cargo xtask bench kernels [ARGS...]  set-up if needed, then the CPU kernel benchmarks (bench-kernels ARGS...)
 //! cargo xtask bench model [ARGS...]    set-up if needed, then one gpt2-124m block, fused vs reference (bench-model ARGS...)
@@ -38,6 +39,9 @@ commands:
                           the Python package: crates/lssa-py's wheel built and installed into the torch
                           venv, then its pytest suite)
   pytest [ARGS...]        set-up if needed, then only the Python package: build, install, `pytest ARGS...`
+  pytest --torch V [ARGS...]
+                          the same against PyTorch V (any PyPI release, e.g. 2.15.0), installed once into a
+                          venv of its own beside the set-up's
   reproduce [--scale S]   set-up if needed, then run the paper reproduction at scale S
                           (smoke | small | gpu | paper; default small)
   bench kernels [ARGS...] set-up if needed, then `bench-kernels ARGS...` (release): fused CPU kernels
@@ -97,8 +101,16 @@ fn run() -> Result<()> {
         }
         Some("test") => test(&workspace, &args[1..]),
         Some("pytest") => {
-            let torch = setup::ensure(&setup::Options::from_env(&workspace, false)?)?;
-            python_tests(&workspace, &torch, &args[1..])
+            let opts = setup::Options::from_env(&workspace, false)?;
+            if args.get(1).map(String::as_str) == Some("--torch") {
+                let version =
+                    args.get(2).context("--torch needs a version, e.g. `cargo xtask pytest --torch 2.15.0`")?;
+                let python = setup::python_with_torch(&opts, version)?;
+                eprintln!("xtask pytest: against torch {version} ({})", python.display());
+                let torch = setup::Torch { root: PathBuf::new(), python: Some(python) };
+                return python_tests(&workspace, &torch, &args[3..]);
+            }
+            python_tests(&workspace, &setup::ensure(&opts)?, &args[1..])
         }
         Some("reproduce") => reproduce(&workspace, &args[1..]),
         Some("bench") => bench(&workspace, &args[1..]),

@@ -112,6 +112,42 @@ pub fn ensure(opts: &Options) -> Result<Torch> {
     Ok(Torch { root: ours, python: Some(venv.join("bin").join("python")) })
 }
 
+/// A venv of its own with PyTorch `version` (any release on PyPI) and the [`PYTHON_TOOLS`], for running
+/// the Python package's tests against another torch than the workspace's (`cargo xtask pytest --torch
+/// <version>`): the wheel reads tensors through pointers and links no libtorch, so one build serves
+/// any torch. Installed once into the cache (`torch-<version>-py<tag>-pytest`); returns its Python.
+pub fn python_with_torch(opts: &Options, version: &str) -> Result<PathBuf> {
+    if version.is_empty() || !version.chars().all(|c| c.is_ascii_alphanumeric() || c == '.' || c == '+') {
+        bail!("--torch takes a PyTorch version such as 2.15.0, got {version:?}");
+    }
+    let python = find_python(&opts.pythons)?;
+    let venv = opts.cache.join(format!("torch-{version}-py{}-pytest", python_tag(&python)?));
+    let stamp = venv.join(".complete");
+    let vpy = venv.join("bin").join("python");
+    if !stamp.exists() {
+        if venv.exists() {
+            fs::remove_dir_all(&venv)
+                .with_context(|| format!("removing the interrupted install {}", venv.display()))?;
+        }
+        eprintln!("setup: creating venv {} (torch {version} and the test tools; several GB)", venv.display());
+        let ok = Command::new(&python).args(["-m", "venv"]).arg(&venv).status().is_ok_and(|s| s.success())
+            && Command::new(&vpy)
+                .args(["-m", "pip", "install", "--no-input", &format!("torch=={version}")])
+                .args(PYTHON_TOOLS)
+                .status()
+                .is_ok_and(|s| s.success());
+        if !ok {
+            let _ = fs::remove_dir_all(&venv);
+            bail!(
+                "installing torch=={version} and {} into a venv failed (see pip's output above)",
+                PYTHON_TOOLS.join(" ")
+            );
+        }
+        fs::write(&stamp, format!("{version}\n")).with_context(|| format!("writing {}", stamp.display()))?;
+    }
+    Ok(vpy)
+}
+
 fn install(python: &Path, venv: &Path, torch_dir: &Path) -> Result<()> {
     if venv.exists() {
         eprintln!("setup: {} is an interrupted install (no .complete stamp): removing it", venv.display());
