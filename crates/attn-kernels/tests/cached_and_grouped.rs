@@ -226,3 +226,25 @@ fn a_short_forward_normalises_huge_and_tiny_keys_as_the_reference() {
         assert!(err <= 1e-5, "{name}: error {err:.3e}");
     }
 }
+
+/// A short call's backward recomputes exactly the scores its forward normalised. With `relu-l1` and
+/// one key whose score is a small difference of large terms, `a = f / Z` is 1 only if both passes
+/// round the dot product (and the key norm) the same way; `dv` is then `g` itself. (A backward that
+/// packed the keys while the forward did not was off by 1e-4 here, and by 1e-5 in the Python suite.)
+#[test]
+fn a_short_calls_backward_sees_the_scores_its_forward_normalised() {
+    let d = 64;
+    let q = random_array::<f32>([1, 1, 1, d], 61);
+    let mut k = random_array::<f32>([1, 1, 1, d], 62);
+    // Make q . k small (about 0.01) by moving k's last component: a sum of O(1) terms that cancel.
+    let dot: f64 = (0..d).map(|c| f64::from(q[[0, 0, 0, c]]) * f64::from(k[[0, 0, 0, c]])).sum();
+    let last = f64::from(q[[0, 0, 0, d - 1]]);
+    k[[0, 0, 0, d - 1]] = (f64::from(k[[0, 0, 0, d - 1]]) - (dot - 0.01) / last) as f32;
+    let v = random_array::<f32>([1, 1, 1, d], 63);
+    let g = random_array::<f32>([1, 1, 1, d], 64);
+    for name in ["relu-l1", "lssa", "relu-l1+rw3"] {
+        let got = cpu::backward(&variant(name), &q, &k, &v, &g).unwrap();
+        let err = got.dv.iter().zip(&g).fold(0.0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(err <= 64.0 * f32::EPSILON, "{name}: dv off g by {err:.3e}");
+    }
+}

@@ -1,5 +1,8 @@
 """``torch.compile(fullgraph=True)``, ``torch.export`` and ``torch.library.opcheck`` on the ops."""
 
+import copy
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -10,9 +13,7 @@ import lssa
 
 
 class Block(nn.Module):
-    """A pre-norm transformer block whose attention line is ``lssa.attention`` on a fused qkv (or,
-    for ``variant=None``, PyTorch's SDPA: the twin that measures how far compiled and eager PyTorch
-    agree on everything else)."""
+    """A pre-norm transformer block whose attention line is ``lssa.attention`` on a fused qkv."""
 
     def __init__(self, width=64, heads=4, variant="lssa+rw15"):
         super().__init__()
@@ -24,10 +25,7 @@ class Block(nn.Module):
     def forward(self, x):
         b, t, c = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4).unbind(0)
-        if self.variant is None:
-            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = lssa.attention(q, k, v, self.variant)
+        y = lssa.attention(q, k, v, self.variant)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
         return x + self.mlp(self.ln2(x))
 
@@ -45,38 +43,41 @@ def run(model, x):
     return y.detach(), [p.grad.clone() for p in model.parameters()]
 
 
-def assert_close(a, b, what, rel=1e-5):
+def assert_close(a, b, what):
     scale = max(b.abs().max().item(), 1e-30)
     err = (a - b).abs().max().item()
-    assert err <= rel * scale, f"{what}: {err:.3e} of {scale:.3e} (bound {rel:.2e} of the scale)"
-
-
-def relative_disagreement(got, want):
-    """The largest ``|got - want|`` over the scale of ``want``, over a list of tensors."""
-    return max((a - b).abs().max().item() / max(b.abs().max().item(), 1e-30) for a, b in zip(got, want))
+    assert err <= 1e-5 * scale, f"{what}: {err:.3e} of {scale:.3e}"
 
 
 @pytest.mark.parametrize("variants", [("lssa+rw15", "lssa"), ("softmax+rw3", "relu-ln")])
 def test_compiled_fullgraph_model_matches_eager_forward_and_backward(variants):
-    # The bound is what compiled and eager PyTorch themselves disagree by on the same model (the same
-    # weights) with SDPA in place of lssa: inductor fuses the layer norms, GELU and linear layers and
-    # reorders their reductions, and the attention passes that rounding on, re-weighting amplifying it
-    # (torch 2.11: SDPA twin 4.7e-7 of the scale, lssa+rw15 3.4e-6, softmax+rw3 1.9e-6). Times 16 (twice
-    # the largest ratio seen), and never below 64 float32 ulps. A fixed 1e-5 was tighter than compiled
-    # and eager agree under torch 2.15 (a LayerNorm weight's gradient off by 1.02e-5 of its scale).
-    x = torch.randn(2, 37, 64)
-    twin = two_layers((None, None))
-    twin_want, twin_grads = run(twin, x)
-    twin_got, twin_got_grads = run(torch.compile(twin, fullgraph=True), x)
-    measured = relative_disagreement([twin_got, *twin_got_grads], [twin_want, *twin_grads])
-    rel = max(16 * measured, 64 * torch.finfo(torch.float32).eps)
+    # Compiled float32 must be as accurate as eager float32 against the same model in float64 (eager;
+    # lssa runs its materialised version there): for the output, at most 2x eager's error plus 64
+    # float32 ulps of its scale (flash-attention's rule, as the kernels' own tests); for the gradients,
+    # taken together as the kernels' tests take a tensor's entries, at most 2x eager's largest error
+    # over them plus 64 ulps of the largest gradient. A fixed 1e-5 of each gradient's own scale failed
+    # under torch 2.15 on a LayerNorm weight's (4.4e-8 of 4.3e-3, a sum that cancels); so did 2x each
+    # parameter's own eager error, where eager is accurate by luck (1.qkv.weight: compiled 1.2e-6,
+    # eager 6.4e-8, while the model's eager errors reach 1e-6). The input is seeded: drawn from the
+    # global generator, it depended on which tests ran before.
+    x = torch.randn(2, 37, 64, generator=torch.Generator().manual_seed(0))
     model = two_layers(variants)
     want, want_grads = run(model, x)
-    compiled = torch.compile(model, fullgraph=True)
-    got, got_grads = run(compiled, x)
-    assert_close(got, want, "output", rel)
-    for (name, _), a, b in zip(model.named_parameters(), got_grads, want_grads):
-        assert_close(a, b, name, rel)
+    got, got_grads = run(torch.compile(model, fullgraph=True), x)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", lssa.LssaFallbackWarning)
+        exact, exact_grads = run(copy.deepcopy(model).double(), x.double())
+    eps = torch.finfo(torch.float32).eps
+
+    def err(a, r):
+        return (a.double() - r).abs().max().item()
+
+    bound = 2 * err(want, exact) + 64 * eps * exact.abs().max().item()
+    assert err(got, exact) <= bound, f"output: compiled error {err(got, exact):.3e} > {bound:.3e}"
+    eager = max(err(e, r) for e, r in zip(want_grads, exact_grads))
+    bound = 2 * eager + 64 * eps * max(r.abs().max().item() for r in exact_grads)
+    for (name, _), c, r in zip(model.named_parameters(), got_grads, exact_grads):
+        assert err(c, r) <= bound, f"{name}: compiled error {err(c, r):.3e} > {bound:.3e} (eager's largest {eager:.3e})"
 
 
 def test_the_compiled_graphs_call_the_fused_ops():

@@ -279,16 +279,18 @@ impl Rows {
     }
 }
 
-/// The most query rows of a forward whose scores skip the packing of `K` (a decoding step, a few rows
+/// The most query rows of a call whose scores skip the packing of `K` (a decoding step, a few rows
 /// of speculative decoding): for so few rows, packing every key tile would read and write `K` once
-/// more than the scores themselves read it.
+/// more than the scores themselves read it. The forward and the backward of such a call compute the
+/// same scores (the same dot products and key norms, bit for bit): a backward that recomputed them
+/// otherwise would see rows the forward did not normalise (a near-zero relu row's `a = f / Z` off by
+/// 1e-3).
 pub(crate) const DIRECT_MAX_ROWS: usize = 4;
 
-/// `(sum_c a[c] b[c], sum_c b[c]^2)` in 16 independent lanes each (vectorised by the caller's
-/// target features); the second only when `NORM` (the compiler drops it otherwise).
+/// `sum_c a[c] b[c]` in 16 independent lanes (vectorised by the caller's target features).
 #[inline(always)]
-fn dot<const FMA: bool, const NORM: bool>(a: &[f32], b: &[f32]) -> (f32, f32) {
-    let (mut acc, mut sq) = ([0.0f32; 16], [0.0f32; 16]);
+fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
     let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
     let (at, bt) = (ac.remainder(), bc.remainder());
     // Loops over zipped iterators (which LLVM turns into whole-vector operations; indexed lanes
@@ -298,19 +300,42 @@ fn dot<const FMA: bool, const NORM: bool>(a: &[f32], b: &[f32]) -> (f32, f32) {
         for (a, (&x, &y)) in acc.iter_mut().zip(x.iter().zip(y)) {
             *a = math::fmadd::<FMA>(x, y, *a);
         }
-        if NORM {
-            for (s, &y) in sq.iter_mut().zip(y) {
-                *s = math::fmadd::<FMA>(y, y, *s);
-            }
-        }
     }
     for (l, (&x, &y)) in at.iter().zip(bt).enumerate() {
         acc[l] = math::fmadd::<FMA>(x, y, acc[l]);
-        if NORM {
-            sq[l] = math::fmadd::<FMA>(y, y, sq[l]);
+    }
+    fold_lanes(acc, |x, y| x + y)
+}
+
+/// `sum_c k[c]^2` in 16 lanes of plain multiplies and adds: the same value wherever it is compiled
+/// (with FMA or without), so a short call's forward and backward agree on every key norm.
+#[inline(always)]
+pub(crate) fn lanes_sq_norm(k: &[f32]) -> f32 {
+    let mut sq = [0.0f32; 16];
+    let chunks = k.chunks_exact(16);
+    for (s, &y) in sq.iter_mut().zip(chunks.remainder()) {
+        *s += y * y;
+    }
+    for c in chunks {
+        for (s, &y) in sq.iter_mut().zip(c) {
+            *s += y * y;
         }
     }
-    (fold_lanes(acc, |x, y| x + y), if NORM { fold_lanes(sq, |x, y| x + y) } else { 0.0 })
+    fold_lanes(sq, |x, y| x + y)
+}
+
+/// `1 / max(||k||, 1e-12)` from [`lanes_sq_norm`]'s `k2`; where the squares overflowed f32 (|k|
+/// above 1e19), from an f64 sum of them.
+#[inline(always)]
+pub(crate) fn inv_norm_from(k2: f32, k: &[f32]) -> f32 {
+    if k2.is_finite() {
+        return 1.0 / k2.sqrt().max(1e-12);
+    }
+    let mut n2 = 0.0f64;
+    for &v in k {
+        n2 += f64::from(v) * f64::from(v);
+    }
+    (1.0 / n2.sqrt().max(1e-12)) as f32
 }
 
 /// Scores `s_ij` of rows `[i0, i0 + nq)` against keys `[j0, j0 + nk)` into `s` (row stride `lds`),
@@ -334,41 +359,35 @@ pub(super) fn scores<const FMA: bool>(
         // key's norm comes from the same read as its dot product, and the scale is applied here.
         let d = dims.d;
         let fused_norms = plan.cosine() && head.ink.is_empty();
+        let key = |j: usize| &head.k[j * head.ldk..j * head.ldk + d];
         for r in 0..nq {
             let q = &head.q[(i0 + r) * head.ldq..(i0 + r) * head.ldq + d];
             let row = &mut s[r * lds..r * lds + dims.visible(i0 + r, j0, nk)];
             if !fused_norms {
                 for (c, x) in row.iter_mut().enumerate() {
-                    let j = j0 + c;
-                    *x = dot::<FMA, false>(q, &head.k[j * head.ldk..j * head.ldk + d]).0;
+                    *x = dot::<FMA>(q, key(j0 + c));
                 }
                 continue;
             }
+            // The keys' norms as the backward's `inv_norms_short` takes them, in chunks of 64.
             let (a, b) = (rows.fac[r], rows.bias[r]);
-            let mut k2 = [0.0f32; 64];
+            let (mut k2, mut kn) = ([0.0f32; 64], [0.0f32; 64]);
             for (c0, part) in row.chunks_mut(64).enumerate() {
-                let k2 = &mut k2[..part.len()];
+                let (k2, kn) = (&mut k2[..part.len()], &mut kn[..part.len()]);
                 for c in 0..part.len() {
-                    let j = j0 + 64 * c0 + c;
-                    (part[c], k2[c]) = dot::<FMA, true>(q, &head.k[j * head.ldk..j * head.ldk + d]);
+                    let k = key(j0 + 64 * c0 + c);
+                    (part[c], k2[c]) = (dot::<FMA>(q, k), lanes_sq_norm(k));
                 }
                 for c in 0..part.len() {
-                    part[c] = math::fmadd::<FMA>(part[c] * a, 1.0 / k2[c].sqrt().max(1e-12), b);
+                    kn[c] = 1.0 / k2[c].sqrt().max(1e-12);
                 }
-                // Squares past f32's range (|k| above 1e19): the f64 sum of `inv_norms`, and the
-                // dot product again (the lanes' copy overflowed too).
                 for c in 0..part.len() {
-                    if k2[c].is_finite() {
-                        continue;
+                    if !k2[c].is_finite() {
+                        kn[c] = inv_norm_from(k2[c], key(j0 + 64 * c0 + c));
                     }
-                    let j = j0 + 64 * c0 + c;
-                    let k = &head.k[j * head.ldk..j * head.ldk + d];
-                    let mut n2 = 0.0f64;
-                    for &v in k {
-                        n2 += f64::from(v) * f64::from(v);
-                    }
-                    let kn = (1.0 / n2.sqrt().max(1e-12)) as f32;
-                    part[c] = math::fmadd::<FMA>(dot::<FMA, false>(q, k).0 * a, kn, b);
+                }
+                for c in 0..part.len() {
+                    part[c] = math::fmadd::<FMA>(part[c] * a, kn[c], b);
                 }
             }
         }
@@ -782,6 +801,15 @@ fn layer_norm(o: &mut [f32]) -> f32 {
 }
 
 /// `1 / max(||x||, 1e-12)` for every row of a head.
+/// [`inv_norms`] as a short call's forward takes its key norms ([`lanes_sq_norm`], [`inv_norm_from`]):
+/// the backward of such a call reads these.
+pub(crate) fn inv_norms_short(x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
+    for i in 0..t {
+        let row = &x[i * ld..i * ld + d];
+        out[i] = inv_norm_from(lanes_sq_norm(row), row);
+    }
+}
+
 pub(crate) fn inv_norms(x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
     for i in 0..t {
         // Squares summed in f64 in 8 independent lanes: one add chain per lane instead of one per

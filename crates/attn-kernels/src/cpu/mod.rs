@@ -179,17 +179,28 @@ unsafe fn head_slice<'a>(x: RawTensor<*const f32>, b: usize, h: usize, t: usize,
     (s, ld)
 }
 
+/// Which key norms [`inverse_norms`] computes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum KeyNorms {
+    /// Every key's, as the packed scores take them.
+    Packed,
+    /// Every key's, as a short call's forward takes them with its dot products
+    /// ([`engine::inv_norms_short`]): the backward of a short call.
+    Short,
+    /// None: a short forward takes them with its dot products.
+    Skip,
+}
+
 /// Inverse L2 norms of every `q` and `k` row (cosine variants): `(B·H, T_q)` for the queries, then
-/// `(B·H_kv, T_k)` for the keys unless `!keys` (a forward whose scores read `k` unpacked takes each
-/// key's norm in the same pass as its dot products).
-unsafe fn inverse_norms(p: &F32Params, cosine: bool, keys: bool) -> Vec<f32> {
-    let (tq, tk, d) = (p.seq_len, if keys { p.kv_len } else { 0 }, p.head_dim);
+/// `(B·H_kv, T_k)` for the keys unless [`KeyNorms::Skip`].
+unsafe fn inverse_norms(p: &F32Params, cosine: bool, keys: KeyNorms) -> Vec<f32> {
+    let (tq, tk, d) = (p.seq_len, if keys == KeyNorms::Skip { 0 } else { p.kv_len }, p.head_dim);
     if !cosine {
         return Vec::new();
     }
     let mut out = vec![0.0f32; p.batch * (p.heads * tq + p.kv_heads * tk)];
     let (qn, kn) = out.split_at_mut(p.batch * p.heads * tq);
-    let one = |x: RawTensor<*const f32>, heads: usize, t: usize, dst: &mut [f32]| {
+    let one = |x: RawTensor<*const f32>, heads: usize, t: usize, dst: &mut [f32], short: bool| {
         let x = SendPtr(x);
         dst.par_chunks_mut(t).enumerate().for_each(|(i, buf)| {
             // Capture the whole SendPtr (not its raw-pointer field) in the closure.
@@ -197,22 +208,26 @@ unsafe fn inverse_norms(p: &F32Params, cosine: bool, keys: bool) -> Vec<f32> {
             let x = x;
             // SAFETY: forwarded from the caller of the raw entry point.
             let (xs, ld) = unsafe { head_slice(x.0, i / heads, i % heads, t, d) };
-            engine::inv_norms(xs, ld, t, d, buf);
+            if short {
+                engine::inv_norms_short(xs, ld, t, d, buf);
+            } else {
+                engine::inv_norms(xs, ld, t, d, buf);
+            }
         });
     };
-    one(p.q, p.heads, tq, qn);
-    if keys {
-        one(p.k, p.kv_heads, tk, kn);
+    one(p.q, p.heads, tq, qn, false);
+    if keys != KeyNorms::Skip {
+        one(p.k, p.kv_heads, tk, kn, keys == KeyNorms::Short);
     }
     out
 }
 
-/// Every key head's key tiles (and value tiles when `values`) packed for the score products:
-/// `(B·H_kv, packed_len)` each. `O(B·H_kv·T_k·d)`, the size of the input.
+/// Every key head's key tiles (when `keys`) and value tiles (when `values`) packed for the score
+/// products: `(B·H_kv, packed_len)` each. `O(B·H_kv·T_k·d)`, the size of the input.
 ///
 /// # Safety
 /// As [`forward_raw`].
-unsafe fn pack(p: &F32Params, dims: Dims, values: bool) -> (Vec<f32>, Vec<f32>) {
+unsafe fn pack(p: &F32Params, dims: Dims, keys: bool, values: bool) -> (Vec<f32>, Vec<f32>) {
     let (bh, t, d) = (p.batch * p.kv_heads, p.kv_len, p.head_dim);
     let len = engine::packed_len(dims);
     let one = |x: RawTensor<*const f32>| -> Vec<f32> {
@@ -228,7 +243,7 @@ unsafe fn pack(p: &F32Params, dims: Dims, values: bool) -> (Vec<f32>, Vec<f32>) 
         });
         out
     };
-    (one(p.k), if values { one(p.v) } else { Vec::new() })
+    (if keys { one(p.k) } else { Vec::new() }, if values { one(p.v) } else { Vec::new() })
 }
 
 /// # Safety
@@ -297,14 +312,14 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
     // scores; more pack it once per call.
     let direct = p.seq_len <= engine::DIRECT_MAX_ROWS;
     // SAFETY: forwarded from our caller.
-    let norms = unsafe { inverse_norms(p, plan.cosine(), !direct) };
+    let norms = unsafe { inverse_norms(p, plan.cosine(), if direct { KeyNorms::Skip } else { KeyNorms::Packed }) };
     // (Without the keys' norms nothing bounds the scores: the activations keep their range handling.)
     dims.in_range = !direct && engine::scores_in_range(&plan, &norms, p.kv_len, d);
     let packed = if direct {
         (Vec::new(), Vec::new())
     } else {
         // SAFETY: forwarded.
-        unsafe { pack(p, dims, false) }
+        unsafe { pack(p, dims, true, false) }
     };
     let nqt = t.div_ceil(dims.bq);
     let (o, stats) = (SendPtr(p.o), SendPtr(p.stats));
@@ -398,11 +413,14 @@ unsafe fn backward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resu
     let mut dims = dims(p, opts.tuning, opts.isa)?;
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
     let isa = opts.isa.assert_supported();
+    // A short call recomputes the scores exactly as its forward computed them: from `k` unpacked,
+    // with the forward's key norms and activation path.
+    let direct = p.seq_len <= engine::DIRECT_MAX_ROWS;
     // SAFETY: forwarded from our caller.
-    let norms = unsafe { inverse_norms(p, plan.cosine(), true) };
-    dims.in_range = engine::scores_in_range(&plan, &norms, p.kv_len, d);
+    let norms = unsafe { inverse_norms(p, plan.cosine(), if direct { KeyNorms::Short } else { KeyNorms::Packed }) };
+    dims.in_range = !direct && engine::scores_in_range(&plan, &norms, p.kv_len, d);
     // SAFETY: forwarded.
-    let packed = unsafe { pack(p, dims, true) };
+    let packed = unsafe { pack(p, dims, !direct, true) };
     let stats_all = SendPtr(p.stats as *const f32);
     let nqt = t.div_ceil(dims.bq);
     let nkt = p.kv_len.div_ceil(dims.bk);

@@ -123,7 +123,9 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec) -> Tensor:
         return flex(q, k, v, score_mod=stage1, block_mask=mask, scale=1.0)
     _, aux = flex(q, k, v, score_mod=stage1, block_mask=mask, scale=1.0, return_aux=AuxRequest(lse=True))
     lse = aux.lse
-    p = float(spec.reweight)
+    # An int, not a float: under torch.compile a captured Python float becomes a SymFloat, which
+    # FlexAttention (torch 2.15) refuses among a score_mod's captured values; an int stays a SymInt.
+    p = int(spec.reweight)
     off = (n > 3).to(n.dtype)  # attn_core::reweight_offset: rows 1-3 have none
 
     def stage2(score, b, h, q_idx, kv_idx):
