@@ -17,7 +17,6 @@ shards, read as ``examples/nanogpt_lssa.py`` reads them.
 
 import argparse
 import math
-import os
 import time
 
 import numpy as np
@@ -25,7 +24,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 import lssa.hf
-from nanogpt_lssa import default_train_shard, read_shard, vocab_size
+from nanogpt_lssa import shards, vocab_size
 
 
 def windows(tokens, count, length, gen):
@@ -55,11 +54,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1337)
     args = ap.parse_args()
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    shard = args.data or default_train_shard(root)
-    train = read_shard(shard)
-    val_path = shard.replace("_train_", "_val_")
-    val = read_shard(val_path) if val_path != shard and os.path.exists(val_path) else train
+    shard, train, val = shards(args.data)
+    val = train if val is None else val
     lengths = [int(m) * args.block for m in args.lengths.split(",")]
 
     trained_as = lssa.hf.register(args.attn)

@@ -56,6 +56,16 @@ def default_train_shard(root):
     )
 
 
+def shards(data):
+    """The training shard (``data``, else the default corpus's first), its tokens, and the tokens of the
+    validation shard beside it (``None`` when there is none)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    shard = data or default_train_shard(root)
+    val_path = shard.replace("_train_", "_val_")
+    val = read_shard(val_path) if val_path != shard and os.path.exists(val_path) else None
+    return shard, read_shard(shard), val
+
+
 def vocab_size(shard, tokens):
     manifest = os.path.join(os.path.dirname(shard), "manifest.json")
     if os.path.exists(manifest):
@@ -152,11 +162,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1337)
     args = ap.parse_args()
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    shard = args.data or default_train_shard(root)
-    train = read_shard(shard)
-    val_path = shard.replace("_train_", "_val_")
-    val = read_shard(val_path) if val_path != shard and os.path.exists(val_path) else None
+    shard, train, val = shards(args.data)
     vocab = vocab_size(shard, train)
 
     torch.manual_seed(args.seed)
