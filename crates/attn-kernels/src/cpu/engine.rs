@@ -20,6 +20,7 @@ use attn_core::{Norm, OutputNorm, Plan};
 use crate::cpu::act;
 use crate::cpu::isa::Isa;
 use crate::cpu::math;
+use crate::cpu::short::{dot, fold_lanes, inv_norm_from, lanes_sq_norm};
 use crate::cpu::tile::{self, pad_nr};
 
 /// Tile sizes and scratch budgets: tuning knobs, separate from the maths.
@@ -71,11 +72,11 @@ pub(crate) struct Head<'a> {
     pub ldv: usize,
     /// `1 / max(||q_i||, 1e-12)` per row for cosine scores, else empty.
     pub inq: &'a [f32],
-    /// Same for keys; empty in a forward of at most [`DIRECT_MAX_ROWS`] query rows, whose scores
+    /// Same for keys; empty in a forward of at most [`DIRECT_MAX_ROWS`](super::short::DIRECT_MAX_ROWS) query rows, whose scores
     /// take each key's norm in the pass that reads it for the dot products.
     pub ink: &'a [f32],
     /// `K` packed per key tile as `d x pad_nr(bk)` transposes ([`pack_head`]), tile after tile; empty
-    /// in a forward of at most [`DIRECT_MAX_ROWS`] query rows, whose scores are dot products of `q`
+    /// in a forward of at most [`DIRECT_MAX_ROWS`](super::short::DIRECT_MAX_ROWS) query rows, whose scores are dot products of `q`
     /// with `k`'s rows as they are.
     pub kt: &'a [f32],
     /// `V` packed the same way (backward only; empty in the forward).
@@ -163,18 +164,6 @@ fn take_max(acc: &mut Lanes) -> f32 {
 #[inline(always)]
 pub(super) fn fold_after(kt: usize, nkt: usize) -> bool {
     (kt + 1).is_multiple_of(FOLD_TILES) || kt + 1 == nkt
-}
-
-/// Reduces 16 lanes pairwise (lane `l` with `l + 8`, then `l + 4`, ...): a left-to-right fold is
-/// 16 dependent scalar operations.
-#[inline(always)]
-fn fold_lanes(mut acc: [f32; 16], op: impl Fn(f32, f32) -> f32) -> f32 {
-    for w in [8, 4, 2, 1] {
-        for l in 0..w {
-            acc[l] = op(acc[l], acc[l + w]);
-        }
-    }
-    acc[0]
 }
 
 /// Maximum of a slice (`-inf` when empty), vectorisable.
@@ -277,65 +266,6 @@ impl Rows {
         }
         Self { fac, bias }
     }
-}
-
-/// The most query rows of a call whose scores skip the packing of `K` (a decoding step, a few rows
-/// of speculative decoding): for so few rows, packing every key tile would read and write `K` once
-/// more than the scores themselves read it. The forward and the backward of such a call compute the
-/// same scores (the same dot products and key norms, bit for bit): a backward that recomputed them
-/// otherwise would see rows the forward did not normalise (a near-zero relu row's `a = f / Z` off by
-/// 1e-3).
-pub(crate) const DIRECT_MAX_ROWS: usize = 4;
-
-/// `sum_c a[c] b[c]` in 16 independent lanes (vectorised by the caller's target features).
-#[inline(always)]
-fn dot<const FMA: bool>(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 16];
-    let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
-    let (at, bt) = (ac.remainder(), bc.remainder());
-    // Loops over zipped iterators (which LLVM turns into whole-vector operations; indexed lanes
-    // stayed scalar) and no closures (a closure is a function of its own, compiled without the
-    // caller's target features: FMA became a libm call).
-    for (x, y) in ac.zip(bc) {
-        for (a, (&x, &y)) in acc.iter_mut().zip(x.iter().zip(y)) {
-            *a = math::fmadd::<FMA>(x, y, *a);
-        }
-    }
-    for (l, (&x, &y)) in at.iter().zip(bt).enumerate() {
-        acc[l] = math::fmadd::<FMA>(x, y, acc[l]);
-    }
-    fold_lanes(acc, |x, y| x + y)
-}
-
-/// `sum_c k[c]^2` in 16 lanes of plain multiplies and adds: the same value wherever it is compiled
-/// (with FMA or without), so a short call's forward and backward agree on every key norm.
-#[inline(always)]
-pub(crate) fn lanes_sq_norm(k: &[f32]) -> f32 {
-    let mut sq = [0.0f32; 16];
-    let chunks = k.chunks_exact(16);
-    for (s, &y) in sq.iter_mut().zip(chunks.remainder()) {
-        *s += y * y;
-    }
-    for c in chunks {
-        for (s, &y) in sq.iter_mut().zip(c) {
-            *s += y * y;
-        }
-    }
-    fold_lanes(sq, |x, y| x + y)
-}
-
-/// `1 / max(||k||, 1e-12)` from [`lanes_sq_norm`]'s `k2`; where the squares overflowed f32 (|k|
-/// above 1e19), from an f64 sum of them.
-#[inline(always)]
-pub(crate) fn inv_norm_from(k2: f32, k: &[f32]) -> f32 {
-    if k2.is_finite() {
-        return 1.0 / k2.sqrt().max(1e-12);
-    }
-    let mut n2 = 0.0f64;
-    for &v in k {
-        n2 += f64::from(v) * f64::from(v);
-    }
-    (1.0 / n2.sqrt().max(1e-12)) as f32
 }
 
 /// Scores `s_ij` of rows `[i0, i0 + nq)` against keys `[j0, j0 + nk)` into `s` (row stride `lds`),
@@ -801,15 +731,6 @@ fn layer_norm(o: &mut [f32]) -> f32 {
 }
 
 /// `1 / max(||x||, 1e-12)` for every row of a head.
-/// [`inv_norms`] as a short call's forward takes its key norms ([`lanes_sq_norm`], [`inv_norm_from`]):
-/// the backward of such a call reads these.
-pub(crate) fn inv_norms_short(x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
-    for i in 0..t {
-        let row = &x[i * ld..i * ld + d];
-        out[i] = inv_norm_from(lanes_sq_norm(row), row);
-    }
-}
-
 pub(crate) fn inv_norms(x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
     for i in 0..t {
         // Squares summed in f64 in 8 independent lanes: one add chain per lane instead of one per

@@ -20,6 +20,7 @@ pub mod math;
 #[cfg(not(feature = "lab"))]
 #[allow(dead_code)] // the lab's functions and bounds that only its tests and benches read
 pub(crate) mod math;
+pub(crate) mod short;
 pub(crate) mod tile;
 
 use ndarray::{Array4, ArrayView4, AsArray, Ix4};
@@ -185,7 +186,7 @@ enum KeyNorms {
     /// Every key's, as the packed scores take them.
     Packed,
     /// Every key's, as a short call's forward takes them with its dot products
-    /// ([`engine::inv_norms_short`]): the backward of a short call.
+    /// ([`short::inv_norms_short`]): the backward of a short call.
     Short,
     /// None: a short forward takes them with its dot products.
     Skip,
@@ -209,7 +210,7 @@ unsafe fn inverse_norms(p: &F32Params, cosine: bool, keys: KeyNorms) -> Vec<f32>
             // SAFETY: forwarded from the caller of the raw entry point.
             let (xs, ld) = unsafe { head_slice(x.0, i / heads, i % heads, t, d) };
             if short {
-                engine::inv_norms_short(xs, ld, t, d, buf);
+                short::inv_norms_short(xs, ld, t, d, buf);
             } else {
                 engine::inv_norms(xs, ld, t, d, buf);
             }
@@ -310,7 +311,7 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
     // A few query rows (a decoding step) read K as it is, once, for both the keys' norms and the
     // scores; more pack it once per call.
-    let direct = p.seq_len <= engine::DIRECT_MAX_ROWS;
+    let direct = p.seq_len <= short::DIRECT_MAX_ROWS;
     // SAFETY: forwarded from our caller.
     let norms = unsafe { inverse_norms(p, plan.cosine(), if direct { KeyNorms::Skip } else { KeyNorms::Packed }) };
     // (Without the keys' norms nothing bounds the scores: the activations keep their range handling.)
@@ -415,7 +416,7 @@ unsafe fn backward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resu
     let isa = opts.isa.assert_supported();
     // A short call recomputes the scores exactly as its forward computed them: from `k` unpacked,
     // with the forward's key norms and activation path.
-    let direct = p.seq_len <= engine::DIRECT_MAX_ROWS;
+    let direct = p.seq_len <= short::DIRECT_MAX_ROWS;
     // SAFETY: forwarded from our caller.
     let norms = unsafe { inverse_norms(p, plan.cosine(), if direct { KeyNorms::Short } else { KeyNorms::Packed }) };
     dims.in_range = !direct && engine::scores_in_range(&plan, &norms, p.kv_len, d);
