@@ -6,8 +6,8 @@
 ``q`` is ``(B, H, T, d)``, ``k`` and ``v`` are ``(B, H_kv, T_k, d)``, attention is causal: grouped-query
 attention (``H`` a multiple of ``H_kv``, keys read without copies) and queries that continue a sequence
 (``q`` holds its last ``T <= T_k`` rows: a decoding step against a KV cache, a chunk of a prefill) work
-on every backend, fused included. ``lssa.hf`` plugs the variants into Hugging Face transformers. Any variant name that attn-core parses
-works: a stage-1 preset of :func:`variants` (``softmax``, ``lssa``, the paper's Table 1-4 baselines),
+on the fused and reference backends (``flex`` refuses them). ``lssa.hf`` plugs the variants into
+Hugging Face transformers. Any variant name that attn-core parses works: a stage-1 preset of :func:`variants` (``softmax``, ``lssa``, the paper's Table 1-4 baselines),
 optionally with parameters and re-weighting, ``<stage1>[:<key>=<value>,...][+rw<p>]`` (``GRAMMAR``);
 ``lssa+rw15`` is LSSAR, and post-hoc re-weighting of an LSSA model is just ``lssa+rw<p>`` at inference.
 
