@@ -150,11 +150,6 @@ fn params(
              ({kv_heads}, {kv_len})"
         )));
     }
-    if !heads.is_multiple_of(kv_heads) || kv_len < seq_len {
-        return Err(PyValueError::new_err(format!(
-            "H = {heads} must be a multiple of H_kv = {kv_heads}, and T_k = {kv_len} >= T = {seq_len}"
-        )));
-    }
     non_null(&[("q", q.0), ("k", k.0), ("v", v.0), ("out", o.0), ("stats", stats)])?;
     Ok(Params {
         batch,

@@ -127,8 +127,9 @@ def test_the_raw_extension_refuses_what_it_cannot_run_with_python_exceptions():
         (TypeError, "the fused CPU kernels take float32 tensors, got float64", dict(dtype="float64")),
         (TypeError, "no fused kernels for device `mps`", dict(device="mps")),
         (ValueError, "every size must be >= 1, got (B, H, T, d) = (1, 2, 0, 16)", dict(shape=(1, 2, 0, 16))),
-        (ValueError, "H = 2 must be a multiple of H_kv = 3", dict(kv=(3, 8))),
-        (ValueError, "T_k = 7 >= T = 8", dict(kv=(2, 7))),
+        # attn-kernels' own check (Params::check_kv), before any memory is read.
+        (ValueError, "2 query heads cannot share 3 key heads: H must be a multiple of H_kv", dict(kv=(3, 8))),
+        (ValueError, "8 query rows continue a sequence of only 7 keys: T_k must be >= T_q", dict(kv=(2, 7))),
         (ValueError, "`q` is a null pointer", dict(q=(0, 256, 128, 16))),
         (ValueError, "`stats` is a null pointer", dict(stats=0)),
         (ValueError, "legacy default stream", dict(device="cuda", stream=0x1234)),
