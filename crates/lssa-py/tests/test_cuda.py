@@ -43,11 +43,12 @@ def bounds(name, dtype):
     return 1.5 * unit(dtype), (6.0 if ill else 3.0) * unit(dtype)
 
 
-def rel_err(x, ref):
+def rel_err(x, ref, floor=1e-300):
+    """||x - ref|| / ||ref||, with ||ref|| taken as at least `floor`."""
     x = x.double().cpu()
     if not torch.isfinite(x).all():
         return float("inf")
-    return ((x - ref).norm() / ref.norm().clamp_min(1e-300)).item()
+    return ((x - ref).norm() / ref.norm().clamp_min(floor)).item()
 
 
 def cuda_inputs(shape, dtype, seed, name):
@@ -71,8 +72,13 @@ def test_fused_cuda_matches_the_formulas(name, dtype, t, d, no_fallback):
     assert got.dtype == dtype and got.device == q.device
     bo, bg = bounds(name, dtype)
     assert rel_err(got, ref) <= bo, f"{name} {dtype} T={t} d={d}: output {rel_err(got, ref):.2e} > {bo:.2e}"
+    # A gradient that is exactly zero in exact arithmetic (dq and dk at T = 1, where every weight is 1)
+    # comes out of the float64 formulas as rounding noise (1e-17); below 1e-6 of the call's largest
+    # gradient a reference counts as zero, and the error is measured against that floor.
+    floor = 1e-6 * max(b.norm().item() for b in ref_grads)
     for what, a, b in zip(["dq", "dk", "dv"], got_grads, ref_grads):
-        assert rel_err(a, b) <= bg, f"{name} {dtype} T={t} d={d}: {what} {rel_err(a, b):.2e} > {bg:.2e}"
+        err = rel_err(a, b, floor)
+        assert err <= bg, f"{name} {dtype} T={t} d={d}: {what} {err:.2e} > {bg:.2e}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
