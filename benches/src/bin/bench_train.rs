@@ -19,8 +19,9 @@
 //!   `clip_grad_norm_` with their defaults, `F.scaled_dot_product_attention` for softmax and the
 //!   project's `lssa.attention` for the others, so both sides run the same attention kernels), in the
 //!   torch venv's Python, with the same threads, shape and step counts; once as a user runs it, once
-//!   with the allocator settings the trainer makes for itself ([`trainer::process::keep_freed_memory`],
-//!   here through glibc's `MALLOC_*_` variables), so the table shows what they are worth on both sides;
+//!   with the process settings the trainer makes for itself ([`trainer::process::keep_freed_memory`]
+//!   and [`trainer::process::limit_openmp_spinning`], here through glibc's `MALLOC_*_` variables and
+//!   `GOMP_SPINCOUNT`), so the table shows what they are worth on both sides;
 //! - for the variants other than softmax, PyTorch with the attention materialised
 //!   (`lssa.reference_attention`: the variant as PyTorch ops with `(B, H, T, T)` weights), the loop a
 //!   PyTorch user without this project's kernels writes (issue 36's baseline).
@@ -205,17 +206,21 @@ struct EagerOut {
     tokens_per_s: f64,
 }
 
-/// glibc's variables for [`trainer::process::keep_freed_memory`]'s settings.
-const TUNED_MALLOC: [(&str, &str); 2] =
-    [("MALLOC_MMAP_THRESHOLD_", "268435456"), ("MALLOC_TRIM_THRESHOLD_", "1073741824")];
+/// The trainer's process settings as environment variables: glibc's for
+/// [`trainer::process::keep_freed_memory`], libgomp's for [`trainer::process::limit_openmp_spinning`].
+const TUNED: [(&str, &str); 3] = [
+    ("MALLOC_MMAP_THRESHOLD_", "268435456"),
+    ("MALLOC_TRIM_THRESHOLD_", "1073741824"),
+    ("GOMP_SPINCOUNT", trainer::process::OPENMP_SPIN_COUNT),
+];
 
 /// How the PyTorch side runs.
 #[derive(Clone, Copy)]
 enum Eager {
     /// As a user runs it, with the fused op for the LSSA variants.
     Plain,
-    /// With the trainer's allocator settings.
-    TunedMalloc,
+    /// With the trainer's allocator and OpenMP settings.
+    Tuned,
     /// With the attention as materialised PyTorch ops.
     Materialised,
 }
@@ -234,11 +239,14 @@ fn pytorch_cell(
     let script = env::workspace_root().join("benches/python/train_eager.py");
     let mut cmd = Command::new(python);
     match how {
-        Eager::TunedMalloc => {
-            cmd.envs(TUNED_MALLOC);
+        Eager::Tuned => {
+            cmd.envs(TUNED);
         }
+        // This process runs with GOMP_SPINCOUNT set (see `main`): not for a plain PyTorch run.
         Eager::Plain | Eager::Materialised => {
-            cmd.env_remove(TUNED_MALLOC[0].0).env_remove(TUNED_MALLOC[1].0);
+            for (name, _) in TUNED {
+                cmd.env_remove(name);
+            }
         }
     }
     let out = cmd
@@ -349,6 +357,8 @@ fn clip_per_tensor(opt: &AdamW, max_norm: f64) {
 }
 
 fn main() -> Result<()> {
+    // The trainer side runs in this process: with the OpenMP setting `trainer` makes for itself.
+    trainer::process::limit_openmp_spinning();
     let cli = Cli::parse();
     let python = cli.python.clone().unwrap_or_else(|| gpt_model::runtime::torch_python().0);
     let torch = torch_version(&python);
@@ -394,7 +404,7 @@ fn main() -> Result<()> {
                     match side {
                         0 => ours.push(trainer_cell(variant, t, steps, cli.warmup, cli.threads)?),
                         1 => theirs.push(eager(Eager::Plain)?),
-                        2 => tuned.push(eager(Eager::TunedMalloc)?),
+                        2 => tuned.push(eager(Eager::Tuned)?),
                         _ => mat.push(eager(Eager::Materialised)?),
                     }
                 }
@@ -455,8 +465,10 @@ fn markdown(r: &Report, warmup: usize) -> String {
     );
     let _ = writeln!(
         s,
-        "- PyTorch (tuned malloc): the same loop with the trainer's allocator settings (`trainer::process::keep_freed_memory`: \
-         `MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824`), which a PyTorch user can set too"
+        "- PyTorch (tuned): the same loop with the trainer's process settings, which a PyTorch user can set too: \
+         its allocator's (`trainer::process::keep_freed_memory`: `MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824`) \
+         and OpenMP's (`trainer::process::limit_openmp_spinning`: `GOMP_SPINCOUNT={}`)",
+        trainer::process::OPENMP_SPIN_COUNT
     );
     let _ = writeln!(
         s,
@@ -471,7 +483,7 @@ fn markdown(r: &Report, warmup: usize) -> String {
     );
     let _ = writeln!(
         s,
-        "| attention | T | steps | trainer tokens/s (rounds) | PyTorch eager (rounds) | PyTorch eager, tuned malloc (rounds) | PyTorch eager, materialised attention (rounds) | trainer / PyTorch | trainer / PyTorch tuned | trainer / PyTorch materialised |"
+        "| attention | T | steps | trainer tokens/s (rounds) | PyTorch eager (rounds) | PyTorch eager, tuned (rounds) | PyTorch eager, materialised attention (rounds) | trainer / PyTorch | trainer / PyTorch tuned | trainer / PyTorch materialised |"
     );
     let _ = writeln!(s, "|---|---:|---:|---|---|---|---|---:|---:|---:|");
     let list = |xs: &[f64]| xs.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" / ");

@@ -1,6 +1,7 @@
 //! What a training shares with the rest of its process and machine, handled in one place.
 //!
 //! - [`claim_threads`]: libtorch's CPU thread count, one setting per process.
+//! - [`keep_freed_memory`], [`limit_openmp_spinning`]: the allocator's and OpenMP's settings.
 //! - [`RunLock`]: one writer per run directory.
 //!
 //! A training holds an exclusive advisory lock
@@ -100,6 +101,43 @@ pub fn keep_freed_memory() {
             libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
         }
     });
+}
+
+/// The spin count this crate's binaries give libgomp (libtorch's OpenMP run time), unless the user
+/// set `GOMP_SPINCOUNT` or `OMP_WAIT_POLICY`: see [`limit_openmp_spinning`].
+pub const OPENMP_SPIN_COUNT: &str = "20000";
+
+/// Runs this program again, in place (`exec`, same pid, arguments and environment), with
+/// `GOMP_SPINCOUNT` = [`OPENMP_SPIN_COUNT`], unless `GOMP_SPINCOUNT` or `OMP_WAIT_POLICY` is already
+/// set (the user's choice, or this call's in the program it started). Call it first in `main`: it
+/// does not return when it re-runs the program, and libgomp reads the variable only when it is
+/// loaded, before `main`, so no later call can change it. If `exec` fails it warns and returns,
+/// and the program goes on with libgomp's default. A no-op outside Linux.
+///
+/// Why: libgomp's idle workers spin for 300,000 iterations (about a millisecond) after each parallel
+/// region before they sleep. The fused attention kernels run on rayon threads between libtorch's
+/// OpenMP regions, so on a CPU with as many cores as threads each kernel shared its cores with a
+/// spinning OpenMP worker. At the `small` scale on 2 cores (`docs/bench/train-cpu-notes.md`) that
+/// cost LSSAR's step about a fifth; a short spin (or none: `OMP_WAIT_POLICY=PASSIVE`, slower, as
+/// every region then wakes its workers through the kernel) gives the cores back. PyTorch users of
+/// `lssa` can set the same variable.
+pub fn limit_openmp_spinning() {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::CommandExt;
+        if std::env::var_os("GOMP_SPINCOUNT").is_some() || std::env::var_os("OMP_WAIT_POLICY").is_some() {
+            return;
+        }
+        let err = match std::env::current_exe() {
+            Ok(exe) => {
+                let mut args = std::env::args_os();
+                let arg0 = args.next().unwrap_or_else(|| exe.clone().into_os_string());
+                std::process::Command::new(&exe).arg0(arg0).args(args).env("GOMP_SPINCOUNT", OPENMP_SPIN_COUNT).exec()
+            }
+            Err(e) => e,
+        };
+        eprintln!("warning: could not run this program again with GOMP_SPINCOUNT={OPENMP_SPIN_COUNT} ({err}); going on with libgomp's default");
+    }
 }
 
 /// libtorch's CPU thread count is one setting per process, shared by every training in it

@@ -93,6 +93,8 @@ struct Cli {
 }
 
 fn main() {
+    // Before anything else: it may run this program again with libgomp's spin count set.
+    trainer::process::limit_openmp_spinning();
     if let Err(e) = run() {
         eprintln!("error: {e:#}");
         std::process::exit(1);

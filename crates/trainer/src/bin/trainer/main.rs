@@ -93,6 +93,8 @@ enum Cmd {
 }
 
 fn main() {
+    // Before anything else: it may run this program again with libgomp's spin count set.
+    trainer::process::limit_openmp_spinning();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
