@@ -730,24 +730,30 @@ fn layer_norm(o: &mut [f32]) -> f32 {
     sigma as f32
 }
 
-/// `1 / max(||x||, 1e-12)` for every row of a head.
-pub(crate) fn inv_norms(x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
-    for i in 0..t {
-        // Squares summed in f64 in 8 independent lanes: one add chain per lane instead of one per
-        // row, which vectorises (a decoding step's norms of a 8K-key cache took longer than its scores).
-        let row = &x[i * ld..i * ld + d];
-        let mut acc = [0.0f64; 8];
-        let chunks = row.chunks_exact(8);
-        for (l, &v) in chunks.remainder().iter().enumerate() {
-            acc[l] = f64::from(v) * f64::from(v);
-        }
-        for c in chunks {
-            for l in 0..8 {
-                acc[l] += f64::from(c[l]) * f64::from(c[l]);
+crate::multiversion! {
+    /// `1 / max(||x||, 1e-12)` for every row of a head. The squares are summed in f64 in 8 independent
+    /// lanes (one add chain per lane instead of one per row), with plain multiplies and adds: the
+    /// same value under every [`Isa`]. Multiversioned because the portable build converts and adds
+    /// two f64 at a time: at T = 64 the norms took about as long as the score products
+    /// (`docs/bench/train-cpu-notes.md`).
+    pub(crate) fn inv_norms<const FMA: bool>(isa: Isa, x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
+        let _ = FMA; // no fused multiply-adds here: the result must not depend on the ISA
+        for (i, o) in out[..t].iter_mut().enumerate() {
+            let row = &x[i * ld..i * ld + d];
+            let mut acc = [0.0f64; 8];
+            let chunks = row.chunks_exact(8);
+            for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
+                *a = f64::from(v) * f64::from(v);
             }
+            // Zipped iterators, not indexed lanes: LLVM vectorises the former.
+            for c in chunks {
+                for (a, &v) in acc.iter_mut().zip(c) {
+                    *a += f64::from(v) * f64::from(v);
+                }
+            }
+            let n2 = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+            *o = (1.0 / n2.sqrt().max(1e-12)) as f32;
         }
-        let n2 = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-        out[i] = (1.0 / n2.sqrt().max(1e-12)) as f32;
     }
 }
 

@@ -194,7 +194,7 @@ enum KeyNorms {
 
 /// Inverse L2 norms of every `q` and `k` row (cosine variants): `(B·H, T_q)` for the queries, then
 /// `(B·H_kv, T_k)` for the keys unless [`KeyNorms::Skip`].
-unsafe fn inverse_norms(p: &F32Params, cosine: bool, keys: KeyNorms) -> Vec<f32> {
+unsafe fn inverse_norms(p: &F32Params, isa: Isa, cosine: bool, keys: KeyNorms) -> Vec<f32> {
     let (tq, tk, d) = (p.seq_len, if keys == KeyNorms::Skip { 0 } else { p.kv_len }, p.head_dim);
     if !cosine {
         return Vec::new();
@@ -212,7 +212,7 @@ unsafe fn inverse_norms(p: &F32Params, cosine: bool, keys: KeyNorms) -> Vec<f32>
             if short {
                 short::inv_norms_short(xs, ld, t, d, buf);
             } else {
-                engine::inv_norms(xs, ld, t, d, buf);
+                engine::inv_norms(isa, xs, ld, t, d, buf);
             }
         });
     };
@@ -313,7 +313,7 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
     // scores; more pack it once per call.
     let direct = p.seq_len <= short::DIRECT_MAX_ROWS;
     // SAFETY: forwarded from our caller.
-    let norms = unsafe { inverse_norms(p, plan.cosine(), if direct { KeyNorms::Skip } else { KeyNorms::Packed }) };
+    let norms = unsafe { inverse_norms(p, opts.isa.assert_supported(), plan.cosine(), if direct { KeyNorms::Skip } else { KeyNorms::Packed }) };
     // (Without the keys' norms nothing bounds the scores: the activations keep their range handling.)
     dims.in_range = !direct && engine::scores_in_range(&plan, &norms, p.kv_len, d);
     let packed = if direct {
@@ -418,7 +418,7 @@ unsafe fn backward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resu
     // with the forward's key norms and activation path.
     let direct = p.seq_len <= short::DIRECT_MAX_ROWS;
     // SAFETY: forwarded from our caller.
-    let norms = unsafe { inverse_norms(p, plan.cosine(), if direct { KeyNorms::Short } else { KeyNorms::Packed }) };
+    let norms = unsafe { inverse_norms(p, isa, plan.cosine(), if direct { KeyNorms::Short } else { KeyNorms::Packed }) };
     dims.in_range = !direct && engine::scores_in_range(&plan, &norms, p.kv_len, d);
     // SAFETY: forwarded.
     let packed = unsafe { pack(p, dims, !direct, true) };
