@@ -136,7 +136,9 @@ pub fn limit_openmp_spinning() {
             }
             Err(e) => e,
         };
-        eprintln!("warning: could not run this program again with GOMP_SPINCOUNT={OPENMP_SPIN_COUNT} ({err}); going on with libgomp's default");
+        eprintln!(
+            "warning: could not run this program again with GOMP_SPINCOUNT={OPENMP_SPIN_COUNT} ({err}); going on with libgomp's default"
+        );
     }
 }
 

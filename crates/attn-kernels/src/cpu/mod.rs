@@ -313,7 +313,14 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
     // scores; more pack it once per call.
     let direct = p.seq_len <= short::DIRECT_MAX_ROWS;
     // SAFETY: forwarded from our caller.
-    let norms = unsafe { inverse_norms(p, opts.isa.assert_supported(), plan.cosine(), if direct { KeyNorms::Skip } else { KeyNorms::Packed }) };
+    let norms = unsafe {
+        inverse_norms(
+            p,
+            opts.isa.assert_supported(),
+            plan.cosine(),
+            if direct { KeyNorms::Skip } else { KeyNorms::Packed },
+        )
+    };
     // (Without the keys' norms nothing bounds the scores: the activations keep their range handling.)
     dims.in_range = !direct && engine::scores_in_range(&plan, &norms, p.kv_len, d);
     let packed = if direct {
@@ -418,7 +425,8 @@ unsafe fn backward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resu
     // with the forward's key norms and activation path.
     let direct = p.seq_len <= short::DIRECT_MAX_ROWS;
     // SAFETY: forwarded from our caller.
-    let norms = unsafe { inverse_norms(p, isa, plan.cosine(), if direct { KeyNorms::Short } else { KeyNorms::Packed }) };
+    let norms =
+        unsafe { inverse_norms(p, isa, plan.cosine(), if direct { KeyNorms::Short } else { KeyNorms::Packed }) };
     dims.in_range = !direct && engine::scores_in_range(&plan, &norms, p.kv_len, d);
     // SAFETY: forwarded.
     let packed = unsafe { pack(p, dims, !direct, true) };

@@ -14,7 +14,8 @@
 //! Results: `runs/<scale>/<variant>/` (checkpoints, `metrics.jsonl`, `result.json`). A run with a
 //! result is not redone, an interrupted one resumes from its checkpoint, so re-running the command
 //! after a crash continues. The report goes to `docs/REPRODUCTION.md` (figures in `docs/figures/`) for
-//! the meaningful scales and to `runs/<scale>/REPRODUCTION.md` for `smoke`.
+//! the meaningful scales and to `runs/<scale>/REPRODUCTION.md` (the `--out` directory) for `smoke` and
+//! for any run with `--only` or `--set`.
 //!
 //! The `paper` scale needs FineWeb-10B shards in `data/fineweb10B` and GPUs (8 in the paper): each run
 //! is trained data-parallel over every GPU of the machine (`--nproc-per-node`, `--torchrun`), then
@@ -37,7 +38,8 @@ struct Cli {
     /// Results directory [default: runs/SCALE].
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Report path [default: docs/REPRODUCTION.md, or runs/SCALE/REPRODUCTION.md for smoke].
+    /// Report path [default: docs/REPRODUCTION.md; OUT/REPRODUCTION.md for smoke, or with --only or
+    /// --set, so that a partial or changed run never overwrites the committed report].
     #[arg(long)]
     report: Option<PathBuf>,
     /// Only these trained variants (comma-separated attn-core names).
@@ -103,6 +105,9 @@ fn main() {
 
 fn run() -> Result<()> {
     let mut cli = Cli::parse();
+    // A subset (`--only`) or a changed recipe (`--set`) is not the committed reproduction: its report
+    // goes beside its runs, never over docs/REPRODUCTION.md.
+    let partial = !cli.only.is_empty() || !cli.set.is_empty();
     // The revision every run of this invocation records: the tree as it was when it started.
     trainer::git_revision();
     if let Some(config) = &cli.train_rank {
@@ -265,14 +270,8 @@ fn run() -> Result<()> {
             p.run(e, &inputs)?;
         }
     }
-    let (report_path, figures_dir, figures_rel) = match (&cli.report, scale.meaningful) {
-        (Some(p), _) => {
-            let dir = p.parent().map(|d| d.join("figures")).unwrap_or_else(|| PathBuf::from("figures"));
-            (p.clone(), dir, "figures".to_string())
-        }
-        (None, true) => (PathBuf::from("docs/REPRODUCTION.md"), PathBuf::from("docs/figures"), "figures".to_string()),
-        (None, false) => (out.join("REPRODUCTION.md"), out.join("figures"), "figures".to_string()),
-    };
+    let (report_path, figures_dir) = report_location(cli.report.as_deref(), scale.meaningful && !partial, &out);
+    let figures_rel = "figures".to_string();
     let ctx = report::Context {
         scale: &scale,
         command: &shown,
@@ -307,4 +306,30 @@ fn run() -> Result<()> {
         println!("- {} ordering: {} ({})", o.experiment, o.verdict.word(), o.why);
     }
     Ok(())
+}
+
+/// Where the report and its figures go: `report` when given (figures beside it); the committed
+/// `docs/REPRODUCTION.md` for a full run of a meaningful scale (`committed`); else the run directory.
+fn report_location(report: Option<&std::path::Path>, committed: bool, out: &std::path::Path) -> (PathBuf, PathBuf) {
+    match report {
+        Some(p) => (p.to_path_buf(), p.parent().map(|d| d.join("figures")).unwrap_or_else(|| PathBuf::from("figures"))),
+        None if committed => (PathBuf::from("docs/REPRODUCTION.md"), PathBuf::from("docs/figures")),
+        None => (out.join("REPRODUCTION.md"), out.join("figures")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_full_run_writes_the_committed_report() {
+        let out = std::path::Path::new("runs/small");
+        assert_eq!(report_location(None, true, out).0, PathBuf::from("docs/REPRODUCTION.md"));
+        // `--only`, `--set` or the smoke scale: beside the runs.
+        assert_eq!(report_location(None, false, out), (out.join("REPRODUCTION.md"), out.join("figures")));
+        // `--report` wins, figures beside it.
+        let mine = std::path::Path::new("/tmp/x/R.md");
+        assert_eq!(report_location(Some(mine), true, out), (mine.to_path_buf(), PathBuf::from("/tmp/x/figures")));
+    }
 }
