@@ -136,13 +136,16 @@ fn test(workspace: &Path, extra: &[String]) -> Result<()> {
         clippy.args(["clippy", "--workspace", "--all-targets", "--all-features", "--quiet", "--", "-D", "warnings"]);
         run_cmd(&mut clippy).context("clippy found warnings (they are errors here)")?;
         // attn-kernels as the trainer and the wheel build it, without the kernel lab: its lints and
-        // its unit tests (the refusal of lab kernel requests among them).
+        // its unit tests (the refusal of lab kernel requests among them) and its doc examples.
         let mut production = cargo(workspace);
         production.args(["clippy", "-p", "attn-kernels", "--all-targets", "--quiet", "--", "-D", "warnings"]);
         run_cmd(&mut production).context("clippy found warnings in attn-kernels without the `lab` feature")?;
         let mut production = cargo(workspace);
         production.args(["test", "-p", "attn-kernels", "--lib", "--quiet"]);
         run_cmd(&mut production).context("attn-kernels' unit tests failed without the `lab` feature")?;
+        let mut production = cargo(workspace);
+        production.args(["test", "-p", "attn-kernels", "--doc", "--quiet"]);
+        run_cmd(&mut production).context("attn-kernels' doc examples failed without the `lab` feature")?;
     }
     let mut cmd = cargo(workspace);
     // The set-up installed NVRTC with PyTorch: the CUDA compile test must run, never skip.

@@ -25,13 +25,12 @@
 //!
 //! ```
 //! use attn_kernels::cpu::isa::Isa;
-//! use attn_kernels::cpu::math;
 //!
 //! attn_kernels::multiversion! {
-//!     /// `ys[i] = softplus(xs[i]) * scale`, vectorised for `isa`.
-//!     pub fn scaled_softplus<const FMA: bool>(isa: Isa, xs: &[f32], ys: &mut [f32], scale: f32) {
+//!     /// `ys[i] = xs[i] * scale + shift`, vectorised for `isa`, one fused multiply-add where `FMA`.
+//!     pub fn scaled_shift<const FMA: bool>(isa: Isa, xs: &[f32], ys: &mut [f32], scale: f32, shift: f32) {
 //!         for (y, &x) in ys.iter_mut().zip(xs) {
-//!             *y = math::softplus::<FMA>(x) * scale;
+//!             *y = if FMA { x.mul_add(scale, shift) } else { x * scale + shift };
 //!         }
 //!     }
 //! }
@@ -39,10 +38,10 @@
 //! let xs = [-1.0f32, 0.0, 1.0];
 //! let mut ys = [0.0f32; 3];
 //! for isa in Isa::all_supported() {
-//!     scaled_softplus(isa, &xs, &mut ys, 2.0);
-//!     assert!((ys[1] - 2.0 * std::f32::consts::LN_2).abs() < 1e-6);
+//!     scaled_shift(isa, &xs, &mut ys, 2.0, 0.5);
+//!     assert_eq!(ys, [-1.5, 0.5, 2.5]);
 //! }
-//! scaled_softplus(Isa::detect(), &xs, &mut ys, 2.0); // what kernels normally pass
+//! scaled_shift(Isa::detect(), &xs, &mut ys, 2.0, 0.5); // what kernels normally pass
 //! ```
 //!
 //! The generated function has the listed signature without the `<const FMA: bool>` (which only
