@@ -92,13 +92,13 @@ struct Row {
     steps: usize,
     trainer_tokens_per_s: Vec<f64>,
     pytorch_tokens_per_s: Vec<f64>,
-    /// PyTorch with the trainer's allocator settings.
+    /// PyTorch with the trainer's process settings.
     pytorch_tuned_tokens_per_s: Vec<f64>,
     /// PyTorch with the attention materialised (empty for softmax, where both run SDPA).
     pytorch_materialised_tokens_per_s: Vec<f64>,
     /// Median over rounds of trainer / PyTorch in the same round.
     ratio: f64,
-    /// The same against PyTorch with the trainer's allocator settings.
+    /// The same against PyTorch with the trainer's process settings.
     ratio_tuned: f64,
     /// The same against PyTorch with the attention materialised (none for softmax).
     ratio_materialised: Option<f64>,
@@ -409,7 +409,7 @@ fn main() -> Result<()> {
                     }
                 }
                 eprintln!(
-                    "{variant} T={t} round {}: trainer {:.0} tokens/s, PyTorch eager {:.0} (with the trainer's allocator settings {:.0}{})",
+                    "{variant} T={t} round {}: trainer {:.0} tokens/s, PyTorch eager {:.0} (with the trainer's process settings {:.0}{})",
                     round + 1,
                     ours[round],
                     theirs[round],

@@ -117,10 +117,10 @@ pub const OPENMP_SPIN_COUNT: &str = "20000";
 /// Why: libgomp's idle workers spin for 300,000 iterations (about a millisecond) after each parallel
 /// region before they sleep. The fused attention kernels run on rayon threads between libtorch's
 /// OpenMP regions, so on a CPU with as many cores as threads each kernel shared its cores with a
-/// spinning OpenMP worker. At the `small` scale on 2 cores (`docs/bench/train-cpu-notes.md`) that
-/// cost LSSAR's step about a fifth; a short spin (or none: `OMP_WAIT_POLICY=PASSIVE`, slower, as
-/// every region then wakes its workers through the kernel) gives the cores back. PyTorch users of
-/// `lssa` can set the same variable.
+/// spinning OpenMP worker. At the `small` scale on 2 cores (`docs/bench/train-cpu-notes.md`) a
+/// short spin gave LSSAR's training about a sixth more tokens/s and left softmax's unchanged; no spin
+/// at all (`OMP_WAIT_POLICY=PASSIVE`) was slower, as every region then wakes its workers through the
+/// kernel. PyTorch users of `lssa` can set the same variable.
 pub fn limit_openmp_spinning() {
     #[cfg(target_os = "linux")]
     {
