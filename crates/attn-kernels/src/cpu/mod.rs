@@ -309,18 +309,12 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
     let plan = plan(variant)?;
     let mut dims = dims(p, opts.tuning, opts.isa)?;
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
+    let isa = opts.isa.assert_supported();
     // A few query rows (a decoding step) read K as it is, once, for both the keys' norms and the
     // scores; more pack it once per call.
     let direct = p.seq_len <= short::DIRECT_MAX_ROWS;
     // SAFETY: forwarded from our caller.
-    let norms = unsafe {
-        inverse_norms(
-            p,
-            opts.isa.assert_supported(),
-            plan.cosine(),
-            if direct { KeyNorms::Skip } else { KeyNorms::Packed },
-        )
-    };
+    let norms = unsafe { inverse_norms(p, isa, plan.cosine(), if direct { KeyNorms::Skip } else { KeyNorms::Packed }) };
     // (Without the keys' norms nothing bounds the scores: the activations keep their range handling.)
     dims.in_range = !direct && engine::scores_in_range(&plan, &norms, p.kv_len, d);
     let packed = if direct {
@@ -332,7 +326,6 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
     let nqt = t.div_ceil(dims.bq);
     let (o, stats) = (SendPtr(p.o), SendPtr(p.stats));
     let aux = SendPtr(if plan.reweight.is_some() { p.rw_aux } else { std::ptr::null_mut() });
-    let isa = opts.isa.assert_supported();
     let scratch = PerThread::new();
     (0..bh * nqt).into_par_iter().for_each(|task| {
         scratch.with(

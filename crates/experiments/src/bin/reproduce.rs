@@ -271,7 +271,6 @@ fn run() -> Result<()> {
         }
     }
     let (report_path, figures_dir) = report_location(cli.report.as_deref(), scale.meaningful && !partial, &out);
-    let figures_rel = "figures".to_string();
     let ctx = report::Context {
         scale: &scale,
         command: &shown,
@@ -286,7 +285,7 @@ fn run() -> Result<()> {
             .chain(post.iter().map(|p| p.wall_s()))
             .sum::<f64>()
             .max(start.elapsed().as_secs_f64()),
-        figures_rel: &figures_rel,
+        figures_rel: "figures",
         post: &post,
     };
     report::write(&experiments, &results, &ctx, &report_path, &figures_dir).context("writing the report")?;
