@@ -1,11 +1,17 @@
 //! Links this crate's tests and binaries against the project's libtorch (see `torch-build`) and
-//! compiles the C++ autograd bridge of the fused attention (`csrc/fused_attention.cpp`) and the fused
-//! cross-entropy (`csrc/fused_loss.cpp`).
+//! compiles the C++ autograd bridge of the fused attention (`csrc/fused_attention.cpp`) the fused
+//! cross-entropy (`csrc/fused_loss.cpp`) and the fused RoPE head split (`csrc/fused_rope.cpp`).
 fn main() {
     torch_build::link_libtorch();
     let (includes, flags) = torch_build::cpp_settings();
     let mut build = cc::Build::new();
-    build.cpp(true).file("csrc/fused_attention.cpp").file("csrc/fused_loss.cpp").includes(&includes).warnings(false);
+    build
+        .cpp(true)
+        .file("csrc/fused_attention.cpp")
+        .file("csrc/fused_loss.cpp")
+        .file("csrc/fused_rope.cpp")
+        .includes(&includes)
+        .warnings(false);
     for flag in flags {
         build.flag(flag);
     }

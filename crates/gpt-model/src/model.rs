@@ -278,7 +278,7 @@ impl Gpt {
             return Err(ModelError::Input(format!("token ids must be (B, T), got shape {size:?}")));
         }
         let (b, t) = (size[0], size[1]);
-        let (h, hd) = (self.cfg.n_head as i64, self.cfg.head_dim() as i64);
+        let h = self.cfg.n_head as i64;
         let variant = match opts.reweight {
             Some(p) => self.variant.clone().with_reweight(p)?,
             None => self.variant.clone(),
@@ -286,16 +286,10 @@ impl Gpt {
         let imp = opts.attn_impl.unwrap_or(self.cfg.attn_impl);
         let device = self.wte.device();
         let (cos, sin) = self.rope_tables(offset, t, opts, device);
-        // q and k rotate in one call (half the ops of one call each, forward and backward).
-        let (cos, sin) = (cos.view([t, 1, 1, hd / 2]), sin.view([t, 1, 1, hd / 2]));
-        let d = self.cfg.d_model as i64;
         let mut x = Tensor::embedding(&self.wte, idx, -1, false, false); // (B, T, d)
         for (layer, blk) in self.blocks.iter().enumerate() {
             let qkv = x.apply(&blk.ln_1).apply(&blk.c_attn); // (B, T, 3d)
-            let qk = rope(&qkv.narrow(2, 0, 2 * d).view([b, t, 2, h, hd]), &cos, &sin); // (B, T, 2, H, hd)
-            let q = qk.select(2, 0).transpose(1, 2); // (B, H, T, hd)
-            let mut k = qk.select(2, 1).transpose(1, 2);
-            let mut v = qkv.narrow(2, 2 * d, d).view([b, t, h, hd]).transpose(1, 2);
+            let (q, mut k, mut v) = qkv_heads(&qkv, &cos, &sin, h).map_err(ModelError::Input)?; // (B, H, T, hd)
             if let Some(cache) = cache.as_deref_mut() {
                 let lc = &mut cache.layers[layer];
                 if let (Some(pk), Some(pv)) = (&lc.k, &lc.v) {
@@ -609,9 +603,50 @@ impl SampleRng {
     }
 }
 
+/// A block's `q`, `k`, `v` `(B, H, T, hd)` from its projection `qkv` `(B, T, 3d)` (`q`, `k`, `v` in that
+/// order along the last axis, `H` heads of `hd` each), `q` and `k` rotated by [`rope`] with `(T, hd/2)`
+/// tables `cos`, `sin` (which get no gradient). The three are transposed views of `(B, T, H, hd)`
+/// memory.
+///
+/// On the CPU in float32 and float64 this is one autograd node (`csrc/fused_rope.cpp`): one pass
+/// forward and one backward, where the same thing as tensor ops records about twenty nodes whose
+/// backward fills and sums zero matrices for every slice (4% of a `small` training step with
+/// softmax, 8% with LSSAR, `docs/bench/train-cpu-notes.md`). Elsewhere (CUDA, bf16 autocast) it runs those tensor ops
+/// ([`qkv_heads_ops`]). Errors name a bad shape.
+pub fn qkv_heads(qkv: &Tensor, cos: &Tensor, sin: &Tensor, heads: i64) -> Result<(Tensor, Tensor, Tensor), String> {
+    let fused =
+        qkv.device() == Device::Cpu && matches!(qkv.kind(), Kind::Float | Kind::Double) && cos.kind() == qkv.kind();
+    if !fused {
+        return qkv_heads_ops(qkv, cos, sin, heads);
+    }
+    let [q, k, v] = crate::attention::fused::qkv_heads(qkv, cos, sin, heads)?;
+    Ok((q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)))
+}
+
+/// [`qkv_heads`] as tensor ops, on any device and dtype: `q` and `k` rotate in one [`rope`] call.
+pub fn qkv_heads_ops(qkv: &Tensor, cos: &Tensor, sin: &Tensor, heads: i64) -> Result<(Tensor, Tensor, Tensor), String> {
+    let size = qkv.size();
+    let [b, t, three_d] = size[..] else {
+        return Err(format!("qkv_heads: the projection must be (B, T, 3d), got {size:?}"));
+    };
+    if heads <= 0 || three_d % (3 * heads) != 0 || (three_d / (3 * heads)) % 2 != 0 {
+        return Err(format!("qkv_heads: last axis {three_d} is not 3 x heads ({heads}) x an even head dim"));
+    }
+    let (d, hd) = (three_d / 3, three_d / (3 * heads));
+    let table = |x: &Tensor| {
+        x.f_view([t, 1, 1, hd / 2]).map_err(|e| format!("qkv_heads: RoPE tables must be ({t}, {}): {e}", hd / 2))
+    };
+    let (cos, sin) = (table(cos)?, table(sin)?);
+    let qk = rope(&qkv.narrow(2, 0, 2 * d).view([b, t, 2, heads, hd]), &cos, &sin); // (B, T, 2, H, hd)
+    let q = qk.select(2, 0).transpose(1, 2);
+    let k = qk.select(2, 1).transpose(1, 2);
+    let v = qkv.narrow(2, 2 * d, d).view([b, t, heads, hd]).transpose(1, 2);
+    Ok((q, k, v))
+}
+
 /// RoPE, rotate-half: `(x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)` on the last axis (`hd`) of
 /// `x`, with tables that broadcast against `x` without that axis' second half: `(T, hd/2)` tables
-/// for `(B, H, T, hd)` heads; the model rotates q and k in one call, `(B, T, 2, H, hd)` with
+/// for `(B, H, T, hd)` heads; [`qkv_heads_ops`] rotates q and k in one call, `(B, T, 2, H, hd)` with
 /// `(T, 1, 1, hd/2)` tables.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Tensor {
     let half = x.size()[x.dim() - 1] / 2;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use gpt_model::attention::path_counts;
 use gpt_model::checkpoint::{self, CheckpointError};
 use gpt_model::config::{AttnImpl, ConfigError, ModelConfig};
-use gpt_model::model::{ForwardOptions, Gpt, KvCache, rope, with_seed};
+use gpt_model::model::{ForwardOptions, Gpt, KvCache, qkv_heads, qkv_heads_ops, rope, with_seed};
 use tch::nn::{self, OptimizerConfig, VarStore};
 use tch::{Device, Kind, Tensor};
 
@@ -137,6 +137,95 @@ fn rope_matches_attn_core_and_depends_only_on_relative_position() {
     // NTK: s = 1 leaves the base unchanged; s > 1 follows b s^(d/(d-2)).
     assert_eq!(attn_core::ntk_rope_base(base, 64, 1.0), base);
     assert!((attn_core::ntk_rope_base(base, 64, 16.0) - base * 16f64.powf(64.0 / 62.0)).abs() < 1e-6);
+}
+
+/// Values and gradients of `qkv_heads` (the fused node on the CPU) and of `qkv_heads_ops`, for a
+/// projection `(b, t, 3 h hd)`, with upstream gradients applied to whichever of q, k, v `use_` keeps.
+/// The gradient of q reaches the node through a `.contiguous()` (as from the fused attention, whose dq
+/// is (B, H, T, hd) memory); k's and v's directly (as from SDPA).
+fn rotated_heads(kind: Kind, (b, t, h, hd): (i64, i64, i64, i64), use_: [bool; 3], fused: bool) -> Vec<Tensor> {
+    let opts = (kind, Device::Cpu);
+    let (x0, ups) = with_seed(8, || {
+        let x = Tensor::randn([b, t, 3 * h * hd], opts);
+        (x, [0, 1, 2].map(|_| Tensor::randn([b, h, t, hd], opts)))
+    });
+    let inv = attn_core::rope_inv_freq(10000.0, hd as usize).unwrap();
+    let ang =
+        (Tensor::arange(t, (Kind::Double, Device::Cpu)) + 3.0).unsqueeze(1) * Tensor::from_slice(&inv).unsqueeze(0);
+    let (cos, sin) = (ang.cos().to_kind(kind), ang.sin().to_kind(kind));
+    let x = x0.detach().set_requires_grad(true);
+    let (q, k, v) = if fused { qkv_heads(&x, &cos, &sin, h) } else { qkv_heads_ops(&x, &cos, &sin, h) }.unwrap();
+    let q = q.contiguous();
+    let mut total = Tensor::zeros([], opts);
+    for ((out, up), used) in [&q, &k, &v].into_iter().zip(&ups).zip(use_) {
+        if used {
+            total = total + (out * up).sum(kind);
+        }
+    }
+    total.backward();
+    vec![q, k, v, x.grad()]
+}
+
+#[test]
+fn qkv_heads_fused_equals_the_tensor_ops_in_value_and_gradient() {
+    for (kind, tol) in [(Kind::Double, 1e-13), (Kind::Float, 1e-5)] {
+        for shape in [(2, 5, 3, 4), (3, 17, 2, 64), (1, 1, 1, 2)] {
+            for use_ in [[true; 3], [true, true, false], [false, false, true]] {
+                let fused = rotated_heads(kind, shape, use_, true);
+                let ops = rotated_heads(kind, shape, use_, false);
+                for (name, (a, b)) in ["q", "k", "v", "d qkv"].iter().zip(fused.iter().zip(&ops)) {
+                    assert_eq!(a.size(), b.size(), "{name} {kind:?} {shape:?}");
+                    let err = max_diff(a, b);
+                    assert!(err < tol, "{name}: {kind:?} {shape:?} {use_:?} differs by {err}");
+                }
+                // A part of the projection that feeds no used output gets an exactly zero gradient.
+                let grad = &fused[3];
+                let width = grad.size()[2] / 3;
+                for (j, used) in use_.iter().enumerate() {
+                    let part = grad.narrow(2, j as i64 * width, width).abs().sum(Kind::Double).double_value(&[]);
+                    assert_eq!(part == 0.0, !used, "{shape:?} {use_:?}: part {j} of the gradient");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn qkv_heads_rotates_q_and_k_by_rope_and_copies_v() {
+    let (b, t, h, hd) = (2i64, 6i64, 2i64, 8i64);
+    let x = with_seed(9, || Tensor::randn([b, t, 3 * h * hd], (Kind::Double, Device::Cpu)));
+    let inv = attn_core::rope_inv_freq(500.0, hd as usize).unwrap();
+    let ang = Tensor::arange(t, (Kind::Double, Device::Cpu)).unsqueeze(1) * Tensor::from_slice(&inv).unsqueeze(0);
+    let (q, k, v) = qkv_heads(&x, &ang.cos(), &ang.sin(), h).unwrap();
+    // attn-core's rotation, on the heads cut out of the projection by hand.
+    let head = |j: i64| x.narrow(2, j * h * hd, h * hd).view([b, t, h, hd]).permute([0, 2, 1, 3]).contiguous();
+    for (j, got) in [(0, &q), (1, &k)] {
+        let xa: Vec<f64> = Vec::try_from(head(j).flatten(0, -1)).unwrap();
+        let xa = ndarray::Array4::from_shape_vec((b as usize, h as usize, t as usize, hd as usize), xa).unwrap();
+        let want = attn_core::rope_apply(&xa, 500.0, 0).unwrap();
+        let want = Tensor::from_slice(want.as_slice().unwrap()).view([b, h, t, hd]);
+        assert!(max_diff(got, &want) < 1e-12, "part {j}");
+    }
+    assert_eq!(max_diff(&v, &head(2)), 0.0);
+}
+
+#[test]
+fn qkv_heads_refuses_bad_shapes_with_a_message() {
+    let opts = (Kind::Float, Device::Cpu);
+    let table = Tensor::zeros([4, 2], opts);
+    for fused in [true, false] {
+        let call = |x: &Tensor, c: &Tensor, h: i64| {
+            if fused { qkv_heads(x, c, c, h) } else { qkv_heads_ops(x, c, c, h) }.map(|_| ()).unwrap_err()
+        };
+        let err = call(&Tensor::zeros([2, 4, 25], opts), &table, 2);
+        assert!(err.contains("3 x heads"), "{err}");
+        let err = call(&Tensor::zeros([2, 4, 18], opts), &table, 2); // head dim 3
+        assert!(err.contains("head dim"), "{err}");
+        let err = call(&Tensor::zeros([4, 24], opts), &table, 2);
+        assert!(err.contains("(B, T, 3d)"), "{err}");
+        let err = call(&Tensor::zeros([2, 4, 24], opts), &Tensor::zeros([3, 2], opts), 2);
+        assert!(err.contains("RoPE tables"), "{err}");
+    }
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Fused attention inside libtorch's autograd: the Rust half of the C++ bridge
 //! (`csrc/fused_attention.cpp`). The crate's one FFI module: it also declares the fused loss of
-//! `csrc/fused_loss.cpp` ([`crate::loss::cross_entropy`]).
+//! `csrc/fused_loss.cpp` ([`crate::loss::cross_entropy`]) and the fused RoPE head split of
+//! `csrc/fused_rope.cpp` ([`crate::model::qkv_heads`]).
 //!
 //! tch has no custom-autograd API. The C++ file defines a `torch::autograd::Function` whose static
 //! forward and backward call back into the `extern "C"` functions below, which run
@@ -80,6 +81,34 @@ unsafe extern "C" {
     // csrc/fused_loss.cpp
     fn gpt_model_cross_entropy(logits: *const c_void, targets: *const c_void, out: *mut *mut c_void) -> *mut c_char;
     fn gpt_model_loss_free_error(msg: *mut c_char);
+    // csrc/fused_rope.cpp
+    fn gpt_model_qkv_heads(
+        qkv: *const c_void,
+        cos: *const c_void,
+        sin: *const c_void,
+        heads: i64,
+        out: *mut *mut c_void,
+    ) -> *mut c_char;
+    fn gpt_model_rope_free_error(msg: *mut c_char);
+}
+
+/// [`crate::model::qkv_heads`]'s call into `csrc/fused_rope.cpp`: `(q, k, v)`, each `(B, T, H, hd)`.
+pub(crate) fn qkv_heads(qkv: &Tensor, cos: &Tensor, sin: &Tensor, heads: i64) -> Result<[Tensor; 3], String> {
+    let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
+    // SAFETY: the three pointers are live `at::Tensor`s for the call; on success the bridge writes
+    // three newly allocated tensors to `out`.
+    let err = unsafe {
+        gpt_model_qkv_heads(qkv.as_ptr().cast(), cos.as_ptr().cast(), sin.as_ptr().cast(), heads, out.as_mut_ptr())
+    };
+    if !err.is_null() {
+        // SAFETY: a NUL-terminated string malloc'ed by the bridge, released once by its free.
+        let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
+        // SAFETY: as above.
+        unsafe { gpt_model_rope_free_error(err) };
+        return Err(msg);
+    }
+    // SAFETY: each entry is a new `at::Tensor*` that nobody else owns.
+    Ok(out.map(|t| unsafe { Tensor::from_ptr(t.cast()) }))
 }
 
 /// [`crate::loss::cross_entropy`]'s call into `csrc/fused_loss.cpp`.
