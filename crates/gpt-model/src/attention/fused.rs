@@ -426,3 +426,61 @@ pub unsafe extern "C" fn gpt_model_fused_free_error(msg: *mut c_char) {
         drop(unsafe { CString::from_raw(msg) });
     }
 }
+
+/// The fused cross-entropy's forward rows (`csrc/fused_loss.cpp`): `lse[r]` = the log-sum-exp of
+/// row `r` of `x` (`v` floats from `x + r * stride`), for `r < rows`.
+///
+/// # Safety
+/// `x` points to `rows` readable rows of `v` floats `stride` apart, `lse` to `rows` writable floats.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpt_model_loss_logsumexp_rows(
+    x: *const f32,
+    rows: usize,
+    v: usize,
+    stride: usize,
+    lse: *mut f32,
+) {
+    let isa = cpu::Isa::detect();
+    for r in 0..rows {
+        // SAFETY: see the function contract.
+        let row = unsafe { std::slice::from_raw_parts(x.add(r * stride), v) };
+        // SAFETY: as above.
+        unsafe { *lse.add(r) = cpu::rows::logsumexp(isa, row) };
+    }
+}
+
+/// The fused cross-entropy's backward rows: row `r` of `grad` (`v` contiguous floats from
+/// `grad + r * v`) = `softmax(x[r]) * scale`, minus `scale` at `targets[r]` (skipped if outside `0..v`,
+/// which the forward's `gather` has already refused).
+///
+/// # Safety
+/// As [`gpt_model_loss_logsumexp_rows`], plus `lse` and `targets` hold `rows` readable values and
+/// `grad` `rows * v` writable floats that overlap nothing else.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn gpt_model_loss_grad_rows(
+    x: *const f32,
+    rows: usize,
+    v: usize,
+    stride: usize,
+    lse: *const f32,
+    targets: *const i64,
+    scale: f32,
+    grad: *mut f32,
+) {
+    let isa = cpu::Isa::detect();
+    for r in 0..rows {
+        // SAFETY: see the function contract.
+        let (row, out, lse, target) = unsafe {
+            (
+                std::slice::from_raw_parts(x.add(r * stride), v),
+                std::slice::from_raw_parts_mut(grad.add(r * v), v),
+                *lse.add(r),
+                *targets.add(r),
+            )
+        };
+        cpu::rows::softmax_scaled(isa, row, lse, scale, out);
+        if let Some(g) = usize::try_from(target).ok().and_then(|t| out.get_mut(t)) {
+            *g -= scale;
+        }
+    }
+}
