@@ -1,7 +1,8 @@
 //! Fused attention inside libtorch's autograd: the Rust half of the C++ bridge
 //! (`csrc/fused_attention.cpp`). The crate's one FFI module: it also declares the fused loss of
-//! `csrc/fused_loss.cpp` ([`crate::loss::cross_entropy`]) and the fused RoPE head split of
-//! `csrc/fused_rope.cpp` ([`crate::model::qkv_heads`]).
+//! `csrc/fused_loss.cpp` ([`crate::loss::cross_entropy`], whose CPU float32 rows call back into
+//! `gpt_model_loss_*_rows` below and so into attn-kernels' `cpu::rows`) and the fused RoPE head split
+//! of `csrc/fused_rope.cpp` ([`crate::model::qkv_heads`]).
 //!
 //! tch has no custom-autograd API. The C++ file defines a `torch::autograd::Function` whose static
 //! forward and backward call back into the `extern "C"` functions below, which run
