@@ -156,13 +156,14 @@ fn rotated_heads(kind: Kind, (b, t, h, hd): (i64, i64, i64, i64), use_: [bool; 3
     let x = x0.detach().set_requires_grad(true);
     let (q, k, v) = if fused { qkv_heads(&x, &cos, &sin, h) } else { qkv_heads_ops(&x, &cos, &sin, h) }.unwrap();
     let q = q.contiguous();
-    let mut total = Tensor::zeros([], opts);
-    for ((out, up), used) in [&q, &k, &v].into_iter().zip(&ups).zip(use_) {
-        if used {
-            total = total + (out * up).sum(kind);
-        }
-    }
-    total.backward();
+    let terms: Vec<Tensor> = [&q, &k, &v]
+        .into_iter()
+        .zip(&ups)
+        .zip(use_)
+        .filter(|(_, used)| *used)
+        .map(|((out, up), _)| (out * up).sum(kind))
+        .collect();
+    Tensor::stack(&terms, 0).sum(kind).backward();
     vec![q, k, v, x.grad()]
 }
 

@@ -93,6 +93,22 @@ unsafe extern "C" {
     fn gpt_model_rope_free_error(msg: *mut c_char);
 }
 
+/// `Err` with the message of a failed bridge call, which it then releases with `free`.
+///
+/// # Safety
+/// `err` is what a bridge call returned: null, or a NUL-terminated string that the C++ file `malloc`ed
+/// and nobody has released; `free` is that file's release function.
+unsafe fn bridge_error(err: *mut c_char, free: unsafe extern "C" fn(*mut c_char)) -> Result<(), String> {
+    if err.is_null() {
+        return Ok(());
+    }
+    // SAFETY: see the function contract; read before the one release below.
+    let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
+    // SAFETY: as above.
+    unsafe { free(err) };
+    Err(msg)
+}
+
 /// [`crate::model::qkv_heads`]'s call into `csrc/fused_rope.cpp`: `(q, k, v)`, each `(B, T, H, hd)`.
 pub(crate) fn qkv_heads(qkv: &Tensor, cos: &Tensor, sin: &Tensor, heads: i64) -> Result<[Tensor; 3], String> {
     let mut out: [*mut c_void; 3] = [std::ptr::null_mut(); 3];
@@ -101,13 +117,8 @@ pub(crate) fn qkv_heads(qkv: &Tensor, cos: &Tensor, sin: &Tensor, heads: i64) ->
     let err = unsafe {
         gpt_model_qkv_heads(qkv.as_ptr().cast(), cos.as_ptr().cast(), sin.as_ptr().cast(), heads, out.as_mut_ptr())
     };
-    if !err.is_null() {
-        // SAFETY: a NUL-terminated string malloc'ed by the bridge, released once by its free.
-        let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
-        // SAFETY: as above.
-        unsafe { gpt_model_rope_free_error(err) };
-        return Err(msg);
-    }
+    // SAFETY: `err` is the call's result, released nowhere else.
+    unsafe { bridge_error(err, gpt_model_rope_free_error) }?;
     // SAFETY: each entry is a new `at::Tensor*` that nobody else owns.
     Ok(out.map(|t| unsafe { Tensor::from_ptr(t.cast()) }))
 }
@@ -118,13 +129,8 @@ pub(crate) fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor,
     // SAFETY: both pointers are live `at::Tensor`s for the call; on success the bridge writes a newly
     // allocated tensor to `out`.
     let err = unsafe { gpt_model_cross_entropy(logits.as_ptr().cast(), targets.as_ptr().cast(), &mut out) };
-    if !err.is_null() {
-        // SAFETY: a NUL-terminated string malloc'ed by the bridge, released once by its free.
-        let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
-        // SAFETY: as above.
-        unsafe { gpt_model_loss_free_error(err) };
-        return Err(msg);
-    }
+    // SAFETY: `err` is the call's result, released nowhere else.
+    unsafe { bridge_error(err, gpt_model_loss_free_error) }?;
     // SAFETY: `out` is a new `at::Tensor*` that nobody else owns.
     Ok(unsafe { Tensor::from_ptr(out.cast()) })
 }
@@ -321,13 +327,8 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, variant: &Variant) -> Resul
             &mut out,
         )
     };
-    if !err.is_null() {
-        // SAFETY: a NUL-terminated string malloc'ed by the bridge; released by the bridge's free.
-        let msg = unsafe { CStr::from_ptr(err) }.to_string_lossy().into_owned();
-        // SAFETY: as above.
-        unsafe { gpt_model_bridge_free(err) };
-        return Err(FusedError::Bridge(msg));
-    }
+    // SAFETY: `err` is the call's result, released nowhere else.
+    unsafe { bridge_error(err, gpt_model_bridge_free) }.map_err(FusedError::Bridge)?;
     // SAFETY: `out` is a new `at::Tensor*` that nobody else owns.
     Ok(unsafe { Tensor::from_ptr(out.cast()) })
 }
