@@ -5,7 +5,7 @@
 //! step at the `small` shape).
 //!
 //! Both are [`multiversion!`](crate::multiversion)ed over one row; the caller splits the rows over
-//! its threads. Accuracy: [`exp`] and [`ln`] are within 1.1 and 1.0 ulp (`cpu::math`'s bounds), and
+//! its threads. Accuracy: `exp` and `ln` are within 1.1 and 1.0 ulp (`cpu::math`'s bounds), and
 //! the sum runs in 16 float32 partial sums.
 
 use super::isa::Isa;
