@@ -208,11 +208,14 @@ struct EagerOut {
 
 /// The trainer's process settings as environment variables: glibc's for
 /// [`trainer::process::keep_freed_memory`], libgomp's for [`trainer::process::limit_openmp_spinning`].
-const TUNED: [(&str, &str); 3] = [
-    ("MALLOC_MMAP_THRESHOLD_", "268435456"),
-    ("MALLOC_TRIM_THRESHOLD_", "1073741824"),
-    ("GOMP_SPINCOUNT", trainer::process::OPENMP_SPIN_COUNT),
-];
+fn tuned() -> [(&'static str, String); 3] {
+    use trainer::process::{MALLOC_MMAP_THRESHOLD, MALLOC_TRIM_THRESHOLD, OPENMP_SPIN_COUNT};
+    [
+        ("MALLOC_MMAP_THRESHOLD_", MALLOC_MMAP_THRESHOLD.to_string()),
+        ("MALLOC_TRIM_THRESHOLD_", MALLOC_TRIM_THRESHOLD.to_string()),
+        ("GOMP_SPINCOUNT", OPENMP_SPIN_COUNT.to_string()),
+    ]
+}
 
 /// How the PyTorch side runs.
 #[derive(Clone, Copy)]
@@ -240,11 +243,11 @@ fn pytorch_cell(
     let mut cmd = Command::new(python);
     match how {
         Eager::Tuned => {
-            cmd.envs(TUNED);
+            cmd.envs(tuned());
         }
         // This process runs with GOMP_SPINCOUNT set (see `main`): not for a plain PyTorch run.
         Eager::Plain | Eager::Materialised => {
-            for (name, _) in TUNED {
+            for (name, _) in tuned() {
                 cmd.env_remove(name);
             }
         }

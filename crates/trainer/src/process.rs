@@ -81,6 +81,11 @@ impl Drop for RunLock {
     }
 }
 
+/// glibc's `mmap` threshold that [`keep_freed_memory`] sets, in bytes: blocks under it come from the heap.
+pub const MALLOC_MMAP_THRESHOLD: usize = 256 << 20;
+/// glibc's trim threshold that [`keep_freed_memory`] sets, in bytes: free heap under it is kept.
+pub const MALLOC_TRIM_THRESHOLD: usize = 1 << 30;
+
 /// Keeps freed tensor memory in the process instead of handing it back to the OS after every step
 /// (glibc's `malloc`: no `mmap` for blocks under 256 MiB, no heap trimming under 1 GiB free), once per
 /// process; a no-op elsewhere. What it saves: a training step allocates and frees the same few
@@ -97,8 +102,8 @@ pub fn keep_freed_memory() {
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         // SAFETY: mallopt only changes allocator parameters, under the allocator's own lock.
         unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, 256 << 20);
-            libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD as libc::c_int);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD as libc::c_int);
         }
     });
 }
