@@ -81,10 +81,11 @@ impl Drop for RunLock {
     }
 }
 
-/// glibc's `mmap` threshold that [`keep_freed_memory`] sets, in bytes: blocks under it come from the heap.
-pub const MALLOC_MMAP_THRESHOLD: usize = 256 << 20;
+/// glibc's `mmap` threshold that [`keep_freed_memory`] sets, in bytes: blocks under it come from the heap
+/// (`i32`: `mallopt` takes a C `int`, so no cast can truncate it).
+pub const MALLOC_MMAP_THRESHOLD: i32 = 256 << 20;
 /// glibc's trim threshold that [`keep_freed_memory`] sets, in bytes: free heap under it is kept.
-pub const MALLOC_TRIM_THRESHOLD: usize = 1 << 30;
+pub const MALLOC_TRIM_THRESHOLD: i32 = 1 << 30;
 
 /// Keeps freed tensor memory in the process instead of handing it back to the OS after every step
 /// (glibc's `malloc`: no `mmap` for blocks under 256 MiB, no heap trimming under 1 GiB free), once per
@@ -102,8 +103,8 @@ pub fn keep_freed_memory() {
         #[cfg(all(target_os = "linux", target_env = "gnu"))]
         // SAFETY: mallopt only changes allocator parameters, under the allocator's own lock.
         unsafe {
-            libc::mallopt(libc::M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD as libc::c_int);
-            libc::mallopt(libc::M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD as libc::c_int);
+            libc::mallopt(libc::M_MMAP_THRESHOLD, MALLOC_MMAP_THRESHOLD);
+            libc::mallopt(libc::M_TRIM_THRESHOLD, MALLOC_TRIM_THRESHOLD);
         }
     });
 }
