@@ -1,6 +1,6 @@
 //! The paper's headline claims (`defs/claims.toml`) and the Tables 1-3 ordering rule, judged from the
-//! runs with [`crate::stats`]: every verdict is reproduced / contradicted / inconclusive, with its
-//! interval and the effect fixed in advance.
+//! runs with [`crate::stats`]: every verdict is one of [`Verdict`]'s outcomes, with its interval,
+//! standard error, degrees of freedom and one-sided p-value, against the effect fixed in advance.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -9,7 +9,7 @@ use trainer::eval::Rope;
 
 use crate::runner::{RunResult, Runs};
 use crate::spec::{EvalKey, Experiment};
-use crate::stats::{self, Interval, Rule, Term, Verdict};
+use crate::stats::{self, Evidence, Interval, Judgement, Rule, Term, Verdict};
 
 const CLAIMS: &str = include_str!("../defs/claims.toml");
 
@@ -28,6 +28,23 @@ pub struct ClaimTerm {
     pub multiple: usize,
 }
 
+/// A fact of the runs, beside the paper's, that the report's summary gives next to a claim that does
+/// not reproduce as a likely reason: a row's rise from 1x to a length (`kind = "rise"`), or its gap to
+/// softmax at a length (`kind = "gap"`), here and in the paper's Table 4.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextFact {
+    /// `rise` or `gap`.
+    pub kind: String,
+    /// Trained variant.
+    pub train: String,
+    /// Post-hoc re-weighting power.
+    #[serde(default)]
+    pub posthoc: Option<u32>,
+    /// The length (multiple) it is read at.
+    pub multiple: usize,
+}
+
 /// One claim.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -36,12 +53,24 @@ pub struct Claim {
     pub name: String,
     /// What it says, in words.
     pub statement: String,
-    /// `effect` or `at-most`.
+    /// A few words for the report's summary.
+    pub short: String,
+    /// `effect`, `at-most` or `equivalent`.
     rule: String,
-    /// The effect size or bound, nats.
+    /// The effect size, the bound or the margin of equivalence, nats.
     pub delta: f64,
     /// The contrast.
     pub terms: Vec<ClaimTerm>,
+    /// When and why the claim was added, when that was after the runs it is judged on.
+    #[serde(default)]
+    pub added: Option<String>,
+    /// Lengths at which the report also shows the contrast, each term read at the claim's longest
+    /// length moved there.
+    #[serde(default)]
+    pub across: Vec<usize>,
+    /// Facts the summary shows beside the claim when it does not reproduce.
+    #[serde(default)]
+    pub context: Vec<ContextFact>,
 }
 
 impl Claim {
@@ -49,6 +78,7 @@ impl Claim {
     pub fn rule(&self) -> Rule {
         match self.rule.as_str() {
             "effect" => Rule::Effect { delta: self.delta },
+            "equivalent" => Rule::Equivalent { margin: self.delta },
             _ => Rule::AtMost { delta: self.delta },
         }
     }
@@ -56,6 +86,13 @@ impl Claim {
     /// The longest length the claim reads (1 when it is about the training length only).
     pub fn longest(&self) -> usize {
         self.terms.iter().map(|t| t.multiple).max().unwrap_or(1)
+    }
+
+    /// The lengths of [`Claim::across`] that term `t` is also read at (none when it is not read at the
+    /// claim's longest length).
+    fn across_terms(&self, t: &ClaimTerm) -> impl Iterator<Item = usize> + '_ {
+        let moves = t.multiple == self.longest();
+        self.across.iter().copied().filter(move |_| moves)
     }
 }
 
@@ -115,10 +152,25 @@ pub fn all() -> anyhow::Result<Claims> {
     let c: Claims = toml::from_str(CLAIMS)?;
     for claim in &c.claim {
         anyhow::ensure!(
-            ["effect", "at-most"].contains(&claim.rule.as_str()),
+            ["effect", "at-most", "equivalent"].contains(&claim.rule.as_str()),
             "claim {}: rule `{}`",
             claim.name,
             claim.rule
+        );
+        anyhow::ensure!(
+            claim.rule != "equivalent" || claim.delta > 0.0,
+            "claim {}: an equivalence needs a positive margin",
+            claim.name
+        );
+        anyhow::ensure!(
+            claim.context.iter().all(|f| ["rise", "gap"].contains(&f.kind.as_str()) && f.multiple >= 1),
+            "claim {}: a context fact is a `rise` or a `gap` at a positive multiple",
+            claim.name
+        );
+        anyhow::ensure!(
+            claim.across.iter().all(|&m| m >= 1),
+            "claim {}: `across` lists positive multiples",
+            claim.name
         );
         anyhow::ensure!(!claim.terms.is_empty(), "claim {}: no terms", claim.name);
         for t in &claim.terms {
@@ -154,8 +206,10 @@ impl Claims {
         let mut out: BTreeMap<String, Vec<EvalKey>> = BTreeMap::new();
         for c in &self.claim {
             for t in &c.terms {
-                for ntk in [true, false] {
-                    out.entry(t.train.clone()).or_default().push(EvalKey::new(ntk, t.posthoc, t.multiple));
+                for m in std::iter::once(t.multiple).chain(c.across_terms(t)) {
+                    for ntk in [true, false] {
+                        out.entry(t.train.clone()).or_default().push(EvalKey::new(ntk, t.posthoc, m));
+                    }
                 }
             }
         }
@@ -282,12 +336,12 @@ pub struct Reading {
     pub rope: Option<Rope>,
     /// Whole windows or tails.
     pub measure: Measure,
-    /// The contrast and its interval.
+    /// The contrast and its 95% interval.
     pub interval: Interval,
-    /// The verdict on it, and why.
-    pub verdict: Verdict,
-    /// Why, in words.
-    pub why: String,
+    /// Its estimate, standard error and degrees of freedom.
+    pub evidence: Evidence,
+    /// The verdict on it, why, and its p-value.
+    pub judgement: Judgement,
     /// When some seed of a variant had no result for this reading, so the contrast read only the
     /// seeds every term has: which seeds, and which variant lacks which.
     pub note: Option<String>,
@@ -302,6 +356,11 @@ pub struct Judged {
     pub seeds: BTreeMap<String, usize>,
     /// Its readings (empty when `missing` says why).
     pub readings: Vec<Reading>,
+    /// The whole-window contrast at each length of [`Claim::across`], per RoPE treatment.
+    pub across: Vec<(Option<Rope>, usize, Interval)>,
+    /// Whether the seed-noise model's correlation was clamped (see [`stats::SeedNoise`]); only the
+    /// contrasts with a single common seed use it.
+    pub uses_noise_model: bool,
     /// What is missing, when it could not be judged.
     pub missing: Option<String>,
 }
@@ -326,7 +385,8 @@ pub fn judge(claims: &Claims, runs: &Runs) -> Vec<Judged> {
             let measures: &[Measure] =
                 if c.longest() > 1 { &[Measure::Whole, Measure::Tail] } else { &[Measure::Whole] };
             let mut readings = Vec::new();
-            for rope in ropes {
+            let mut uses_noise_model = false;
+            for &rope in &ropes {
                 for &measure in measures {
                     let terms: Option<Vec<Term>> = c
                         .terms
@@ -342,14 +402,18 @@ pub fn judge(claims: &Claims, runs: &Runs) -> Vec<Judged> {
                             claim: c.clone(),
                             seeds,
                             readings: Vec::new(),
+                            across: Vec::new(),
+                            uses_noise_model: false,
                             missing: Some("some of its runs or evaluations have no results".into()),
                         };
                     };
                     match stats::contrast(&terms, noise) {
                         Ok(q) => {
-                            let (verdict, why) = c.rule().judge(&q.interval);
+                            let evidence = q.evidence();
+                            let judgement = c.rule().judge(&evidence);
                             let note = q.note(|k| term_label(&c.terms[k]));
-                            readings.push(Reading { rope, measure, interval: q.interval, verdict, why, note });
+                            uses_noise_model |= matches!(q.seed_level, stats::SeedLevel::Modelled(_));
+                            readings.push(Reading { rope, measure, interval: q.interval, evidence, judgement, note });
                         }
                         Err(e) => {
                             let why = match e {
@@ -368,12 +432,35 @@ pub fn judge(claims: &Claims, runs: &Runs) -> Vec<Judged> {
                                 ),
                                 e => e.to_string(),
                             };
-                            return Judged { claim: c.clone(), seeds, readings: Vec::new(), missing: Some(why) };
+                            return Judged {
+                                claim: c.clone(),
+                                seeds,
+                                readings: Vec::new(),
+                                across: Vec::new(),
+                                uses_noise_model: false,
+                                missing: Some(why),
+                            };
                         }
                     }
                 }
             }
-            Judged { claim: c.clone(), seeds, readings, missing: None }
+            let mut across = Vec::new();
+            for &rope in &ropes {
+                for &m in &c.across {
+                    let terms: Vec<(f64, &str, EvalKey)> = c
+                        .terms
+                        .iter()
+                        .map(|t| {
+                            let at = if t.multiple == c.longest() { m } else { t.multiple };
+                            (t.coef, t.train.as_str(), EvalKey::new(rope != Some(Rope::Plain), t.posthoc, at))
+                        })
+                        .collect();
+                    if let Some(q) = contrast(runs, &terms, Measure::Whole, 1) {
+                        across.push((rope, m, q.interval));
+                    }
+                }
+            }
+            Judged { claim: c.clone(), seeds, readings, across, uses_noise_model, missing: None }
         })
         .collect()
 }
@@ -404,6 +491,20 @@ pub struct OrderingVerdict {
     pub verdict: Verdict,
     /// Why, in words.
     pub why: String,
+}
+
+impl OrderingVerdict {
+    /// The permutation test's one-sided p-value behind the verdict (the agreement's for reproduced and
+    /// inconclusive, the disagreement's for contradicted; 1 with no pair to test) and the level it is
+    /// read at, for the family-wise reading ([`stats::holm`]).
+    pub fn p(&self) -> (f64, f64) {
+        let p = match (&self.test, self.verdict) {
+            (None, _) => 1.0,
+            (Some(t), Verdict::Contradicted) => t.p_disagree,
+            (Some(t), _) => t.p_agree,
+        };
+        (p, 0.05)
+    }
 }
 
 /// Judges the Tables 1-3 ordering claims at 1x.
@@ -509,6 +610,7 @@ mod tests {
             r#"
             [[claim]]
             name = "gap"
+            short = "softmax is worse"
             statement = "softmax is worse"
             rule = "effect"
             delta = 0.02
@@ -542,7 +644,7 @@ mod tests {
         assert_eq!(j.missing, None);
         let r = &j.readings[0];
         assert!((r.interval.estimate - 0.05).abs() < 1e-5 && r.interval.hi - r.interval.lo < 0.01, "{r:?}");
-        assert_eq!(r.verdict, Verdict::Reproduced);
+        assert_eq!(r.judgement.verdict, Verdict::Reproduced);
         assert_eq!(
             r.note.as_deref(),
             Some("restricted to seeds 0, 2, 3, the seeds every term has: seed 1 is missing from `softmax`")
@@ -553,10 +655,72 @@ mod tests {
     }
 
     #[test]
+    fn an_equivalence_claim_is_read_at_1x_and_contrasts_are_shown_across_lengths() {
+        let claims: Claims = toml::from_str(
+            r#"
+            [[claim]]
+            name = "free"
+            short = "lssa costs nothing"
+            statement = "lssa equals softmax at 1x"
+            rule = "equivalent"
+            delta = 0.01
+            terms = [{ coef = 1.0, train = "lssa", multiple = 1 }, { coef = -1.0, train = "softmax", multiple = 1 }]
+            [[claim]]
+            name = "beats"
+            short = "lssa below softmax"
+            statement = "lssa below softmax at 2x"
+            rule = "effect"
+            delta = 0.02
+            across = [1, 2]
+            terms = [{ coef = 1.0, train = "softmax", multiple = 2 }, { coef = -1.0, train = "lssa", multiple = 2 }]
+            [ordering]
+            paper_noise = 0.01
+            experiments = []
+            "#,
+        )
+        .unwrap();
+        // 1x windows only: lssa is 0.002 above softmax on every span of every seed, the seeds and
+        // spans moving both rows alike.
+        let losses = |level: f64, s: usize| -> Vec<f32> {
+            (0..8).map(|w| (level + 0.05 * s as f64 + 0.1 * w as f64 + 0.001 * ((s * w) % 3) as f64) as f32).collect()
+        };
+        let mut runs = Runs::new();
+        runs.insert("softmax".into(), (0..4).map(|s| run("softmax", s, losses(5.0, s))).collect());
+        runs.insert("lssa".into(), (0..4).map(|s| run("lssa", s, losses(5.002, s))).collect());
+        let judged = judge(&claims, &runs);
+        let free = &judged[0];
+        assert_eq!(free.readings.len(), 1, "one reading, without a RoPE treatment");
+        assert_eq!(free.readings[0].rope, None);
+        assert_eq!(free.readings[0].judgement.verdict, Verdict::Reproduced, "{:?}", free.readings[0]);
+        // The 2x claim has no 2x evaluations here: not judged, and nothing shown across lengths.
+        assert!(judged[1].missing.is_some() && judged[1].across.is_empty());
+    }
+
+    #[test]
     fn the_claims_parse_and_read_multi_seed_rows() {
         let c = all().unwrap();
         let names: Vec<&str> = c.claim.iter().map(|c| c.name.as_str()).collect();
-        assert_eq!(names, ["softmax-degrades", "interaction", "lssar-flat", "large-p-train", "large-p-posthoc"]);
+        assert_eq!(
+            names,
+            [
+                "softmax-degrades",
+                "interaction",
+                "lssar-flat",
+                "large-p-train",
+                "large-p-posthoc",
+                "lssar-beats-softmax",
+                "lssar-posthoc-beats-softmax",
+                "lssa-beats-softmax",
+                "lssar-free-at-1x",
+                "lssar-flat-paper",
+            ]
+        );
+        // The paper's comparisons: read at 8x, the longest length of its Table 4, shown at 2x-16x.
+        let beats = c.claim.iter().find(|c| c.name == "lssar-beats-softmax").unwrap();
+        assert_eq!((beats.longest(), beats.rule()), (8, Rule::Effect { delta: 0.02 }));
+        assert!(c.plan()["lssa"].contains(&EvalKey::new(false, Some(15), 16)), "across reaches 16x");
+        let free = c.claim.iter().find(|c| c.name == "lssar-free-at-1x").unwrap();
+        assert_eq!((free.longest(), free.rule()), (1, Rule::Equivalent { margin: c.ordering.paper_noise }));
         assert_eq!(c.variants().into_iter().collect::<Vec<_>>(), ["lssa", "lssa+rw15", "softmax", "softmax+rw15"]);
         assert!(c.plan()["softmax"].contains(&EvalKey::new(false, Some(15), 1)));
         assert!(c.plan()["lssa+rw15"].contains(&EvalKey::new(false, None, 16)));

@@ -14,21 +14,26 @@
 //! - [`plot`]: the report's figures from plain numbers (no experiment types: the runner draws
 //!   attention maps with it, so it must not depend on the runner or the report).
 //! - [`claims`]: the paper's headline claims (`defs/claims.toml`) and the Tables 1-3 ordering rule,
-//!   judged three-way from the runs.
+//!   judged from the runs.
 //! - [`stats`]: exact t intervals of contrasts over seeds (paired by index) and validation spans, the
-//!   seed-noise model of single-seed rows, the verdict rule, the permutation test.
+//!   seed-noise model of single-seed rows, the verdict rules with their p-values, Holm-Bonferroni, the
+//!   permutation test.
+//! - [`family`]: every verdict the report counts as one family: Holm-Bonferroni, shared readings,
+//!   independent quantities.
 //! - [`status`]: every part of the paper covered, and any not implemented, said plainly.
 //! - [`downstream`]: lm-evaluation-harness-style multiple-choice scoring of user-supplied ARC, HellaSwag,
 //!   PIQA, SciQ and MMLU files (`reproduce --downstream DIR`), in the report and in lm-eval's JSON.
 //! - [`progress`]: bars on a terminal, plain lines in a log.
-//! - [`retrieval`]: the retrieval benchmark: small models trained from scratch on associative recall,
-//!   accuracy by prompt length inside and beyond the training length, gate and verdicts.
+//! - [`retrieval`]: the retrieval benchmark: small models trained from scratch on associative recall in
+//!   a grid of task regimes, exact recall by prompt length inside and beyond the training length, gate,
+//!   verdicts per regime and their robustness.
 //! - [`post`]: the post-training experiment kinds' common interface.
 //! - [`sinks`]: attention-sink share and row entropy per layer, attention maps.
 //! - [`newton`]: orbits, the orbit transformer and the symbolic regression of force laws.
 
 pub mod claims;
 pub mod downstream;
+pub mod family;
 pub mod newton;
 pub mod plot;
 pub mod post;

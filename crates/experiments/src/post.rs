@@ -70,6 +70,12 @@ pub trait PostTraining {
     /// Verdict or observation lines for the report's summary (empty when nothing ran).
     fn verdicts(&self) -> Vec<String>;
 
+    /// The verdicts it adds to the report's family (Holm-Bonferroni, shared readings); observations
+    /// that are not verdicts on a claim add none.
+    fn counted(&self) -> Vec<crate::family::Counted> {
+        Vec::new()
+    }
+
     /// Experiment `e`'s section of the report (its text after the README and regenerate line).
     fn section(&self, md: &mut String, e: &Experiment, figures: Figures<'_>) -> Result<()>;
 }

@@ -42,6 +42,21 @@ pub struct Row {
     /// The paper's numbers at the first lengths (validation loss), if it has them.
     #[serde(default)]
     pub paper: Vec<f64>,
+    /// An ablation of an ingredient, not one of the paper's rows: where an experiment has settings of
+    /// its own (the retrieval benchmark's regimes), the default reproduction runs it only in those
+    /// marked for it, and `--all` everywhere.
+    #[serde(default)]
+    pub ablation: bool,
+}
+
+/// How much of an experiment a reproduction runs.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Scope {
+    /// Everything (`reproduce --all`).
+    #[default]
+    All,
+    /// The default reproduction's share ([`headline`]).
+    Headline,
 }
 
 /// One table or figure.
@@ -67,6 +82,9 @@ pub struct Experiment {
     /// The experiment's README (filled in from `defs/<name>/README.md`).
     #[serde(skip)]
     pub readme: String,
+    /// How much of it this reproduction runs (set by [`headline`]).
+    #[serde(skip)]
+    pub scope: Scope,
 }
 
 /// The embedded definitions, in report order: (TOML, README).
@@ -137,10 +155,12 @@ pub fn headline(
     all.into_iter()
         .filter(|e| !matches!(e.kind, Kind::PSweep | Kind::Physics) && !skip.contains(&e.name))
         .filter_map(|mut e| {
-            // The retrieval benchmark's rows are its own small models: it runs whole.
+            // The retrieval benchmark's rows are its own small models: it runs every row, its ablations
+            // only in the regimes marked for them.
             if e.kind != Kind::Retrieval {
                 e.rows.retain(|r| headline.contains(&r.train) && r.posthoc.is_none_or(|p| powers.contains(&p)));
             }
+            e.scope = Scope::Headline;
             (!e.rows.is_empty()).then_some(e)
         })
         .collect()

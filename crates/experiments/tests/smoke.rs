@@ -93,19 +93,38 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
         let acc = lm["results"][task]["acc_norm,none"].as_f64().unwrap();
         assert!((0.0..=1.0).contains(&acc), "{task}: {acc}");
     }
-    for title in ["Table 1", "Table 2", "Table 3", "Table 4", "Figure 1", "Figure 2", "## Verdicts", "not meaningful"] {
+    for title in [
+        "Table 1",
+        "Table 2",
+        "Table 3",
+        "Table 4",
+        "Figure 1",
+        "Figure 2",
+        "## Summary",
+        "## Verdicts",
+        "not meaningful",
+    ] {
         assert!(report.contains(title), "the report lacks `{title}`");
     }
-    // Every claim is judged three-way under both RoPE treatments (or at 1x only), with an interval,
-    // and every ordering table has its verdict and pair list.
+    // Every claim is judged under both RoPE treatments (or at 1x only), with an interval, SE, df, its
+    // p-value and the Holm column, has its summary sentence, and every ordering table has its verdict
+    // and pair list.
+    let outcomes = ["**reproduced**", "**contradicted**", "**inconclusive**", "**smaller than claimed**"];
     for claim in &experiments::claims::all().unwrap().claim {
         let lines: Vec<&str> = report.lines().filter(|l| l.starts_with(&format!("| **{}**", claim.name))).collect();
         assert_eq!(lines.len(), if claim.longest() > 1 { 2 } else { 1 }, "{}: {lines:?}", claim.name);
         for l in lines {
-            assert!(["**reproduced**", "**contradicted**", "**inconclusive**"].iter().any(|v| l.contains(v)), "{l}");
+            assert!(outcomes.iter().any(|v| l.contains(v)), "{l}");
             assert!(l.contains('[') && l.contains("seeds: "), "{l}");
+            assert_eq!(l.matches(" | ").count(), 11, "twelve columns: {l}");
         }
+        let mut short = claim.short.chars();
+        let short = short.next().unwrap().to_uppercase().collect::<String>() + short.as_str();
+        assert!(report.contains(&format!("- {short}: ")), "no summary sentence for {}", claim.name);
     }
+    assert!(report.contains("- Family-wise: ") && report.contains("after Holm-Bonferroni"), "the Holm count");
+    assert!(report.contains("### Shared readings"), "the shared readings");
+    assert!(report.contains("The paper's comparisons at every length"), "q across lengths");
     for table in ["table1", "table2", "table3"] {
         assert!(report.contains(&format!("- **{table} ordering at 1x: ")), "{table}");
     }
@@ -118,53 +137,68 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
         "the attention maps"
     );
     assert!(out.join("figures/map_lssa_rw15_8x.png").exists());
-    // Retrieval: its own models, every row with its 1x gate and accuracies, both RoPE figures, every
-    // claim of `[[retrieval]]` with a verdict line; the physics experiment too, with its verdict.
+    // Retrieval: its own models in every regime, every row with its 1x gate and accuracies, a figure
+    // per regime, every claim of `[[retrieval]]` with its robustness line and a verdict per regime; the
+    // physics experiment too, with its verdict.
     assert!(report.contains("## Associative recall from scratch") && report.contains("## Newton's law"));
     assert!(report.contains("**LSSAR recovers Newton's law and softmax does not**"), "the Newton verdict line");
+    let regimes = experiments::retrieval::regimes().unwrap();
     for claim in &experiments::claims::all().unwrap().retrieval {
-        assert!(report.contains(&format!("**{}**", claim.name)), "no verdict line for {}", claim.name);
-    }
-    let retrieval = experiments::spec::all().unwrap().into_iter().find(|e| e.name == "retrieval").unwrap();
-    for row in &retrieval.rows {
         let line = report
             .lines()
-            .find(|l| {
-                l.starts_with(&format!("| {} |", row.label)) && (l.contains("passed") || l.contains("not learnt"))
-            })
-            .unwrap_or_else(|| panic!("no retrieval gate row for {}", row.label));
-        assert!(!line.contains("not run"), "{line}");
+            .find(|l| l.starts_with(&format!("- **{}**: ", claim.name)) && l.contains("under plain RoPE, "))
+            .unwrap_or_else(|| panic!("no robustness line for {}", claim.name));
+        assert!(line.contains("in every regime") || line.contains("depends on the regime"), "{line}");
+        for g in &regimes {
+            for rope in ["NTK", "plain"] {
+                let reading = format!("| **{}** | {}, {rope} |", claim.name, g.name);
+                assert!(
+                    report.contains(&reading) || line.contains(&format!("{} not judged", g.name)),
+                    "no verdict {reading}"
+                );
+            }
+        }
     }
-    let settings = experiments::retrieval::Settings::for_scale("smoke");
-    for k in 0..settings.seeds {
-        let cached: serde_json::Value = serde_json::from_str(
-            &std::fs::read_to_string(out.join("retrieval").join(format!("lssa_seed{k}.json"))).unwrap(),
-        )
-        .unwrap();
-        let run: experiments::retrieval::SeedRun = serde_json::from_value(cached["run"].clone()).unwrap();
-        assert_eq!(run.seed_index, k);
-        // Post-hoc p = 15 and as trained, every length, both RoPE treatments beyond 1x.
-        for posthoc in [None, Some(15)] {
-            for &m in &settings.multiples {
-                for ntk in [true, false] {
-                    let a = run.get(ntk, posthoc, m).unwrap_or_else(|| panic!("{posthoc:?} {m}x ntk {ntk}"));
-                    assert_eq!(a.correct.len(), settings.prompts * settings.asked);
-                    assert_eq!(a.distance.len(), a.correct.len());
+    let retrieval = experiments::spec::all().unwrap().into_iter().find(|e| e.name == "retrieval").unwrap();
+    for g in &regimes {
+        let section = report.split(&format!("### Regime `{}`", g.name)).nth(1).expect("a section per regime");
+        let section = section.split("### ").next().unwrap();
+        for row in &retrieval.rows {
+            let line = section
+                .lines()
+                .find(|l| {
+                    l.starts_with(&format!("| {} |", row.label)) && (l.contains("passed") || l.contains("not learnt"))
+                })
+                .unwrap_or_else(|| panic!("{}: no retrieval gate row for {}", g.name, row.label));
+            assert!(!line.contains("not run"), "{line}");
+        }
+        for ext in ["png", "svg"] {
+            assert!(out.join("figures").join(format!("retrieval_{}.{ext}", g.name)).exists(), "{}", g.name);
+        }
+        let settings = experiments::retrieval::Settings::for_regime("smoke", g);
+        for k in 0..settings.seeds {
+            let path = out.join("retrieval").join(&g.name).join(format!("lssa_seed{k}.json"));
+            let cached: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+            assert_eq!(cached["settings"]["placement"], serde_json::json!(g.placement.name()));
+            let run: experiments::retrieval::SeedRun = serde_json::from_value(cached["run"].clone()).unwrap();
+            assert_eq!(run.seed_index, k);
+            // Post-hoc p = 15 and as trained, every length, both RoPE treatments beyond 1x, both scores.
+            for posthoc in [None, Some(15)] {
+                for &m in &settings.multiples {
+                    for ntk in [true, false] {
+                        let a = run.get(ntk, posthoc, m).unwrap_or_else(|| panic!("{posthoc:?} {m}x ntk {ntk}"));
+                        assert_eq!(a.correct.len(), settings.prompts * settings.asked);
+                        assert_eq!((a.exact.len(), a.distance.len()), (a.correct.len(), a.correct.len()));
+                        // An answer exact over the vocabulary is also first among its key's values.
+                        assert!(a.exact.iter().zip(&a.correct).all(|(&e, &c)| !e || c));
+                    }
                 }
             }
         }
     }
-    for fig in [
-        "figure1",
-        "figure2",
-        "table4_length",
-        "claims_gap",
-        "sinks_first_key",
-        "sinks_entropy",
-        "retrieval_ntk",
-        "retrieval_plain",
-        "newton_force_ratio",
-    ] {
+    for fig in
+        ["figure1", "figure2", "table4_length", "claims_gap", "sinks_first_key", "sinks_entropy", "newton_force_ratio"]
+    {
         for ext in ["png", "svg"] {
             let p = out.join("figures").join(format!("{fig}.{ext}"));
             assert!(std::fs::metadata(&p).map(|m| m.len() > 1000).unwrap_or(false), "{} missing or empty", p.display());

@@ -294,7 +294,13 @@ fn run() -> Result<()> {
         for r in &j.readings {
             if r.measure == experiments::claims::Measure::Whole {
                 let rope = r.rope.map_or(String::new(), |r| format!(" ({r:?} RoPE)"));
-                println!("- {}{rope}: {} {} ({})", j.claim.name, r.verdict.word(), r.interval.show(), r.why);
+                println!(
+                    "- {}{rope}: {} {} ({})",
+                    j.claim.name,
+                    r.judgement.verdict.word(),
+                    r.interval.show(),
+                    r.judgement.why
+                );
             }
         }
         if let Some(why) = &j.missing {

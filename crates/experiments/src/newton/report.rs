@@ -73,7 +73,7 @@ fn law_word(v: Verdict) -> &'static str {
     match v {
         Verdict::Reproduced => "Newton's law",
         Verdict::Contradicted => "not Newton's law",
-        Verdict::Inconclusive => "cannot tell",
+        Verdict::Inconclusive | Verdict::SmallerThanClaimed => "cannot tell",
     }
 }
 

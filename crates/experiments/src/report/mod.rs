@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::{Context as _, Result};
 use sinks::sinks_section;
 
-use crate::claims::{Judged, Measure, OrderingVerdict};
+use crate::claims::{Measure, OrderingVerdict};
 use crate::plot::{GapSeries, Series, save, save_gaps, save_with};
 use crate::post::{Figures, PostTraining};
 use crate::runner::{RunResult, Runs};
@@ -17,6 +17,7 @@ use crate::scale::Scale;
 use crate::spec::{EvalKey, Experiment, Kind, Row};
 
 mod sinks;
+mod verdicts;
 
 /// Everything the report needs besides the results.
 #[derive(Debug)]
@@ -143,24 +144,16 @@ pub fn write(
     let judged = crate::claims::judge(&claims, results);
     let orderings = crate::claims::judge_orderings(&claims, experiments, results);
     let noise = crate::claims::seed_noise(results);
-    verdicts_section(&mut md, &judged, &orderings, noise);
+    let post_lines: Vec<String> = ctx.post.iter().flat_map(|p| p.verdicts()).collect();
+    let family = verdicts::family(&judged, &orderings, ctx.post.iter().flat_map(|p| p.counted()).collect());
+    verdicts::summary_section(&mut md, &judged, &post_lines, &family, results);
+    verdicts::verdicts_section(&mut md, &judged, &orderings, noise, &family);
     if gap_figure(results, &figures_dir.join("claims_gap"))? {
         let _ = writeln!(
             md,
             "![gap to softmax against length]({0}/claims_gap.png) ([SVG]({0}/claims_gap.svg))\n\nEach point: a row's loss minus softmax's at that length, on the same targets, mean over seeds with its 95% interval; below 0 is better than softmax. The length claims are about how these curves bend from 1x to 16x.\n",
             ctx.figures_rel
         );
-    }
-    let others: Vec<String> = ctx.post.iter().flat_map(|p| p.verdicts()).collect();
-    if !others.is_empty() {
-        let _ = writeln!(
-            md,
-            "### Retrieval and Newton's law\n\nRetrieval is judged like the claims above (paired on identical prompts, every seed, an effect fixed in advance, and only for models that learnt the task at the training length); the Newton's-law lines are observations, not verdicts.\n"
-        );
-        for v in others {
-            let _ = writeln!(md, "- {v}");
-        }
-        let _ = writeln!(md);
     }
     for e in experiments {
         let _ = writeln!(md, "## {}\n", e.title);
@@ -452,117 +445,6 @@ fn provenance_line(runs: &Runs) -> String {
             (false, false) => "",
         }
     )
-}
-
-/// The verdict table of the headline claims and the ordering lines.
-fn verdicts_section(
-    md: &mut String,
-    judged: &[Judged],
-    orderings: &[OrderingVerdict],
-    seed_noise: Option<crate::stats::SeedNoise>,
-) {
-    let _ = writeln!(md, "## Verdicts\n");
-    let _ = writeln!(
-        md,
-        "Each claim is a paired difference of losses (paired on seed index and on validation span) with a deterministic 95% t interval over seeds and validation spans (Welch-Satterthwaite degrees of freedom; `crates/experiments/src/stats/mod.rs`); the effect that counts was fixed before the runs (`crates/experiments/defs/claims.toml`). **reproduced**: the interval lies on the claimed side (for an effect, above 0 with an estimate at least the pre-set size); **contradicted**: it lies on the other side; **inconclusive**: otherwise. The verdict reads the whole-window mean (the paper's measure); the tail measure is beside it.\n"
-    );
-    let _ = writeln!(
-        md,
-        "| claim | RoPE | q, whole windows: estimate [95% interval] | claimed | verdict | q, tail only | tail verdict |"
-    );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|");
-    let rope_name = |rope: Option<trainer::eval::Rope>| match rope {
-        None => "(1x only)",
-        Some(trainer::eval::Rope::Plain) => "plain",
-        Some(trainer::eval::Rope::Ntk) => "NTK",
-    };
-    let mut summary = Vec::new();
-    for j in judged {
-        let whole: Vec<String> = j
-            .readings
-            .iter()
-            .filter(|r| r.measure == Measure::Whole)
-            .map(|r| {
-                let rope = r.rope.map_or(String::new(), |_| format!(" under {} RoPE", rope_name(r.rope)));
-                format!("**{}**{rope} ({})", r.verdict.word(), r.interval.show())
-            })
-            .collect();
-        summary.push(format!(
-            "- {}: {}.",
-            j.claim.statement,
-            if whole.is_empty() { "not judged".to_string() } else { whole.join("; ") }
-        ));
-        let seeds = j.seeds.iter().map(|(v, n)| format!("{v} x{n}")).collect::<Vec<_>>().join(", ");
-        let name = format!("**{}**: {} (seeds: {seeds})", j.claim.name, j.claim.statement);
-        if let Some(why) = &j.missing {
-            let _ = writeln!(md, "| {name} | - | - | q {} | not judged: {why} | - | - |", j.claim.rule().show());
-            continue;
-        }
-        let ropes: Vec<Option<trainer::eval::Rope>> = j.readings.iter().map(|r| r.rope).fold(Vec::new(), |mut v, r| {
-            if !v.contains(&r) {
-                v.push(r);
-            }
-            v
-        });
-        for rope in ropes {
-            let find = |m: Measure| j.readings.iter().find(|r| r.rope == rope && r.measure == m);
-            let Some(whole) = find(Measure::Whole) else { continue };
-            let rope_name = rope_name(rope);
-            let (tail, tail_verdict) = find(Measure::Tail)
-                .map_or(("-".to_string(), "-".to_string()), |t| (t.interval.show(), t.verdict.word().to_string()));
-            let _ = writeln!(
-                md,
-                "| {name} | {rope_name} | {} | q {} | **{}**: {} | {tail} | {tail_verdict} |",
-                whole.interval.show(),
-                j.claim.rule().show(),
-                whole.verdict.word(),
-                whole.why
-            );
-        }
-    }
-    let mut notes: Vec<String> = Vec::new();
-    for j in judged {
-        for r in &j.readings {
-            if let Some(n) = &r.note {
-                let rope = r.rope.map_or(String::new(), |_| format!(", {} RoPE", rope_name(r.rope)));
-                let measure = if r.measure == Measure::Whole { "whole windows" } else { "tails" };
-                notes.push(format!("- **{}** ({measure}{rope}): {n}.", j.claim.name));
-            }
-        }
-    }
-    if !notes.is_empty() {
-        let _ = writeln!(md, "\nReadings restricted to the seeds every term has (the others lack a result):\n");
-        for n in notes {
-            let _ = writeln!(md, "{n}");
-        }
-    }
-    let _ = writeln!(md, "\nIn words (whole windows; q as the table defines it):\n");
-    for line in summary {
-        let _ = writeln!(md, "{line}");
-    }
-    let _ = writeln!(md);
-    for o in orderings {
-        let _ = writeln!(
-            md,
-            "- **{} ordering at 1x: {}**: {} (pairs separated beyond noise in both the paper and ours are listed in its section).",
-            o.experiment,
-            o.verdict.word(),
-            o.why
-        );
-    }
-    if let Some(n) = seed_noise {
-        let _ = writeln!(
-            md,
-            "- Seed-to-seed noise of one row's 1x loss, pooled over the rows with several seeds: {:.4} nats (standard deviation); correlation between rows on a shared seed: {:.2}, estimated from {} pairs of multi-seed rows ({} degrees of freedom); intervals of contrasts between single-seed rows use it (a difference of rows on one seed has seed variance sd^2 (1 - correlation) per unit of its squared coefficients: the shared part cancels).",
-            n.sd, n.rho, n.pairs, n.df
-        );
-    } else {
-        let _ = writeln!(
-            md,
-            "- No row has two seeds: the intervals show the validation spans' noise only, not the seeds'."
-        );
-    }
-    let _ = writeln!(md);
 }
 
 /// The smallest difference between two of a table's rows at 1x that our seeds resolve (the half-width

@@ -3,17 +3,22 @@
 //! associative recall ([`task`]) at the scale's training length, then asked in prompts of 1x to 16x
 //! it, for every row of `defs/retrieval/experiment.toml` (softmax, LSSA, LSSAR trained with `p = 15`,
 //! LSSA with `p = 15` after training, and the two ablations of LSSA's ingredients, `lssa-exp` and
-//! `softmax-logn`), several seeds each, under NTK-scaled and plain RoPE.
+//! `softmax-logn`), several seeds each, under NTK-scaled and plain RoPE, in every task regime of
+//! `defs/retrieval/regimes.toml` ([`Regime`]: where the needles and questions sit, and how dense the
+//! distractors are, the same in training and in prompts).
 //!
 //! - Training: the project's GPT ([`gpt_model::Gpt`], fused attention) of [`Settings`]' size, AdamW
 //!   with warm-up and a cosine decay, next-token loss on the answers only; seed `k` sets the initial
 //!   weights and the training windows, and seed `k` of every row is paired with seed `k` of the others.
-//! - Evaluation: the same prompts for every model ([`task::Layout::prompt`]); a question is answered
-//!   when its answer scores highest among its key's 8 value tokens at the question (chance 1 in 8).
-//!   Every answer is kept, with its distance, so the report bins them (inside the training length or
-//!   beyond it) and the verdicts pair rows on identical questions.
-//! - Results: one JSON per (trained variant, seed) under `runs/<scale>/retrieval/`, reused only for
-//!   the same settings and task revision; an interrupted run keeps the models it finished.
+//! - Evaluation: the same prompts for every model of a regime ([`task::Layout::prompt`]). Each
+//!   question is scored twice: *exact recall*, the answer is the argmax over the whole vocabulary (as
+//!   MQAR and passkey retrieval score it; the headline score), and *key-conditional*, the answer
+//!   scores highest among its key's 8 value tokens (chance 1 in 8). Every answer is kept, with its
+//!   distance, so the report bins them (inside the training length or beyond it) and the verdicts pair
+//!   rows on identical questions.
+//! - Results: one JSON per (regime, trained variant, seed) under `runs/<scale>/retrieval/<regime>/`,
+//!   reused only for the same settings and task revision; an interrupted run keeps the models it
+//!   finished.
 //! - The verdicts (`[[retrieval]]` in `defs/claims.toml`, fixed before the runs) and the report section
 //!   are in [`report`].
 
@@ -32,10 +37,55 @@ use tch::{Device, Kind as DType, Tensor, nn, nn::OptimizerConfig};
 use gpt_model::{AttnImpl, ForwardOptions, ModelConfig};
 
 use crate::post::{Figures, Inputs, PostTraining};
-use crate::spec::{Experiment, Kind};
+use crate::spec::{Experiment, Kind, Scope};
+
+pub use task::Placement;
 
 /// The name `--only` accepts for the retrieval benchmark (its models are its own).
 pub const ONLY: &str = "retrieval";
+
+const REGIMES: &str = include_str!("../../defs/retrieval/regimes.toml");
+
+/// A named task regime (`defs/retrieval/regimes.toml`): where the needles and questions sit and how
+/// dense the distractors are, in training windows and prompts alike.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Regime {
+    /// Stable name (`spread-25`), also its results' directory.
+    pub name: String,
+    /// Where the needles and the questions sit.
+    pub placement: Placement,
+    /// Share of background positions that are distractors, per mille.
+    pub distractors_permille: u32,
+    /// Whether the default reproduction runs the ablation rows here (`--all` runs them everywhere).
+    #[serde(default)]
+    pub ablations: bool,
+    /// What it is and why it is in the grid, for the report.
+    pub about: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RegimeFile {
+    regime: Vec<Regime>,
+}
+
+/// Every regime, in report order, checked (names unique and usable as directory names, densities
+/// within 0-1000).
+pub fn regimes() -> Result<Vec<Regime>> {
+    let f: RegimeFile = toml::from_str(REGIMES).context("defs/retrieval/regimes.toml")?;
+    for (i, r) in f.regime.iter().enumerate() {
+        ensure!(
+            !r.name.is_empty() && r.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'),
+            "regime `{}`: a name of letters, digits and '-'",
+            r.name
+        );
+        ensure!(f.regime[..i].iter().all(|o| o.name != r.name), "regime `{}` is defined twice", r.name);
+        ensure!(r.distractors_permille <= 1000, "regime `{}`: {} per mille", r.name, r.distractors_permille);
+    }
+    ensure!(!f.regime.is_empty(), "defs/retrieval/regimes.toml defines no regime");
+    Ok(f.regime)
+}
 
 /// Sizes of the benchmark at one scale; see [`Settings::for_scale`] and docs/PILOT.md.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -56,6 +106,8 @@ pub struct Settings {
     pub asked: usize,
     /// Share of background positions that are distractors (needles of keys not asked), per mille.
     pub density_permille: u32,
+    /// Where the needles and the questions sit.
+    pub placement: Placement,
     /// Training length.
     pub t_train: usize,
     /// Optimiser steps.
@@ -82,8 +134,8 @@ pub struct Settings {
 
 impl Settings {
     /// `smoke`: a few steps and prompts (the test suite; numbers mean nothing). Every other scale:
-    /// the sizes the pilot of docs/PILOT.md chose (every row at least 95% at 1x on 2 CPU cores in
-    /// about 35 minutes for the whole benchmark). The benchmark does not grow with the scale: it is a
+    /// the sizes the pilots of docs/PILOT.md chose (every row at least 95% at 1x on 2 CPU cores; 7
+    /// seeds from the grid's power calculation, about 74 minutes for the default's 98 models). The benchmark does not grow with the scale: it is a
     /// fixed test of the attention, not of the language model.
     pub fn for_scale(scale: &str) -> Self {
         let base = Settings {
@@ -95,12 +147,13 @@ impl Settings {
             values: 8,
             asked: 8,
             density_permille: 250,
+            placement: Placement::Spread,
             t_train: 64,
             steps: 1000,
             batch: 32,
             lr: 1e-3,
             warmup: 50,
-            seeds: 5,
+            seeds: 7,
             seed: 5100,
             prompt_seed: 0x005E_C411,
             prompts: 128,
@@ -124,9 +177,22 @@ impl Settings {
         }
     }
 
+    /// The scale's settings in task regime `r`.
+    pub fn for_regime(scale: &str, r: &Regime) -> Self {
+        Settings { placement: r.placement, density_permille: r.distractors_permille, ..Self::for_scale(scale) }
+    }
+
     /// The task's layout.
     pub fn layout(&self) -> Result<task::Layout> {
-        task::Layout::new(self.filler, self.keys, self.values, self.asked, self.density_permille, self.t_train)
+        task::Layout::new(
+            self.filler,
+            self.keys,
+            self.values,
+            self.asked,
+            self.density_permille,
+            self.t_train,
+            self.placement,
+        )
     }
 
     /// The model of trained variant `variant`.
@@ -155,8 +221,11 @@ pub struct Answers {
     pub posthoc: Option<u32>,
     /// Prompt length, a multiple of the training length.
     pub multiple: usize,
-    /// Per question, in the prompts' order: whether it was answered.
+    /// Per question, in the prompts' order: whether its answer scored highest among its key's values
+    /// (key-conditional).
     pub correct: Vec<bool>,
+    /// Per question: whether its answer scored highest over the whole vocabulary (exact recall).
+    pub exact: Vec<bool>,
     /// Per question: tokens from its needle to the question.
     pub distance: Vec<u32>,
 }
@@ -273,7 +342,7 @@ fn evaluate(
     let len = multiple * s.t_train;
     let prompts: Vec<task::Sequence> =
         (0..s.prompts as u64).map(|i| layout.prompt(s.prompt_seed, multiple, i)).collect::<Result<_>>()?;
-    let (mut correct, mut distance) = (Vec::new(), Vec::new());
+    let (mut correct, mut exact, mut distance) = (Vec::new(), Vec::new(), Vec::new());
     // Batches of about 16K tokens.
     for chunk in prompts.chunks((16_384 / len).max(1)) {
         let ids: Vec<i64> = chunk.iter().flat_map(|p| p.tokens.iter().map(|&t| i64::from(t))).collect();
@@ -288,58 +357,89 @@ fn evaluate(
             }
         }
         let n = rows.len() as i64;
-        let scores = flat.index_select(0, &Tensor::from_slice(&rows).to(device)).gather(
-            1,
-            &Tensor::from_slice(&cands).view([n, -1]).to(device),
-            false,
-        );
+        let picked = flat.index_select(0, &Tensor::from_slice(&rows).to(device)).narrow(1, 0, layout.vocab() as i64);
+        let scores = picked.gather(1, &Tensor::from_slice(&cands).view([n, -1]).to(device), false);
         let best = Vec::<i64>::try_from(scores.argmax(-1, false).to_device(Device::Cpu))?;
+        let top = Vec::<i64>::try_from(picked.argmax(-1, false).to_device(Device::Cpu))?;
         let queries = chunk.iter().flat_map(|p| &p.queries);
-        for (q, &b) in queries.zip(&best) {
+        for ((q, &b), &t) in queries.zip(&best).zip(&top) {
             correct.push(b == q.answer as i64);
+            exact.push(t == i64::from(layout.needle(q.key, q.answer)));
             distance.push(q.distance as u32);
         }
     }
-    Ok(Answers { ntk: opts.ntk || multiple == 1, posthoc: opts.reweight, multiple, correct, distance })
+    Ok(Answers { ntk: opts.ntk || multiple == 1, posthoc: opts.reweight, multiple, correct, exact, distance })
 }
 
-/// Trains and evaluates every seed of every trained variant of `rows` (`(variant, post-hoc powers)`)
-/// on `jobs` threads, reusing cached results under `dir`; returns them by variant, seeds in order.
-pub fn run(
-    s: &Settings,
-    rows: &BTreeMap<String, Vec<Option<u32>>>,
-    dir: &Path,
-    jobs: usize,
-) -> Result<BTreeMap<String, Vec<SeedRun>>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+/// What one regime trains: its settings, and each trained variant with the post-hoc powers it is
+/// evaluated with.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegimePlan {
+    /// The regime.
+    pub regime: Regime,
+    /// Its settings ([`Settings::for_regime`]).
+    pub settings: Settings,
+    /// Trained variant -> post-hoc powers (`None`: as trained), ascending.
+    pub rows: BTreeMap<String, Vec<Option<u32>>>,
+}
+
+/// One regime's results.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegimeRuns {
+    /// The regime.
+    pub regime: Regime,
+    /// The settings its models were trained with.
+    pub settings: Settings,
+    /// Every model's answers by trained variant, seeds in order.
+    pub runs: BTreeMap<String, Vec<SeedRun>>,
+}
+
+/// Trains and evaluates every seed of every trained variant of every regime of `plans` on `jobs`
+/// threads, reusing cached results under `dir/<regime>/`; returns them per regime, in `plans`' order.
+pub fn run(plans: &[RegimePlan], dir: &Path, jobs: usize) -> Result<Vec<RegimeRuns>> {
     let provenance = crate::runner::task_revision();
-    let path = |v: &str, k: usize| -> PathBuf { dir.join(format!("{}_seed{k}.json", crate::runner::run_dir_name(v))) };
-    let mut done: BTreeMap<(String, usize), SeedRun> = BTreeMap::new();
+    let path = |i: usize, v: &str, k: usize| -> PathBuf {
+        dir.join(&plans[i].regime.name).join(format!("{}_seed{k}.json", crate::runner::run_dir_name(v)))
+    };
+    let mut done: BTreeMap<(usize, String, usize), SeedRun> = BTreeMap::new();
     let mut todo = Vec::new();
-    for (v, powers) in rows {
-        for k in 0..s.seeds {
-            let cached = std::fs::read_to_string(path(v, k))
-                .ok()
-                .and_then(|t| serde_json::from_str::<Cached>(&t).ok())
-                .filter(|c| c.provenance == provenance && &c.settings == s && &c.powers == powers);
-            match cached {
-                Some(c) => {
-                    done.insert((v.clone(), k), c.run);
+    for (i, plan) in plans.iter().enumerate() {
+        let d = dir.join(&plan.regime.name);
+        std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+        for (v, powers) in &plan.rows {
+            for k in 0..plan.settings.seeds {
+                let cached = std::fs::read_to_string(path(i, v, k))
+                    .ok()
+                    .and_then(|t| serde_json::from_str::<Cached>(&t).ok())
+                    .filter(|c| c.provenance == provenance && c.settings == plan.settings && &c.powers == powers);
+                match cached {
+                    Some(c) => {
+                        done.insert((i, v.clone(), k), c.run);
+                    }
+                    None => todo.push((i, v.clone(), k, powers.clone())),
                 }
-                None => todo.push((v.clone(), k, powers.clone())),
             }
         }
     }
-    // Seeds first by index, so an interrupted run has every row's first seeds.
-    todo.sort_by_key(|(v, k, _)| (*k, v.clone()));
+    // Seeds first by index, so an interrupted run has every regime's and row's first seeds.
+    todo.sort_by_key(|(i, v, k, _)| (*k, *i, v.clone()));
     if !todo.is_empty() {
         crate::progress::say(&format!(
-            "retrieval: {} models to train ({} cached) on {jobs} threads",
+            "retrieval: {} models to train in {} regimes ({} cached) on {jobs} threads",
             todo.len(),
+            plans.len(),
             done.len()
         ));
     }
     let work = crate::progress::Work::start("retrieval models", todo.len(), "models");
+    // These models are small: on the CPU each job runs on its share of the cores rather than on all
+    // of them (libtorch's default), which oversubscribes them: models of the pilot of docs/PILOT.md,
+    // two one-thread processes side by side on 2 cores, took 80-95 s each, against about 115 s two at
+    // a time at the default count in the last reproduction. The process's count is put back after.
+    let _threads = (!tch::Cuda::is_available() && jobs > 1).then(|| {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        ThreadShare::set((cores / jobs).max(1))
+    });
     let queue = Mutex::new(todo.into_iter());
     let finished = Mutex::new(Vec::new());
     let failed: Mutex<Option<anyhow::Error>> = Mutex::new(None);
@@ -350,26 +450,32 @@ pub fn run(
                     if failed.lock().expect("no panic holds it").is_some() {
                         return;
                     }
-                    let Some((v, k, powers)) = queue.lock().expect("no panic holds it").next() else { return };
-                    let outcome = train_and_evaluate(s, &v, k, &powers)
-                        .with_context(|| format!("retrieval model `{v}` seed {k}"))
+                    let Some((i, v, k, powers)) = queue.lock().expect("no panic holds it").next() else { return };
+                    let (regime, settings) = (&plans[i].regime.name, &plans[i].settings);
+                    let outcome = train_and_evaluate(settings, &v, k, &powers)
+                        .with_context(|| format!("retrieval model `{v}` seed {k} in regime {regime}"))
                         .and_then(|r| {
-                            let c = Cached { provenance: provenance.clone(), settings: s.clone(), powers, run: r };
+                            let c = Cached { provenance: provenance.clone(), settings: settings.clone(), powers, run: r };
                             let text = serde_json::to_string(&c)?;
-                            trainer::data::io::write_atomic(&path(&v, k), |w| w.write_all(text.as_bytes()))?;
+                            trainer::data::io::write_atomic(&path(i, &v, k), |w| w.write_all(text.as_bytes()))?;
                             Ok(c.run)
                         });
                     match outcome {
                         Ok(r) => {
+                            let at_1x = |a: &Answers, exact: bool| {
+                                100.0 * report::share(if exact { &a.exact } else { &a.correct })
+                            };
+                            let one = r.get(true, None, 1);
                             crate::progress::say(&format!(
-                                "retrieval `{v}` seed {k}: answer loss {:.3}, 1x accuracy {:.1}% ({:.0} s + {:.0} s)",
+                                "retrieval {regime} `{v}` seed {k}: answer loss {:.3}, 1x exact recall {:.1}% (key-conditional {:.1}%) ({:.0} s + {:.0} s)",
                                 r.train_loss,
-                                100.0 * r.get(true, None, 1).map_or(f64::NAN, |a| report::share(&a.correct)),
+                                one.map_or(f64::NAN, |a| at_1x(a, true)),
+                                one.map_or(f64::NAN, |a| at_1x(a, false)),
                                 r.train_s,
                                 r.eval_s
                             ));
                             work.inc();
-                            finished.lock().expect("no panic holds it").push(r);
+                            finished.lock().expect("no panic holds it").push((i, r));
                         }
                         Err(e) => {
                             failed.lock().expect("no panic holds it").get_or_insert(e);
@@ -382,21 +488,61 @@ pub fn run(
     if let Some(e) = failed.into_inner().expect("no panic holds it") {
         return Err(e);
     }
-    for r in finished.into_inner().expect("no panic holds it") {
-        done.insert((r.variant.clone(), r.seed_index), r);
+    for (i, r) in finished.into_inner().expect("no panic holds it") {
+        done.insert((i, r.variant.clone(), r.seed_index), r);
     }
-    let mut out: BTreeMap<String, Vec<SeedRun>> = BTreeMap::new();
-    for ((v, _), r) in done {
-        out.entry(v).or_default().push(r);
+    let mut out: Vec<RegimeRuns> = plans
+        .iter()
+        .map(|p| RegimeRuns { regime: p.regime.clone(), settings: p.settings.clone(), runs: BTreeMap::new() })
+        .collect();
+    for ((i, v, _), r) in done {
+        out[i].runs.entry(v).or_default().push(r);
     }
     Ok(out)
+}
+
+/// libtorch's thread count set for a while, and put back when dropped.
+struct ThreadShare(i32);
+
+impl ThreadShare {
+    fn set(threads: usize) -> ThreadShare {
+        let before = tch::get_num_threads();
+        tch::set_num_threads(i32::try_from(threads).unwrap_or(1));
+        ThreadShare(before)
+    }
+}
+
+impl Drop for ThreadShare {
+    fn drop(&mut self) {
+        tch::set_num_threads(self.0);
+    }
+}
+
+/// Each regime's plan for experiment `e` at `scale`: the rows' trained variants with their post-hoc
+/// powers; the ablation rows only where the regime asks for them, unless `e` is run whole
+/// ([`Scope::All`]).
+pub fn plans(e: &Experiment, scale: &str) -> Result<Vec<RegimePlan>> {
+    Ok(regimes()?
+        .into_iter()
+        .map(|regime| {
+            let mut rows: BTreeMap<String, Vec<Option<u32>>> = BTreeMap::new();
+            for r in e.rows.iter().filter(|r| !r.ablation || regime.ablations || e.scope == Scope::All) {
+                let powers = rows.entry(r.train.clone()).or_default();
+                if !powers.contains(&r.posthoc) {
+                    powers.push(r.posthoc);
+                    powers.sort();
+                }
+            }
+            RegimePlan { settings: Settings::for_regime(scale, &regime), regime, rows }
+        })
+        .collect())
 }
 
 /// The retrieval benchmark as a [`PostTraining`] kind.
 #[derive(Debug, Default)]
 pub struct Experiments {
-    /// The settings it ran with, and every model's answers by trained variant (empty until run).
-    pub results: Option<(Settings, BTreeMap<String, Vec<SeedRun>>)>,
+    /// Every regime's settings and models' answers (empty until run).
+    pub results: Option<Vec<RegimeRuns>>,
 }
 
 impl PostTraining for Experiments {
@@ -413,33 +559,67 @@ impl PostTraining for Experiments {
     }
 
     fn run(&mut self, e: &Experiment, inputs: &Inputs<'_>) -> Result<()> {
-        let s = Settings::for_scale(inputs.scale.name);
-        let mut rows: BTreeMap<String, Vec<Option<u32>>> = BTreeMap::new();
-        for r in &e.rows {
-            let powers = rows.entry(r.train.clone()).or_default();
-            if !powers.contains(&r.posthoc) {
-                powers.push(r.posthoc);
-                powers.sort();
-            }
-        }
+        let plans = plans(e, inputs.scale.name)?;
         let jobs = crate::runner::default_jobs(tch::Cuda::is_available());
-        let results = run(&s, &rows, &inputs.out.join("retrieval"), jobs).context("the retrieval benchmark")?;
-        self.results = Some((s, results));
+        let results = run(&plans, &inputs.out.join("retrieval"), jobs).context("the retrieval benchmark")?;
+        self.results = Some(results);
         Ok(())
     }
 
     fn wall_s(&self) -> f64 {
-        self.results.iter().flat_map(|(_, r)| r.values().flatten()).map(|r| r.train_s + r.eval_s).sum()
+        self.results.iter().flatten().flat_map(|g| g.runs.values().flatten()).map(|r| r.train_s + r.eval_s).sum()
     }
 
     fn verdicts(&self) -> Vec<String> {
-        match &self.results {
-            Some((s, r)) => report::verdicts(s, r).into_iter().map(|v| v.line).collect(),
+        let groups = self.results.as_deref().unwrap_or_default();
+        match self.results.as_deref().map(report::verdicts) {
+            Some(Ok(judged)) => {
+                judged.iter().map(report::Judged::line).chain(report::passkey_line(groups, &judged)).collect()
+            }
+            Some(Err(e)) => vec![format!("the retrieval claims could not be read: {e:#}")],
             None => Vec::new(),
         }
     }
 
+    fn counted(&self) -> Vec<crate::family::Counted> {
+        let judged = self.results.as_deref().map(report::verdicts).and_then(Result::ok).unwrap_or_default();
+        judged.iter().flat_map(report::Judged::counted).collect()
+    }
+
     fn section(&self, md: &mut String, e: &Experiment, figures: Figures<'_>) -> Result<()> {
-        report::section(md, e, self.results.as_ref(), figures)
+        report::section(md, e, self.results.as_deref(), figures)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_grid_is_two_placements_by_two_densities_and_ablations_run_where_marked() {
+        let all = regimes().unwrap();
+        let cells: Vec<(Placement, u32)> = all.iter().map(|r| (r.placement, r.distractors_permille)).collect();
+        for cell in [(Placement::Spread, 0), (Placement::Spread, 250), (Placement::Far, 0), (Placement::Far, 250)] {
+            assert!(cells.contains(&cell), "{cell:?} is missing from the grid");
+        }
+        assert_eq!(all.iter().filter(|r| r.ablations).count(), 1, "the pilot chose one regime for the ablations");
+        let mut e = crate::spec::all().unwrap().into_iter().find(|e| e.kind == Kind::Retrieval).unwrap();
+        let ablations: Vec<String> = e.rows.iter().filter(|r| r.ablation).map(|r| r.train.clone()).collect();
+        assert_eq!(ablations, ["lssa-exp", "softmax-logn"]);
+        // `--all`: every row in every regime, the regime's own settings.
+        for p in plans(&e, "small").unwrap() {
+            assert!(ablations.iter().all(|v| p.rows.contains_key(v)), "{}", p.regime.name);
+            assert_eq!(
+                (p.settings.placement, p.settings.density_permille),
+                (p.regime.placement, p.regime.distractors_permille)
+            );
+            assert_eq!(p.rows["lssa"], [None, Some(15)], "LSSA is also read with p = 15 post hoc");
+        }
+        // The default: the ablations only where marked.
+        e.scope = Scope::Headline;
+        for p in plans(&e, "small").unwrap() {
+            assert_eq!(ablations.iter().all(|v| p.rows.contains_key(v)), p.regime.ablations, "{}", p.regime.name);
+            assert!(["softmax", "lssa", "lssa+rw15"].iter().all(|v| p.rows.contains_key(*v)));
+        }
     }
 }

@@ -1,19 +1,22 @@
-//! The retrieval benchmark's verdicts and report section: accuracy per (RoPE treatment, prompt
-//! length, distance bin) with 95% intervals over seeds and questions ([`crate::stats::contrast`] on
-//! 0/1 answers), the gate at 1x, the figure, and the `[[retrieval]]` claims of `defs/claims.toml`
-//! judged three-way on identical questions, seed by seed.
+//! The retrieval benchmark's verdicts and report section, regime by regime: accuracy per (RoPE
+//! treatment, prompt length, distance bin) with 95% intervals over seeds and questions
+//! ([`crate::stats::contrast`] on 0/1 answers), exact recall (the headline) and the key-conditional
+//! score beside it, the gate at 1x, a figure per regime, the `[[retrieval]]` claims of
+//! `defs/claims.toml` judged on identical questions seed by seed in every regime, and one robustness
+//! line per claim and RoPE treatment that says whether its verdict holds in every regime.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use anyhow::Result;
 
-use super::{SeedRun, Settings};
+use super::{RegimeRuns, SeedRun, Settings};
 use crate::claims::{RetrievalClaim, RowRef};
+use crate::family::Counted;
 use crate::plot::{GapSeries, save_intervals};
 use crate::post::Figures;
 use crate::spec::Experiment;
-use crate::stats::{self, Interval, Rule, Term, Verdict};
+use crate::stats::{self, Evidence, Interval, Judgement, Rule, Term, Verdict};
 
 /// Which questions a reading takes, by the distance from needle to question.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,20 +27,30 @@ pub enum Bin {
     Beyond,
 }
 
+/// How a question is scored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Score {
+    /// The answer is the argmax over the whole vocabulary (the headline score).
+    Exact,
+    /// The answer scores highest among its key's values (chance 1 in `values`).
+    KeyConditional,
+}
+
 /// Share of `true`.
 pub fn share(xs: &[bool]) -> f64 {
     xs.iter().filter(|&&x| x).count() as f64 / xs.len().max(1) as f64
 }
 
 /// Per seed index, the 0/1 answers of `runs` under `(ntk, posthoc)` at `multiples` whose distance
-/// falls in `bin`, concatenated in a fixed order (the same questions for every model).
+/// falls in `bin`, scored as `score`, concatenated in a fixed order (the same questions for every
+/// model of a regime).
 pub fn answers(
     s: &Settings,
     runs: &[SeedRun],
-    ntk: bool,
-    posthoc: Option<u32>,
+    (ntk, posthoc): (bool, Option<u32>),
     multiples: &[usize],
     bin: Bin,
+    score: Score,
 ) -> BTreeMap<usize, Vec<f64>> {
     let t = s.t_train as u32;
     runs.iter()
@@ -45,7 +58,8 @@ pub fn answers(
             let mut v = Vec::new();
             for &m in multiples {
                 let a = r.get(ntk, posthoc, m)?;
-                for (&c, &d) in a.correct.iter().zip(&a.distance) {
+                let scored = if score == Score::Exact { &a.exact } else { &a.correct };
+                for (&c, &d) in scored.iter().zip(&a.distance) {
                     if (d >= t) == (bin == Bin::Beyond) {
                         v.push(if c { 1.0 } else { 0.0 });
                     }
@@ -64,31 +78,121 @@ pub fn accuracy(values: BTreeMap<usize, Vec<f64>>) -> Option<Interval> {
     Some(Interval { lo: i.lo.max(0.0), hi: i.hi.min(1.0), ..i })
 }
 
-/// 1x accuracy of each seed, by seed index.
-pub fn gate_accuracies(runs: &[SeedRun]) -> Vec<(usize, f64)> {
-    runs.iter().filter_map(|r| Some((r.seed_index, share(&r.get(true, None, 1)?.correct)))).collect()
-}
-
 fn row_runs<'a>(results: &'a BTreeMap<String, Vec<SeedRun>>, r: &RowRef) -> Option<&'a [SeedRun]> {
     results.get(&r.train).map(Vec::as_slice).filter(|x| !x.is_empty())
 }
 
-/// Whether every seed of a row (as trained: post-hoc rows read their model's 1x answers under the
-/// power) reaches the gate.
-fn passes(s: &Settings, runs: &[SeedRun], posthoc: Option<u32>) -> bool {
-    runs.len() >= s.seeds.min(2)
-        && runs.iter().all(|r| r.get(true, posthoc, 1).is_some_and(|a| share(&a.correct) >= s.gate))
+/// A seed's 1x accuracy under a row's post-hoc power, scored as `score`.
+fn one_x(r: &SeedRun, posthoc: Option<u32>, score: Score) -> Option<f64> {
+    let a = r.get(true, posthoc, 1)?;
+    Some(share(if score == Score::Exact { &a.exact } else { &a.correct }))
 }
 
-/// A judged retrieval claim.
+/// Whether every seed of a row (post-hoc rows read their model's 1x answers under the power) reaches
+/// the gate in exact recall.
+fn passes(s: &Settings, runs: &[SeedRun], posthoc: Option<u32>) -> bool {
+    runs.len() >= s.seeds.min(2) && runs.iter().all(|r| one_x(r, posthoc, Score::Exact).is_some_and(|a| a >= s.gate))
+}
+
+/// One reading of a retrieval claim in one regime: a RoPE treatment.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reading {
+    /// NTK-scaled RoPE (`false`: plain).
+    pub ntk: bool,
+    /// The difference in exact recall beyond the training length, with its 95% interval.
+    pub interval: Interval,
+    /// Its estimate, standard error and degrees of freedom.
+    pub evidence: Evidence,
+    /// The verdict on it.
+    pub judgement: Judgement,
+    /// The same difference in key-conditional accuracy (reported, not judged).
+    pub key_conditional: Option<Interval>,
+    /// Seeds read.
+    pub seeds: usize,
+    /// Questions per seed.
+    pub questions: usize,
+    /// Which seeds a missing result left out, if any.
+    pub note: Option<String>,
+}
+
+/// A retrieval claim in one regime.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RegimeVerdict {
+    /// The regime's name.
+    pub regime: String,
+    /// Its readings (empty when `not_judged` says why).
+    pub readings: Vec<Reading>,
+    /// Why it could not be judged there.
+    pub not_judged: Option<String>,
+}
+
+/// A judged retrieval claim, regime by regime.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Judged {
-    /// Its name.
-    pub name: String,
-    /// Per RoPE treatment (`true`: NTK), the interval and verdict, when the gate let it be judged.
-    pub readings: Vec<(bool, Interval, Verdict)>,
-    /// The report's line.
-    pub line: String,
+    /// The claim.
+    pub claim: RetrievalClaim,
+    /// Its verdicts in every regime, in the regimes' order.
+    pub regimes: Vec<RegimeVerdict>,
+    /// The prompt lengths beyond 1x it reads.
+    pub beyond: Vec<usize>,
+}
+
+fn rope_name(ntk: bool) -> &'static str {
+    if ntk { "NTK" } else { "plain" }
+}
+
+impl Judged {
+    /// The robustness line under one RoPE treatment: `<verdict> in every regime`, or `depends on the
+    /// regime: ` with each regime's verdict.
+    pub fn robustness(&self, ntk: bool) -> String {
+        let each: Vec<(&str, Option<Verdict>)> = self
+            .regimes
+            .iter()
+            .map(|g| (g.regime.as_str(), g.readings.iter().find(|r| r.ntk == ntk).map(|r| r.judgement.verdict)))
+            .collect();
+        match each.first() {
+            Some((_, Some(v))) if each.iter().all(|(_, w)| *w == Some(*v)) => format!("{} in every regime", v.word()),
+            _ => format!(
+                "depends on the regime: {}",
+                each.iter()
+                    .map(|(g, v)| format!("{g} {}", v.map_or("not judged", Verdict::word)))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        }
+    }
+
+    /// The report's summary line: the claim and its robustness under both RoPE treatments.
+    pub fn line(&self) -> String {
+        format!(
+            "**{}**: {} (exact recall beyond the training length, {}x-{}x prompts): under NTK RoPE, {}; under plain RoPE, {}.",
+            self.claim.name,
+            self.claim.statement,
+            self.beyond.first().unwrap_or(&1),
+            self.beyond.last().unwrap_or(&1),
+            self.robustness(true),
+            self.robustness(false)
+        )
+    }
+
+    /// Its readings as counted verdicts of the report's family.
+    pub fn counted(&self) -> Vec<Counted> {
+        let mut out = Vec::new();
+        for g in &self.regimes {
+            for r in &g.readings {
+                let term =
+                    |row: &RowRef| format!("retrieval {}: {} ({} RoPE)", g.regime, describe(row), rope_name(r.ntk));
+                out.push(Counted {
+                    claim: self.claim.name.clone(),
+                    reading: format!("{}, {}", g.regime, rope_name(r.ntk)),
+                    evidence: Some((r.interval, r.evidence)),
+                    judgement: r.judgement.clone(),
+                    terms: vec![(term(&self.claim.row), 1.0), (term(&self.claim.baseline), -1.0)],
+                });
+            }
+        }
+        out
+    }
 }
 
 fn describe(r: &RowRef) -> String {
@@ -98,22 +202,58 @@ fn describe(r: &RowRef) -> String {
     }
 }
 
-/// Every `[[retrieval]]` claim of `defs/claims.toml`, judged on `results`.
-pub fn verdicts(s: &Settings, results: &BTreeMap<String, Vec<SeedRun>>) -> Vec<Judged> {
-    let claims = match crate::claims::all() {
-        Ok(c) => c.retrieval,
-        Err(e) => return vec![Judged { name: "retrieval".into(), readings: Vec::new(), line: format!("{e}") }],
-    };
-    claims.iter().map(|c| judge(s, c, results)).collect()
+/// The summary's line on the regimes without distractors, the nearest to the paper's own passkey
+/// retrieval (one needle in filler text): each claim's verdicts there. `None` when no regime is
+/// free of distractors.
+pub fn passkey_line(groups: &[RegimeRuns], judged: &[Judged]) -> Option<String> {
+    let clean: Vec<&str> =
+        groups.iter().filter(|g| g.regime.distractors_permille == 0).map(|g| g.regime.name.as_str()).collect();
+    if clean.is_empty() {
+        return None;
+    }
+    let parts: Vec<String> = judged
+        .iter()
+        .map(|j| {
+            let each: Vec<String> = j
+                .regimes
+                .iter()
+                .filter(|g| clean.contains(&g.regime.as_str()))
+                .map(|g| {
+                    let v = |ntk| {
+                        g.readings.iter().find(|r| r.ntk == ntk).map_or("not judged", |r| r.judgement.verdict.word())
+                    };
+                    format!("{} {} / {}", g.regime, v(true), v(false))
+                })
+                .collect();
+            format!("`{}`: {}", j.claim.name, each.join(", "))
+        })
+        .collect();
+    Some(format!(
+        "Nearest the paper's own retrieval task (passkey retrieval: one needle in filler text, no distractors of its kind) are the regimes without distractors, {}; there the retrieval verdicts read (NTK / plain RoPE): {}.",
+        clean.iter().map(|c| format!("`{c}`")).collect::<Vec<_>>().join(" and "),
+        parts.join("; ")
+    ))
 }
 
-fn judge(s: &Settings, c: &RetrievalClaim, results: &BTreeMap<String, Vec<SeedRun>>) -> Judged {
-    let head = format!("**{}**: {}", c.name, c.statement);
-    let not_judged = |why: String| Judged {
-        name: c.name.clone(),
-        readings: Vec::new(),
-        line: format!("{head}: **inconclusive**: not judged, because {why}."),
-    };
+/// Every `[[retrieval]]` claim of `defs/claims.toml`, judged in every regime of `groups`.
+pub fn verdicts(groups: &[RegimeRuns]) -> Result<Vec<Judged>> {
+    let claims = crate::claims::all()?.retrieval;
+    Ok(claims
+        .into_iter()
+        .map(|c| {
+            let regimes = groups.iter().map(|g| judge(&g.settings, &c, &g.runs, &g.regime.name)).collect();
+            let beyond = groups
+                .first()
+                .map(|g| g.settings.multiples.iter().copied().filter(|&m| m > 1).collect())
+                .unwrap_or_default();
+            Judged { claim: c, regimes, beyond }
+        })
+        .collect())
+}
+
+fn judge(s: &Settings, c: &RetrievalClaim, results: &BTreeMap<String, Vec<SeedRun>>, regime: &str) -> RegimeVerdict {
+    let not_judged =
+        |why: String| RegimeVerdict { regime: regime.to_string(), readings: Vec::new(), not_judged: Some(why) };
     let (Some(row), Some(base)) = (row_runs(results, &c.row), row_runs(results, &c.baseline)) else {
         return not_judged("its rows did not run".into());
     };
@@ -123,9 +263,9 @@ fn judge(s: &Settings, c: &RetrievalClaim, results: &BTreeMap<String, Vec<SeedRu
         .map(|(r, runs)| {
             let by_seed: Vec<String> = runs
                 .iter()
-                .map(|x| x.get(true, r.posthoc, 1).map_or("-".into(), |a| format!("{:.1}%", 100.0 * share(&a.correct))))
+                .map(|x| one_x(x, r.posthoc, Score::Exact).map_or("-".into(), |a| format!("{:.1}%", 100.0 * a)))
                 .collect();
-            format!("{} did not learn the task (1x accuracy by seed: {})", describe(r), by_seed.join(", "))
+            format!("{} did not learn the task (1x exact recall by seed: {})", describe(r), by_seed.join(", "))
         })
         .collect();
     if !failing.is_empty() {
@@ -134,45 +274,37 @@ fn judge(s: &Settings, c: &RetrievalClaim, results: &BTreeMap<String, Vec<SeedRu
     let beyond: Vec<usize> = s.multiples.iter().copied().filter(|&m| m > 1).collect();
     let rule = Rule::Effect { delta: c.delta };
     let mut readings = Vec::new();
-    let mut parts = Vec::new();
+    let mut errors = Vec::new();
     for ntk in [true, false] {
-        let terms = [
-            Term { coef: 1.0, values: answers(s, row, ntk, c.row.posthoc, &beyond, Bin::Beyond) },
-            Term { coef: -1.0, values: answers(s, base, ntk, c.baseline.posthoc, &beyond, Bin::Beyond) },
-        ];
-        let rope = if ntk { "NTK" } else { "plain" };
-        match stats::contrast(&terms, None) {
+        let difference = |score| {
+            let terms = [
+                Term { coef: 1.0, values: answers(s, row, (ntk, c.row.posthoc), &beyond, Bin::Beyond, score) },
+                Term { coef: -1.0, values: answers(s, base, (ntk, c.baseline.posthoc), &beyond, Bin::Beyond, score) },
+            ];
+            stats::contrast(&terms, None)
+        };
+        match difference(Score::Exact) {
             Ok(con) => {
-                let (v, why) = rule.judge(&con.interval);
-                let note = con
-                    .note(|k| describe(if k == 0 { &c.row } else { &c.baseline }))
-                    .map_or(String::new(), |n| format!("; {n}"));
-                parts.push(format!(
-                    "**{}** under {rope} RoPE ({} points; {why}; {} seeds x {} questions{note})",
-                    v.word(),
-                    points(&con.interval),
-                    con.seeds.len(),
-                    con.spans
-                ));
-                readings.push((ntk, con.interval, v));
+                let evidence = con.evidence();
+                readings.push(Reading {
+                    ntk,
+                    interval: con.interval,
+                    evidence,
+                    judgement: rule.judge(&evidence),
+                    key_conditional: difference(Score::KeyConditional).ok().map(|k| k.interval),
+                    seeds: con.seeds.len(),
+                    questions: con.spans,
+                    note: con.note(|k| describe(if k == 0 { &c.row } else { &c.baseline })),
+                });
             }
-            Err(e) => parts.push(format!("not judged under {rope} RoPE: {e}")),
+            Err(e) => errors.push(format!("not judged under {} RoPE: {e}", rope_name(ntk))),
         }
     }
-    Judged {
-        name: c.name.clone(),
-        readings,
-        line: format!(
-            "{head} (accuracy beyond the training length, {}x-{}x prompts): {}.",
-            beyond.first().unwrap_or(&1),
-            beyond.last().unwrap_or(&1),
-            parts.join("; ")
-        ),
-    }
+    RegimeVerdict { regime: regime.to_string(), readings, not_judged: (!errors.is_empty()).then(|| errors.join("; ")) }
 }
 
 /// An interval of a share as percentage points.
-fn points(i: &Interval) -> String {
+pub fn points(i: &Interval) -> String {
     format!("{:+.1} [{:+.1}, {:+.1}]", 100.0 * i.estimate, 100.0 * i.lo, 100.0 * i.hi)
 }
 
@@ -180,25 +312,21 @@ fn pct(i: &Interval) -> String {
     format!("{:.1}% [{:.1}, {:.1}]", 100.0 * i.estimate, 100.0 * i.lo, 100.0 * i.hi)
 }
 
-/// The section: what ran, the gate table, accuracy per length and bin under both RoPE treatments, the
-/// figures.
-pub fn section(
-    md: &mut String,
-    e: &Experiment,
-    results: Option<&(Settings, BTreeMap<String, Vec<SeedRun>>)>,
-    figures: Figures<'_>,
-) -> Result<()> {
-    let Some((s, results)) = results else {
+/// The section: the task, the regimes, then per regime its gate table, exact recall per length and
+/// bin under both RoPE treatments, key-conditional accuracy beside it, its figure and its verdicts;
+/// last, every claim's verdicts across the regimes with its robustness lines.
+pub fn section(md: &mut String, e: &Experiment, groups: Option<&[RegimeRuns]>, figures: Figures<'_>) -> Result<()> {
+    let Some(groups) = groups.filter(|g| !g.is_empty()) else {
         let _ = writeln!(md, "Not run in this invocation (select it with `--only {}`).", super::ONLY);
         return Ok(());
     };
+    let s = &groups[0].settings;
     let _ = writeln!(
         md,
-        "Task: {} keys of {} values each; a sequence asks {} of them, and {:.0}% of its background are distractors (needles of the other keys), the rest filler from {} ids. Models: {} transformer blocks of width {} with {} attention heads, trained from scratch at T_train = {} for {} steps of {} windows (AdamW, lr {}, answers supervised), {} seeds per trained row. Evaluation: {} prompts per length with {} questions each (beyond 1x, half with the needle inside the last T_train tokens and half beyond), the same prompts for every model; chance is {:.1}%. Gate: {:.0}% at 1x on every seed.\n",
+        "Task: {} keys of {} values each; a sequence asks {} of them; the background is filler from {} ids and, in the regimes with distractors, needles of the other keys. Models: {} transformer blocks of width {} with {} attention heads, trained from scratch at T_train = {} for {} steps of {} windows (AdamW, lr {}, answers supervised), {} seeds per trained row and regime. Evaluation: {} prompts per length with {} questions each, the same prompts for every model of a regime. Scores: **exact recall** (the answer is the argmax over the whole vocabulary of {} tokens; the verdicts read it) and the key-conditional score (the answer scores highest among its key's {} values; chance {:.1}%). Gate: {:.0}% exact recall at 1x on every seed.\n",
         s.keys,
         s.values,
         s.asked,
-        s.density_permille as f64 / 10.0,
         s.filler,
         s.n_layer,
         s.d_model,
@@ -210,102 +338,235 @@ pub fn section(
         s.seeds,
         s.prompts,
         s.asked,
+        s.layout().map_or(0, |l| l.vocab()),
+        s.values,
         100.0 / s.values as f64,
         100.0 * s.gate
     );
-    let _ = writeln!(md, "| row | trained as | seeds | answer loss (train) | 1x accuracy by seed | gate |");
-    let _ = writeln!(md, "|---|---|---:|---:|---|---|");
-    for r in &e.rows {
+    let _ = writeln!(md, "Regimes (`crates/experiments/defs/retrieval/regimes.toml`):\n");
+    let _ = writeln!(md, "| regime | placement | distractors | ablation rows | what |");
+    let _ = writeln!(md, "|---|---|---:|---|---|");
+    for g in groups {
+        let ablations = e.rows.iter().filter(|r| r.ablation).all(|r| g.runs.contains_key(&r.train));
+        let _ = writeln!(
+            md,
+            "| `{}` | {} | {:.0}% | {} | {} |",
+            g.regime.name,
+            g.regime.placement.name(),
+            g.regime.distractors_permille as f64 / 10.0,
+            if ablations { "run" } else { "`--all` only" },
+            g.regime.about.replace('|', "/")
+        );
+    }
+    let _ = writeln!(md);
+    let judged = verdicts(groups)?;
+    for g in groups {
+        regime_section(md, e, g, &judged, figures)?;
+    }
+    let _ = writeln!(md, "### Retrieval verdicts across the regimes\n");
+    let _ = writeln!(
+        md,
+        "Exact recall beyond the training length, row minus baseline in percentage points (95% interval over seeds and questions), in every regime; the key-conditional difference in parentheses. Each claim's robustness line says whether its verdict holds in every regime.\n"
+    );
+    let mut head = String::from("| claim | RoPE |");
+    let mut rule = String::from("|---|---|");
+    for g in groups {
+        let _ = write!(head, " {} |", g.regime.name);
+        rule.push_str("---|");
+    }
+    let _ = writeln!(md, "{head}\n{rule}");
+    for j in &judged {
+        for ntk in [true, false] {
+            let _ = write!(md, "| **{}** | {} |", j.claim.name, rope_name(ntk));
+            for g in &j.regimes {
+                let cell = match g.readings.iter().find(|r| r.ntk == ntk) {
+                    Some(r) => format!(
+                        "**{}**: {}{}",
+                        r.judgement.verdict.word(),
+                        points(&r.interval),
+                        r.key_conditional.map_or(String::new(), |k| format!(" ({})", points(&k)))
+                    ),
+                    None => "not judged".into(),
+                };
+                let _ = write!(md, " {cell} |");
+            }
+            let _ = writeln!(md);
+        }
+    }
+    let _ = writeln!(md);
+    for j in &judged {
+        let _ = writeln!(md, "- {}", j.line());
+        for g in j.regimes.iter().filter(|g| g.not_judged.is_some()) {
+            let _ = writeln!(md, "  - not judged in `{}`: {}.", g.regime, g.not_judged.as_deref().unwrap_or(""));
+        }
+    }
+    Ok(())
+}
+
+/// One regime's part of the section.
+fn regime_section(
+    md: &mut String,
+    e: &Experiment,
+    g: &RegimeRuns,
+    judged: &[Judged],
+    figures: Figures<'_>,
+) -> Result<()> {
+    let s = &g.settings;
+    let _ = writeln!(md, "### Regime `{}`\n\n{}\n", g.regime.name, g.regime.about);
+    let _ = writeln!(
+        md,
+        "| row | trained as | seeds | answer loss (train) | 1x exact recall by seed | 1x key-conditional | gate |"
+    );
+    let _ = writeln!(md, "|---|---|---:|---:|---|---:|---|");
+    let rows: Vec<(usize, &crate::spec::Row, &[SeedRun])> = e
+        .rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| Some((i, r, row_runs(&g.runs, &RowRef { train: r.train.clone(), posthoc: r.posthoc })?)))
+        .collect();
+    for &(_, r, runs) in &rows {
         let rr = RowRef { train: r.train.clone(), posthoc: r.posthoc };
-        let Some(runs) = row_runs(results, &rr) else {
-            let _ = writeln!(md, "| {} | {} | 0 | - | - | not run |", r.label, describe(&rr));
-            continue;
-        };
         let by_seed: Vec<String> = runs
             .iter()
-            .map(|x| x.get(true, r.posthoc, 1).map_or("-".into(), |a| format!("{:.1}%", 100.0 * share(&a.correct))))
+            .map(|x| one_x(x, r.posthoc, Score::Exact).map_or("-".into(), |a| format!("{:.1}%", 100.0 * a)))
             .collect();
+        let key: Vec<f64> = runs.iter().filter_map(|x| one_x(x, r.posthoc, Score::KeyConditional)).collect();
         let loss = runs.iter().map(|x| x.train_loss).sum::<f64>() / runs.len() as f64;
         let gate = if passes(s, runs, r.posthoc) { "passed" } else { "**not learnt**: reported, not judged" };
         let _ = writeln!(
             md,
-            "| {} | {} | {} | {loss:.3} | {} | {gate} |",
+            "| {} | {} | {} | {loss:.3} | {} | {:.1}% | {gate} |",
             r.label,
             describe(&rr),
             runs.len(),
-            by_seed.join(", ")
+            by_seed.join(", "),
+            100.0 * key.iter().sum::<f64>() / key.len().max(1) as f64
         );
     }
     let _ = writeln!(md);
+    let beyond: Vec<usize> = s.multiples.iter().copied().filter(|&m| m > 1).collect();
+    let mut series: Vec<GapSeries> = Vec::new();
     for ntk in [true, false] {
         let rope = if ntk { "NTK-scaled" } else { "plain" };
-        let _ = writeln!(
-            md,
-            "Accuracy with {rope} RoPE beyond 1x (mean over seeds and questions, 95% interval over both):\n"
-        );
-        let mut head = String::from("| row | 1x |");
-        let mut rule = String::from("|---|---:|");
-        for &m in s.multiples.iter().filter(|&&m| m > 1) {
-            let _ = write!(head, " {m}x inside | {m}x beyond |");
-            rule.push_str("---:|---:|");
+        // The (length, bin) columns some row has questions in.
+        let mut columns: Vec<(usize, Bin)> = vec![(1, Bin::Inside)];
+        for &m in &beyond {
+            for bin in [Bin::Inside, Bin::Beyond] {
+                let any = rows
+                    .iter()
+                    .any(|&(_, r, runs)| !answers(s, runs, (ntk, r.posthoc), &[m], bin, Score::Exact).is_empty());
+                if any {
+                    columns.push((m, bin));
+                }
+            }
+        }
+        let _ =
+            writeln!(md, "Exact recall with {rope} RoPE (mean over seeds and questions, 95% interval over both):\n");
+        let mut head = String::from("| row |");
+        let mut rule = String::from("|---|");
+        for &(m, bin) in &columns {
+            let name = match (m, bin) {
+                (1, _) => "1x".to_string(),
+                (m, Bin::Inside) => format!("{m}x inside"),
+                (m, Bin::Beyond) => format!("{m}x beyond"),
+            };
+            let _ = write!(head, " {name} |");
+            rule.push_str("---:|");
         }
         let _ = writeln!(md, "{head}\n{rule}");
-        let mut series: Vec<GapSeries> = Vec::new();
-        for (i, r) in e.rows.iter().enumerate() {
-            let Some(runs) = row_runs(results, &RowRef { train: r.train.clone(), posthoc: r.posthoc }) else {
-                continue;
-            };
-            let cell = |m: usize, bin| accuracy(answers(s, runs, ntk, r.posthoc, &[m], bin));
-            let show = |x: Option<Interval>| x.map_or("-".into(), |i| pct(&i));
-            let _ = write!(md, "| {} | {} |", r.label, show(cell(1, Bin::Inside)));
-            let (mut inside, mut beyond) = (Vec::new(), Vec::new());
-            if let Some(one) = cell(1, Bin::Inside) {
-                inside.push((1.0, one));
-                beyond.push((1.0, one));
-            }
-            for &m in s.multiples.iter().filter(|&&m| m > 1) {
-                let (a, b) = (cell(m, Bin::Inside), cell(m, Bin::Beyond));
-                let _ = write!(md, " {} | {} |", show(a), show(b));
-                inside.extend(a.map(|x| (m as f64, x)));
-                beyond.extend(b.map(|x| (m as f64, x)));
+        for &(i, r, runs) in &rows {
+            let _ = write!(md, "| {} |", r.label);
+            let mut pts = Vec::new();
+            for &(m, bin) in &columns {
+                let x = accuracy(answers(s, runs, (ntk, r.posthoc), &[m], bin, Score::Exact));
+                let _ = write!(md, " {} |", x.map_or("-".into(), |i| pct(&i)));
+                if let Some(x) = x.filter(|_| m == 1 || bin == Bin::Beyond) {
+                    pts.push((m as f64, x));
+                }
             }
             let _ = writeln!(md);
-            series.push((format!("{} (beyond)", r.label), i, false, beyond));
-            series.push((format!("{} (inside, dashed)", r.label), i, true, inside));
+            series.push((format!("{} ({})", r.label, rope_name(ntk)), i, !ntk, pts));
         }
-        let name = format!("{}_{}", e.name, if ntk { "ntk" } else { "plain" });
-        save_intervals(
-            &figures.dir.join(&name),
-            &format!("Recall accuracy against prompt length, {rope} RoPE (needle inside / beyond T_train)"),
-            ("prompt length / training length", "accuracy"),
-            false,
-            &series,
-        )?;
-        let _ = writeln!(
-            md,
-            "\n![{} ({rope} RoPE)]({}/{name}.png) ([SVG]({}/{name}.svg))\n",
-            e.title, figures.rel, figures.rel
-        );
+        let _ = writeln!(md);
     }
     let _ = writeln!(
         md,
-        "Solid lines: questions whose needle sits at least T_train tokens back (further than any training window); dashed: within the last T_train tokens. At 1x every needle is inside."
+        "Key-conditional accuracy beyond the training length (mean over seeds and questions; NTK / plain):\n"
     );
+    let mut head = String::from("| row |");
+    let mut rule = String::from("|---|");
+    for &m in &beyond {
+        let _ = write!(head, " {m}x |");
+        rule.push_str("---:|");
+    }
+    let _ = writeln!(md, "{head}\n{rule}");
+    for &(_, r, runs) in &rows {
+        let _ = write!(md, "| {} |", r.label);
+        for &m in &beyond {
+            let show = |ntk| {
+                accuracy(answers(s, runs, (ntk, r.posthoc), &[m], Bin::Beyond, Score::KeyConditional))
+                    .map_or("-".into(), |i| format!("{:.1}%", 100.0 * i.estimate))
+            };
+            let _ = write!(md, " {} / {} |", show(true), show(false));
+        }
+        let _ = writeln!(md);
+    }
+    let name = format!("{}_{}", e.name, g.regime.name);
+    save_intervals(
+        &figures.dir.join(&name),
+        &format!("Exact recall beyond T_train, regime {} (solid: NTK RoPE, dashed: plain)", g.regime.name),
+        ("prompt length / training length", "exact recall, needle beyond T_train (1x: all)"),
+        false,
+        &series,
+    )?;
+    let _ = writeln!(
+        md,
+        "\n![{} ({})]({}/{name}.png) ([SVG]({}/{name}.svg))\n",
+        e.title, g.regime.name, figures.rel, figures.rel
+    );
+    let _ = writeln!(md, "Verdicts in `{}`:\n", g.regime.name);
+    for j in judged {
+        let Some(v) = j.regimes.iter().find(|v| v.regime == g.regime.name) else { continue };
+        let parts: Vec<String> = v
+            .readings
+            .iter()
+            .map(|r| {
+                format!(
+                    "**{}** under {} RoPE ({} points, SE {:.1}, df {:.0}; {}; {} seeds x {} questions{})",
+                    r.judgement.verdict.word(),
+                    rope_name(r.ntk),
+                    points(&r.interval),
+                    100.0 * r.evidence.se,
+                    r.evidence.df,
+                    r.judgement.why,
+                    r.seeds,
+                    r.questions,
+                    r.note.as_ref().map_or(String::new(), |n| format!("; {n}"))
+                )
+            })
+            .chain(v.not_judged.iter().map(|w| format!("not judged: {w}")))
+            .collect();
+        let _ = writeln!(md, "- **{}**: {}: {}.", j.claim.name, j.claim.statement, parts.join("; "));
+    }
+    let _ = writeln!(md);
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retrieval::Answers;
+    use crate::retrieval::{Answers, Regime};
 
+    /// A seed's answers: `gate_hits` of 64 at 1x, `beyond_hits` of 64 beyond at 4x (both RoPE
+    /// treatments); key-conditional answers are right `key_extra` more often beyond.
     fn run(seed_index: usize, gate_hits: usize, beyond_hits: usize) -> SeedRun {
         let n = 64;
         let mk = |multiple: usize, ntk: bool, hits: usize, distance: u32| Answers {
             ntk,
             posthoc: None,
             multiple,
-            correct: (0..n).map(|i| i < hits).collect(),
+            correct: (0..n).map(|i| i < (hits + 4).min(n)).collect(),
+            exact: (0..n).map(|i| i < hits).collect(),
             distance: vec![distance; n],
         };
         SeedRun {
@@ -328,42 +589,81 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_claim_needs_the_gate_then_reads_the_paired_difference_beyond_t_train() {
-        let s = Settings { multiples: vec![1, 4], seeds: 3, ..Settings::for_scale("small") };
-        let mut m = BTreeMap::new();
-        m.insert("lssa+rw15".to_string(), (0..3).map(|k| run(k, 64, 60 - k)).collect::<Vec<_>>());
-        m.insert("softmax".to_string(), (0..3).map(|k| run(k, 64, 20 + 2 * k)).collect::<Vec<_>>());
-        let j = judge(&s, &claim(), &m);
-        assert_eq!(j.readings.len(), 2, "{}", j.line);
-        for (_, i, v) in &j.readings {
-            assert_eq!(*v, Verdict::Reproduced, "{}", j.line);
-            // Seeds: 60/64 - 20/64, 59/64 - 22/64, 58/64 - 24/64.
-            assert!((i.estimate - (40.0 + 37.0 + 34.0) / 3.0 / 64.0).abs() < 1e-12, "{i:?}");
-        }
-        // Equal rows: no effect.
-        m.insert("softmax".to_string(), m["lssa+rw15"].clone());
-        assert!(judge(&s, &claim(), &m).readings.iter().all(|(_, _, v)| *v == Verdict::Inconclusive));
-        // A seed below the gate: not judged, and the line names the row and its 1x numbers.
-        m.insert("softmax".to_string(), vec![run(0, 64, 20), run(1, 32, 20), run(2, 64, 20)]);
-        let j = judge(&s, &claim(), &m);
-        assert!(
-            j.readings.is_empty() && j.line.contains("`softmax` did not learn") && j.line.contains("50.0%"),
-            "{}",
-            j.line
-        );
+    fn group(name: &str, runs: BTreeMap<String, Vec<SeedRun>>) -> RegimeRuns {
+        let regime = Regime {
+            name: name.into(),
+            placement: crate::retrieval::Placement::Spread,
+            distractors_permille: 0,
+            ablations: false,
+            about: String::new(),
+        };
+        let settings = Settings { multiples: vec![1, 4], seeds: 3, ..Settings::for_regime("small", &regime) };
+        RegimeRuns { regime, settings, runs }
     }
 
     #[test]
-    fn bins_split_questions_at_the_training_length() {
+    fn a_claim_needs_the_gate_then_reads_the_paired_exact_difference_beyond_t_train() {
+        let mut m = BTreeMap::new();
+        m.insert("lssa+rw15".to_string(), (0..3).map(|k| run(k, 64, 60 - k)).collect::<Vec<_>>());
+        m.insert("softmax".to_string(), (0..3).map(|k| run(k, 64, 20 + 2 * k)).collect::<Vec<_>>());
+        let g = group("a", m.clone());
+        let j = judge(&g.settings, &claim(), &g.runs, "a");
+        assert_eq!(j.readings.len(), 2, "{j:?}");
+        for r in &j.readings {
+            assert_eq!(r.judgement.verdict, Verdict::Reproduced, "{r:?}");
+            // Seeds: 60/64 - 20/64, 59/64 - 22/64, 58/64 - 24/64 (exact recall, not key-conditional).
+            assert!((r.interval.estimate - (40.0 + 37.0 + 34.0) / 3.0 / 64.0).abs() < 1e-12, "{r:?}");
+            assert!(r.evidence.df > 1.9 && r.evidence.se > 0.0);
+        }
+        // Equal rows: no effect, and the interval excludes the 5 points claimed.
+        m.insert("softmax".to_string(), m["lssa+rw15"].clone());
+        let g = group("a", m.clone());
+        let j = judge(&g.settings, &claim(), &g.runs, "a");
+        assert!(j.readings.iter().all(|r| r.judgement.verdict == Verdict::SmallerThanClaimed), "{j:?}");
+        // A seed below the gate: not judged, and the reason names the row and its 1x exact recall.
+        m.insert("softmax".to_string(), vec![run(0, 64, 20), run(1, 32, 20), run(2, 64, 20)]);
+        let g = group("a", m);
+        let j = judge(&g.settings, &claim(), &g.runs, "a");
+        let why = j.not_judged.unwrap();
+        assert!(j.readings.is_empty() && why.contains("`softmax` did not learn") && why.contains("50.0%"), "{why}");
+    }
+
+    #[test]
+    fn the_robustness_line_says_whether_the_verdict_holds_in_every_regime() {
+        let better = |k: usize| run(k, 64, 60 - k);
+        let worse = |k: usize| run(k, 64, 20 + 2 * k);
+        let rows = |a: fn(usize) -> SeedRun, b: fn(usize) -> SeedRun| {
+            BTreeMap::from([
+                ("lssa+rw15".to_string(), (0..3).map(a).collect::<Vec<_>>()),
+                ("softmax".to_string(), (0..3).map(b).collect::<Vec<_>>()),
+            ])
+        };
+        let same = [group("a", rows(better, worse)), group("b", rows(better, worse))];
+        let j = &verdicts(&same).unwrap()[0];
+        assert_eq!(j.robustness(true), "reproduced in every regime");
+        assert_eq!(j.counted().len(), 4, "two regimes x two RoPE treatments");
+        let mixed = [group("a", rows(better, worse)), group("b", rows(worse, better))];
+        let j = &verdicts(&mixed).unwrap()[0];
+        assert_eq!(j.robustness(false), "depends on the regime: a reproduced, b contradicted");
+        assert!(j.line().contains("under plain RoPE, depends on the regime"), "{}", j.line());
+        // The verdicts of different regimes read different evaluations.
+        let c = j.counted();
+        assert_ne!(c[0].terms[0].0, c[2].terms[0].0);
+    }
+
+    #[test]
+    fn bins_split_questions_at_the_training_length_and_scores_differ() {
         let s = Settings { multiples: vec![1, 4], ..Settings::for_scale("small") };
         let mut r = run(0, 64, 32);
         r.answers[1].distance = (0..64).map(|i| if i < 16 { 63 } else { 64 }).collect();
-        let inside = answers(&s, std::slice::from_ref(&r), true, None, &[4], Bin::Inside);
-        let beyond = answers(&s, std::slice::from_ref(&r), true, None, &[4], Bin::Beyond);
+        let one = std::slice::from_ref(&r);
+        let inside = answers(&s, one, (true, None), &[4], Bin::Inside, Score::Exact);
+        let beyond = answers(&s, one, (true, None), &[4], Bin::Beyond, Score::Exact);
         assert_eq!((inside[&0].len(), beyond[&0].len()), (16, 48));
         assert_eq!(inside[&0].iter().sum::<f64>(), 16.0, "the first 16 questions were answered");
         let acc = accuracy(beyond).unwrap();
         assert!((acc.estimate - 16.0 / 48.0).abs() < 1e-12);
+        let key = accuracy(answers(&s, one, (true, None), &[4], Bin::Beyond, Score::KeyConditional)).unwrap();
+        assert!((key.estimate - 20.0 / 48.0).abs() < 1e-12, "4 more right among the key's values");
     }
 }

@@ -2,16 +2,25 @@
 //! owns `values` value tokens; a *needle* is one key's value placed in the text; a *question* is the
 //! token asking for one key, and its answer is that key's needle, copied: one attention hop back.
 //!
-//! - A training window of `T_train` tokens asks `asked` keys: their needles at random places, then a
-//!   question per key, each followed by its answer, in another order. Everything else is background:
-//!   filler tokens, and at a fixed density *distractors*, needles of the keys not asked (so they look
-//!   like the answer's kind of token but never answer anything). Only the answers are supervised.
-//! - An evaluation prompt of `m x T_train` tokens is such a window at the end, after `(m - 1) x
-//!   T_train` tokens of the same background; for `m > 1`, half of the asked needles, drawn at random,
-//!   move to random places in that prefix. So at `m > 1` half of the questions have their needle
-//!   within the last training length (*inside*) and half further back than any training window
-//!   reached (*beyond*), and every question's row holds `m` times as many distractors as in training:
-//!   the dilution the paper's length scaling and re-weighting are meant to counter.
+//! A training window of `T_train` tokens asks `asked` keys: their needles, and a question per key,
+//! each followed by its answer, in another order. Everything else is background: filler tokens, and
+//! at a fixed density (possibly 0) *distractors*, needles of the keys not asked (so they look like the
+//! answer's kind of token but never answer anything). Only the answers are supervised. Where the
+//! needles and questions sit is the [`Placement`]:
+//!
+//! - [`Placement::Spread`]: the needles at random places of the window and the questions at random
+//!   places after them. An evaluation prompt of `m x T_train` tokens is such a window at the end, after
+//!   `(m - 1) x T_train` tokens of the same background; for `m > 1`, half of the asked needles, drawn
+//!   at random, move to random places in that prefix. So at `m > 1` half of the questions have their
+//!   needle within the last training length (*inside*) and half further back than any training window
+//!   reached (*beyond*).
+//! - [`Placement::Far`] (in the style of Zoology's multi-query associative recall): the needles in the
+//!   window's first quarter, the questions in its last quarter. An evaluation prompt of `m x T_train`
+//!   tokens keeps the needles in the first quarter of the whole prompt and the questions at its end, so
+//!   at `m > 1` every question is asked further back than any training window reached.
+//!
+//! Either way, with distractors every question's row holds `m` times as many of them as in training:
+//! the dilution the paper's length scaling and re-weighting are meant to counter.
 //!
 //! The background is synthetic, not natural text: the models are trained from scratch on this stream
 //! and know no language, so natural text would be out of their distribution; distractors of the same
@@ -27,6 +36,7 @@ use rand::Rng;
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 use rand_chacha::ChaCha8Rng;
+use serde::{Deserialize, Serialize};
 
 /// One question of a sequence.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,7 +60,29 @@ pub struct Sequence {
     pub queries: Vec<Query>,
 }
 
-/// The task's vocabulary and densities. Ids: filler `0..filler`, then value `v` of key `k` at
+/// Where a window's needles and questions sit (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// Needles at random places, questions at random places after them; at `m x T_train`, half the
+    /// needles move into the prefix.
+    Spread,
+    /// Needles in the first quarter, questions at the end (the last quarter of a training window); at
+    /// `m x T_train`, the needles in the first quarter of the whole prompt.
+    Far,
+}
+
+impl Placement {
+    /// `spread` / `far`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Placement::Spread => "spread",
+            Placement::Far => "far",
+        }
+    }
+}
+
+/// The task's vocabulary, densities and placement. Ids: filler `0..filler`, then value `v` of key `k` at
 /// `filler + k * values + v`, then the question of key `k` at `filler + keys * values + k`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Layout {
@@ -66,6 +98,8 @@ pub struct Layout {
     pub density_permille: u32,
     /// The training length.
     pub t_train: usize,
+    /// Where the needles and the questions sit.
+    pub placement: Placement,
 }
 
 /// A generator keyed by `(seed, index)`: the same pair always gives the same stream.
@@ -77,7 +111,9 @@ pub fn keyed(seed: u64, index: u64) -> ChaCha8Rng {
 
 impl Layout {
     /// Checks the sizes: `asked` pairs (a needle, a question and its answer: 3 tokens each, in slots of
-    /// 2) fit a training window, and distractor keys exist when the density asks for them.
+    /// 2) fit a training window (for [`Placement::Far`], the needles fit its first quarter and the
+    /// questions with their answers its last), and distractor keys exist when the density asks for
+    /// them.
     pub fn new(
         filler: u32,
         keys: usize,
@@ -85,13 +121,18 @@ impl Layout {
         asked: usize,
         density_permille: u32,
         t_train: usize,
+        placement: Placement,
     ) -> Result<Self> {
         ensure!(filler >= 1 && values >= 2 && asked >= 1, "a recall layout needs filler, 2 values and a question");
         ensure!(asked <= keys, "{asked} keys asked of {keys}");
         ensure!(density_permille <= 1000, "a density of {density_permille} per mille");
         ensure!(density_permille == 0 || asked < keys, "distractors need keys that are not asked");
         ensure!(4 * asked <= t_train, "{asked} pairs do not fit windows of {t_train} tokens");
-        Ok(Self { filler, keys, values, asked, density_permille, t_train })
+        ensure!(
+            placement != Placement::Far || 2 * asked <= t_train / 4,
+            "{asked} questions with their answers do not fit the last quarter of windows of {t_train} tokens"
+        );
+        Ok(Self { filler, keys, values, asked, density_permille, t_train, placement })
     }
 
     /// Ids in the vocabulary.
@@ -141,26 +182,38 @@ impl Layout {
     }
 
     /// Writes the asked keys' needles, then a question per key followed by its answer, in another
-    /// order, into slots of 2 tokens spread at random over `window`.
+    /// order, into slots of 2 tokens spread at random over `window` ([`Placement::Spread`]).
     fn plant(&self, window: &mut [u32], asked: &[usize], rng: &mut ChaCha8Rng) {
-        let n = window.len();
-        let slots = 2 * asked.len();
-        // `slots` gaps summing to the free room, from sorted cut points.
-        let room = n - 2 * slots;
-        let mut cuts: Vec<usize> = (0..slots).map(|_| rng.random_range(0..=room)).collect();
-        cuts.sort_unstable();
-        let starts: Vec<usize> = cuts.iter().enumerate().map(|(i, &c)| c + 2 * i).collect();
         let values: Vec<usize> = asked.iter().map(|_| rng.random_range(0..self.values)).collect();
+        let starts = slots(window.len(), 2 * asked.len(), rng);
+        for (&at, (&k, &v)) in starts.iter().zip(asked.iter().zip(&values)) {
+            window[at] = self.needle(k, v);
+        }
+        self.ask_all(window, &starts[asked.len()..], asked, &values, rng);
+    }
+
+    /// [`Placement::Far`]: the asked keys' needles at random distinct places of `window[..needles]`,
+    /// and their questions, each followed by its answer, in another order, in slots of 2 spread at
+    /// random over the last `T_train / 4` tokens.
+    fn plant_far(&self, window: &mut [u32], needles: usize, asked: &[usize], rng: &mut ChaCha8Rng) {
+        let values: Vec<usize> = asked.iter().map(|_| rng.random_range(0..self.values)).collect();
+        let mut at: Vec<usize> = (0..needles).collect();
+        at.shuffle(rng);
+        for (&i, (&k, &v)) in at.iter().zip(asked.iter().zip(&values)) {
+            window[i] = self.needle(k, v);
+        }
+        let end = window.len() - self.t_train / 4;
+        let starts: Vec<usize> = slots(self.t_train / 4, asked.len(), rng).into_iter().map(|s| end + s).collect();
+        self.ask_all(window, &starts, asked, &values, rng);
+    }
+
+    /// Writes a question per asked key followed by its answer at `starts`, the keys in a random order.
+    fn ask_all(&self, window: &mut [u32], starts: &[usize], asked: &[usize], values: &[usize], rng: &mut ChaCha8Rng) {
         let mut order: Vec<usize> = (0..asked.len()).collect();
         order.shuffle(rng);
-        for (slot, &at) in starts.iter().enumerate() {
-            if slot < asked.len() {
-                window[at] = self.needle(asked[slot], values[slot]);
-            } else {
-                let i = order[slot - asked.len()];
-                window[at] = self.ask(asked[i]);
-                window[at + 1] = self.needle(asked[i], values[i]);
-            }
+        for (&at, &i) in starts.iter().zip(&order) {
+            window[at] = self.ask(asked[i]);
+            window[at + 1] = self.needle(asked[i], values[i]);
         }
     }
 
@@ -195,7 +248,10 @@ impl Layout {
         let mut rng = keyed(seed, index);
         let asked = self.draw_asked(&mut rng);
         let mut tokens = self.background(self.t_train, &asked, &mut rng);
-        self.plant(&mut tokens, &asked, &mut rng);
+        match self.placement {
+            Placement::Spread => self.plant(&mut tokens, &asked, &mut rng),
+            Placement::Far => self.plant_far(&mut tokens, self.t_train / 4, &asked, &mut rng),
+        }
         let queries = self.queries(&tokens);
         Sequence { tokens, queries }
     }
@@ -207,6 +263,11 @@ impl Layout {
         let asked = self.draw_asked(&mut rng);
         let prefix = (multiple - 1) * self.t_train;
         let mut tokens = self.background(prefix + self.t_train, &asked, &mut rng);
+        if self.placement == Placement::Far {
+            self.plant_far(&mut tokens, multiple * self.t_train / 4, &asked, &mut rng);
+            let queries = self.queries(&tokens);
+            return Ok(Sequence { tokens, queries });
+        }
         self.plant(&mut tokens[prefix..], &asked, &mut rng);
         if multiple > 1 {
             // Half of the asked needles (not the answers that repeat their tokens) move into the prefix.
@@ -235,41 +296,60 @@ impl Layout {
     }
 }
 
+/// `n` starts of 2-token slots spread at random over `len` tokens, ascending and not overlapping:
+/// gaps summing to the free room, from sorted cut points.
+fn slots(len: usize, n: usize, rng: &mut ChaCha8Rng) -> Vec<usize> {
+    let room = len - 2 * n;
+    let mut cuts: Vec<usize> = (0..n).map(|_| rng.random_range(0..=room)).collect();
+    cuts.sort_unstable();
+    cuts.iter().enumerate().map(|(i, &c)| c + 2 * i).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn layout() -> Layout {
-        Layout::new(64, 32, 8, 8, 250, 64).unwrap()
+        Layout::new(64, 32, 8, 8, 250, 64, Placement::Spread).unwrap()
+    }
+
+    /// The distractors of `s`: needles of keys it does not ask.
+    fn distractors(l: &Layout, s: &Sequence) -> usize {
+        let asked: Vec<usize> = s.queries.iter().map(|q| q.key).collect();
+        s.tokens.iter().filter(|&&t| l.needle_of(t).is_some_and(|(k, _)| !asked.contains(&k))).count()
+    }
+
+    /// Each question is its key's ask token, followed by its answer, which is its needle's token, and
+    /// the key has no other needle.
+    fn check_questions(l: &Layout, s: &Sequence) {
+        for q in &s.queries {
+            assert_eq!(s.tokens[q.at], l.ask(q.key));
+            assert_eq!(s.tokens[q.at + 1], l.needle(q.key, q.answer), "the answer follows");
+            assert_eq!(s.tokens[q.at - q.distance], s.tokens[q.at + 1], "the needle is the answer's token");
+            let of_key = s.tokens.iter().filter(|&&t| l.candidates(q.key).contains(&t)).count();
+            assert_eq!(of_key, 2, "one needle per asked key, and its answer");
+        }
     }
 
     #[test]
     fn training_windows_ask_their_keys_once_with_the_answer_next() {
         let l = layout();
         assert_eq!(l.vocab(), 64 + 32 * 9);
-        let mut distractors = 0;
+        let mut seen = 0;
         for i in 0..200 {
             let s = l.training(7, i);
             assert_eq!(s.tokens.len(), 64);
             assert_eq!(s.queries.len(), 8, "{:?}", s.tokens);
-            for q in &s.queries {
-                assert_eq!(s.tokens[q.at], l.ask(q.key));
-                assert_eq!(s.tokens[q.at + 1], l.needle(q.key, q.answer), "the answer follows");
-                assert_eq!(s.tokens[q.at - q.distance], s.tokens[q.at + 1], "the needle is the answer's token");
-                // The asked key's only needle and its answer: no distractor of an asked key.
-                let of_key = s.tokens.iter().filter(|&&t| l.candidates(q.key).contains(&t)).count();
-                assert_eq!(of_key, 2);
-            }
-            let asked: Vec<usize> = s.queries.iter().map(|q| q.key).collect();
-            distractors +=
-                s.tokens.iter().filter(|&&t| l.needle_of(t).is_some_and(|(k, _)| !asked.contains(&k))).count();
+            check_questions(&l, &s);
+            seen += distractors(&l, &s);
         }
         // 40 background positions per window at 25%: about 10 distractors each.
-        assert!((1600..2400).contains(&distractors), "{distractors} distractors in 200 windows");
+        assert!((1600..2400).contains(&seen), "{seen} distractors in 200 windows");
         assert_eq!(l.training(7, 3), l.training(7, 3), "a function of (seed, index)");
         assert_ne!(l.training(7, 3), l.training(8, 3));
-        assert!(Layout::new(64, 8, 8, 8, 250, 64).is_err(), "distractors need keys that are not asked");
-        assert!(Layout::new(64, 32, 8, 20, 0, 64).is_err(), "20 pairs do not fit 64 tokens");
+        assert!(Layout::new(64, 8, 8, 8, 250, 64, Placement::Spread).is_err(), "distractors need keys not asked");
+        assert!(Layout::new(64, 32, 8, 20, 0, 64, Placement::Spread).is_err(), "20 pairs do not fit 64 tokens");
+        assert!(Layout::new(64, 32, 8, 9, 0, 64, Placement::Far).is_err(), "9 pairs do not fit the last 16 tokens");
     }
 
     #[test]
@@ -286,15 +366,49 @@ mod tests {
                 assert!(p.queries.iter().all(|q| q.at >= (m - 1) * 64), "the questions sit in the last window");
                 let far = p.queries.iter().filter(|q| q.at - q.distance < (m - 1) * 64).count();
                 assert_eq!(far, 4, "prompt {i} at {m}x");
-                for q in &p.queries {
-                    assert_eq!(p.tokens[q.at + 1], l.needle(q.key, q.answer));
-                    assert_eq!(p.tokens[q.at - q.distance], p.tokens[q.at + 1]);
-                    let of_key = p.tokens.iter().filter(|&&t| l.candidates(q.key).contains(&t)).count();
-                    assert_eq!(of_key, 2, "one needle per asked key, and its answer");
-                }
+                check_questions(&l, &p);
             }
         }
         assert_eq!(l.prompt(1, 4, 9).unwrap(), l.prompt(1, 4, 9).unwrap(), "the same prompts for every model");
         assert_ne!(l.prompt(1, 4, 9).unwrap().tokens[..64], l.prompt(1, 2, 9).unwrap().tokens[..64]);
+    }
+
+    #[test]
+    fn far_prompts_keep_the_needles_in_the_first_quarter_and_ask_at_the_end() {
+        let l = Layout::new(64, 32, 8, 8, 250, 64, Placement::Far).unwrap();
+        for i in 0..100 {
+            let s = l.training(3, i);
+            assert_eq!((s.tokens.len(), s.queries.len()), (64, 8));
+            check_questions(&l, &s);
+            for q in &s.queries {
+                assert!(q.at >= 48 && q.at - q.distance < 16, "needle {} question {}", q.at - q.distance, q.at);
+            }
+        }
+        for m in [1, 2, 4, 16] {
+            let len = m * 64;
+            let mut total = 0;
+            for i in 0..50 {
+                let p = l.prompt(1, m, i).unwrap();
+                assert_eq!((p.tokens.len(), p.queries.len()), (len, 8));
+                check_questions(&l, &p);
+                for q in &p.queries {
+                    assert!(q.at >= len - 16, "the questions close the prompt");
+                    assert!(q.at - q.distance < len / 4, "the needles sit in its first quarter");
+                    // Beyond 1x, every question reaches further back than a training window.
+                    assert!(m == 1 || q.distance >= 64, "distance {} at {m}x", q.distance);
+                }
+                total += distractors(&l, &p);
+            }
+            // The background's density holds at every length: a quarter of the (len - 24) tokens.
+            let expected = 50.0 * (len - 24) as f64 / 4.0;
+            assert!((total as f64 - expected).abs() < 0.15 * expected, "{total} distractors, about {expected}");
+        }
+        // Without distractors the background is filler alone.
+        let clean = Layout::new(64, 32, 8, 8, 0, 64, Placement::Far).unwrap();
+        for m in [1, 8] {
+            let p = clean.prompt(1, m, 0).unwrap();
+            assert_eq!(distractors(&clean, &p), 0);
+            assert_eq!(p.tokens.iter().filter(|&&t| clean.needle_of(t).is_some()).count(), 16, "needles + answers");
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! The statistics every verdict reads, written once: t intervals for linear contrasts of losses over
 //! seeds and validation spans (no random draws: an interval is a function of the data alone),
-//! the seed-noise model that single-seed rows borrow, the three-way verdict rule, and an exact
-//! permutation test for orderings. Plain Rust (no tensors), so it is tested on planted data.
+//! the seed-noise model that single-seed rows borrow, the verdict rules with their p-values,
+//! Holm-Bonferroni over a family of verdicts, and an exact permutation test for orderings. Plain Rust (no tensors), so it is tested on planted data.
 //!
 //! # The design the interval assumes
 //!
@@ -126,6 +126,49 @@ impl Interval {
     }
 }
 
+/// What a verdict reads: an estimate with its standard error and the degrees of freedom of its t
+/// distribution (Welch-Satterthwaite for a [`Contrast`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Evidence {
+    /// The estimate.
+    pub estimate: f64,
+    /// Its standard error (0 when the data hold no variance: every interval is then the point).
+    pub se: f64,
+    /// Degrees of freedom (infinite when `se` is 0).
+    pub df: f64,
+}
+
+impl Evidence {
+    /// The two-sided interval of confidence `level` (0.95, 0.90).
+    pub fn interval(&self, level: f64) -> Interval {
+        let half = if self.se > 0.0 { t_quantile(0.5 + level / 2.0, self.df) * self.se } else { 0.0 };
+        Interval { estimate: self.estimate, lo: self.estimate - half, hi: self.estimate + half }
+    }
+
+    /// The one-sided p-value against `q <= x`: `P(T >= (estimate - x) / se)`, the evidence that `q`
+    /// exceeds `x`.
+    pub fn p_above(&self, x: f64) -> f64 {
+        if self.se > 0.0 {
+            1.0 - t_cdf((self.estimate - x) / self.se, self.df)
+        } else if self.estimate > x {
+            0.0
+        } else {
+            1.0
+        }
+    }
+
+    /// The one-sided p-value against `q >= x`: the evidence that `q` lies below `x`.
+    pub fn p_below(&self, x: f64) -> f64 {
+        if self.se > 0.0 {
+            t_cdf((self.estimate - x) / self.se, self.df)
+        } else if self.estimate < x {
+            0.0
+        } else {
+            1.0
+        }
+    }
+}
+
 /// Where a contrast's seed-level variance came from.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum SeedLevel {
@@ -165,6 +208,11 @@ pub struct Contrast {
 }
 
 impl Contrast {
+    /// The estimate, its standard error and degrees of freedom.
+    pub fn evidence(&self) -> Evidence {
+        Evidence { estimate: self.interval.estimate, se: self.se, df: self.df }
+    }
+
     /// `restricted to seeds 0, 2, the seeds every term has: seed 1 is missing from A`, naming each
     /// term with `label(term index)`; `None` when every term had every seed.
     pub fn note(&self, label: impl Fn(usize) -> String) -> Option<String> {
@@ -343,6 +391,9 @@ pub struct SeedNoise {
     pub sd: f64,
     /// Correlation of two rows' mean losses on one seed, in `[0, MAX_RHO]`.
     pub rho: f64,
+    /// The correlation as estimated, before the clamp to `[0, MAX_RHO]` (the report says when the two
+    /// differ); 0 when no two rows share two seeds.
+    pub rho_estimated: f64,
     /// Degrees of freedom of the variance the model gives a contrast (`N - R - S + C`; the pooled
     /// within-row `N - R` when no two rows share two seeds, so `rho` is 0 by default).
     pub df: usize,
@@ -393,9 +444,10 @@ pub fn seed_noise(rows: &[BTreeMap<usize, f64>]) -> Option<SeedNoise> {
             pairs += 1;
         }
     }
-    let rho = if pairs > 0 && var > 0.0 { (products / cov_df as f64 / var).clamp(0.0, MAX_RHO) } else { 0.0 };
+    let rho_estimated = if pairs > 0 && var > 0.0 { products / cov_df as f64 / var } else { 0.0 };
+    let rho = rho_estimated.clamp(0.0, MAX_RHO);
     let df = if pairs > 0 { residual_df(&multi).max(1) } else { within_df };
-    Some(SeedNoise { sd: var.sqrt(), rho, df, pairs })
+    Some(SeedNoise { sd: var.sqrt(), rho, rho_estimated, df, pairs })
 }
 
 /// `N - R - S + C` of a rows x seeds table with missing cells: `N` cells, `R` rows, `S` seeds, `C`
@@ -428,80 +480,200 @@ fn residual_df(rows: &[Vec<(usize, f64)>]) -> usize {
 pub enum Verdict {
     /// The data support the claim.
     Reproduced,
-    /// The data go against it.
+    /// The data go against it: the effect goes the other way (or, for a bound or an equivalence, lies
+    /// beyond it).
     Contradicted,
+    /// An effect claim whose whole interval lies below the size it claimed: the claim as stated is
+    /// refuted, though an effect in its direction may remain.
+    SmallerThanClaimed,
     /// The data cannot decide.
     Inconclusive,
 }
 
 impl Verdict {
-    /// `reproduced`, `contradicted`, `inconclusive`.
+    /// `reproduced`, `contradicted`, `smaller than claimed`, `inconclusive`.
     pub fn word(self) -> &'static str {
         match self {
             Verdict::Reproduced => "reproduced",
             Verdict::Contradicted => "contradicted",
+            Verdict::SmallerThanClaimed => "smaller than claimed",
             Verdict::Inconclusive => "inconclusive",
         }
     }
+
+    /// Whether the data decided the claim (any outcome but inconclusive).
+    pub fn decided(self) -> bool {
+        self != Verdict::Inconclusive
+    }
 }
 
-/// What a claim says of its quantity `q`, with the effect size fixed before the runs.
+/// What a claim says of its quantity `q`, with the effect size fixed before the runs. The outcomes of
+/// each rule are tried in the order its doc lists them.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Rule {
-    /// An effect: `q > 0`, and large enough to matter: at least `delta`.
-    /// Reproduced when the interval lies above 0 and the estimate reaches `delta`; contradicted when
-    /// the interval lies below 0 (the effect goes the other way); inconclusive otherwise (the interval
-    /// holds 0, or the effect is real but smaller than `delta`).
+    /// An effect: `q > 0`, and large enough to matter: at least `delta`. Contradicted when the 95%
+    /// interval lies below 0 (the effect goes the other way); reproduced when it lies above 0 and the
+    /// estimate reaches `delta`; smaller than claimed when the whole interval lies below `delta` (the
+    /// claim's size is excluded, whether or not the interval holds 0); inconclusive otherwise.
     Effect {
         /// The least effect that counts.
         delta: f64,
     },
-    /// A bound: `q < delta` (e.g. "stays flat": rises by less than `delta`).
-    /// Reproduced when the interval lies below `delta`; contradicted when it lies above; inconclusive
-    /// when it holds `delta`.
+    /// A bound: `q < delta` (e.g. "stays flat": rises by less than `delta`). Reproduced when the 95%
+    /// interval lies below `delta`; contradicted when it lies above; inconclusive when it holds
+    /// `delta`.
     AtMost {
         /// The bound.
         delta: f64,
     },
+    /// An equivalence: `|q| < margin` ("costs nothing"), by two one-sided tests. Reproduced when the
+    /// 90% interval lies inside `(-margin, margin)` (each one-sided test at 5%); contradicted when the
+    /// 95% interval lies wholly outside it, on either side; inconclusive otherwise.
+    Equivalent {
+        /// The margin of equivalence.
+        margin: f64,
+    },
+}
+
+/// A rule's verdict on some evidence: the outcome, why in words, and the one-sided p-value of the
+/// test behind the outcome with the level it was decided at (for the family-wise reading, [`holm`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Judgement {
+    /// The outcome.
+    pub verdict: Verdict,
+    /// Why, in words.
+    pub why: String,
+    /// The one-sided p-value of the outcome's own finding: for reproduced, the null of no effect in the
+    /// claimed direction; for contradicted, the null of none in the other direction; for smaller than
+    /// claimed, the null that `q` reaches the claimed size; for an equivalence, the larger of its two
+    /// one-sided tests; for inconclusive, the claimed direction's.
+    pub p: f64,
+    /// The level the unadjusted outcome corresponds to: 0.025 where it reads a 95% interval's end,
+    /// 0.05 for the one-sided tests of an equivalence's 90% interval.
+    pub alpha: f64,
 }
 
 impl Rule {
-    /// The verdict on an interval, and why, in words.
-    pub fn judge(&self, i: &Interval) -> (Verdict, String) {
+    /// The verdict on `e` and why, with its p-value (see [`Judgement`]).
+    pub fn judge(&self, e: &Evidence) -> Judgement {
+        let i = e.interval(0.95);
+        let j = |verdict, why: String, p, alpha| Judgement { verdict, why, p, alpha };
         match *self {
             Rule::Effect { delta } => {
-                if i.lo > 0.0 && i.estimate >= delta {
-                    (Verdict::Reproduced, format!("the interval lies above 0 and the estimate reaches {delta}"))
-                } else if i.hi < 0.0 {
-                    (Verdict::Contradicted, "the interval lies below 0: the effect goes the other way".into())
+                if i.hi < 0.0 {
+                    j(
+                        Verdict::Contradicted,
+                        "the interval lies below 0: the effect goes the other way".into(),
+                        e.p_below(0.0),
+                        0.025,
+                    )
+                } else if i.lo > 0.0 && i.estimate >= delta {
+                    j(
+                        Verdict::Reproduced,
+                        format!("the interval lies above 0 and the estimate reaches {delta}"),
+                        e.p_above(0.0),
+                        0.025,
+                    )
+                } else if i.hi < delta {
+                    let zero = if i.lo > 0.0 {
+                        "and above 0: an effect in the claimed direction, smaller than claimed"
+                    } else {
+                        "and holds 0"
+                    };
+                    j(
+                        Verdict::SmallerThanClaimed,
+                        format!("the whole interval lies below the {delta} claimed {zero}"),
+                        e.p_below(delta),
+                        0.025,
+                    )
                 } else if i.lo > 0.0 {
-                    (
+                    j(
                         Verdict::Inconclusive,
-                        format!("an effect in the claimed direction, smaller than the {delta} fixed in advance"),
+                        format!("an effect in the claimed direction, whose interval holds the {delta} claimed"),
+                        e.p_above(0.0),
+                        0.025,
                     )
                 } else {
-                    (Verdict::Inconclusive, "the interval holds 0".into())
+                    j(Verdict::Inconclusive, format!("the interval holds 0 and {delta}"), e.p_above(0.0), 0.025)
                 }
             }
             Rule::AtMost { delta } => {
                 if i.hi < delta {
-                    (Verdict::Reproduced, format!("the interval lies below {delta}"))
+                    j(Verdict::Reproduced, format!("the interval lies below {delta}"), e.p_below(delta), 0.025)
                 } else if i.lo > delta {
-                    (Verdict::Contradicted, format!("the interval lies above {delta}"))
+                    j(Verdict::Contradicted, format!("the interval lies above {delta}"), e.p_above(delta), 0.025)
                 } else {
-                    (Verdict::Inconclusive, format!("the interval holds {delta}"))
+                    j(Verdict::Inconclusive, format!("the interval holds {delta}"), e.p_below(delta), 0.025)
+                }
+            }
+            Rule::Equivalent { margin } => {
+                let ninety = e.interval(0.90);
+                let tost = e.p_above(-margin).max(e.p_below(margin));
+                if ninety.lo > -margin && ninety.hi < margin {
+                    j(
+                        Verdict::Reproduced,
+                        format!("the 90% interval [{:+.3}, {:+.3}] lies inside ±{margin}", ninety.lo, ninety.hi),
+                        tost,
+                        0.05,
+                    )
+                } else if i.lo > margin {
+                    j(Verdict::Contradicted, format!("the interval lies above +{margin}"), e.p_above(margin), 0.025)
+                } else if i.hi < -margin {
+                    j(Verdict::Contradicted, format!("the interval lies below -{margin}"), e.p_below(-margin), 0.025)
+                } else {
+                    j(
+                        Verdict::Inconclusive,
+                        format!(
+                            "the 90% interval [{:+.3}, {:+.3}] reaches beyond ±{margin}; these data could show equivalence within ±{:.3} at most",
+                            ninety.lo,
+                            ninety.hi,
+                            e.equivalence_resolution()
+                        ),
+                        tost,
+                        0.05,
+                    )
                 }
             }
         }
     }
 
-    /// `q >= 0.02 (effect)` / `q < 0.02`.
+    /// `> 0, at least 0.02` / `< 0.02` / `within ±0.01`.
     pub fn show(&self) -> String {
         match *self {
             Rule::Effect { delta } => format!("> 0, at least {delta}"),
             Rule::AtMost { delta } => format!("< {delta}"),
+            Rule::Equivalent { margin } => format!("within ±{margin}"),
         }
     }
+}
+
+impl Evidence {
+    /// The smallest margin within which these data would show equivalence: the larger end of the 90%
+    /// interval in absolute value.
+    pub fn equivalence_resolution(&self) -> f64 {
+        let i = self.interval(0.90);
+        i.lo.abs().max(i.hi.abs())
+    }
+}
+
+/// Holm-Bonferroni over a family of verdicts, each given as its one-sided p-value and the level its
+/// unadjusted outcome was decided at (`(p, alpha)`, see [`Judgement`]). Each p is first put on the
+/// family's 0.05 scale (`p x 0.05 / alpha`: twice a one-sided p read at 0.025, as a two-sided test's),
+/// then adjusted step-down: the `k`-th smallest of `m` becomes `max_{j <= k} min(1, (m - j + 1) p_(j))`.
+/// Returns the adjusted values in the input order; a verdict holds at the family-wise 5% level when its
+/// adjusted value is below 0.05.
+pub fn holm(family: &[(f64, f64)]) -> Vec<f64> {
+    let m = family.len();
+    let scaled: Vec<f64> = family.iter().map(|&(p, alpha)| (p * 0.05 / alpha).min(1.0)).collect();
+    let mut order: Vec<usize> = (0..m).collect();
+    order.sort_by(|&a, &b| scaled[a].total_cmp(&scaled[b]));
+    let mut out = vec![0.0; m];
+    let mut running: f64 = 0.0;
+    for (j, &i) in order.iter().enumerate() {
+        running = running.max(((m - j) as f64 * scaled[i]).min(1.0));
+        out[i] = running;
+    }
+    out
 }
 
 /// An exact one-sided permutation test of agreement between two orderings on a fixed set of pairs:
