@@ -358,9 +358,6 @@ pub struct Judged {
     pub readings: Vec<Reading>,
     /// The whole-window contrast at each length of [`Claim::across`], per RoPE treatment.
     pub across: Vec<(Option<Rope>, usize, Interval)>,
-    /// Whether the seed-noise model's correlation was clamped (see [`stats::SeedNoise`]); only the
-    /// contrasts with a single common seed use it.
-    pub uses_noise_model: bool,
     /// What is missing, when it could not be judged.
     pub missing: Option<String>,
 }
@@ -385,7 +382,6 @@ pub fn judge(claims: &Claims, runs: &Runs) -> Vec<Judged> {
             let measures: &[Measure] =
                 if c.longest() > 1 { &[Measure::Whole, Measure::Tail] } else { &[Measure::Whole] };
             let mut readings = Vec::new();
-            let mut uses_noise_model = false;
             for &rope in &ropes {
                 for &measure in measures {
                     let terms: Option<Vec<Term>> = c
@@ -403,7 +399,6 @@ pub fn judge(claims: &Claims, runs: &Runs) -> Vec<Judged> {
                             seeds,
                             readings: Vec::new(),
                             across: Vec::new(),
-                            uses_noise_model: false,
                             missing: Some("some of its runs or evaluations have no results".into()),
                         };
                     };
@@ -412,7 +407,6 @@ pub fn judge(claims: &Claims, runs: &Runs) -> Vec<Judged> {
                             let evidence = q.evidence();
                             let judgement = c.rule().judge(&evidence);
                             let note = q.note(|k| term_label(&c.terms[k]));
-                            uses_noise_model |= matches!(q.seed_level, stats::SeedLevel::Modelled(_));
                             readings.push(Reading { rope, measure, interval: q.interval, evidence, judgement, note });
                         }
                         Err(e) => {
@@ -437,7 +431,6 @@ pub fn judge(claims: &Claims, runs: &Runs) -> Vec<Judged> {
                                 seeds,
                                 readings: Vec::new(),
                                 across: Vec::new(),
-                                uses_noise_model: false,
                                 missing: Some(why),
                             };
                         }
@@ -460,7 +453,7 @@ pub fn judge(claims: &Claims, runs: &Runs) -> Vec<Judged> {
                     }
                 }
             }
-            Judged { claim: c.clone(), seeds, readings, across, uses_noise_model, missing: None }
+            Judged { claim: c.clone(), seeds, readings, across, missing: None }
         })
         .collect()
 }

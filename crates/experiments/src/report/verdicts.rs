@@ -178,7 +178,7 @@ pub(super) fn summary_section(md: &mut String, judged: &[Judged], post_lines: &[
     let (rank, reading) = family.independent();
     let _ = writeln!(
         md,
-        "- Family-wise: {} verdicts are counted (every headline reading, ordering and retrieval reading in the tables below); {decided} decide their claim, and {hold} of those still do after Holm-Bonferroni over all {} at the {:.0}% level.",
+        "- Family-wise: {} verdicts are counted (every headline reading, ordering and retrieval reading in the tables below; the Newton's-law line is an observation and is not counted); {decided} decide their claim, and {hold} of those still do after Holm-Bonferroni over all {} at the {:.0}% level.",
         family.counted.len(),
         family.counted.len(),
         100.0 * FAMILY_LEVEL
