@@ -12,7 +12,7 @@ use crate::claims::{Claim, ContextFact, Judged, Measure, OrderingVerdict};
 use crate::family::{Counted, FAMILY_LEVEL, Family};
 use crate::runner::Runs;
 use crate::spec::EvalKey;
-use crate::stats::{Interval, SeedNoise, Verdict};
+use crate::stats::{Interval, Rule, SeedNoise, Verdict};
 
 /// `NTK`, `plain`, `1x only`.
 fn rope_name(rope: Option<Rope>) -> &'static str {
@@ -147,6 +147,13 @@ fn claim_sentence(j: &Judged, runs: &Runs) -> String {
         .collect();
     let outcome = if same { format!("**{}** ({})", first.word(), shown.join("; ")) } else { shown.join(", ") };
     let mut s = format!("- {}: {outcome}.", capitalise(&j.claim.short));
+    if let Rule::Equivalent { margin } = j.claim.rule() {
+        let reach = whole.iter().map(|r| r.evidence.equivalence_reach()).fold(0.0, f64::max);
+        let _ = write!(
+            s,
+            " At this scale, with these seeds, equivalence can be shown within ±{reach:.3} nats at best (the half-width of the 90% interval), against the ±{margin} claimed."
+        );
+    }
     if !(same && first == Verdict::Reproduced) {
         let facts: Vec<String> = j.claim.context.iter().filter_map(|f| context_line(f, runs)).collect();
         if !facts.is_empty() {

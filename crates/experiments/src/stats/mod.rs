@@ -654,6 +654,13 @@ impl Evidence {
         let i = self.interval(0.90);
         i.lo.abs().max(i.hi.abs())
     }
+
+    /// The narrowest margin an equivalence test on data this noisy could show if the true difference
+    /// were 0: the half-width of the 90% interval. What a scale can resolve, whatever its estimate.
+    pub fn equivalence_reach(&self) -> f64 {
+        let i = self.interval(0.90);
+        (i.hi - i.lo) / 2.0
+    }
 }
 
 /// Holm-Bonferroni over a family of verdicts, each given as its one-sided p-value and the level its

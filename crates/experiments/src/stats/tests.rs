@@ -416,6 +416,10 @@ fn the_verdict_rules() {
     assert_eq!(v(eq, 0.012, 0.05), Verdict::Contradicted);
     assert_eq!(v(eq, -0.05, -0.012), Verdict::Contradicted);
     assert_eq!(v(eq, 0.005, 0.05), Verdict::Inconclusive);
+    // What a scale can resolve is the 90% half-width, 1.645 SE with many df, wherever the estimate lies.
+    let far = Evidence { estimate: 0.2, se: 0.01, df: 1e6 };
+    assert!((far.equivalence_reach() - 0.016449).abs() < 1e-5, "{}", far.equivalence_reach());
+    assert!((Evidence { estimate: 0.0, ..far }.equivalence_reach() - far.equivalence_reach()).abs() < 1e-15);
 }
 
 #[test]
