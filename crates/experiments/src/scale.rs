@@ -89,7 +89,8 @@ impl Scale {
                 est_step_s: 0.05,
                 headline_seeds: 3,
             },
-            // The default of `cargo xtask reproduce`: about 2.5 hours on a 2-core CPU for everything.
+            // The default of `cargo xtask reproduce`: 137 minutes on a 2-core CPU for everything (a fresh
+            // clone, measured 2026-11-27), within its 2.5-hour budget.
             // Chosen by the pilot in docs/PILOT.md (four regimes, softmax and LSSAR with 2 seeds each):
             // of those that fit the budget, this one made softmax degrade most from 1x to 16x under
             // plain RoPE (+0.21 nats; 2 layers of width 256 at T = 128 gave +0.10). Its seeds start at
