@@ -558,6 +558,74 @@ fn the_emulator_catches_planted_kernel_bugs() {
     assert!(err.contains("fence.proxy.async"), "v9 without its dS proxy fence: {err}");
 }
 
+/// The PTX ISA's timing rules for asynchronous `wgmma` (LAB.md, "What the emulator checks"): a
+/// planted break of each, in v8, is reported by name, where computing every wgmma at its wait would
+/// have given a plausible (or even the right) result. LSSA, bf16, T = 200, d = 64.
+#[test]
+fn the_emulator_enforces_the_wgmma_timing_rules() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    let c = case("lssa", 200, 64, Dtype::Bf16, 23);
+    let opts = Options { dtype: c.dt, kernel: Kernel::Lab(Version::V8) };
+    let run = |edit: &dyn Fn(String) -> String| {
+        emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { edit: Some(edit), ..Lab::default() })
+    };
+    assert!(rel_err(&run(&|s| s).unwrap(), &c.o) < bounds(&c).0, "v8 as written passes every rule");
+    const S_ISSUED: &str = "wg_rows_t(s[mt], qf[mt], Ks);\n                    wg_commit();\n                }\n";
+    let planted: [(&str, String, &str, &str); 5] = [
+        // (a) O's second half written while its P V product is in flight.
+        (
+            "if (want_v) pv(1);",
+            "if (want_v) { pv(1); oacc[1][0][0] = 0.f; }".into(),
+            "in-flight accumulators written",
+            "accumulator registers of an in-flight wgmma.mma_async were written",
+        ),
+        // (b) P packed into A's registers after the fence instead of before it.
+        (
+            "acc_to_a(pa, s[mt]);\n                    wg_fence();",
+            "wg_fence();\n                    acc_to_a(pa, s[mt]);".into(),
+            "A written after the fence",
+            "reads A fragment registers written since the thread's last wgmma.fence",
+        ),
+        // (b) O rescaled between the fence and the P V product that adds to it (an online
+        // softmax's rescale in the wrong place).
+        (
+            "wg_fence();\n                    wg_acc_rows(oacc[mt], pa, Vs);",
+            "wg_fence();\n                    oacc[mt][0][0] *= 0.5f;\n                    wg_acc_rows(oacc[mt], pa, Vs);"
+                .into(),
+            "accumulators rescaled after the fence",
+            "reads accumulator registers written since the thread's last wgmma.fence",
+        ),
+        // (c) A store into the K tile that the in-flight Q K^T reads.
+        (
+            S_ISSUED,
+            format!("{S_ISSUED}                if (threadIdx.x == 0) ((u16*)Ks)[0] ^= 0x100;\n"),
+            "store into an in-flight operand",
+            "shared memory that an in-flight wgmma.mma_async reads was written",
+        ),
+        // (c) The next tile's copy landing in the stage that the in-flight Q K^T reads.
+        (
+            S_ISSUED,
+            format!("{S_ISSUED}                issue(kt + 1 < nkt ? kt + 1 : kt, stage);\n                cp_wait<0>();\n"),
+            "cp.async landing in an in-flight operand",
+            "shared memory that an in-flight wgmma.mma_async reads was written",
+        ),
+    ];
+    for (from, to, what, message) in planted {
+        let edit = move |s: String| {
+            assert!(s.contains(from), "the source no longer contains {from:?}");
+            s.replacen(from, &to, 1)
+        };
+        match run(&edit) {
+            Err(e) => assert!(e.to_string().contains(message), "{what}: {e}"),
+            Ok(o) => panic!("{what}: not reported (error {:.2e})", rel_err(&o, &c.o)),
+        }
+    }
+    // (a) The scores used before the wait that covers their product: the element-wise step reads the
+    // poison and writes the scores' activations back over it, which the wait reports.
+    let err = run(&replace_first("                wg_wait<1>(); // S0\n", "")).unwrap_err().to_string();
+    assert!(err.contains("accumulator registers of an in-flight"), "scores read before their wait: {err}");
+}
+
 /// Inputs where re-weighting is at its edges (T = 200, d = 64, one head): queries along one
 /// direction u, keys 0..63 along u and the rest along -u, so rows below 64 are exactly uniform
 /// (u_ij = 0 up to rounding: umax is a rounding residue, or 0 and the row falls back), later rows

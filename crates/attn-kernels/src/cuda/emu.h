@@ -17,9 +17,13 @@
 // refilled with a NaN pattern before every block, so reading bytes no one wrote shows up as NaN.
 // cp.async copies are queued per thread and land only at the cp.async.wait_group that waits for
 // their group, so reading a stage before waiting for it reads stale data, as it may on the GPU.
-// ldmatrix and cp.async check the 16-byte alignment the hardware requires. wgmma.mma_async runs at
-// the wgmma.wait_group that covers it (see "Warpgroup collectives" below), and refuses shared memory
-// that a cp.async wrote unless the writing thread has executed fence.proxy.async since. Threads run from the
+// ldmatrix and cp.async check the 16-byte alignment the hardware requires. wgmma.mma_async is
+// asynchronous on the GPU: it may read its operands and write its accumulators at any time between
+// its issue and the wgmma.wait_group that covers it. The emulator computes it at the wait and
+// rejects every program whose result could depend on that timing (see "Warpgroup collectives"
+// below): accumulators in flight hold a poison NaN and must not be written; registers a wgmma reads
+// must not be written after the thread's last wgmma.fence; shared memory it reads must not change
+// before its wait and must have been fenced (fence.proxy.async) by its writer. Threads run from the
 // first to the last between barriers, or (Lab::reverse on the Rust side) from the last to the first.
 // Arithmetic: f32 as on the GPU (no fused multiply-add contraction guarantees); mma.sync multiplies
 // the 16-bit operands exactly and accumulates in f32; 16-bit conversions round to nearest even.
@@ -116,7 +120,24 @@ struct WgOp {
     bool a_smem, tnsp_a; // A from shared memory (desc_a), else the registers in a
     u64 desc_a;
     u32 a[32][4];
+    // The 16-bit operand values this thread's share of the product reads (its two rows of A, then
+    // B for its columns), as read at issue: at the wait they must be unchanged.
+    std::vector<u16> operands;
 };
+
+// Accumulators of in-flight wgmma: while any wgmma on them is in flight the thread's copy holds
+// POISON, and their value lives here. Several wgmma of the same shape may chain on the same
+// accumulators without a wait between them (the ISA orders them); `pending` counts them.
+struct Acc {
+    float* d;
+    int n;                   // f32 values
+    std::vector<float> live; // the value the chain has computed so far
+    int pending;
+};
+
+// A signalling NaN: a copy keeps its bits, any arithmetic on it sets the quiet bit, so an
+// accumulator that was read and rewritten while in flight no longer holds it.
+static const u32 POISON = 0x7f80badd;
 
 struct Thread {
     Context ctx;
@@ -128,6 +149,11 @@ struct Thread {
     std::vector<std::vector<WgOp>> wg_groups;
     std::vector<size_t> unfenced;           // dynamic shared memory this thread's cp.async wrote, not yet
                                             // fenced for the async proxy (offsets of 16-byte chunks)
+    std::vector<Acc> accs;                  // accumulators of wgmma in flight
+    // The thread's registers at its last wgmma.fence: its fiber's live stack from `regs_lo` to the
+    // stack's top (the emulated kernel's locals are its registers). Empty before the first fence.
+    std::vector<unsigned char> regs;
+    uintptr_t regs_lo;
 };
 
 // One warp's exchange area for collectives: 64 bytes per lane.
@@ -202,7 +228,7 @@ static void flush_all(Thread& t) {
 
 static void trampoline() {
     g_kernel(g_params);
-    if (!threads[cur].wg_open.empty() || !threads[cur].wg_groups.empty())
+    if (!threads[cur].wg_open.empty() || !threads[cur].wg_groups.empty() || !threads[cur].accs.empty())
         fail("exited with wgmma.mma_async not waited for (wgmma.wait_group)");
     flush_all(threads[cur]);
     threads[cur].state = DONE;
@@ -290,6 +316,9 @@ static bool run_block(int nthreads) {
         t.wg_open.clear();
         t.wg_groups.clear();
         t.unfenced.clear();
+        t.accs.clear();
+        t.regs.clear();
+        t.regs_lo = 0;
         start_fiber(t.ctx, stacks.data() + (size_t)i * STACK, STACK);
     }
     memset(dyn.data(), 0xff, dyn.size()); // NaN in f32, f16 and bf16
@@ -544,9 +573,21 @@ static void cp_wait(int n) {
 // K-major (tnsp 0) a core matrix's rows are 8 values of N, 8 values of K each; MN-major (tnsp 1),
 // 8 values of K, 8 values of N each; likewise for A from shared memory with M for N (its descriptor
 // covers the warpgroup's 64 rows). Shared addresses are offsets into the dynamic shared memory.
-// The operation runs at the wait that covers it, on the shared memory and accumulators of that
-// moment, so a kernel that overwrites an operand or reads an accumulator before waiting sees the
-// wrong values, as it may on the GPU.
+//
+// Timing. The GPU may read a wgmma's operands and write its accumulators at any moment between its
+// issue and the wgmma.wait_group that covers it; the emulator computes it at the wait and enforces
+// the PTX ISA's rules (wgmma.mma_async, wgmma.fence, wgmma.wait_group, async proxy), so that a
+// program whose result depends on the timing fails here:
+//   (a) the accumulators of an in-flight wgmma hold POISON (a signalling NaN) from its issue to its
+//       wait: reading them early gives NaN, and writing them (or reading and rewriting them) is
+//       reported at the wait. wgmma of the same shape may chain on the same accumulators;
+//   (b) registers a wgmma reads (its A fragments, and its accumulators when it adds to them) must
+//       not have been written by the thread since its last wgmma.fence: the fence snapshots the
+//       thread's registers (the emulated kernel's locals on its fiber stack), the issue compares;
+//   (c) shared memory a wgmma reads (B, and A from shared memory) must be the same at its wait as at
+//       its issue (a store or a landing cp.async in between is reported), and at its issue no
+//       cp.async or sts32 write of it may be unfenced (fence.proxy.async by the writer);
+//   and every wgmma is waited for before the thread exits. LAB.md lists what is not checked.
 
 static u32 smem_offset(const void* p) {
     const unsigned char* c = (const unsigned char*)p;
@@ -558,14 +599,117 @@ static void wg_check_shape() {
     if (g_bdim.x % 128) fail("a warpgroup collective in a block whose size is not a multiple of 128");
 }
 
+// The current thread's fiber stack, [lo, hi): where its registers (the kernel's locals) live.
+static void stack_of(uintptr_t& lo, uintptr_t& hi) {
+    lo = (uintptr_t)(stacks.data() + (size_t)cur * STACK);
+    hi = lo + STACK;
+}
+
+// wgmma.fence's snapshot of the thread's registers: its live stack above this frame (noinline, so
+// every frame of the kernel lies above it).
+__attribute__((noinline)) static void snapshot_regs() {
+    volatile char here = 0;
+    uintptr_t lo, hi;
+    stack_of(lo, hi);
+    const uintptr_t from = (uintptr_t)&here;
+    if (from < lo || from >= hi) fail("emulator: wgmma.fence off the thread's stack");
+    Thread& t = threads[cur];
+    t.regs_lo = from;
+    t.regs.assign((const unsigned char*)from, (const unsigned char*)hi);
+}
+
+// Registers that a wgmma (not the thread) wrote: the snapshot follows, so they do not count as the
+// thread's writes.
+static void regs_written_by_wgmma(const void* p, size_t bytes) {
+    Thread& t = threads[cur];
+    const uintptr_t a = (uintptr_t)p;
+    if (t.regs.empty() || a < t.regs_lo || a + bytes > t.regs_lo + t.regs.size()) return;
+    memcpy(t.regs.data() + (a - t.regs_lo), p, bytes);
+}
+
+// Rule (b): `bytes` of registers at `p` that a wgmma is about to read.
+static void check_fenced(const void* p, size_t bytes, const char* what) {
+    uintptr_t lo, hi;
+    stack_of(lo, hi);
+    const uintptr_t a = (uintptr_t)p;
+    if (a < lo || a + bytes > hi) return; // not the thread's registers: nothing to compare
+    const Thread& t = threads[cur];
+    const std::string w = std::string("wgmma.mma_async reads ") + what;
+    if (t.regs.empty()) fail(w + " with no wgmma.fence before it");
+    if (a < t.regs_lo) fail(w + " defined after the thread's last wgmma.fence");
+    if (memcmp(t.regs.data() + (a - t.regs_lo), p, bytes) != 0)
+        fail(w + " written since the thread's last wgmma.fence (a wgmma.fence must come between a register's last "
+                 "write and the wgmma that reads it)");
+}
+
+// The 16-bit value of element (mn, k) of an operand in shared memory, by its descriptor; `issue`:
+// read at the wgmma's issue, when its writer must have fenced it for the async proxy.
+static u16 desc_bits(u64 desc, bool tnsp, int k, int mn, bool issue) {
+    if ((desc >> 62) != 0 || ((desc >> 49) & 7) != 0) fail("only no-swizzle wgmma descriptors with base offset 0 are emulated");
+    const size_t start = (size_t)(desc & 0x3fff) << 4, lbo = (size_t)((desc >> 16) & 0x3fff) << 4,
+                 sbo = (size_t)((desc >> 32) & 0x3fff) << 4;
+    size_t off = tnsp ? start + (k / 8) * lbo + (mn / 8) * sbo + (k % 8) * 16 + (mn % 8) * 2
+                      : start + (mn / 8) * sbo + (k / 8) * lbo + (mn % 8) * 16 + (k % 8) * 2;
+    if (off + 2 > dyn.size()) fail("wgmma operand past the end of the dynamic shared memory");
+    if (issue && unfenced[off / 16]) fail("wgmma reads shared memory written since the writer's last fence.proxy.async");
+    u16 v;
+    memcpy(&v, dyn.data() + off, 2);
+    return v;
+}
+
+// The operand values this thread's share of `op` reads, in wg_run's order: A's 16 values for each
+// of its two rows (g, g + 8 of its warp's 16), then B's 16 for each of its columns; `issue` as for
+// desc_bits.
+static std::vector<u16> operand_values(const WgOp& op, bool issue) {
+    const int wrow = 16 * ((cur >> 5) & 3); // the warp's first row of the 64
+    const int g = lane() >> 2, t = lane() & 3;
+    std::vector<u16> v;
+    v.reserve(32 + op.n / 4 * 16);
+    for (int h = 0; h < 2; h++) {
+        const int r = g + 8 * h;
+        for (int k = 0; k < 16; k++) {
+            if (op.a_smem) {
+                v.push_back(desc_bits(op.desc_a, op.tnsp_a, k, wrow + r, issue));
+            } else {
+                const u32 reg = op.a[(r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)];
+                v.push_back((u16)((k & 1) ? reg >> 16 : reg & 0xffff));
+            }
+        }
+    }
+    for (int c = 0; c < op.n / 8; c++)
+        for (int e = 0; e < 2; e++)
+            for (int k = 0; k < 16; k++) v.push_back(desc_bits(op.desc, op.tnsp, k, 8 * c + 2 * t + e, issue));
+    return v;
+}
+
 static void wgmma_issue(WgOp op, const u32* a) {
     wg_check_shape();
+    const int nacc = op.n / 2;
+    if (a) check_fenced(a, 16, "A fragment registers");
+    // Rule (a): the accumulators go into flight, or join the chain already in flight on them.
+    Thread& t = threads[cur];
+    Acc* chain = nullptr;
+    for (auto& c : t.accs) {
+        if (!(op.d < c.d + c.n && c.d < op.d + nacc)) continue;
+        if (c.d != op.d || c.n != nacc)
+            fail("wgmma.mma_async on accumulators that overlap an in-flight wgmma's without being the same");
+        chain = &c;
+    }
+    if (!chain) {
+        if (op.scale_d) check_fenced(op.d, (size_t)nacc * 4, "accumulator registers");
+        t.accs.push_back(Acc{op.d, nacc, std::vector<float>(op.d, op.d + nacc), 0});
+        chain = &t.accs.back();
+        for (int i = 0; i < nacc; i++) memcpy(&op.d[i], &POISON, 4);
+        regs_written_by_wgmma(op.d, (size_t)nacc * 4);
+    }
+    chain->pending++;
     if (lane() == 0) counts.mma += op.n / 8; // in m16n8k16 units per warp
     if (a) memcpy(wx().slot[lane()], a, 16);
     wg_barrier(OP_WGMMA);
     if (a)
         for (int l = 0; l < 32; l++) memcpy(op.a[l], wx().slot[l], 16);
     wg_barrier(OP_WGMMA);
+    op.operands = operand_values(op, true);
     threads[cur].wg_open.push_back(op);
 }
 
@@ -596,36 +740,38 @@ static void wgmma_ss(float* d, u64 desc_a, u64 desc, int n, bool scale_d, bool t
     wgmma_issue(op, nullptr);
 }
 
-// Element (mn, k) of a 16-bit operand in shared memory, by its descriptor.
-static float desc_elem(u64 desc, bool tnsp, int k, int mn, bool f16) {
-    if ((desc >> 62) != 0 || ((desc >> 49) & 7) != 0) fail("only no-swizzle wgmma descriptors with base offset 0 are emulated");
-    const size_t start = (size_t)(desc & 0x3fff) << 4, lbo = (size_t)((desc >> 16) & 0x3fff) << 4,
-                 sbo = (size_t)((desc >> 32) & 0x3fff) << 4;
-    size_t off = tnsp ? start + (k / 8) * lbo + (mn / 8) * sbo + (k % 8) * 16 + (mn % 8) * 2
-                      : start + (mn / 8) * sbo + (k / 8) * lbo + (mn % 8) * 16 + (k % 8) * 2;
-    if (off + 2 > dyn.size()) fail("wgmma operand past the end of the dynamic shared memory");
-    if (unfenced[off / 16]) fail("wgmma reads shared memory written since the writer's last fence.proxy.async");
-    u16 v;
-    memcpy(&v, dyn.data() + off, 2);
-    return f16 ? f16_to_f32(v) : bf16_to_f32(v);
+// Runs `op` on the chain's value `acc` at its wait (rule (c): on the operands it read at issue).
+static void wg_run(const WgOp& op, float* acc) {
+    if (operand_values(op, false) != op.operands)
+        fail("shared memory that an in-flight wgmma.mma_async reads was written before the wgmma.wait_group that "
+             "covers it");
+    auto val = [&](u16 v) -> float { return op.f16 ? f16_to_f32(v) : bf16_to_f32(v); };
+    for (int i = 0; i < op.n / 2; i++) {
+        // Accumulator i: row g + 8 ((i >> 1) & 1), column 8 (i >> 2) + 2 t + (i & 1).
+        const u16* av = &op.operands[16 * ((i >> 1) & 1)];
+        const u16* bv = &op.operands[32 + 16 * (2 * (i >> 2) + (i & 1))];
+        float s = op.scale_d ? acc[i] : 0.f;
+        for (int k = 0; k < 16; k++) s += val(av[k]) * val(bv[k]);
+        acc[i] = s;
+    }
 }
 
-static void wg_run(const WgOp& op) {
-    auto half = [&](u16 v) -> float { return op.f16 ? f16_to_f32(v) : bf16_to_f32(v); };
-    auto b = [&](int k, int nn) -> float { return desc_elem(op.desc, op.tnsp, k, nn, op.f16); };
-    const int wrow = 16 * ((cur >> 5) & 3); // the warp's first row of the 64
-    auto aval = [&](int r, int k) -> float {
-        if (op.a_smem) return desc_elem(op.desc_a, op.tnsp_a, k, wrow + r, op.f16);
-        u32 reg = op.a[(r % 8) * 4 + (k % 8) / 2][(r >= 8) + 2 * (k >= 8)];
-        return half((u16)((k & 1) ? reg >> 16 : reg & 0xffff));
-    };
-    const int g = lane() >> 2, t = lane() & 3;
-    for (int i = 0; i < op.n / 2; i++) {
-        const int r = g + 8 * ((i >> 1) & 1), col = 8 * (i >> 2) + 2 * t + (i & 1);
-        float acc = op.scale_d ? op.d[i] : 0.f;
-        for (int k = 0; k < 16; k++) acc += aval(r, k) * b(k, col);
-        op.d[i] = acc;
-    }
+// Completes one wgmma; the last of a chain hands its accumulators back (rule (a)).
+static void wg_complete(const WgOp& op) {
+    Thread& t = threads[cur];
+    size_t c = 0;
+    while (c < t.accs.size() && t.accs[c].d != op.d) c++;
+    if (c == t.accs.size()) fail("emulator: a wgmma's accumulators are not in flight");
+    Acc& a = t.accs[c];
+    wg_run(op, a.live.data());
+    if (--a.pending > 0) return;
+    for (int i = 0; i < a.n; i++)
+        if (memcmp(&a.d[i], &POISON, 4) != 0)
+            fail("the accumulator registers of an in-flight wgmma.mma_async were written (or read and rewritten) "
+                 "before the wgmma.wait_group that covers it");
+    memcpy(a.d, a.live.data(), (size_t)a.n * 4);
+    regs_written_by_wgmma(a.d, (size_t)a.n * 4);
+    t.accs.erase(t.accs.begin() + (long)c);
 }
 
 // fence.proxy.async.shared::cta: this thread's completed cp.async writes and sts32 stores become
@@ -638,6 +784,7 @@ static void fence_proxy_async() {
 
 static void wg_fence() {
     wg_check_shape();
+    snapshot_regs();
     wg_barrier(OP_WGFENCE);
 }
 static void wg_commit() {
@@ -652,7 +799,7 @@ static void wg_wait(int n) {
     wg_barrier(OP_WGWAIT);
     Thread& t = threads[cur];
     while ((int)t.wg_groups.size() > n) {
-        for (auto& op : t.wg_groups.front()) wg_run(op);
+        for (auto& op : t.wg_groups.front()) wg_complete(op);
         t.wg_groups.erase(t.wg_groups.begin());
     }
 }
