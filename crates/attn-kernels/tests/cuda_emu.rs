@@ -571,7 +571,21 @@ fn the_emulator_enforces_the_wgmma_timing_rules() {
     };
     assert!(rel_err(&run(&|s| s).unwrap(), &c.o) < bounds(&c).0, "v8 as written passes every rule");
     const S_ISSUED: &str = "wg_rows_t(s[mt], qf[mt], Ks);\n                    wg_commit();\n                }\n";
-    let planted: [(&str, String, &str, &str); 5] = [
+    let planted: [(&str, String, &str, &str); 7] = [
+        // No wgmma.fence before a thread's first wgmma (the scores' products of the first tile).
+        (
+            "= 0.f;\n                wg_fence();\n#pragma unroll\n                for (int mt = 0; mt < MT; mt++) {",
+            "= 0.f;\n#pragma unroll\n                for (int mt = 0; mt < MT; mt++) {".into(),
+            "no fence before the first wgmma",
+            "with no wgmma.fence before it",
+        ),
+        // `.sync.aligned`: half the warpgroup gives K's descriptor 16 bytes further on.
+        (
+            "wg_desc(rows + kk * 128, 128, HD * 16)",
+            "wg_desc(rows + kk * 128 + (threadIdx.x & 64 ? 8 : 0), 128, HD * 16)".into(),
+            "descriptors that differ within the warpgroup",
+            "different shapes, flags or descriptors",
+        ),
         // (a) O's second half written while its P V product is in flight.
         (
             "if (want_v) pv(1);",

@@ -682,9 +682,23 @@ static std::vector<u16> operand_values(const WgOp& op, bool issue) {
     return v;
 }
 
+// What every thread of a warpgroup must give one wgmma.mma_async alike (`.sync.aligned`): the shape,
+// the flags and the descriptors.
+struct WgUniform {
+    u64 desc, desc_a;
+    int n;
+    bool scale_d, tnsp, f16, a_smem, tnsp_a;
+    bool operator!=(const WgUniform& o) const {
+        return desc != o.desc || desc_a != o.desc_a || n != o.n || scale_d != o.scale_d || tnsp != o.tnsp ||
+               f16 != o.f16 || a_smem != o.a_smem || tnsp_a != o.tnsp_a;
+    }
+};
+static_assert(16 + sizeof(WgUniform) <= 64, "exchange slot");
+
 static void wgmma_issue(WgOp op, const u32* a) {
     wg_check_shape();
     const int nacc = op.n / 2;
+    if (threads[cur].regs.empty()) fail("wgmma.mma_async with no wgmma.fence before it in the thread");
     if (a) check_fenced(a, 16, "A fragment registers");
     // Rule (a): the accumulators go into flight, or join the chain already in flight on them.
     Thread& t = threads[cur];
@@ -704,10 +718,17 @@ static void wgmma_issue(WgOp op, const u32* a) {
     }
     chain->pending++;
     if (lane() == 0) counts.mma += op.n / 8; // in m16n8k16 units per warp
+    const WgUniform mine = {op.desc, op.desc_a, op.n, op.scale_d, op.tnsp, op.f16, op.a_smem, op.tnsp_a};
     if (a) memcpy(wx().slot[lane()], a, 16);
+    memcpy(wx().slot[lane()] + 16, &mine, sizeof mine);
     wg_barrier(OP_WGMMA);
     if (a)
         for (int l = 0; l < 32; l++) memcpy(op.a[l], wx().slot[l], 16);
+    for (int w = 0; w < 4; w++) { // lane 0 of each warp of the warpgroup
+        WgUniform theirs;
+        memcpy(&theirs, warpx[((cur >> 5) & ~3) + w].slot[0] + 16, sizeof theirs);
+        if (theirs != mine) fail("the threads of a warpgroup issue wgmma.mma_async with different shapes, flags or descriptors");
+    }
     wg_barrier(OP_WGMMA);
     op.operands = operand_values(op, true);
     threads[cur].wg_open.push_back(op);
