@@ -574,8 +574,8 @@ fn the_emulator_enforces_the_wgmma_timing_rules() {
     let planted: [(&str, String, &str, &str); 7] = [
         // No wgmma.fence before a thread's first wgmma (the scores' products of the first tile).
         (
-            "= 0.f;\n                wg_fence();\n#pragma unroll\n                for (int mt = 0; mt < MT; mt++) {",
-            "= 0.f;\n#pragma unroll\n                for (int mt = 0; mt < MT; mt++) {".into(),
+            "wg_keep(s[mt]);\n                wg_fence();\n#pragma unroll\n                for (int mt = 0; mt < MT; mt++) {",
+            "wg_keep(s[mt]);\n#pragma unroll\n                for (int mt = 0; mt < MT; mt++) {".into(),
             "no fence before the first wgmma",
             "with no wgmma.fence before it",
         ),

@@ -57,39 +57,68 @@ pub fn jit_info_log(variant: &Variant, head_dim: usize, dtype: Dtype) -> Result<
     super::device::jit_info_log(&cfg, head_dim, dtype, Generation::Lab)
 }
 
-/// The modes of the wgmma layout probe (`lssa_wg_probe` in `v5_v8_fwd.cu`), and whether each must match.
-pub const WGMMA_PROBE_MODES: [(&str, bool); 5] = [
+/// The modes of the wgmma layout probe (`lssa_wg_probe` in `v5_v8_fwd.cu`), and whether each must
+/// match. Modes 0-4 are one m64n64k16 product in each operand layout v8 and v9 assume (and two
+/// misreadings); modes 5-9 are v8's own products on a 64 x 64 tile, each isolating one suspect for
+/// v8's fault on the hardware (LAB.md): chained k steps and scale-d, accumulating onto values,
+/// the tile's alignment, two commit groups with `wait_group 1`, and the compiler moving arithmetic
+/// on accumulators above their wait when no operand fence stops it.
+pub const WGMMA_PROBE_MODES: [(&str, bool); 10] = [
     ("A registers, B K-major (v8 Q K^T, v9 K Q^T)", true),
     ("  the same, descriptor offsets swapped", false),
     ("A registers, B MN-major (v8 P V, v9 dv, dk)", true),
     ("  the same, descriptor offsets swapped", false),
     ("A MN-major shared, B MN-major (v9 dq)", true),
+    ("v8 Q K^T: K = 64 in 4 chained steps, scale-d 0 then 1", true),
+    ("v8 P V: 4 chained steps, scale-d 1 onto nonzero O", true),
+    ("v8 Q K^T with the tile 16 bytes past a 128-byte line", true),
+    ("v8 pipeline: two halves, two groups, first read after wait_group 1", true),
+    ("  the same, arithmetic on the first half without an operand fence", true),
 ];
 
 /// Runs the wgmma layout probe on `x`: for each of [`WGMMA_PROBE_MODES`], the largest error of
-/// one m64n64k16 bf16 product against the exact one, relative to the largest exact entry.
+/// its products against the exact ones, relative to the largest exact entry.
 pub(super) fn wgmma_probe_on(x: &dyn Exec) -> Result<Vec<f64>> {
     if !x.wgmma() {
         return Err(Error::Cuda("no warpgroup MMA here (needs sm_90)".into()));
     }
     let mut rng = attn_core::fixtures::Rng::new(5);
     let mut rand = |n: usize| -> Vec<bf16> { (0..n).map(|_| bf16::from_f32(rng.normal() as f32)).collect() };
-    let (a, b) = (rand(64 * 16), rand(16 * 64));
+    // Modes 0-4: A 64 x 16 and B 16 x 64. Modes 5-9: A 128 x 64 and a tile of 64 keys x 64 dims.
+    let (a, b, a2, tile) = (rand(64 * 16), rand(16 * 64), rand(128 * 64), rand(64 * 64));
     let bytes = |v: &[bf16]| v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect::<Vec<u8>>();
-    let (da, db) = (x.upload(&bytes(&a))?, x.upload(&bytes(&b))?);
-    let mut exact = vec![0f64; 64 * 64];
-    for (m, row) in exact.chunks_mut(64).enumerate() {
-        for (n, e) in row.iter_mut().enumerate() {
-            *e = (0..16).map(|k| a[m * 16 + k].to_f64() * b[k * 64 + n].to_f64()).sum();
-        }
-    }
-    let scale = exact.iter().fold(0f64, |m, v| m.max(v.abs()));
+    let (da, db, da2, dt) =
+        (x.upload(&bytes(&a))?, x.upload(&bytes(&b))?, x.upload(&bytes(&a2))?, x.upload(&bytes(&tile))?);
+    let f = |v: &[bf16], i: usize| v[i].to_f64();
     let mut errs = Vec::new();
     for mode in 0..WGMMA_PROBE_MODES.len() {
-        let out = x.upload(&vec![0xffu8; 64 * 64 * 4])?; // NaN where nothing is written
+        // The exact result per mode, over the rows the mode writes.
+        let rows = if mode >= 8 { 128 } else { 64 };
+        let exact: Vec<f64> = (0..rows * 64)
+            .map(|e| {
+                let (m, n) = (e / 64, e % 64);
+                match mode {
+                    0..=4 => (0..16).map(|k| f(&a, m * 16 + k) * f(&b, k * 64 + n)).sum(),
+                    // A V: the tile's row k is key k, its column n dimension n.
+                    6 => {
+                        (m as f64 - n as f64) / 64.0
+                            + (0..64).map(|k| f(&a2, m * 64 + k) * f(&tile, k * 64 + n)).sum::<f64>()
+                    }
+                    // A K^T, and mode 9's first half 0.5 S + 1.
+                    _ => {
+                        let s: f64 = (0..64).map(|k| f(&a2, m * 64 + k) * f(&tile, n * 64 + k)).sum();
+                        if mode == 9 && m < 64 { 0.5 * s + 1.0 } else { s }
+                    }
+                }
+            })
+            .collect();
+        let scale = exact.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let out = x.upload(&vec![0xffu8; 128 * 64 * 4])?; // NaN where nothing is written
         let mut kp = KParams { b: mode as i32, ..KParams::default() };
         kp.q.ptr = da.addr();
         kp.k.ptr = db.addr();
+        kp.v.ptr = da2.addr();
+        kp.g.ptr = dt.addr();
         kp.o.ptr = out.addr();
         x.launch(Kern::WgProbe, (1, 1), &kp)?;
         let got = x.download(&out)?;

@@ -124,6 +124,7 @@ __device__ __forceinline__ void wg_fence() { emu::wg_fence(); }
 __device__ __forceinline__ void wg_commit() { emu::wg_commit(); }
 template <int N> __device__ __forceinline__ void wg_wait() { emu::wg_wait(N); }
 __device__ __forceinline__ void fence_async_smem() { emu::fence_proxy_async(); }
+template <int N> __device__ __forceinline__ void wg_keep(float (&)[N][4]) {}
 __device__ __forceinline__ void sts32(u16* p, u32 v) {
     *(u32*)p = v;
     emu::generic_write(p);
@@ -144,6 +145,15 @@ template <int N> __device__ __forceinline__ void wg_wait() {
 // Shared memory written through the generic proxy (cp.async, st.shared) is read by wgmma through
 // the async proxy: each writer fences before the barrier that publishes the tile.
 __device__ __forceinline__ void fence_async_smem() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// An operand fence on accumulators (as CUTLASS's warpgroup_fence_operand): the compiler sees each
+// register redefined here, in order with the wgmma.fence / wait_group asm around it, so it cannot
+// move their other reads and writes across those (the asm's "memory" clobber orders memory only).
+template <int N> __device__ __forceinline__ void wg_keep(float (&x)[N][4]) {
+#pragma unroll
+    for (int i = 0; i < N; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) asm volatile("" : "+f"(x[i][e])::"memory");
+}
 // A 4-byte store to shared memory that wgmma will read (the emulator tracks it for the fence).
 __device__ __forceinline__ void sts32(u16* p, u32 v) { *(u32*)p = v; }
 __device__ __forceinline__ unsigned wg_smem_addr(const void* p) { return smem_addr(p); }
@@ -183,6 +193,7 @@ __device__ __forceinline__ void wg_fence() {}
 __device__ __forceinline__ void wg_commit() {}
 template <int N> __device__ __forceinline__ void wg_wait() {}
 __device__ __forceinline__ void fence_async_smem() {}
+template <int N> __device__ __forceinline__ void wg_keep(float (&)[N][4]) {}
 __device__ __forceinline__ void sts32(u16* p, u32 v) { *(u32*)p = v; }
 __device__ __forceinline__ unsigned wg_smem_addr(const void*) { return 0; }
 template <int TNSP> __device__ __forceinline__ void wgmma64(float*, const u32*, u64, int) {}
@@ -561,6 +572,7 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
                 // P fragments are packed before the wgmma that reads them is issued (registers an
                 // in-flight wgmma reads must not be written).
                 auto pv = [&](int mt) {
+                    wg_keep(oacc[mt]);
                     u32 pa[BK5 / 16][4];
                     acc_to_a(pa, s[mt]);
                     wg_fence();
@@ -574,6 +586,8 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
 #pragma unroll
                     for (int nn = 0; nn < BK5 / 8; nn++)
                         s[mt][nn][0] = s[mt][nn][1] = s[mt][nn][2] = s[mt][nn][3] = 0.f;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) wg_keep(s[mt]);
                 wg_fence();
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
@@ -586,6 +600,7 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
                     wg_wait<0>();
                 else
                     wg_wait<1>(); // S0
+                wg_keep(s[0]);
                 elementwise(0, 1);
                 if constexpr (MT == 1) {
                     // One m64 half per warpgroup (d = 128): the block's two warpgroups overlap
@@ -601,10 +616,13 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
                     } else {
                         wg_wait<0>();
                     }
+                    wg_keep(s[MT - 1]);
                     elementwise(1, 2);
                     if (want_v) pv(1);
                 }
                 wg_wait<0>();
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++) wg_keep(oacc[mt]);
             } else {
 #pragma unroll
                 for (int mt = 0; mt < 2; mt++)
@@ -744,7 +762,80 @@ extern "C" __global__ void __launch_bounds__(NW8 * 32) lssa_fwd_rw8(KParams p) {
 //   2  A from registers, B MN-major (v8's P V, v9's dv and dk)
 //   3  as 2, offsets swapped: must not match
 //   4  A MN-major from shared memory, B as 2 (v9's dq)
+// Modes 5-9: v8's own products on a 64 x 64 tile (K = 64, four chained k steps), from p.v (A: 128
+// rows x 64, row-major) and p.g (the tile: 64 keys x 64 dims, row-major), into p.o (128 x 64 f32):
+//   5: S = A K^T, K-major, scale-d 0 then 1 (v8's Q K^T);
+//   6: O = O0 + A V, MN-major, scale-d 1 onto O0[m][n] = (m - n) / 64 (v8's P V);
+//   7: mode 5 with the tile 16 bytes past a 128-byte line (v8's dynamic shared memory follows its
+//      static arrays);
+//   8: mode 5 on both 64-row halves in two commit groups, the first read after wait_group 1 while the
+//      second is in flight (v8's pipeline);
+//   9: mode 8 with arithmetic on the first half (0.5 S + 1) after its wait and no operand fence, so
+//      the compiler may move it above the wait: whether it does is what this mode shows.
+__device__ __forceinline__ void wg_probe_kernel_shaped(const KParams& p, int mode) {
+    DYN_SMEM(u16, sm);
+    const u16* ga = (const u16*)p.v.ptr;
+    const u16* gt = (const u16*)p.g.ptr;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+    u16* tile = sm + (mode == 7 ? 8 : 0);
+    for (int e = threadIdx.x; e < 64 * 64; e += blockDim.x) {
+        const int r = e / 64, c = e % 64; // key, dim
+        tile[(r >> 3) * 512 + (c >> 3) * 64 + (r & 7) * 8 + (c & 7)] = gt[e];
+    }
+    u32 af[2][4][4]; // [half][k step][register]: mma.sync's A layout, rows 64 half + 16 warp + g (+ 8)
+    for (int h = 0; h < 2; h++)
+        for (int kk = 0; kk < 4; kk++)
+            for (int x = 0; x < 4; x++) {
+                const int r = 64 * h + 16 * warp + g + 8 * (x & 1), k = 16 * kk + 2 * t4 + 8 * (x >> 1);
+                af[h][kk][x] = (u32)ga[r * 64 + k] | ((u32)ga[r * 64 + k + 1] << 16);
+            }
+    fence_async_smem();
+    __syncthreads();
+    float d0[8][4], d1[8][4];
+    for (int i = 0; i < 32; i++) {
+        const int r = 16 * warp + g + 8 * ((i >> 1) & 1), c = 8 * (i >> 2) + 2 * t4 + (i & 1);
+        d0[i >> 2][i & 3] = mode == 6 ? (float)(r - c) / 64.f : 0.f;
+        d1[i >> 2][i & 3] = 0.f;
+    }
+    wg_keep(d0);
+    wg_keep(d1);
+    wg_fence();
+    if (mode == 6) {
+        for (int kb = 0; kb < 4; kb++) wgmma64<1>(&d0[0][0], af[0][kb], wg_desc(tile + kb * 16 * 64, 1024, 128), 1);
+    } else {
+        for (int kk = 0; kk < 4; kk++) wgmma64<0>(&d0[0][0], af[0][kk], wg_desc(tile + kk * 128, 128, 1024), kk);
+    }
+    wg_commit();
+    float* out = (float*)p.o.ptr;
+    if (mode >= 8) {
+        for (int kk = 0; kk < 4; kk++) wgmma64<0>(&d1[0][0], af[1][kk], wg_desc(tile + kk * 128, 128, 1024), kk);
+        wg_commit();
+        wg_wait<1>();
+        if (mode == 9) {
+            for (int i = 0; i < 32; i++) d0[i >> 2][i & 3] = 0.5f * d0[i >> 2][i & 3] + 1.f;
+        } else {
+            wg_keep(d0);
+        }
+        for (int i = 0; i < 32; i++)
+            out[(16 * warp + g + 8 * ((i >> 1) & 1)) * 64 + 8 * (i >> 2) + 2 * t4 + (i & 1)] = d0[i >> 2][i & 3];
+    }
+    wg_wait<0>();
+    wg_keep(d0);
+    wg_keep(d1);
+    for (int i = 0; i < 32; i++) {
+        const int r = 16 * warp + g + 8 * ((i >> 1) & 1), c = 8 * (i >> 2) + 2 * t4 + (i & 1);
+        if (mode < 8)
+            out[r * 64 + c] = d0[i >> 2][i & 3];
+        else
+            out[(64 + r) * 64 + c] = d1[i >> 2][i & 3];
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(128) lssa_wg_probe(KParams p) {
+    if (p.B >= 5) {
+        wg_probe_kernel_shaped(p, p.B);
+        return;
+    }
     DYN_SMEM(u16, sm);
     const u16* ga = (const u16*)p.q.ptr;
     const u16* gb = (const u16*)p.k.ptr;
