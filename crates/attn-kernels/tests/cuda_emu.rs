@@ -768,6 +768,43 @@ fn the_second_generation_does_less_work() {
     );
 }
 
+/// Special-function (MUFU: ex2, lg2, rcp) operations per score, by variant and kernel version,
+/// from the emulator's counts (LAB.md, "Special-function cost", reads this table). Forward: per
+/// score the kernel computes (its 128-row blocks times 64-key tiles up to the diagonal, masked
+/// entries of diagonal tiles included) and per sweep (re-weighting has two); backward: all its
+/// kernels together, per entry of its 64 x 64 tile pairs up to the diagonal. Asserts what LAB.md's
+/// reading rests on: v5 pays one MUFU per score for LSSA (as softmax does per unmasked score), v3
+/// more, and v7 half of v6's backward. bf16, one head of T = 256, d = 64.
+#[test]
+fn special_function_ops_per_score() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    let t = 256usize;
+    let tiles: usize = (0..t / 128).map(|qb| ((qb * 128 + 128).div_ceil(64)).min(t / 64)).sum();
+    let scores = (tiles * 128 * 64 * 2) as f64; // two heads
+    let entries = ((t / 64) * (t / 64 + 1) / 2 * 64 * 64 * 2) as f64;
+    let mut table = String::from("variant      version  fwd/score  bwd/entry\n");
+    let mut got = std::collections::BTreeMap::new();
+    for name in ["softmax", "lssa", "lssa+rw15"] {
+        let c = case_b(name, 1, t, 64, Dtype::Bf16, 29);
+        let sweeps = if name.contains("+rw") { 2.0 } else { 1.0 };
+        for (version, label) in [(Version::V3, "v3+v4"), (Version::V5, "v5+v6"), (Version::V7, "v5+v7")] {
+            let (f, b) = profile_of(&c, Kernel::Lab(version));
+            let (fs, be) = (f.special as f64 / (scores * sweeps), b.special as f64 / entries);
+            table += &format!("{name:<12} {label:<8} {fs:>9.3} {be:>10.3}\n");
+            got.insert((name, label), (fs, be));
+        }
+    }
+    eprintln!("{table}");
+    let ((v3, _), (v5, v6), (_, v7)) = (got[&("lssa", "v3+v4")], got[&("lssa", "v5+v6")], got[&("lssa", "v5+v7")]);
+    assert!((1.0..=1.03).contains(&v5), "lssa: v5 forward {v5:.3} MUFU per score");
+    assert!(v3 >= 1.3, "v3 pays a second MUFU per score for LSSA's softplus: {v3:.3}");
+    assert!((2.0..=2.05).contains(&v7) && (v6 / v7 - 2.0).abs() < 0.05, "lssa backward: v6 {v6:.3}, v7 {v7:.3}");
+    // Softmax computes no exp for masked entries: per causal score it is the same one MUFU.
+    let causal = (t * (t + 1) / 2 * 2) as f64;
+    let soft = got[&("softmax", "v5+v6")].0 * scores / causal;
+    assert!((1.0..=1.03).contains(&soft), "softmax: v5 forward {soft:.3} MUFU per causal score");
+}
+
 /// The probe that a first GPU run uses to check v8 and v9's operand layouts tells them from their
 /// likeliest misreadings in the emulator (whose wgmma follows the PTX ISA's canonical layouts).
 #[test]
