@@ -13,11 +13,13 @@
 //! - [`train`]: the loop, checkpoints, resume; [`optim`]: AdamW and the schedule; [`process`]: what a
 //!   training shares with its process (libtorch's thread count) and machine (its run directory's lock).
 //! - [`eval`]: validation loss at `1x..16x` the training length.
+//! - [`hf`]: a checkpoint as a Hugging Face (GPT-NeoX) folder that stock transformers loads.
 
 pub mod config;
 pub mod data;
 pub mod dist;
 pub mod eval;
+pub mod hf;
 pub mod launch;
 pub mod optim;
 pub mod process;

@@ -61,6 +61,7 @@
 mod common;
 mod eval_cmd;
 mod export_cmd;
+mod logits_cmd;
 mod sample_cmd;
 mod train_cmd;
 
@@ -69,6 +70,7 @@ use clap::{Parser, Subcommand};
 
 use eval_cmd::{EvalArgs, eval_cmd};
 use export_cmd::{ExportArgs, export_cmd};
+use logits_cmd::{LogitsArgs, logits_cmd};
 use sample_cmd::{SampleArgs, sample_cmd};
 use train_cmd::{TrainArgs, train_cmd};
 
@@ -88,8 +90,11 @@ enum Cmd {
     Eval(EvalArgs),
     /// Text from a checkpoint: continue a prompt (or a file of prompts) with the KV cache.
     Sample(SampleArgs),
-    /// Write the weights of a checkpoint alone (no optimiser state), for eval and sample.
+    /// Write the weights of a checkpoint alone (no optimiser state), for eval and sample, or as a
+    /// Hugging Face folder (--format hf).
     Export(ExportArgs),
+    /// The logits of one sequence of token ids, as a .npy file (to compare with an export).
+    Logits(LogitsArgs),
 }
 
 fn main() {
@@ -120,5 +125,6 @@ fn run() -> Result<()> {
         Cmd::Eval(a) => eval_cmd(a),
         Cmd::Sample(a) => sample_cmd(a),
         Cmd::Export(a) => export_cmd(a),
+        Cmd::Logits(a) => logits_cmd(a),
     }
 }
