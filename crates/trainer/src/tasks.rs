@@ -307,22 +307,41 @@ pub struct Scores {
     pub acc_norm: f64,
     /// Its standard error.
     pub acc_norm_stderr: f64,
+    /// Per item, in file order: what each choice scored and which one each measure picked (to compare
+    /// with another scorer question by question, e.g. lm-evaluation-harness's `--log_samples`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub items: Vec<ItemScore>,
+}
+
+/// One item's scores ([`Scores::items`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ItemScore {
+    /// The summed log-likelihood of each choice's continuation.
+    pub loglik: Vec<f64>,
+    /// The choice `acc` picks (the largest `loglik`; ties to the earlier choice).
+    pub acc_pick: usize,
+    /// The choice `acc_norm` picks (the largest `loglik` per character).
+    pub acc_norm_pick: usize,
+    /// The correct choice.
+    pub gold: usize,
 }
 
 /// Scores `items` with `model`, all the choices of an item at once ([`LogLikelihood::loglik_batch`]).
 pub fn score(items: &[Item], model: &mut dyn LogLikelihood) -> Result<Scores> {
     ensure!(!items.is_empty(), "no items to score");
-    let (mut acc, mut acc_norm) = (Vec::new(), Vec::new());
+    let (mut acc, mut acc_norm, mut per_item) = (Vec::new(), Vec::new(), Vec::new());
     for item in items {
         let ll = model.loglik_batch(&item.context, &item.choices)?;
         ensure!(ll.len() == item.choices.len(), "{} scores for {} choices", ll.len(), item.choices.len());
         let norm: Vec<f64> = ll.iter().zip(&item.choices).map(|(l, c)| l / c.chars().count().max(1) as f64).collect();
-        acc.push(f64::from(u8::from(argmax(&ll) == item.gold)));
-        acc_norm.push(f64::from(u8::from(argmax(&norm) == item.gold)));
+        let (pick, pick_norm) = (argmax(&ll), argmax(&norm));
+        acc.push(f64::from(u8::from(pick == item.gold)));
+        acc_norm.push(f64::from(u8::from(pick_norm == item.gold)));
+        per_item.push(ItemScore { loglik: ll, acc_pick: pick, acc_norm_pick: pick_norm, gold: item.gold });
     }
     let (a, ase) = mean_stderr(&acc);
     let (an, anse) = mean_stderr(&acc_norm);
-    Ok(Scores { n: items.len(), acc: a, acc_stderr: ase, acc_norm: an, acc_norm_stderr: anse })
+    Ok(Scores { n: items.len(), acc: a, acc_stderr: ase, acc_norm: an, acc_norm_stderr: anse, items: per_item })
 }
 
 /// The first index of the largest value (ties go to the earlier choice).
@@ -689,6 +708,10 @@ mod tests {
         assert!((s.acc_norm - 2.0 / 3.0).abs() < 1e-12, "{s:?}");
         // Sample standard error of a 1/3 proportion over 3 items: sqrt((1/3) / 3).
         assert!((s.acc_stderr - (1.0f64 / 9.0).sqrt()).abs() < 1e-12, "{s:?}");
+        // Per item: the picks that made those accuracies, with the gold answer.
+        let picks: Vec<(usize, usize, usize)> = s.items.iter().map(|i| (i.acc_pick, i.acc_norm_pick, i.gold)).collect();
+        assert_eq!(picks, [(0, 1, 1), (0, 0, 0), (0, 0, 1)]);
+        assert!((s.items[0].loglik[1] - -6.0).abs() < 1e-12, "{:?}", s.items[0]);
         let json = lm_eval_json(&[("piqa".to_string(), s)]);
         assert!((json["results"]["piqa"]["acc_norm,none"].as_f64().unwrap() - 2.0 / 3.0).abs() < 1e-12);
         assert_eq!(json["n-samples"]["piqa"]["effective"], 3);
