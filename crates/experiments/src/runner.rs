@@ -7,7 +7,7 @@
 //! A result is reused only when its config (seed included) and the [`numbers_revision`] of the code
 //! it was computed with match; otherwise the run is redone from scratch.
 //!
-//! Every evaluation scores the same validation spans ([`trainer::data::validation_spans`]) and keeps
+//! Every evaluation scores the same validation spans ([`trainer::eval::ValidationSet`], the protocol `trainer eval` uses) and keeps
 //! the loss of every window ([`trainer::eval::WindowLosses`]), so two runs, lengths or RoPE
 //! treatments are compared on identical target tokens ([`crate::stats`]).
 
@@ -269,10 +269,10 @@ pub fn load_all(
 /// `scale.val_targets` targets, spread over the validation split of `data_dir` (every length scores
 /// exactly these targets).
 pub fn validation_spans(scale: &Scale, data_dir: &Path, tokenizer: &str, longest: usize) -> Result<Vec<Vec<u16>>> {
-    let targets = longest * scale.train.model.context_len;
-    let count = scale.val_targets.div_ceil(targets);
-    trainer::data::validation_spans(data_dir, targets + 1, count, Some(tokenizer))
-        .with_context(|| format!("the {} scale's validation spans", scale.name))
+    let t = scale.train.model.context_len;
+    let set = trainer::eval::ValidationSet::open(data_dir, t, &[longest], scale.val_targets, Some(tokenizer))
+        .with_context(|| format!("the {} scale's validation spans", scale.name))?;
+    Ok(set.spans)
 }
 
 /// Runs every planned training, `seeds[variant]` seeds each (one when absent), in `jobs` parallel

@@ -44,3 +44,16 @@ fn shipped_configs_are_the_scales_recipes() {
         );
     }
 }
+
+/// The default scale's validation protocol is `trainer eval`'s defaults (65536 targets, spans of
+/// 16 x T_train: the longest of its default lengths 1, 2, 4, 8, 16), so `trainer eval` on a
+/// reproduction run's checkpoint prints the loss the report reads (the two call the same
+/// `trainer::eval::ValidationSet`).
+#[test]
+fn the_default_reproduction_scores_what_trainer_eval_scores() {
+    let small = Scale::by_name("small").unwrap();
+    assert_eq!(small.val_targets, trainer::eval::DEFAULT_VAL_TARGETS);
+    let plan = experiments::claims::all().unwrap().plan();
+    let longest = plan.values().flatten().map(|k| k.multiple).max().unwrap();
+    assert_eq!(longest, 16, "the headline plan's spans are 16 x T_train, as trainer eval's default lengths");
+}

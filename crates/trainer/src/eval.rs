@@ -2,6 +2,12 @@
 //! validation tokens, one fixed span cut into windows of that length, with plain or NTK-scaled RoPE and
 //! optional post-hoc re-weighting; long lengths go through the fused kernels (or the chunked reference)
 //! so no `T x T` matrix is ever built.
+//!
+//! One protocol serves `trainer eval`, the end of `trainer train` and the reproduction
+//! ([`ValidationSet`]): spans of the longest length spread evenly over the whole validation split, so
+//! that one checkpoint has one validation number wherever it is scored.
+
+use std::path::{Path, PathBuf};
 
 use gpt_model::model::{ForwardOptions, Gpt};
 use serde::{Deserialize, Serialize};
@@ -99,6 +105,100 @@ pub fn span_loss(
         w += nb;
     }
     Ok((sum / count as f64, count, windows))
+}
+
+/// Validation targets scored at every length by default (`trainer eval`, the end of `trainer
+/// train`; the `small` reproduction scores as many).
+pub const DEFAULT_VAL_TARGETS: usize = 65_536;
+
+/// The validation protocol: `count` spans of `longest_multiple x T_train + 1` tokens spread evenly
+/// over the whole validation split of a shard directory (the first at its start, the last at its
+/// end: every held-out document of every source is sampled, not a prefix), enough for the targets
+/// asked (fewer when the split is too small, down to one span). Every length scores exactly these
+/// targets ([`multi_length_spans`]).
+#[derive(Clone, Debug)]
+pub struct ValidationSet {
+    /// The spans, each `longest_multiple x T_train + 1` tokens.
+    pub spans: Vec<Vec<u16>>,
+    /// The longest multiple of `T_train` the spans hold (every length scored must divide it).
+    pub longest_multiple: usize,
+    /// The shard directory they come from.
+    pub dir: PathBuf,
+    /// Tokens of its validation split.
+    pub split_tokens: u64,
+}
+
+impl ValidationSet {
+    /// The spans for `multiples` of `t_train` (their least common multiple is the span's length) and
+    /// about `targets` targets, from `dir`'s validation split, whose tokenizer must be `tokenizer`
+    /// when given.
+    pub fn open(
+        dir: &Path,
+        t_train: usize,
+        multiples: &[usize],
+        targets: usize,
+        tokenizer: Option<&str>,
+    ) -> anyhow::Result<ValidationSet> {
+        use anyhow::Context as _;
+        anyhow::ensure!(multiples.iter().all(|&m| m >= 1), "length multiples must be at least 1: {multiples:?}");
+        let longest_multiple = multiples.iter().fold(1, |l, &m| lcm(l, m));
+        let span_targets = longest_multiple * t_train;
+        let sd = crate::data::shard::ShardDir::open(dir)?;
+        let split_tokens: u64 = sd.open_shards(crate::data::Split::Val)?.iter().map(|s| s.len()).sum();
+        let fit = (split_tokens / (span_targets as u64 + 1)) as usize;
+        anyhow::ensure!(
+            fit >= 1,
+            "{}: its validation split holds {split_tokens} tokens, fewer than one span of {} ({longest_multiple} x {t_train} + 1)",
+            dir.display(),
+            span_targets + 1
+        );
+        let count = targets.div_ceil(span_targets).clamp(1, fit);
+        let spans = crate::data::validation_spans(dir, span_targets + 1, count, tokenizer)
+            .with_context(|| format!("the validation spans of {}", dir.display()))?;
+        Ok(ValidationSet { spans, longest_multiple, dir: dir.to_path_buf(), split_tokens })
+    }
+
+    /// Targets scored at every length.
+    pub fn targets(&self) -> usize {
+        self.spans.iter().map(|s| s.len() - 1).sum()
+    }
+
+    /// What was scored, for a table's header: `65536 targets in 64 spans of 1025 tokens spread
+    /// over the validation split of DIR (N tokens)`.
+    pub fn describe(&self) -> String {
+        format!(
+            "{} targets in {} spans of {} tokens spread over the validation split of {} ({} tokens)",
+            self.targets(),
+            self.spans.len(),
+            self.spans.first().map_or(0, Vec::len),
+            self.dir.display(),
+            self.split_tokens
+        )
+    }
+
+    /// [`multi_length_spans`] on these spans.
+    #[allow(clippy::too_many_arguments)]
+    pub fn score(
+        &self,
+        model: &Gpt,
+        multiples: &[usize],
+        rope: Rope,
+        reweight: Option<u32>,
+        batch_tokens: usize,
+        device: Device,
+    ) -> anyhow::Result<Vec<LengthLoss>> {
+        multi_length_spans(model, &self.spans, multiples, self.longest_multiple, rope, reweight, batch_tokens, device)
+    }
+}
+
+fn lcm(a: usize, b: usize) -> usize {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    a / gcd(a, b) * b
 }
 
 /// Validation loss at each multiple of the training length, on the same span of `tokens` (trimmed to a

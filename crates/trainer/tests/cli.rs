@@ -194,3 +194,31 @@ fn version_names_the_git_revision_and_closed_choices_are_checked() {
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(err.contains("ntk") && err.contains("plain") && err.contains("both"), "{err}");
 }
+
+/// One checkpoint, one validation number: `trainer train`'s final evaluation (its result.json) and
+/// `trainer eval` score the same spans spread over the validation split, so they print the same 1x
+/// loss; and both say which tokens they scored.
+#[test]
+fn trainer_eval_prints_the_1x_loss_of_the_runs_result() {
+    let root = tempfile::tempdir().unwrap();
+    common::tiny_data(root.path());
+    let cfg = config(root.path(), "run", 10);
+    let out = run(&cfg, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("spread over the validation split"));
+    let dir = root.path().join("run");
+    let result: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("result.json")).unwrap()).unwrap();
+    let trained = result["lengths"][0]["loss"].as_f64().unwrap();
+    assert_eq!(result["lengths"][0]["multiple"], 1);
+    let ckpt = result["checkpoint"].as_str().unwrap();
+    let eval = Command::new(TRAINER)
+        .args(["eval", "--lengths", "1", "--rope", "ntk", "--json", "--checkpoint", ckpt])
+        .env("RUST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert!(eval.status.success(), "{}", String::from_utf8_lossy(&eval.stderr));
+    let e: serde_json::Value = serde_json::from_slice(&eval.stdout).unwrap();
+    let evaluated = e["lengths"][0]["loss"].as_f64().unwrap();
+    assert!((evaluated - trained).abs() < 1e-9, "trainer eval {evaluated} against the run's {trained}");
+    assert!(e["validation"].as_str().unwrap().contains("targets in"), "{}", e["validation"]);
+}

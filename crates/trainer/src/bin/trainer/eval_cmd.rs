@@ -7,8 +7,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result, bail, ensure};
 use serde::Serialize;
-use trainer::data::loader::validation_tokens;
-use trainer::eval::{self, LengthLoss, Rope};
+use trainer::eval::ValidationSet;
+use trainer::eval::{LengthLoss, Rope};
 use trainer::sample as sampling;
 use trainer::tasks::{self, ModelScorer, PasskeyOptions, PasskeyResult, Scores};
 use trainer::train;
@@ -39,8 +39,10 @@ pub(crate) struct EvalArgs {
     /// only).
     #[arg(long, value_delimiter = ',')]
     reweight: Vec<u32>,
-    /// Validation tokens scored at every length (trimmed to a multiple of the longest length).
-    #[arg(long, default_value_t = 65_536)]
+    /// Validation targets scored at every length: spans of the longest length spread evenly over
+    /// the whole validation split (`trainer::eval::ValidationSet`, the protocol of `trainer train`'s
+    /// final evaluation and of the reproduction), fewer if the split is smaller.
+    #[arg(long, default_value_t = trainer::eval::DEFAULT_VAL_TARGETS)]
     val_tokens: usize,
     /// Tokens per forward.
     #[arg(long, default_value_t = 16_384)]
@@ -94,6 +96,9 @@ enum RopeChoice {
 struct EvalResult {
     #[serde(flatten)]
     header: Header,
+    /// What the validation loss scored (targets, spans, the split).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    validation: Option<String>,
     lengths: Vec<LengthLoss>,
     /// With --tasks: one row per re-weighting setting (the trained variant, then each --reweight).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -164,16 +169,20 @@ pub(crate) fn eval_cmd(a: EvalArgs) -> Result<()> {
         * powers.len();
     let progress = Sections::new(sections);
     let mut lengths = Vec::new();
+    let mut scored = None;
     if let (Some(multiples), Some(data_dir)) = (&lengths_asked, &data_dir) {
-        let val = validation_tokens(data_dir, a.val_tokens + 1, meta.get("tokenizer").map(String::as_str))
+        let tok = meta.get("tokenizer").map(String::as_str);
+        let val = ValidationSet::open(data_dir, model_cfg.context_len, multiples, a.val_tokens, tok)
             .with_context(|| format!("reading the validation split of {}", data_dir.display()))?;
+        eprintln!("eval: {}", val.describe());
         for rope in &ropes {
             for p in &powers {
                 progress.start(&format!("loss at {multiples:?} x T_train ({}{})", rope_name(*rope), rw_name(*p)));
-                lengths.extend(eval::multi_length(&model, &val, multiples, *rope, *p, a.batch_tokens, device)?);
+                lengths.extend(val.score(&model, multiples, *rope, *p, a.batch_tokens, device)?);
                 progress.done();
             }
         }
+        scored = Some(val.describe());
     }
     let tokenizer = if a.tasks.is_some() || a.passkey {
         Some(sampling::tokenizer_for(&meta, &a.checkpoint, a.data_dir.as_deref())?)
@@ -242,8 +251,13 @@ pub(crate) fn eval_cmd(a: EvalArgs) -> Result<()> {
         }
         passkey = Some(PasskeySection { options, results });
     }
-    let result =
-        EvalResult { header: Header::new(EVAL_FORMAT, &a.checkpoint, &model_cfg), lengths, tasks: task_rows, passkey };
+    let result = EvalResult {
+        header: Header::new(EVAL_FORMAT, &a.checkpoint, &model_cfg),
+        validation: scored,
+        lengths,
+        tasks: task_rows,
+        passkey,
+    };
     let json = serde_json::to_string_pretty(&result)?;
     if a.json {
         println!("{json}");
@@ -272,8 +286,11 @@ fn tables(r: &EvalResult) -> String {
                 multiples.push((l.multiple, l.seq_len));
             }
         }
-        let tokens = r.lengths.first().map_or(0, |l| l.tokens);
-        let _ = writeln!(out, "validation loss (nats/token, {tokens} tokens at every length)");
+        let scored = r
+            .validation
+            .clone()
+            .unwrap_or_else(|| format!("{} tokens at every length", r.lengths.first().map_or(0, |l| l.tokens)));
+        let _ = writeln!(out, "validation loss (nats/token; {scored})");
         let _ = write!(out, "{:>6} {:>7}", "length", "T");
         for (rope, p) in &settings {
             let _ = write!(

@@ -146,7 +146,17 @@ pub(crate) fn train_cmd(a: TrainArgs) -> Result<()> {
     let mut vs = tch::nn::VarStore::new(device);
     let model = Gpt::new(&vs.root(), &cfg.model)?;
     gpt_model::checkpoint::load(&mut vs, &cfg.model, &run.checkpoint)?;
-    let lengths = eval::multi_length(&model, &val, &a.eval_lengths, Rope::Ntk, None, 16_384, device)?;
+    // The protocol of `trainer eval` and the reproduction (spread spans), so the checkpoint's 1x
+    // loss here is the one they report.
+    let set = eval::ValidationSet::open(
+        &cfg.data_dir,
+        cfg.model.context_len,
+        &a.eval_lengths,
+        eval::DEFAULT_VAL_TARGETS,
+        Some(dir.tokenizer_id()),
+    )?;
+    eprintln!("eval: {}", set.describe());
+    let lengths = set.score(&model, &a.eval_lengths, Rope::Ntk, None, 16_384, device)?;
     for l in &lengths {
         eprintln!("eval {:>2}x (T = {:>5}): {:.4} nats/token", l.multiple, l.seq_len, l.loss);
     }
