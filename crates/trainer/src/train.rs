@@ -212,6 +212,33 @@ pub fn list_checkpoints(dir: &Path) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// The checkpoint `--resume latest` continues from: the newest of `dir`, if its file is whole. A
+/// newest file that is truncated or corrupt (a crash or a full disk while an older version of the
+/// trainer wrote it, or a copy cut short) is refused, naming it and the newest intact one with the
+/// command to resume from that: a run never silently starts over or skips back.
+pub fn latest_checkpoint(dir: &Path) -> Result<PathBuf> {
+    let all = list_checkpoints(dir)?;
+    let newest = all.last().with_context(|| format!("--resume latest: no checkpoint in {}", dir.display()))?;
+    let whole = |p: &Path| -> Result<()> {
+        let ckpt = crate::sample::open_checkpoint(p)?;
+        ckpt.names()?; // parses the whole header and checks the data's length against it
+        Ok(())
+    };
+    if let Err(e) = whole(newest) {
+        let intact = all.iter().rev().skip(1).find(|p| whole(p).is_ok());
+        let next = match intact {
+            Some(p) => format!(
+                "the newest intact one is {}: resume from it with --resume {} (and remove the damaged file)",
+                p.display(),
+                p.display()
+            ),
+            None => "no older checkpoint is intact: start over with --overwrite".to_string(),
+        };
+        bail!("--resume latest: the newest checkpoint {} is truncated or corrupt ({e:#}); {next}", newest.display());
+    }
+    Ok(newest.clone())
+}
+
 /// Called on rank 0 after every optimiser step with its metrics: how a caller that runs trainings
 /// (the experiment runner) shows their progress.
 #[derive(Clone)]
@@ -274,18 +301,36 @@ pub fn train(
         static BF16: std::sync::Once = std::sync::Once::new();
         BF16.call_once(gpt_model::runtime::use_bf16_autocast);
     }
-    // Every rank refuses (so none waits on a rank 0 that stopped); rank 0 alone deletes.
+    // Every rank refuses (so none waits on a rank 0 that stopped); rank 0 alone deletes, below.
+    let old = if opts.resume.is_none() { list_checkpoints(&cfg.out_dir)? } else { Vec::new() };
+    if !old.is_empty() && !opts.overwrite {
+        let names: Vec<String> =
+            old.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
+        bail!(
+            "{} already holds checkpoints ({}): continue the run with --resume latest, or start over with --overwrite (which deletes them)",
+            cfg.out_dir.display(),
+            names.join(", ")
+        );
+    }
+    // Everything a resume can refuse is checked, and the model and optimiser built and loaded,
+    // before anything in the directory is deleted or written: a refused resume leaves the run's
+    // directory as it found it.
+    let resume_from = match &opts.resume {
+        Some(path) => Some(check_resume(path, cfg, world, data)?),
+        None => None,
+    };
+    // The initial weights are a function of the seed alone, even when several trainings (and the
+    // models built to evaluate them) share a process: `new_seeded` seeds and initialises under
+    // gpt-model's initialisation lock.
+    let mut vs = VarStore::new(device);
+    let model = Gpt::new_seeded(&vs.root(), &cfg.model, cfg.seed as i64)?;
+    let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+    let mut opt = AdamW::new(params, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay);
+    let mut step = 0usize;
+    if let Some(r) = resume_from {
+        step = r.apply(&mut vs, &mut opt, &cfg.model)?;
+    }
     if opts.resume.is_none() {
-        let old = list_checkpoints(&cfg.out_dir)?;
-        if !old.is_empty() && !opts.overwrite {
-            let names: Vec<String> =
-                old.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
-            bail!(
-                "{} already holds checkpoints ({}): continue the run with --resume latest, or start over with --overwrite (which deletes them)",
-                cfg.out_dir.display(),
-                names.join(", ")
-            );
-        }
         for p in old.iter().chain(std::iter::once(&cfg.out_dir.join(METRICS_FILE))).filter(|_| rank == 0) {
             match std::fs::remove_file(p) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -307,17 +352,6 @@ pub fn train(
         }
     }
 
-    // The initial weights are a function of the seed alone, even when several trainings (and the
-    // models built to evaluate them) share a process: `new_seeded` seeds and initialises under
-    // gpt-model's initialisation lock.
-    let mut vs = VarStore::new(device);
-    let model = Gpt::new_seeded(&vs.root(), &cfg.model, cfg.seed as i64)?;
-    let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
-    let mut opt = AdamW::new(params, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay);
-    let mut step = 0usize;
-    if let Some(path) = &opts.resume {
-        step = resume(&mut vs, &mut opt, data, cfg, world, path)?;
-    }
     // Every rank starts from rank 0's weights (identical anyway with the same seed; this makes it certain).
     coll.broadcast_(&opt.slots.iter().map(|s| s.param.shallow_clone()).collect::<Vec<_>>())?;
 
@@ -518,15 +552,19 @@ fn truncate_metrics(path: &Path, last: usize) -> Result<()> {
     Ok(())
 }
 
-/// Loads model, optimiser and data position from `path`; returns the step to continue from.
-fn resume(
-    vs: &mut VarStore,
-    opt: &mut AdamW,
-    data: &mut dyn BatchSource,
-    cfg: &TrainConfig,
-    world: usize,
-    path: &Path,
-) -> Result<usize> {
+/// A resume checkpoint that passed every check against the run ([`check_resume`]): applying it
+/// writes nothing to disk.
+struct ResumeFrom {
+    path: PathBuf,
+    ckpt: checkpoint::Checkpoint<memmap2::Mmap>,
+    step: usize,
+    optim_t: u64,
+}
+
+/// Opens `path` and checks it against the run: a training checkpoint of this world size, tokenizer
+/// and model config, at a step before `max_steps`; seeks `data` to its position. Writes nothing, so
+/// a refusal leaves the run's directory untouched.
+fn check_resume(path: &Path, cfg: &TrainConfig, world: usize, data: &mut dyn BatchSource) -> Result<ResumeFrom> {
     // One memory-mapped read of the file serves the metadata, the weights and the moments.
     let ckpt = crate::sample::open_checkpoint(path)?;
     let meta = ckpt.metadata();
@@ -547,15 +585,31 @@ fn resume(
     if *tok != data.tokenizer_id() {
         bail!("{}: trained with tokenizer `{tok}`, but the data uses `{}`", path.display(), data.tokenizer_id());
     }
-    ckpt.load_into(vs, &cfg.model)?;
-    let state = ckpt.tensors("optim.")?;
-    let t: u64 = get("optim_t")?.parse().context("optim_t")?;
-    opt.load_state(&state, t).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    let pos: serde_json::Value = serde_json::from_str(get("data_position")?).context("data_position")?;
-    data.seek(&pos).with_context(|| format!("{}: its data position", path.display()))?;
+    let found = ckpt.config()?;
+    if let Some((field, was, now)) =
+        checkpoint::config_diff(&gpt_model::ModelConfig { attn_impl: cfg.model.attn_impl, ..found }, &cfg.model)
+    {
+        bail!(
+            "{}: trained with model.{field} = {was}, resumed with {now}: a run continues with the model it started with (start a new run in another --out-dir to change it)",
+            path.display()
+        );
+    }
     let step: usize = get("step")?.parse().context("step")?;
     ensure!(step <= cfg.max_steps, "{}: already at step {step} >= max_steps {}", path.display(), cfg.max_steps);
-    Ok(step)
+    let optim_t: u64 = get("optim_t")?.parse().context("optim_t")?;
+    let pos: serde_json::Value = serde_json::from_str(get("data_position")?).context("data_position")?;
+    data.seek(&pos).with_context(|| format!("{}: its data position", path.display()))?;
+    Ok(ResumeFrom { path: path.to_path_buf(), ckpt, step, optim_t })
+}
+
+impl ResumeFrom {
+    /// Loads the weights and the optimiser's moments; returns the step to continue from.
+    fn apply(self, vs: &mut VarStore, opt: &mut AdamW, model: &gpt_model::ModelConfig) -> Result<usize> {
+        self.ckpt.load_into(vs, model)?;
+        let state = self.ckpt.tensors("optim.")?;
+        opt.load_state(&state, self.optim_t).map_err(|e| anyhow::anyhow!("{}: {e}", self.path.display()))?;
+        Ok(self.step)
+    }
 }
 
 /// Batches from a shard directory ([`crate::data::loader::DataLoader`]), with its tokenizer identity.

@@ -222,3 +222,53 @@ fn trainer_eval_prints_the_1x_loss_of_the_runs_result() {
     assert!((evaluated - trained).abs() < 1e-9, "trainer eval {evaluated} against the run's {trained}");
     assert!(e["validation"].as_str().unwrap().contains("targets in"), "{}", e["validation"]);
 }
+
+/// Every file of `dir` but the lock file, with its bytes.
+fn files_but_lock(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    files(dir).into_iter().filter(|(n, _)| n != trainer::process::LOCK_FILE).collect()
+}
+
+/// A resume that is refused (here: a model that differs from the run's) leaves the directory
+/// byte-identical: every check runs before anything is written.
+#[test]
+fn a_refused_resume_leaves_the_directory_byte_identical() {
+    let root = tempfile::tempdir().unwrap();
+    common::tiny_data(root.path());
+    let cfg = config(root.path(), "run", 20);
+    let first = run(&cfg, &[]);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let dir = root.path().join("run");
+    let before = files_but_lock(&dir);
+    let refused = run(&cfg, &["--resume", "latest", "--set", "model.n_layer=5", "--set", "max_steps=30"]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("model.n_layer") && err.contains("ckpt_00000020"), "{err}");
+    assert_eq!(files_but_lock(&dir), before, "a refused resume changed the run's directory");
+}
+
+/// `--resume latest` whose newest checkpoint is cut short refuses, naming it and the newest intact
+/// one with the command that resumes from it; it never starts over, and touches nothing.
+#[test]
+fn resume_latest_refuses_a_truncated_newest_checkpoint_and_names_the_intact_one() {
+    let root = tempfile::tempdir().unwrap();
+    common::tiny_data(root.path());
+    let cfg = config(root.path(), "run", 20);
+    let first = run(&cfg, &[]);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let dir = root.path().join("run");
+    let newest = dir.join("ckpt_00000020.safetensors");
+    let len = std::fs::metadata(&newest).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&newest).unwrap().set_len(len / 2).unwrap();
+    let before = files_but_lock(&dir);
+    let refused = run(&cfg, &["--resume", "latest", "--set", "max_steps=30"]);
+    assert!(!refused.status.success());
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("ckpt_00000020.safetensors") && err.contains("truncated or corrupt"), "{err}");
+    assert!(err.contains("--resume") && err.contains("ckpt_00000010.safetensors"), "{err}");
+    assert_eq!(files_but_lock(&dir), before, "a refused resume changed the run's directory");
+    // The command it names resumes.
+    let intact = dir.join("ckpt_00000010.safetensors");
+    std::fs::remove_file(&newest).unwrap();
+    let resumed = run(&cfg, &["--resume", intact.to_str().unwrap(), "--set", "max_steps=30"]);
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+}

@@ -113,11 +113,7 @@ pub(crate) fn train_cmd(a: TrainArgs) -> Result<()> {
         .with_context(|| format!("reading the validation split of {}", cfg.data_dir.display()))?;
     let resume = match a.resume.as_deref() {
         None => None,
-        Some("latest") => Some(
-            train::list_checkpoints(&cfg.out_dir)?
-                .pop()
-                .with_context(|| format!("--resume latest: no checkpoint in {}", cfg.out_dir.display()))?,
-        ),
+        Some("latest") => Some(train::latest_checkpoint(&cfg.out_dir)?),
         Some(p) => Some(PathBuf::from(p)),
     };
     if let Some(p) = &resume
