@@ -408,6 +408,31 @@ mod tests {
         assert_eq!([2, 4, 8, 11].map(|c| jobs_for(c, false)), [2; 4]);
         assert_eq!([12, 15, 16, 64].map(|c| jobs_for(c, false)), [3, 3, 4, 4]);
     }
+
+    /// A second runner on a run directory that another holds (a runner or a trainer: both take
+    /// its lock) is refused before it removes or writes anything there, though the directory's
+    /// stale checkpoints are what it would otherwise clear.
+    #[test]
+    fn a_second_runner_on_a_locked_directory_touches_nothing() {
+        let out = tempfile::tempdir().unwrap();
+        let scale = Scale::by_name("smoke").unwrap();
+        let (_, _, base) = base_config(&scale, out.path()).unwrap();
+        let cfg = run_config(&base, out.path(), "lssa", 0);
+        std::fs::create_dir_all(&cfg.out_dir).unwrap();
+        // A stale run: another config and checkpoints that a fresh start would delete.
+        let files = [("config.toml", "stale = true\n"), ("ckpt_00000005.safetensors", "x"), ("metrics.jsonl", "{}\n")];
+        for (f, text) in files {
+            std::fs::write(cfg.out_dir.join(f), text).unwrap();
+        }
+        let holder = trainer::process::RunLock::acquire(&cfg.out_dir).unwrap();
+        let err = run_one(&scale, &cfg, 0, &[], &[], &[], "test", &Launch::InProcess).unwrap_err();
+        assert!(format!("{err:#}").contains("is in use"), "{err:#}");
+        for (f, text) in files {
+            assert_eq!(std::fs::read_to_string(cfg.out_dir.join(f)).unwrap(), text, "{f} was touched");
+        }
+        assert!(!cfg.out_dir.join(REVISION_FILE).exists(), "the refused runner wrote its revision file");
+        drop(holder);
+    }
 }
 
 /// How many times a diverging run is retried, each time at half the learning rate.
@@ -451,6 +476,7 @@ fn train_attempt(
     launch: &Launch,
     command: &str,
     progress: &std::sync::Arc<crate::progress::Training>,
+    lock: &std::sync::Arc<trainer::process::RunLock>,
 ) -> Result<(f64, f64)> {
     match launch {
         Launch::InProcess => {
@@ -459,6 +485,7 @@ fn train_attempt(
             let progress = progress.clone();
             // The runner owns the directory: it resumes or clears it before calling.
             let opts = RunOptions {
+                lock: train::DirLock::Held(lock.clone()),
                 resume,
                 progress: false,
                 val_tokens: Vec::new(),
@@ -515,7 +542,16 @@ pub fn train_rank(config: &Path, resume: Option<PathBuf>) -> Result<()> {
         cfg.max_steps,
     ));
     let on_step = Some(train::StepHook(std::sync::Arc::new(move |m| progress.step(m))));
-    let opts = RunOptions { resume, progress: false, val_tokens: Vec::new(), command, overwrite: true, on_step };
+    // The runner that launched this rank holds the directory's lock.
+    let opts = RunOptions {
+        lock: train::DirLock::HeldByParent,
+        resume,
+        progress: false,
+        val_tokens: Vec::new(),
+        command,
+        overwrite: true,
+        on_step,
+    };
     let run = train::train(&cfg, &mut data, coll, &opts)?;
     if coll.rank() == 0 {
         let summary = serde_json::json!({
@@ -570,6 +606,9 @@ fn run_one(
         cfg.max_steps,
     ));
     if result.is_none() {
+        // One writer per run directory: taken before anything here is removed or written, held
+        // through the training (whose own process or ranks see it held) and the result's write.
+        let lock = std::sync::Arc::new(trainer::process::RunLock::acquire(&cfg.out_dir)?);
         // Checkpoints of another config (the scale was edited since) or of other code are not
         // continued: start over.
         let saved = std::fs::read_to_string(cfg.out_dir.join("config.toml")).ok();
@@ -626,7 +665,7 @@ fn run_one(
             if resume.is_none() {
                 let _ = std::fs::remove_file(cfg.out_dir.join("metrics.jsonl"));
             }
-            match train_attempt(&attempt_cfg, resume, launch, command, &progress) {
+            match train_attempt(&attempt_cfg, resume, launch, command, &progress, &lock) {
                 Ok((loss, tokens_per_s)) => {
                     let note = (!diverged.is_empty())
                         .then(|| format!("diverged at {}; trained at lr {lr}", diverged.join(", ")));

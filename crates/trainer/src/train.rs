@@ -250,9 +250,24 @@ impl std::fmt::Debug for StepHook {
     }
 }
 
+/// Who holds the run directory's lock ([`crate::process::RunLock`]) while [`train`] runs.
+#[derive(Clone, Debug, Default)]
+pub enum DirLock {
+    /// `train` takes it on rank 0, and refuses a directory another process holds.
+    #[default]
+    Take,
+    /// The caller holds it, for this `out_dir` (the experiment runner, which clears or resumes the
+    /// directory before training and writes its result after).
+    Held(std::sync::Arc<crate::process::RunLock>),
+    /// The parent process that launched this rank holds it (the runner's `--train-rank` children).
+    HeldByParent,
+}
+
 /// Options of one [`train`] call besides the config.
 #[derive(Debug, Default)]
 pub struct RunOptions {
+    /// Who holds the run directory's lock.
+    pub lock: DirLock,
     /// Resume from this checkpoint (its model, optimiser, step and data position).
     pub resume: Option<PathBuf>,
     /// Show a progress bar (rank 0 only; off in tests).
@@ -291,7 +306,20 @@ pub fn train(
     let accum = cfg.accumulation(world)?;
     // One writer per run directory, for the whole training: a second one is refused here, before
     // anything below deletes or writes.
-    let _lock = if rank == 0 { Some(crate::process::RunLock::acquire(&cfg.out_dir)?) } else { None };
+    let _lock = match &opts.lock {
+        DirLock::Take if rank == 0 => Some(crate::process::RunLock::acquire(&cfg.out_dir)?),
+        DirLock::Held(l) => {
+            let same = |a: &Path, b: &Path| std::fs::canonicalize(a).ok() == std::fs::canonicalize(b).ok();
+            ensure!(
+                same(l.dir(), &cfg.out_dir),
+                "the lock held is {}'s, not the run directory {}'s",
+                l.dir().display(),
+                cfg.out_dir.display()
+            );
+            None
+        }
+        _ => None,
+    };
     let device = pick_device(cfg.device, coll.local_rank())?;
     crate::process::claim_threads(cfg.threads)?;
     crate::process::keep_freed_memory();

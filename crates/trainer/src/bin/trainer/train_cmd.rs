@@ -126,6 +126,7 @@ pub(crate) fn train_cmd(a: TrainArgs) -> Result<()> {
         );
     }
     let opts = RunOptions {
+        lock: train::DirLock::Take,
         resume,
         progress: !a.no_progress,
         val_tokens: val.clone(),
