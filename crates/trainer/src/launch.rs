@@ -10,10 +10,17 @@
 //! Output: stdout is inherited unchanged (by convention only rank 0 prints results); every stderr
 //! line is prefixed with `[rank r] `, and the last lines of each rank are kept for the error.
 //!
-//! Failure: when a child exits unsuccessfully, the others get SIGTERM, then SIGKILL after
-//! [`TERM_GRACE`], and [`spawn`] returns [`LaunchError::Failed`] naming the first rank that failed,
-//! its exit status and its last stderr lines. Children also get SIGKILL if the launcher itself dies
+//! Failure: when a child exits unsuccessfully, the others get SIGKILL at once (not SIGTERM: a
+//! training answers SIGTERM by saving together with its peers, which would wait on the dead rank),
+//! and [`spawn`] returns [`LaunchError::Failed`] naming the first rank that failed, its exit status
+//! and its last stderr lines. Children also get SIGKILL if the launcher itself dies
 //! (`PR_SET_PDEATHSIG`), so no orphaned rank keeps a GPU or a port.
+//!
+//! Pre-emption ([`spawn_stoppable`]): once the launcher's stop flag is set (a SIGTERM, SIGINT or
+//! SIGUSR1 to it, [`crate::process::install_stop_handlers`]), it forwards SIGTERM to every rank and
+//! waits up to [`preempt_grace`] for them to save and exit with
+//! [`crate::process::PREEMPTED_EXIT`], then returns [`LaunchError::Preempted`]; ranks still running
+//! after the grace period get SIGKILL.
 //!
 //! A binary offers the flag by re-executing itself without it (the children see `RANK` and must not
 //! launch again):
@@ -46,8 +53,13 @@ use std::sync::Mutex;
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
-/// How long the other ranks get to exit after SIGTERM before SIGKILL.
-pub const TERM_GRACE: Duration = Duration::from_secs(5);
+/// How long ranks get to save and exit after a forwarded stop signal before SIGKILL:
+/// `LSSA_PREEMPT_GRACE_S` seconds, default 300 (schedulers give 30 s to a few minutes; set it below
+/// yours).
+pub fn preempt_grace() -> Duration {
+    let s = std::env::var("LSSA_PREEMPT_GRACE_S").ok().and_then(|v| v.parse::<f64>().ok()).filter(|s| *s >= 0.0);
+    Duration::from_secs_f64(s.unwrap_or(300.0))
+}
 /// How many stderr lines of each rank are kept for the error.
 pub const STDERR_TAIL: usize = 20;
 
@@ -78,6 +90,12 @@ pub enum LaunchError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A stop signal reached the launcher (or every rank) and the ranks saved and stopped.
+    #[error("stopped by {signal}: the ranks saved and exited; continue with the same command and --resume latest")]
+    Preempted {
+        /// The signal the launcher received, or `a signal to the ranks`.
+        signal: String,
+    },
     /// A rank exited unsuccessfully; the other ranks were stopped.
     #[error("rank {rank} failed ({status}){}", format_tail(.stderr_tail))]
     Failed {
@@ -105,6 +123,16 @@ fn format_tail(tail: &[String]) -> String {
 /// Runs `program args...` as `nproc` ranks of one job on this machine (see the module docs) and
 /// waits for all of them. `Ok` only if every rank exits with status 0.
 pub fn spawn(nproc: usize, program: &Path, args: &[String]) -> Result<(), LaunchError> {
+    spawn_stoppable(nproc, program, args, None)
+}
+
+/// [`spawn`] that forwards a stop signal to its ranks: see the module docs on pre-emption.
+pub fn spawn_stoppable(
+    nproc: usize,
+    program: &Path,
+    args: &[String],
+    stop: Option<crate::process::StopFlag>,
+) -> Result<(), LaunchError> {
     if nproc == 0 {
         return Err(LaunchError::NoProcesses);
     }
@@ -155,7 +183,7 @@ pub fn spawn(nproc: usize, program: &Path, args: &[String]) -> Result<(), Launch
             }
         }
     }
-    supervise(children)
+    supervise(children, stop)
 }
 
 /// The first free TCP port the kernel hands out on 127.0.0.1. It is released before the ranks start,
@@ -165,7 +193,7 @@ fn free_port() -> std::io::Result<u16> {
 }
 
 /// Forwards stderr, waits for every child, stops the rest after the first failure.
-fn supervise(mut children: Vec<Child>) -> Result<(), LaunchError> {
+fn supervise(mut children: Vec<Child>, stop: Option<crate::process::StopFlag>) -> Result<(), LaunchError> {
     let n = children.len();
     let pids: Vec<u32> = children.iter().map(Child::id).collect();
     let tails: Vec<Mutex<VecDeque<String>>> = (0..n).map(|_| Mutex::new(VecDeque::new())).collect();
@@ -192,15 +220,44 @@ fn supervise(mut children: Vec<Child>) -> Result<(), LaunchError> {
         let mut failure: Option<(usize, ExitStatus)> = None;
         let mut kill_at: Option<Instant> = None;
         let mut error = None;
+        // The signal forwarded to the ranks, once the stop flag is seen.
+        let mut forwarded: Option<String> = None;
+        let mut preempted_ranks = 0;
+        // How often the stop flag is looked at while waiting.
+        const POLL: Duration = Duration::from_millis(100);
         for _ in 0..n {
             let rank = loop {
-                let received = match kill_at {
+                if forwarded.is_none()
+                    && let Some(sig) = stop.and_then(|s| s.signal())
+                {
+                    for (other, &pid) in pids.iter().enumerate() {
+                        if !exited[other] {
+                            // SAFETY: `pid` is an unreaped child of ours (reaping happens only below,
+                            // on this thread), so it cannot have been recycled.
+                            unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+                        }
+                    }
+                    eprintln!(
+                        "trainer: {} received: the ranks save and stop (at most {:.0} s)",
+                        crate::process::signal_name(sig),
+                        preempt_grace().as_secs_f64()
+                    );
+                    forwarded = Some(crate::process::signal_name(sig));
+                    kill_at = Some(Instant::now() + preempt_grace());
+                }
+                let deadline = match (kill_at, stop.is_some() && forwarded.is_none()) {
+                    (Some(at), true) => Some(at.min(Instant::now() + POLL)),
+                    (Some(at), false) => Some(at),
+                    (None, true) => Some(Instant::now() + POLL),
+                    (None, false) => None,
+                };
+                let received = match deadline {
                     Some(at) => rx.recv_timeout(at.saturating_duration_since(Instant::now())),
                     None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
                 };
                 match received {
                     Ok(rank) => break Some(rank),
-                    Err(RecvTimeoutError::Timeout) => {
+                    Err(RecvTimeoutError::Timeout) if kill_at.is_some_and(|at| Instant::now() >= at) => {
                         for (rank, child) in children.iter_mut().enumerate() {
                             if !exited[rank] {
                                 let _ = child.kill(); // SIGKILL; the child is not reaped yet
@@ -208,6 +265,7 @@ fn supervise(mut children: Vec<Child>) -> Result<(), LaunchError> {
                         }
                         kill_at = None;
                     }
+                    Err(RecvTimeoutError::Timeout) => {} // look at the stop flag again
                     Err(RecvTimeoutError::Disconnected) => break None,
                 }
             };
@@ -222,28 +280,33 @@ fn supervise(mut children: Vec<Child>) -> Result<(), LaunchError> {
                 }
             };
             exited[rank] = true;
-            if !status.success() && failure.is_none() {
+            if status.code() == Some(crate::process::PREEMPTED_EXIT) {
+                // Saved and stopped on a signal (forwarded by us, or sent to the ranks directly).
+                preempted_ranks += 1;
+            } else if !status.success() && failure.is_none() {
                 failure = Some((rank, status));
                 for (other, &pid) in pids.iter().enumerate() {
                     if !exited[other] {
                         // SAFETY: `pid` is an unreaped child of ours (reaping happens only above, on
                         // this thread), so it cannot have been recycled.
-                        unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+                        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
                     }
                 }
-                kill_at = Some(Instant::now() + TERM_GRACE);
             }
         }
-        (failure, error)
+        let preempted = (failure.is_none() && preempted_ranks > 0)
+            .then(|| forwarded.unwrap_or_else(|| "a signal to the ranks".to_string()));
+        (failure, error, preempted)
     });
 
     match outcome {
-        (Some((rank, status)), _) => {
+        (None, None, Some(signal)) => Err(LaunchError::Preempted { signal }),
+        (Some((rank, status)), ..) => {
             let stderr_tail = tails[rank].lock().map(|t| t.iter().cloned().collect()).unwrap_or_default();
             Err(LaunchError::Failed { rank, status, stderr_tail })
         }
-        (None, Some(error)) => Err(error),
-        (None, None) => Ok(()),
+        (None, Some(error), _) => Err(error),
+        (None, None, None) => Ok(()),
     }
 }
 

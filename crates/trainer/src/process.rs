@@ -3,6 +3,8 @@
 //! - [`claim_threads`]: libtorch's CPU thread count, one setting per process.
 //! - [`keep_freed_memory`], [`limit_openmp_spinning`]: the allocator's and OpenMP's settings.
 //! - [`RunLock`]: one writer per run directory.
+//! - [`install_stop_handlers`], [`StopFlag`]: SIGTERM, SIGINT and SIGUSR1 ask a training to save and
+//!   stop at its next step boundary (a scheduler's pre-emption); a second SIGINT stops at once.
 //!
 //! A training holds an exclusive advisory lock
 //! (`flock(2)`) on `<out_dir>/.lock` for its whole life, so a second training started into the same
@@ -210,5 +212,81 @@ mod tests {
         let again = RunLock::acquire(&dir).unwrap();
         drop(again);
         assert_eq!(std::fs::read_to_string(dir.join(LOCK_FILE)).unwrap(), "", "no pid left behind");
+    }
+}
+
+/// The exit status of a training that a signal stopped after saving (`EX_TEMPFAIL`: try again,
+/// with `--resume latest`). A scheduler's requeue script can tell it from a failure (1) and from a
+/// process killed outright (128 + the signal).
+pub const PREEMPTED_EXIT: i32 = 75;
+
+/// The first stop signal received (0: none), set by the handlers of [`install_stop_handlers`].
+static STOP: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn on_stop_signal(sig: libc::c_int) {
+    use std::sync::atomic::Ordering;
+    // A second SIGINT (Ctrl-C twice) stops at once; `_exit` is async-signal-safe.
+    if sig == libc::SIGINT && STOP.load(Ordering::SeqCst) != 0 {
+        // SAFETY: `_exit` is async-signal-safe and takes no memory.
+        unsafe { libc::_exit(128 + libc::SIGINT) };
+    }
+    let _ = STOP.compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst);
+}
+
+/// Installs the stop handlers for SIGTERM, SIGINT and SIGUSR1 (SLURM's `--signal=USR1@60`) and
+/// returns the flag they set. For a binary's `main`: a training reads the flag it is handed
+/// ([`crate::train::RunOptions::stop`]) at every step boundary and installs nothing itself.
+pub fn install_stop_handlers() -> Result<StopFlag> {
+    for sig in [libc::SIGTERM, libc::SIGINT, libc::SIGUSR1] {
+        // SAFETY: a zeroed sigaction with a handler that only touches an atomic (or calls `_exit`),
+        // an empty mask, and SA_RESTART so that interrupted system calls resume.
+        let rc = unsafe {
+            let mut sa: libc::sigaction = std::mem::zeroed();
+            sa.sa_sigaction = on_stop_signal as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            sa.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut sa.sa_mask);
+            libc::sigaction(sig, &sa, std::ptr::null_mut())
+        };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error())
+                .with_context(|| format!("installing the handler of signal {sig}"));
+        }
+    }
+    Ok(StopFlag(&STOP))
+}
+
+/// The flag a stop signal sets ([`install_stop_handlers`]); tests make their own with
+/// [`StopFlag::new_static`] and set it by hand.
+#[derive(Clone, Copy, Debug)]
+pub struct StopFlag(&'static std::sync::atomic::AtomicI32);
+
+impl StopFlag {
+    /// A flag of its own, never set by a signal (leaked: a few bytes per call, for tests).
+    pub fn new_static() -> StopFlag {
+        StopFlag(Box::leak(Box::new(std::sync::atomic::AtomicI32::new(0))))
+    }
+
+    /// The signal that asked to stop, if any.
+    pub fn signal(&self) -> Option<i32> {
+        match self.0.load(std::sync::atomic::Ordering::SeqCst) {
+            0 => None,
+            s => Some(s),
+        }
+    }
+
+    /// Asks to stop as `sig` would (tests; the handlers do it for signals).
+    pub fn raise(&self, sig: i32) {
+        let _ =
+            self.0.compare_exchange(0, sig, std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// `SIGTERM`, `SIGINT`, `SIGUSR1`, or `signal N`.
+pub fn signal_name(sig: i32) -> String {
+    match sig {
+        libc::SIGTERM => "SIGTERM".into(),
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGUSR1 => "SIGUSR1".into(),
+        s => format!("signal {s}"),
     }
 }

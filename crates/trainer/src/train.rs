@@ -239,6 +239,30 @@ pub fn latest_checkpoint(dir: &Path) -> Result<PathBuf> {
     Ok(newest.clone())
 }
 
+/// A training that a stop signal ended after saving ([`RunOptions::stop`]): resume it with
+/// `--resume latest` (the binary exits with [`crate::process::PREEMPTED_EXIT`]).
+#[derive(Debug)]
+pub struct Preempted {
+    /// The last step trained (and saved).
+    pub step: usize,
+    /// The signal, or `a signal to another rank`.
+    pub signal: String,
+    /// The checkpoint of `step` (rank 0; `None` on the other ranks).
+    pub checkpoint: Option<PathBuf>,
+}
+
+impl std::fmt::Display for Preempted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "stopped by {} after step {}", self.signal, self.step)?;
+        if let Some(c) = &self.checkpoint {
+            write!(f, ", saved in {}", c.display())?;
+        }
+        write!(f, "; continue with the same command and --resume latest")
+    }
+}
+
+impl std::error::Error for Preempted {}
+
 /// Called on rank 0 after every optimiser step with its metrics: how a caller that runs trainings
 /// (the experiment runner) shows their progress.
 #[derive(Clone)]
@@ -268,6 +292,11 @@ pub enum DirLock {
 pub struct RunOptions {
     /// Who holds the run directory's lock.
     pub lock: DirLock,
+    /// Read at every step boundary: once a stop signal set it (on any rank), every rank stops at
+    /// the same step, rank 0 saves a checkpoint there, and [`train`] returns [`Preempted`]. `None`:
+    /// no pre-emption (the handlers belong to the binary's `main`,
+    /// [`crate::process::install_stop_handlers`]). Every rank must be given one, or none.
+    pub stop: Option<crate::process::StopFlag>,
     /// Resume from this checkpoint (its model, optimiser, step and data position).
     pub resume: Option<PathBuf>,
     /// Show a progress bar (rank 0 only; off in tests).
@@ -498,8 +527,38 @@ pub fn train(
             (hook.0)(&m);
         }
         steps.push(m);
-        if rank == 0 && (is_last || (cfg.ckpt_every > 0 && step.is_multiple_of(cfg.ckpt_every))) {
+        let saved_now = is_last || (cfg.ckpt_every > 0 && step.is_multiple_of(cfg.ckpt_every));
+        if rank == 0 && saved_now {
             last_ckpt = save_state(&vs, &opt, cfg, step, data, world, &tokenizer, &opts.command)?;
+        }
+        // Pre-emption: every rank learns at this boundary whether any was signalled (one scalar
+        // all-reduced per step), so all stop after the same step and rank 0's checkpoint is whole.
+        if let Some(stop) = opts.stop.as_ref().filter(|_| !is_last) {
+            let local = stop.signal().unwrap_or(0);
+            let any = if world > 1 { coll.all_reduce_sum_f64(f64::from(local))? } else { f64::from(local) };
+            if any > 0.0 {
+                let signal = match local {
+                    0 => "a signal to another rank".to_string(),
+                    s => crate::process::signal_name(s),
+                };
+                let mut checkpoint = None;
+                if rank == 0 {
+                    if !saved_now {
+                        last_ckpt = save_state(&vs, &opt, cfg, step, data, world, &tokenizer, &opts.command)?;
+                    }
+                    checkpoint = Some(last_ckpt.clone());
+                    if let Some(f) = metrics_file.as_mut() {
+                        let event = serde_json::json!({
+                            "event": "preempted", "step": step, "signal": signal, "checkpoint": last_ckpt,
+                        });
+                        writeln!(f, "{event}").context("writing metrics.jsonl")?;
+                    }
+                    if let Some(bar) = &bar {
+                        bar.abandon();
+                    }
+                }
+                return Err(Preempted { step, signal, checkpoint }.into());
+            }
         }
     }
     if let Some(bar) = bar {
@@ -568,9 +627,10 @@ fn truncate_metrics(path: &Path, last: usize) -> Result<()> {
     };
     let mut kept = String::with_capacity(text.len());
     for line in text.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
-        match serde_json::from_str::<StepMetrics>(line) {
-            Ok(m) if m.step <= last => kept.push_str(line),
-            _ => {}
+        // Step lines, and events (a pre-emption) of a step, up to `last`.
+        let step = serde_json::from_str::<serde_json::Value>(line).ok().and_then(|v| v["step"].as_u64());
+        if step.is_some_and(|s| s as usize <= last) {
+            kept.push_str(line);
         }
     }
     if kept.len() != text.len() {

@@ -34,16 +34,40 @@ fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     out
 }
 
-/// The `step` field of every complete line of `metrics.jsonl`. A line without its newline is one
-/// the trainer is still writing (or was killed writing): read while the run goes on, the file can
-/// end in one, and parsing it failed this test once in CI.
-fn logged_steps(dir: &Path) -> Vec<usize> {
+/// Every complete line of `metrics.jsonl`, parsed. A line without its newline is one the trainer
+/// is still writing (or was killed writing): read while the run goes on, the file can end in one,
+/// and parsing it failed this test once in CI.
+fn logged_lines(dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(dir.join("metrics.jsonl"))
         .unwrap_or_default()
         .split_inclusive('\n')
         .filter(|l| l.ends_with('\n'))
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["step"].as_u64().unwrap() as usize)
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
         .collect()
+}
+
+/// The `step` of every step line of `metrics.jsonl` (events, such as a pre-emption, left out).
+fn logged_steps(dir: &Path) -> Vec<usize> {
+    logged_lines(dir)
+        .iter()
+        .filter(|l| l.get("event").is_none())
+        .map(|l| l["step"].as_u64().unwrap() as usize)
+        .collect()
+}
+
+/// The final checkpoints of two runs hold the same tensors, bit for bit (weights and optimiser).
+fn assert_same_final_state(a: &Path, b: &Path) {
+    let tensors = |p: &Path| {
+        let mut t = gpt_model::checkpoint::read_tensors(p, "").unwrap();
+        t.sort_by(|x, y| x.0.cmp(&y.0));
+        t
+    };
+    let (a, b) = (tensors(a), tensors(b));
+    assert_eq!(a.len(), b.len());
+    for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
+        assert_eq!(na, nb);
+        assert!(ta.equal(tb), "{na} differs from the uninterrupted run");
+    }
 }
 
 #[test]
@@ -108,17 +132,7 @@ fn a_killed_run_resumed_logs_every_step_once_and_ends_with_the_uninterrupted_wei
     assert_eq!(logged_steps(&dir), (1..=steps).collect::<Vec<_>>(), "resumed from {}", last_ckpt.display());
     // Same final weights and optimiser state, bit for bit, and the same logged losses.
     let name = format!("ckpt_{steps:08}.safetensors");
-    let tensors = |p: &Path| {
-        let mut t = gpt_model::checkpoint::read_tensors(p, "").unwrap();
-        t.sort_by(|x, y| x.0.cmp(&y.0));
-        t
-    };
-    let (a, b) = (tensors(&root.path().join("whole").join(&name)), tensors(&dir.join(&name)));
-    assert_eq!(a.len(), b.len());
-    for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
-        assert_eq!(na, nb);
-        assert!(ta.equal(tb), "{na} differs from the uninterrupted run");
-    }
+    assert_same_final_state(&root.path().join("whole").join(&name), &dir.join(&name));
     let losses = |d: &Path| -> Vec<f64> {
         std::fs::read_to_string(d.join("metrics.jsonl"))
             .unwrap()
@@ -271,4 +285,47 @@ fn resume_latest_refuses_a_truncated_newest_checkpoint_and_names_the_intact_one(
     std::fs::remove_file(&newest).unwrap();
     let resumed = run(&cfg, &["--resume", intact.to_str().unwrap(), "--set", "max_steps=30"]);
     assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+}
+
+/// SIGTERM mid-run (a scheduler's pre-emption): the run saves a checkpoint at the next step
+/// boundary, logs a `preempted` event, exits with status 75, and `--resume latest` ends with the
+/// uninterrupted run's weights and optimiser state, bit for bit.
+#[test]
+fn sigterm_saves_at_the_next_step_and_resume_latest_ends_with_the_uninterrupted_weights() {
+    let root = tempfile::tempdir().unwrap();
+    common::tiny_data(root.path());
+    let steps = 60;
+    let reference = config(root.path(), "whole", steps);
+    let out = run(&reference, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let cut = config(root.path(), "cut", steps);
+    let dir = root.path().join("cut");
+    let mut child = trainer(&cut, &[]).stderr(std::process::Stdio::piped()).spawn().unwrap();
+    loop {
+        assert!(child.try_wait().unwrap().is_none(), "the run ended before the signal: make it longer");
+        if logged_steps(&dir).len() >= 13 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    // SAFETY: `child` is our unreaped child.
+    unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(trainer::process::PREEMPTED_EXIT), "{stderr}");
+    assert!(stderr.contains("stopped by SIGTERM") && stderr.contains("--resume latest"), "{stderr}");
+    let events: Vec<serde_json::Value> = logged_lines(&dir).into_iter().filter(|l| l.get("event").is_some()).collect();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!((events[0]["event"].as_str(), events[0]["signal"].as_str()), (Some("preempted"), Some("SIGTERM")));
+    let stopped = events[0]["step"].as_u64().unwrap() as usize;
+    assert!(stopped < steps && stopped == *logged_steps(&dir).last().unwrap(), "stopped at {stopped}");
+    // Saved at the step it stopped at, not only at the last periodic checkpoint.
+    assert!(dir.join(format!("ckpt_{stopped:08}.safetensors")).exists());
+
+    let resumed = run(&cut, &["--resume", "latest"]);
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    assert_eq!(logged_steps(&dir), (1..=steps).collect::<Vec<_>>());
+    let name = format!("ckpt_{steps:08}.safetensors");
+    assert_same_final_state(&root.path().join("whole").join(&name), &dir.join(&name));
 }

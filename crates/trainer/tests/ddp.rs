@@ -371,3 +371,76 @@ fn bad_input_gives_one_clear_error() {
     );
     std::fs::remove_dir_all(&root).unwrap();
 }
+
+/// Every complete step line's loss of `metrics.jsonl` (events left out).
+fn step_losses(out: &Path) -> Vec<f64> {
+    std::fs::read_to_string(out.join("metrics.jsonl"))
+        .unwrap()
+        .split_inclusive('\n')
+        .filter(|l| l.ends_with('\n'))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("event").is_none())
+        .map(|v| v["loss"].as_f64().unwrap())
+        .collect()
+}
+
+/// SIGTERM to the launcher of 2 Gloo ranks: it forwards the signal, both ranks agree on the step to
+/// stop at (through the per-step all-reduce), rank 0 saves there, the launcher exits with 75, and
+/// `--resume latest` on 2 ranks ends with the uninterrupted 2-rank run's weights, bit for bit.
+#[test]
+fn sigterm_to_the_launcher_saves_on_every_rank_and_resumes_exactly() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let root = scratch("preempt");
+    let data = build_data(&root);
+    let args = |out: &Path| {
+        let mut a = base_args(&data, out);
+        a.extend(
+            ["--set", "max_steps=40", "--set", "ckpt_every=0", "--set", "batch_size=2", "--set", "tokens_per_step=128"]
+                .map(String::from),
+        );
+        a.extend(["--nproc-per-node", "2"].map(String::from));
+        a
+    };
+    let whole = root.join("whole");
+    let o = run(&args(&whole), &[]);
+    assert!(o.status.success(), "uninterrupted: {}", String::from_utf8_lossy(&o.stderr));
+
+    let cut = root.join("cut");
+    let mut launcher = Command::new(TRAINER)
+        .args(args(&cut))
+        .env("LSSA_DIST_TIMEOUT_S", "20")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = Instant::now();
+    while std::fs::read_to_string(cut.join("metrics.jsonl")).unwrap_or_default().lines().count() < 8 {
+        assert!(start.elapsed() < Duration::from_secs(120), "no 8 steps after 120 s");
+        assert!(launcher.try_wait().unwrap().is_none(), "the run ended before the signal");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // SAFETY: the launcher is our unreaped child.
+    unsafe { libc::kill(launcher.id() as libc::pid_t, libc::SIGTERM) };
+    let signalled = Instant::now();
+    let output = launcher.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(trainer::process::PREEMPTED_EXIT), "{stderr}");
+    assert!(signalled.elapsed() < Duration::from_secs(30), "took {:?} to save and stop", signalled.elapsed());
+    let stopped = step_losses(&cut).len();
+    assert!(stopped < 40, "stopped at {stopped}");
+    let ckpts = trainer::train::list_checkpoints(&cut).unwrap();
+    assert_eq!(ckpts.last().unwrap().file_name().unwrap().to_string_lossy(), format!("ckpt_{stopped:08}.safetensors"));
+
+    let mut resume = args(&cut);
+    resume.extend(["--resume", "latest"].map(String::from));
+    let o = run(&resume, &[]);
+    assert!(o.status.success(), "resumed: {}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(step_losses(&cut), step_losses(&whole), "the resumed run's losses differ");
+    let (a, b) = (weights(&whole.join("ckpt_00000040.safetensors")), weights(&cut.join("ckpt_00000040.safetensors")));
+    for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
+        assert_eq!(na, nb);
+        assert!(ta.equal(tb), "{na} differs from the uninterrupted run");
+    }
+    std::fs::remove_dir_all(&root).unwrap();
+}

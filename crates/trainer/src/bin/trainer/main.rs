@@ -109,6 +109,17 @@ fn main() {
     // What checkpoints and results record: the tree as it was when this command started.
     trainer::git_revision();
     if let Err(e) = run() {
+        // A stop signal that the training answered by saving: a documented status of its own, so a
+        // scheduler's requeue script can tell it from a failure.
+        if e.downcast_ref::<trainer::train::Preempted>().is_some()
+            || matches!(
+                e.downcast_ref::<trainer::launch::LaunchError>(),
+                Some(trainer::launch::LaunchError::Preempted { .. })
+            )
+        {
+            eprintln!("trainer: {e:#}");
+            std::process::exit(trainer::process::PREEMPTED_EXIT);
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
@@ -121,7 +132,9 @@ fn run() -> Result<()> {
         Box::leak(format!("{} (git {})", env!("CARGO_PKG_VERSION"), trainer::git_revision()).into_boxed_str());
     let cli = Cli::from_arg_matches(&Cli::command().version(version).get_matches())?;
     match cli.command {
-        Cmd::Train(a) => train_cmd(a),
+        // Only a training answers SIGTERM / SIGINT / SIGUSR1 by saving first; the other commands
+        // keep the default (they have nothing to save).
+        Cmd::Train(a) => train_cmd(a, trainer::process::install_stop_handlers()?),
         Cmd::Eval(a) => eval_cmd(a),
         Cmd::Sample(a) => sample_cmd(a),
         Cmd::Export(a) => export_cmd(a),

@@ -80,13 +80,16 @@ fn load_config(a: &TrainArgs) -> Result<TrainConfig> {
     Ok(TrainConfig::from_toml_with_overrides(&text, &name, &overrides)?)
 }
 
-pub(crate) fn train_cmd(a: TrainArgs) -> Result<()> {
+/// `trainer train`; `stop` is set by the stop signals `main` installed for it (SIGTERM, SIGINT,
+/// SIGUSR1): the training saves at its next step boundary and ends with [`train::Preempted`].
+pub(crate) fn train_cmd(a: TrainArgs, stop: trainer::process::StopFlag) -> Result<()> {
     if a.nproc_per_node > 1 && std::env::var_os("RANK").is_none() {
-        // The built-in launcher: re-run this command once per rank with torchrun's variables set.
+        // The built-in launcher: re-run this command once per rank with torchrun's variables set;
+        // a stop signal to it is forwarded to the ranks, which save and stop together.
         let exe = std::env::current_exe().context("locating this binary")?;
         let args = trainer::launch::remove_option(&std::env::args().skip(1).collect::<Vec<_>>(), "--nproc-per-node");
         eprintln!("trainer: launching {} ranks on 127.0.0.1", a.nproc_per_node);
-        return Ok(trainer::launch::spawn(a.nproc_per_node, &exe, &args)?);
+        return Ok(trainer::launch::spawn_stoppable(a.nproc_per_node, &exe, &args, Some(stop))?);
     }
     let cfg = load_config(&a)?;
     let me = train::Rank::from_env()?;
@@ -127,6 +130,7 @@ pub(crate) fn train_cmd(a: TrainArgs) -> Result<()> {
     }
     let opts = RunOptions {
         lock: train::DirLock::Take,
+        stop: Some(stop),
         resume,
         progress: !a.no_progress,
         val_tokens: val.clone(),
