@@ -49,6 +49,20 @@ pub enum CheckpointError {
         /// The cause.
         source: std::io::Error,
     },
+    /// The disk filled up while the file was written: the partial temporary file was removed and
+    /// the file (and every older one) is as it was.
+    #[error(
+        "{path}: the disk is full: writing it needs {needed} bytes ({mib:.1} MiB): {source}; nothing was replaced (the earlier checkpoints are intact); free space, then continue with --resume latest",
+        mib = *.needed as f64 / 1048576.0
+    )]
+    DiskFull {
+        /// The file.
+        path: String,
+        /// Bytes the file needs (tensors and header).
+        needed: u64,
+        /// The cause.
+        source: std::io::Error,
+    },
     /// Not a safetensors file, or not one of ours.
     #[error("{path}: not a model checkpoint: {reason}")]
     Format {
@@ -156,6 +170,10 @@ fn write_views_atomic(
     meta: HashMap<String, String>,
     path: &Path,
 ) -> Result<(), CheckpointError> {
+    // What the file needs: the tensors' bytes, and a header of about 100 bytes per tensor plus the
+    // metadata (an estimate, for the error message of a full disk).
+    let needed = views.iter().map(|(_, v)| v.data().len() as u64 + 100).sum::<u64>()
+        + meta.iter().map(|(k, v)| (k.len() + v.len() + 8) as u64).sum::<u64>();
     let mut format_error = None;
     let written = crate::io::write_atomic_with(path, |tmp| {
         safetensors::serialize_to_file(views, Some(meta), tmp).map_err(|e| match e {
@@ -170,6 +188,9 @@ fn write_views_atomic(
     match (written, format_error) {
         (Ok(()), _) => Ok(()),
         (Err(_), Some(reason)) => Err(CheckpointError::Format { path: path.display().to_string(), reason }),
+        (Err(e), None) if e.source.kind() == std::io::ErrorKind::StorageFull => {
+            Err(CheckpointError::DiskFull { path: path.display().to_string(), needed, source: e.source })
+        }
         (Err(e), None) => Err(CheckpointError::Io { path: e.path.display().to_string(), source: e.source }),
     }
 }

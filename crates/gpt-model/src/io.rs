@@ -47,6 +47,7 @@ pub fn write_atomic_with(
     let tmp = temporary_name(path)?;
     let result = (|| {
         write(&tmp).map_err(at(&tmp))?;
+        injected_fault(&tmp).map_err(at(&tmp))?;
         File::open(&tmp).and_then(|f| f.sync_all()).map_err(at(&tmp))?;
         std::fs::rename(&tmp, path).map_err(at(path))?;
         let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(Path::new("."));
@@ -59,6 +60,24 @@ pub fn write_atomic_with(
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// The variable of the fault-injection hook: see [`injected_fault`].
+pub const FAULT_ENV: &str = "LSSA_FAULT_WRITE_AFTER_BYTES";
+
+/// A test hook: with `LSSA_FAULT_WRITE_AFTER_BYTES=N` in the environment, a write whose temporary
+/// file grew past `N` bytes is cut to `N` bytes and fails as a full disk does (`StorageFull`), so
+/// tests see what a full disk does to a checkpoint (the partial temporary is removed, the
+/// destination and the older files stay) without filling one. Unset, it does nothing.
+fn injected_fault(tmp: &Path) -> std::io::Result<()> {
+    let Some(limit) = std::env::var(FAULT_ENV).ok().and_then(|v| v.parse::<u64>().ok()) else {
+        return Ok(());
+    };
+    if std::fs::metadata(tmp)?.len() > limit {
+        std::fs::OpenOptions::new().write(true).open(tmp)?.set_len(limit)?;
+        return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "No space left on device (injected)"));
+    }
+    Ok(())
 }
 
 /// [`write_atomic_with`] through a buffered writer.

@@ -329,3 +329,36 @@ fn sigterm_saves_at_the_next_step_and_resume_latest_ends_with_the_uninterrupted_
     let name = format!("ckpt_{steps:08}.safetensors");
     assert_same_final_state(&root.path().join("whole").join(&name), &dir.join(&name));
 }
+
+/// A disk that fills while a checkpoint is written (a fault injected after half its bytes): the
+/// run stops with an error naming the file and the bytes it needs, the partial file is gone, the
+/// earlier checkpoints are byte-identical, and `--resume latest` continues from the last of them.
+#[test]
+fn a_full_disk_while_saving_loses_nothing_and_says_what_it_needs() {
+    let root = tempfile::tempdir().unwrap();
+    common::tiny_data(root.path());
+    let cfg = config(root.path(), "run", 20);
+    let first = run(&cfg, &[]);
+    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let dir = root.path().join("run");
+    let size = std::fs::metadata(dir.join("ckpt_00000020.safetensors")).unwrap().len();
+    let ckpts =
+        |d: &Path| -> Vec<(String, Vec<u8>)> { files(d).into_iter().filter(|(n, _)| n.starts_with("ckpt_")).collect() };
+    let before = ckpts(&dir);
+    let full = trainer(&cfg, &["--resume", "latest", "--set", "max_steps=30"])
+        .env(gpt_model::io::FAULT_ENV, (size / 2).to_string())
+        .output()
+        .unwrap();
+    assert!(!full.status.success());
+    let err = String::from_utf8_lossy(&full.stderr);
+    assert!(
+        err.contains("ckpt_00000030.safetensors") && err.contains("disk is full") && err.contains("bytes"),
+        "{err}"
+    );
+    assert_eq!(ckpts(&dir), before, "the earlier checkpoints changed");
+    let leftovers: Vec<String> = files(&dir).into_iter().map(|(n, _)| n).filter(|n| n.contains(".tmp")).collect();
+    assert!(leftovers.is_empty(), "partial files left: {leftovers:?}");
+    let resumed = run(&cfg, &["--resume", "latest", "--set", "max_steps=30"]);
+    assert!(resumed.status.success(), "{}", String::from_utf8_lossy(&resumed.stderr));
+    assert!(dir.join("ckpt_00000030.safetensors").exists());
+}
