@@ -111,16 +111,18 @@ fn pool(threads: usize) -> PyResult<Option<Arc<rayon::ThreadPool>>> {
 }
 
 /// The CUDA kernel to run: `LSSA_CUDA_KERNEL` (`auto`, or `v1` to `v9` in a build with the `lab`
-/// feature), read once, as the libtorch bridge reads it; `auto` when unset.
+/// feature), read once by [`cuda::Kernel::from_env`], as the libtorch bridge reads it; `auto` when
+/// unset.
 fn cuda_kernel() -> PyResult<cuda::Kernel> {
     static KERNEL: OnceLock<Result<cuda::Kernel, String>> = OnceLock::new();
-    KERNEL
-        .get_or_init(|| match std::env::var("LSSA_CUDA_KERNEL") {
-            Ok(s) => s.parse().map_err(|e: Error| format!("LSSA_CUDA_KERNEL: {e}")),
-            Err(_) => Ok(cuda::Kernel::Auto),
-        })
-        .clone()
-        .map_err(PyValueError::new_err)
+    KERNEL.get_or_init(|| cuda::Kernel::from_env().map_err(|e| e.to_string())).clone().map_err(PyValueError::new_err)
+}
+
+/// The CUDA kernel request the extension runs (`auto`, or the lab version `LSSA_CUDA_KERNEL` names
+/// in a wheel built with the `lab` feature); a `ValueError` says why the variable is refused.
+#[pyfunction(name = "cuda_kernel")]
+fn cuda_kernel_name() -> PyResult<&'static str> {
+    Ok(cuda_kernel()?.name())
 }
 
 /// A `ValueError` naming the first of `pointers` that is null.
@@ -444,6 +446,7 @@ fn _lssa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(describe, m)?)?;
     m.add_function(wrap_pyfunction!(not_fused_reason, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_unavailable_reason, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_kernel_name, m)?)?;
     m.add_function(wrap_pyfunction!(rw_aux_per_row, m)?)?;
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;

@@ -42,3 +42,12 @@ def no_fallback():
     with warnings.catch_warnings():
         warnings.simplefilter("error", lssa.LssaFallbackWarning)
         yield
+
+
+def pytest_report_header(config):
+    """The CUDA kernel request of the session, as the extension reads ``LSSA_CUDA_KERNEL``."""
+    try:
+        kernel = lssa._lssa.cuda_kernel()
+    except ValueError as e:
+        kernel = f"refused: {e}"
+    return f"lssa CUDA kernel: {kernel} (LSSA_CUDA_KERNEL; auto when unset)"

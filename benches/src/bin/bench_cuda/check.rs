@@ -89,7 +89,61 @@ fn naive(
     Ok([from_tch(&o), from_tch(&q.grad()), from_tch(&k.grad()), from_tch(&v.grad())])
 }
 
-pub(crate) fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
+/// The kernel requests `check` runs on a case of `head_dim` and `dtype`: every lab pair (`Auto` runs
+/// one of them) where the tensor-core versions apply, else v1; with `--kernels`, those of the asked
+/// requests that run here (off the tensor cores, only `auto` and `v1`), possibly none.
+fn requests(args: &Args, head_dim: usize, dtype: Dtype) -> Vec<Kernel> {
+    let tc = cuda::has_tensor_core_forward(head_dim, dtype);
+    if args.kernels.is_empty() {
+        return if tc { Kernel::ALL[1..].to_vec() } else { vec![Kernel::Lab(Version::V1)] };
+    }
+    args.kernels.iter().copied().filter(|k| tc || matches!(k, Kernel::Auto | Kernel::Lab(Version::V1))).collect()
+}
+
+/// Compiles the modules `jobs` will load (NVRTC, then the driver's JIT) on `threads` threads at once,
+/// instead of one at a time at first use: on a 16-core GPU machine the lab's modules (a few seconds
+/// each) otherwise take most of a check's time. A module that fails here fails again, with its
+/// reason, in its case.
+fn compile_ahead(jobs: &[(Variant, usize, Dtype, Kernel)], threads: usize) {
+    let mut distinct: Vec<(String, usize, Dtype, cuda::Generation)> = Vec::new();
+    let mut todo = Vec::new();
+    for (v, d, dt, k) in jobs {
+        let key = (v.to_string(), *d, *dt, k.generation());
+        if !distinct.contains(&key) {
+            distinct.push(key);
+            todo.push((v, *d, *dt, *k));
+        }
+    }
+    let threads = threads.min(todo.len());
+    if threads <= 1 {
+        return;
+    }
+    let started = std::time::Instant::now();
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| {
+                while let Some((v, d, dt, k)) = todo.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed)) {
+                    // `versions` loads the request's module into the device's cache.
+                    if cuda::versions(v, *d, *dt, *k).is_err() {
+                        failed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
+            });
+        }
+    });
+    say!(
+        "compiled {} modules ahead on {threads} threads in {:.1} s ({} failed; their cases say why)",
+        todo.len(),
+        started.elapsed().as_secs_f64(),
+        failed.into_inner()
+    );
+}
+
+/// Every case against the reference; `progress` gets the rows so far after each case (the caller
+/// saves them, so a run stopped by its time limit keeps what it checked).
+pub(crate) fn check(args: &Args, rows: &mut Vec<Value>, progress: &mut dyn FnMut(&[Value])) -> Result<bool> {
     let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
     let mut all: Vec<(Variant, usize, usize, Dtype)> = Vec::new();
     for name in attn_core::STAGE1_NAMES {
@@ -112,6 +166,17 @@ pub(crate) fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
             }
         }
     }
+    all.retain(|(_, t, d, dt)| {
+        (args.only_t.is_empty() || args.only_t.contains(t)) && !requests(args, *d, *dt).is_empty()
+    });
+    let ahead: Vec<(Variant, usize, Dtype, Kernel)> = all
+        .iter()
+        .flat_map(|(v, _, d, dt)| requests(args, *d, *dt).into_iter().map(move |k| (v.clone(), *d, *dt, k)))
+        .collect();
+    if !args.kernels.is_empty() {
+        let names: Vec<&str> = args.kernels.iter().map(|k| k.name()).collect();
+        say!("kernel requests: {} ({} cases)", names.join(", "), all.len());
+    }
     let mut ok = true;
     // The warpgroup operand layouts v8 and v9 assume, one product each, before the kernels that use them.
     match cuda::wgmma_probe() {
@@ -128,6 +193,8 @@ pub(crate) fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         }
         Err(e) => say!("wgmma layout probe not run: {e}"),
     }
+    progress(rows);
+    compile_ahead(&ahead, args.compile_threads);
     say!(
         "{:<26} {:>4} {:>4} {:>5} {:>6} | {:>9} {:>9} {:>9} {:>9} | {:>9} {:>9} | verdict",
         "variant",
@@ -143,9 +210,6 @@ pub(crate) fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         "naive dq"
     );
     for (v, t, d, dt) in all {
-        if !args.only_t.is_empty() && !args.only_t.contains(&t) {
-            continue;
-        }
         trace(args.trace, format_args!("{v} T={t} d={d} {dt:?}: inputs and reference"));
         let shape = (2, 3, t, d);
         let scale = if v.to_string().starts_with("softmax") || v.to_string().contains("sigmoid") { 1.0 } else { 0.7 };
@@ -160,18 +224,14 @@ pub(crate) fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
         let (q64, k64, v64, g64) = (f64s(&q), f64s(&k), f64s(&vv), f64s(&g));
         let o_ref = attn_core::forward(&v, &q64, &k64, &v64)?;
         let gr = attn_core::backward(&v, &q64, &k64, &v64, &g64)?;
-        // Every kernel request; `cuda::versions` says what each runs on this device and at this d.
-        let kernels: &[Kernel] = if cuda::has_tensor_core_forward(d, dt) {
-            &Kernel::ALL[1..] // Auto runs one of the others
-        } else {
-            &[Kernel::Lab(Version::V1)]
-        };
+        // The kernel requests; `cuda::versions` says what each runs on this device and at this d.
+        let kernels = requests(args, d, dt);
         trace(args.trace, format_args!("naive"));
         let nv = naive(&v, &q, &k, &vv, &g, dt)?;
         let n_o = rel_err(&nv[0], &o_ref);
         let n_dq = rel_err(&nv[1], &gr.dq);
         let mut ran = Vec::new();
-        for &kern in kernels {
+        for &kern in &kernels {
             // Labelled by what ran on this device; a request that runs an already checked pair is skipped.
             let (f, b) = cuda::versions(&v, d, dt, kern)?;
             if ran.contains(&(f, b)) {
@@ -212,16 +272,23 @@ pub(crate) fn check(args: &Args, rows: &mut Vec<Value>) -> Result<bool> {
             rows.push(json!({"variant": v.to_string(), "T": t, "d": d, "dtype": format!("{dt:?}"), "forward_kernel": format!("{kern:?}"), "versions": [f, b],
                 "rel_err": {"o": e[0], "dq": e[1], "dk": e[2], "dv": e[3]}, "naive_rel_err": {"o": n_o, "dq": n_dq}, "pass": pass}));
         }
+        progress(rows);
     }
-    ok &= model_check(rows)?;
+    ok &= model_check(rows, &args.kernels)?;
+    progress(rows);
     Ok(ok)
 }
 
 /// The autograd bridge on the GPU: a small GPT's loss and parameter gradients with `fused` attention
-/// against the `reference` (tch ops) attention, in f32 (tight) and bf16 (each against f32).
-fn model_check(rows: &mut Vec<Value>) -> Result<bool> {
+/// against the `reference` (tch ops) attention, in f32 (tight; the f32 kernels are v1's whatever the
+/// request, run as `Auto`) and bf16 (each against f32), the bf16 fused model once per request of
+/// `kernels` (none: the bridge's own, `LSSA_CUDA_KERNEL`'s or `Auto`).
+fn model_check(rows: &mut Vec<Value>, kernels: &[Kernel]) -> Result<bool> {
+    use gpt_model::attention::fused::{cuda_kernel, set_cuda_kernel};
     use gpt_model::{AttnImpl, ForwardOptions, Gpt, ModelConfig};
     say!("\nGPT (2 layers, 2 heads of 64, T = 200) on the GPU: fused vs reference attention through autograd");
+    let bridge = cuda_kernel()?;
+    let kernels = if kernels.is_empty() { vec![bridge] } else { kernels.to_vec() };
     let mut ok = true;
     for variant in ["lssa", "lssa+rw15", "softmax"] {
         let run = |imp: AttnImpl, kind: Kind| -> Result<(f64, Vec<Tensor>)> {
@@ -252,27 +319,34 @@ fn model_check(rows: &mut Vec<Value>) -> Result<bool> {
             }
             (num / den.max(1e-300)).sqrt()
         };
+        set_cuda_kernel(Kernel::Auto);
         let (l_ref, g_ref) = run(AttnImpl::Reference, Kind::Float)?;
         let (l_fus, g_fus) = run(AttnImpl::Fused, Kind::Float)?;
         let (l_ref16, g_ref16) = run(AttnImpl::Reference, Kind::BFloat16)?;
-        let (l_fus16, g_fus16) = run(AttnImpl::Fused, Kind::BFloat16)?;
         let e32 = ((l_fus - l_ref).abs(), rel(&g_fus, &g_ref));
-        let (e16f, e16r) = (rel(&g_fus16, &g_ref), rel(&g_ref16, &g_ref));
-        let pass = e32.0 < 1e-4 && e32.1 < 1e-3 && e16f <= 2.0 * e16r + 1e-3;
-        ok &= pass;
-        say!(
-            "  {variant:<10} f32: |loss diff| {:.1e}, grad rel {:.1e} | bf16 grads vs f32 reference: fused {:.1e}, reference {:.1e} | loss f32 {:.4} bf16 fused {:.4} ref {:.4} | {}",
-            e32.0,
-            e32.1,
-            e16f,
-            e16r,
-            l_ref,
-            l_fus16,
-            l_ref16,
-            if pass { "ok" } else { "FAIL" }
-        );
-        rows.push(json!({"model_check": variant, "f32_loss_diff": e32.0, "f32_grad_rel": e32.1, "bf16_fused_grad_rel": e16f, "bf16_reference_grad_rel": e16r, "pass": pass}));
+        let e16r = rel(&g_ref16, &g_ref);
+        for &kernel in &kernels {
+            set_cuda_kernel(kernel);
+            let (l_fus16, g_fus16) = run(AttnImpl::Fused, Kind::BFloat16)?;
+            let e16f = rel(&g_fus16, &g_ref);
+            let pass = e32.0 < 1e-4 && e32.1 < 1e-3 && e16f <= 2.0 * e16r + 1e-3;
+            ok &= pass;
+            say!(
+                "  {variant:<10} {:>4} | f32: |loss diff| {:.1e}, grad rel {:.1e} | bf16 grads vs f32 reference: fused {:.1e}, reference {:.1e} | loss f32 {:.4} bf16 fused {:.4} ref {:.4} | {}",
+                kernel.name(),
+                e32.0,
+                e32.1,
+                e16f,
+                e16r,
+                l_ref,
+                l_fus16,
+                l_ref16,
+                if pass { "ok" } else { "FAIL" }
+            );
+            rows.push(json!({"model_check": variant, "bf16_kernel": kernel.name(), "f32_loss_diff": e32.0, "f32_grad_rel": e32.1, "bf16_fused_grad_rel": e16f, "bf16_reference_grad_rel": e16r, "pass": pass}));
+        }
     }
+    set_cuda_kernel(bridge);
     let counts = gpt_model::attention::path_counts();
     say!("  attention calls: {counts:?}");
     Ok(ok)

@@ -26,6 +26,16 @@ pub(crate) struct Args {
     /// `check`: only cases of these lengths (default: all).
     #[arg(long, value_delimiter = ',')]
     pub(crate) only_t: Vec<usize>,
+    /// `check`: only these kernel requests (`auto`, `v1` to `v9`; default: every lab pair), and the
+    /// model check's bf16 fused runs with each; a case none of them runs (f32, d = 48 for the
+    /// tensor-core versions) is skipped. `--kernels v7,v8` checks v5 + v7 and v8 + v9, what
+    /// `benches/gpu-session.sh ship1` confirms before `Auto` switches.
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) kernels: Vec<attn_kernels::cuda::Kernel>,
+    /// `check`: threads that compile the cases' kernel modules ahead of the cases (NVRTC and the
+    /// driver's JIT, a few seconds per lab module); 1 compiles each at first use instead.
+    #[arg(long, default_value_t = std::thread::available_parallelism().map_or(4, |n| n.get()).min(16))]
+    pub(crate) compile_threads: usize,
     /// `speed`: also time LSSA and LSSAR written for PyTorch's FlexAttention (`benches/flex_lssa.py`,
     /// compiled, in a child process with the Python of this libtorch) at the same shapes.
     #[arg(long)]

@@ -11,7 +11,9 @@
 //!   plus device memory at 16K and 64K.
 //! - `model`: a GPT-2 124M forward+backward step, fused vs reference attention, tokens/s.
 //!
-//! Results: a table on stdout, JSON to `--out` (default `docs/bench/cuda.json`).
+//! Results: a table on stdout, JSON to `--out` (default `docs/bench/cuda.json`), written after every
+//! section and during `check` after every case (`"partial": true` until the run ends), so a run
+//! stopped by its time limit leaves what it measured.
 
 mod check;
 mod cli;
@@ -36,32 +38,32 @@ fn main() -> Result<()> {
         bail!("no CUDA device visible to libtorch: run this on a GPU machine (see docs/GUIDE.md, CUDA kernels)");
     }
     say!("device: {}; NVRTC from {}", cuda::device_description()?, cuda::nvrtc_location()?.display());
-    let mut out = serde_json::Map::new();
-    out.insert("device".into(), json!(cuda::device_description()?));
+    let mut out = Results { path: args.out.clone(), map: serde_json::Map::new() };
+    out.map.insert("device".into(), json!(cuda::device_description()?));
     let all = args.what == "all";
     let mut failed = false;
     if all || args.what == "check" {
         let mut rows = Vec::new();
-        failed |= !check::check(&args, &mut rows)?;
-        out.insert("check".into(), Value::Array(rows));
+        failed |= !check::check(&args, &mut rows, &mut |rows| out.save_with("check", rows))?;
+        out.map.insert("check".into(), Value::Array(rows));
+        out.save(true);
     }
     if all || args.what == "speed" {
         let mut rows = Vec::new();
-        speed::speed(&args, &mut rows)?;
-        out.insert("speed".into(), Value::Array(rows));
+        speed::speed(&args, &mut rows, &mut |rows| out.save_with("speed", rows))?;
+        out.map.insert("speed".into(), Value::Array(rows));
+        out.save(true);
         let mut rows = Vec::new();
         speed::memory(&mut rows)?;
-        out.insert("memory".into(), Value::Array(rows));
+        out.map.insert("memory".into(), Value::Array(rows));
+        out.save(true);
     }
     if all || args.what == "model" {
         let mut rows = Vec::new();
         speed::model(&mut rows)?;
-        out.insert("model".into(), Value::Array(rows));
+        out.map.insert("model".into(), Value::Array(rows));
     }
-    if let Some(dir) = args.out.parent() {
-        std::fs::create_dir_all(dir).ok();
-    }
-    std::fs::write(&args.out, serde_json::to_string_pretty(&Value::Object(out))?)?;
+    out.save(false);
     let md = args.out.with_extension("md");
     let log = LOG.lock().unwrap_or_else(|e| e.into_inner()).clone();
     std::fs::write(&md, format!("# bench-cuda `{}`\n\n```text\n{log}```\n", args.what))?;
@@ -70,4 +72,42 @@ fn main() -> Result<()> {
         bail!("correctness check failed (rows marked FAIL)");
     }
     Ok(())
+}
+
+/// The JSON results and where they go.
+struct Results {
+    path: std::path::PathBuf,
+    map: serde_json::Map<String, Value>,
+}
+
+impl Results {
+    /// Writes the results so far (`"partial": true` while the run goes on) through a temporary file,
+    /// so a run killed mid-write leaves the previous complete file. Best effort: a failed write is
+    /// reported and the run goes on.
+    fn save(&self, partial: bool) {
+        self.write(&self.map, partial);
+    }
+
+    /// [`Results::save`] with `rows` as section `name`, for a section still running.
+    fn save_with(&self, name: &str, rows: &[Value]) {
+        let mut map = self.map.clone();
+        map.insert(name.into(), Value::Array(rows.to_vec()));
+        self.write(&map, true);
+    }
+
+    fn write(&self, map: &serde_json::Map<String, Value>, partial: bool) {
+        let mut map = map.clone();
+        map.insert("partial".into(), json!(partial));
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).ok();
+        }
+        let tmp = self.path.with_extension("json.tmp");
+        let written = serde_json::to_string_pretty(&Value::Object(map))
+            .map_err(std::io::Error::other)
+            .and_then(|text| std::fs::write(&tmp, text))
+            .and_then(|()| std::fs::rename(&tmp, &self.path));
+        if let Err(e) = written {
+            eprintln!("bench-cuda: cannot write {}: {e}", self.path.display());
+        }
+    }
 }

@@ -106,7 +106,8 @@ fn time(reps: usize, mut f: impl FnMut() -> Result<()>) -> Option<f64> {
     }
 }
 
-pub(crate) fn speed(args: &Args, rows: &mut Vec<Value>) -> Result<()> {
+/// The timings; `progress` gets the rows so far after each length (the caller saves them).
+pub(crate) fn speed(args: &Args, rows: &mut Vec<Value>, progress: &mut dyn FnMut(&[Value])) -> Result<()> {
     let lssa: Variant = "lssa".parse()?;
     let lssar: Variant = "lssa+rw15".parse()?;
     // Identity + l1 on the same kernels: almost no element-wise work per score, so LSSA's time over
@@ -365,6 +366,7 @@ JIT info log of {v} at d = {d}: {e}"
                 "sdpa_fwd": sdpa, "lssa_fwd": l, "lssar15_fwd": lr, "ops_lssa_fwd": ol, "ops_lssar15_fwd": olr,
                 "sdpa_fwd_bwd": sdpa_fb, "lssa_fwd_bwd": lfb, "lssar15_fwd_bwd": lrfb, "ops_lssa_fwd_bwd": ops_fb},
                 "lab_seconds": lab_json, "forward_flops": flops}));
+            progress(rows);
         }
     }
     say!("\nKernel lab, TFLOP/s by the versions each request ran (bf16, causal, H = 12, B*T = 16K)");

@@ -141,7 +141,7 @@ impl Kernel {
 }
 
 impl Kernel {
-    /// The request's name as [`FromStr`](std::str::FromStr) reads it (and `LSSA_CUDA_KERNEL`):
+    /// The request's name as [`FromStr`](std::str::FromStr) reads it (and [`Kernel::ENV`]):
     /// `auto`, or the lab version `v1` to `v9`.
     pub const fn name(self) -> &'static str {
         match self {
@@ -160,6 +160,31 @@ impl Kernel {
             Some(Version::V1) => Generation::Simt,
             Some(Version::V2) => Generation::V2,
             Some(Version::V5 | Version::V6 | Version::V7 | Version::V8 | Version::V9) => Generation::Lab,
+        }
+    }
+
+    /// The environment variable that names the kernel request of a process: `auto`, or `v1` to `v9`
+    /// (as [`FromStr`](std::str::FromStr) reads them) in a build with the `lab` feature.
+    pub const ENV: &'static str = "LSSA_CUDA_KERNEL";
+
+    /// The request [`Kernel::ENV`] names, or [`Kernel::Auto`] where it is unset: the one place the
+    /// variable is read (the libtorch bridge and the Python extension ask here, once each). A
+    /// version in a build without the `lab` feature, or a name that is no request, is an error that
+    /// says so.
+    pub fn from_env() -> Result<Self> {
+        Self::from_var(std::env::var(Self::ENV))
+    }
+
+    /// [`Kernel::from_env`] on the variable's value.
+    fn from_var(var: std::result::Result<String, std::env::VarError>) -> Result<Self> {
+        let named = |what: String| Error::BadParams(format!("{}: {what}", Self::ENV));
+        match var {
+            Ok(s) => s.parse().map_err(|e| match e {
+                Error::BadParams(what) => named(what),
+                e => e,
+            }),
+            Err(std::env::VarError::NotPresent) => Ok(Kernel::Auto),
+            Err(e) => Err(named(e.to_string())),
         }
     }
 
@@ -233,5 +258,21 @@ mod tests {
         }
         let err = "v0".parse::<Kernel>().unwrap_err().to_string();
         assert!(err.contains("unknown CUDA kernel \"v0\""), "{err}");
+    }
+
+    /// `LSSA_CUDA_KERNEL` is read in one place, which names the variable in its errors.
+    #[test]
+    fn the_kernel_request_comes_from_one_variable() {
+        let err = Kernel::from_var(Ok("v0".into())).unwrap_err().to_string();
+        assert!(err.starts_with("invalid kernel parameters: LSSA_CUDA_KERNEL: unknown CUDA kernel"), "{err}");
+        assert_eq!(Kernel::from_var(Ok(" auto ".into())).unwrap(), Kernel::Auto);
+        assert_eq!(Kernel::from_var(Err(std::env::VarError::NotPresent)).unwrap(), Kernel::Auto);
+        #[cfg(not(feature = "lab"))]
+        {
+            let err = Kernel::from_var(Ok("v7".into())).unwrap_err().to_string();
+            assert!(err.contains("LSSA_CUDA_KERNEL: CUDA kernel v7") && err.contains("`lab` feature"), "{err}");
+        }
+        #[cfg(feature = "lab")]
+        assert_eq!(Kernel::from_var(Ok("v7".into())).unwrap(), Kernel::Lab(Version::V7));
     }
 }

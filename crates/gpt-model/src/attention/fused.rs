@@ -27,7 +27,7 @@
 //! statistics, then the helper's, and the handle's `aux` tells the callbacks so.
 //!
 //! CUDA kernels: [`cuda::Kernel::Auto`] unless `LSSA_CUDA_KERNEL` (`auto`, or with the `lab` feature
-//! `v1` to `v9`; read at first use) or [`set_cuda_kernel`] says otherwise.
+//! `v1` to `v9`; read at first use by [`cuda::Kernel::from_env`]) or [`set_cuda_kernel`] says otherwise.
 //!
 //! Errors: a kernel error (or a panic, caught) becomes a heap string returned to C++, which raises a
 //! `c10::Error`; [`attention`] gets every C++ exception back as a message ([`FusedError::Bridge`]). A
@@ -383,10 +383,7 @@ pub fn cuda_kernel() -> attn_kernels::Result<cuda::Kernel> {
     if let Some(k) = *k {
         return Ok(k);
     }
-    let chosen = match std::env::var("LSSA_CUDA_KERNEL") {
-        Ok(s) => s.parse()?,
-        Err(_) => cuda::Kernel::Auto,
-    };
+    let chosen = cuda::Kernel::from_env()?;
     *k = Some(chosen);
     Ok(chosen)
 }
