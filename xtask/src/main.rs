@@ -7,7 +7,8 @@
 //!                                      errors, after the tests `cargo doc` with warnings as errors and the
 //!                                      Python package's tests: its wheel built, installed into the torch
 //!                                      venv, pytest)
-//! cargo xtask pytest [ARGS...]         set-up if needed, then only the Python package's tests (pytest ARGS...)
+//! cargo xtask pytest [ARGS...]         set-up if needed, then only the Python package's tests (pytest ARGS...;
+//!                                      the trainer binary they drive built first)
 //! cargo xtask pytest --torch V [ARGS]  the same against PyTorch V, in a venv of its own (e.g. 2.15.0)
 //! cargo xtask reproduce [--scale S]    set-up if needed, then the paper reproduction (default scale: small)
 //! cargo xtask bench kernels [ARGS...]  set-up if needed, then the CPU kernel benchmarks (bench-kernels ARGS...)
@@ -39,6 +40,7 @@ commands:
                           the Python package: crates/lssa-py's wheel built and installed into the torch
                           venv, then its pytest suite)
   pytest [ARGS...]        set-up if needed, then only the Python package: build, install, `pytest ARGS...`
+                          (also builds the debug `trainer` and `lssa-data`, which its export tests drive)
   pytest --torch V [ARGS...]
                           the same against PyTorch V (any PyPI release, e.g. 2.15.0), installed once into a
                           venv of its own beside the set-up's
@@ -108,9 +110,9 @@ fn run() -> Result<()> {
                 let python = setup::python_with_torch(&opts, version)?;
                 eprintln!("xtask pytest: against torch {version} ({})", python.display());
                 let torch = setup::Torch { root: PathBuf::new(), python: Some(python) };
-                return python_tests(&workspace, &torch, &args[3..]);
+                return python_tests(&workspace, &torch, &args[3..], Binaries::Build);
             }
-            python_tests(&workspace, &setup::ensure(&opts)?, &args[1..])
+            python_tests(&workspace, &setup::ensure(&opts)?, &args[1..], Binaries::Build)
         }
         Some("reproduce") => reproduce(&workspace, &args[1..]),
         Some("bench") => bench(&workspace, &args[1..]),
@@ -162,8 +164,9 @@ fn test(workspace: &Path, extra: &[String]) -> Result<()> {
         let mut doc = cargo(workspace);
         doc.env("RUSTDOCFLAGS", "-D warnings").args(["doc", "--workspace", "--all-features", "--no-deps", "--quiet"]);
         run_cmd(&mut doc)?;
-        // And the Python package: its wheel built from this clone, installed into the torch venv, pytest.
-        python_tests(workspace, &torch, &[])?;
+        // And the Python package: its wheel built from this clone, installed into the torch venv, pytest,
+        // with the trainer the workspace tests built.
+        python_tests(workspace, &torch, &[], Binaries::BuiltByCargoTest)?;
     } else {
         eprintln!(
             "xtask test: arguments given, so the Python package's tests are skipped (`cargo xtask pytest` runs them)"
@@ -196,28 +199,59 @@ fn torch_python(torch: &setup::Torch) -> Result<PathBuf> {
     )
 }
 
+/// Where the Python package's tests get the Rust binaries they drive (`tests/test_export.py` trains,
+/// exports and scores models with `trainer` and `lssa-data`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Binaries {
+    /// `cargo test --workspace` has just built them (the debug profile, its features): use them as they are.
+    BuiltByCargoTest,
+    /// Build them first (`cargo build -p trainer --bin trainer --bin lssa-data`; a no-op when fresh).
+    Build,
+}
+
+/// The debug `trainer` (with `lssa-data` beside it) for the Python tests, built first when asked.
+fn trainer_binary(workspace: &Path, binaries: Binaries) -> Result<PathBuf> {
+    if binaries == Binaries::Build {
+        let mut build = cargo(workspace);
+        build.args(["build", "--quiet", "--package", "trainer", "--bin", "trainer", "--bin", "lssa-data"]);
+        run_cmd(&mut build).context("building the trainer for the Python package's export tests")?;
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace.join("target"), |d| workspace.join(d));
+    let dir = target.join("debug");
+    for exe in ["trainer", "lssa-data"] {
+        if !dir.join(exe).is_file() {
+            bail!("no {} after the build: the Python package's export tests need it", dir.join(exe).display());
+        }
+    }
+    Ok(dir.join("trainer"))
+}
+
 /// Builds the `lssa` wheel (crates/lssa-py, release) with the torch venv's maturin, installs it into
-/// that venv, and runs its pytest suite with `pytest_args`; any failure is an error.
-fn python_tests(workspace: &Path, torch: &setup::Torch, pytest_args: &[String]) -> Result<()> {
+/// that venv, and runs its pytest suite with `pytest_args`, with `LSSA_TRAINER` naming the trainer
+/// binary ([`trainer_binary`]); any failure is an error.
+fn python_tests(workspace: &Path, torch: &setup::Torch, pytest_args: &[String], binaries: Binaries) -> Result<()> {
     let start = Instant::now();
     let python = torch_python(torch)?;
     let krate = workspace.join("crates").join("lssa-py");
-    for (module, what) in
-        [("maturin", "build the wheel"), ("pytest", "run the tests"), ("transformers", "test lssa.hf")]
-    {
+    for (module, what) in [
+        ("maturin", "build the wheel"),
+        ("pytest", "run the tests"),
+        ("transformers", "test lssa.hf"),
+        ("lm_eval", "score exported models with lm-evaluation-harness in the tests"),
+    ] {
         let probe = format!("import {module}");
         let ok = Command::new(&python).args(["-c", &probe]).output().is_ok_and(|o| o.status.success());
         if !ok {
+            let packages = setup::python_packages(workspace).join(" ");
             bail!(
-                "{} has no {module} to {what} of crates/lssa-py: run `cargo xtask setup` (it installs {}), \
-                 or `{} -m pip install {}`",
+                "{} has no {module} to {what} of crates/lssa-py: run `cargo xtask setup` (it installs {packages}), \
+                 or `{} -m pip install {packages}`",
                 python.display(),
-                setup::PYTHON_TOOLS.join(" "),
                 python.display(),
-                setup::PYTHON_TOOLS.join(" ")
             );
         }
     }
+    let trainer = trainer_binary(workspace, binaries)?;
     // Release, as `pip install ./crates/lssa-py` builds it: the suite tests what users get.
     let wheels = krate.join("target").join("wheels");
     let _ = std::fs::remove_dir_all(&wheels);
@@ -242,8 +276,9 @@ fn python_tests(workspace: &Path, torch: &setup::Torch, pytest_args: &[String]) 
     run_cmd(&mut install)?;
     let built = start.elapsed().as_secs_f64();
     let mut pytest = Command::new(&python);
-    // The set-up installs transformers with the test tools: lssa.hf's tests must run, never skip.
-    pytest.env("LSSA_REQUIRE_TRANSFORMERS", "1");
+    // The set-up installs transformers with the test tools: lssa.hf's tests must run, never skip; and
+    // lm-evaluation-harness (the `eval` extra), with the trainer just built: so must the export tests.
+    pytest.env("LSSA_REQUIRE_TRANSFORMERS", "1").env("LSSA_REQUIRE_TORCH_PYTHON", "1").env("LSSA_TRAINER", &trainer);
     pytest.current_dir(&krate).args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"]).args(pytest_args);
     run_cmd(&mut pytest)?;
     eprintln!(

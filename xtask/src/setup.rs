@@ -6,7 +6,7 @@
 //! $LSSA_CACHE_DIR (default $XDG_CACHE_HOME/lssa, else ~/.cache/lssa)
 //! └── torch-2.11.0-py3.11/            a Python venv holding torch==2.11.0 (4.6 GB, shared by clones)
 //!     ├── .complete                   written last, holds the verified torch version
-//!     ├── .python-tools               the pinned maturin/pytest/numpy it got (the Python package's tests)
+//!     ├── .python-tools               the pinned test tools and `eval` extra it got (the Python package's tests)
 //!     └── lib/python3.11/site-packages/torch/{lib,include,version.py}
 //! <workspace>/.torch/libtorch  ->  …/site-packages/torch   (what `.cargo/config.toml` points LIBTORCH at)
 //! ```
@@ -107,12 +107,12 @@ pub fn ensure(opts: &Options) -> Result<Torch> {
         install(&python, &venv, &torch_dir)?;
         fs::write(&stamp, format!("{TORCH_VERSION}\n")).with_context(|| format!("writing {}", stamp.display()))?;
     }
-    ensure_python_tools(&venv);
+    ensure_python_tools(&venv, &python_packages(&opts.workspace));
     link(&torch_dir, &ours)?;
     Ok(Torch { root: ours, python: Some(venv.join("bin").join("python")) })
 }
 
-/// A venv of its own with PyTorch `version` (any release on PyPI) and the [`PYTHON_TOOLS`], for running
+/// A venv of its own with PyTorch `version` (any release on PyPI) and the [`python_packages`], for running
 /// the Python package's tests against another torch than the workspace's (`cargo xtask pytest --torch
 /// <version>`): the wheel reads tensors through pointers and links no libtorch, so one build serves
 /// any torch. Installed once into the cache (`torch-<version>-py<tag>-pytest`); returns its Python.
@@ -124,6 +124,7 @@ pub fn python_with_torch(opts: &Options, version: &str) -> Result<PathBuf> {
     let venv = opts.cache.join(format!("torch-{version}-py{}-pytest", python_tag(&python)?));
     let stamp = venv.join(".complete");
     let vpy = venv.join("bin").join("python");
+    let tools = python_packages(&opts.workspace);
     if !stamp.exists() {
         if venv.exists() {
             fs::remove_dir_all(&venv)
@@ -133,18 +134,18 @@ pub fn python_with_torch(opts: &Options, version: &str) -> Result<PathBuf> {
         let ok = Command::new(&python).args(["-m", "venv"]).arg(&venv).status().is_ok_and(|s| s.success())
             && Command::new(&vpy)
                 .args(["-m", "pip", "install", "--no-input", &format!("torch=={version}")])
-                .args(PYTHON_TOOLS)
+                .args(&tools)
                 .status()
                 .is_ok_and(|s| s.success());
         if !ok {
             let _ = fs::remove_dir_all(&venv);
-            bail!(
-                "installing torch=={version} and {} into a venv failed (see pip's output above)",
-                PYTHON_TOOLS.join(" ")
-            );
+            bail!("installing torch=={version} and {} into a venv failed (see pip's output above)", tools.join(" "));
         }
         fs::write(&stamp, format!("{version}\n")).with_context(|| format!("writing {}", stamp.display()))?;
+        let _ = fs::write(venv.join(PYTHON_TOOLS_MARKER), format!("{}\n", tools.join(" ")));
     }
+    // A venv made before the eval extra existed gets it once, as the set-up's own venv does.
+    ensure_python_tools(&venv, &tools);
     Ok(vpy)
 }
 
@@ -222,20 +223,75 @@ fn ensure_nccl_headers(venv: &Path) {
 /// (crates/lssa-py), pytest runs its tests, numpy reads the token shards in `examples/`, transformers
 /// is what `lssa.hf` plugs into (its tests build tiny Llama models from configs, nothing downloaded).
 pub const PYTHON_TOOLS: [&str; 4] = ["maturin==1.16.0", "pytest==9.2.0", "numpy==2.4.6", "transformers==5.24.0"];
-/// Holds the [`PYTHON_TOOLS`] list a venv got; a different list (a newer pin) installs again.
+/// Holds the list of Python packages a venv got ([`python_packages`]); a different list (a newer pin)
+/// installs again.
 const PYTHON_TOOLS_MARKER: &str = ".python-tools";
 
-/// Installs [`PYTHON_TOOLS`] into the venv once (again when the pins change). A failure is a warning
-/// here; `cargo xtask test` then stops at the Python tests, saying what is missing.
-fn ensure_python_tools(venv: &Path) {
-    let want = PYTHON_TOOLS.join(" ");
+/// The Python package's `pyproject.toml`, whose `eval` extra the set-up installs.
+pub const PYPROJECT: &str = "crates/lssa-py/pyproject.toml";
+
+/// What the set-up installs beside torch: [`PYTHON_TOOLS`], then the requirements of the `eval` extra of
+/// the Python package ([`PYPROJECT`]: lm-evaluation-harness, with which `tests/test_export.py` scores an
+/// exported model against `trainer eval`), read from there so that the extra is the one list of them.
+/// Without the file (a workspace that is not this repository's), the tools alone.
+pub fn python_packages(workspace: &Path) -> Vec<String> {
+    let mut all: Vec<String> = PYTHON_TOOLS.iter().map(|t| t.to_string()).collect();
+    if let Ok(text) = fs::read_to_string(workspace.join(PYPROJECT)) {
+        all.extend(extra_requirements(&text, "eval"));
+    }
+    all
+}
+
+/// The requirement strings of `[project.optional-dependencies]`'s `extra = [...]` in a pyproject.toml
+/// (one array of double-quoted strings, on one line or several); empty when there is no such extra.
+fn extra_requirements(pyproject: &str, extra: &str) -> Vec<String> {
+    let mut section = false;
+    let mut array: Option<String> = None;
+    for line in pyproject.lines() {
+        let line = line.split_once('#').map_or(line, |(code, _)| code).trim();
+        if let Some(acc) = array.as_mut() {
+            acc.push_str(line);
+        } else if line.starts_with('[') && !line.starts_with("[[") && line.ends_with(']') && !line.contains('=') {
+            section = line == "[project.optional-dependencies]";
+            continue;
+        } else if section
+            && let Some((key, value)) = line.split_once('=')
+            && key.trim() == extra
+        {
+            array = Some(value.trim().to_string());
+        }
+        if array.as_deref().is_some_and(closes_array) {
+            break;
+        }
+    }
+    let Some(array) = array else { return Vec::new() };
+    array.split('"').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+/// Whether `text` (an array's text so far) holds its closing `]`: one outside the quoted strings, whose
+/// own brackets (`"lm_eval[hf]==0.4.13"`) do not count.
+fn closes_array(text: &str) -> bool {
+    let mut quoted = false;
+    text.chars().any(|c| {
+        if c == '"' {
+            quoted = !quoted;
+        }
+        c == ']' && !quoted
+    })
+}
+
+/// Installs `packages` ([`python_packages`]) into the venv once (again when the list changes); a
+/// second run with the same list calls no pip. A failure is a warning here; `cargo xtask test` then
+/// stops at the Python tests, saying what is missing.
+fn ensure_python_tools(venv: &Path, packages: &[String]) {
+    let want = packages.join(" ");
     if fs::read_to_string(venv.join(PYTHON_TOOLS_MARKER)).is_ok_and(|got| got.trim() == want) {
         return;
     }
     eprintln!("setup: adding {want} to the venv (the Python package's build and tests)");
     let ok = Command::new(venv.join("bin").join("python"))
         .args(["-m", "pip", "install", "--no-input"])
-        .args(PYTHON_TOOLS)
+        .args(packages)
         .status()
         .map(|s| s.success())
         .unwrap_or(false);
@@ -470,6 +526,38 @@ mod tests {
         write_exe(&venv.join("bin/python"), "#!/usr/bin/env bash\nexit 3\n");
         ensure(&opts).unwrap();
         assert_eq!(fs::read_to_string(&marker).unwrap(), "old\n");
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_eval_extra_is_read_from_the_pyproject_and_installed_with_the_tools() {
+        // The repository's own file: lm-evaluation-harness, pinned.
+        let ours = python_packages(&crate::workspace_root());
+        assert_eq!(&ours[..PYTHON_TOOLS.len()], &PYTHON_TOOLS.map(String::from)[..]);
+        assert!(ours[PYTHON_TOOLS.len()..].iter().any(|r| r.starts_with("lm_eval==")), "{ours:?}");
+        // The layouts TOML allows: one line or several, comments, brackets inside the strings.
+        let text = "[project]\neval = [\"not-this\"]\n\n[project.optional-dependencies]\nhf = [\"transformers>=5.0\"]\n\
+                    # a comment\neval = [\n    \"lm_eval[hf]==0.4.13\",  # the harness\n    \"accelerate==1.15.0\",\n]\n\
+                    test = [\"pytest\"]\n";
+        assert_eq!(extra_requirements(text, "eval"), ["lm_eval[hf]==0.4.13", "accelerate==1.15.0"]);
+        assert_eq!(extra_requirements(text, "hf"), ["transformers>=5.0"]);
+        assert!(extra_requirements(text, "docs").is_empty());
+        // A workspace with such a file: one pip call for the tools and the extra, then none.
+        let (dir, _serial) = scratch("eval-extra");
+        let opts = options(&dir, fake_python(&dir, &fake_torch("2.11.0")));
+        fs::create_dir_all(opts.workspace.join("crates/lssa-py")).unwrap();
+        fs::write(opts.workspace.join(PYPROJECT), text).unwrap();
+        ensure(&opts).unwrap();
+        let venv = dir.join("cache/torch-2.11.0-py3.11");
+        let log = dir.join("pip-args");
+        write_exe(
+            &venv.join("bin/python"),
+            &format!("#!/usr/bin/env bash\necho \"$@\" >> {}\nexit 0\n", log.display()),
+        );
+        ensure(&opts).unwrap();
+        assert!(!log.exists(), "installed at the first set-up, with the tools");
+        let marker = fs::read_to_string(venv.join(PYTHON_TOOLS_MARKER)).unwrap();
+        assert!(marker.contains("transformers==5.24.0 lm_eval[hf]==0.4.13 accelerate==1.15.0"), "{marker}");
         fs::remove_dir_all(&dir).unwrap();
     }
 

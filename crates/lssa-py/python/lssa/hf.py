@@ -2,8 +2,23 @@
 
     import lssa.hf                     # registers "lssa", "lssa+rw15", "softmax", "softmax+rw15"
     model = AutoModelForCausalLM.from_config(config, attn_implementation="lssa+rw15")
-    lssa.hf.register("lssa+rw3")       # any other variant name, then use it the same way
     model.set_attn_implementation("lssa+rw15")   # post-hoc re-weighting of a model trained with "lssa"
+    model = AutoModelForCausalLM.from_pretrained(d)                               # a `trainer export --format hf`
+    model = AutoModelForCausalLM.from_pretrained(d, attn_implementation="lssa+rw3")   # ... re-weighted post hoc
+
+**Any variant name, on demand.** Besides the four presets, importing this module makes every name
+attn-core parses (``lssa.canonical_name``) a valid ``attn_implementation``: it is registered at the
+moment transformers checks the name (``PreTrainedModel.get_correct_attn_implementation``, which
+``from_config``, ``from_pretrained`` and ``set_attn_implementation`` all call; this module wraps it
+once). So a model exported by ``trainer export --format hf``, whose ``config.json`` records its variant
+as ``attn_implementation`` (``"lssa"``, ``"lssa+rw15"``, ``"softplus-l1"``, ...), loads with a plain
+``from_pretrained(dir)``, and ``from_pretrained(dir, attn_implementation="lssa+rw15")`` re-weights an
+LSSA model post hoc. :func:`register` still registers a name explicitly (another name for a variant, or
+the materialised ``backend="reference"``). A name that is neither registered nor a variant is left to
+transformers, whose ``ValueError`` lists the valid ones. **Without** ``import lssa.hf`` nothing is
+registered: loading such an export fails with transformers' own ``ValueError`` (``Specified
+`attn_implementation="lssa"` is not supported``), never silently as softmax attention. A softmax
+export records no ``attn_implementation`` and loads in stock transformers (its ``sdpa``).
 
 Each name is registered twice, as transformers (4.51 and later; tested with 5.24) requires of a custom
 implementation: with ``AttentionInterface`` (the attention itself: :func:`lssa.attention` on the
@@ -136,6 +151,41 @@ def _attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+def _register_on_demand(name) -> None:
+    """Registers ``name`` when it is a variant attn-core parses and transformers does not know it yet;
+    anything else is left as it is, for transformers to accept or refuse."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    if not isinstance(name, str) or name == "eager" or name in ALL_ATTENTION_FUNCTIONS:
+        return
+    try:
+        canonical_name(name)
+    except ValueError:
+        return  # not a variant: transformers' own error names the valid implementations
+    register(name)
+
+
+def _register_variants_on_demand() -> None:
+    """Wraps ``PreTrainedModel.get_correct_attn_implementation``, where transformers (5.x; tested with
+    5.24) validates an ``attn_implementation`` name on every path (``from_config``, ``from_pretrained``,
+    ``set_attn_implementation``, sub-models), so that a variant name is registered just before it is
+    checked. Idempotent; a transformers without that method gets the presets and :func:`register` only."""
+    from transformers.modeling_utils import PreTrainedModel
+
+    check = getattr(PreTrainedModel, "get_correct_attn_implementation", None)
+    if check is None or getattr(check, "_lssa_on_demand", False):
+        return
+
+    @functools.wraps(check)
+    def get_correct_attn_implementation(self, requested_attention, *args, **kwargs):
+        _register_on_demand(requested_attention)
+        return check(self, requested_attention, *args, **kwargs)
+
+    get_correct_attn_implementation._lssa_on_demand = True
+    PreTrainedModel.get_correct_attn_implementation = get_correct_attn_implementation
+
+
 for _name in PRESETS:
     register(_name)
 del _name
+_register_variants_on_demand()
