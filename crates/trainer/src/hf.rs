@@ -15,8 +15,10 @@
 //!
 //! - GPT-NeoX splits its fused `query_key_value` output per head (`(H, 3, head_dim)`), ours per part
 //!   (`(3, H, head_dim)`): [`neox_tensors`] permutes the rows of the weight and the bias.
-//! - The vocabulary is the model's padded size (a multiple of 64); the logits of the padding ids are
-//!   never trained and must be ignored (the config records the real size under `lssa.vocab_size`).
+//! - Our embedding is padded to a multiple of 64 rows; the padding rows are never trained, and the
+//!   trainer's softmax leaves their columns out. transformers' (and lm-evaluation-harness's) softmax
+//!   takes every column, so the export cuts the embedding to the real vocabulary: the same
+//!   log-likelihoods, not a softmax that leaks mass to untrained ids.
 //!
 //! ## The attention
 //!
@@ -87,7 +89,15 @@ pub fn neox_tensors(tensors: &[(String, Tensor)], cfg: &ModelConfig) -> Result<V
         flat.extend(&rest);
         t.reshape(flat.as_slice())
     };
-    let mut out = vec![("gpt_neox.embed_in.weight".to_string(), get("wte")?)];
+    let wte = get("wte")?;
+    ensure!(
+        wte.size().first().is_some_and(|&rows| rows >= cfg.vocab_size as i64),
+        "the embedding has {:?} rows, fewer than the vocabulary of {}",
+        wte.size(),
+        cfg.vocab_size
+    );
+    // The real vocabulary only: the padding rows are untrained (see the module's documentation).
+    let mut out = vec![("gpt_neox.embed_in.weight".to_string(), wte.narrow(0, 0, cfg.vocab_size as i64).contiguous())];
     for i in 0..cfg.n_layer {
         let (ours, theirs) = (format!("h.{i}"), format!("gpt_neox.layers.{i}"));
         let pairs = [
@@ -132,7 +142,7 @@ pub fn config_json(cfg: &ModelConfig, tok: &Tokenizer, prov: &Provenance) -> Val
     let mut c = json!({
         "architectures": ["GPTNeoXForCausalLM"],
         "model_type": "gpt_neox",
-        "vocab_size": cfg.padded_vocab(),
+        "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.d_model,
         "num_hidden_layers": cfg.n_layer,
         "num_attention_heads": cfg.n_head,
@@ -292,7 +302,7 @@ pub fn model_card(cfg: &ModelConfig, tok: &Tokenizer, prov: &Provenance) -> Stri
          | attention variant | `{variant}` |\n\
          | training length T_train | {t} tokens |\n\
          | layers, width, heads | {layers}, {d}, {heads} (head dimension {hd}) |\n\
-         | vocabulary | {vocab} tokens (`{tok_id}`), padded to {padded} in the embedding |\n\
+         | vocabulary | {vocab} tokens (`{tok_id}`) |\n\
          | steps trained | {step} |\n\
          | last training loss | {train_loss} |\n\
          | validation loss at 1x | {val_loss} |\n\
@@ -301,8 +311,7 @@ pub fn model_card(cfg: &ModelConfig, tok: &Tokenizer, prov: &Provenance) -> Stri
          | exported at git revision | {erev} |\n\
          | from checkpoint | `{ckpt}` |\n\n\
          Architecture: GPT-NeoX in transformers' terms (pre-LayerNorm, `use_parallel_residual = false`, exact GELU, \
-         tied embeddings, rotary embeddings over the whole head with base {base}). Logits of ids {vocab} and above \
-         are padding and were never trained.\n\n\
+         tied embeddings, rotary embeddings over the whole head with base {base}).\n\n\
          {attn_note}\n\n\
          ```python\n\
          import lssa.hf  # registers the attention variants with transformers\n\
@@ -323,7 +332,6 @@ pub fn model_card(cfg: &ModelConfig, tok: &Tokenizer, prov: &Provenance) -> Stri
         hd = cfg.head_dim(),
         t = cfg.context_len,
         vocab = cfg.vocab_size,
-        padded = cfg.padded_vocab(),
         tok_id = tok.id(),
         step = m("step"),
         train_loss = m("train_loss"),
@@ -476,6 +484,7 @@ mod tests {
             }
         }
         assert_eq!(out.len(), 1 + 2 * 12 + 2);
+        assert_eq!(find("gpt_neox.embed_in.weight").size(), [50, d], "the embedding cut to the real vocabulary");
         assert!(out.iter().all(|(n, _)| !n.starts_with("embed_out")), "the output embedding is tied, not written");
     }
 
@@ -493,7 +502,7 @@ mod tests {
         let prov = Provenance::default();
         let c = config_json(&tiny(), &tok, &prov);
         assert_eq!(c["attn_implementation"], "lssa");
-        assert_eq!(c["vocab_size"], 64, "the padded vocabulary");
+        assert_eq!(c["vocab_size"], 50, "the real vocabulary: the padding rows are not exported");
         assert_eq!(c["lssa"]["vocab_size"], 50);
         assert_eq!(c["rope_parameters"]["partial_rotary_factor"], 1.0);
         assert_eq!(c["tie_word_embeddings"], true);

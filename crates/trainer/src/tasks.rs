@@ -6,8 +6,8 @@
 //! ## Multiple choice
 //!
 //! Each choice is a continuation of a context; the model's summed log-likelihood of the continuation
-//! picks the answer (`acc`), and the same divided by the continuation's length in characters picks it
-//! for `acc_norm`. The readers take the JSONL layouts the data sets are published in; the files come
+//! picks the answer (`acc`), and the same divided by the choice's length in characters (without the
+//! space that starts its continuation: lm-evaluation-harness's `len(choice)`) picks it for `acc_norm`. The readers take the JSONL layouts the data sets are published in; the files come
 //! from the user (none of these sets is in a package registry, and nothing here downloads them).
 //!
 //! | task | fields of a JSONL line | context | choices (each preceded by a space) |
@@ -303,7 +303,7 @@ pub struct Scores {
     pub acc: f64,
     /// Its standard error (sample standard deviation over sqrt(n)).
     pub acc_stderr: f64,
-    /// Accuracy by log-likelihood per character of the continuation.
+    /// Accuracy by log-likelihood per character of the choice (lm-evaluation-harness's `acc_norm`).
     pub acc_norm: f64,
     /// Its standard error.
     pub acc_norm_stderr: f64,
@@ -320,7 +320,7 @@ pub struct ItemScore {
     pub loglik: Vec<f64>,
     /// The choice `acc` picks (the largest `loglik`; ties to the earlier choice).
     pub acc_pick: usize,
-    /// The choice `acc_norm` picks (the largest `loglik` per character).
+    /// The choice `acc_norm` picks (the largest `loglik` per character of the choice).
     pub acc_norm_pick: usize,
     /// The correct choice.
     pub gold: usize,
@@ -333,7 +333,10 @@ pub fn score(items: &[Item], model: &mut dyn LogLikelihood) -> Result<Scores> {
     for item in items {
         let ll = model.loglik_batch(&item.context, &item.choices)?;
         ensure!(ll.len() == item.choices.len(), "{} scores for {} choices", ll.len(), item.choices.len());
-        let norm: Vec<f64> = ll.iter().zip(&item.choices).map(|(l, c)| l / c.chars().count().max(1) as f64).collect();
+        // lm-evaluation-harness divides by the length of the choice itself, not of the continuation
+        // scored (which has the target delimiter, a space, in front): `len(choice)` in its
+        // `process_results`.
+        let norm: Vec<f64> = ll.iter().zip(&item.choices).map(|(l, c)| l / choice_chars(c) as f64).collect();
         let (pick, pick_norm) = (argmax(&ll), argmax(&norm));
         acc.push(f64::from(u8::from(pick == item.gold)));
         acc_norm.push(f64::from(u8::from(pick_norm == item.gold)));
@@ -342,6 +345,12 @@ pub fn score(items: &[Item], model: &mut dyn LogLikelihood) -> Result<Scores> {
     let (a, ase) = mean_stderr(&acc);
     let (an, anse) = mean_stderr(&acc_norm);
     Ok(Scores { n: items.len(), acc: a, acc_stderr: ase, acc_norm: an, acc_norm_stderr: anse, items: per_item })
+}
+
+/// Characters of a choice without its leading delimiter (the space every continuation starts with),
+/// as lm-evaluation-harness counts them for `acc_norm`; at least 1.
+fn choice_chars(continuation: &str) -> usize {
+    continuation.strip_prefix(' ').unwrap_or(continuation).chars().count().max(1)
 }
 
 /// The first index of the largest value (ties go to the earlier choice).
@@ -695,7 +704,8 @@ mod tests {
     fn acc_and_acc_norm_follow_summed_and_per_character_likelihood() {
         let items = vec![
             // The right choice is longer: summed log-likelihood prefers the short wrong one (-3 vs
-            // -0.5 * 12 = -6); per character the right one wins (-0.5 vs -1).
+            // -0.5 * 12 = -6); per character of the choice without its leading space the right one
+            // wins (-6 / 11 against -3 / 2).
             Item { context: "c".into(), choices: vec![" no".into(), " right right".into()], gold: 1 },
             // Both criteria pick the right one.
             Item { context: "c".into(), choices: vec![" right".into(), " wrong".into()], gold: 0 },
@@ -712,6 +722,11 @@ mod tests {
         let picks: Vec<(usize, usize, usize)> = s.items.iter().map(|i| (i.acc_pick, i.acc_norm_pick, i.gold)).collect();
         assert_eq!(picks, [(0, 1, 1), (0, 0, 0), (0, 0, 1)]);
         assert!((s.items[0].loglik[1] - -6.0).abs() < 1e-12, "{:?}", s.items[0]);
+        // acc_norm's length is the choice's, without its leading space: per continuation character
+        // these two tie (-1 each, and the earlier would win); per choice character the longer wins
+        // (-5 / 4 against -2 / 1), as lm-evaluation-harness picks.
+        let item = Item { context: "c".into(), choices: vec![" x".into(), " xxxx".into()], gold: 1 };
+        assert_eq!(score(&[item], &mut Oracle).unwrap().items[0].acc_norm_pick, 1);
         let json = lm_eval_json(&[("piqa".to_string(), s)]);
         assert!((json["results"]["piqa"]["acc_norm,none"].as_f64().unwrap() - 2.0 / 3.0).abs() < 1e-12);
         assert_eq!(json["n-samples"]["piqa"]["effective"], 3);
