@@ -10,7 +10,7 @@
 //! - [`data`]: llm.c shards, tokenizers, the default corpus, the per-rank loader.
 //! - [`dist`], [`launch`]: data parallelism over libtorch's c10d (Gloo, NCCL) and the built-in launcher.
 //! - [`config`]: the TOML training config with CLI overrides.
-//! - [`train`]: the loop, checkpoints, resume; [`optim`]: AdamW and the schedule; [`process`]: what a
+//! - [`train`]: the loop; [`state`]: its checkpoints and log on disk, resume; [`optim`]: AdamW and the schedule; [`process`]: what a
 //!   training shares with its process (libtorch's thread count) and machine (its run directory's lock).
 //! - [`eval`]: validation loss at `1x..16x` the training length.
 //! - [`hf`]: a checkpoint as a Hugging Face (GPT-NeoX) folder that stock transformers loads.
@@ -24,6 +24,7 @@ pub mod launch;
 pub mod optim;
 pub mod process;
 pub mod sample;
+pub mod state;
 pub mod tasks;
 pub mod train;
 
