@@ -476,17 +476,13 @@ def test_lm_eval_picks_the_answers_trainer_eval_picks(runs, name, monkeypatch):
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_lm_eval_picks_the_answers_trainer_eval_picks_by_acc_norm(runs, name, monkeypatch, request):
+def test_lm_eval_picks_the_answers_trainer_eval_picks_by_acc_norm(runs, name, monkeypatch):
     """By log-likelihood per character (``acc_norm``). lm-eval divides by the length of the choice,
-    not of the continuation with its leading space; fixtures/mc/arc_challenge.jsonl's short-long items
-    (a 2-5 letter answer against a phrase) are where the two differ."""
+    not of the continuation with its leading space (trainer eval did the latter until issue 48);
+    fixtures/mc/arc_challenge.jsonl's short-long items (a 2-5 letter answer against a phrase) are
+    where the two rules differ."""
     a = lm_eval_against_trainer_eval(runs, name, monkeypatch)
-    if a.norm_by_continuation:
-        request.applymarker(pytest.mark.xfail(
-            strict=True,
-            reason=f"trainer::tasks::score divides by the continuation's length, space included, where lm-eval "
-                   f"divides by the choice's: {a.norm_by_continuation} acc_norm picks differ (issue 48)",
-        ))  # fmt: skip
+    assert not a.norm_by_continuation, a
     assert a.agree["acc_norm"] == a.total["acc_norm"], a
 
 
@@ -495,19 +491,13 @@ def _padded(model: Model) -> bool:
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_lm_eval_log_likelihoods_equal_trainer_evals(runs, name, monkeypatch, request):
+def test_lm_eval_log_likelihoods_equal_trainer_evals(runs, name, monkeypatch):
     """Not only the same picks: the same log-likelihoods, to the float32 rounding of sums of up to ~20
     log-probabilities (1.7e-5 nats measured on an export of the real vocabulary). lm-eval normalises
-    over every column of the logits, so an export whose embedding keeps the padding rows (vocab_size
-    rounded up to a multiple of 64) gives the padding ids probability and every log-likelihood a bias
-    (0.7 nats here): the trainer, which normalises over the real vocabulary, is right."""
+    over every column of the logits, so an export whose embedding kept the padding rows (vocab_size
+    rounded up to a multiple of 64, as before issue 48's fix) gave the padding ids probability and
+    every log-likelihood a bias (0.7 nats here): the export writes the real vocabulary only."""
     model = runs.models[name]
-    if _padded(model):
-        request.applymarker(pytest.mark.xfail(
-            strict=True,
-            reason=f"the export keeps {model.config['vocab_size'] - model.vocab} padding rows in its vocabulary "
-                   f"({model.config['vocab_size']} for {model.vocab} tokens), which lm-eval's (and transformers' "
-                   f"loss's) softmax counts; issue 48: export the real vocabulary",
-        ))  # fmt: skip
+    assert not _padded(model), f"{model.config['vocab_size']} rows exported for {model.vocab} tokens"
     a = lm_eval_against_trainer_eval(runs, name, monkeypatch)
     assert a.max_loglik_diff < 1e-3, a
