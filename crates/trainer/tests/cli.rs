@@ -73,10 +73,7 @@ fn assert_same_final_state(a: &Path, b: &Path) {
 #[test]
 fn a_second_run_into_a_directory_with_checkpoints_is_refused_unless_told() {
     let root = tempfile::tempdir().unwrap();
-    common::tiny_data(root.path());
-    let cfg = config(root.path(), "run", 20);
-    let first = run(&cfg, &[]);
-    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let cfg = finished_run(root.path(), 20);
     let out = root.path().join("run");
     let before = files(&out);
     assert!(before.iter().any(|(n, _)| n == "ckpt_00000020.safetensors"));
@@ -98,19 +95,31 @@ fn a_second_run_into_a_directory_with_checkpoints_is_refused_unless_told() {
     assert!(!run(&cfg, &["--overwrite", "--resume", "latest"]).status.success());
 }
 
+/// A tiny run of `steps` steps trained to the end in `root/run` (data built first); its config.
+fn finished_run(root: &Path, steps: usize) -> PathBuf {
+    common::tiny_data(root);
+    let cfg = config(root, "run", steps);
+    let out = run(&cfg, &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    cfg
+}
+
+/// A run of `steps` steps trained whole into `root/whole`, and the config of the same run into
+/// `root/cut` (not started), with its directory: what the interruption tests compare.
+fn whole_and_cut(root: &Path, steps: usize) -> (PathBuf, PathBuf) {
+    common::tiny_data(root);
+    let out = run(&config(root, "whole", steps), &[]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    (config(root, "cut", steps), root.join("cut"))
+}
+
 #[test]
 fn a_killed_run_resumed_logs_every_step_once_and_ends_with_the_uninterrupted_weights() {
     let root = tempfile::tempdir().unwrap();
-    common::tiny_data(root.path());
     let steps = 100;
-    let reference = config(root.path(), "whole", steps);
-    let out = run(&reference, &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-
     // The same run, killed (SIGKILL) once it has logged 25 steps, so its log runs past its last
     // checkpoint (step 20 or later).
-    let cut = config(root.path(), "cut", steps);
-    let dir = root.path().join("cut");
+    let (cut, dir) = whole_and_cut(root.path(), steps);
     let mut child = trainer(&cut, &[]).stderr(std::process::Stdio::null()).spawn().unwrap();
     let killed_at = loop {
         if let Some(status) = child.try_wait().unwrap() {
@@ -216,8 +225,7 @@ fn version_names_the_git_revision_and_closed_choices_are_checked() {
 fn trainer_eval_prints_the_1x_loss_of_the_runs_result() {
     let root = tempfile::tempdir().unwrap();
     common::tiny_data(root.path());
-    let cfg = config(root.path(), "run", 10);
-    let out = run(&cfg, &[]);
+    let out = run(&config(root.path(), "run", 10), &[]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(String::from_utf8_lossy(&out.stderr).contains("spread over the validation split"));
     let dir = root.path().join("run");
@@ -247,10 +255,7 @@ fn files_but_lock(dir: &Path) -> Vec<(String, Vec<u8>)> {
 #[test]
 fn a_refused_resume_leaves_the_directory_byte_identical() {
     let root = tempfile::tempdir().unwrap();
-    common::tiny_data(root.path());
-    let cfg = config(root.path(), "run", 20);
-    let first = run(&cfg, &[]);
-    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let cfg = finished_run(root.path(), 20);
     let dir = root.path().join("run");
     let before = files_but_lock(&dir);
     let refused = run(&cfg, &["--resume", "latest", "--set", "model.n_layer=5", "--set", "max_steps=30"]);
@@ -265,10 +270,7 @@ fn a_refused_resume_leaves_the_directory_byte_identical() {
 #[test]
 fn resume_latest_refuses_a_truncated_newest_checkpoint_and_names_the_intact_one() {
     let root = tempfile::tempdir().unwrap();
-    common::tiny_data(root.path());
-    let cfg = config(root.path(), "run", 20);
-    let first = run(&cfg, &[]);
-    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let cfg = finished_run(root.path(), 20);
     let dir = root.path().join("run");
     let newest = dir.join("ckpt_00000020.safetensors");
     let len = std::fs::metadata(&newest).unwrap().len();
@@ -293,14 +295,8 @@ fn resume_latest_refuses_a_truncated_newest_checkpoint_and_names_the_intact_one(
 #[test]
 fn sigterm_saves_at_the_next_step_and_resume_latest_ends_with_the_uninterrupted_weights() {
     let root = tempfile::tempdir().unwrap();
-    common::tiny_data(root.path());
     let steps = 60;
-    let reference = config(root.path(), "whole", steps);
-    let out = run(&reference, &[]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-
-    let cut = config(root.path(), "cut", steps);
-    let dir = root.path().join("cut");
+    let (cut, dir) = whole_and_cut(root.path(), steps);
     let mut child = trainer(&cut, &[]).stderr(std::process::Stdio::piped()).spawn().unwrap();
     loop {
         assert!(child.try_wait().unwrap().is_none(), "the run ended before the signal: make it longer");
@@ -336,10 +332,7 @@ fn sigterm_saves_at_the_next_step_and_resume_latest_ends_with_the_uninterrupted_
 #[test]
 fn a_full_disk_while_saving_loses_nothing_and_says_what_it_needs() {
     let root = tempfile::tempdir().unwrap();
-    common::tiny_data(root.path());
-    let cfg = config(root.path(), "run", 20);
-    let first = run(&cfg, &[]);
-    assert!(first.status.success(), "{}", String::from_utf8_lossy(&first.stderr));
+    let cfg = finished_run(root.path(), 20);
     let dir = root.path().join("run");
     let size = std::fs::metadata(dir.join("ckpt_00000020.safetensors")).unwrap().len();
     let ckpts =
