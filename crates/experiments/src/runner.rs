@@ -486,6 +486,7 @@ fn train_attempt(
             // The runner owns the directory: it resumes or clears it before calling.
             let opts = RunOptions {
                 lock: train::DirLock::Held(lock.clone()),
+                stop: None,
                 resume,
                 progress: false,
                 val_tokens: Vec::new(),
@@ -545,6 +546,8 @@ pub fn train_rank(config: &Path, resume: Option<PathBuf>) -> Result<()> {
     // The runner that launched this rank holds the directory's lock.
     let opts = RunOptions {
         lock: train::DirLock::HeldByParent,
+        // Pre-emption is `trainer train`'s: the reproduction's ranks keep the default signals.
+        stop: None,
         resume,
         progress: false,
         val_tokens: Vec::new(),
