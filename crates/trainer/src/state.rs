@@ -12,7 +12,9 @@ use tch::nn::VarStore;
 
 use crate::config::TrainConfig;
 use crate::optim::AdamW;
-use crate::train::{BatchSource, CKPT_KIND};
+
+/// Format tag of the metadata of training checkpoints.
+pub const CKPT_KIND: &str = "lssa-train-state";
 
 /// Checkpoint file of `step` in `dir`.
 pub fn checkpoint_path(dir: &Path, step: usize) -> PathBuf {
@@ -69,7 +71,7 @@ pub(crate) fn save_state(
     opt: &AdamW,
     cfg: &TrainConfig,
     step: usize,
-    data: &dyn BatchSource,
+    data_position: &serde_json::Value,
     world: usize,
     tokenizer: &str,
     command: &str,
@@ -79,7 +81,7 @@ pub(crate) fn save_state(
         ("kind".to_string(), CKPT_KIND.to_string()),
         ("step".to_string(), step.to_string()),
         ("optim_t".to_string(), opt.t.to_string()),
-        ("data_position".to_string(), data.position().to_string()),
+        ("data_position".to_string(), data_position.to_string()),
         ("train_config".to_string(), cfg.to_toml()),
         ("tokenizer".to_string(), tokenizer.to_string()),
         ("world_size".to_string(), world.to_string()),
@@ -130,17 +132,14 @@ pub(crate) struct ResumeFrom {
     ckpt: checkpoint::Checkpoint<memmap2::Mmap>,
     step: usize,
     optim_t: u64,
+    /// Where the data continues (`BatchSource::seek`'s argument).
+    pub(crate) position: serde_json::Value,
 }
 
-/// Opens `path` and checks it against the run: a training checkpoint of this world size, tokenizer
-/// and model config, at a step before `max_steps`; seeks `data` to its position. Writes nothing, so
-/// a refusal leaves the run's directory untouched.
-pub(crate) fn check_resume(
-    path: &Path,
-    cfg: &TrainConfig,
-    world: usize,
-    data: &mut dyn BatchSource,
-) -> Result<ResumeFrom> {
+/// Opens `path` and checks it against the run: a training checkpoint of this world size, of the
+/// data's tokenizer `tokenizer` and of the run's model config, at a step before `max_steps`. Writes
+/// nothing, so a refusal leaves the run's directory untouched.
+pub(crate) fn check_resume(path: &Path, cfg: &TrainConfig, world: usize, tokenizer: &str) -> Result<ResumeFrom> {
     // One memory-mapped read of the file serves the metadata, the weights and the moments.
     let ckpt = crate::sample::open_checkpoint(path)?;
     let meta = ckpt.metadata();
@@ -158,8 +157,8 @@ pub(crate) fn check_resume(
         );
     }
     let tok = get("tokenizer")?;
-    if *tok != data.tokenizer_id() {
-        bail!("{}: trained with tokenizer `{tok}`, but the data uses `{}`", path.display(), data.tokenizer_id());
+    if tok != tokenizer {
+        bail!("{}: trained with tokenizer `{tok}`, but the data uses `{tokenizer}`", path.display());
     }
     let found = ckpt.config()?;
     if let Some((field, was, now)) =
@@ -173,9 +172,8 @@ pub(crate) fn check_resume(
     let step: usize = get("step")?.parse().context("step")?;
     ensure!(step <= cfg.max_steps, "{}: already at step {step} >= max_steps {}", path.display(), cfg.max_steps);
     let optim_t: u64 = get("optim_t")?.parse().context("optim_t")?;
-    let pos: serde_json::Value = serde_json::from_str(get("data_position")?).context("data_position")?;
-    data.seek(&pos).with_context(|| format!("{}: its data position", path.display()))?;
-    Ok(ResumeFrom { path: path.to_path_buf(), ckpt, step, optim_t })
+    let position: serde_json::Value = serde_json::from_str(get("data_position")?).context("data_position")?;
+    Ok(ResumeFrom { path: path.to_path_buf(), ckpt, step, optim_t, position })
 }
 
 impl ResumeFrom {

@@ -25,11 +25,8 @@ use crate::config::{DeviceChoice, TrainConfig};
 use crate::data::loader::WindowSampling;
 use crate::eval;
 use crate::optim::{self, AdamW};
-pub use crate::state::{METRICS_FILE, checkpoint_path, latest_checkpoint, list_checkpoints};
+pub use crate::state::{CKPT_KIND, METRICS_FILE, checkpoint_path, latest_checkpoint, list_checkpoints};
 use crate::state::{check_resume, save_state, truncate_metrics};
-
-/// Format tag of the metadata of training checkpoints.
-pub const CKPT_KIND: &str = "lssa-train-state";
 
 /// Written to `out_dir` by rank 0 when training diverges (`{"step": N, "loss": "NaN"}`), removed when
 /// a training starts, so a parent process can tell a divergence from a crash.
@@ -324,7 +321,11 @@ pub fn train(
     // before anything in the directory is deleted or written: a refused resume leaves the run's
     // directory as it found it.
     let resume_from = match &opts.resume {
-        Some(path) => Some(check_resume(path, cfg, world, data)?),
+        Some(path) => {
+            let r = check_resume(path, cfg, world, &data.tokenizer_id())?;
+            data.seek(&r.position).with_context(|| format!("{}: its data position", path.display()))?;
+            Some(r)
+        }
         None => None,
     };
     // The initial weights are a function of the seed alone, even when several trainings (and the
@@ -480,7 +481,7 @@ pub fn train(
         steps.push(m);
         let saved_now = is_last || (cfg.ckpt_every > 0 && step.is_multiple_of(cfg.ckpt_every));
         if rank == 0 && saved_now {
-            last_ckpt = save_state(&vs, &opt, cfg, step, data, world, &tokenizer, &opts.command)?;
+            last_ckpt = save_state(&vs, &opt, cfg, step, &data.position(), world, &tokenizer, &opts.command)?;
         }
         // Pre-emption: every rank learns at this boundary whether any was signalled (one scalar
         // all-reduced per step), so all stop after the same step and rank 0's checkpoint is whole.
@@ -495,7 +496,8 @@ pub fn train(
                 let mut checkpoint = None;
                 if rank == 0 {
                     if !saved_now {
-                        last_ckpt = save_state(&vs, &opt, cfg, step, data, world, &tokenizer, &opts.command)?;
+                        last_ckpt =
+                            save_state(&vs, &opt, cfg, step, &data.position(), world, &tokenizer, &opts.command)?;
                     }
                     checkpoint = Some(last_ckpt.clone());
                     if let Some(f) = metrics_file.as_mut() {
