@@ -62,7 +62,8 @@ pub fn write_atomic_with(
     result
 }
 
-/// The variable of the fault-injection hook: see [`injected_fault`].
+/// The variable of the fault-injection hook of [`write_atomic_with`]: with `LSSA_FAULT_WRITE_AFTER_BYTES=N`,
+/// a write whose temporary file grew past `N` bytes fails as a full disk does (for tests).
 pub const FAULT_ENV: &str = "LSSA_FAULT_WRITE_AFTER_BYTES";
 
 /// A test hook: with `LSSA_FAULT_WRITE_AFTER_BYTES=N` in the environment, a write whose temporary

@@ -99,7 +99,7 @@ pub(crate) fn save_state(
     Ok(path)
 }
 
-/// The per-step log in a run's `out_dir`: one [`StepMetrics`] JSON line per step.
+/// The per-step log in a run's `out_dir`: one [`crate::train::StepMetrics`] JSON line per step (and an event line for a pre-emption).
 pub const METRICS_FILE: &str = "metrics.jsonl";
 
 /// Keeps the lines of `path` (a [`METRICS_FILE`]) up to step `last` and the complete lines only
