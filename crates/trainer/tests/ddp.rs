@@ -74,12 +74,28 @@ fn run(args: &[String], envs: &[(&str, &str)]) -> std::process::Output {
     cmd.output().unwrap()
 }
 
+/// The loss of every complete step line of `metrics.jsonl` (events, such as a pre-emption, left out).
 fn losses(out: &Path) -> Vec<f64> {
     std::fs::read_to_string(out.join("metrics.jsonl"))
         .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap()["loss"].as_f64().unwrap())
+        .split_inclusive('\n')
+        .filter(|l| l.ends_with('\n'))
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|v| v.get("event").is_none())
+        .map(|v| v["loss"].as_f64().unwrap())
         .collect()
+}
+
+/// `trainer` with `args` (the launcher of a multi-rank run), stderr piped, not waited for.
+fn spawn_trainer(args: &[String], dist_timeout_s: &str) -> std::process::Child {
+    Command::new(TRAINER)
+        .args(args)
+        .env("LSSA_DIST_TIMEOUT_S", dist_timeout_s)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
 }
 
 fn weights(path: &Path) -> Vec<(String, tch::Tensor)> {
@@ -253,14 +269,7 @@ fn a_killed_rank_stops_the_run_fast_and_rank_zero_checkpoints_survive() {
         ]
         .map(String::from),
     );
-    let mut launcher = Command::new(TRAINER)
-        .args(&a)
-        .env("LSSA_DIST_TIMEOUT_S", "10")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut launcher = spawn_trainer(&a, "10");
     // Wait for a checkpoint, then kill rank 1 with SIGKILL.
     let start = Instant::now();
     while !out.join("ckpt_00000002.safetensors").exists() {
@@ -372,18 +381,6 @@ fn bad_input_gives_one_clear_error() {
     std::fs::remove_dir_all(&root).unwrap();
 }
 
-/// Every complete step line's loss of `metrics.jsonl` (events left out).
-fn step_losses(out: &Path) -> Vec<f64> {
-    std::fs::read_to_string(out.join("metrics.jsonl"))
-        .unwrap()
-        .split_inclusive('\n')
-        .filter(|l| l.ends_with('\n'))
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
-        .filter(|v| v.get("event").is_none())
-        .map(|v| v["loss"].as_f64().unwrap())
-        .collect()
-}
-
 /// SIGTERM to the launcher of 2 Gloo ranks: it forwards the signal, both ranks agree on the step to
 /// stop at (through the per-step all-reduce), rank 0 saves there, the launcher exits with 75, and
 /// `--resume latest` on 2 ranks ends with the uninterrupted 2-rank run's weights, bit for bit.
@@ -406,14 +403,7 @@ fn sigterm_to_the_launcher_saves_on_every_rank_and_resumes_exactly() {
     assert!(o.status.success(), "uninterrupted: {}", String::from_utf8_lossy(&o.stderr));
 
     let cut = root.join("cut");
-    let mut launcher = Command::new(TRAINER)
-        .args(args(&cut))
-        .env("LSSA_DIST_TIMEOUT_S", "20")
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut launcher = spawn_trainer(&args(&cut), "20");
     let start = Instant::now();
     while std::fs::read_to_string(cut.join("metrics.jsonl")).unwrap_or_default().lines().count() < 8 {
         assert!(start.elapsed() < Duration::from_secs(120), "no 8 steps after 120 s");
@@ -427,7 +417,7 @@ fn sigterm_to_the_launcher_saves_on_every_rank_and_resumes_exactly() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(trainer::process::PREEMPTED_EXIT), "{stderr}");
     assert!(signalled.elapsed() < Duration::from_secs(30), "took {:?} to save and stop", signalled.elapsed());
-    let stopped = step_losses(&cut).len();
+    let stopped = losses(&cut).len();
     assert!(stopped < 40, "stopped at {stopped}");
     let ckpts = trainer::train::list_checkpoints(&cut).unwrap();
     assert_eq!(ckpts.last().unwrap().file_name().unwrap().to_string_lossy(), format!("ckpt_{stopped:08}.safetensors"));
@@ -436,7 +426,7 @@ fn sigterm_to_the_launcher_saves_on_every_rank_and_resumes_exactly() {
     resume.extend(["--resume", "latest"].map(String::from));
     let o = run(&resume, &[]);
     assert!(o.status.success(), "resumed: {}", String::from_utf8_lossy(&o.stderr));
-    assert_eq!(step_losses(&cut), step_losses(&whole), "the resumed run's losses differ");
+    assert_eq!(losses(&cut), losses(&whole), "the resumed run's losses differ");
     let (a, b) = (weights(&whole.join("ckpt_00000040.safetensors")), weights(&cut.join("ckpt_00000040.safetensors")));
     for ((na, ta), (nb, tb)) in a.iter().zip(&b) {
         assert_eq!(na, nb);

@@ -174,7 +174,8 @@ pub(crate) fn eval_cmd(a: EvalArgs) -> Result<()> {
         let tok = meta.get("tokenizer").map(String::as_str);
         let val = ValidationSet::open(data_dir, model_cfg.context_len, multiples, a.val_tokens, tok)
             .with_context(|| format!("reading the validation split of {}", data_dir.display()))?;
-        eprintln!("eval: {}", val.describe());
+        let described = val.describe();
+        eprintln!("eval: {described}");
         for rope in &ropes {
             for p in &powers {
                 progress.start(&format!("loss at {multiples:?} x T_train ({}{})", rope_name(*rope), rw_name(*p)));
@@ -182,7 +183,7 @@ pub(crate) fn eval_cmd(a: EvalArgs) -> Result<()> {
                 progress.done();
             }
         }
-        scored = Some(val.describe());
+        scored = Some(described);
     }
     let tokenizer = if a.tasks.is_some() || a.passkey {
         Some(sampling::tokenizer_for(&meta, &a.checkpoint, a.data_dir.as_deref())?)
