@@ -15,12 +15,11 @@
 //! Precision: tiles and accumulators of `o`, `dq`, `dk`, `dv` are f32; row normalisers (`Z_i`, `W_i`,
 //! `E_i`) are summed per tile in f32 and across tiles in f64.
 
-use attn_core::{Norm, OutputNorm, Plan};
+use attn_core::{Norm, Plan};
 
-use crate::cpu::act;
 use crate::cpu::isa::Isa;
 use crate::cpu::math;
-use crate::cpu::short::{dot, fold_lanes, inv_norm_from, lanes_sq_norm};
+use crate::cpu::short::{self, fold_lanes};
 use crate::cpu::tile::{self, pad_nr};
 
 /// Tile sizes and scratch budgets: tuning knobs, separate from the maths.
@@ -133,7 +132,7 @@ pub(super) fn lane_add<const ABS: bool>(xs: &[f32], acc: &mut Lanes) {
 
 /// `acc[l] = max(acc[l], max of xs[l + 16 c])`: [`lane_add`] for the maximum.
 #[inline(always)]
-fn lane_max_into(xs: &[f32], acc: &mut Lanes) {
+pub(super) fn lane_max_into(xs: &[f32], acc: &mut Lanes) {
     let chunks = xs.chunks_exact(16);
     let rem = chunks.remainder();
     for c in chunks {
@@ -154,7 +153,7 @@ pub(super) fn take_sum(acc: &mut Lanes) -> f64 {
 
 /// The maximum of `acc`'s lanes, resetting them to `-inf`.
 #[inline(always)]
-fn take_max(acc: &mut Lanes) -> f32 {
+pub(super) fn take_max(acc: &mut Lanes) -> f32 {
     let m = fold_lanes(*acc, |a, b| if b > a { b } else { a });
     *acc = [f32::NEG_INFINITY; 16];
     m
@@ -168,7 +167,7 @@ pub(super) fn fold_after(kt: usize, nkt: usize) -> bool {
 
 /// Maximum of a slice (`-inf` when empty), vectorisable.
 #[inline(always)]
-fn lane_max(xs: &[f32]) -> f32 {
+pub(super) fn lane_max(xs: &[f32]) -> f32 {
     let mut acc = [f32::NEG_INFINITY; 16];
     lane_max_into(xs, &mut acc);
     take_max(&mut acc)
@@ -185,6 +184,9 @@ pub(crate) struct Dims {
     /// every per-row array) is row `off + r` of the sequence, with `N = off + r + 1` keys visible.
     pub off: usize,
     pub d: usize,
+    /// Rows of the call per query position: 1, or a short call's query heads that share a key head
+    /// (grouped-query attention), which run as the rows of one task (row `r` is position `r / group`).
+    pub group: usize,
     pub bq: usize,
     pub bk: usize,
     /// [`Tuning::score_cache_bytes`].
@@ -207,7 +209,7 @@ impl Dims {
     /// `N` of query row `r`: the keys it sees.
     #[inline(always)]
     pub(crate) fn n(&self, r: usize) -> usize {
-        self.off + r + 1
+        self.off + r / self.group + 1
     }
 
     /// Keys of tile `[j0, j0 + nk)` visible from query row `r` (causal).
@@ -216,9 +218,9 @@ impl Dims {
         self.n(r).saturating_sub(j0).min(nk)
     }
 
-    /// Key tiles that query rows `[0, end)` see.
+    /// Key tiles that query rows `[0, end)` see (`end >= 1`).
     pub(crate) fn key_tiles(&self, end: usize) -> usize {
-        (self.off + end).div_ceil(self.bk)
+        self.n(end - 1).div_ceil(self.bk)
     }
 }
 
@@ -285,43 +287,28 @@ pub(super) fn scores<const FMA: bool>(
     lds: usize,
 ) {
     if head.kt.is_empty() {
-        // Unpacked keys (a short forward): with cosine scores and no precomputed key norms, each
-        // key's norm comes from the same read as its dot product, and the scale is applied here.
-        let d = dims.d;
-        let fused_norms = plan.cosine() && head.ink.is_empty();
-        let key = |j: usize| &head.k[j * head.ldk..j * head.ldk + d];
+        // Unpacked keys (a short call): with cosine scores and no precomputed key norms, the norms of
+        // the tile's keys come from the kernel that the backward's `inv_norms_short` runs, read while
+        // the keys are in L1, and the scale is applied here.
+        let (d, isa, ldk) = (dims.d, dims.isa, head.ldk);
+        let keys = &head.k[j0 * ldk..];
         for r in 0..nq {
             let q = &head.q[(i0 + r) * head.ldq..(i0 + r) * head.ldq + d];
-            let row = &mut s[r * lds..r * lds + dims.visible(i0 + r, j0, nk)];
-            if !fused_norms {
-                for (c, x) in row.iter_mut().enumerate() {
-                    *x = dot::<FMA>(q, key(j0 + c));
-                }
-                continue;
-            }
-            // The keys' norms as the backward's `inv_norms_short` takes them, in chunks of 64.
-            let (a, b) = (rows.fac[r], rows.bias[r]);
-            let (mut k2, mut kn) = ([0.0f32; 64], [0.0f32; 64]);
-            for (c0, part) in row.chunks_mut(64).enumerate() {
-                let (k2, kn) = (&mut k2[..part.len()], &mut kn[..part.len()]);
-                for c in 0..part.len() {
-                    let k = key(j0 + 64 * c0 + c);
-                    (part[c], k2[c]) = (dot::<FMA>(q, k), lanes_sq_norm(k));
-                }
-                for c in 0..part.len() {
-                    kn[c] = 1.0 / k2[c].sqrt().max(1e-12);
-                }
-                for c in 0..part.len() {
-                    if !k2[c].is_finite() {
-                        kn[c] = inv_norm_from(k2[c], key(j0 + 64 * c0 + c));
-                    }
-                }
-                for c in 0..part.len() {
-                    part[c] = math::fmadd::<FMA>(part[c] * a, kn[c], b);
-                }
-            }
+            short::dots::<FMA>(isa, q, keys, ldk, dims.visible(i0 + r, j0, nk), d, &mut s[r * lds..]);
         }
-        if fused_norms {
+        if plan.cosine() && head.ink.is_empty() {
+            let most = (0..nq).map(|r| dims.visible(i0 + r, j0, nk)).max().unwrap_or(0);
+            let mut kn = [0.0f32; 64];
+            for c0 in (0..most).step_by(64) {
+                let m = (most - c0).min(64);
+                short::key_inv_norms::<FMA>(isa, &keys[c0 * ldk..], ldk, m, d, &mut kn);
+                for r in 0..nq {
+                    let vis = dims.visible(i0 + r, j0, nk).saturating_sub(c0).min(m);
+                    let (a, b) = (rows.fac[r], rows.bias[r]);
+                    let part = &mut s[r * lds + c0..r * lds + c0 + vis];
+                    part.iter_mut().zip(&kn).for_each(|(x, &kn)| *x = math::fmadd::<FMA>(*x * a, kn, b));
+                }
+            }
             return;
         }
     } else {
@@ -418,316 +405,6 @@ pub(super) fn anorm(norm: Norm, z: f64, n: usize, t: usize) -> f32 {
 #[inline(always)]
 pub(super) fn offset(n: usize) -> f32 {
     attn_core::reweight_offset(n) as f32
-}
-
-/// Per-task scratch of the forward, sized for one query tile.
-pub(crate) struct FwdScratch {
-    s: Vec<f32>,
-    acc: Vec<f32>,
-    tmp: Vec<f32>,
-    /// Re-weighting: each row's largest `f` per group of [`FOLD_TILES`] key tiles (`bq x groups`).
-    tmax: Vec<f32>,
-    /// The first sweep's activations of a query tile, key tile after key tile (`nq x bk_pad`
-    /// each), for re-weighting's second sweep; allocated once, on first use.
-    stripe: Vec<f32>,
-    /// Re-weighting's backward helper: `f_ij rho_ij^(p-1)` of one tile (`bq x bk_pad`), a row of
-    /// `rho^(p-1)`, and `sum_j f_ij rho_ij^(p-1) v_j` (`bq x d`); sized on first use.
-    aux_w: Vec<f32>,
-    aux_row: Vec<f32>,
-    aux_acc: Vec<f32>,
-}
-
-impl FwdScratch {
-    pub(crate) fn new(dims: Dims) -> Self {
-        let bkp = dims.bk_pad();
-        let nkt = dims.t.div_ceil(dims.bk);
-        Self {
-            s: vec![0.0; dims.bq * bkp],
-            acc: vec![0.0; dims.bq * dims.d],
-            tmp: vec![0.0; bkp],
-            tmax: vec![0.0; dims.bq * nkt.div_ceil(FOLD_TILES)],
-            stripe: Vec::new(),
-            aux_w: Vec::new(),
-            aux_row: Vec::new(),
-            aux_acc: Vec::new(),
-        }
-    }
-}
-
-crate::multiversion! {
-    /// Forward of query rows `[i0, i0 + nq)` of one head: writes `nq x d` outputs to `out` (row
-    /// stride `d`) and `nq x STATS` statistics to `stats`; with re-weighting and `aux`, also the
-    /// `nq x (d + 1)` backward helper (see [`super::Params::rw_aux`]).
-    pub(crate) fn forward_tile<const FMA: bool>(
-        isa: Isa,
-        plan: &Plan,
-        head: &Head<'_>,
-        dims: Dims,
-        i0: usize,
-        nq: usize,
-        sc: &mut FwdScratch,
-        out: &mut [f32],
-        stats: &mut [f32],
-        aux: Option<&mut [f32]>,
-    ) {
-        forward_body::<FMA>(plan, head, dims, i0, nq, sc, out, stats, aux)
-    }
-}
-
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn forward_body<const FMA: bool>(
-    plan: &Plan,
-    head: &Head<'_>,
-    dims: Dims,
-    i0: usize,
-    nq: usize,
-    sc: &mut FwdScratch,
-    out: &mut [f32],
-    stats: &mut [f32],
-    mut aux: Option<&mut [f32]>,
-) {
-    let d = dims.d;
-    let lds = dims.bk_pad();
-    let rows = Rows::new(plan, head, dims, i0, nq);
-    let nkt = dims.key_tiles(i0 + nq);
-    let acc = &mut sc.acc[..nq * d];
-    acc.fill(0.0);
-    let mut z = vec![0.0f64; nq];
-    let mut mx = vec![f32::NEG_INFINITY; nq];
-    let mut fmax = vec![f32::NEG_INFINITY; nq];
-    // Per row, the lane sums of Z and the lane maxima of f since the last fold (FOLD_TILES).
-    let mut zl = vec![[0.0f32; 16]; nq];
-    let mut ml = vec![[f32::NEG_INFINITY; 16]; nq];
-    // Re-weighting's skip test works per group of FOLD_TILES key tiles: `tmax` holds each row's
-    // largest f (or raw score, under a running maximum) per group.
-    let ngroups = nkt.div_ceil(FOLD_TILES);
-    let reweight = plan.reweight;
-    // Re-weighting keeps the first sweep's activations (the scores, under a running maximum, which
-    // moves until the sweep ends) for the second, where they fit the budget: the same values the
-    // second sweep would recompute, bit for bit.
-    let tile_len = nq * lds;
-    let cacheable = reweight.is_some();
-    if cacheable && sc.stripe.is_empty() {
-        // Once per scratch, at the size of the last query tile's stripe (or the budget): growing it
-        // tile by tile would double its capacity and copy it on the way.
-        let most = (dims.bq * lds * dims.t.div_ceil(dims.bk)).min(dims.cache_bytes / 4);
-        sc.stripe = vec![0.0; most];
-    }
-    let cached = cacheable && nkt * tile_len <= sc.stripe.len();
-
-    // Sweep 1: stage 1 (and, with re-weighting, only its statistics).
-    for kt in 0..nkt {
-        let j0 = kt * dims.bk;
-        let nk = dims.bk.min(dims.t - j0);
-        let s: &mut [f32] = if cached {
-            let tile = &mut sc.stripe[kt * tile_len..(kt + 1) * tile_len];
-            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, tile, lds);
-            if plan.running_max {
-                sc.s[..tile_len].copy_from_slice(tile); // the stripe keeps the raw scores
-                &mut sc.s[..]
-            } else {
-                tile
-            }
-        } else {
-            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
-            &mut sc.s[..]
-        };
-        for r in 0..nq {
-            let vis = dims.visible(i0 + r, j0, nk);
-            let row = &mut s[r * lds..r * lds + lds];
-            let (live, dead) = row.split_at_mut(vis);
-            dead.fill(0.0);
-            if vis > 0 {
-                if plan.running_max {
-                    let tile_max = lane_max(live);
-                    if reweight.is_some() {
-                        ml[r][0] = ml[r][0].max(tile_max); // raw score; f = exp(s - final max) later
-                    }
-                    if tile_max > mx[r] {
-                        let rescale = math::exp::<FMA>(mx[r] - tile_max);
-                        z[r] = (z[r] + take_sum(&mut zl[r])) * rescale as f64;
-                        acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= rescale);
-                        mx[r] = tile_max;
-                    }
-                    let m = mx[r];
-                    live.iter_mut().for_each(|x| *x -= m);
-                }
-                act::apply::<FMA>(&plan.phi, dims.in_range, live);
-                if plan.signed {
-                    lane_add::<true>(live, &mut zl[r]);
-                } else {
-                    lane_add::<false>(live, &mut zl[r]);
-                }
-                if reweight.is_some() && !plan.running_max {
-                    lane_max_into(live, &mut ml[r]);
-                }
-            }
-            if fold_after(kt, nkt) {
-                z[r] += take_sum(&mut zl[r]);
-                if reweight.is_some() {
-                    let m = take_max(&mut ml[r]);
-                    sc.tmax[r * ngroups + kt / FOLD_TILES] = m;
-                    if !plan.running_max {
-                        fmax[r] = fmax[r].max(m);
-                    }
-                }
-            }
-        }
-        if reweight.is_none() {
-            let v = &head.v[j0 * head.ldv..];
-            tile::matmul_acc::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, acc, d);
-        }
-    }
-
-    let Some(p) = reweight else {
-        for r in 0..nq {
-            let n = dims.n(i0 + r);
-            let a = anorm(plan.norm, z[r], n, dims.t);
-            let o = &mut out[r * d..(r + 1) * d];
-            o.iter_mut().zip(&acc[r * d..(r + 1) * d]).for_each(|(o, &x)| *o = x * a);
-            let st = &mut stats[r * STATS..(r + 1) * STATS];
-            st.fill(0.0);
-            st[ST_Z] = z[r] as f32;
-            st[ST_MAX] = if plan.running_max { mx[r] } else { 0.0 };
-            if plan.output_norm == OutputNorm::LayerNorm {
-                st[ST_MAX] = layer_norm(o);
-            }
-        }
-        return;
-    };
-
-    // Between the sweeps: m_i, the fallback rows, and the threshold f > off / (N anorm) for u > 0.
-    let mut umax = vec![0.0f32; nq];
-    let mut thr = vec![0.0f32; nq];
-    let mut an = vec![0.0f32; nq];
-    for r in 0..nq {
-        let n = dims.n(i0 + r);
-        // Z as the backward will see it (stored in f32), so both passes compute identical u.
-        z[r] = z[r] as f32 as f64;
-        an[r] = anorm(plan.norm, z[r], n, dims.t);
-        let f_top = if plan.running_max { 1.0 } else { fmax[r] };
-        // The same expression (and rounding) as each entry's u in sweep 2, so the largest key gets
-        // rho = 1 exactly.
-        umax[r] = math::fmadd::<FMA>(f_top, n as f32 * an[r], -offset(n)).max(0.0);
-        thr[r] = if an[r] > 0.0 { offset(n) / (n as f32 * an[r]) } else { f32::INFINITY };
-        if plan.running_max {
-            // Stored group maxima are raw scores: turn them into f relative to the final maximum.
-            for g in 0..ngroups {
-                let t = &mut sc.tmax[r * ngroups + g];
-                *t = if *t == f32::NEG_INFINITY { 0.0 } else { math::exp::<FMA>(*t - mx[r]) };
-            }
-        }
-    }
-    acc.fill(0.0);
-    let mut wsum = vec![0.0f64; nq];
-    let mut wl = vec![[0.0f32; 16]; nq];
-    // The backward helper: c_i = sum_j f_ij rho_ij^(p-1) and y_i = sum_j f_ij rho_ij^(p-1) v_j, so the
-    // backward's E_i is (<g_i, y_i> - D'_i c_i) times a row constant, without a sweep of its own.
-    let keep_aux = aux.is_some();
-    let mut csum = vec![0.0f64; nq];
-    let mut cl = vec![[0.0f32; 16]; nq];
-    if keep_aux {
-        sc.aux_w.resize(dims.bq * lds, 0.0);
-        sc.aux_row.resize(lds, 0.0);
-        sc.aux_acc.resize(dims.bq * d, 0.0);
-        sc.aux_acc[..nq * d].fill(0.0);
-    }
-    for kt in 0..nkt {
-        // A group of key tiles where no row has an above-mean key (and no row falls back to w = a)
-        // adds nothing.
-        let g = kt / FOLD_TILES;
-        let needed = (0..nq).any(|r| umax[r] <= 0.0 || sc.tmax[r * ngroups + g] > thr[r]);
-        if !needed {
-            continue;
-        }
-        let j0 = kt * dims.bk;
-        let nk = dims.bk.min(dims.t - j0);
-        let s = if cached {
-            // f (zero beyond the visible keys), or the raw scores under a running maximum
-            &mut sc.stripe[kt * tile_len..(kt + 1) * tile_len]
-        } else {
-            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
-            &mut sc.s[..]
-        };
-        for r in 0..nq {
-            let n = dims.n(i0 + r);
-            let vis = dims.visible(i0 + r, j0, nk);
-            let row = &mut s[r * lds..r * lds + lds];
-            let (live, dead) = row.split_at_mut(vis);
-            if !cached || plan.running_max {
-                dead.fill(0.0);
-                if plan.running_max {
-                    let m = mx[r];
-                    live.iter_mut().for_each(|x| *x -= m);
-                }
-                act::apply::<FMA>(&plan.phi, dims.in_range, live);
-            }
-            let a = an[r];
-            if keep_aux {
-                sc.aux_w[r * lds..(r + 1) * lds].fill(0.0);
-            }
-            if umax[r] <= 0.0 {
-                // Empty row: w = a (SPEC section 3 [choice]).
-                live.iter_mut().for_each(|x| *x *= a);
-            } else {
-                let (na, off, inv_m) = (n as f32 * a, offset(n), 1.0 / umax[r]);
-                if keep_aux {
-                    // f rho^(p-1), from f before `live` becomes rho^p (rho^0 = [rho > 0], as the backward).
-                    let rp = &mut sc.aux_row[..vis];
-                    rp.iter_mut()
-                        .zip(live.iter())
-                        .for_each(|(x, &f)| *x = (math::fmadd::<FMA>(f, na, -off)).max(0.0) * inv_m);
-                    if p == 1 {
-                        rp.iter_mut().for_each(|x| *x = if *x > 0.0 { 1.0 } else { 0.0 });
-                    } else {
-                        pow_slice(rp, p - 1, &mut sc.tmp);
-                    }
-                    let w = &mut sc.aux_w[r * lds..r * lds + vis];
-                    w.iter_mut().zip(rp.iter().zip(live.iter())).for_each(|(w, (&x, &f))| *w = x * f);
-                    lane_add::<false>(w, &mut cl[r]);
-                }
-                map_pow(live, p, &mut sc.tmp, |x| (math::fmadd::<FMA>(x, na, -off)).max(0.0) * inv_m);
-            }
-            lane_add::<false>(live, &mut wl[r]);
-            if fold_after(kt, nkt) {
-                wsum[r] += take_sum(&mut wl[r]);
-                csum[r] += take_sum(&mut cl[r]);
-            }
-        }
-        let v = &head.v[j0 * head.ldv..];
-        tile::matmul_acc::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, acc, d);
-        if keep_aux {
-            tile::matmul_acc::<FMA>(dims.isa, &sc.aux_w, lds, v, head.ldv, nq, nk, d, &mut sc.aux_acc, d);
-        }
-    }
-    for r in 0..nq {
-        // (The lanes are empty here: a skipped group skips every one of its tiles, the last included.)
-        debug_assert!(wl[r] == [0.0; 16] && cl[r] == [0.0; 16]);
-        let scale = if umax[r] <= 0.0 { 1.0 } else { 1.0 / (wsum[r] as f32) };
-        let o = &mut out[r * d..(r + 1) * d];
-        o.iter_mut().zip(&acc[r * d..(r + 1) * d]).for_each(|(o, &x)| *o = x * scale);
-        let st = &mut stats[r * STATS..(r + 1) * STATS];
-        st[ST_Z] = z[r] as f32;
-        st[ST_MAX] = if plan.running_max { mx[r] } else { 0.0 };
-        st[ST_UMAX] = umax[r];
-        st[ST_W] = wsum[r] as f32;
-        if let Some(aux) = aux.as_deref_mut() {
-            let row = &mut aux[r * (d + 1)..(r + 1) * (d + 1)];
-            row[0] = csum[r] as f32;
-            row[1..].copy_from_slice(&sc.aux_acc[r * d..(r + 1) * d]);
-        }
-    }
-}
-
-/// In-place parameter-free layer norm over the row (eps 1e-5, biased variance); returns sigma.
-fn layer_norm(o: &mut [f32]) -> f32 {
-    let n = o.len() as f64;
-    let mean = o.iter().map(|&x| x as f64).sum::<f64>() / n;
-    let var = o.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
-    let sigma = (var + 1e-5).sqrt();
-    o.iter_mut().for_each(|x| *x = ((*x as f64 - mean) / sigma) as f32);
-    sigma as f32
 }
 
 crate::multiversion! {

@@ -10,7 +10,9 @@
 //! `T x d` `dq` partial per (head, key chunk). Nothing is `T x T`.
 
 pub(crate) mod act;
+pub(crate) mod decode;
 pub(crate) mod engine;
+pub(crate) mod fwd;
 pub(crate) mod grad;
 pub mod isa;
 // The vectorised special functions and their measured error bounds: the lab's (public with the `lab`
@@ -30,7 +32,8 @@ use rayon::prelude::*;
 use attn_core::{OutputNorm, Plan, Transform, Variant};
 
 pub use engine::Tuning;
-use engine::{Dims, FwdScratch, Head, STATS};
+use engine::{Dims, Head, STATS};
+use fwd::{FwdScratch, Query};
 use grad::{BwdScratch, RowGrad};
 pub use isa::Isa;
 
@@ -163,6 +166,7 @@ fn dims(p: &F32Params, tuning: Tuning, isa: Isa) -> Result<Dims> {
         t: p.kv_len,
         off: p.kv_len - p.seq_len,
         d: p.head_dim,
+        group: 1,
         bq: tuning.block_q,
         bk: tuning.block_k,
         cache_bytes: tuning.score_cache_bytes,
@@ -211,7 +215,7 @@ unsafe fn inverse_norms(p: &F32Params, isa: Isa, cosine: bool, keys: KeyNorms) -
             // SAFETY: forwarded from the caller of the raw entry point.
             let (xs, ld) = unsafe { head_slice(x.0, i / heads, i % heads, t, d) };
             if short {
-                short::inv_norms_short(xs, ld, t, d, buf);
+                short::inv_norms_short(isa, xs, ld, t, d, buf);
             } else {
                 engine::inv_norms(isa, xs, ld, t, d, buf);
             }
@@ -330,7 +334,7 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
     let scratch = PerThread::new();
     (0..bh * nqt).into_par_iter().for_each(|task| {
         scratch.with(
-            || (FwdScratch::new(dims), vec![0.0f32; dims.bq * d]),
+            || (FwdScratch::new(dims, dims.bq), vec![0.0f32; dims.bq * d]),
             |(sc, out)| {
                 // Capture the whole SendPtr (not its raw-pointer field) in the closure.
                 #[allow(clippy::redundant_locals)]
@@ -343,7 +347,8 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
                     let w = rw_aux_per_row(d);
                     let ax =
                         (!aux.0.is_null()).then(|| std::slice::from_raw_parts_mut(aux.0.add((x * t + i0) * w), nq * w));
-                    engine::forward_tile(isa, &plan, &hd, dims, i0, nq, sc, &mut out[..nq * d], st, ax);
+                    let q = Query { plan: &plan, head: &hd, dims, i0, nq };
+                    fwd::forward_tile(isa, &q, sc, &mut out[..nq * d], st, ax);
                     write_rows(o.0, b, h, i0, d, &out[..nq * d]);
                 }
             },

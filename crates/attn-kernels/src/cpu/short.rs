@@ -1,8 +1,15 @@
 //! Calls of at most [`DIRECT_MAX_ROWS`] query rows (a decoding step): their scores are dot products of
-//! `q` with `k`'s rows as they are, and their key norms are summed in the same way by the forward
-//! (with the dot products) and the backward (beforehand), so that both see the same scores. Also the
-//! 16-lane reduction the engine's row sums use.
+//! `q` with `k`'s rows as they are ([`dots`]), and their key norms come from the same kernel
+//! ([`key_inv_norms`]), which the forward (with the dot products) and the backward (beforehand) both
+//! call, so that both see the same scores. Also the 16-lane reduction the engine's row sums use.
+//!
+//! A dot product of one row with one key leaves 16 (AVX-512) or 8 (AVX2) lane partials to add up; a
+//! horizontal sum per key costs about as much as the products themselves (the scalar fold of
+//! [`fold_lanes`] took half of a decoding step's time, `perf`, d = 64). [`dots`] instead keeps the
+//! partials of 16 (8) keys in registers and adds them up together in a transpose tree of 4 (3)
+//! shuffle-and-add levels: about 3 vector operations per key in all.
 
+use crate::cpu::isa::Isa;
 use crate::cpu::math;
 
 /// Reduces 16 lanes pairwise (lane `l` with `l + 8`, then `l + 4`, ...): a left-to-right fold is
@@ -76,11 +83,274 @@ pub(crate) fn inv_norm_from(k2: f32, k: &[f32]) -> f32 {
     (1.0 / n2.sqrt().max(1e-12)) as f32
 }
 
-/// [`inv_norms`](super::engine::inv_norms) as a short call's forward takes its key norms ([`lanes_sq_norm`], [`inv_norm_from`]):
-/// the backward of such a call reads these.
-pub(crate) fn inv_norms_short(x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
-    for i in 0..t {
-        let row = &x[i * ld..i * ld + d];
-        out[i] = inv_norm_from(lanes_sq_norm(row), row);
+/// `out[j] = q . k_j` for the `n` keys `k_j = k[j ldk..][..d]`. Each key's value depends on `q`
+/// and that key alone (not on `n` or on the keys beside it), on a given `isa`.
+///
+/// # Panics
+/// If a slice is shorter than the extents say.
+#[inline(always)]
+pub(crate) fn dots<const FMA: bool>(isa: Isa, q: &[f32], k: &[f32], ldk: usize, n: usize, d: usize, out: &mut [f32]) {
+    row_dots::<FMA, false>(isa, q, k, ldk, n, d, out)
+}
+
+/// `out[j] = 1 / max(||k_j||, 1e-12)` for the `n` keys `k_j = k[j ldk..][..d]` (from an f64 sum
+/// where the squares overflow f32): what a short call's forward computes beside its dot products
+/// and its backward beforehand, the same values for a key wherever it is computed, on a given `isa`.
+#[inline(always)]
+pub(crate) fn key_inv_norms<const FMA: bool>(isa: Isa, k: &[f32], ldk: usize, n: usize, d: usize, out: &mut [f32]) {
+    row_dots::<FMA, true>(isa, &[], k, ldk, n, d, out);
+    for (j, o) in out[..n].iter_mut().enumerate() {
+        *o = inv_norm_from(*o, &k[j * ldk..j * ldk + d]);
+    }
+}
+
+/// [`dots`] of `q` (`SQ = false`) or of each key with itself (`SQ = true`, `q` unused).
+#[inline(always)]
+fn row_dots<const FMA: bool, const SQ: bool>(
+    isa: Isa,
+    q: &[f32],
+    k: &[f32],
+    ldk: usize,
+    n: usize,
+    d: usize,
+    out: &mut [f32],
+) {
+    if n == 0 {
+        return;
+    }
+    // The kernels below index with raw pointers: the extents, once.
+    assert!(out.len() >= n && (SQ || q.len() >= d) && k.len() >= (n - 1) * ldk + d);
+    match isa {
+        // SAFETY: extents checked above; the caller's dispatch checked the ISA is supported.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { x86::dots_avx512::<SQ>(q.as_ptr(), k.as_ptr(), ldk, n, d, out.as_mut_ptr()) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma => unsafe { x86::dots_avx2::<SQ>(q.as_ptr(), k.as_ptr(), ldk, n, d, out.as_mut_ptr()) },
+        _ => {
+            for (j, o) in out[..n].iter_mut().enumerate() {
+                let key = &k[j * ldk..j * ldk + d];
+                *o = if SQ { lanes_sq_norm(key) } else { dot::<FMA>(q, key) };
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! The dot products of [`row_dots`](super::row_dots) in AVX-512 and AVX2 + FMA.
+    #[allow(clippy::wildcard_imports)]
+    use std::arch::x86_64::*;
+
+    /// Which key each accumulator slot of a 16-key group holds: the transpose tree of [`sum16`] leaves
+    /// slot `s`'s sum in lane `SLOTS16[s]`, and this order (an involution) puts key `j` in lane `j`.
+    const SLOTS16: [usize; 16] = [0, 2, 1, 3, 8, 10, 9, 11, 4, 6, 5, 7, 12, 14, 13, 15];
+    /// The same for [`sum8`]'s 8-key groups.
+    const SLOTS8: [usize; 8] = [0, 2, 1, 3, 4, 6, 5, 7];
+
+    /// The 16 lane sums of `a` in one register: lane `SLOTS16[s]` holds the sum of `a[s]`'s lanes.
+    /// Four levels, each pairing registers and adding a shuffle of the pair to another.
+    #[inline(always)]
+    unsafe fn sum16(a: &[__m512; 16]) -> __m512 {
+        // SAFETY (whole body): register operations only; the caller has AVX-512F.
+        unsafe {
+            // 256-bit halves: b[i] = [a_i lo + a_i hi, a_{i+8} lo + a_{i+8} hi] in 128-bit blocks.
+            let b: [__m512; 8] = std::array::from_fn(|i| {
+                let lo = _mm512_shuffle_f32x4::<0b01_00_01_00>(a[i], a[i + 8]);
+                let hi = _mm512_shuffle_f32x4::<0b11_10_11_10>(a[i], a[i + 8]);
+                _mm512_add_ps(lo, hi)
+            });
+            // 128-bit blocks: c[i] holds 4 partials of each of a_i, a_{i+8}, a_{i+4}, a_{i+12}.
+            let c: [__m512; 4] = std::array::from_fn(|i| {
+                let lo = _mm512_shuffle_f32x4::<0b10_00_10_00>(b[i], b[i + 4]);
+                let hi = _mm512_shuffle_f32x4::<0b11_01_11_01>(b[i], b[i + 4]);
+                _mm512_add_ps(lo, hi)
+            });
+            // Within blocks: two partials each.
+            let e: [__m512; 2] = std::array::from_fn(|i| {
+                _mm512_add_ps(_mm512_unpacklo_ps(c[i], c[i + 2]), _mm512_unpackhi_ps(c[i], c[i + 2]))
+            });
+            let lo = _mm512_shuffle_ps::<0b01_00_01_00>(e[0], e[1]);
+            let hi = _mm512_shuffle_ps::<0b11_10_11_10>(e[0], e[1]);
+            _mm512_add_ps(lo, hi)
+        }
+    }
+
+    /// [`sum16`] for 8 registers of 8 lanes: lane `SLOTS8[s]` holds the sum of `a[s]`'s lanes.
+    #[inline(always)]
+    unsafe fn sum8(a: &[__m256; 8]) -> __m256 {
+        // SAFETY (whole body): register operations only; the caller has AVX.
+        unsafe {
+            let b: [__m256; 4] = std::array::from_fn(|i| {
+                let lo = _mm256_permute2f128_ps::<0x20>(a[i], a[i + 4]);
+                let hi = _mm256_permute2f128_ps::<0x31>(a[i], a[i + 4]);
+                _mm256_add_ps(lo, hi)
+            });
+            let c: [__m256; 2] = std::array::from_fn(|i| {
+                _mm256_add_ps(_mm256_unpacklo_ps(b[i], b[i + 2]), _mm256_unpackhi_ps(b[i], b[i + 2]))
+            });
+            let lo = _mm256_shuffle_ps::<0b01_00_01_00>(c[0], c[1]);
+            let hi = _mm256_shuffle_ps::<0b11_10_11_10>(c[0], c[1]);
+            _mm256_add_ps(lo, hi)
+        }
+    }
+
+    /// `out[j] = sum_c x_j[c] k_j[c]` for `n` keys, `x_j = q` (or `k_j` when `SQ`), 16 keys at a
+    /// time; the columns in chunks of 16 (the last one masked). A key's products and partial sums are
+    /// the same whichever group it falls in: absent keys of the last group contribute zero registers.
+    ///
+    /// # Safety
+    /// AVX-512F available; `q` (unless `SQ`) valid for `d` reads, `k` for `n` rows of `d` at stride
+    /// `ldk`, `out` for `n` writes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    pub(super) unsafe fn dots_avx512<const SQ: bool>(
+        q: *const f32,
+        k: *const f32,
+        ldk: usize,
+        n: usize,
+        d: usize,
+        out: *mut f32,
+    ) {
+        let tail = d % 16;
+        let tail_mask: __mmask16 = ((1u32 << tail) - 1) as __mmask16;
+        // SAFETY (whole body): every read is within the extents the caller vouches for (the column
+        // tail masked, keys beyond `n` never read), every write within `out[..n]`.
+        unsafe {
+            let mut j0 = 0;
+            while j0 < n {
+                let m = (n - j0).min(16);
+                let mut acc = [_mm512_setzero_ps(); 16];
+                let mut c0 = 0;
+                while c0 < d {
+                    let mask = if c0 + 16 <= d { !0 } else { tail_mask };
+                    let qc = if SQ { _mm512_setzero_ps() } else { _mm512_maskz_loadu_ps(mask, q.add(c0)) };
+                    for (s, a) in acc.iter_mut().enumerate() {
+                        let j = SLOTS16[s];
+                        if m == 16 || j < m {
+                            let kc = _mm512_maskz_loadu_ps(mask, k.add((j0 + j) * ldk + c0));
+                            *a = _mm512_fmadd_ps(if SQ { kc } else { qc }, kc, *a);
+                        }
+                    }
+                    c0 += 16;
+                }
+                _mm512_mask_storeu_ps(out.add(j0), ((1u32 << m) - 1) as __mmask16, sum16(&acc));
+                j0 += 16;
+            }
+        }
+    }
+
+    /// `w <= 8` floats from `p`, zeros above (a function, not a closure: a closure would be compiled
+    /// without the caller's target features).
+    #[inline(always)]
+    unsafe fn load8(p: *const f32, w: usize) -> __m256 {
+        // SAFETY: the caller vouches for `w` readable floats at `p`; AVX available.
+        unsafe {
+            if w == 8 {
+                _mm256_loadu_ps(p)
+            } else {
+                let mut buf = [0.0f32; 8];
+                std::ptr::copy_nonoverlapping(p, buf.as_mut_ptr(), w);
+                _mm256_loadu_ps(buf.as_ptr())
+            }
+        }
+    }
+
+    /// [`dots_avx512`] in 8-lane registers, 8 keys at a time.
+    ///
+    /// # Safety
+    /// AVX2 and FMA available; extents as [`dots_avx512`].
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dots_avx2<const SQ: bool>(
+        q: *const f32,
+        k: *const f32,
+        ldk: usize,
+        n: usize,
+        d: usize,
+        out: *mut f32,
+    ) {
+        // SAFETY (whole body): as dots_avx512; the column tail goes through a zero-padded copy.
+        unsafe {
+            let mut j0 = 0;
+            while j0 < n {
+                let m = (n - j0).min(8);
+                let mut acc = [_mm256_setzero_ps(); 8];
+                let mut c0 = 0;
+                while c0 < d {
+                    let w = (d - c0).min(8);
+                    let qc = if SQ { _mm256_setzero_ps() } else { load8(q.add(c0), w) };
+                    for (s, a) in acc.iter_mut().enumerate() {
+                        let j = SLOTS8[s];
+                        if m == 8 || j < m {
+                            let kc = load8(k.add((j0 + j) * ldk + c0), w);
+                            *a = _mm256_fmadd_ps(if SQ { kc } else { qc }, kc, *a);
+                        }
+                    }
+                    c0 += 8;
+                }
+                let mut sums = [0.0f32; 8];
+                _mm256_storeu_ps(sums.as_mut_ptr(), sum8(&acc));
+                std::ptr::copy_nonoverlapping(sums.as_ptr(), out.add(j0), m);
+                j0 += 8;
+            }
+        }
+    }
+}
+
+/// [`key_inv_norms`] of every key of a head: what the backward of a short call reads, the values its
+/// forward computed beside the dot products.
+pub(crate) fn inv_norms_short(isa: Isa, x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
+    crate::multiversion! {
+        // (The body sees only the arguments after the first, hence `isa` twice.)
+        fn norms<const FMA: bool>(isa: Isa, which: Isa, x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
+            key_inv_norms::<FMA>(which, x, ld, t, d, out)
+        }
+    }
+    norms(isa, isa, x, ld, t, d, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(n: usize, seed: u64) -> Vec<f32> {
+        let mut rng = attn_core::fixtures::Rng::new(seed);
+        (0..n).map(|_| rng.uniform() as f32 * 2.0 - 1.0).collect()
+    }
+
+    /// Every ISA's dot products and key norms against float64, at head dimensions around the
+    /// register widths and key counts around the group sizes; and a key's values do not depend on
+    /// the keys beside it (what lets a short forward and its backward agree bit for bit).
+    #[test]
+    fn dots_and_key_norms_match_float64_and_do_not_depend_on_the_group() {
+        for isa in Isa::all_supported() {
+            for d in [1, 7, 8, 15, 16, 17, 64, 100, 128] {
+                let (n, ldk) = (37, d + 3);
+                let (q, k) = (data(d, d as u64), data(n * ldk, 7 + d as u64));
+                let (mut got, mut norms) = (vec![0.0f32; n], vec![0.0f32; n]);
+                crate::multiversion! {
+                    fn both<const FMA: bool>(isa: Isa, which: Isa, q: &[f32], k: &[f32], ldk: usize, n: usize, d: usize, o: &mut [f32], kn: &mut [f32]) {
+                        dots::<FMA>(which, q, k, ldk, n, d, o);
+                        key_inv_norms::<FMA>(which, k, ldk, n, d, kn);
+                    }
+                }
+                both(isa, isa, &q, &k, ldk, n, d, &mut got, &mut norms);
+                for j in 0..n {
+                    let key = &k[j * ldk..j * ldk + d];
+                    let want: f64 = q.iter().zip(key).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
+                    let scale: f64 = q.iter().zip(key).map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs()).sum();
+                    assert!((f64::from(got[j]) - want).abs() <= 1e-6 * scale, "{isa:?} d={d} key {j}: {} vs {want}", got[j]);
+                    let n2: f64 = key.iter().map(|&b| f64::from(b) * f64::from(b)).sum();
+                    let inv = 1.0 / n2.sqrt();
+                    assert!((f64::from(norms[j]) - inv).abs() <= 1e-6 * inv, "{isa:?} d={d} key {j} norm");
+                }
+                // Each key alone, and from an offset that shifts the groups: the same bits.
+                for j0 in [0, 1, 5, 17] {
+                    let (mut part, mut pn) = (vec![0.0f32; n - j0], vec![0.0f32; n - j0]);
+                    both(isa, isa, &q, &k[j0 * ldk..], ldk, n - j0, d, &mut part, &mut pn);
+                    assert_eq!(part, got[j0..], "{isa:?} d={d}: dots from key {j0}");
+                    assert_eq!(pn, norms[j0..], "{isa:?} d={d}: norms from key {j0}");
+                }
+            }
+        }
     }
 }

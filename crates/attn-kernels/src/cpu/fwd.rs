@@ -1,0 +1,459 @@
+//! The forward's sweeps (SPEC section 6) over a range of key tiles: stage 1 ([`Stage1`]), and with
+//! re-weighting the row constants between the sweeps ([`Between`]) and the second sweep
+//! ([`Stage2`]). A whole query tile runs them over all its key tiles ([`forward_tile`]); a short call
+//! may split the keys of its rows into ranges run by different threads, whose states then merge
+//! ([`Stage1::merge`], [`Stage2::merge`]; `decode` drives that).
+//!
+//! Ranges start at a multiple of [`FOLD_TILES`] key tiles, so a range folds its row sums into f64
+//! where the whole sweep would; merging adds those f64 partials (and the f32 accumulators of `o`)
+//! in another order, so a split call agrees with an unsplit one to rounding, not bit for bit.
+
+use std::ops::Range;
+
+use attn_core::{OutputNorm, Plan};
+
+use crate::cpu::act;
+use crate::cpu::engine::{
+    Dims, FOLD_TILES, Head, Lanes, Rows, ST_MAX, ST_UMAX, ST_W, ST_Z, STATS, anorm, fold_after, lane_add,
+    lane_max, lane_max_into, map_pow, offset, pow_slice, scores, take_max, take_sum,
+};
+use crate::cpu::isa::Isa;
+use crate::cpu::math;
+use crate::cpu::tile;
+
+/// Per-task scratch of the forward, sized for `rows` query rows (a query tile, or a short call's
+/// rows).
+pub(crate) struct FwdScratch {
+    rows: usize,
+    s: Vec<f32>,
+    tmp: Vec<f32>,
+    /// The first sweep's activations of the rows, key tile after key tile (`nq x bk_pad` each),
+    /// for re-weighting's second sweep; allocated once, on first use.
+    stripe: Vec<f32>,
+    /// Re-weighting's backward helper: `f_ij rho_ij^(p-1)` of one tile (`rows x bk_pad`) and a row
+    /// of `rho^(p-1)`; sized on first use.
+    aux_w: Vec<f32>,
+    aux_row: Vec<f32>,
+}
+
+impl FwdScratch {
+    pub(crate) fn new(dims: Dims, rows: usize) -> Self {
+        let bkp = dims.bk_pad();
+        Self {
+            rows,
+            s: vec![0.0; rows * bkp],
+            tmp: vec![0.0; bkp],
+            stripe: Vec::new(),
+            aux_w: Vec::new(),
+            aux_row: Vec::new(),
+        }
+    }
+}
+
+/// The rows a sweep runs: rows `[i0, i0 + nq)` of `head` (row `r` of the call is query `r / group`
+/// of the sequence, [`Dims::n`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Query<'a> {
+    pub plan: &'a Plan,
+    pub head: &'a Head<'a>,
+    pub dims: Dims,
+    pub i0: usize,
+    pub nq: usize,
+}
+
+impl Query<'_> {
+    /// Key tiles the rows see.
+    pub(crate) fn key_tiles(&self) -> usize {
+        self.dims.key_tiles(self.i0 + self.nq)
+    }
+}
+
+/// Stage 1's state of `nq` rows over the key tiles swept so far.
+pub(crate) struct Stage1 {
+    /// `sum_j f_ij v_j` (`nq x d`), without re-weighting (relative to the running maximum, if any).
+    acc: Vec<f32>,
+    /// `Z_i` folded so far, and its lanes since the last fold.
+    z: Vec<f64>,
+    zl: Vec<Lanes>,
+    /// The running maximum of the scores (softmax-like `phi`).
+    mx: Vec<f32>,
+    /// Re-weighting: the largest `f` (the largest raw score, under a running maximum) so far, its
+    /// lanes, and per group of [`FOLD_TILES`] key tiles (`nq x groups`).
+    fmax: Vec<f32>,
+    ml: Vec<Lanes>,
+    tmax: Vec<f32>,
+    groups: usize,
+    /// Whether the scratch's stripe holds the range's activations for the second sweep.
+    cached: bool,
+}
+
+impl Stage1 {
+    pub(crate) fn new(q: &Query<'_>) -> Self {
+        let (nq, groups) = (q.nq, q.key_tiles().div_ceil(FOLD_TILES));
+        Self {
+            acc: vec![0.0; if q.plan.reweight.is_none() { nq * q.dims.d } else { 0 }],
+            z: vec![0.0; nq],
+            zl: vec![[0.0; 16]; nq],
+            mx: vec![f32::NEG_INFINITY; nq],
+            fmax: vec![f32::NEG_INFINITY; nq],
+            ml: vec![[f32::NEG_INFINITY; 16]; nq],
+            tmax: vec![f32::NEG_INFINITY; nq * groups],
+            groups,
+            cached: false,
+        }
+    }
+
+    /// Adds `other`, the state of another range of the same rows: exact up to rounding (under a
+    /// running maximum both are first rescaled to the larger maximum, as the sweep rescales).
+    pub(crate) fn merge<const FMA: bool>(&mut self, other: &Stage1, d: usize, running_max: bool) {
+        for r in 0..self.z.len() {
+            let (mut sa, mut sb) = (1.0f32, 1.0f32);
+            if running_max {
+                let m = self.mx[r].max(other.mx[r]);
+                if m > f32::NEG_INFINITY {
+                    sa = if self.mx[r] == m { 1.0 } else { math::exp::<FMA>(self.mx[r] - m) };
+                    sb = if other.mx[r] == m { 1.0 } else { math::exp::<FMA>(other.mx[r] - m) };
+                }
+                self.mx[r] = m;
+            }
+            self.z[r] = self.z[r] * f64::from(sa) + other.z[r] * f64::from(sb);
+            self.fmax[r] = self.fmax[r].max(other.fmax[r]);
+            if !self.acc.is_empty() {
+                let (a, b) = (&mut self.acc[r * d..(r + 1) * d], &other.acc[r * d..(r + 1) * d]);
+                a.iter_mut().zip(b).for_each(|(a, &b)| *a = *a * sa + b * sb);
+            }
+        }
+        self.tmax.iter_mut().zip(&other.tmax).for_each(|(a, &b)| *a = a.max(b));
+    }
+}
+
+/// Stage 1 over key tiles `kts` (starting at a multiple of [`FOLD_TILES`]).
+#[inline(always)]
+pub(crate) fn sweep1<const FMA: bool>(q: &Query<'_>, kts: Range<usize>, st: &mut Stage1, sc: &mut FwdScratch) {
+    let (plan, head, dims, i0, nq) = (q.plan, q.head, q.dims, q.i0, q.nq);
+    let (d, lds) = (dims.d, dims.bk_pad());
+    let rows = Rows::new(plan, head, dims, i0, nq);
+    let reweight = plan.reweight;
+    // Re-weighting keeps the first sweep's activations (the scores, under a running maximum, which
+    // moves until the sweep ends) for the second, where they fit the budget: the same values the
+    // second sweep would recompute, bit for bit.
+    let tile_len = nq * lds;
+    if reweight.is_some() && sc.stripe.is_empty() {
+        // Once per scratch, at the size of the longest stripe (or the budget): growing it tile by
+        // tile would double its capacity and copy it on the way.
+        let most = (sc.rows * lds * dims.t.div_ceil(dims.bk)).min(dims.cache_bytes / 4);
+        sc.stripe = vec![0.0; most];
+    }
+    st.cached = reweight.is_some() && kts.len() * tile_len <= sc.stripe.len();
+    let end = kts.end;
+    for kt in kts.clone() {
+        let j0 = kt * dims.bk;
+        let nk = dims.bk.min(dims.t - j0);
+        let s: &mut [f32] = if st.cached {
+            let x = kt - kts.start;
+            let tile = &mut sc.stripe[x * tile_len..(x + 1) * tile_len];
+            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, tile, lds);
+            if plan.running_max {
+                sc.s[..tile_len].copy_from_slice(tile); // the stripe keeps the raw scores
+                &mut sc.s[..]
+            } else {
+                tile
+            }
+        } else {
+            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
+            &mut sc.s[..]
+        };
+        for r in 0..nq {
+            let vis = dims.visible(i0 + r, j0, nk);
+            let row = &mut s[r * lds..r * lds + lds];
+            let (live, dead) = row.split_at_mut(vis);
+            dead.fill(0.0);
+            if vis > 0 {
+                if plan.running_max {
+                    let tile_max = lane_max(live);
+                    if reweight.is_some() {
+                        st.ml[r][0] = st.ml[r][0].max(tile_max); // raw score; f = exp(s - final max) later
+                    }
+                    if tile_max > st.mx[r] {
+                        let rescale = math::exp::<FMA>(st.mx[r] - tile_max);
+                        st.z[r] = (st.z[r] + take_sum(&mut st.zl[r])) * rescale as f64;
+                        if reweight.is_none() {
+                            st.acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= rescale);
+                        }
+                        st.mx[r] = tile_max;
+                    }
+                    let m = st.mx[r];
+                    live.iter_mut().for_each(|x| *x -= m);
+                }
+                act::apply::<FMA>(&plan.phi, dims.in_range, live);
+                if plan.signed {
+                    lane_add::<true>(live, &mut st.zl[r]);
+                } else {
+                    lane_add::<false>(live, &mut st.zl[r]);
+                }
+                if reweight.is_some() && !plan.running_max {
+                    lane_max_into(live, &mut st.ml[r]);
+                }
+            }
+            if fold_after(kt, end) {
+                st.z[r] += take_sum(&mut st.zl[r]);
+                if reweight.is_some() {
+                    let m = take_max(&mut st.ml[r]);
+                    st.tmax[r * st.groups + kt / FOLD_TILES] = m;
+                    if !plan.running_max {
+                        st.fmax[r] = st.fmax[r].max(m);
+                    }
+                }
+            }
+        }
+        if reweight.is_none() {
+            let v = &head.v[j0 * head.ldv..];
+            tile::matmul_acc::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, &mut st.acc, d);
+        }
+    }
+}
+
+/// Writes the outputs and statistics of a finished stage 1 without re-weighting.
+pub(crate) fn finish_plain(q: &Query<'_>, st: &Stage1, out: &mut [f32], stats: &mut [f32]) {
+    let (plan, dims, d) = (q.plan, q.dims, q.dims.d);
+    for r in 0..q.nq {
+        let a = anorm(plan.norm, st.z[r], dims.n(q.i0 + r), dims.t);
+        let o = &mut out[r * d..(r + 1) * d];
+        o.iter_mut().zip(&st.acc[r * d..(r + 1) * d]).for_each(|(o, &x)| *o = x * a);
+        let s = &mut stats[r * STATS..(r + 1) * STATS];
+        s.fill(0.0);
+        s[ST_Z] = st.z[r] as f32;
+        s[ST_MAX] = if plan.running_max { st.mx[r] } else { 0.0 };
+        if plan.output_norm == OutputNorm::LayerNorm {
+            s[ST_MAX] = layer_norm(o);
+        }
+    }
+}
+
+/// Re-weighting's row constants, from a finished stage 1: `m_i` (`umax`, `<= 0` for a row that
+/// falls back to `w = a`), the threshold `f > off / (N anorm)` for `u > 0`, and `anorm`.
+pub(crate) struct Between {
+    umax: Vec<f32>,
+    thr: Vec<f32>,
+    an: Vec<f32>,
+}
+
+impl Between {
+    /// Also rounds `st`'s `Z` to f32 (as the backward will read it, so both compute identical `u`)
+    /// and turns its stored group maxima of raw scores (under a running maximum) into `f`.
+    #[inline(always)]
+    pub(crate) fn new<const FMA: bool>(q: &Query<'_>, st: &mut Stage1) -> Self {
+        let (plan, dims, nq) = (q.plan, q.dims, q.nq);
+        let (mut umax, mut thr, mut an) = (vec![0.0f32; nq], vec![0.0f32; nq], vec![0.0f32; nq]);
+        for r in 0..nq {
+            let n = dims.n(q.i0 + r);
+            st.z[r] = st.z[r] as f32 as f64;
+            an[r] = anorm(plan.norm, st.z[r], n, dims.t);
+            let f_top = if plan.running_max { 1.0 } else { st.fmax[r] };
+            // The same expression (and rounding) as each entry's u in sweep 2, so the largest key
+            // gets rho = 1 exactly.
+            umax[r] = math::fmadd::<FMA>(f_top, n as f32 * an[r], -offset(n)).max(0.0);
+            thr[r] = if an[r] > 0.0 { offset(n) / (n as f32 * an[r]) } else { f32::INFINITY };
+            if plan.running_max {
+                for t in &mut st.tmax[r * st.groups..(r + 1) * st.groups] {
+                    *t = if *t == f32::NEG_INFINITY { 0.0 } else { math::exp::<FMA>(*t - st.mx[r]) };
+                }
+            }
+        }
+        Self { umax, thr, an }
+    }
+}
+
+/// Re-weighting's second sweep's state of `nq` rows.
+pub(crate) struct Stage2 {
+    /// `sum_j w_ij v_j` unnormalised (`nq x d`), `W_i` folded and its lanes.
+    acc: Vec<f32>,
+    wsum: Vec<f64>,
+    wl: Vec<Lanes>,
+    /// The backward helper: `c_i = sum_j f_ij rho_ij^(p-1)`, its lanes, and
+    /// `y_i = sum_j f_ij rho_ij^(p-1) v_j` (`nq x d`; empty when not kept).
+    csum: Vec<f64>,
+    cl: Vec<Lanes>,
+    aux_acc: Vec<f32>,
+}
+
+impl Stage2 {
+    pub(crate) fn new(q: &Query<'_>, keep_aux: bool) -> Self {
+        let (nq, d) = (q.nq, q.dims.d);
+        Self {
+            acc: vec![0.0; nq * d],
+            wsum: vec![0.0; nq],
+            wl: vec![[0.0; 16]; nq],
+            csum: vec![0.0; nq],
+            cl: vec![[0.0; 16]; nq],
+            aux_acc: if keep_aux { vec![0.0; nq * d] } else { Vec::new() },
+        }
+    }
+
+    /// Adds `other`, the state of another range of the same rows.
+    pub(crate) fn merge(&mut self, other: &Stage2) {
+        self.acc.iter_mut().zip(&other.acc).for_each(|(a, &b)| *a += b);
+        self.wsum.iter_mut().zip(&other.wsum).for_each(|(a, &b)| *a += b);
+        self.csum.iter_mut().zip(&other.csum).for_each(|(a, &b)| *a += b);
+        self.aux_acc.iter_mut().zip(&other.aux_acc).for_each(|(a, &b)| *a += b);
+    }
+}
+
+/// Re-weighting's second sweep over key tiles `kts`: the range (and the scratch) of the `st` it
+/// follows.
+#[inline(always)]
+pub(crate) fn sweep2<const FMA: bool>(
+    q: &Query<'_>,
+    kts: Range<usize>,
+    st: &Stage1,
+    bt: &Between,
+    s2: &mut Stage2,
+    sc: &mut FwdScratch,
+) {
+    let (plan, head, dims, i0, nq) = (q.plan, q.head, q.dims, q.i0, q.nq);
+    let Some(p) = plan.reweight else { return };
+    let (d, lds) = (dims.d, dims.bk_pad());
+    let rows = Rows::new(plan, head, dims, i0, nq);
+    let tile_len = nq * lds;
+    let keep_aux = !s2.aux_acc.is_empty();
+    if keep_aux {
+        sc.aux_w.resize(sc.rows * lds, 0.0);
+        sc.aux_row.resize(lds, 0.0);
+    }
+    let end = kts.end;
+    for kt in kts.clone() {
+        // A group of key tiles where no row has an above-mean key (and no row falls back to w = a)
+        // adds nothing.
+        let g = kt / FOLD_TILES;
+        let needed = (0..nq).any(|r| bt.umax[r] <= 0.0 || st.tmax[r * st.groups + g] > bt.thr[r]);
+        if !needed {
+            continue;
+        }
+        let j0 = kt * dims.bk;
+        let nk = dims.bk.min(dims.t - j0);
+        let s = if st.cached {
+            // f (zero beyond the visible keys), or the raw scores under a running maximum
+            let x = kt - kts.start;
+            &mut sc.stripe[x * tile_len..(x + 1) * tile_len]
+        } else {
+            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
+            &mut sc.s[..]
+        };
+        for r in 0..nq {
+            let n = dims.n(i0 + r);
+            let vis = dims.visible(i0 + r, j0, nk);
+            let row = &mut s[r * lds..r * lds + lds];
+            let (live, dead) = row.split_at_mut(vis);
+            if !st.cached || plan.running_max {
+                dead.fill(0.0);
+                if plan.running_max {
+                    let m = st.mx[r];
+                    live.iter_mut().for_each(|x| *x -= m);
+                }
+                act::apply::<FMA>(&plan.phi, dims.in_range, live);
+            }
+            let a = bt.an[r];
+            if keep_aux {
+                sc.aux_w[r * lds..(r + 1) * lds].fill(0.0);
+            }
+            if bt.umax[r] <= 0.0 {
+                // Empty row: w = a (SPEC section 3 [choice]).
+                live.iter_mut().for_each(|x| *x *= a);
+            } else {
+                let (na, off, inv_m) = (n as f32 * a, offset(n), 1.0 / bt.umax[r]);
+                if keep_aux {
+                    // f rho^(p-1), from f before `live` becomes rho^p (rho^0 = [rho > 0], as the backward).
+                    let rp = &mut sc.aux_row[..vis];
+                    rp.iter_mut()
+                        .zip(live.iter())
+                        .for_each(|(x, &f)| *x = (math::fmadd::<FMA>(f, na, -off)).max(0.0) * inv_m);
+                    if p == 1 {
+                        rp.iter_mut().for_each(|x| *x = if *x > 0.0 { 1.0 } else { 0.0 });
+                    } else {
+                        pow_slice(rp, p - 1, &mut sc.tmp);
+                    }
+                    let w = &mut sc.aux_w[r * lds..r * lds + vis];
+                    w.iter_mut().zip(rp.iter().zip(live.iter())).for_each(|(w, (&x, &f))| *w = x * f);
+                    lane_add::<false>(w, &mut s2.cl[r]);
+                }
+                map_pow(live, p, &mut sc.tmp, |x| (math::fmadd::<FMA>(x, na, -off)).max(0.0) * inv_m);
+            }
+            lane_add::<false>(live, &mut s2.wl[r]);
+            if fold_after(kt, end) {
+                s2.wsum[r] += take_sum(&mut s2.wl[r]);
+                s2.csum[r] += take_sum(&mut s2.cl[r]);
+            }
+        }
+        let v = &head.v[j0 * head.ldv..];
+        tile::matmul_acc::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, &mut s2.acc, d);
+        if keep_aux {
+            tile::matmul_acc::<FMA>(dims.isa, &sc.aux_w, lds, v, head.ldv, nq, nk, d, &mut s2.aux_acc, d);
+        }
+    }
+}
+
+/// Writes the outputs, statistics and (when kept) the backward helper of finished re-weighted rows.
+pub(crate) fn finish_reweighted(
+    q: &Query<'_>,
+    st: &Stage1,
+    bt: &Between,
+    s2: &Stage2,
+    out: &mut [f32],
+    stats: &mut [f32],
+    aux: Option<&mut [f32]>,
+) {
+    let (plan, d) = (q.plan, q.dims.d);
+    let mut aux = aux;
+    for r in 0..q.nq {
+        // (The lanes are empty here: a skipped group skips every one of its tiles, the last included.)
+        debug_assert!(s2.wl[r] == [0.0; 16] && s2.cl[r] == [0.0; 16]);
+        let scale = if bt.umax[r] <= 0.0 { 1.0 } else { 1.0 / (s2.wsum[r] as f32) };
+        let o = &mut out[r * d..(r + 1) * d];
+        o.iter_mut().zip(&s2.acc[r * d..(r + 1) * d]).for_each(|(o, &x)| *o = x * scale);
+        let s = &mut stats[r * STATS..(r + 1) * STATS];
+        s[ST_Z] = st.z[r] as f32;
+        s[ST_MAX] = if plan.running_max { st.mx[r] } else { 0.0 };
+        s[ST_UMAX] = bt.umax[r];
+        s[ST_W] = s2.wsum[r] as f32;
+        if let Some(aux) = aux.as_deref_mut() {
+            let row = &mut aux[r * (d + 1)..(r + 1) * (d + 1)];
+            row[0] = s2.csum[r] as f32;
+            row[1..].copy_from_slice(&s2.aux_acc[r * d..(r + 1) * d]);
+        }
+    }
+}
+
+crate::multiversion! {
+    /// Forward of query rows `[i0, i0 + nq)` of one head over every key they see: writes `nq x d`
+    /// outputs to `out` (row stride `d`) and `nq x STATS` statistics to `stats`; with re-weighting
+    /// and `aux`, also the `nq x (d + 1)` backward helper (see [`super::Params::rw_aux`]).
+    pub(crate) fn forward_tile<const FMA: bool>(
+        isa: Isa,
+        q: &Query<'_>,
+        sc: &mut FwdScratch,
+        out: &mut [f32],
+        stats: &mut [f32],
+        aux: Option<&mut [f32]>,
+    ) {
+        let kts = 0..q.key_tiles();
+        let mut st = Stage1::new(q);
+        sweep1::<FMA>(q, kts.clone(), &mut st, sc);
+        if q.plan.reweight.is_none() {
+            return finish_plain(q, &st, out, stats);
+        }
+        let bt = Between::new::<FMA>(q, &mut st);
+        let mut s2 = Stage2::new(q, aux.is_some());
+        sweep2::<FMA>(q, kts, &st, &bt, &mut s2, sc);
+        finish_reweighted(q, &st, &bt, &s2, out, stats, aux)
+    }
+}
+
+/// In-place parameter-free layer norm over the row (eps 1e-5, biased variance); returns sigma.
+fn layer_norm(o: &mut [f32]) -> f32 {
+    let n = o.len() as f64;
+    let mean = o.iter().map(|&x| x as f64).sum::<f64>() / n;
+    let var = o.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
+    let sigma = (var + 1e-5).sqrt();
+    o.iter_mut().for_each(|x| *x = ((*x as f64 - mean) / sigma) as f32);
+    sigma as f32
+}
