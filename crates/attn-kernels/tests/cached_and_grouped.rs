@@ -248,3 +248,54 @@ fn a_short_calls_backward_sees_the_scores_its_forward_normalised() {
         assert!(err <= 64.0 * f32::EPSILON, "{name}: dv off g by {err:.3e}");
     }
 }
+
+/// A decoding step whose cache is split across threads (split-K: one key head on 3 threads, so 6
+/// ranges of 8 key tiles): every fused variant's output, and the gradients of the split forward's
+/// statistics, against the f64 reference of the same call, within the bound the unsplit call's own
+/// error sets (the split changes only the order of the sums it merges).
+#[test]
+fn a_decoding_step_split_across_threads_matches_the_reference() {
+    // 2100 keys of d = 64: 1 MiB of keys and values, above what a short call runs on its caller.
+    let (t, d) = (2100, 64);
+    let c = Case::new([1, 3, 1, t, d], 53);
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    let opts = |split_keys| {
+        let tuning = cpu::Tuning { block_q: 16, block_k: 32, split_keys, ..Default::default() };
+        cpu::Options { tuning, ..Default::default() }
+    };
+    let (split, whole) = (opts(256), opts(usize::MAX));
+    let mut differ = 0; // outputs where the split's order of sums shows: the split path ran
+    for name in FUSED {
+        let v = variant(name);
+        for rows in [1, 3] {
+            let (q, g) = (c.q.slice(s![.., .., t - rows.., ..]), c.g.slice(s![.., .., t - rows.., ..]));
+            let (q64, k64, v64) = (q.mapv(f64::from), to64(&c.k), to64(&c.v));
+            let want = attn_core::forward(&v, &q64, &k64, &v64).unwrap();
+            let (got, unsplit) = pool.install(|| {
+                (
+                    cpu::forward_with(&v, q, &c.k, &c.v, &split).unwrap(),
+                    cpu::forward_with(&v, q, &c.k, &c.v, &whole).unwrap(),
+                )
+            });
+            let tol = bound(max_abs_diff(&unsplit, &want), &want, v.reweight);
+            let err = max_abs_diff(&got, &want);
+            assert!(err <= tol, "{name}, {rows} rows: split forward error {err:.3e} > {tol:.3e}");
+            differ += usize::from(got != unsplit);
+            let grads_want = attn_core::backward(&v, &q64, &k64, &v64, &g.mapv(f64::from)).unwrap();
+            let (grads, grads_unsplit) = pool.install(|| {
+                let run = |o| cpu::backward_with(&v, q, &c.k, &c.v, g, o).unwrap();
+                (run(&split), run(&whole))
+            });
+            for (what, got, unsplit, want) in [
+                ("dq", &grads.dq, &grads_unsplit.dq, &grads_want.dq),
+                ("dk", &grads.dk, &grads_unsplit.dk, &grads_want.dk),
+                ("dv", &grads.dv, &grads_unsplit.dv, &grads_want.dv),
+            ] {
+                let tol = bound(max_abs_diff(unsplit, want), want, v.reweight);
+                let err = max_abs_diff(got, want);
+                assert!(err <= tol, "{name}, {rows} rows: {what} of the split forward, error {err:.3e} > {tol:.3e}");
+            }
+        }
+    }
+    assert!(differ > FUSED.len() / 2, "only {differ} split outputs differ from the unsplit ones in any bit");
+}

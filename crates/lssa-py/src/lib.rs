@@ -346,6 +346,9 @@ fn forward(
     let variant = parse(variant)?;
     let target = target(device, dtype).map_err(PyTypeError::new_err)?;
     let p = params(shape, kv, q, k, v, out, stats, target.dtype())?;
+    // A small decoding step runs on this thread (0: no pool of ours), never in a pool: entering one
+    // would cost more than the step.
+    let threads = if matches!(target, Target::Cpu(_)) && cpu::forward_runs_on_caller(&p) { 0 } else { threads };
     // SAFETY: the module's contract: live tensors of these sizes and strides (see above).
     unsafe { launch(py, variant, target, p, aux, stream, threads, attn_kernels::forward_raw) }
 }

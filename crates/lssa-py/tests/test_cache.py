@@ -99,3 +99,24 @@ def test_flex_refuses_a_cache_by_name():
     q, k = torch.randn(1, 2, 4, 16), torch.randn(1, 2, 9, 16)
     with pytest.raises(ValueError, match="whole sequences"):
         lssa.attention(q, k, k, "lssa", backend="flex")
+
+
+@pytest.mark.parametrize("name", ["lssa", "lssa+rw15", "softmax+rw3"])
+def test_eager_inference_skips_the_custom_op_and_gives_its_output(name, monkeypatch):
+    """Without gradients, ``lssa.attention`` calls the kernels directly (a decoding step's fixed cost):
+    the custom op's output bit for bit, on a cache long enough to run on the thread pool and on a short
+    one that runs on the caller; with gradients it goes through the op."""
+    gen = torch.Generator().manual_seed(9)
+    for t_k in (40, 3000):
+        q = torch.randn(1, 6, 1, 64, generator=gen)
+        k, v = (torch.randn(1, 2, t_k, 64, generator=gen) for _ in range(2))
+        want = torch.ops.lssa.attention_fwd(q, k, v, name, False)[0]
+        ops = []
+        real = lssa._ops.attention_fwd
+        monkeypatch.setattr(lssa._ops, "attention_fwd", lambda *a: ops.append(a[3]) or real(*a))
+        with torch.no_grad():
+            got = lssa.attention(q, k, v, name)
+        assert ops == [] and torch.equal(got, want), f"T_k = {t_k}"
+        qg = q.clone().requires_grad_()
+        assert torch.equal(lssa.attention(qg, k, v, name).detach(), want) and ops == [name]
+        monkeypatch.undo()

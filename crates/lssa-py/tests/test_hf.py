@@ -41,14 +41,21 @@ def tokens(b, t, seed):
 
 
 def count_fused_calls(monkeypatch):
+    """The shapes of every call into the fused kernels: through the custom op (training) or, for
+    eager inference, straight to the kernels."""
     calls = []
-    real = lssa._ops.attention_fwd
+    real_op, real_inference = lssa._ops.attention_fwd, lssa._ops.attention_inference
 
     def counting(q, k, v, variant, keep_aux):
         calls.append((tuple(q.shape), tuple(k.shape)))
-        return real(q, k, v, variant, keep_aux)
+        return real_op(q, k, v, variant, keep_aux)
+
+    def counting_inference(q, k, v, variant):
+        calls.append((tuple(q.shape), tuple(k.shape)))
+        return real_inference(q, k, v, variant)
 
     monkeypatch.setattr(lssa._ops, "attention_fwd", counting)
+    monkeypatch.setattr(lssa._ops, "attention_inference", counting_inference)
     return calls
 
 

@@ -41,6 +41,10 @@ pub struct Tuning {
     /// over the keys. Off, the backward runs that sweep (as the raw entry points do without the
     /// helper). Same gradients up to rounding.
     pub reweight_helper: bool,
+    /// Calls of a few query rows (a decoding step): the fewest keys of a range when each key head's
+    /// cache is split across threads (split-K), used only when there are fewer key heads than
+    /// threads to keep busy. Rounded up to whole groups of `8 x block_k` keys.
+    pub split_keys: usize,
 }
 
 impl Default for Tuning {
@@ -48,7 +52,7 @@ impl Default for Tuning {
     /// core; 128-key tiles measured no faster and waste more of the diagonal tile. A 16 MiB score
     /// cache per task covers `T` up to 64K at 64 query rows.
     fn default() -> Self {
-        Self { block_q: 64, block_k: 64, score_cache_bytes: 16 << 20, reweight_helper: true }
+        Self { block_q: 64, block_k: 64, score_cache_bytes: 16 << 20, reweight_helper: true, split_keys: 2048 }
     }
 }
 

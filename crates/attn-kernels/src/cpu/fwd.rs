@@ -14,8 +14,8 @@ use attn_core::{OutputNorm, Plan};
 
 use crate::cpu::act;
 use crate::cpu::engine::{
-    Dims, FOLD_TILES, Head, Lanes, Rows, ST_MAX, ST_UMAX, ST_W, ST_Z, STATS, anorm, fold_after, lane_add,
-    lane_max, lane_max_into, map_pow, offset, pow_slice, scores, take_max, take_sum,
+    Dims, FOLD_TILES, Head, Lanes, Rows, ST_MAX, ST_UMAX, ST_W, ST_Z, STATS, anorm, fold_after, lane_add, lane_max,
+    lane_max_into, map_pow, offset, pow_slice, scores, take_max, take_sum,
 };
 use crate::cpu::isa::Isa;
 use crate::cpu::math;
@@ -25,11 +25,15 @@ use crate::cpu::tile;
 /// rows).
 pub(crate) struct FwdScratch {
     rows: usize,
+    /// The most key tiles one sweep of this scratch covers (the stripe's size).
+    tiles: usize,
     s: Vec<f32>,
     tmp: Vec<f32>,
     /// The first sweep's activations of the rows, key tile after key tile (`nq x bk_pad` each),
     /// for re-weighting's second sweep; allocated once, on first use.
     stripe: Vec<f32>,
+    /// Whether the stripe holds the activations of the last first sweep's range, for the second.
+    cached: bool,
     /// Re-weighting's backward helper: `f_ij rho_ij^(p-1)` of one tile (`rows x bk_pad`) and a row
     /// of `rho^(p-1)`; sized on first use.
     aux_w: Vec<f32>,
@@ -38,12 +42,19 @@ pub(crate) struct FwdScratch {
 
 impl FwdScratch {
     pub(crate) fn new(dims: Dims, rows: usize) -> Self {
+        Self::for_tiles(dims, rows, dims.t.div_ceil(dims.bk))
+    }
+
+    /// For sweeps over at most `tiles` key tiles.
+    pub(crate) fn for_tiles(dims: Dims, rows: usize, tiles: usize) -> Self {
         let bkp = dims.bk_pad();
         Self {
             rows,
+            tiles,
             s: vec![0.0; rows * bkp],
             tmp: vec![0.0; bkp],
             stripe: Vec::new(),
+            cached: false,
             aux_w: Vec::new(),
             aux_row: Vec::new(),
         }
@@ -83,8 +94,6 @@ pub(crate) struct Stage1 {
     ml: Vec<Lanes>,
     tmax: Vec<f32>,
     groups: usize,
-    /// Whether the scratch's stripe holds the range's activations for the second sweep.
-    cached: bool,
 }
 
 impl Stage1 {
@@ -99,7 +108,6 @@ impl Stage1 {
             ml: vec![[f32::NEG_INFINITY; 16]; nq],
             tmax: vec![f32::NEG_INFINITY; nq * groups],
             groups,
-            cached: false,
         }
     }
 
@@ -141,15 +149,15 @@ pub(crate) fn sweep1<const FMA: bool>(q: &Query<'_>, kts: Range<usize>, st: &mut
     if reweight.is_some() && sc.stripe.is_empty() {
         // Once per scratch, at the size of the longest stripe (or the budget): growing it tile by
         // tile would double its capacity and copy it on the way.
-        let most = (sc.rows * lds * dims.t.div_ceil(dims.bk)).min(dims.cache_bytes / 4);
+        let most = (sc.rows * lds * sc.tiles).min(dims.cache_bytes / 4);
         sc.stripe = vec![0.0; most];
     }
-    st.cached = reweight.is_some() && kts.len() * tile_len <= sc.stripe.len();
+    sc.cached = reweight.is_some() && kts.len() * tile_len <= sc.stripe.len();
     let end = kts.end;
     for kt in kts.clone() {
         let j0 = kt * dims.bk;
         let nk = dims.bk.min(dims.t - j0);
-        let s: &mut [f32] = if st.cached {
+        let s: &mut [f32] = if sc.cached {
             let x = kt - kts.start;
             let tile = &mut sc.stripe[x * tile_len..(x + 1) * tile_len];
             scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, tile, lds);
@@ -299,8 +307,8 @@ impl Stage2 {
     }
 }
 
-/// Re-weighting's second sweep over key tiles `kts`: the range (and the scratch) of the `st` it
-/// follows.
+/// Re-weighting's second sweep over key tiles `kts`, the range of the first sweep that `sc` ran;
+/// `st` is the stage-1 state of the whole row (merged, for a split call).
 #[inline(always)]
 pub(crate) fn sweep2<const FMA: bool>(
     q: &Query<'_>,
@@ -331,7 +339,7 @@ pub(crate) fn sweep2<const FMA: bool>(
         }
         let j0 = kt * dims.bk;
         let nk = dims.bk.min(dims.t - j0);
-        let s = if st.cached {
+        let s = if sc.cached {
             // f (zero beyond the visible keys), or the raw scores under a running maximum
             let x = kt - kts.start;
             &mut sc.stripe[x * tile_len..(x + 1) * tile_len]
@@ -344,7 +352,7 @@ pub(crate) fn sweep2<const FMA: bool>(
             let vis = dims.visible(i0 + r, j0, nk);
             let row = &mut s[r * lds..r * lds + lds];
             let (live, dead) = row.split_at_mut(vis);
-            if !st.cached || plan.running_max {
+            if !sc.cached || plan.running_max {
                 dead.fill(0.0);
                 if plan.running_max {
                     let m = st.mx[r];
@@ -445,6 +453,40 @@ crate::multiversion! {
         let mut s2 = Stage2::new(q, aux.is_some());
         sweep2::<FMA>(q, kts, &st, &bt, &mut s2, sc);
         finish_reweighted(q, &st, &bt, &s2, out, stats, aux)
+    }
+}
+
+crate::multiversion! {
+    /// Stage 1 of `q`'s rows over key tiles `kts` ([`sweep1`]), for a split call.
+    pub(crate) fn range1<const FMA: bool>(isa: Isa, q: &Query<'_>, kts: Range<usize>, st: &mut Stage1, sc: &mut FwdScratch) {
+        sweep1::<FMA>(q, kts, st, sc)
+    }
+}
+
+crate::multiversion! {
+    /// Merges the stage-1 states of a split call's ranges into the first one, then (with
+    /// re-weighting) the row constants between the sweeps.
+    pub(crate) fn merge1<const FMA: bool>(isa: Isa, q: &Query<'_>, states: &mut [Stage1]) -> Option<Between> {
+        let (first, rest) = states.split_first_mut().expect("a split call has ranges");
+        for other in rest.iter() {
+            first.merge::<FMA>(other, q.dims.d, q.plan.running_max);
+        }
+        q.plan.reweight.map(|_| Between::new::<FMA>(q, first))
+    }
+}
+
+crate::multiversion! {
+    /// Re-weighting's second sweep over key tiles `kts` ([`sweep2`]), for a split call.
+    pub(crate) fn range2<const FMA: bool>(
+        isa: Isa,
+        q: &Query<'_>,
+        kts: Range<usize>,
+        st: &Stage1,
+        bt: &Between,
+        s2: &mut Stage2,
+        sc: &mut FwdScratch,
+    ) {
+        sweep2::<FMA>(q, kts, st, bt, s2, sc)
     }
 }
 

@@ -152,6 +152,14 @@ fn plan(variant: &Variant) -> Result<Plan> {
     }
 }
 
+/// Whether the forward of `p` runs on the calling thread alone, never entering its rayon pool: a
+/// short call (a decoding step) that reads at most [`decode::SERIAL_BYTES`] of keys and values. A
+/// caller that would `install` the call into a pool of its own can call it directly instead: handing
+/// a job to a pool and waiting for it took 10-40 us on a 2-core VM, several times such a call's work.
+pub fn forward_runs_on_caller(p: &Params) -> bool {
+    F32Params::new(p).is_ok_and(|p| p.seq_len <= short::DIRECT_MAX_ROWS && decode::runs_serially(&p))
+}
+
 /// Whether `variant` runs fused on the CPU (else use the attn-core reference).
 pub fn is_fused(variant: &Variant) -> bool {
     plan(variant).is_ok()
@@ -193,14 +201,12 @@ enum KeyNorms {
     /// Every key's, as a short call's forward takes them with its dot products
     /// ([`short::inv_norms_short`]): the backward of a short call.
     Short,
-    /// None: a short forward takes them with its dot products.
-    Skip,
 }
 
 /// Inverse L2 norms of every `q` and `k` row (cosine variants): `(B·H, T_q)` for the queries, then
-/// `(B·H_kv, T_k)` for the keys unless [`KeyNorms::Skip`].
+/// `(B·H_kv, T_k)` for the keys. (A short forward takes its keys' norms with its dot products.)
 unsafe fn inverse_norms(p: &F32Params, isa: Isa, cosine: bool, keys: KeyNorms) -> Vec<f32> {
-    let (tq, tk, d) = (p.seq_len, if keys == KeyNorms::Skip { 0 } else { p.kv_len }, p.head_dim);
+    let (tq, tk, d) = (p.seq_len, p.kv_len, p.head_dim);
     if !cosine {
         return Vec::new();
     }
@@ -222,9 +228,7 @@ unsafe fn inverse_norms(p: &F32Params, isa: Isa, cosine: bool, keys: KeyNorms) -
         });
     };
     one(p.q, p.heads, tq, qn, false);
-    if keys != KeyNorms::Skip {
-        one(p.k, p.kv_heads, tk, kn, keys == KeyNorms::Short);
-    }
+    one(p.k, p.kv_heads, tk, kn, keys == KeyNorms::Short);
     out
 }
 
@@ -315,22 +319,23 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
     let mut dims = dims(p, opts.tuning, opts.isa)?;
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
     let isa = opts.isa.assert_supported();
-    // A few query rows (a decoding step) read K as it is, once, for both the keys' norms and the
-    // scores; more pack it once per call.
+    // A few query rows (a decoding step) read K as it is, once per key head, for both the keys'
+    // norms and the scores (`decode`); more pack it once per call.
     let direct = p.seq_len <= short::DIRECT_MAX_ROWS;
+    let aux = if plan.reweight.is_some() { p.rw_aux } else { std::ptr::null_mut() };
+    if direct {
+        // SAFETY: forwarded from our caller.
+        unsafe { decode::forward(&plan, p, dims, opts.tuning.split_keys, aux) };
+        return Ok(());
+    }
     // SAFETY: forwarded from our caller.
-    let norms = unsafe { inverse_norms(p, isa, plan.cosine(), if direct { KeyNorms::Skip } else { KeyNorms::Packed }) };
-    // (Without the keys' norms nothing bounds the scores: the activations keep their range handling.)
-    dims.in_range = !direct && engine::scores_in_range(&plan, &norms, p.kv_len, d);
-    let packed = if direct {
-        (Vec::new(), Vec::new())
-    } else {
-        // SAFETY: forwarded.
-        unsafe { pack(p, dims, true, false) }
-    };
+    let norms = unsafe { inverse_norms(p, isa, plan.cosine(), KeyNorms::Packed) };
+    dims.in_range = engine::scores_in_range(&plan, &norms, p.kv_len, d);
+    // SAFETY: forwarded.
+    let packed = unsafe { pack(p, dims, true, false) };
     let nqt = t.div_ceil(dims.bq);
     let (o, stats) = (SendPtr(p.o), SendPtr(p.stats));
-    let aux = SendPtr(if plan.reweight.is_some() { p.rw_aux } else { std::ptr::null_mut() });
+    let aux = SendPtr(aux);
     let scratch = PerThread::new();
     (0..bh * nqt).into_par_iter().for_each(|task| {
         scratch.with(

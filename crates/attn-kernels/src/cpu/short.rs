@@ -338,7 +338,11 @@ mod tests {
                     let key = &k[j * ldk..j * ldk + d];
                     let want: f64 = q.iter().zip(key).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
                     let scale: f64 = q.iter().zip(key).map(|(&a, &b)| (f64::from(a) * f64::from(b)).abs()).sum();
-                    assert!((f64::from(got[j]) - want).abs() <= 1e-6 * scale, "{isa:?} d={d} key {j}: {} vs {want}", got[j]);
+                    assert!(
+                        (f64::from(got[j]) - want).abs() <= 1e-6 * scale,
+                        "{isa:?} d={d} key {j}: {} vs {want}",
+                        got[j]
+                    );
                     let n2: f64 = key.iter().map(|&b| f64::from(b) * f64::from(b)).sum();
                     let inv = 1.0 / n2.sqrt();
                     assert!((f64::from(norms[j]) - inv).abs() <= 1e-6 * inv, "{isa:?} d={d} key {j} norm");

@@ -87,6 +87,26 @@ def _threads(x: Tensor) -> int:
     return torch.get_num_threads() if x.device.type == "cpu" else 0
 
 
+def plain_tensors(*xs: Tensor) -> bool:
+    """Whether every one of ``xs`` is a plain ``torch.Tensor`` (not a subclass such as the fake and
+    functional tensors of tracing, whose data pointers are not memory)."""
+    return all(type(x) is Tensor for x in xs)
+
+
+def attention_inference(q: Tensor, k: Tensor, v: Tensor, variant: str) -> Tensor:
+    """The fused forward's output for CPU tensors that need no gradient, called without the custom op
+    (eager inference: ``lssa.attention`` has checked the arguments, and each row's last axis is
+    contiguous). The statistics are written by the kernels and dropped."""
+    b, h, t, d = q.shape
+    out = torch.empty((b, h, t, d), dtype=q.dtype)
+    stats = torch.empty((b, h, t, STATS_PER_ROW), dtype=torch.float32)
+    _lssa.forward(
+        variant, "cpu", "float32", (b, h, t, d), (k.shape[1], k.shape[2]),
+        _raw(q), _raw(k), _raw(v), _raw(out), stats.data_ptr(), 0, 0, torch.get_num_threads(),
+    )
+    return out
+
+
 @torch.library.custom_op("lssa::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, variant: str, keep_aux: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """Fused causal attention of ``(B, H, T, d)`` queries on ``(B, H_kv, T_k, d)`` keys and values:
