@@ -1,8 +1,9 @@
 """CPU decoding speed of ``lssa.attention``: one new query row against a KV cache, the fused op (LSSA and
-LSSAR) beside PyTorch's SDPA (softmax), per attention call. Writes ``docs/bench/decode-cpu.md`` (and
-``.json`` beside it).
+LSSAR) beside PyTorch's SDPA (softmax), per attention call; the per-call floor (a 1-key cache); and
+transformers' ``generate`` on a small grouped-query Llama with ``attn_implementation="lssa"`` against
+``"sdpa"``, same weights. Writes ``docs/bench/decode-cpu.md`` (and ``.json`` beside it).
 
-    python crates/lssa-py/bench_decode.py               # caches of 1K and 8K keys; H = 12 (and GQA 12/4), d = 64
+    python crates/lssa-py/bench_decode.py               # caches of 1K, 8K, 32K keys; H = 12 (and GQA 12/4), d = 64
     python crates/lssa-py/bench_decode.py --quick       # fewer rounds, to try it
 
 A cell runs ``--calls`` decoding steps back to back (each one query row of ``(1, H, 1, d)`` against the
@@ -40,13 +41,54 @@ def decode_cell(attend, heads, kv_heads, t_k, d, calls, seed=0):
     return run
 
 
+def generate_cells(prompt_len, new_tokens, seed=0):
+    """``generate`` of ``new_tokens`` greedy tokens after a ``prompt_len``-token prompt on a Llama built
+    from a config (hidden 512, 4 layers, 8 query heads of 64 on 2 key/value heads, vocabulary 32000),
+    once with each attention implementation, the same weights."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    import lssa.hf  # noqa: F401 (registers the implementations)
+
+    config = LlamaConfig(
+        vocab_size=32000,
+        hidden_size=512,
+        intermediate_size=1408,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=prompt_len + new_tokens,
+    )
+    torch.manual_seed(seed)
+    models = {}
+    for impl in ("sdpa", "lssa"):
+        torch.manual_seed(seed)
+        models[impl] = AutoModelForCausalLM.from_config(config, attn_implementation=impl).eval()
+    models["lssa"].load_state_dict(models["sdpa"].state_dict())
+    prompt = torch.randint(1, config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(seed))
+
+    def cell(model):
+        def run():
+            with torch.no_grad():
+                out = model.generate(
+                    prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                    min_new_tokens=new_tokens, do_sample=False, pad_token_id=0,
+                )
+            assert out.shape[1] == prompt_len + new_tokens
+        return run
+
+    return {f"generate {impl}": cell(m) for impl, m in models.items()}
+
+
 def sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=k.shape[1] != q.shape[1])
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--caches", default="1024,8192")
+    ap.add_argument("--caches", default="1024,8192,32768")
+    ap.add_argument("--prompt", type=int, default=2048, help="generate: prompt tokens")
+    ap.add_argument("--new-tokens", type=int, default=128, help="generate: new tokens")
+    ap.add_argument("--no-generate", action="store_true")
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--kv-heads", default="12,4", help="key/value head counts to run (12: plain; 4: GQA)")
     ap.add_argument("--head-dim", type=int, default=64)
@@ -76,6 +118,13 @@ def main():
                 cells[name] = decode_cell(attend, h, hk, t_k, d, args.calls)
             print(f"H_kv={hk} T_k={t_k}: {len(cells)} cells in rounds", flush=True)
             results[(hk, t_k)] = rounds(cells, min_rounds, args.budget)
+    # The per-call floor: a 1-key cache, where the call's fixed cost is all there is.
+    floor = rounds({name: decode_cell(impls[name] or (lambda q, k, v: lssa.attention(q, k, v, "lssa")), h, h, 1, d,
+                                      args.calls) for name in ("sdpa softmax", "fused lssa")}, min_rounds, args.budget)
+    gen = None
+    if not args.no_generate:
+        print(f"generate: {args.new_tokens} tokens after {args.prompt}", flush=True)
+        gen = rounds(generate_cells(args.prompt, args.new_tokens), 3 if args.quick else 5, args.budget)
 
     lines = [
         "# Decoding from Python (CPU): one query row against a KV cache, fused lssa vs SDPA",
@@ -110,7 +159,27 @@ def main():
         "",
         "Cells: tokens per second (median over rounds), and in brackets the fused call's time over SDPA's "
         "(median of per-round ratios).",
+        "",
+        f"Per-call floor (T_k = 1, H = H_kv = {h}): SDPA {statistics.median(floor['sdpa softmax']) / args.calls * 1e6:.1f} us, "
+        f"`lssa.attention` {statistics.median(floor['fused lssa']) / args.calls * 1e6:.1f} us a call "
+        f"({median_ratio(floor['fused lssa'], floor['sdpa softmax']):.2f}x SDPA's time).",
     ]
+    js["floor"] = floor
+    if gen is not None:
+        tps = {k: args.new_tokens / statistics.median(v) for k, v in gen.items()}
+        lines += [
+            "",
+            f"`generate` of {args.new_tokens} new tokens after a {args.prompt}-token prompt (greedy, one sequence), "
+            "Llama from a config: hidden 512, 4 layers, 8 query heads of 64 on 2 key/value heads, vocabulary "
+            "32000; the same weights under both implementations; the prompt's prefill included:",
+            "",
+            "| attn_implementation | new tokens / s | time / SDPA's |",
+            "|---|---:|---:|",
+            f"| sdpa | {tps['generate sdpa']:.1f} | 1.00x |",
+            f"| lssa | {tps['generate lssa']:.1f} | "
+            f"{median_ratio(gen['generate lssa'], gen['generate sdpa']):.2f}x |",
+        ]
+        js["generate"] = gen
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
