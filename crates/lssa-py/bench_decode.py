@@ -158,7 +158,8 @@ def main():
     lines += [
         "",
         "Cells: tokens per second (median over rounds), and in brackets the fused call's time over SDPA's "
-        "(median of per-round ratios).",
+        "(median of per-round ratios). What bounds each cell, and the next steps: "
+        "[`decode-cpu-notes.md`](decode-cpu-notes.md).",
         "",
         f"Per-call floor (T_k = 1, H = H_kv = {h}): SDPA {statistics.median(floor['sdpa softmax']) / args.calls * 1e6:.1f} us, "
         f"`lssa.attention` {statistics.median(floor['fused lssa']) / args.calls * 1e6:.1f} us a call "
