@@ -153,7 +153,7 @@ fn plan(variant: &Variant) -> Result<Plan> {
 }
 
 /// Whether the forward of `p` runs on the calling thread alone, never entering its rayon pool: a
-/// short call (a decoding step) that reads at most [`decode::SERIAL_BYTES`] of keys and values. A
+/// short call (a decoding step) that reads at most 1 MiB of keys and values. A
 /// caller that would `install` the call into a pool of its own can call it directly instead: handing
 /// a job to a pool and waiting for it took 10-40 us on a 2-core VM, several times such a call's work.
 pub fn forward_runs_on_caller(p: &Params) -> bool {
