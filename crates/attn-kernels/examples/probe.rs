@@ -14,6 +14,7 @@ fn main() {
             block_k: bk,
             score_cache_bytes: args.get(5).and_then(|s| s.parse().ok()).unwrap_or(16 << 20),
             reweight_helper: args.get(6).is_none_or(|s| s != "0"),
+            ..Default::default()
         },
         ..Default::default()
     };
