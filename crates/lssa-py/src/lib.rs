@@ -58,8 +58,21 @@ fn target(device: &str, dtype: &str) -> Result<Target, String> {
 
 /// The variant of a name, with its parameters checked (attn-core's messages as `ValueError`).
 fn parse(name: &str) -> PyResult<Variant> {
+    // Parsed once per name: a decoding step passes the same name every call, and parsing it took a
+    // few microseconds of a step's fixed cost.
+    static PARSED: OnceLock<Mutex<HashMap<String, Variant>>> = OnceLock::new();
+    let parsed = PARSED.get_or_init(Default::default);
+    if let Some(v) = parsed.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
+        return Ok(v.clone());
+    }
     let variant: Variant = name.parse().map_err(|e: attn_core::Error| PyValueError::new_err(e.to_string()))?;
     variant.validate().map_err(|e| PyValueError::new_err(e.to_string()))?;
+    let mut parsed = parsed.lock().unwrap_or_else(|e| e.into_inner());
+    // A bounded cache: names come from code, but a caller looping over generated names must not grow it forever.
+    if parsed.len() >= 256 {
+        parsed.clear();
+    }
+    parsed.insert(name.to_string(), variant.clone());
     Ok(variant)
 }
 

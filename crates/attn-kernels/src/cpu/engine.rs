@@ -291,26 +291,33 @@ pub(super) fn scores<const FMA: bool>(
     lds: usize,
 ) {
     if head.kt.is_empty() {
-        // Unpacked keys (a short call): with cosine scores and no precomputed key norms, the norms of
-        // the tile's keys come from the kernel that the backward's `inv_norms_short` runs, read while
-        // the keys are in L1, and the scale is applied here.
+        // Unpacked keys (a short call). With cosine scores and no precomputed key norms, the last row
+        // (which sees the most keys) takes the tile's key norms in the pass of its own dot products,
+        // the same bits as the backward's `inv_norms_short`, and the scale is applied here.
         let (d, isa, ldk) = (dims.d, dims.isa, head.ldk);
         let keys = &head.k[j0 * ldk..];
-        for r in 0..nq {
-            let q = &head.q[(i0 + r) * head.ldq..(i0 + r) * head.ldq + d];
-            short::dots::<FMA>(isa, q, keys, ldk, dims.visible(i0 + r, j0, nk), d, &mut s[r * lds..]);
+        let q_row = |r: usize| &head.q[(i0 + r) * head.ldq..(i0 + r) * head.ldq + d];
+        let fused_norms = plan.cosine() && head.ink.is_empty();
+        for r in 0..nq - usize::from(fused_norms) {
+            short::dots::<FMA>(isa, q_row(r), keys, ldk, dims.visible(i0 + r, j0, nk), d, &mut s[r * lds..]);
         }
-        if plan.cosine() && head.ink.is_empty() {
-            let most = (0..nq).map(|r| dims.visible(i0 + r, j0, nk)).max().unwrap_or(0);
+        if fused_norms {
+            let last = nq - 1;
+            let most = dims.visible(i0 + last, j0, nk);
             let mut kn = [0.0f32; 64];
             for c0 in (0..most).step_by(64) {
                 let m = (most - c0).min(64);
-                short::key_inv_norms::<FMA>(isa, &keys[c0 * ldk..], ldk, m, d, &mut kn);
+                let part = &keys[c0 * ldk..];
+                let dots = &mut s[last * lds + c0..];
+                short::dots_and_sq_norms::<FMA>(isa, q_row(last), part, ldk, m, d, dots, &mut kn);
+                for (j, x) in kn[..m].iter_mut().enumerate() {
+                    *x = short::inv_norm_from(*x, &part[j * ldk..j * ldk + d]);
+                }
                 for r in 0..nq {
                     let vis = dims.visible(i0 + r, j0, nk).saturating_sub(c0).min(m);
                     let (a, b) = (rows.fac[r], rows.bias[r]);
-                    let part = &mut s[r * lds + c0..r * lds + c0 + vis];
-                    part.iter_mut().zip(&kn).for_each(|(x, &kn)| *x = math::fmadd::<FMA>(*x * a, kn, b));
+                    let row = &mut s[r * lds + c0..r * lds + c0 + vis];
+                    row.iter_mut().zip(&kn).for_each(|(x, &kn)| *x = math::fmadd::<FMA>(*x * a, kn, b));
                 }
             }
             return;

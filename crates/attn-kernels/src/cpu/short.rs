@@ -104,6 +104,40 @@ pub(crate) fn key_inv_norms<const FMA: bool>(isa: Isa, k: &[f32], ldk: usize, n:
     }
 }
 
+/// [`dots`] of `q` with the `n` keys into `out`, and each key's squared norm into `sq`, in one pass
+/// over the keys: the squared norms are the bits [`key_inv_norms`] starts from (the reduction tree
+/// adds every register's lanes in the same order whichever slot it has), so a short call's forward,
+/// which takes its key norms here, and its backward, which takes them from [`key_inv_norms`], see the
+/// same scores.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dots_and_sq_norms<const FMA: bool>(
+    isa: Isa,
+    q: &[f32],
+    k: &[f32],
+    ldk: usize,
+    n: usize,
+    d: usize,
+    out: &mut [f32],
+    sq: &mut [f32],
+) {
+    if n == 0 {
+        return;
+    }
+    assert!(out.len() >= n && sq.len() >= n && q.len() >= d && k.len() >= (n - 1) * ldk + d);
+    match isa {
+        // SAFETY: extents checked above; the caller's dispatch checked the ISA is supported.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe {
+            x86::dots_sq_avx512(q.as_ptr(), k.as_ptr(), ldk, n, d, out.as_mut_ptr(), sq.as_mut_ptr())
+        },
+        _ => {
+            row_dots::<FMA, false>(isa, q, k, ldk, n, d, out);
+            row_dots::<FMA, true>(isa, q, k, ldk, n, d, sq);
+        }
+    }
+}
+
 /// [`dots`] of `q` (`SQ = false`) or of each key with itself (`SQ = true`, `q` unused).
 #[inline(always)]
 fn row_dots<const FMA: bool, const SQ: bool>(
@@ -239,6 +273,55 @@ mod x86 {
         }
     }
 
+    /// [`dots_avx512`] of `q` and of each key with itself at once, 8 keys at a time: slot `s` of a
+    /// group holds item `SLOTS16[s]`, the dot product of key `item` (`item < 8`) or the squared norm
+    /// of key `item - 8`, so the tree leaves the 8 dot products in lanes 0-7 and the 8 squared norms
+    /// in lanes 8-15. Each key chunk is loaded once for both.
+    ///
+    /// # Safety
+    /// As [`dots_avx512`], and `sq` valid for `n` writes.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    pub(super) unsafe fn dots_sq_avx512(
+        q: *const f32,
+        k: *const f32,
+        ldk: usize,
+        n: usize,
+        d: usize,
+        out: *mut f32,
+        sq: *mut f32,
+    ) {
+        let tail_mask: __mmask16 = ((1u32 << (d % 16)) - 1) as __mmask16;
+        // SAFETY (whole body): as dots_avx512.
+        unsafe {
+            let mut j0 = 0;
+            while j0 < n {
+                let m = (n - j0).min(8);
+                let mut acc = [_mm512_setzero_ps(); 16];
+                let mut c0 = 0;
+                while c0 < d {
+                    let mask = if c0 + 16 <= d { !0 } else { tail_mask };
+                    let qc = _mm512_maskz_loadu_ps(mask, q.add(c0));
+                    let mut kc = [_mm512_setzero_ps(); 8];
+                    for (j, x) in kc.iter_mut().enumerate().take(m) {
+                        *x = _mm512_maskz_loadu_ps(mask, k.add((j0 + j) * ldk + c0));
+                    }
+                    for (s, a) in acc.iter_mut().enumerate() {
+                        let item = SLOTS16[s];
+                        let x = kc[item % 8];
+                        *a = _mm512_fmadd_ps(if item < 8 { qc } else { x }, x, *a);
+                    }
+                    c0 += 16;
+                }
+                let sums = sum16(&acc);
+                let keep = ((1u32 << m) - 1) as __mmask16;
+                _mm512_mask_storeu_ps(out.add(j0), keep, sums);
+                let high = _mm512_castps512_ps256(_mm512_shuffle_f32x4::<0b11_10_11_10>(sums, sums));
+                _mm256_mask_storeu_ps(sq.add(j0), keep as __mmask8, high);
+                j0 += 8;
+            }
+        }
+    }
+
     /// `w <= 8` floats from `p`, zeros above (a function, not a closure: a closure would be compiled
     /// without the caller's target features).
     #[inline(always)]
@@ -334,6 +417,19 @@ mod tests {
                     }
                 }
                 both(isa, isa, &q, &k, ldk, n, d, &mut got, &mut norms);
+                // One pass for both: the same dot products, and the squared norms `key_inv_norms` starts from.
+                crate::multiversion! {
+                    fn fused<const FMA: bool>(isa: Isa, which: Isa, q: &[f32], k: &[f32], ldk: usize, n: usize, d: usize, o: &mut [f32], kn: &mut [f32]) {
+                        dots_and_sq_norms::<FMA>(which, q, k, ldk, n, d, o, kn);
+                        for (j, x) in kn[..n].iter_mut().enumerate() {
+                            *x = inv_norm_from(*x, &k[j * ldk..j * ldk + d]);
+                        }
+                    }
+                }
+                let (mut fd, mut fnorm) = (vec![0.0f32; n], vec![0.0f32; n]);
+                fused(isa, isa, &q, &k, ldk, n, d, &mut fd, &mut fnorm);
+                assert_eq!(fd, got, "{isa:?} d={d}: dot products in one pass with the norms");
+                assert_eq!(fnorm, norms, "{isa:?} d={d}: key norms in one pass with the dot products");
                 for j in 0..n {
                     let key = &k[j * ldk..j * ldk + d];
                     let want: f64 = q.iter().zip(key).map(|(&a, &b)| f64::from(a) * f64::from(b)).sum();
