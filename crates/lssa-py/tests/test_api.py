@@ -191,3 +191,21 @@ def test_the_ops_called_directly_check_what_keeps_the_kernels_in_bounds():
         bwd(out, q, k, v, out, stats, aux[..., :3], "lssa+rw15")
     dq, dk, dv = bwd(torch.ones_like(out), q, k, v, out, stats, aux, "lssa+rw15")
     assert dq.shape == dk.shape == dv.shape == q.shape
+
+
+def test_argument_checks_run_once_per_signature_and_still_refuse_what_they_refused():
+    """``lssa.attention`` checks a (shapes, strides, dtypes, devices, arguments) signature once; a call
+    that differs in any of them is checked again, so a bad call is refused after a good one of the
+    same shapes."""
+    q, k = torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    with torch.no_grad():
+        lssa.attention(q, k, k, "lssa")
+        lssa.attention(q, k, k, "lssa")
+        with pytest.raises(ValueError, match="causal"):
+            lssa.attention(q, k, k, "lssa", causal=False)
+        with pytest.raises(TypeError, match="one dtype"):
+            lssa.attention(q, k.double(), k, "lssa")
+        with pytest.raises(ValueError, match="not contiguous"):
+            lssa.attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), k, "lssa")
+        with pytest.raises(TypeError, match="variant must be a str"):
+            lssa.attention(q, k, k, ["lssa"])

@@ -203,6 +203,28 @@ def _check(q: Tensor, k: Tensor, v: Tensor, variant: str, causal: bool, rows_con
                 )
 
 
+_CHECKED: set = set()
+
+
+def _check_once(q: Tensor, k: Tensor, v: Tensor, variant: str, causal: bool, rows_contiguous: bool) -> None:
+    """:func:`_check`, once per signature (shapes, strides, dtypes, devices and the other arguments) of
+    plain tensors in eager mode: a decoding step repeats one signature per layer and cache length,
+    and the lookup costs 1.3 us against the checks' 3 us."""
+    if torch.compiler.is_compiling() or not (_ops.plain_tensors(q, k, v) and isinstance(variant, str)):
+        return _check(q, k, v, variant, causal, rows_contiguous)
+    key = (
+        q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride(), q.dtype, k.dtype, v.dtype,
+        q.device, k.device, v.device, variant, causal, rows_contiguous,
+    )
+    if key in _CHECKED:
+        return None
+    _check(q, k, v, variant, causal, rows_contiguous)
+    if len(_CHECKED) >= 4096:  # bounded: shapes that never repeat must not grow it forever
+        _CHECKED.clear()
+    _CHECKED.add(key)
+    return None
+
+
 def backend_for(variant: str, device="cpu", dtype: torch.dtype = torch.float32, head_dim: int = 64) -> str:
     """Which backend ``attention(..., backend="auto")`` runs ``variant`` on for tensors on ``device`` of
     ``dtype`` with heads of ``head_dim``: ``"fused"`` where a fused kernel exists, else ``"reference"``.
@@ -239,7 +261,7 @@ def attention(
     """
     if backend not in BACKENDS:
         raise ValueError(f"lssa.attention: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
-    _check(q, k, v, variant, causal, rows_contiguous=backend in ("auto", "fused"))
+    _check_once(q, k, v, variant, causal, rows_contiguous=backend in ("auto", "fused"))
     error, reason = _plan(variant, q.device.type, q.dtype)
     if error:
         raise ValueError(error)
