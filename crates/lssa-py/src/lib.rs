@@ -123,6 +123,22 @@ fn pool(threads: usize) -> PyResult<Option<Arc<rayon::ThreadPool>>> {
     Ok(Some(p))
 }
 
+/// The pool a decoding step of `threads` threads runs on: 0 (this thread, with helpers from rayon's
+/// global pool) when the global pool has `threads` threads, else `threads` (a pool of ours). The
+/// global pool is built at the first such call with that call's count (torch's thread count).
+fn short_call_threads(threads: usize) -> usize {
+    static GLOBAL: OnceLock<usize> = OnceLock::new();
+    let global = *GLOBAL.get_or_init(|| {
+        // Fails harmlessly if something else in the process built it first: its size is then read.
+        let _ = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.max(1))
+            .thread_name(|i| format!("lssa-g{i}"))
+            .build_global();
+        rayon::current_num_threads()
+    });
+    if threads == 0 || threads == global { 0 } else { threads }
+}
+
 /// The CUDA kernel to run: `LSSA_CUDA_KERNEL` (`auto`, or `v1` to `v9` in a build with the `lab`
 /// feature), read once by [`cuda::Kernel::from_env`], as the libtorch bridge reads it; `auto` when
 /// unset.
@@ -359,9 +375,13 @@ fn forward(
     let variant = parse(variant)?;
     let target = target(device, dtype).map_err(PyTypeError::new_err)?;
     let p = params(shape, kv, q, k, v, out, stats, target.dtype())?;
-    // A small decoding step runs on this thread (0: no pool of ours), never in a pool: entering one
-    // would cost more than the step.
-    let threads = if matches!(target, Target::Cpu(_)) && cpu::forward_runs_on_caller(&p) { 0 } else { threads };
+    // A decoding step starts on this thread (0: no pool of ours) when rayon's global pool, where its
+    // helpers come from, has the requested thread count: entering a pool would cost more than a step.
+    let threads = if matches!(target, Target::Cpu(_)) && cpu::forward_starts_on_caller(&p) {
+        short_call_threads(threads)
+    } else {
+        threads
+    };
     // SAFETY: the module's contract: live tensors of these sizes and strides (see above).
     unsafe { launch(py, variant, target, p, aux, stream, threads, attn_kernels::forward_raw) }
 }

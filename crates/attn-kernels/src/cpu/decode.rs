@@ -159,7 +159,8 @@ pub(super) unsafe fn forward(plan: &Plan, p: &F32Params, mut dims: Dims, split_k
         if serial {
             (0..heads).for_each(one);
         } else {
-            (0..heads).into_par_iter().for_each(one);
+            // This thread starts at once; helpers join as they wake (`team`).
+            super::team::run(heads, threads - 1, &one);
         }
         return;
     }

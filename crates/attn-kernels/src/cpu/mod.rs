@@ -24,6 +24,7 @@ pub mod math;
 pub(crate) mod math;
 pub mod rows;
 pub(crate) mod short;
+pub(crate) mod team;
 pub(crate) mod tile;
 
 use ndarray::{Array4, ArrayView4, AsArray, Ix4};
@@ -152,12 +153,14 @@ fn plan(variant: &Variant) -> Result<Plan> {
     }
 }
 
-/// Whether the forward of `p` runs on the calling thread alone, never entering its rayon pool: a
-/// short call (a decoding step) that reads at most 1 MiB of keys and values. A
-/// caller that would `install` the call into a pool of its own can call it directly instead: handing
-/// a job to a pool and waiting for it took 10-40 us on a 2-core VM, several times such a call's work.
-pub fn forward_runs_on_caller(p: &Params) -> bool {
-    F32Params::new(p).is_ok_and(|p| p.seq_len <= short::DIRECT_MAX_ROWS && decode::runs_serially(&p))
+/// Whether the forward of `p` is a short call (a decoding step: at most 4 query rows), which starts
+/// on the calling thread: alone when it reads at most 1 MiB of keys and values, else with helpers
+/// spawned into the calling thread's rayon pool (the global pool off any pool) that join as they wake.
+/// A caller that would `install` such a call into a pool of its own can call it directly instead when
+/// that pool's thread count is the global pool's: handing a job to a pool and waiting for it took
+/// 40 us and more on a 2-core VM once its workers slept, more than a 1K-key step's work.
+pub fn forward_starts_on_caller(p: &Params) -> bool {
+    F32Params::new(p).is_ok_and(|p| p.seq_len <= short::DIRECT_MAX_ROWS)
 }
 
 /// Whether `variant` runs fused on the CPU (else use the attn-core reference).
