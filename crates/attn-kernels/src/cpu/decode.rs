@@ -19,13 +19,14 @@
 //! statistics) and a scratch tile; nothing `O(T_k)` except re-weighting's stripe of activations for
 //! the second sweep (`G T_q x T_k` floats at most, within `Tuning::score_cache_bytes`).
 
+use std::cell::RefCell;
 use std::ops::Range;
 
 use attn_core::Plan;
 use rayon::prelude::*;
 
 use super::engine::{self, Dims, FOLD_TILES, Head, STATS};
-use super::fwd::{self, FwdScratch, Query, Stage1, Stage2};
+use super::fwd::{self, FwdScratch, Query, Stage1, Stage2, Sweeps};
 use super::isa::Isa;
 use super::{F32Params, SendPtr, head_slice, rw_aux_per_row};
 
@@ -52,20 +53,34 @@ impl Group {
     /// # Safety
     /// As [`super::forward_raw`] for `p`'s `q`.
     unsafe fn new(p: &F32Params, isa: Isa, cosine: bool, b: usize, hk: usize) -> Self {
+        let mut g = Self { b, hk, q: Vec::new(), inq: Vec::new() };
+        // SAFETY: forwarded.
+        unsafe { g.fill(p, isa, cosine, b, hk) };
+        g
+    }
+
+    /// Gathers key head `hk`'s rows into the buffers this group has (no allocation once they are
+    /// large enough).
+    ///
+    /// # Safety
+    /// As [`super::forward_raw`] for `p`'s `q`.
+    unsafe fn fill(&mut self, p: &F32Params, isa: Isa, cosine: bool, b: usize, hk: usize) {
         let (g, tq, d) = (p.heads / p.kv_heads, p.seq_len, p.head_dim);
-        let mut q = vec![0.0f32; g * tq * d];
+        (self.b, self.hk) = (b, hk);
+        let q = &mut self.q;
+        q.clear();
+        q.resize(g * tq * d, 0.0);
         for (r, row) in q.chunks_exact_mut(d).enumerate() {
             let (t, h) = (r / g, hk * g + r % g);
             // SAFETY: forwarded; row t of head (b, h) exists.
             let (src, ld) = unsafe { head_slice(p.q, b, h, tq, d) };
             row.copy_from_slice(&src[t * ld..t * ld + d]);
         }
-        let mut inq = Vec::new();
+        self.inq.clear();
         if cosine {
-            inq = vec![0.0f32; g * tq];
-            engine::inv_norms(isa, &q, d, g * tq, d, &mut inq);
+            self.inq.resize(g * tq, 0.0);
+            engine::inv_norms(isa, q, d, g * tq, d, &mut self.inq);
         }
-        Self { b, hk, q, inq }
     }
 
     fn rows(&self, d: usize) -> usize {
@@ -107,6 +122,44 @@ impl Group {
     }
 }
 
+/// A thread's buffers for short calls, kept from one call to the next: a decoding step allocates
+/// nothing once they have grown to its sizes (it made about 25 allocations per key head before).
+struct Buffers {
+    group: Group,
+    sc: Option<FwdScratch>,
+    sweeps: Sweeps,
+    out: Vec<f32>,
+    stats: Vec<f32>,
+    helper: Vec<f32>,
+}
+
+impl Buffers {
+    /// Runs `f` on this thread's buffers (on fresh ones if they are in use: `f` re-entered).
+    fn with<R>(f: impl FnOnce(&mut Buffers) -> R) -> R {
+        thread_local! {
+            static BUFFERS: RefCell<Option<Buffers>> = const { RefCell::new(None) };
+        }
+        let fresh = || Buffers {
+            group: Group { b: 0, hk: 0, q: Vec::new(), inq: Vec::new() },
+            sc: None,
+            sweeps: Sweeps::new(),
+            out: Vec::new(),
+            stats: Vec::new(),
+            helper: Vec::new(),
+        };
+        BUFFERS.with(|cell| match cell.try_borrow_mut() {
+            Ok(mut held) => f(held.get_or_insert_with(fresh)),
+            Err(_) => f(&mut fresh()),
+        })
+    }
+}
+
+/// `v` holding `n` zeros, in the buffer it has.
+fn refill(v: &mut Vec<f32>, n: usize) {
+    v.clear();
+    v.resize(n, 0.0);
+}
+
 /// Ranges of key tiles per key head: `chunks` ranges of whole fold groups over `tiles` tiles.
 fn ranges(tiles: usize, chunks: usize) -> Vec<Range<usize>> {
     let groups = tiles.div_ceil(FOLD_TILES);
@@ -140,20 +193,27 @@ pub(super) unsafe fn forward(plan: &Plan, p: &F32Params, mut dims: Dims, split_k
     let chunks = chunks_per_head(heads, threads, tiles, min_tiles);
     let aux = SendPtr(aux);
     // SAFETY (every block below): forwarded from our caller; each group writes its own rows.
-    let one = |x: usize| unsafe {
+    let one = |x: usize| {
         // Capture the whole SendPtr (not its raw-pointer field) in the closure.
         #[allow(clippy::redundant_locals)]
         let aux = aux;
-        let g = Group::new(p, isa, plan.cosine(), x / p.kv_heads, x % p.kv_heads);
-        let head = g.head(p);
-        let rows = g.rows(dims.d);
-        let q = Query { plan, head: &head, dims, i0: 0, nq: rows };
-        let mut sc = FwdScratch::new(dims, rows);
-        let (mut out, mut stats) = (vec![0.0f32; rows * dims.d], vec![0.0f32; rows * STATS]);
-        let mut helper = vec![0.0f32; if aux.0.is_null() { 0 } else { rows * rw_aux_per_row(dims.d) }];
-        let h = (!aux.0.is_null()).then_some(&mut helper[..]);
-        fwd::forward_tile(isa, &q, &mut sc, &mut out, &mut stats, h);
-        g.scatter(p, aux.0, &out, &stats, &helper);
+        Buffers::with(|bf| {
+            let Buffers { group, sc, sweeps, out, stats, helper } = bf;
+            // SAFETY: forwarded from our caller; this task alone writes key head x's rows.
+            unsafe { group.fill(p, isa, plan.cosine(), x / p.kv_heads, x % p.kv_heads) };
+            // SAFETY: forwarded.
+            let head = unsafe { group.head(p) };
+            let rows = group.rows(dims.d);
+            let q = Query { plan, head: &head, dims, i0: 0, nq: rows };
+            let sc = FwdScratch::reuse(sc, dims, rows);
+            refill(out, rows * dims.d);
+            refill(stats, rows * STATS);
+            refill(helper, if aux.0.is_null() { 0 } else { rows * rw_aux_per_row(dims.d) });
+            let h = (!aux.0.is_null()).then_some(&mut helper[..]);
+            fwd::forward_tile(isa, &q, sc, sweeps, out, stats, h);
+            // SAFETY: as above.
+            unsafe { group.scatter(p, aux.0, out, stats, helper) };
+        })
     };
     if chunks == 1 {
         if serial {

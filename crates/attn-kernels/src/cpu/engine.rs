@@ -262,15 +262,25 @@ pub(super) struct Rows {
 
 impl Rows {
     pub(super) fn new(plan: &Plan, head: &Head<'_>, dims: Dims, i0: usize, nq: usize) -> Self {
-        let mut fac = Vec::with_capacity(nq);
-        let mut bias = Vec::with_capacity(nq);
+        let mut rows = Self::empty();
+        rows.fill(plan, head, dims, i0, nq);
+        rows
+    }
+
+    pub(super) const fn empty() -> Self {
+        Self { fac: Vec::new(), bias: Vec::new() }
+    }
+
+    /// [`Rows::new`] into the buffers these rows have.
+    pub(super) fn fill(&mut self, plan: &Plan, head: &Head<'_>, dims: Dims, i0: usize, nq: usize) {
+        self.fac.clear();
+        self.bias.clear();
         for r in 0..nq {
             let (scale, b) = plan.row_constants(dims.n(i0 + r), dims.d);
             let inq = if plan.cosine() { head.inq[i0 + r] as f64 } else { 1.0 };
-            fac.push((scale * inq) as f32);
-            bias.push(b as f32);
+            self.fac.push((scale * inq) as f32);
+            self.bias.push(b as f32);
         }
-        Self { fac, bias }
     }
 }
 

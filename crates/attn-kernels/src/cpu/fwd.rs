@@ -45,6 +45,18 @@ impl FwdScratch {
         Self::for_tiles(dims, rows, dims.t.div_ceil(dims.bk))
     }
 
+    /// `slot`'s scratch if it serves `rows` rows at `dims` (the same key tiles, enough rows, a stripe
+    /// for every key tile of the call), else a new one there with room for twice the key tiles, so a
+    /// cache that grows a key per call re-allocates once per doubling.
+    pub(crate) fn reuse(slot: &mut Option<FwdScratch>, dims: Dims, rows: usize) -> &mut FwdScratch {
+        let tiles = dims.t.div_ceil(dims.bk);
+        let fits = |sc: &FwdScratch| sc.rows >= rows && sc.tiles >= tiles && sc.tmp.len() == dims.bk_pad();
+        if !slot.as_ref().is_some_and(fits) {
+            *slot = Some(Self::for_tiles(dims, rows, 2 * tiles));
+        }
+        slot.as_mut().expect("set above")
+    }
+
     /// For sweeps over at most `tiles` key tiles.
     pub(crate) fn for_tiles(dims: Dims, rows: usize, tiles: usize) -> Self {
         let bkp = dims.bk_pad();
@@ -94,21 +106,40 @@ pub(crate) struct Stage1 {
     ml: Vec<Lanes>,
     tmax: Vec<f32>,
     groups: usize,
+    /// The rows' constants (scale and bias), which both sweeps apply.
+    rows: Rows,
 }
 
 impl Stage1 {
     pub(crate) fn new(q: &Query<'_>) -> Self {
-        let (nq, groups) = (q.nq, q.key_tiles().div_ceil(FOLD_TILES));
-        Self {
-            acc: vec![0.0; if q.plan.reweight.is_none() { nq * q.dims.d } else { 0 }],
-            z: vec![0.0; nq],
-            zl: vec![[0.0; 16]; nq],
-            mx: vec![f32::NEG_INFINITY; nq],
-            fmax: vec![f32::NEG_INFINITY; nq],
-            ml: vec![[f32::NEG_INFINITY; 16]; nq],
-            tmax: vec![f32::NEG_INFINITY; nq * groups],
-            groups,
-        }
+        let mut st = Self {
+            acc: Vec::new(),
+            z: Vec::new(),
+            zl: Vec::new(),
+            mx: Vec::new(),
+            fmax: Vec::new(),
+            ml: Vec::new(),
+            tmax: Vec::new(),
+            groups: 0,
+            rows: Rows::empty(),
+        };
+        st.reset(q);
+        st
+    }
+
+    /// The state before any key tile, for `q`'s rows, in the buffers it has (no allocation once they
+    /// are large enough).
+    pub(crate) fn reset(&mut self, q: &Query<'_>) {
+        let nq = q.nq;
+        self.groups = q.key_tiles().div_ceil(FOLD_TILES);
+        refill(&mut self.acc, if q.plan.reweight.is_none() { nq * q.dims.d } else { 0 }, 0.0);
+        refill(&mut self.z, nq, 0.0);
+        refill(&mut self.zl, nq, [0.0; 16]);
+        refill(&mut self.mx, nq, f32::NEG_INFINITY);
+        refill(&mut self.fmax, nq, f32::NEG_INFINITY);
+        refill(&mut self.ml, nq, [f32::NEG_INFINITY; 16]);
+        refill(&mut self.tmax, nq * self.groups, f32::NEG_INFINITY);
+        self.rows.fill(q.plan, q.head, q.dims, q.i0, nq);
     }
 
     /// Adds `other`, the state of another range of the same rows: exact up to rounding (under a
@@ -140,7 +171,7 @@ impl Stage1 {
 pub(crate) fn sweep1<const FMA: bool>(q: &Query<'_>, kts: Range<usize>, st: &mut Stage1, sc: &mut FwdScratch) {
     let (plan, head, dims, i0, nq) = (q.plan, q.head, q.dims, q.i0, q.nq);
     let (d, lds) = (dims.d, dims.bk_pad());
-    let rows = Rows::new(plan, head, dims, i0, nq);
+    let rows = &st.rows;
     let reweight = plan.reweight;
     // Re-weighting keeps the first sweep's activations (the scores, under a running maximum, which
     // moves until the sweep ends) for the second, where they fit the budget: the same values the
@@ -160,7 +191,7 @@ pub(crate) fn sweep1<const FMA: bool>(q: &Query<'_>, kts: Range<usize>, st: &mut
         let s: &mut [f32] = if sc.cached {
             let x = kt - kts.start;
             let tile = &mut sc.stripe[x * tile_len..(x + 1) * tile_len];
-            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, tile, lds);
+            scores::<FMA>(plan, head, dims, rows, i0, nq, j0, nk, tile, lds);
             if plan.running_max {
                 sc.s[..tile_len].copy_from_slice(tile); // the stripe keeps the raw scores
                 &mut sc.s[..]
@@ -168,7 +199,7 @@ pub(crate) fn sweep1<const FMA: bool>(q: &Query<'_>, kts: Range<usize>, st: &mut
                 tile
             }
         } else {
-            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
+            scores::<FMA>(plan, head, dims, rows, i0, nq, j0, nk, &mut sc.s, lds);
             &mut sc.s[..]
         };
         for r in 0..nq {
@@ -251,8 +282,19 @@ impl Between {
     /// and turns its stored group maxima of raw scores (under a running maximum) into `f`.
     #[inline(always)]
     pub(crate) fn new<const FMA: bool>(q: &Query<'_>, st: &mut Stage1) -> Self {
+        let mut bt = Self { umax: Vec::new(), thr: Vec::new(), an: Vec::new() };
+        bt.compute::<FMA>(q, st);
+        bt
+    }
+
+    /// [`Between::new`] into these buffers.
+    #[inline(always)]
+    pub(crate) fn compute<const FMA: bool>(&mut self, q: &Query<'_>, st: &mut Stage1) {
         let (plan, dims, nq) = (q.plan, q.dims, q.nq);
-        let (mut umax, mut thr, mut an) = (vec![0.0f32; nq], vec![0.0f32; nq], vec![0.0f32; nq]);
+        let (umax, thr, an) = (&mut self.umax, &mut self.thr, &mut self.an);
+        refill(umax, nq, 0.0);
+        refill(thr, nq, 0.0);
+        refill(an, nq, 0.0);
         for r in 0..nq {
             let n = dims.n(q.i0 + r);
             st.z[r] = st.z[r] as f32 as f64;
@@ -268,7 +310,6 @@ impl Between {
                 }
             }
         }
-        Self { umax, thr, an }
     }
 }
 
@@ -287,15 +328,27 @@ pub(crate) struct Stage2 {
 
 impl Stage2 {
     pub(crate) fn new(q: &Query<'_>, keep_aux: bool) -> Self {
+        let mut s2 = Self {
+            acc: Vec::new(),
+            wsum: Vec::new(),
+            wl: Vec::new(),
+            csum: Vec::new(),
+            cl: Vec::new(),
+            aux_acc: Vec::new(),
+        };
+        s2.reset(q, keep_aux);
+        s2
+    }
+
+    /// The state before any key tile, in the buffers it has.
+    pub(crate) fn reset(&mut self, q: &Query<'_>, keep_aux: bool) {
         let (nq, d) = (q.nq, q.dims.d);
-        Self {
-            acc: vec![0.0; nq * d],
-            wsum: vec![0.0; nq],
-            wl: vec![[0.0; 16]; nq],
-            csum: vec![0.0; nq],
-            cl: vec![[0.0; 16]; nq],
-            aux_acc: if keep_aux { vec![0.0; nq * d] } else { Vec::new() },
-        }
+        refill(&mut self.acc, nq * d, 0.0);
+        refill(&mut self.wsum, nq, 0.0);
+        refill(&mut self.wl, nq, [0.0; 16]);
+        refill(&mut self.csum, nq, 0.0);
+        refill(&mut self.cl, nq, [0.0; 16]);
+        refill(&mut self.aux_acc, if keep_aux { nq * d } else { 0 }, 0.0);
     }
 
     /// Adds `other`, the state of another range of the same rows.
@@ -321,7 +374,7 @@ pub(crate) fn sweep2<const FMA: bool>(
     let (plan, head, dims, i0, nq) = (q.plan, q.head, q.dims, q.i0, q.nq);
     let Some(p) = plan.reweight else { return };
     let (d, lds) = (dims.d, dims.bk_pad());
-    let rows = Rows::new(plan, head, dims, i0, nq);
+    let rows = &st.rows;
     let tile_len = nq * lds;
     let keep_aux = !s2.aux_acc.is_empty();
     if keep_aux {
@@ -344,7 +397,7 @@ pub(crate) fn sweep2<const FMA: bool>(
             let x = kt - kts.start;
             &mut sc.stripe[x * tile_len..(x + 1) * tile_len]
         } else {
-            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
+            scores::<FMA>(plan, head, dims, rows, i0, nq, j0, nk, &mut sc.s, lds);
             &mut sc.s[..]
         };
         for r in 0..nq {
@@ -431,6 +484,51 @@ pub(crate) fn finish_reweighted(
     }
 }
 
+/// `v` holding `n` copies of `x`, in the buffer it has; a buffer that must grow gets room for twice
+/// `n`, so that sizes growing with a cache (a key per decoding step) re-allocate once per doubling.
+fn refill<T: Copy>(v: &mut Vec<T>, n: usize, x: T) {
+    v.clear();
+    if v.capacity() < n {
+        v.reserve_exact(2 * n);
+    }
+    v.resize(n, x);
+}
+
+/// The states of a query tile's sweeps, kept by a task (or a thread) from one tile to the next so that
+/// a tile allocates nothing once the buffers have grown to its sizes.
+pub(crate) struct Sweeps {
+    st: Stage1,
+    bt: Between,
+    s2: Stage2,
+}
+
+impl Sweeps {
+    pub(crate) fn new() -> Self {
+        Self {
+            st: Stage1 {
+                acc: Vec::new(),
+                z: Vec::new(),
+                zl: Vec::new(),
+                mx: Vec::new(),
+                fmax: Vec::new(),
+                ml: Vec::new(),
+                tmax: Vec::new(),
+                groups: 0,
+                rows: Rows::empty(),
+            },
+            bt: Between { umax: Vec::new(), thr: Vec::new(), an: Vec::new() },
+            s2: Stage2 {
+                acc: Vec::new(),
+                wsum: Vec::new(),
+                wl: Vec::new(),
+                csum: Vec::new(),
+                cl: Vec::new(),
+                aux_acc: Vec::new(),
+            },
+        }
+    }
+}
+
 crate::multiversion! {
     /// Forward of query rows `[i0, i0 + nq)` of one head over every key they see: writes `nq x d`
     /// outputs to `out` (row stride `d`) and `nq x STATS` statistics to `stats`; with re-weighting
@@ -439,20 +537,22 @@ crate::multiversion! {
         isa: Isa,
         q: &Query<'_>,
         sc: &mut FwdScratch,
+        sw: &mut Sweeps,
         out: &mut [f32],
         stats: &mut [f32],
         aux: Option<&mut [f32]>,
     ) {
         let kts = 0..q.key_tiles();
-        let mut st = Stage1::new(q);
-        sweep1::<FMA>(q, kts.clone(), &mut st, sc);
+        let Sweeps { st, bt, s2 } = sw;
+        st.reset(q);
+        sweep1::<FMA>(q, kts.clone(), st, sc);
         if q.plan.reweight.is_none() {
-            return finish_plain(q, &st, out, stats);
+            return finish_plain(q, st, out, stats);
         }
-        let bt = Between::new::<FMA>(q, &mut st);
-        let mut s2 = Stage2::new(q, aux.is_some());
-        sweep2::<FMA>(q, kts, &st, &bt, &mut s2, sc);
-        finish_reweighted(q, &st, &bt, &s2, out, stats, aux)
+        bt.compute::<FMA>(q, st);
+        s2.reset(q, aux.is_some());
+        sweep2::<FMA>(q, kts, st, bt, s2, sc);
+        finish_reweighted(q, st, bt, s2, out, stats, aux)
     }
 }
 

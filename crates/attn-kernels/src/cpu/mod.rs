@@ -342,8 +342,8 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
     let scratch = PerThread::new();
     (0..bh * nqt).into_par_iter().for_each(|task| {
         scratch.with(
-            || (FwdScratch::new(dims, dims.bq), vec![0.0f32; dims.bq * d]),
-            |(sc, out)| {
+            || (FwdScratch::new(dims, dims.bq), fwd::Sweeps::new(), vec![0.0f32; dims.bq * d]),
+            |(sc, sweeps, out)| {
                 // Capture the whole SendPtr (not its raw-pointer field) in the closure.
                 #[allow(clippy::redundant_locals)]
                 let (o, stats, aux) = (o, stats, aux);
@@ -356,7 +356,7 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
                     let ax =
                         (!aux.0.is_null()).then(|| std::slice::from_raw_parts_mut(aux.0.add((x * t + i0) * w), nq * w));
                     let q = Query { plan: &plan, head: &hd, dims, i0, nq };
-                    fwd::forward_tile(isa, &q, sc, &mut out[..nq * d], st, ax);
+                    fwd::forward_tile(isa, &q, sc, sweeps, &mut out[..nq * d], st, ax);
                     write_rows(o.0, b, h, i0, d, &out[..nq * d]);
                 }
             },
