@@ -300,10 +300,9 @@ fn a_decoding_step_split_across_threads_matches_the_reference() {
     assert!(differ > FUSED.len() / 2, "only {differ} split outputs differ from the unsplit ones in any bit");
 }
 
-/// The tiled forward of grouped-query attention with query tiles smaller and larger than the group
-/// and key tiles that divide nothing, on queries that continue a sequence, against the reference of
-/// the same call. (It runs one task per query head and tile: running a key head's query heads as the
-/// rows of one task, as a short call does, measured 5% slower at T = 4096 on 12/4 heads.)
+/// The tiled forward of grouped-query attention, which runs a key head's `G` query heads as the
+/// `G block_q` rows of one task, with query tiles smaller and larger than the group and key tiles
+/// that divide nothing, on queries that continue a sequence, against the reference of the same call.
 #[test]
 fn grouped_query_tiles_of_any_size_match_the_reference() {
     let c = Case::new([1, 6, 2, 29, 16], 61);

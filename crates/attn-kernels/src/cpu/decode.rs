@@ -40,10 +40,12 @@ pub(crate) fn runs_serially(p: &F32Params) -> bool {
     2 * p.batch * p.kv_heads * p.kv_len * p.head_dim * 4 <= SERIAL_BYTES
 }
 
-/// One key head's rows: batch `b`, key head `hk`, the `G T_q` query rows gathered position-major.
-struct Group {
+/// One key head's rows: batch `b`, key head `hk`, and its `G` query heads' rows of query positions
+/// `[p0, p0 + n)` gathered position-major (row `r` is position `p0 + r / G` of head `hk G + r % G`).
+pub(super) struct Group {
     b: usize,
     hk: usize,
+    p0: usize,
     /// The gathered query rows (`rows x d`) and, for cosine scores, their inverse norms.
     q: Vec<f32>,
     inq: Vec<f32>,
@@ -53,10 +55,14 @@ impl Group {
     /// # Safety
     /// As [`super::forward_raw`] for `p`'s `q`.
     unsafe fn new(p: &F32Params, isa: Isa, cosine: bool, b: usize, hk: usize) -> Self {
-        let mut g = Self { b, hk, q: Vec::new(), inq: Vec::new() };
+        let mut g = Self::empty();
         // SAFETY: forwarded.
-        unsafe { g.fill(p, isa, cosine, b, hk) };
+        unsafe { g.fill(p, isa, cosine, b, hk, 0..p.seq_len) };
         g
+    }
+
+    pub(super) const fn empty() -> Self {
+        Self { b: 0, hk: 0, p0: 0, q: Vec::new(), inq: Vec::new() }
     }
 
     /// Gathers key head `hk`'s rows into the buffers this group has (no allocation once they are
@@ -64,37 +70,51 @@ impl Group {
     ///
     /// # Safety
     /// As [`super::forward_raw`] for `p`'s `q`.
-    unsafe fn fill(&mut self, p: &F32Params, isa: Isa, cosine: bool, b: usize, hk: usize) {
+    pub(super) unsafe fn fill(
+        &mut self,
+        p: &F32Params,
+        isa: Isa,
+        cosine: bool,
+        b: usize,
+        hk: usize,
+        positions: Range<usize>,
+    ) {
         let (g, tq, d) = (p.heads / p.kv_heads, p.seq_len, p.head_dim);
-        (self.b, self.hk) = (b, hk);
+        let rows = g * positions.len();
+        (self.b, self.hk, self.p0) = (b, hk, positions.start);
         let q = &mut self.q;
         q.clear();
-        q.resize(g * tq * d, 0.0);
+        q.resize(rows * d, 0.0);
         for (r, row) in q.chunks_exact_mut(d).enumerate() {
-            let (t, h) = (r / g, hk * g + r % g);
+            let (t, h) = (positions.start + r / g, hk * g + r % g);
             // SAFETY: forwarded; row t of head (b, h) exists.
             let (src, ld) = unsafe { head_slice(p.q, b, h, tq, d) };
             row.copy_from_slice(&src[t * ld..t * ld + d]);
         }
         self.inq.clear();
         if cosine {
-            self.inq.resize(g * tq, 0.0);
-            engine::inv_norms(isa, q, d, g * tq, d, &mut self.inq);
+            self.inq.resize(rows, 0.0);
+            engine::inv_norms(isa, q, d, rows, d, &mut self.inq);
         }
     }
 
-    fn rows(&self, d: usize) -> usize {
+    pub(super) fn rows(&self, d: usize) -> usize {
         self.q.len() / d
+    }
+
+    /// The call's sizes for these rows: `G` rows per position, the first at position `p0`.
+    pub(super) fn dims(&self, p: &F32Params, dims: Dims) -> Dims {
+        Dims { group: p.heads / p.kv_heads, off: dims.off + self.p0, ..dims }
     }
 
     /// # Safety
     /// As [`super::forward_raw`] for `p`'s `k` and `v`.
-    unsafe fn head(&self, p: &F32Params) -> Head<'_> {
+    pub(super) unsafe fn head<'a>(&'a self, p: &F32Params, kt: &'a [f32], ink: &'a [f32]) -> Head<'a> {
         let (t, d) = (p.kv_len, p.head_dim);
         // SAFETY: forwarded.
         let ((k, ldk), (v, ldv)) =
             unsafe { (head_slice(p.k, self.b, self.hk, t, d), head_slice(p.v, self.b, self.hk, t, d)) };
-        Head { q: &self.q, k, v, ldq: d, ldk, ldv, inq: &self.inq, ink: &[], kt: &[], vt: &[] }
+        Head { q: &self.q, k, v, ldq: d, ldk, ldv, inq: &self.inq, ink, kt, vt: &[] }
     }
 
     /// Writes the rows' outputs, statistics and (when `aux` is not null) re-weighting's helper to
@@ -102,11 +122,11 @@ impl Group {
     ///
     /// # Safety
     /// As [`super::forward_raw`]; no other thread writes this group's rows.
-    unsafe fn scatter(&self, p: &F32Params, aux: *mut f32, out: &[f32], stats: &[f32], helper: &[f32]) {
+    pub(super) unsafe fn scatter(&self, p: &F32Params, aux: *mut f32, out: &[f32], stats: &[f32], helper: &[f32]) {
         let (g, tq, d) = (p.heads / p.kv_heads, p.seq_len, p.head_dim);
         let w = rw_aux_per_row(d);
         for r in 0..self.rows(d) {
-            let (t, h) = (r / g, self.hk * g + r % g);
+            let (t, h) = (self.p0 + r / g, self.hk * g + r % g);
             let x = (self.b * p.heads + h) * tq + t;
             // SAFETY: forwarded; row t of head (b, h), and its statistics and helper rows, are this
             // group's alone.
@@ -140,7 +160,7 @@ impl Buffers {
             static BUFFERS: RefCell<Option<Buffers>> = const { RefCell::new(None) };
         }
         let fresh = || Buffers {
-            group: Group { b: 0, hk: 0, q: Vec::new(), inq: Vec::new() },
+            group: Group::empty(),
             sc: None,
             sweeps: Sweeps::new(),
             out: Vec::new(),
@@ -200,9 +220,9 @@ pub(super) unsafe fn forward(plan: &Plan, p: &F32Params, mut dims: Dims, split_k
         Buffers::with(|bf| {
             let Buffers { group, sc, sweeps, out, stats, helper } = bf;
             // SAFETY: forwarded from our caller; this task alone writes key head x's rows.
-            unsafe { group.fill(p, isa, plan.cosine(), x / p.kv_heads, x % p.kv_heads) };
+            unsafe { group.fill(p, isa, plan.cosine(), x / p.kv_heads, x % p.kv_heads, 0..p.seq_len) };
             // SAFETY: forwarded.
-            let head = unsafe { group.head(p) };
+            let head = unsafe { group.head(p, &[], &[]) };
             let rows = group.rows(dims.d);
             let q = Query { plan, head: &head, dims, i0: 0, nq: rows };
             let sc = FwdScratch::reuse(sc, dims, rows);
@@ -228,6 +248,58 @@ pub(super) unsafe fn forward(plan: &Plan, p: &F32Params, mut dims: Dims, split_k
     unsafe { split(plan, p, dims, &ranges(tiles, chunks), aux.0) }
 }
 
+/// The tiled forward of grouped-query attention (`H_kv < H`, more than a short call's rows): the `G`
+/// query heads of a key head run as the `G block_q` rows of one task per `block_q` positions, so each
+/// packed key tile is read once for the group rather than once per query head. `norms` and `packed`
+/// as the plain forward made them.
+///
+/// # Safety
+/// As [`super::forward_raw`].
+pub(super) unsafe fn forward_grouped(
+    plan: &Plan,
+    p: &F32Params,
+    dims: Dims,
+    norms: &[f32],
+    packed: &[f32],
+    aux: *mut f32,
+) {
+    let (g, tq, tk, d) = (p.heads / p.kv_heads, p.seq_len, p.kv_len, p.head_dim);
+    let per = dims.bq;
+    let tiles = tq.div_ceil(per);
+    let len = engine::packed_len(dims);
+    let key_norms = |x: usize| {
+        let at = p.batch * p.heads * tq + x * tk;
+        norms.get(at..at + tk).unwrap_or(&[])
+    };
+    let scratch = super::PerThread::new();
+    let aux = SendPtr(aux);
+    (0..p.batch * p.kv_heads * tiles).into_par_iter().for_each(|task| {
+        // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+        #[allow(clippy::redundant_locals)]
+        let aux = aux;
+        let (x, tile) = (task / tiles, task % tiles);
+        let positions = tile * per..((tile + 1) * per).min(tq);
+        scratch.with(
+            || (FwdScratch::new(dims, g * per), Sweeps::new(), Group::empty(), Vec::new(), Vec::new(), Vec::new()),
+            |(sc, sweeps, group, out, stats, helper)| {
+                // SAFETY: forwarded; this task alone writes its positions' rows of the group's heads.
+                unsafe { group.fill(p, dims.isa, plan.cosine(), x / p.kv_heads, x % p.kv_heads, positions) };
+                // SAFETY: forwarded.
+                let head = unsafe { group.head(p, &packed[x * len..(x + 1) * len], key_norms(x)) };
+                let rows = group.rows(d);
+                let q = Query { plan, head: &head, dims: group.dims(p, dims), i0: 0, nq: rows };
+                refill(out, rows * d);
+                refill(stats, rows * STATS);
+                refill(helper, if aux.0.is_null() { 0 } else { rows * rw_aux_per_row(d) });
+                let h = (!aux.0.is_null()).then_some(&mut helper[..]);
+                fwd::forward_tile(dims.isa, &q, sc, sweeps, out, stats, h);
+                // SAFETY: as above.
+                unsafe { group.scatter(p, aux.0, out, stats, helper) };
+            },
+        )
+    });
+}
+
 /// A split call: stage 1 per (key head, range), merged per key head; with re-weighting the second
 /// stage per (key head, range), merged; then each key head's rows are finished and written.
 ///
@@ -242,7 +314,7 @@ unsafe fn split(plan: &Plan, p: &F32Params, dims: Dims, ranges: &[Range<usize>],
         .map(|x| unsafe { Group::new(p, isa, plan.cosine(), x / p.kv_heads, x % p.kv_heads) })
         .collect();
     // SAFETY: forwarded.
-    let heads_of: Vec<Head<'_>> = groups.iter().map(|g| unsafe { g.head(p) }).collect();
+    let heads_of: Vec<Head<'_>> = groups.iter().map(|g| unsafe { g.head(p, &[], &[]) }).collect();
     let query = |x: usize| {
         let rows = groups[x].rows(dims.d);
         Query { plan, head: &heads_of[x], dims, i0: 0, nq: rows }

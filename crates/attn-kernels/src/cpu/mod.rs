@@ -336,6 +336,11 @@ unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Resul
     dims.in_range = engine::scores_in_range(&plan, &norms, p.kv_len, d);
     // SAFETY: forwarded.
     let packed = unsafe { pack(p, dims, true, false) };
+    if p.kv_heads < p.heads {
+        // SAFETY: forwarded.
+        unsafe { decode::forward_grouped(&plan, p, dims, &norms, &packed.0, aux) };
+        return Ok(());
+    }
     let nqt = t.div_ceil(dims.bq);
     let (o, stats) = (SendPtr(p.o), SendPtr(p.stats));
     let aux = SendPtr(aux);
