@@ -144,6 +144,8 @@ impl Group {
 
 /// A thread's buffers for short calls, kept from one call to the next: a decoding step allocates
 /// nothing once they have grown to its sizes (it made about 25 allocations per key head before).
+/// They live as long as the thread: `O(rows d)` floats, and after a re-weighted step the stripe of
+/// activations, at most [`Tuning::score_cache_bytes`](super::Tuning::score_cache_bytes) (16 MiB).
 struct Buffers {
     group: Group,
     sc: Option<FwdScratch>,
