@@ -275,6 +275,9 @@ impl Rows {
     pub(super) fn fill(&mut self, plan: &Plan, head: &Head<'_>, dims: Dims, i0: usize, nq: usize) {
         self.fac.clear();
         self.bias.clear();
+        // (The backward makes these per tile: growing them push by push re-allocated 7 times each.)
+        self.fac.reserve(nq);
+        self.bias.reserve(nq);
         for r in 0..nq {
             let (scale, b) = plan.row_constants(dims.n(i0 + r), dims.d);
             let inq = if plan.cosine() { head.inq[i0 + r] as f64 } else { 1.0 };
