@@ -112,7 +112,14 @@ pub(crate) struct Stage1 {
 
 impl Stage1 {
     pub(crate) fn new(q: &Query<'_>) -> Self {
-        let mut st = Self {
+        let mut st = Self::empty();
+        st.reset(q);
+        st
+    }
+
+    /// No rows, no buffers.
+    const fn empty() -> Self {
+        Self {
             acc: Vec::new(),
             z: Vec::new(),
             zl: Vec::new(),
@@ -122,9 +129,7 @@ impl Stage1 {
             tmax: Vec::new(),
             groups: 0,
             rows: Rows::empty(),
-        };
-        st.reset(q);
-        st
+        }
     }
 
     /// The state before any key tile, for `q`'s rows, in the buffers it has (no allocation once they
@@ -282,9 +287,14 @@ impl Between {
     /// and turns its stored group maxima of raw scores (under a running maximum) into `f`.
     #[inline(always)]
     pub(crate) fn new<const FMA: bool>(q: &Query<'_>, st: &mut Stage1) -> Self {
-        let mut bt = Self { umax: Vec::new(), thr: Vec::new(), an: Vec::new() };
+        let mut bt = Self::empty();
         bt.compute::<FMA>(q, st);
         bt
+    }
+
+    /// No rows, no buffers.
+    const fn empty() -> Self {
+        Self { umax: Vec::new(), thr: Vec::new(), an: Vec::new() }
     }
 
     /// [`Between::new`] into these buffers.
@@ -328,16 +338,21 @@ pub(crate) struct Stage2 {
 
 impl Stage2 {
     pub(crate) fn new(q: &Query<'_>, keep_aux: bool) -> Self {
-        let mut s2 = Self {
+        let mut s2 = Self::empty();
+        s2.reset(q, keep_aux);
+        s2
+    }
+
+    /// No rows, no buffers.
+    const fn empty() -> Self {
+        Self {
             acc: Vec::new(),
             wsum: Vec::new(),
             wl: Vec::new(),
             csum: Vec::new(),
             cl: Vec::new(),
             aux_acc: Vec::new(),
-        };
-        s2.reset(q, keep_aux);
-        s2
+        }
     }
 
     /// The state before any key tile, in the buffers it has.
@@ -503,29 +518,8 @@ pub(crate) struct Sweeps {
 }
 
 impl Sweeps {
-    pub(crate) fn new() -> Self {
-        Self {
-            st: Stage1 {
-                acc: Vec::new(),
-                z: Vec::new(),
-                zl: Vec::new(),
-                mx: Vec::new(),
-                fmax: Vec::new(),
-                ml: Vec::new(),
-                tmax: Vec::new(),
-                groups: 0,
-                rows: Rows::empty(),
-            },
-            bt: Between { umax: Vec::new(), thr: Vec::new(), an: Vec::new() },
-            s2: Stage2 {
-                acc: Vec::new(),
-                wsum: Vec::new(),
-                wl: Vec::new(),
-                csum: Vec::new(),
-                cl: Vec::new(),
-                aux_acc: Vec::new(),
-            },
-        }
+    pub(crate) const fn new() -> Self {
+        Self { st: Stage1::empty(), bt: Between::empty(), s2: Stage2::empty() }
     }
 }
 
