@@ -11,13 +11,15 @@
 //!   `Z_i` and `m_i = max_j relu(N a_ij - 1)` known, does re-weighting's second stage run per range
 //!   and merge its sums `W_i`, `sum w v`. Every merge is a sum of what the unsplit sweep sums, so a
 //!   split call is the unsplit one up to rounding (`fwd` explains the order).
-//! - **No fork-join for tiny work.** A call that reads at most [`SERIAL_BYTES`] of keys and values runs
-//!   on the calling thread ([`runs_serially`]); waking a pool costs 10-60 us on a 2-core VM, more
-//!   than such a call's work.
+//! - **No hand-off.** A call starts on the calling thread: alone when it reads at most
+//!   [`SERIAL_BYTES`] of keys and values ([`runs_serially`]), else with helpers that join as they
+//!   wake ([`team`](super::team)); waking a pool's worker took 40 us and more on a 2-core VM, more
+//!   than a 1K-key step's work.
 //!
-//! Allocation: per key head a few buffers of `G T_q` rows (the gathered queries, their outputs and
-//! statistics) and a scratch tile; nothing `O(T_k)` except re-weighting's stripe of activations for
-//! the second sweep (`G T_q x T_k` floats at most, within `Tuning::score_cache_bytes`).
+//! Allocation: none once a thread's buffers have grown to a step's sizes (`tests/decode_alloc.rs`);
+//! they hold `O(G T_q d)` floats and, for re-weighting, the stripe of activations for the second sweep
+//! (`G T_q x T_k` floats at most, within `Tuning::score_cache_bytes`). A split call allocates its
+//! ranges' states.
 
 use std::cell::RefCell;
 use std::ops::Range;
@@ -32,11 +34,11 @@ use super::{F32Params, SendPtr, head_slice, rw_aux_per_row};
 
 /// The most bytes of keys and values (`B H_kv T_k d` floats each) that a short call reads on the
 /// calling thread alone.
-pub(crate) const SERIAL_BYTES: usize = 1 << 20;
+const SERIAL_BYTES: usize = 1 << 20;
 
 /// Whether a short call of these sizes runs on the calling thread, without its rayon pool: a caller
 /// about to enter a pool (`install`) for such a call may call it directly instead.
-pub(crate) fn runs_serially(p: &F32Params) -> bool {
+fn runs_serially(p: &F32Params) -> bool {
     2 * p.batch * p.kv_heads * p.kv_len * p.head_dim * 4 <= SERIAL_BYTES
 }
 
@@ -142,44 +144,75 @@ impl Group {
     }
 }
 
-/// A thread's buffers for short calls, kept from one call to the next: a decoding step allocates
-/// nothing once they have grown to its sizes (it made about 25 allocations per key head before).
-/// They live as long as the thread: `O(rows d)` floats, and after a re-weighted step the stripe of
-/// activations, at most [`Tuning::score_cache_bytes`](super::Tuning::score_cache_bytes) (16 MiB).
-struct Buffers {
+/// The buffers of one task of rows ([`Group`]) besides its scratch tile: the gathered rows, the
+/// sweeps' states, the rows' outputs, statistics and helper. Kept by a thread (a short call) or for a
+/// call (the tiled forward) from one task to the next, so a task allocates nothing once they have
+/// grown to its sizes (a decoding step made about 25 allocations per key head before).
+struct GroupBuffers {
     group: Group,
-    sc: Option<FwdScratch>,
     sweeps: Sweeps,
     out: Vec<f32>,
     stats: Vec<f32>,
     helper: Vec<f32>,
 }
 
-impl Buffers {
-    /// Runs `f` on this thread's buffers (on fresh ones if they are in use: `f` re-entered).
-    fn with<R>(f: impl FnOnce(&mut Buffers) -> R) -> R {
-        thread_local! {
-            static BUFFERS: RefCell<Option<Buffers>> = const { RefCell::new(None) };
-        }
-        let fresh = || Buffers {
-            group: Group::empty(),
-            sc: None,
-            sweeps: Sweeps::new(),
-            out: Vec::new(),
-            stats: Vec::new(),
-            helper: Vec::new(),
-        };
-        BUFFERS.with(|cell| match cell.try_borrow_mut() {
-            Ok(mut held) => f(held.get_or_insert_with(fresh)),
-            Err(_) => f(&mut fresh()),
-        })
+impl GroupBuffers {
+    const fn new() -> Self {
+        Self { group: Group::empty(), sweeps: Sweeps::new(), out: Vec::new(), stats: Vec::new(), helper: Vec::new() }
+    }
+
+    /// The forward of key head `x`'s rows of query positions `positions` over every key they see,
+    /// written to their places in `p` (outputs, statistics and, when `aux` is not null, the
+    /// re-weighting helper). `kt` and `ink`: the key head's packed tiles and key norms, or empty (a
+    /// short call, whose scores read the keys as they are).
+    ///
+    /// # Safety
+    /// As [`super::forward_raw`]; no other thread writes these rows.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run(
+        &mut self,
+        sc: &mut FwdScratch,
+        plan: &Plan,
+        p: &F32Params,
+        dims: Dims,
+        x: usize,
+        positions: Range<usize>,
+        (kt, ink): (&[f32], &[f32]),
+        aux: *mut f32,
+    ) {
+        let Self { group, sweeps, out, stats, helper } = self;
+        let d = dims.d;
+        // SAFETY: forwarded.
+        unsafe { group.fill(p, dims.isa, plan.cosine(), x / p.kv_heads, x % p.kv_heads, positions) };
+        // SAFETY: forwarded.
+        let head = unsafe { group.head(p, kt, ink) };
+        let rows = group.rows(d);
+        let q = Query { plan, head: &head, dims: group.dims(p, dims), i0: 0, nq: rows };
+        fwd::refill(out, rows * d, 0.0);
+        fwd::refill(stats, rows * STATS, 0.0);
+        fwd::refill(helper, if aux.is_null() { 0 } else { rows * rw_aux_per_row(d) }, 0.0);
+        let h = (!aux.is_null()).then_some(&mut helper[..]);
+        fwd::forward_tile(dims.isa, &q, sc, sweeps, out, stats, h);
+        // SAFETY: forwarded; these rows are this task's alone.
+        unsafe { group.scatter(p, aux, out, stats, helper) };
     }
 }
 
-/// `v` holding `n` zeros, in the buffer it has.
-fn refill(v: &mut Vec<f32>, n: usize) {
-    v.clear();
-    v.resize(n, 0.0);
+/// Runs `f` on this thread's buffers for short calls, kept from one call to the next (on fresh ones
+/// if they are in use: `f` re-entered). They live as long as the thread: `O(rows d)` floats, and
+/// after a re-weighted step the stripe of activations, at most
+/// [`Tuning::score_cache_bytes`](super::Tuning::score_cache_bytes) (16 MiB).
+fn with_thread_buffers<R>(f: impl FnOnce(&mut GroupBuffers, &mut Option<FwdScratch>) -> R) -> R {
+    thread_local! {
+        static BUFFERS: RefCell<(GroupBuffers, Option<FwdScratch>)> = const { RefCell::new((GroupBuffers::new(), None)) };
+    }
+    BUFFERS.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut held) => {
+            let (bufs, sc) = &mut *held;
+            f(bufs, sc)
+        }
+        Err(_) => f(&mut GroupBuffers::new(), &mut None),
+    })
 }
 
 /// Ranges of key tiles per key head: `chunks` ranges of whole fold groups over `tiles` tiles.
@@ -205,7 +238,6 @@ fn chunks_per_head(heads: usize, threads: usize, tiles: usize, min_tiles: usize)
 /// # Safety
 /// As [`super::forward_raw`].
 pub(super) unsafe fn forward(plan: &Plan, p: &F32Params, mut dims: Dims, split_keys: usize, aux: *mut f32) {
-    let isa = dims.isa;
     dims.group = p.heads / p.kv_heads;
     let heads = p.batch * p.kv_heads;
     let tiles = p.kv_len.div_ceil(dims.bk);
@@ -219,22 +251,10 @@ pub(super) unsafe fn forward(plan: &Plan, p: &F32Params, mut dims: Dims, split_k
         // Capture the whole SendPtr (not its raw-pointer field) in the closure.
         #[allow(clippy::redundant_locals)]
         let aux = aux;
-        Buffers::with(|bf| {
-            let Buffers { group, sc, sweeps, out, stats, helper } = bf;
+        with_thread_buffers(|bufs, sc| {
+            let sc = FwdScratch::reuse(sc, dims, dims.group * p.seq_len);
             // SAFETY: forwarded from our caller; this task alone writes key head x's rows.
-            unsafe { group.fill(p, isa, plan.cosine(), x / p.kv_heads, x % p.kv_heads, 0..p.seq_len) };
-            // SAFETY: forwarded.
-            let head = unsafe { group.head(p, &[], &[]) };
-            let rows = group.rows(dims.d);
-            let q = Query { plan, head: &head, dims, i0: 0, nq: rows };
-            let sc = FwdScratch::reuse(sc, dims, rows);
-            refill(out, rows * dims.d);
-            refill(stats, rows * STATS);
-            refill(helper, if aux.0.is_null() { 0 } else { rows * rw_aux_per_row(dims.d) });
-            let h = (!aux.0.is_null()).then_some(&mut helper[..]);
-            fwd::forward_tile(isa, &q, sc, sweeps, out, stats, h);
-            // SAFETY: as above.
-            unsafe { group.scatter(p, aux.0, out, stats, helper) };
+            unsafe { bufs.run(sc, plan, p, dims, x, 0..p.seq_len, (&[], &[]), aux.0) }
         })
     };
     if chunks == 1 {
@@ -265,7 +285,7 @@ pub(super) unsafe fn forward_grouped(
     packed: &[f32],
     aux: *mut f32,
 ) {
-    let (g, tq, tk, d) = (p.heads / p.kv_heads, p.seq_len, p.kv_len, p.head_dim);
+    let (g, tq, tk) = (p.heads / p.kv_heads, p.seq_len, p.kv_len);
     let per = dims.bq;
     let tiles = tq.div_ceil(per);
     let len = engine::packed_len(dims);
@@ -282,21 +302,11 @@ pub(super) unsafe fn forward_grouped(
         let (x, tile) = (task / tiles, task % tiles);
         let positions = tile * per..((tile + 1) * per).min(tq);
         scratch.with(
-            || (FwdScratch::new(dims, g * per), Sweeps::new(), Group::empty(), Vec::new(), Vec::new(), Vec::new()),
-            |(sc, sweeps, group, out, stats, helper)| {
+            || (FwdScratch::new(dims, g * per), GroupBuffers::new()),
+            |(sc, bufs)| {
+                let keys = (&packed[x * len..(x + 1) * len], key_norms(x));
                 // SAFETY: forwarded; this task alone writes its positions' rows of the group's heads.
-                unsafe { group.fill(p, dims.isa, plan.cosine(), x / p.kv_heads, x % p.kv_heads, positions) };
-                // SAFETY: forwarded.
-                let head = unsafe { group.head(p, &packed[x * len..(x + 1) * len], key_norms(x)) };
-                let rows = group.rows(d);
-                let q = Query { plan, head: &head, dims: group.dims(p, dims), i0: 0, nq: rows };
-                refill(out, rows * d);
-                refill(stats, rows * STATS);
-                refill(helper, if aux.0.is_null() { 0 } else { rows * rw_aux_per_row(d) });
-                let h = (!aux.0.is_null()).then_some(&mut helper[..]);
-                fwd::forward_tile(dims.isa, &q, sc, sweeps, out, stats, h);
-                // SAFETY: as above.
-                unsafe { group.scatter(p, aux.0, out, stats, helper) };
+                unsafe { bufs.run(sc, plan, p, dims, x, positions, keys, aux.0) }
             },
         )
     });

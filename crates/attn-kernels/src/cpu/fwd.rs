@@ -501,7 +501,7 @@ pub(crate) fn finish_reweighted(
 
 /// `v` holding `n` copies of `x`, in the buffer it has; a buffer that must grow gets room for twice
 /// `n`, so that sizes growing with a cache (a key per decoding step) re-allocate once per doubling.
-fn refill<T: Copy>(v: &mut Vec<T>, n: usize, x: T) {
+pub(crate) fn refill<T: Copy>(v: &mut Vec<T>, n: usize, x: T) {
     v.clear();
     if v.capacity() < n {
         v.reserve_exact(2 * n);
