@@ -98,7 +98,7 @@ impl Variant {
     /// The backend-neutral [`Plan`] of this variant; errors on an invalid or missing parameter.
     pub fn plan(&self) -> Result<Plan> {
         self.validate()?;
-        let s1 = &self.stage1;
+        let s1 = &self.stage1();
         Ok(Plan {
             phi: Phi::of(&s1.activation),
             scores: s1.scores,
@@ -109,7 +109,7 @@ impl Variant {
             output_norm: s1.output_norm,
             running_max: s1.needs_running_max(),
             signed: !s1.activation.is_non_negative(),
-            reweight: self.reweight,
+            reweight: self.reweight(),
         })
     }
 }

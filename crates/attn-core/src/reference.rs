@@ -223,8 +223,8 @@ impl Head {
     /// scores `s_ij`, `j <= i`.
     fn scores(&self, variant: &Variant, r: usize) -> Result<(f64, Vec<f64>)> {
         let n = self.offset + r + 1;
-        let scale = variant.stage1.scale.value(n, self.d);
-        let bias = variant.stage1.bias.value(n)?;
+        let scale = variant.stage1().scale.value(n, self.d);
+        let bias = variant.stage1().bias.value(n)?;
         let qi = self.qi(r);
         let s = (0..n).map(|j| scale * dot(qi, self.kj(j)) + bias).collect();
         Ok((scale, s))
@@ -234,7 +234,7 @@ impl Head {
     /// [`Norm::DivLen`](crate::Norm::DivLen) divides by).
     fn row(&self, variant: &Variant, i: usize, grad: bool) -> Result<(f64, Row)> {
         let (scale, s) = self.scores(variant, i)?;
-        Ok((scale, row_forward(&variant.stage1, variant.reweight, &s, self.t, grad)))
+        Ok((scale, row_forward(&variant.stage1(), variant.reweight(), &s, self.t, grad)))
     }
 
     /// `o_i = sum_j w_ij v_j` (before any output norm).
@@ -287,11 +287,11 @@ pub fn forward<'a, F: Real>(
     let mut out = Array4::<F>::zeros((dims.b, dims.h, dims.t_q, dims.dv));
     for b in 0..dims.b {
         for h in 0..dims.h {
-            let head = Head::new(variant.stage1.scores, dims, (&q, &k, &v), b, h);
+            let head = Head::new(variant.stage1().scores, dims, (&q, &k, &v), b, h);
             for i in 0..dims.t_q {
                 let (_, row) = head.row(variant, i, false)?;
                 let mut o = head.output(row.w());
-                if variant.stage1.output_norm == OutputNorm::LayerNorm {
+                if variant.stage1().output_norm == OutputNorm::LayerNorm {
                     o = layer_norm(&o).0;
                 }
                 for (c, x) in o.into_iter().enumerate() {
@@ -316,7 +316,7 @@ pub fn weights<'a, F: Real>(
     let mut out = Array4::<F>::zeros((dims.b, dims.h, dims.t_q, dims.t));
     for b in 0..dims.b {
         for h in 0..dims.h {
-            let head = Head::new(variant.stage1.scores, dims, (&q, &k, &k), b, h);
+            let head = Head::new(variant.stage1().scores, dims, (&q, &k, &k), b, h);
             for i in 0..dims.t_q {
                 let (_, row) = head.row(variant, i, false)?;
                 for (j, &w) in row.w().iter().enumerate() {
@@ -349,7 +349,7 @@ pub fn backward<'a, F: Real>(
         dk: Array4::<F>::zeros((nb, h_kv, t, d)),
         dv: Array4::<F>::zeros((nb, h_kv, t, dv)),
     };
-    let stage1 = &variant.stage1;
+    let stage1 = &variant.stage1();
     for b in 0..nb {
         // Per key head: dL/dk (after the L2 Jacobian, which is linear, so the group's heads add) and dL/dv.
         let mut dk_acc = vec![vec![0.0; t * d]; h_kv];

@@ -78,8 +78,8 @@ pub fn check_activation_arc(activation: Arc<dyn Activation>) {
     check_derivative(&*activation, &name);
     check_extremes(&*activation, &name);
     check_rows(&activation, &name);
-    let base = Variant { stage1: Stage1::new(activation), reweight: None };
-    for variant in [base.clone(), Variant { reweight: Some(3), ..base }] {
+    let base = Variant::new(Stage1::new(activation), None).expect("no power to check");
+    for variant in [base.clone(), base.with_reweight(3).expect("3 is a valid power")] {
         check_causality(&variant, [1, 2, 7, 4], 11);
         for seed in 0..2 {
             let (q, k, v) = random_qkv::<f64>([1, 2, 5, 4], 100 + seed);

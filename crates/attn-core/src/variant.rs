@@ -97,18 +97,27 @@ impl Stage1 {
 /// An attention variant: stage 1 plus optional re-weighting with power `p` (SPEC sections 2-4).
 ///
 /// Parse one from its name (`"lssa+rw15".parse::<Variant>()`), build one from parts with
-/// [`Variant::builder`], or assemble the public fields. `Display` prints the name back; a stage 1
+/// [`Variant::builder`] or [`Variant::new`]; read it through [`Variant::stage1`] and
+/// [`Variant::reweight`]. `Display` prints the name back; a stage 1
 /// that is no preset prints as `custom(...)`, which does not parse.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Variant {
-    /// Stage 1.
-    pub stage1: Stage1,
-    /// Re-weighting power `p` of stage 2 (`None`: no re-weighting). Checked to be in
-    /// `1..=MAX_REWEIGHT_POWER` by every entry point.
-    pub reweight: Option<u32>,
+    stage1: Stage1,
+    reweight: Option<u32>,
 }
 
 impl Variant {
+    /// Stage 1: the positivity map and the scores, scale, bias, normaliser, transform and output
+    /// norm around it.
+    pub fn stage1(&self) -> &Stage1 {
+        &self.stage1
+    }
+
+    /// Re-weighting power `p` of stage 2 (`None`: no re-weighting), in `1..=MAX_REWEIGHT_POWER`.
+    pub fn reweight(&self) -> Option<u32> {
+        self.reweight
+    }
+
     /// A variant from a stage 1 and an optional re-weighting power (checked).
     pub fn new(stage1: Stage1, reweight: Option<u32>) -> Result<Self> {
         let v = Variant { stage1, reweight };

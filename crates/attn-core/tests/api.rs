@@ -3,11 +3,12 @@
 
 use std::sync::Arc;
 
+use attn_core::activation::{Exp, builtin_activations};
 use attn_core::fixtures::{random_array, random_qkv};
-use attn_core::{
-    Activation, Error, Exp, Norm, STAGE1_NAMES, Stage1, Variant, backward, builtin_activations, erf, erfc, forward,
-    ntk_rope_base, rope_apply, rope_inv_freq, weights,
-};
+use attn_core::math::{erf, erfc};
+use attn_core::rope::{ntk_rope_base, rope_apply, rope_inv_freq};
+use attn_core::variant::STAGE1_NAMES;
+use attn_core::{Activation, Error, Norm, Stage1, Variant, backward, forward, weights};
 use ndarray::{Array4, s};
 
 // ---------------------------------------------------------------- names
@@ -41,9 +42,9 @@ fn every_name_round_trips_through_display_and_from_str() {
 #[test]
 fn presets_are_the_spec_definitions() {
     let v: Variant = "lssa+rw15".parse().unwrap();
-    assert_eq!(v.reweight, Some(15));
+    assert_eq!(v.reweight(), Some(15));
     assert_eq!(v.activation().name(), "softplus");
-    assert_eq!(v.stage1.scores, attn_core::Scores::Cosine);
+    assert_eq!(v.stage1().scores, attn_core::Scores::Cosine);
     assert!(v.rows_sum_to_one() && v.is_streamable() && !v.needs_running_max());
     let softmax: Variant = "softmax".parse().unwrap();
     assert!(softmax.needs_running_max() && softmax.is_streamable());
@@ -134,7 +135,7 @@ fn builder_takes_a_user_activation() {
     let (q, k, x) = random_qkv::<f64>([1, 1, 5, 3], 2);
     assert!(forward(&v, &q, &k, &x).unwrap().iter().all(|y| y.is_finite()));
     // Stage1 built by hand equals the preset.
-    let by_hand = Variant { stage1: Stage1::new(Arc::new(Exp)), reweight: None };
+    let by_hand = Variant::new(Stage1::new(Arc::new(Exp)), None).unwrap();
     assert_eq!(by_hand.to_string(), "softmax");
     assert!(Variant::builder().reweight(0).build().is_err());
     assert!(Variant::builder().preset("nope").is_err());
@@ -183,9 +184,8 @@ fn bad_inputs_are_typed_errors_naming_argument_and_sizes() {
     let err = forward(&softmax, &q, &k, &Array4::<f64>::zeros((1, 2, 4, 0))).unwrap_err();
     assert!(matches!(&err, Error::EmptyAxis { arg: "v", .. }), "{err:?}");
 
-    let p0 = Variant { reweight: Some(0), ..softmax.clone() };
-    assert!(matches!(forward(&p0, &q, &k, &v), Err(Error::InvalidPower { p: 0, .. })));
-    assert!(matches!(backward(&p0, &q, &k, &v, &v), Err(Error::InvalidPower { p: 0, .. })));
+    // A power out of range cannot be built, so no entry point sees one.
+    assert!(matches!(Variant::new(softmax.stage1().clone(), Some(0)), Err(Error::InvalidPower { p: 0, .. })));
     assert!(softmax.clone().with_reweight(0).is_err());
     assert!(softmax.clone().with_reweight(1025).is_err());
 
@@ -210,13 +210,14 @@ fn bad_inputs_are_typed_errors_naming_argument_and_sizes() {
     assert!(matches!(forward(&softmax, &qf, &qf, &qf), Err(Error::NonFinite { arg: "q", .. })));
 
     // The same checks, public for kernels.
-    let err = attn_core::check_inputs(&softmax, &q.view(), &k.view(), &v.view(), Some(&other.view())).unwrap_err();
+    let err =
+        attn_core::reference::check_inputs(&softmax, &q.view(), &k.view(), &v.view(), Some(&other.view())).unwrap_err();
     assert!(matches!(&err, Error::ShapeMismatch { arg: "d_out", .. }), "{err:?}");
-    assert!(attn_core::check_inputs(&softmax, &q.view(), &k.view(), &v.view(), None).is_ok());
+    assert!(attn_core::reference::check_inputs(&softmax, &q.view(), &k.view(), &v.view(), None).is_ok());
     // The kernels' checks take whole sequences with a key head per query head; the cached ones more.
-    let err = attn_core::check_inputs(&softmax, &q.view(), &other.view(), &other.view(), None).unwrap_err();
+    let err = attn_core::reference::check_inputs(&softmax, &q.view(), &other.view(), &other.view(), None).unwrap_err();
     assert!(matches!(&err, Error::ShapeMismatch { arg: "k", .. }), "{err:?}");
-    assert!(attn_core::check_inputs_cached(&softmax, &q.view(), &other.view(), &other.view(), None).is_ok());
+    assert!(attn_core::reference::check_inputs_cached(&softmax, &q.view(), &other.view(), &other.view(), None).is_ok());
 
     // B = 0 or H = 0 is not an error: empty output.
     let none = Array4::<f64>::zeros((0, 2, 4, 3));
@@ -317,7 +318,7 @@ mod kit {
         for act in builtin_activations() {
             check_activation_arc(act);
         }
-        check_activation(&attn_core::Softplus);
+        check_activation(&attn_core::activation::Softplus);
     }
 
     #[test]
@@ -334,10 +335,10 @@ mod kit {
             "wrong"
         }
         fn value(&self, x: f64) -> f64 {
-            attn_core::softplus(x)
+            attn_core::math::softplus(x)
         }
         fn derivative(&self, x: f64) -> f64 {
-            1.01 * attn_core::sigmoid(x)
+            1.01 * attn_core::math::sigmoid(x)
         }
         fn is_non_negative(&self) -> bool {
             true

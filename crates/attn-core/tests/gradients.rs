@@ -20,7 +20,7 @@ fn all_variants() -> Vec<Variant> {
     let mut all = Vec::new();
     for v in base {
         for p in [None, Some(1), Some(3), Some(15)] {
-            all.push(Variant { reweight: p, ..v.clone() });
+            all.push(Variant::new(v.stage1().clone(), p).unwrap());
         }
     }
     all

@@ -3,7 +3,9 @@
 //! T = 16384 in f32.
 
 use attn_core::fixtures::{Adversarial, adversarial_qkv, random_array, random_qkv};
-use attn_core::{Bias, Scale, Stage1, Variant, forward, reweight_offset, reweight_row, softplus, weights};
+use attn_core::math::softplus;
+use attn_core::stage::{reweight_offset, reweight_row};
+use attn_core::{Bias, Scale, Stage1, Variant, forward, weights};
 use ndarray::{Array4, s};
 use proptest::prelude::*;
 
@@ -13,7 +15,7 @@ fn presets_with_rw() -> Vec<Variant> {
     for v in Variant::all_presets() {
         let v = v.with_train_len(1024);
         for p in [None, Some(1), Some(3), Some(15)] {
-            out.push(Variant { reweight: p, ..v.clone() });
+            out.push(Variant::new(v.stage1().clone(), p).unwrap());
         }
     }
     out
@@ -51,9 +53,8 @@ proptest! {
     #[test]
     fn lssa_row_one_has_weight_one(seed in 0u64..1000, d in 1usize..9, factor in prop::option::of(-5.0..5.0f64), p in prop::option::of(1u32..40)) {
         let (q, k, _) = random_qkv::<f64>([1, 1, 4, d], seed);
-        let mut variant: Variant = "lssa".parse().unwrap();
-        variant.stage1.scale = Scale::LssaLog { d_factor: factor };
-        variant.reweight = p;
+        let lssa: Variant = "lssa".parse().unwrap();
+        let variant = Variant::new(Stage1 { scale: Scale::LssaLog { d_factor: factor }, ..lssa.stage1().clone() }, p).unwrap();
         let w = weights(&variant, &q, &k).unwrap();
         prop_assert_eq!(w[[0, 0, 0, 0]], 1.0);
     }
@@ -272,8 +273,7 @@ fn relu_seqlen_weights_shrink_with_the_window_and_relu_rowlen_weights_do_not() {
 fn relu_ln_output_rows_are_layer_normalised() {
     let (q, k, v) = random_qkv::<f64>([1, 2, 6, 8], 22);
     let ln: Variant = "relu-ln".parse().unwrap();
-    let plain =
-        Variant { stage1: Stage1 { output_norm: attn_core::OutputNorm::None, ..ln.stage1.clone() }, reweight: None };
+    let plain = Variant::new(Stage1 { output_norm: attn_core::OutputNorm::None, ..ln.stage1().clone() }, None).unwrap();
     let y = forward(&ln, &q, &k, &v).unwrap();
     let o = forward(&plain, &q, &k, &v).unwrap();
     for (yr, or) in y.rows().into_iter().zip(o.rows()) {
@@ -342,10 +342,10 @@ fn lssar_long_sequence_with_one_dominant_key_is_finite_in_f32() {
                 let dot =
                     |a: [f32; 2], b: [f32; 2]| f64::from(a[0]) * f64::from(b[0]) + f64::from(a[1]) * f64::from(b[1]);
                 let cos = dot(qv, kv) / (dot(qv, qv).sqrt() * dot(kv, kv).sqrt());
-                variant.stage1.scale.value(t, 2) * cos
+                variant.stage1().scale.value(t, 2) * cos
             })
             .collect();
-        variant.stage1.weights_from_scores(&s_row)
+        variant.stage1().weights_from_scores(&s_row)
     };
     let u0 = t as f64 * a_last[0] - 1.0;
     assert!(u0.powi(15) > f64::from(f32::MAX), "test input is not adversarial enough: u0 = {u0}");

@@ -49,24 +49,24 @@ fn max_abs(x: &Array4<f64>) -> f64 {
 /// `phi` evaluated the way a naive f32 implementation would: with f32 libm (`exp`, `ln_1p`) for the
 /// transcendental built-ins, the f64 definition rounded for the rest (exact or polynomial anyway).
 fn phi_f32(v: &Variant, x: f32) -> f32 {
-    match v.stage1.activation.name() {
+    match v.stage1().activation.name() {
         "exp" => x.exp(),
         "softplus" => x.max(0.0) + (-x.abs()).exp().ln_1p(),
         "sigmoid" => 1.0 / (1.0 + (-x).exp()),
-        _ => v.stage1.activation.value(x as f64) as f32,
+        _ => v.stage1().activation.value(x as f64) as f32,
     }
 }
 
 /// `phi'` as [`phi_f32`].
 fn dphi_f32(v: &Variant, x: f32) -> f32 {
-    match v.stage1.activation.name() {
+    match v.stage1().activation.name() {
         "exp" => x.exp(),
         "softplus" => 1.0 / (1.0 + (-x).exp()),
         "sigmoid" => {
             let s = 1.0 / (1.0 + (-x).exp());
             s * (1.0 - s)
         }
-        _ => v.stage1.activation.derivative(x as f64) as f32,
+        _ => v.stage1().activation.derivative(x as f64) as f32,
     }
 }
 
@@ -74,7 +74,7 @@ fn dphi_f32(v: &Variant, x: f32) -> f32 {
 /// rounded), f32 sums. The yardstick for "framework noise".
 fn naive_f32(v: &Variant, q: &Array4<f32>, k: &Array4<f32>, val: &Array4<f32>) -> Array4<f32> {
     let (b, h, t, d) = q.dim();
-    let s1 = &v.stage1;
+    let s1 = &v.stage1();
     let mut out = Array4::<f32>::zeros((b, h, t, d));
     let norm = |x: ndarray::ArrayView1<'_, f32>| -> f32 {
         if s1.scores == attn_core::Scores::Cosine { 1.0 / x.dot(&x).sqrt().max(1e-12) } else { 1.0 }
@@ -105,8 +105,8 @@ fn naive_f32(v: &Variant, q: &Array4<f32>, k: &Array4<f32>, val: &Array4<f32>) -
                     attn_core::Norm::DivN => f.iter().map(|&x| x / n as f32).collect(),
                     attn_core::Norm::DivLen => f.iter().map(|&x| x / t as f32).collect(),
                 };
-                if let Some(p) = v.reweight {
-                    let off = attn_core::reweight_offset(n) as f32;
+                if let Some(p) = v.reweight() {
+                    let off = attn_core::stage::reweight_offset(n) as f32;
                     let u: Vec<f32> = a.iter().map(|&x| (n as f32 * x - off).max(0.0)).collect();
                     let m = u.iter().fold(0.0f32, |a, &b| a.max(b));
                     if m > 0.0 {
@@ -146,7 +146,7 @@ fn naive_f32_backward(
 ) -> [Array4<f32>; 3] {
     use attn_core::{Norm, OutputNorm, Scores};
     let (b, h, t, d) = q.dim();
-    let s1 = &v.stage1;
+    let s1 = &v.stage1();
     let (mut dq, mut dk, mut dv) = (Array4::zeros(q.dim()), Array4::zeros(q.dim()), Array4::zeros(q.dim()));
     for bi in 0..b {
         for hi in 0..h {
@@ -178,10 +178,10 @@ fn naive_f32_backward(
                     Norm::DivLen => f.iter().map(|&x| x / t as f32).collect(),
                 };
                 // Stage 2.
-                let off = attn_core::reweight_offset(n) as f32;
+                let off = attn_core::stage::reweight_offset(n) as f32;
                 let u: Vec<f32> = a.iter().map(|&x| (n as f32 * x - off).max(0.0)).collect();
                 let m = u.iter().fold(0.0f32, |a, &b| a.max(b));
-                let rw = v.reweight.filter(|_| m > 0.0);
+                let rw = v.reweight().filter(|_| m > 0.0);
                 let (w, wsum) = match rw {
                     Some(p) => {
                         let r: Vec<f32> = u.iter().map(|&x| (x / m).powi(p as i32)).collect();
@@ -311,7 +311,7 @@ fn l1_conditioning_tolerance(
     g: &Array4<f32>,
     o: &Array4<f64>,
 ) -> [f64; 2] {
-    if v.stage1.norm != attn_core::Norm::L1 || v.stage1.scores == attn_core::Scores::Cosine {
+    if v.stage1().norm != attn_core::Norm::L1 || v.stage1().scores == attn_core::Scores::Cosine {
         return [0.0, 0.0];
     }
     let sh = q.shape();
@@ -328,7 +328,7 @@ fn l1_conditioning_tolerance(
                 let n = i + 1;
                 let qi = row(q, b, h, i);
                 let scores: Vec<f64> = (0..n)
-                    .map(|j| v.stage1.score(qi.iter().zip(row(k, b, h, j)).map(|(a, c)| a * c).sum(), n, d).unwrap())
+                    .map(|j| v.stage1().score(qi.iter().zip(row(k, b, h, j)).map(|(a, c)| a * c).sum(), n, d).unwrap())
                     .collect();
                 let shift =
                     if v.needs_running_max() { scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max) } else { 0.0 };
@@ -337,7 +337,7 @@ fn l1_conditioning_tolerance(
                     continue; // a zero-sum row has zero gradient by definition ([choice] of attn-core)
                 }
                 let o_norm = (0..d).map(|c| o[[b, h, i, c]].powi(2)).sum::<f64>().sqrt();
-                let c_i = v.stage1.scale.value(n, d).abs() * norm(&row(g, b, h, i)) * o_norm / z;
+                let c_i = v.stage1().scale.value(n, d).abs() * norm(&row(g, b, h, i)) * o_norm / z;
                 let mut w = vec![0.0f64; d];
                 for (j, &s) in scores.iter().enumerate() {
                     let dphi = v.activation().derivative(s - shift);
@@ -365,7 +365,7 @@ fn check_case(name: &str, shape: (usize, usize, usize, usize), seed: u64, qk_sca
     let got = cpu::forward_with(&v, &q, &k, &val, opts).unwrap();
     let naive_err = max_abs_diff(&naive_f32(&v, &q, &k, &val), &want);
     let err = max_abs_diff(&got, &want);
-    let tol = forward_tolerance(naive_err, &want, v.reweight);
+    let tol = forward_tolerance(naive_err, &want, v.reweight());
     assert!(
         err <= tol,
         "{name} {shape:?} seed {seed} scale {qk_scale} {:?}: forward error {err:.3e} > {tol:.3e} (naive f32 {naive_err:.3e})",
@@ -390,7 +390,7 @@ fn check_case(name: &str, shape: (usize, usize, usize, usize), seed: u64, qk_sca
             "dk" => conditioning[1],
             _ => 0.0, // dv has no 1/Z_i amplification
         };
-        let tol = backward_tolerance(naive_err, b, v.reweight) + extra;
+        let tol = backward_tolerance(naive_err, b, v.reweight()) + extra;
         assert!(
             err <= tol,
             "{name} {shape:?} seed {seed} scale {qk_scale} {:?}: {what} error {err:.3e} > {tol:.3e} (naive f32 {naive_err:.3e})",
@@ -449,7 +449,7 @@ fn key_groups_without_an_above_mean_key_are_skipped_correctly() {
     let v = variant("relu-l1+rw15");
     let want = attn_core::forward(&v, &to64(&q), &to64(&k), &to64(&val)).unwrap();
     let naive_err = max_abs_diff(&naive_f32(&v, &q, &k, &val), &want);
-    let tol = forward_tolerance(naive_err, &want, v.reweight);
+    let tol = forward_tolerance(naive_err, &want, v.reweight());
     for isa in Isa::all_supported() {
         for bytes in [0, usize::MAX] {
             let opts = Options { tuning: Tuning { score_cache_bytes: bytes, ..small_tiles(isa).tuning }, isa };

@@ -79,7 +79,7 @@ fn grouped_query_attention_equals_repeated_key_heads_with_summed_gradients() {
         let want = attn_core::forward(&v, &to64(&c.q), &to64(&c.k), &to64(&c.v)).unwrap();
         let whole = cpu::forward(&v, &c.q, &kr, &vr).unwrap();
         let got = cpu::forward(&v, &c.q, &c.k, &c.v).unwrap();
-        let tol = bound(max_abs_diff(&whole, &want), &want, v.reweight);
+        let tol = bound(max_abs_diff(&whole, &want), &want, v.reweight());
         let err = max_abs_diff(&got, &want);
         assert!(err <= tol, "{name}: grouped forward error {err:.3e} > {tol:.3e}");
 
@@ -93,7 +93,7 @@ fn grouped_query_attention_equals_repeated_key_heads_with_summed_gradients() {
             ("dk", &got.dk, sum_groups(&whole.dk, c.group), &want.dk),
             ("dv", &got.dv, sum_groups(&whole.dv, c.group), &want.dv),
         ] {
-            let tol = bound(max_abs_diff(&whole, want), want, v.reweight);
+            let tol = bound(max_abs_diff(&whole, want), want, v.reweight());
             let err = max_abs_diff(got, want);
             assert!(err <= tol, "{name}: grouped {what} error {err:.3e} > {tol:.3e}");
         }
@@ -113,8 +113,8 @@ fn decoding_row_by_row_and_chunked_prefill_equal_the_whole_forward() {
         let v = variant(name);
         let whole = cpu::forward(&v, &c.q, &c.k, &c.v).unwrap();
         let want = attn_core::forward(&v, &to64(&c.q), &to64(&c.k), &to64(&c.v)).unwrap();
-        let tol = bound(max_abs_diff(&whole, &want), &want, v.reweight);
-        let by_length = v.stage1.norm == attn_core::Norm::DivLen;
+        let tol = bound(max_abs_diff(&whole, &want), &want, v.reweight());
+        let by_length = v.stage1().norm == attn_core::Norm::DivLen;
         // The calls: one row at a time (row r against keys 0..=r), then chunks that start and end
         // inside a tile.
         let steps: Vec<(usize, usize)> = (0..t).map(|r| (r, r + 1)).collect();
@@ -161,7 +161,7 @@ fn the_backward_of_a_continuing_chunk_matches_the_reference() {
             ("dk", &got.dk, &whole.dk, &whole_want.dk, &want.dk),
             ("dv", &got.dv, &whole.dv, &whole_want.dv, &want.dv),
         ] {
-            let tol = bound(max_abs_diff(whole, whole_want), whole_want, v.reweight);
+            let tol = bound(max_abs_diff(whole, whole_want), whole_want, v.reweight());
             let err = max_abs_diff(got, want);
             assert!(err <= tol, "{name}: {what} of rows {a}.. error {err:.3e} > {tol:.3e}");
         }
@@ -197,7 +197,7 @@ fn short_calls_read_the_keys_unpacked_on_every_isa() {
             let v = variant(name);
             let whole = cpu::forward_with(&v, &c.q, &c.k, &c.v, &opts).unwrap();
             let want = attn_core::forward(&v, &to64(&c.q), &to64(&c.k), &to64(&c.v)).unwrap();
-            let tol = bound(max_abs_diff(&whole, &want), &want, v.reweight);
+            let tol = bound(max_abs_diff(&whole, &want), &want, v.reweight());
             for rows in [1, 3, 4, 5] {
                 let q = c.q.slice(s![.., .., 70 - rows.., ..]);
                 let got = cpu::forward_with(&v, q, &c.k, &c.v, &opts).unwrap();
@@ -277,7 +277,7 @@ fn a_decoding_step_split_across_threads_matches_the_reference() {
                     cpu::forward_with(&v, q, &c.k, &c.v, &whole).unwrap(),
                 )
             });
-            let tol = bound(max_abs_diff(&unsplit, &want), &want, v.reweight);
+            let tol = bound(max_abs_diff(&unsplit, &want), &want, v.reweight());
             let err = max_abs_diff(&got, &want);
             assert!(err <= tol, "{name}, {rows} rows: split forward error {err:.3e} > {tol:.3e}");
             differ += usize::from(got != unsplit);
@@ -291,7 +291,7 @@ fn a_decoding_step_split_across_threads_matches_the_reference() {
                 ("dk", &grads.dk, &grads_unsplit.dk, &grads_want.dk),
                 ("dv", &grads.dv, &grads_unsplit.dv, &grads_want.dv),
             ] {
-                let tol = bound(max_abs_diff(unsplit, want), want, v.reweight);
+                let tol = bound(max_abs_diff(unsplit, want), want, v.reweight());
                 let err = max_abs_diff(got, want);
                 assert!(err <= tol, "{name}, {rows} rows: {what} of the split forward, error {err:.3e} > {tol:.3e}");
             }
@@ -314,7 +314,7 @@ fn grouped_query_tiles_of_any_size_match_the_reference() {
         let v = variant(name);
         let want = want_of(&v);
         let whole = cpu::forward(&v, q, &kr, &vr).unwrap();
-        let tol = bound(max_abs_diff(&whole, &want), &want, v.reweight);
+        let tol = bound(max_abs_diff(&whole, &want), &want, v.reweight());
         for (block_q, block_k) in [(5, 7), (2, 9), (64, 64)] {
             let mut opts = cpu::Options::default();
             (opts.tuning.block_q, opts.tuning.block_k) = (block_q, block_k);

@@ -12,7 +12,7 @@ use ptxas::{Usage, table};
 /// Every stage-1 name of attn-core that has a CUDA kernel, plus re-weighted forms.
 fn variants() -> Vec<Variant> {
     let mut out = Vec::new();
-    for name in attn_core::STAGE1_NAMES {
+    for name in attn_core::variant::STAGE1_NAMES {
         // sigmoid-bias needs its training length.
         let v: Variant = if name.starts_with("sigmoid-bias") {
             format!("{name}:t_train=1024").parse().unwrap()

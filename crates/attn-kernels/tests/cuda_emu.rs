@@ -146,7 +146,7 @@ fn every_kernel_version_matches_the_reference() {
 fn every_fused_variant_runs_on_tensor_cores() {
     assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
     let mut names: Vec<String> = Vec::new();
-    for name in attn_core::STAGE1_NAMES {
+    for name in attn_core::variant::STAGE1_NAMES {
         let name = if name.starts_with("sigmoid-bias") { format!("{name}:t_train=64") } else { name.to_string() };
         let v: Variant = name.parse().unwrap();
         if attn_kernels::cuda::Config::new(&v, 64).is_ok() {

@@ -315,12 +315,13 @@ impl Gpt {
     }
 
     /// `cos`, `sin` of the RoPE angles for positions `offset..offset + t`: `(t, hd/2)` each, in the
-    /// model's dtype. Rotate-half pairing, `inv_freq_c = base^(-2c/d)` (as `attn_core::rope_apply`).
+    /// model's dtype. Rotate-half pairing, `inv_freq_c = base^(-2c/d)` (as `attn_core::rope::rope_apply`).
     fn rope_tables(&self, offset: i64, t: i64, opts: &ForwardOptions, device: Device) -> (Tensor, Tensor) {
         let hd = self.cfg.head_dim();
         let s = opts.length_scale.unwrap_or(1.0);
-        let base = if opts.ntk { attn_core::ntk_rope_base(self.cfg.rope_base, hd, s) } else { self.cfg.rope_base };
-        let inv_freq = attn_core::rope_inv_freq(base, hd).expect("head dim validated even");
+        let base =
+            if opts.ntk { attn_core::rope::ntk_rope_base(self.cfg.rope_base, hd, s) } else { self.cfg.rope_base };
+        let inv_freq = attn_core::rope::rope_inv_freq(base, hd).expect("head dim validated even");
         let inv_freq = Tensor::from_slice(&inv_freq).to_device(device); // (hd/2,) f64
         let pos = Tensor::arange_start(offset, offset + t, (Kind::Double, device)); // (t,)
         let angles = pos.unsqueeze(1) * inv_freq.unsqueeze(0); // (t, hd/2), f64 so long positions stay exact

@@ -110,13 +110,13 @@ fn rope_matches_attn_core_and_depends_only_on_relative_position() {
     // failed that way).
     let x = with_seed(1, || Tensor::randn([b as i64, h as i64, t as i64, d as i64], (Kind::Double, Device::Cpu)));
     let base = 10000.0;
-    let inv = attn_core::rope_inv_freq(base, d).unwrap();
+    let inv = attn_core::rope::rope_inv_freq(base, d).unwrap();
     let pos = Tensor::arange(t as i64, (Kind::Double, Device::Cpu));
     let ang = pos.unsqueeze(1) * Tensor::from_slice(&inv).unsqueeze(0);
     let ours = rope(&x, &ang.cos(), &ang.sin());
     let xa: Vec<f64> = Vec::try_from(x.flatten(0, -1)).unwrap();
     let xa = ndarray::Array4::from_shape_vec((b, h, t, d), xa).unwrap();
-    let theirs = attn_core::rope_apply(&xa, base, 0).unwrap();
+    let theirs = attn_core::rope::rope_apply(&xa, base, 0).unwrap();
     let theirs = Tensor::from_slice(theirs.as_slice().unwrap()).view([b as i64, h as i64, t as i64, d as i64]);
     assert!(max_diff(&ours, &theirs) < 1e-12);
     // <R(m) q, R(n) k> depends only on m - n.
@@ -135,8 +135,8 @@ fn rope_matches_attn_core_and_depends_only_on_relative_position() {
     assert!((score(5.0, 2.0) - score(105.0, 102.0)).abs() < 1e-9);
     assert!((score(5.0, 2.0) - score(6.0, 2.0)).abs() > 1e-6, "scores must depend on the offset");
     // NTK: s = 1 leaves the base unchanged; s > 1 follows b s^(d/(d-2)).
-    assert_eq!(attn_core::ntk_rope_base(base, 64, 1.0), base);
-    assert!((attn_core::ntk_rope_base(base, 64, 16.0) - base * 16f64.powf(64.0 / 62.0)).abs() < 1e-6);
+    assert_eq!(attn_core::rope::ntk_rope_base(base, 64, 1.0), base);
+    assert!((attn_core::rope::ntk_rope_base(base, 64, 16.0) - base * 16f64.powf(64.0 / 62.0)).abs() < 1e-6);
 }
 
 /// Values and gradients of `qkv_heads` (the fused node on the CPU) and of `qkv_heads_ops`, for a
@@ -149,7 +149,7 @@ fn rotated_heads(kind: Kind, (b, t, h, hd): (i64, i64, i64, i64), use_: [bool; 3
         let x = Tensor::randn([b, t, 3 * h * hd], opts);
         (x, [0, 1, 2].map(|_| Tensor::randn([b, h, t, hd], opts)))
     });
-    let inv = attn_core::rope_inv_freq(10000.0, hd as usize).unwrap();
+    let inv = attn_core::rope::rope_inv_freq(10000.0, hd as usize).unwrap();
     let ang =
         (Tensor::arange(t, (Kind::Double, Device::Cpu)) + 3.0).unsqueeze(1) * Tensor::from_slice(&inv).unsqueeze(0);
     let (cos, sin) = (ang.cos().to_kind(kind), ang.sin().to_kind(kind));
@@ -195,7 +195,7 @@ fn qkv_heads_fused_equals_the_tensor_ops_in_value_and_gradient() {
 fn qkv_heads_rotates_q_and_k_by_rope_and_copies_v() {
     let (b, t, h, hd) = (2i64, 6i64, 2i64, 8i64);
     let x = with_seed(9, || Tensor::randn([b, t, 3 * h * hd], (Kind::Double, Device::Cpu)));
-    let inv = attn_core::rope_inv_freq(500.0, hd as usize).unwrap();
+    let inv = attn_core::rope::rope_inv_freq(500.0, hd as usize).unwrap();
     let ang = Tensor::arange(t, (Kind::Double, Device::Cpu)).unsqueeze(1) * Tensor::from_slice(&inv).unsqueeze(0);
     let (q, k, v) = qkv_heads(&x, &ang.cos(), &ang.sin(), h).unwrap();
     // attn-core's rotation, on the heads cut out of the projection by hand.
@@ -203,7 +203,7 @@ fn qkv_heads_rotates_q_and_k_by_rope_and_copies_v() {
     for (j, got) in [(0, &q), (1, &k)] {
         let xa: Vec<f64> = Vec::try_from(head(j).flatten(0, -1)).unwrap();
         let xa = ndarray::Array4::from_shape_vec((b as usize, h as usize, t as usize, hd as usize), xa).unwrap();
-        let want = attn_core::rope_apply(&xa, 500.0, 0).unwrap();
+        let want = attn_core::rope::rope_apply(&xa, 500.0, 0).unwrap();
         let want = Tensor::from_slice(want.as_slice().unwrap()).view([b, h, t, hd]);
         assert!(max_diff(got, &want) < 1e-12, "part {j}");
     }

@@ -248,7 +248,7 @@ fn outputs_do_not_depend_on_future_keys_or_values() {
     }
     // Every stage-1 variant through the generic path the model trains with (sign-changing and
     // unnormalised ones included: a leak there would show up as a suspiciously low loss).
-    for name in attn_core::STAGE1_NAMES {
+    for name in attn_core::variant::STAGE1_NAMES {
         let variant = name.parse::<attn_core::Variant>().unwrap().with_train_len(16);
         let a = torch_ops::attention(&q, &k, &v, &variant, 0).unwrap().narrow(2, 0, keep);
         let b = torch_ops::attention(&q, &k2, &v2, &variant, 0).unwrap().narrow(2, 0, keep);
@@ -323,7 +323,7 @@ fn mismatched_shapes_are_rejected_up_front() {
 
 /// Every stage-1 name of SPEC section 4, plus the re-weighted rows of Table 4 and Figure 2.
 fn every_variant() -> Vec<Variant> {
-    let mut names: Vec<String> = attn_core::STAGE1_NAMES
+    let mut names: Vec<String> = attn_core::variant::STAGE1_NAMES
         .iter()
         .map(|n| if *n == "sigmoid-bias" { "sigmoid-bias:t_train=8".to_string() } else { n.to_string() })
         .collect();

@@ -228,7 +228,7 @@ fn check_stream(stream: usize) -> PyResult<()> {
 /// (re-weighting, 1 <= p <= 1024) and some take parameters: see `GRAMMAR`.
 #[pyfunction]
 fn variants() -> Vec<&'static str> {
-    attn_core::STAGE1_NAMES.to_vec()
+    attn_core::variant::STAGE1_NAMES.to_vec()
 }
 
 /// The variant's canonical name (attn-core's `Display`: `"lssa+rw15"` stays `"lssa+rw15"`); a
@@ -244,7 +244,7 @@ fn canonical(name: &str) -> PyResult<String> {
 #[pyfunction]
 fn describe<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
     let v = parse(name)?;
-    let s = &v.stage1;
+    let s = &v.stage1();
     let d = PyDict::new(py);
     d.set_item("name", v.to_string())?;
     d.set_item("activation", s.activation.name())?;
@@ -295,7 +295,7 @@ fn describe<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
         },
     )?;
     d.set_item("running_max", s.needs_running_max())?;
-    d.set_item("reweight", v.reweight)?;
+    d.set_item("reweight", v.reweight())?;
     Ok(d)
 }
 
@@ -449,7 +449,7 @@ unsafe fn launch(
     // business; which kernels run is `entry`'s, on `target`.
     let pool = match target {
         Target::Cpu(_) => {
-            if aux != 0 && variant.reweight.is_some() {
+            if aux != 0 && variant.reweight().is_some() {
                 p.rw_aux = aux as *mut f32;
             }
             pool(threads)?
@@ -474,8 +474,8 @@ unsafe fn launch(
 #[pymodule]
 fn _lssa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STATS_PER_ROW", cpu::STATS_PER_ROW)?;
-    m.add("GRAMMAR", attn_core::GRAMMAR)?;
-    m.add("MAX_REWEIGHT_POWER", attn_core::MAX_REWEIGHT_POWER)?;
+    m.add("GRAMMAR", attn_core::variant::GRAMMAR)?;
+    m.add("MAX_REWEIGHT_POWER", attn_core::stage::MAX_REWEIGHT_POWER)?;
     m.add("CUDA_MAX_HEAD_DIM", cuda::MAX_HEAD_DIM)?;
     m.add_function(wrap_pyfunction!(variants, m)?)?;
     m.add_function(wrap_pyfunction!(canonical, m)?)?;

@@ -31,7 +31,7 @@
 //! ## NTK-scaled RoPE
 //!
 //! The project's NTK-scaled evaluation of a whole window of `L = s T_train` tokens uses the base
-//! `b s^(d/(d-2))` ([`attn_core::ntk_rope_base`]). transformers' `dynamic` rope type with `factor = 1`
+//! `b s^(d/(d-2))` ([`attn_core::rope::ntk_rope_base`]). transformers' `dynamic` rope type with `factor = 1`
 //! and `max_position_embeddings = T_train` computes `b (L / T_train)^(d/(d-2))` for a forward of `L`
 //! tokens, the same; set `rope_parameters = {"rope_type": "dynamic", "factor": 1.0, "rope_theta": b}`
 //! on the loaded config to get it. It rebases at every decoding step (the length so far), so greedy

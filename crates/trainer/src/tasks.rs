@@ -263,7 +263,7 @@ impl LogLikelihood for ModelScorer<'_> {
             continuations.iter().map(|c| self.sequence(context, c)).collect::<Result<_>>()?;
         // Causal attention: padding after a sequence never reaches its positions, except under a
         // normaliser that divides by the whole window's length.
-        let pad_ok = self.model.variant().stage1.norm != attn_core::Norm::DivLen;
+        let pad_ok = self.model.variant().stage1().norm != attn_core::Norm::DivLen;
         let mut groups: Vec<Vec<usize>> = Vec::new();
         for (i, (seq, _)) in seqs.iter().enumerate() {
             match groups.iter_mut().find(|g| pad_ok || seqs[g[0]].0.len() == seq.len()) {

@@ -146,7 +146,7 @@ fn compile_ahead(jobs: &[(Variant, usize, Dtype, Kernel)], threads: usize) {
 pub(crate) fn check(args: &Args, rows: &mut Vec<Value>, progress: &mut dyn FnMut(&[Value])) -> Result<bool> {
     let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
     let mut all: Vec<(Variant, usize, usize, Dtype)> = Vec::new();
-    for name in attn_core::STAGE1_NAMES {
+    for name in attn_core::variant::STAGE1_NAMES {
         // sigmoid-bias needs its training length.
         let v: Variant =
             if name.starts_with("sigmoid-bias") { format!("{name}:t_train=64").parse()? } else { name.parse()? };

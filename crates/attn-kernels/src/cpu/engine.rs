@@ -428,7 +428,7 @@ pub(super) fn anorm(norm: Norm, z: f64, n: usize, t: usize) -> f32 {
 
 #[inline(always)]
 pub(super) fn offset(n: usize) -> f32 {
-    attn_core::reweight_offset(n) as f32
+    attn_core::stage::reweight_offset(n) as f32
 }
 
 crate::multiversion! {

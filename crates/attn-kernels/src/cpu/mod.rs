@@ -641,7 +641,7 @@ fn check(
     v: &ArrayView4<'_, f32>,
     d_out: Option<&ArrayView4<'_, f32>>,
 ) -> Result<()> {
-    attn_core::check_inputs_cached(variant, q, k, v, d_out)?;
+    attn_core::reference::check_inputs_cached(variant, q, k, v, d_out)?;
     if v.shape()[3] != q.shape()[3] {
         return Err(Error::NotFused {
             variant: variant.to_string(),
@@ -761,7 +761,7 @@ pub fn backward_with<'a>(
     check(variant, &q, &k, &v, Some(&g))?;
     let (q, k, v, g) = (rows_contiguous(q), rows_contiguous(k), rows_contiguous(v), rows_contiguous(g));
     let (q, k, v, g) = (q.view(), k.view(), v.view(), g.view());
-    let keep_aux = variant.reweight.is_some() && opts.tuning.reweight_helper;
+    let keep_aux = variant.reweight().is_some() && opts.tuning.reweight_helper;
     let (mut o, mut stats, mut aux) = forward_stats(variant, &q, &k, &v, opts, keep_aux)?;
     let (sh, kv) = (q.shape(), k.shape());
     let (mut dq, mut dk, mut dv) = (

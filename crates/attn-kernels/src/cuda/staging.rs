@@ -47,7 +47,7 @@ pub(super) fn checked(
     v: &ArrayView4<'_, f32>,
     d_out: Option<&ArrayView4<'_, f32>>,
 ) -> Result<Config> {
-    attn_core::check_inputs_cached(variant, q, k, v, d_out)?;
+    attn_core::reference::check_inputs_cached(variant, q, k, v, d_out)?;
     if v.shape()[3] != q.shape()[3] {
         return Err(not_fused(variant, "the fused kernels need v to have the head dimension of q and k"));
     }

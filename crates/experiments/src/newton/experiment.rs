@@ -266,9 +266,12 @@ impl OrbitModel {
         let mut h = self.inp.forward(x);
         let d = h.size()[2];
         let hd = d / self.n_head;
-        let base =
-            if length_scale > 1.0 { attn_core::ntk_rope_base(ROPE_BASE, hd as usize, length_scale) } else { ROPE_BASE };
-        let inv_freq = Tensor::from_slice(&attn_core::rope_inv_freq(base, hd as usize)?).to_device(x.device());
+        let base = if length_scale > 1.0 {
+            attn_core::rope::ntk_rope_base(ROPE_BASE, hd as usize, length_scale)
+        } else {
+            ROPE_BASE
+        };
+        let inv_freq = Tensor::from_slice(&attn_core::rope::rope_inv_freq(base, hd as usize)?).to_device(x.device());
         let angles = Tensor::arange(t, (Kind::Double, x.device())).unsqueeze(1) * inv_freq.unsqueeze(0);
         let (cos, sin) = (angles.cos().to_kind(h.kind()), angles.sin().to_kind(h.kind()));
         for (ln1, qkv, proj, ln2, fc, fc2) in &self.blocks {

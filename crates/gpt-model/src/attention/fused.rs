@@ -153,8 +153,8 @@ fn registry() -> &'static Mutex<Vec<Variant>> {
 fn intern(variant: &Variant) -> u32 {
     let same = |v: &Variant| {
         v == variant
-            && (variant.stage1.activation.builtin().is_some()
-                || Arc::ptr_eq(&v.stage1.activation, &variant.stage1.activation))
+            && (variant.stage1().activation.builtin().is_some()
+                || Arc::ptr_eq(&v.stage1().activation, &variant.stage1().activation))
     };
     let mut r = registry().lock().unwrap_or_else(|e| e.into_inner());
     let i = match r.iter().position(same) {
@@ -310,7 +310,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, variant: &Variant) -> Resul
 
     // A re-weighted CPU forward that autograd will differentiate keeps the helper that spares the
     // backward its E_i sweep: d + 1 more floats per row, in the same buffer as the statistics.
-    let aux = dtype.is_none() && variant.reweight.is_some() && [q, k, v].iter().any(|x| x.requires_grad());
+    let aux = dtype.is_none() && variant.reweight().is_some() && [q, k, v].iter().any(|x| x.requires_grad());
     let per_row = cpu::STATS_PER_ROW + if aux { cpu::rw_aux_per_row(qs[3] as usize) } else { 0 };
     let handle = VariantHandle::new(variant, dtype, aux);
     let mut out: *mut c_void = std::ptr::null_mut();

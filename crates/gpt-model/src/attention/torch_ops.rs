@@ -338,7 +338,7 @@ fn weights_in(
 /// Stage 2 with the row counts `n` `(T_q, 1)` given explicitly (rows need not start at 1).
 fn reweight_rows(a: &Tensor, p: u32, n: &Tensor) -> Tensor {
     let kind = a.kind();
-    let off = n.gt(OFFSET_FREE_ROWS as f64).to_kind(kind); // (T_q, 1): attn_core::reweight_offset
+    let off = n.gt(OFFSET_FREE_ROWS as f64).to_kind(kind); // (T_q, 1): attn_core::stage::reweight_offset
     let relu_u = (a * n - off).relu(); // (B, H, T_q, T_k)
     let m = relu_u.amax([-1i64], true).detach(); // (B, H, T_q, 1); cancels in w
     let sharpened = m.gt(0.0);
@@ -374,14 +374,14 @@ fn attention_in(
 ) -> Result<Tensor, AttnError> {
     check_offset_shapes(q, k, Some(v), q_offset)?;
     let o = weights_in(q, k, variant, q_offset, seq_len)?.matmul(v); // (B, H, T_q, d)
-    Ok(match variant.stage1.output_norm {
+    Ok(match variant.stage1().output_norm {
         attn_core::OutputNorm::None => o,
         attn_core::OutputNorm::LayerNorm => {
             // Parameter-free layer norm over the head dimension, biased variance (relu-ln).
             let mean = o.mean_dim(&[-1i64][..], true, o.kind());
             let centred = &o - mean;
             let var = centred.square().mean_dim(&[-1i64][..], true, o.kind());
-            centred / (var + attn_core::LAYER_NORM_EPS).sqrt()
+            centred / (var + attn_core::stage::LAYER_NORM_EPS).sqrt()
         }
     })
 }
