@@ -234,7 +234,7 @@ impl Head {
     /// [`Norm::DivLen`](crate::Norm::DivLen) divides by).
     fn row(&self, variant: &Variant, i: usize, grad: bool) -> Result<(f64, Row)> {
         let (scale, s) = self.scores(variant, i)?;
-        Ok((scale, row_forward(&variant.stage1(), variant.reweight(), &s, self.t, grad)))
+        Ok((scale, row_forward(variant.stage1(), variant.reweight(), &s, self.t, grad)))
     }
 
     /// `o_i = sum_j w_ij v_j` (before any output norm).
