@@ -1,6 +1,6 @@
 //! Fused CPU attention: the public entry points (ndarray and raw pointers), input checks, the
-//! rayon work split; the streaming maths is in [`engine`](self) (its backward in `grad`) and the
-//! vector code in `tile`, `act` and `math`.
+//! rayon work split (the backward's in `bwd`); the streaming maths is in [`engine`](self) (its
+//! backward in `grad`) and the vector code in `tile`, `act` and `math`.
 //!
 //! Thread count: the kernels run on the caller's rayon pool (`pool.install(|| forward(..))`);
 //! they spawn no threads of their own. Scratch: per task, a few tiles (`O(block · d)`), and for
@@ -10,6 +10,7 @@
 //! `T x d` `dq` partial per (head, key chunk). Nothing is `T x T`.
 
 pub(crate) mod act;
+mod bwd;
 pub(crate) mod decode;
 pub(crate) mod engine;
 pub(crate) mod fwd;
@@ -32,10 +33,10 @@ use rayon::prelude::*;
 
 use attn_core::{OutputNorm, Plan, Transform, Variant};
 
+use bwd::backward_f32;
 pub use engine::Tuning;
 use engine::{Dims, Head, STATS};
 use fwd::{FwdScratch, Query};
-use grad::{BwdScratch, RowGrad};
 pub use isa::Isa;
 
 use crate::{Dtype, Error, Grads, Params, RawTensor, Result};
@@ -422,203 +423,6 @@ impl<S> PerThread<S> {
 pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Result<()> {
     // SAFETY: forwarded.
     unsafe { backward_f32(variant, &F32Params::new(p)?, opts) }
-}
-
-/// [`backward_raw`] on typed pointers.
-///
-/// # Safety
-/// As [`backward_raw`].
-unsafe fn backward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Result<()> {
-    let plan = plan(variant)?;
-    let mut dims = dims(p, opts.tuning, opts.isa)?;
-    let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
-    let isa = opts.isa.assert_supported();
-    // A short call recomputes the scores exactly as its forward computed them: from `k` unpacked,
-    // with the forward's key norms and activation path.
-    let direct = p.seq_len <= short::DIRECT_MAX_ROWS;
-    // SAFETY: forwarded from our caller.
-    let norms =
-        unsafe { inverse_norms(p, isa, plan.cosine(), if direct { KeyNorms::Short } else { KeyNorms::Packed }) };
-    dims.in_range = !direct && engine::scores_in_range(&plan, &norms, p.kv_len, d);
-    // SAFETY: forwarded.
-    let packed = unsafe { pack(p, dims, !direct, true) };
-    let stats_all = SendPtr(p.stats as *const f32);
-    let nqt = t.div_ceil(dims.bq);
-    let nkt = p.kv_len.div_ceil(dims.bk);
-
-    // The upstream gradient the attention weights see: for relu-ln, back through the layer norm
-    // (dx = (g - mean g - o mean(g o)) / sigma, with o the normalised output), into a contiguous copy.
-    let g_ln: Vec<f32> = if plan.output_norm == OutputNorm::LayerNorm {
-        let mut buf = vec![0.0f32; bh * t * d];
-        let (g, o) = (SendPtr(p.d_out), SendPtr(p.o.as_const()));
-        buf.par_chunks_mut(t * d).enumerate().for_each(|(x, dst)| {
-            // Capture the whole SendPtr (not its raw-pointer field) in the closure.
-            #[allow(clippy::redundant_locals)]
-            let (g, o, stats_all) = (g, o, stats_all);
-            let (b, h) = (x / p.heads, x % p.heads);
-            // SAFETY: forwarded.
-            let ((gs, ldg), (os, ldo)) = unsafe { (head_slice(g.0, b, h, t, d), head_slice(o.0, b, h, t, d)) };
-            // SAFETY: forwarded; stats are (B·H·T, STATS).
-            let st = unsafe { std::slice::from_raw_parts(stats_all.0.add(x * t * STATS), t * STATS) };
-            for i in 0..t {
-                let (gr, or) = (&gs[i * ldg..i * ldg + d], &os[i * ldo..i * ldo + d]);
-                let mean_g = gr.iter().map(|&x| x as f64).sum::<f64>() / d as f64;
-                let mean_go = gr.iter().zip(or).map(|(&a, &b)| a as f64 * b as f64).sum::<f64>() / d as f64;
-                let sigma = st[i * STATS + 1] as f64;
-                for c in 0..d {
-                    dst[i * d + c] = ((gr[c] as f64 - mean_g - or[c] as f64 * mean_go) / sigma) as f32;
-                }
-            }
-        });
-        buf
-    } else {
-        Vec::new()
-    };
-    let g_of = |b: usize, h: usize| -> (&[f32], usize) {
-        if plan.output_norm == OutputNorm::LayerNorm {
-            let x = b * p.heads + h;
-            (&g_ln[x * t * d..(x + 1) * t * d], d)
-        } else {
-            // SAFETY: forwarded.
-            unsafe { head_slice(p.d_out, b, h, t, d) }
-        }
-    };
-
-    // Phase A: D'_i and C_i for every row.
-    let mut rg = vec![RowGrad::default(); bh * t];
-    {
-        let o = SendPtr(p.o.as_const());
-        let aux = SendPtr(p.rw_aux as *const f32);
-        // Query tiles per head (T need not be a multiple of bq): one task per (head, query tile).
-        let rg_ptr = SendPtr(rg.as_mut_ptr());
-        (0..bh * nqt).into_par_iter().for_each_init(
-            || BwdScratch::new(dims),
-            |sc, task| {
-                // Capture the whole SendPtr (not its raw-pointer field) in the closure.
-                #[allow(clippy::redundant_locals)]
-                let (o, stats_all, rg_ptr, aux) = (o, stats_all, rg_ptr, aux);
-                let QueryTask { x, b, h, i0, nq } = QueryTask::new(task, p, dims);
-                // SAFETY: forwarded; rows [i0, i0+nq) of head x of `rg` belong to this task alone.
-                unsafe {
-                    let hd = head(p, &norms, &packed, dims, b, h);
-                    let (os, ldo) = head_slice(o.0, b, h, t, d);
-                    let st = std::slice::from_raw_parts(stats_all.0.add(x * t * STATS), t * STATS);
-                    let rgt = std::slice::from_raw_parts_mut(rg_ptr.0.add(x * t + i0), nq);
-                    let (g, ldg) = g_of(b, h);
-                    let w = rw_aux_per_row(d);
-                    let ax =
-                        (!aux.0.is_null()).then(|| std::slice::from_raw_parts(aux.0.add((x * t + i0) * w), nq * w));
-                    grad::backward_rows(isa, &plan, &hd, g, ldg, os, ldo, st, dims, i0, nq, sc, rgt, ax);
-                }
-            },
-        );
-    }
-
-    // Phase B: key tiles, split into chunks only when there are fewer heads than threads. Each query
-    // head's dk and dv go to the outputs, or with grouped-query attention to one `(B, H, T_k, d)`
-    // buffer each, summed over each key head's group afterwards.
-    let threads = rayon::current_num_threads();
-    let chunks = if bh >= threads { 1 } else { (2 * threads).div_ceil(bh).min(nkt) };
-    let mut partials = vec![0.0f32; bh * chunks * t * d];
-    let tk = p.kv_len;
-    let grouped = p.kv_heads != p.heads;
-    let mut per_head = if grouped { vec![0.0f32; 2 * bh * tk * d] } else { Vec::new() };
-    let (dk_out, dv_out) = if grouped {
-        let (dk, dv) = per_head.split_at_mut(bh * tk * d);
-        let strides = [p.heads * tk * d, tk * d, d];
-        (SendPtr(RawTensor { ptr: dk.as_mut_ptr(), strides }), SendPtr(RawTensor { ptr: dv.as_mut_ptr(), strides }))
-    } else {
-        (SendPtr(p.dk), SendPtr(p.dv))
-    };
-    partials.par_chunks_mut(t * d).enumerate().for_each_init(
-        || BwdScratch::new(dims),
-        |sc, (task, dq_part)| {
-            // Capture the whole SendPtr (not its raw-pointer field) in the closure.
-            #[allow(clippy::redundant_locals)]
-            let (dk_out, dv_out, stats_all) = (dk_out, dv_out, stats_all);
-            let (x, chunk) = (task / chunks, task % chunks);
-            let (b, h) = (x / p.heads, x % p.heads);
-            let kts: Vec<usize> = (chunk..nkt).step_by(chunks).collect();
-            // SAFETY: forwarded; this task alone writes the dk, dv rows of its key tiles.
-            unsafe {
-                let hd = head(p, &norms, &packed, dims, b, h);
-                let st = std::slice::from_raw_parts(stats_all.0.add(x * t * STATS), t * STATS);
-                let (g, ldg) = g_of(b, h);
-                let mut write_kv = |j0: usize, _nk: usize, dk: &[f32], dv: &[f32]| {
-                    write_rows(dk_out.0, b, h, j0, d, dk);
-                    write_rows(dv_out.0, b, h, j0, d, dv);
-                };
-                grad::backward_keys(
-                    isa,
-                    &plan,
-                    &hd,
-                    g,
-                    ldg,
-                    st,
-                    &rg[x * t..(x + 1) * t],
-                    dims,
-                    &kts,
-                    sc,
-                    dq_part,
-                    &mut write_kv,
-                );
-            }
-        },
-    );
-
-    if grouped {
-        // SAFETY: forwarded; `per_head` holds every query head's rows.
-        unsafe { sum_groups(p, &per_head[..bh * tk * d], p.dk) };
-        // SAFETY: as above.
-        unsafe { sum_groups(p, &per_head[bh * tk * d..], p.dv) };
-    }
-
-    // Phase C: dq = sum of the partials, then back through the L2 normalisation.
-    let dq_out = SendPtr(p.dq);
-    partials.par_chunks_mut(chunks * t * d).enumerate().for_each(|(x, parts)| {
-        // Capture the whole SendPtr (not its raw-pointer field) in the closure.
-        #[allow(clippy::redundant_locals)]
-        let dq_out = dq_out;
-        let (b, h) = (x / p.heads, x % p.heads);
-        let (first, rest) = parts.split_at_mut(t * d);
-        for part in rest.chunks_exact(t * d) {
-            first.iter_mut().zip(part).for_each(|(a, &b)| *a += b);
-        }
-        if plan.cosine() {
-            // SAFETY: forwarded.
-            let hd = unsafe { head(p, &norms, &packed, dims, b, h) };
-            for i in 0..t {
-                grad::project(&mut first[i * d..(i + 1) * d], &hd.q[i * hd.ldq..i * hd.ldq + d], hd.inq[i]);
-            }
-        }
-        // SAFETY: forwarded; head x's dq rows belong to this task alone.
-        unsafe { write_rows(dq_out.0, b, h, 0, d, first) };
-    });
-    Ok(())
-}
-
-/// Writes, for every key head, the sum over its group of query heads of `per_head` (contiguous
-/// `(B, H, T_k, d)`) to `out` (`(B, H_kv, T_k, d)`).
-///
-/// # Safety
-/// `out` must be valid for writes of every row, and alias nothing else.
-unsafe fn sum_groups(p: &F32Params, per_head: &[f32], out: RawTensor<*mut f32>) {
-    let (tk, d, group) = (p.kv_len, p.head_dim, p.heads / p.kv_heads);
-    let out = SendPtr(out);
-    (0..p.batch * p.kv_heads).into_par_iter().for_each(|x| {
-        // Capture the whole SendPtr (not its raw-pointer field) in the closure.
-        #[allow(clippy::redundant_locals)]
-        let out = out;
-        let (b, hk) = (x / p.kv_heads, x % p.kv_heads);
-        let first = (b * p.heads + hk * group) * tk * d;
-        let mut sum = per_head[first..first + tk * d].to_vec();
-        for m in 1..group {
-            let h = first + m * tk * d;
-            sum.iter_mut().zip(&per_head[h..h + tk * d]).for_each(|(a, &x)| *a += x);
-        }
-        // SAFETY: forwarded; this task alone writes key head (b, hk).
-        unsafe { write_rows(out.0, b, hk, 0, d, &sum) };
-    });
 }
 
 fn raw<P>(ptr: P, x: &ArrayView4<'_, f32>) -> RawTensor<P> {
