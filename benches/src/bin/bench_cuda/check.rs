@@ -84,7 +84,7 @@ fn naive(
         to_tch(v, dt).set_requires_grad(true),
         to_tch(g, dt),
     );
-    let o = gpt_model::attention::torch_ops::attention(&q, &k, &v, variant, 0)?;
+    let o = gpt_model::attention::torch_ops::attention(&q, &k, &v, &variant.plan()?, 0)?;
     (&o * &g).sum(Kind::Float).backward();
     Ok([from_tch(&o), from_tch(&q.grad()), from_tch(&k.grad()), from_tch(&v.grad())])
 }
@@ -141,11 +141,40 @@ fn compile_ahead(jobs: &[(Variant, usize, Dtype, Kernel)], threads: usize) {
     );
 }
 
+/// One case: the variant, `T`, `d` and the dtype.
+type Case = (Variant, usize, usize, Dtype);
+
 /// Every case against the reference; `progress` gets the rows so far after each case (the caller
 /// saves them, so a run stopped by its time limit keeps what it checked).
 pub(crate) fn check(args: &Args, rows: &mut Vec<Value>, progress: &mut dyn FnMut(&[Value])) -> Result<bool> {
     let mut rng = Rng::new(0x2545_f491_4f6c_dd1d);
-    let mut all: Vec<(Variant, usize, usize, Dtype)> = Vec::new();
+    let all = cases(args)?;
+    let ahead: Vec<(Variant, usize, Dtype, Kernel)> = all
+        .iter()
+        .flat_map(|(v, _, d, dt)| requests(args, *d, *dt).into_iter().map(move |k| (v.clone(), *d, *dt, k)))
+        .collect();
+    if !args.kernels.is_empty() {
+        let names: Vec<&str> = args.kernels.iter().map(|k| k.name()).collect();
+        say!("kernel requests: {} ({} cases)", names.join(", "), all.len());
+    }
+    let mut ok = wgmma_probe(rows);
+    progress(rows);
+    compile_ahead(&ahead, args.compile_threads);
+    say_header();
+    for case in all {
+        ok &= check_case(args, &mut rng, &case, rows)?;
+        progress(rows);
+    }
+    ok &= model_check(rows, &args.kernels)?;
+    progress(rows);
+    Ok(ok)
+}
+
+/// The cases `check` runs: every fused stage-1 activation at T = 77, d = 64 in f32 and bf16, then
+/// LSSA, LSSAR, softmax and their kin at six shapes in every dtype; those of `--only-t` (when given)
+/// that some kernel request runs.
+fn cases(args: &Args) -> Result<Vec<Case>> {
+    let mut all: Vec<Case> = Vec::new();
     for name in attn_core::variant::STAGE1_NAMES {
         // sigmoid-bias needs its training length.
         let v: Variant =
@@ -169,16 +198,14 @@ pub(crate) fn check(args: &Args, rows: &mut Vec<Value>, progress: &mut dyn FnMut
     all.retain(|(_, t, d, dt)| {
         (args.only_t.is_empty() || args.only_t.contains(t)) && !requests(args, *d, *dt).is_empty()
     });
-    let ahead: Vec<(Variant, usize, Dtype, Kernel)> = all
-        .iter()
-        .flat_map(|(v, _, d, dt)| requests(args, *d, *dt).into_iter().map(move |k| (v.clone(), *d, *dt, k)))
-        .collect();
-    if !args.kernels.is_empty() {
-        let names: Vec<&str> = args.kernels.iter().map(|k| k.name()).collect();
-        say!("kernel requests: {} ({} cases)", names.join(", "), all.len());
-    }
+    Ok(all)
+}
+
+/// The warpgroup operand layouts v8 and v9 assume, one product each, before the kernels that use
+/// them: printed, and a row in `rows` when the probe ran; whether every mode came out as assumed
+/// (true when the probe could not run).
+fn wgmma_probe(rows: &mut Vec<Value>) -> bool {
     let mut ok = true;
-    // The warpgroup operand layouts v8 and v9 assume, one product each, before the kernels that use them.
     match cuda::wgmma_probe() {
         Ok(errs) => {
             say!("wgmma layout probe (error relative to the largest entry; assumed layouts must match):");
@@ -193,8 +220,11 @@ pub(crate) fn check(args: &Args, rows: &mut Vec<Value>, progress: &mut dyn FnMut
         }
         Err(e) => say!("wgmma layout probe not run: {e}"),
     }
-    progress(rows);
-    compile_ahead(&ahead, args.compile_threads);
+    ok
+}
+
+/// The header of the table [`check_case`] fills.
+fn say_header() {
     say!(
         "{:<26} {:>4} {:>4} {:>5} {:>6} | {:>9} {:>9} {:>9} {:>9} | {:>9} {:>9} | verdict",
         "variant",
@@ -209,96 +239,89 @@ pub(crate) fn check(args: &Args, rows: &mut Vec<Value>, progress: &mut dyn FnMut
         "naive o",
         "naive dq"
     );
-    for (v, t, d, dt) in all {
-        trace(args.trace, format_args!("{v} T={t} d={d} {dt:?}: inputs and reference"));
-        let shape = (2, 3, t, d);
-        let scale = if v.to_string().starts_with("softmax") || v.to_string().contains("sigmoid") { 1.0 } else { 0.7 };
-        let (q, k, vv, g) = (
-            normals(&mut rng, shape, scale),
-            normals(&mut rng, shape, scale),
-            normals(&mut rng, shape, 1.0),
-            normals(&mut rng, shape, 1.0),
-        );
-        let (q, k, vv, g) = (round_to(&q, dt), round_to(&k, dt), round_to(&vv, dt), round_to(&g, dt));
-        let f64s = |x: &Array4<f32>| x.mapv(|a| a as f64);
-        let (q64, k64, v64, g64) = (f64s(&q), f64s(&k), f64s(&vv), f64s(&g));
-        let o_ref = attn_core::forward(&v, &q64, &k64, &v64)?;
-        let gr = attn_core::backward(&v, &q64, &k64, &v64, &g64)?;
-        // The kernel requests; `cuda::versions` says what each runs on this device and at this d.
-        let kernels = requests(args, d, dt);
-        trace(args.trace, format_args!("naive"));
-        let nv = naive(&v, &q, &k, &vv, &g, dt)?;
-        let n_o = rel_err(&nv[0], &o_ref);
-        let n_dq = rel_err(&nv[1], &gr.dq);
-        let mut ran = Vec::new();
-        for &kern in &kernels {
-            // Labelled by what ran on this device; a request that runs an already checked pair is skipped.
-            let (f, b) = cuda::versions(&v, d, dt, kern)?;
-            if ran.contains(&(f, b)) {
-                continue;
-            }
-            ran.push((f, b));
-            let opts = cuda::Options { dtype: dt, kernel: kern };
-            trace(args.trace, format_args!("forward {kern:?}"));
-            let o = cuda::forward_with(&v, &q, &k, &vv, &opts)?;
-            trace(args.trace, format_args!("backward"));
-            let grads = cuda::backward_with(&v, &q, &k, &vv, &g, &opts)?;
-            let e = [
-                rel_err(&o, &o_ref),
-                rel_err(&grads.dq, &gr.dq),
-                rel_err(&grads.dk, &gr.dk),
-                rel_err(&grads.dv, &gr.dv),
-            ];
-            // f32: far under 1e-3. f16/bf16: at most about 2x the naive error in the same dtype (plus a floor
-            // for rows where the naive error is tiny by luck).
-            let bound = |naive: f64| if dt == Dtype::F32 { 2e-4 } else { (2.5 * naive).max(4e-3) };
-            let pass = e[0] <= bound(n_o) && e[1..].iter().all(|&x| x <= bound(n_dq.max(n_o)));
-            ok &= pass;
-            say!(
-                "{:<26} {:>4} {:>4} {:>5} {:>6} | {:>9.2e} {:>9.2e} {:>9.2e} {:>9.2e} | {:>9.2e} {:>9.2e} | {}",
-                v.to_string(),
-                t,
-                d,
-                format!("{dt:?}"),
-                format!("v{f}+v{b}"),
-                e[0],
-                e[1],
-                e[2],
-                e[3],
-                n_o,
-                n_dq,
-                if pass { "ok" } else { "FAIL" }
-            );
-            rows.push(json!({"variant": v.to_string(), "T": t, "d": d, "dtype": format!("{dt:?}"), "forward_kernel": format!("{kern:?}"), "versions": [f, b],
-                "rel_err": {"o": e[0], "dq": e[1], "dk": e[2], "dv": e[3]}, "naive_rel_err": {"o": n_o, "dq": n_dq}, "pass": pass}));
+}
+
+/// One case against the f64 reference: inputs drawn from `rng` and rounded to the dtype, then one
+/// line and one row of `rows` per kernel pair its requests run; whether every pair passed.
+fn check_case(args: &Args, rng: &mut Rng, (v, t, d, dt): &Case, rows: &mut Vec<Value>) -> Result<bool> {
+    let (v, t, d, dt) = (v, *t, *d, *dt);
+    trace(args.trace, format_args!("{v} T={t} d={d} {dt:?}: inputs and reference"));
+    let shape = (2, 3, t, d);
+    let scale = if v.to_string().starts_with("softmax") || v.to_string().contains("sigmoid") { 1.0 } else { 0.7 };
+    let (q, k, vv, g) =
+        (normals(rng, shape, scale), normals(rng, shape, scale), normals(rng, shape, 1.0), normals(rng, shape, 1.0));
+    let (q, k, vv, g) = (round_to(&q, dt), round_to(&k, dt), round_to(&vv, dt), round_to(&g, dt));
+    let f64s = |x: &Array4<f32>| x.mapv(|a| a as f64);
+    let (q64, k64, v64, g64) = (f64s(&q), f64s(&k), f64s(&vv), f64s(&g));
+    let o_ref = attn_core::forward(v, &q64, &k64, &v64)?;
+    let gr = attn_core::backward(v, &q64, &k64, &v64, &g64)?;
+    // The kernel requests; `cuda::versions` says what each runs on this device and at this d.
+    let kernels = requests(args, d, dt);
+    trace(args.trace, format_args!("naive"));
+    let nv = naive(v, &q, &k, &vv, &g, dt)?;
+    let n_o = rel_err(&nv[0], &o_ref);
+    let n_dq = rel_err(&nv[1], &gr.dq);
+    let mut ok = true;
+    let mut ran = Vec::new();
+    for &kern in &kernels {
+        // Labelled by what ran on this device; a request that runs an already checked pair is skipped.
+        let (f, b) = cuda::versions(v, d, dt, kern)?;
+        if ran.contains(&(f, b)) {
+            continue;
         }
-        progress(rows);
+        ran.push((f, b));
+        let opts = cuda::Options { dtype: dt, kernel: kern };
+        trace(args.trace, format_args!("forward {kern:?}"));
+        let o = cuda::forward_with(v, &q, &k, &vv, &opts)?;
+        trace(args.trace, format_args!("backward"));
+        let grads = cuda::backward_with(v, &q, &k, &vv, &g, &opts)?;
+        let e =
+            [rel_err(&o, &o_ref), rel_err(&grads.dq, &gr.dq), rel_err(&grads.dk, &gr.dk), rel_err(&grads.dv, &gr.dv)];
+        // f32: far under 1e-3. f16/bf16: at most about 2x the naive error in the same dtype (plus a floor
+        // for rows where the naive error is tiny by luck).
+        let bound = |naive: f64| if dt == Dtype::F32 { 2e-4 } else { (2.5 * naive).max(4e-3) };
+        let pass = e[0] <= bound(n_o) && e[1..].iter().all(|&x| x <= bound(n_dq.max(n_o)));
+        ok &= pass;
+        say!(
+            "{:<26} {:>4} {:>4} {:>5} {:>6} | {:>9.2e} {:>9.2e} {:>9.2e} {:>9.2e} | {:>9.2e} {:>9.2e} | {}",
+            v.to_string(),
+            t,
+            d,
+            format!("{dt:?}"),
+            format!("v{f}+v{b}"),
+            e[0],
+            e[1],
+            e[2],
+            e[3],
+            n_o,
+            n_dq,
+            if pass { "ok" } else { "FAIL" }
+        );
+        rows.push(json!({"variant": v.to_string(), "T": t, "d": d, "dtype": format!("{dt:?}"), "forward_kernel": format!("{kern:?}"), "versions": [f, b],
+            "rel_err": {"o": e[0], "dq": e[1], "dk": e[2], "dv": e[3]}, "naive_rel_err": {"o": n_o, "dq": n_dq}, "pass": pass}));
     }
-    ok &= model_check(rows, &args.kernels)?;
-    progress(rows);
     Ok(ok)
 }
 
 /// The autograd bridge on the GPU: a small GPT's loss and parameter gradients with `fused` attention
 /// against the `reference` (tch ops) attention, in f32 (tight; the f32 kernels are v1's whatever the
 /// request, run as `Auto`) and bf16 (each against f32), the bf16 fused model once per request of
-/// `kernels` (none: the bridge's own, `LSSA_CUDA_KERNEL`'s or `Auto`).
+/// `kernels` (none: `LSSA_CUDA_KERNEL`'s, else `Auto`).
 fn model_check(rows: &mut Vec<Value>, kernels: &[Kernel]) -> Result<bool> {
-    use gpt_model::attention::fused::{cuda_kernel, set_cuda_kernel};
     use gpt_model::{AttnImpl, ForwardOptions, Gpt, ModelConfig};
     say!("\nGPT (2 layers, 2 heads of 64, T = 200) on the GPU: fused vs reference attention through autograd");
-    let bridge = cuda_kernel()?;
-    let kernels = if kernels.is_empty() { vec![bridge] } else { kernels.to_vec() };
+    let kernels = if kernels.is_empty() { vec![Kernel::from_env()?] } else { kernels.to_vec() };
     let mut ok = true;
     for variant in ["lssa", "lssa+rw15", "softmax"] {
-        let run = |imp: AttnImpl, kind: Kind| -> Result<(f64, Vec<Tensor>)> {
+        let run = |imp: AttnImpl, kind: Kind, kernel: Kernel| -> Result<(f64, Vec<Tensor>)> {
             tch::manual_seed(7);
             let mut cfg = ModelConfig::gpt2_124m();
             (cfg.n_layer, cfg.n_head, cfg.d_model, cfg.vocab_size, cfg.context_len) = (2, 2, 128, 512, 200);
-            cfg.attention = variant.into();
+            cfg.attention = variant.parse()?;
             cfg.attn_impl = imp;
             let mut vs = tch::nn::VarStore::new(Device::Cuda(0));
-            let gpt = Gpt::new(&vs.root(), &cfg)?;
+            let mut gpt = Gpt::new(&vs.root(), &cfg)?;
+            gpt.set_cuda_kernel(kernel);
             if kind == Kind::BFloat16 {
                 vs.bfloat16();
             }
@@ -319,15 +342,13 @@ fn model_check(rows: &mut Vec<Value>, kernels: &[Kernel]) -> Result<bool> {
             }
             (num / den.max(1e-300)).sqrt()
         };
-        set_cuda_kernel(Kernel::Auto);
-        let (l_ref, g_ref) = run(AttnImpl::Reference, Kind::Float)?;
-        let (l_fus, g_fus) = run(AttnImpl::Fused, Kind::Float)?;
-        let (l_ref16, g_ref16) = run(AttnImpl::Reference, Kind::BFloat16)?;
+        let (l_ref, g_ref) = run(AttnImpl::Reference, Kind::Float, Kernel::Auto)?;
+        let (l_fus, g_fus) = run(AttnImpl::Fused, Kind::Float, Kernel::Auto)?;
+        let (l_ref16, g_ref16) = run(AttnImpl::Reference, Kind::BFloat16, Kernel::Auto)?;
         let e32 = ((l_fus - l_ref).abs(), rel(&g_fus, &g_ref));
         let e16r = rel(&g_ref16, &g_ref);
         for &kernel in &kernels {
-            set_cuda_kernel(kernel);
-            let (l_fus16, g_fus16) = run(AttnImpl::Fused, Kind::BFloat16)?;
+            let (l_fus16, g_fus16) = run(AttnImpl::Fused, Kind::BFloat16, kernel)?;
             let e16f = rel(&g_fus16, &g_ref);
             let pass = e32.0 < 1e-4 && e32.1 < 1e-3 && e16f <= 2.0 * e16r + 1e-3;
             ok &= pass;
@@ -346,7 +367,6 @@ fn model_check(rows: &mut Vec<Value>, kernels: &[Kernel]) -> Result<bool> {
             rows.push(json!({"model_check": variant, "bf16_kernel": kernel.name(), "f32_loss_diff": e32.0, "f32_grad_rel": e32.1, "bf16_fused_grad_rel": e16f, "bf16_reference_grad_rel": e16r, "pass": pass}));
         }
     }
-    set_cuda_kernel(bridge);
     let counts = gpt_model::attention::path_counts();
     say!("  attention calls: {counts:?}");
     Ok(ok)

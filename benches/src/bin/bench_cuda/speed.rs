@@ -113,9 +113,37 @@ pub(crate) fn speed(args: &Args, rows: &mut Vec<Value>, progress: &mut dyn FnMut
     // Identity + l1 on the same kernels: almost no element-wise work per score, so LSSA's time over
     // linear-l1's says how much of it the element-wise step costs (the rest is the pipeline).
     let linear: Variant = "linear-l1".parse()?;
-    // What the driver made of each kernel: registers, spills, shared memory and blocks per SM explain
-    // much of a timing (and differ from an offline ptxas when the driver's JIT is another version).
-    for v in [&lssa, &lssar] {
+    kernel_resources(args, &[&lssa, &lssar], rows)?;
+    jit_logs(args, &[&lssa, &lssar, &"softmax".parse::<Variant>()?], rows);
+    say_speed_header();
+    let variants = Variants { lssa, lssar, linear };
+    let mut lab = Vec::new();
+    let mut flex_table = Vec::new();
+    for &d in &args.head_dims {
+        // The FlexAttention baseline: every length of this d in one child process, before our buffers.
+        let flex_rows = args.flex.then(|| flex_baseline(args, d));
+        if let Some(Err(e)) = &flex_rows {
+            say!("FlexAttention baseline at d = {d} failed: {e}");
+        }
+        for &t in &args.lengths {
+            let flex_rows = match &flex_rows {
+                Some(Ok(fr)) => Some(fr.as_slice()),
+                _ => None,
+            };
+            let tables = Tables { lab: &mut lab, flex: &mut flex_table };
+            time_length(args, &variants, (d, t), flex_rows, tables, rows)?;
+            progress(rows);
+        }
+    }
+    say_tables(args, &lab, &flex_table);
+    Ok(())
+}
+
+/// What the driver made of each kernel of `variants` at every `--head-dims`, bf16: registers,
+/// spills, shared memory and blocks per SM explain much of a timing (and differ from an offline
+/// ptxas when the driver's JIT is another version).
+fn kernel_resources(args: &Args, variants: &[&Variant], rows: &mut Vec<Value>) -> Result<()> {
+    for v in variants {
         for &d in &args.head_dims {
             say!("\nKernels of {v} at d = {d}, bf16: threads, registers, local bytes, shared bytes, blocks per SM");
             let mut res = Vec::new();
@@ -135,8 +163,13 @@ pub(crate) fn speed(args: &Args, rows: &mut Vec<Value>, progress: &mut dyn FnMut
             rows.push(json!({"variant": v.to_string(), "d": d, "kernel_resources": res}));
         }
     }
-    // The driver's JIT log: ptxas says there where it serialised wgmma (C7515 and kin) or spilled.
-    for v in [&lssa, &lssar, &"softmax".parse::<Variant>()?] {
+    Ok(())
+}
+
+/// The driver's JIT log of `variants` at every `--head-dims`, bf16: ptxas says there where it
+/// serialised wgmma (C7515 and kin) or spilled; those lines are printed, the whole log kept in `rows`.
+fn jit_logs(args: &Args, variants: &[&Variant], rows: &mut Vec<Value>) {
+    for v in variants {
         for &d in &args.head_dims {
             match cuda::jit_info_log(v, d as usize, Dtype::Bf16) {
                 Ok(log) => {
@@ -163,6 +196,10 @@ JIT info log of {v} at d = {d}: {e}"
             }
         }
     }
+}
+
+/// The header of the main table, whose rows [`time_length`] prints.
+fn say_speed_header() {
     say!("\nTFLOP/s, bf16, causal, H = 12, B*T = 16K (FlashAttention FLOP convention); '-' = failed (OOM)");
     say!(
         "{:>4} {:>6} {:>3} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8} | {:>7} {:>7}",
@@ -181,194 +218,277 @@ JIT info log of {v} at d = {d}: {e}"
         "LSSA/SD",
         "fb/SD"
     );
-    let mut lab = Vec::new();
-    let mut flex_table = Vec::new();
-    for &d in &args.head_dims {
-        // The FlexAttention baseline: every length of this d in one child process, before our buffers.
-        let flex_rows = args.flex.then(|| {
-            let req = flex::SpeedRequest {
-                device: "cuda".into(),
-                dtype: "bf16".into(),
-                head_dim: d as usize,
-                heads: 12,
-                lengths: args.lengths.iter().map(|&t| t as usize).collect(),
-                batch: 0,
-                tokens: 16384,
-                threads: 0,
-                reps: args.reps,
-                min_reps: 1,
-                budget_s: 4.0,
-                // GPU timings do not drift with a neighbour's load as the 2-core CPU runs do: no
-                // lead-in runs, and no SDPA of the child's own to pair with.
-                lead_in_below_s: 0.0,
-                backward: true,
-                sdpa: false,
-            };
-            flex::speed(&req).map_err(|e| format!("{e:#}"))
-        });
-        if let Some(Err(e)) = &flex_rows {
-            say!("FlexAttention baseline at d = {d} failed: {e}");
-        }
-        for &t in &args.lengths {
-            let b = (16384 / t).max(1);
-            let h = 12;
-            let flops = 4.0 * (b * h) as f64 * (t as f64).powi(2) * d as f64 / 2.0;
-            let bufs = Bufs::new(b, h, t, d);
-            let p = bufs.params();
-            let tf = |s: Option<f64>, mult: f64| s.map(|s| mult * flops / s / 1e12);
-            let fmt = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1}"));
-            let sdpa = time(args.reps, || {
-                let _ = Tensor::scaled_dot_product_attention(
-                    &bufs.q,
-                    &bufs.k,
-                    &bufs.v,
-                    None::<Tensor>,
-                    0.0,
-                    true,
-                    None,
-                    false,
-                );
-                Ok(())
-            });
-            // Timings by what actually ran (variant, lab versions), so a version is timed once however many
-            // requests run it (Auto and v3; v5 and v7's shared forward; off sm_90, v8's fallbacks).
-            let mut fwd_memo: HashMap<(String, u32), Option<f64>> = HashMap::new();
-            let mut fb_memo: HashMap<(String, u32, u32), Option<f64>> = HashMap::new();
-            let mut fwd = |v: &Variant, k: Kernel| -> Result<(u32, Option<f64>)> {
-                let (f, _) = cuda::versions(v, d as usize, Dtype::Bf16, k)?;
-                let reps = if f <= 2 { args.reps.min(5) } else { args.reps };
-                let s = *fwd_memo
-                    .entry((v.to_string(), f))
-                    .or_insert_with(|| time(reps, || Ok(unsafe { cuda::forward_raw(v, &p, Dtype::Bf16, k) }?)));
-                Ok((f, s))
-            };
-            let mut fb = |v: &Variant, k: Kernel| -> Result<((u32, u32), Option<f64>)> {
-                let fb = cuda::versions(v, d as usize, Dtype::Bf16, k)?;
-                let s = *fb_memo.entry((v.to_string(), fb.0, fb.1)).or_insert_with(|| {
-                    time(args.reps, || {
-                        unsafe {
-                            cuda::forward_raw(v, &p, Dtype::Bf16, k)?;
-                            cuda::backward_raw(v, &p, Dtype::Bf16, k)?;
-                        }
-                        Ok(())
-                    })
-                });
-                Ok((fb, s))
-            };
-            // Time b over time a.
-            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-                (Some(a), Some(b)) => format!("{:.2}", b / a),
-                _ => "-".into(),
-            };
-            let (l, lr) = (fwd(&lssa, Kernel::Auto)?.1, fwd(&lssar, Kernel::Auto)?.1);
-            let (lfb, lrfb) = (fb(&lssa, Kernel::Auto)?.1, fb(&lssar, Kernel::Auto)?.1);
-            // The lab: every kernel request, labelled with the versions it ran on this device (off sm_90
-            // `v8` runs v5 or v3 + v7; at d = 128 `v5` runs v3 + v6); a repeated pair is printed once.
-            let mut ran = Vec::new();
-            let mut lab_json = Vec::new();
-            for k in Kernel::ALL[1..].iter().copied() {
-                let request = k.name();
-                let slow = matches!(k, Kernel::Lab(Version::V1) | Kernel::Lab(Version::V2));
-                if slow && t > 16384 {
-                    continue;
-                }
-                let (f, sl) = fwd(&lssa, k)?;
-                // v1 and v2 are forward-only lab rows (their backward is v1's).
-                let (pair, sfb, slr, slin) = if slow {
-                    ((f, 0), None, None, None)
-                } else {
-                    let (pair, sfb) = fb(&lssa, k)?;
-                    (pair, sfb, fwd(&lssar, k)?.1, fwd(&linear, k)?.1)
-                };
-                if ran.contains(&pair) {
-                    continue;
-                }
-                ran.push(pair);
-                let label = if pair.1 == 0 { format!("v{}", pair.0) } else { format!("v{}+v{}", pair.0, pair.1) };
-                lab.push(format!(
-                    "{d:>4} {t:>6} | {request:>7} {label:>7} | {:>8} {:>9} {:>10} | {:>10} {:>9}",
-                    fmt(tf(sl, 1.0)),
-                    fmt(tf(slr, 1.0)),
-                    fmt(tf(sfb, 3.5)),
-                    fmt(tf(slin, 1.0)),
-                    ratio(slin, sl)
-                ));
-                lab_json
-                    .push(json!({"request": request, "forward": pair.0, "backward": (pair.1 > 0).then_some(pair.1),
-                    "lssa_fwd": sl, "lssar15_fwd": slr, "lssa_fwd_bwd": sfb, "linear_l1_fwd": slin}));
-            }
-            let ops = |pp: Option<u32>| {
-                if t > 16384 {
-                    return None; // (B, H, T, T) f32 intermediates: > 80 GB
-                }
-                time(args.reps.min(3), || {
-                    let _ = tch::no_grad(|| gpt_model::attention::torch_ops::lssa(&bufs.q, &bufs.k, &bufs.v, pp));
-                    Ok(())
-                })
-            };
-            let (ol, olr) = (ops(None), ops(Some(15)));
-            let req = |x: &Tensor| x.detach().set_requires_grad(true);
-            let sdpa_fb = time(args.reps, || {
-                let (q, k, v) = (req(&bufs.q), req(&bufs.k), req(&bufs.v));
-                let o = Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false);
-                (&o * &bufs.g).sum(Kind::Float).backward();
-                Ok(())
-            });
-            let ops_fb = if t > 8192 {
-                None
-            } else {
-                time(args.reps.min(3), || {
-                    let (q, k, v) = (req(&bufs.q), req(&bufs.k), req(&bufs.v));
-                    let o = gpt_model::attention::torch_ops::lssa(&q, &k, &v, None);
-                    (&o * &bufs.g).sum(Kind::Float).backward();
-                    Ok(())
-                })
-            };
-            say!(
-                "{:>4} {:>6} {:>3} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8} | {:>7} {:>7}",
-                d,
-                t,
-                b,
-                fmt(tf(sdpa, 1.0)),
-                fmt(tf(l, 1.0)),
-                fmt(tf(lr, 1.0)),
-                fmt(tf(ol, 1.0)),
-                fmt(tf(olr, 1.0)),
-                fmt(tf(sdpa_fb, 3.5)),
-                fmt(tf(lfb, 3.5)),
-                fmt(tf(lrfb, 3.5)),
-                fmt(tf(ops_fb, 3.5)),
-                ratio(sdpa, l),
-                ratio(sdpa_fb, lfb)
-            );
-            if let Some(Ok(fr)) = &flex_rows {
-                let row = fr.iter().find(|r| r.t == t as usize);
-                let cell = |c: &str| row.and_then(|r| r.median_ms(c)).map(|ms| ms / 1e3);
-                let (fl, flr, ffb) = (cell(flex::LSSA_FWD), cell(flex::LSSAR15_FWD), cell(flex::LSSA_FWD_BWD));
-                flex_table.push(format!(
-                    "{d:>4} {t:>6} | {:>8} {:>9} {:>8} | {:>8} {:>9} {:>8} | {}",
-                    fmt(tf(fl, 1.0)),
-                    fmt(tf(flr, 1.0)),
-                    fmt(tf(ffb, 3.5)),
-                    ratio(l, fl),
-                    ratio(lr, flr),
-                    ratio(lfb, ffb),
-                    row.map(|r| r.errors.iter().map(|(c, e)| format!("{c}: {e}")).collect::<Vec<_>>().join("; "))
-                        .unwrap_or_else(|| "no row".into())
-                ));
-                rows.push(
-                    json!({"d": d, "T": t, "flex_seconds": {"lssa_fwd": fl, "lssar15_fwd": flr, "lssa_fwd_bwd": ffb},
-                    "flex_rel_err_vs_materialised": row.and_then(|r| r.rel_err_vs_materialised),
-                    "flex_errors": row.map(|r| r.errors.clone())}),
-                );
-            }
-            rows.push(json!({"d": d, "T": t, "B": b, "H": h, "seconds": {
-                "sdpa_fwd": sdpa, "lssa_fwd": l, "lssar15_fwd": lr, "ops_lssa_fwd": ol, "ops_lssar15_fwd": olr,
-                "sdpa_fwd_bwd": sdpa_fb, "lssa_fwd_bwd": lfb, "lssar15_fwd_bwd": lrfb, "ops_lssa_fwd_bwd": ops_fb},
-                "lab_seconds": lab_json, "forward_flops": flops}));
-            progress(rows);
-        }
+}
+
+/// The FlexAttention baseline at head dimension `d`: every length in one child process.
+fn flex_baseline(args: &Args, d: i64) -> std::result::Result<Vec<flex::SpeedRow>, String> {
+    let req = flex::SpeedRequest {
+        device: "cuda".into(),
+        dtype: "bf16".into(),
+        head_dim: d as usize,
+        heads: 12,
+        lengths: args.lengths.iter().map(|&t| t as usize).collect(),
+        batch: 0,
+        tokens: 16384,
+        threads: 0,
+        reps: args.reps,
+        min_reps: 1,
+        budget_s: 4.0,
+        // GPU timings do not drift with a neighbour's load as the 2-core CPU runs do: no
+        // lead-in runs, and no SDPA of the child's own to pair with.
+        lead_in_below_s: 0.0,
+        backward: true,
+        sdpa: false,
+    };
+    flex::speed(&req).map_err(|e| format!("{e:#}"))
+}
+
+/// The variants `speed` times.
+struct Variants {
+    lssa: Variant,
+    lssar: Variant,
+    linear: Variant,
+}
+
+/// The lines of the tables printed after the main one.
+struct Tables<'a> {
+    /// The kernel lab's.
+    lab: &'a mut Vec<String>,
+    /// FlexAttention's.
+    flex: &'a mut Vec<String>,
+}
+
+/// TFLOP/s of `flops` (times `mult`: 3.5 for forward+backward) in `s` seconds, as a cell; `-`
+/// where the timing failed.
+fn tf_cell(flops: f64, s: Option<f64>, mult: f64) -> String {
+    s.map(|s| mult * flops / s / 1e12).map_or("-".to_string(), |v| format!("{v:.1}"))
+}
+
+/// Time b over time a.
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) => format!("{:.2}", b / a),
+        _ => "-".into(),
     }
+}
+
+/// One length `t` at head dimension `d`: SDPA, the fused kernels, the lab, tch ops, and the
+/// FlexAttention baseline's row from `flex_rows`; a row of the main table, lines of `tables`, and
+/// rows of `rows`.
+fn time_length(
+    args: &Args,
+    variants: &Variants,
+    (d, t): (i64, i64),
+    flex_rows: Option<&[flex::SpeedRow]>,
+    tables: Tables<'_>,
+    rows: &mut Vec<Value>,
+) -> Result<()> {
+    let b = (16384 / t).max(1);
+    let h = 12;
+    let flops = 4.0 * (b * h) as f64 * (t as f64).powi(2) * d as f64 / 2.0;
+    let bufs = Bufs::new(b, h, t, d);
+    let p = bufs.params();
+    let tf = |s: Option<f64>, mult: f64| tf_cell(flops, s, mult);
+    let sdpa = time(args.reps, || {
+        let _ = Tensor::scaled_dot_product_attention(&bufs.q, &bufs.k, &bufs.v, None::<Tensor>, 0.0, true, None, false);
+        Ok(())
+    });
+    let Variants { lssa, lssar, .. } = variants;
+    let mut fused = Fused { reps: args.reps, d: d as usize, p: &p, fwd_memo: HashMap::new(), fb_memo: HashMap::new() };
+    let (l, lr) = (fused.fwd(lssa, Kernel::Auto)?.1, fused.fwd(lssar, Kernel::Auto)?.1);
+    let (lfb, lrfb) = (fused.fb(lssa, Kernel::Auto)?.1, fused.fb(lssar, Kernel::Auto)?.1);
+    let lab_json = lab(&mut fused, variants, (d, t), flops, tables.lab)?;
+    let Torch { ol, olr, sdpa_fb, ops_fb } = torch_timings(args, &bufs, t);
+    say!(
+        "{:>4} {:>6} {:>3} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8} | {:>7} {:>7}",
+        d,
+        t,
+        b,
+        tf(sdpa, 1.0),
+        tf(l, 1.0),
+        tf(lr, 1.0),
+        tf(ol, 1.0),
+        tf(olr, 1.0),
+        tf(sdpa_fb, 3.5),
+        tf(lfb, 3.5),
+        tf(lrfb, 3.5),
+        tf(ops_fb, 3.5),
+        ratio(sdpa, l),
+        ratio(sdpa_fb, lfb)
+    );
+    if let Some(fr) = flex_rows {
+        flex_row(fr, (d, t), flops, [l, lr, lfb], tables.flex, rows);
+    }
+    rows.push(json!({"d": d, "T": t, "B": b, "H": h, "seconds": {
+        "sdpa_fwd": sdpa, "lssa_fwd": l, "lssar15_fwd": lr, "ops_lssa_fwd": ol, "ops_lssar15_fwd": olr,
+        "sdpa_fwd_bwd": sdpa_fb, "lssa_fwd_bwd": lfb, "lssar15_fwd_bwd": lrfb, "ops_lssa_fwd_bwd": ops_fb},
+        "lab_seconds": lab_json, "forward_flops": flops}));
+    Ok(())
+}
+
+/// The fused kernels' timings at one (d, T), by what actually ran (variant, lab versions), so a
+/// version is timed once however many requests run it (Auto and v3; v5 and v7's shared forward; off
+/// sm_90, v8's fallbacks).
+struct Fused<'a> {
+    reps: usize,
+    d: usize,
+    p: &'a Params,
+    fwd_memo: HashMap<(String, u32), Option<f64>>,
+    fb_memo: HashMap<(String, u32, u32), Option<f64>>,
+}
+
+impl Fused<'_> {
+    /// The forward version request `k` runs on `v`, and its time (v1 and v2, slow, at most 5 reps).
+    fn fwd(&mut self, v: &Variant, k: Kernel) -> Result<(u32, Option<f64>)> {
+        let (f, _) = cuda::versions(v, self.d, Dtype::Bf16, k)?;
+        let reps = if f <= 2 { self.reps.min(5) } else { self.reps };
+        let p = self.p;
+        let s = *self
+            .fwd_memo
+            .entry((v.to_string(), f))
+            .or_insert_with(|| time(reps, || Ok(unsafe { cuda::forward_raw(v, p, Dtype::Bf16, k) }?)));
+        Ok((f, s))
+    }
+
+    /// The (forward, backward) versions request `k` runs on `v`, and the time of both.
+    fn fb(&mut self, v: &Variant, k: Kernel) -> Result<((u32, u32), Option<f64>)> {
+        let fb = cuda::versions(v, self.d, Dtype::Bf16, k)?;
+        let (reps, p) = (self.reps, self.p);
+        let s = *self.fb_memo.entry((v.to_string(), fb.0, fb.1)).or_insert_with(|| {
+            time(reps, || {
+                unsafe {
+                    cuda::forward_raw(v, p, Dtype::Bf16, k)?;
+                    cuda::backward_raw(v, p, Dtype::Bf16, k)?;
+                }
+                Ok(())
+            })
+        });
+        Ok((fb, s))
+    }
+}
+
+/// The lab at one (d, T): every kernel request, labelled with the versions it ran on this device
+/// (off sm_90 `v8` runs v5 or v3 + v7; at d = 128 `v5` runs v3 + v6); a repeated pair is printed
+/// once. A line of `lines` per pair; returns their rows.
+fn lab(
+    fused: &mut Fused<'_>,
+    variants: &Variants,
+    (d, t): (i64, i64),
+    flops: f64,
+    lines: &mut Vec<String>,
+) -> Result<Vec<Value>> {
+    let tf = |s: Option<f64>, mult: f64| tf_cell(flops, s, mult);
+    let mut ran = Vec::new();
+    let mut lab_json = Vec::new();
+    for k in Kernel::ALL[1..].iter().copied() {
+        let request = k.name();
+        let slow = matches!(k, Kernel::Lab(Version::V1) | Kernel::Lab(Version::V2));
+        if slow && t > 16384 {
+            continue;
+        }
+        let (f, sl) = fused.fwd(&variants.lssa, k)?;
+        // v1 and v2 are forward-only lab rows (their backward is v1's).
+        let (pair, sfb, slr, slin) = if slow {
+            ((f, 0), None, None, None)
+        } else {
+            let (pair, sfb) = fused.fb(&variants.lssa, k)?;
+            (pair, sfb, fused.fwd(&variants.lssar, k)?.1, fused.fwd(&variants.linear, k)?.1)
+        };
+        if ran.contains(&pair) {
+            continue;
+        }
+        ran.push(pair);
+        let label = if pair.1 == 0 { format!("v{}", pair.0) } else { format!("v{}+v{}", pair.0, pair.1) };
+        lines.push(format!(
+            "{d:>4} {t:>6} | {request:>7} {label:>7} | {:>8} {:>9} {:>10} | {:>10} {:>9}",
+            tf(sl, 1.0),
+            tf(slr, 1.0),
+            tf(sfb, 3.5),
+            tf(slin, 1.0),
+            ratio(slin, sl)
+        ));
+        lab_json.push(json!({"request": request, "forward": pair.0, "backward": (pair.1 > 0).then_some(pair.1),
+            "lssa_fwd": sl, "lssar15_fwd": slr, "lssa_fwd_bwd": sfb, "linear_l1_fwd": slin}));
+    }
+    Ok(lab_json)
+}
+
+/// libtorch's timings at one length besides SDPA's forward (`None`: failed, or skipped where the
+/// `T x T` intermediates would not fit).
+struct Torch {
+    /// tch ops' LSSA forward.
+    ol: Option<f64>,
+    /// tch ops' LSSAR (p = 15) forward.
+    olr: Option<f64>,
+    /// SDPA's forward+backward.
+    sdpa_fb: Option<f64>,
+    /// tch ops' LSSA forward+backward.
+    ops_fb: Option<f64>,
+}
+
+fn torch_timings(args: &Args, bufs: &Bufs, t: i64) -> Torch {
+    let ops = |pp: Option<u32>| {
+        if t > 16384 {
+            return None; // (B, H, T, T) f32 intermediates: > 80 GB
+        }
+        time(args.reps.min(3), || {
+            let _ = tch::no_grad(|| gpt_model::attention::torch_ops::lssa(&bufs.q, &bufs.k, &bufs.v, pp));
+            Ok(())
+        })
+    };
+    let (ol, olr) = (ops(None), ops(Some(15)));
+    let req = |x: &Tensor| x.detach().set_requires_grad(true);
+    let sdpa_fb = time(args.reps, || {
+        let (q, k, v) = (req(&bufs.q), req(&bufs.k), req(&bufs.v));
+        let o = Tensor::scaled_dot_product_attention(&q, &k, &v, None::<Tensor>, 0.0, true, None, false);
+        (&o * &bufs.g).sum(Kind::Float).backward();
+        Ok(())
+    });
+    let ops_fb = if t > 8192 {
+        None
+    } else {
+        time(args.reps.min(3), || {
+            let (q, k, v) = (req(&bufs.q), req(&bufs.k), req(&bufs.v));
+            let o = gpt_model::attention::torch_ops::lssa(&q, &k, &v, None);
+            (&o * &bufs.g).sum(Kind::Float).backward();
+            Ok(())
+        })
+    };
+    Torch { ol, olr, sdpa_fb, ops_fb }
+}
+
+/// The FlexAttention baseline's row at (d, T) from the child's rows `fr`, against ours (`[LSSA
+/// forward, LSSAR forward, LSSA forward+backward]`): a line of `lines` and a row of `rows`.
+fn flex_row(
+    fr: &[flex::SpeedRow],
+    (d, t): (i64, i64),
+    flops: f64,
+    [l, lr, lfb]: [Option<f64>; 3],
+    lines: &mut Vec<String>,
+    rows: &mut Vec<Value>,
+) {
+    let tf = |s: Option<f64>, mult: f64| tf_cell(flops, s, mult);
+    let row = fr.iter().find(|r| r.t == t as usize);
+    let cell = |c: &str| row.and_then(|r| r.median_ms(c)).map(|ms| ms / 1e3);
+    let (fl, flr, ffb) = (cell(flex::LSSA_FWD), cell(flex::LSSAR15_FWD), cell(flex::LSSA_FWD_BWD));
+    lines.push(format!(
+        "{d:>4} {t:>6} | {:>8} {:>9} {:>8} | {:>8} {:>9} {:>8} | {}",
+        tf(fl, 1.0),
+        tf(flr, 1.0),
+        tf(ffb, 3.5),
+        ratio(l, fl),
+        ratio(lr, flr),
+        ratio(lfb, ffb),
+        row.map(|r| r.errors.iter().map(|(c, e)| format!("{c}: {e}")).collect::<Vec<_>>().join("; "))
+            .unwrap_or_else(|| "no row".into())
+    ));
+    rows.push(json!({"d": d, "T": t, "flex_seconds": {"lssa_fwd": fl, "lssar15_fwd": flr, "lssa_fwd_bwd": ffb},
+        "flex_rel_err_vs_materialised": row.and_then(|r| r.rel_err_vs_materialised),
+        "flex_errors": row.map(|r| r.errors.clone())}));
+}
+
+/// The kernel lab's table and, with `--flex`, FlexAttention's, after the main one.
+fn say_tables(args: &Args, lab: &[String], flex_table: &[String]) {
     say!("\nKernel lab, TFLOP/s by the versions each request ran (bf16, causal, H = 12, B*T = 16K)");
     say!(
         "{:>4} {:>6} | {:>7} {:>7} | {:>8} {:>9} {:>10} | {:>10} {:>9}",
@@ -404,7 +524,6 @@ JIT info log of {v} at d = {d}: {e}"
             say!("{l}");
         }
     }
-    Ok(())
 }
 
 pub(crate) fn memory(rows: &mut Vec<Value>) -> Result<()> {
@@ -478,11 +597,11 @@ pub(crate) fn model(rows: &mut Vec<Value>) -> Result<()> {
                 if variant == "softmax" && kernel != Kernel::Auto {
                     continue; // the lab generations are LSSA's
                 }
-                gpt_model::attention::fused::set_cuda_kernel(kernel);
                 // Labelled by the versions the fused step runs here (GPT-2 124M: head dimension 64).
                 let parsed: attn_core::Variant = variant.parse()?;
+                let att = gpt_model::attention::Attention::new(parsed.clone(), imp)?;
                 let label = match imp {
-                    _ if gpt_model::attention::uses_sdpa(&parsed, imp, 0, 1, Device::Cuda(0)) => "SDPA".to_string(),
+                    _ if gpt_model::attention::uses_sdpa(&att, 0, 1, Device::Cuda(0)) => "SDPA".to_string(),
                     AttnImpl::Fused | AttnImpl::FusedOwn => {
                         let (f, b) = cuda::versions(&parsed, 64, Dtype::Bf16, kernel)?;
                         format!("Fused(v{f}+v{b})")
@@ -495,10 +614,11 @@ pub(crate) fn model(rows: &mut Vec<Value>) -> Result<()> {
                 let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| -> Result<f64> {
                     let mut cfg = ModelConfig::gpt2_124m();
                     cfg.context_len = t as usize;
-                    cfg.attention = variant.into();
+                    cfg.attention = parsed.clone();
                     cfg.attn_impl = imp;
                     let mut vs = tch::nn::VarStore::new(Device::Cuda(0));
-                    let gpt = Gpt::new(&vs.root(), &cfg)?;
+                    let mut gpt = Gpt::new(&vs.root(), &cfg)?;
+                    gpt.set_cuda_kernel(kernel);
                     vs.bfloat16();
                     let b = (8192 / t).max(1);
                     let idx = Tensor::randint(cfg.vocab_size as i64, [b, t], (Kind::Int64, Device::Cuda(0)));
@@ -521,7 +641,6 @@ pub(crate) fn model(rows: &mut Vec<Value>) -> Result<()> {
                 line.push_str(&format!("  {label} {}", v.map_or("-".into(), |v| format!("{v:.0}"))));
                 res.insert(label, json!(v));
             }
-            gpt_model::attention::fused::set_cuda_kernel(Kernel::Auto);
             say!("{line}");
             rows.push(json!({"T": t, "variant": variant, "tokens_per_s": res}));
         }

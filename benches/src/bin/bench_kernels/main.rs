@@ -171,29 +171,11 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
     // FlexAttention first, every length in one child process (it compiles once per shape).
     let flex_rows = if imps.contains(&Implementation::Flex) {
         eprintln!("  flex-attention: {} (compiles each length first)", gpt_model::runtime::torch_python().0.display());
-        let req = flex::SpeedRequest {
-            device: "cpu".into(),
-            dtype: "f32".into(),
-            head_dim: d,
-            heads: h,
-            lengths: lengths.clone(),
-            batch: b,
-            tokens: 0,
-            threads,
-            reps: round_policy.max_reps,
-            min_reps: round_policy.min_reps,
-            budget_s: round_policy.cell_budget_s,
-            lead_in_below_s: round_policy.lead_in_below_s,
-            backward: false,
-            // SDPA in the child's rounds too: FlexAttention's time / SDPA is then paired like fused's.
-            sdpa: imps.contains(&Implementation::Sdpa),
-        };
-        flex::speed(&req).map_err(|e| format!("{e:#}"))
+        flex_baseline(args, &lengths, threads, &round_policy, imps.contains(&Implementation::Sdpa))
     } else {
         Ok(Vec::new())
     };
-    let mut rows: Vec<Row> = Vec::new();
-    let mut skipped: Vec<Skip> = Vec::new();
+    let mut bench = Bench { args, pool, policy, round_policy, start, flex_rows, rows: Vec::new(), skipped: Vec::new() };
     for &t in &lengths {
         let work = Workload::new(b, h, t, d, 0);
         for pass in Pass::ALL {
@@ -201,138 +183,224 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
                 Pass::Forward => flops::forward(b, h, t, d),
                 Pass::ForwardBackward => flops::forward_backward(b, h, t, d),
             };
-            // SDPA first: every other row of this (T, pass) is reported relative to it.
-            let mut cells: Vec<(Implementation, &VariantSpec)> = Vec::new();
-            if imps.contains(&Implementation::Sdpa) {
-                cells.push((Implementation::Sdpa, &sdpa_variant));
-            }
-            for imp in
-                [Implementation::Fused, Implementation::Flex, Implementation::TorchOps, Implementation::Reference]
-            {
-                if imps.contains(&imp) {
-                    // The FlexAttention baseline is written for LSSA and LSSAR only.
-                    let ours = |v: &&VariantSpec| imp != Implementation::Flex || flex_cell(&v.name, pass).is_some();
-                    cells.extend(variants.iter().filter(ours).map(|v| (imp, v)));
-                }
-            }
-            let mut runnable = Vec::new();
-            for (imp, variant) in cells {
-                if let Some(reason) = skip_reason(args, imp, variant, &work, pass) {
-                    eprintln!("  skip  T={t:>5} {pass:<7} {imp:<13} {:<12} {reason}", variant.name);
-                    skipped.push(Skip { variant: variant.name.clone(), t, implementation: imp, pass, reason });
-                } else {
-                    runnable.push((imp, variant));
-                }
-            }
-            // SDPA and the fused kernels, whose ratio is the claim, run in rounds (one repetition of
-            // each per round) and their ratio is the median of per-round ratios; the slower rows
-            // (10-30x) and FlexAttention's child process run one cell after the other.
-            let in_rounds = |imp: Implementation| matches!(imp, Implementation::Sdpa | Implementation::Fused);
-            let round_cells: Vec<_> = runnable.iter().copied().filter(|&(imp, _)| in_rounds(imp)).collect();
-            let mut fns: Vec<_> = round_cells
-                .iter()
-                .map(|&(imp, variant)| {
-                    let work = &work;
-                    move || work.run(imp, variant, pass, pool)
-                })
-                .collect();
-            if !fns.is_empty() {
-                eprintln!(
-                    "  T={t:>5} {pass:<7} {} cells in rounds (SDPA and fused; {:.0} s elapsed)",
-                    fns.len(),
-                    start.elapsed().as_secs_f64()
-                );
-            }
-            let mut round_timings = measure::time_rounds(&round_policy, &mut fns).into_iter();
-            let mut sdpa: Option<measure::Timing> = None;
-            for (imp, variant) in runnable {
-                let mut flex_vs_sdpa = None;
-                let timing = if in_rounds(imp) {
-                    round_timings.next().expect("one timing per cell in rounds")
-                } else if imp == Implementation::Flex {
-                    flex_timing(&flex_rows, &variant.name, t, pass).map(|(timing, ratio)| {
-                        flex_vs_sdpa = ratio;
-                        timing
-                    })
-                } else {
-                    measure::time(&policy, || work.run(imp, variant, pass, pool))
-                };
-                match timing {
-                    Ok(timing) => {
-                        let ms = timing.median_ms();
-                        let time_vs_sdpa = match &sdpa {
-                            // Paired with the SDPA run in FlexAttention's process.
-                            _ if imp == Implementation::Flex => flex_vs_sdpa,
-                            Some(s) if in_rounds(imp) => measure::paired_ratio(&timing, s),
-                            Some(s) => Some(ms / s.median_ms()),
-                            None => None,
-                        };
-                        let row = Row {
-                            variant: variant.name.clone(),
-                            t,
-                            implementation: imp,
-                            pass,
-                            ms,
-                            gflops: flop / (ms * 1e-3) / 1e9,
-                            time_vs_sdpa,
-                            samples_ms: timing.samples_ms.clone(),
-                            warmup_counted: timing.warmup_counted,
-                        };
-                        eprintln!(
-                            "  T={t:>5} {pass:<7} {imp:<13} {:<12} {ms:>10.2} ms {:>7.1} GFLOP/s  (n={}, {:.0} s elapsed)",
-                            variant.name,
-                            row.gflops,
-                            row.samples_ms.len(),
-                            start.elapsed().as_secs_f64()
-                        );
-                        rows.push(row);
-                        if imp == Implementation::Sdpa {
-                            sdpa = Some(timing);
-                        }
-                    }
-                    Err(e) => {
-                        let reason = format!("failed: {e:#}");
-                        eprintln!("  FAIL  T={t:>5} {pass:<7} {imp:<13} {:<12} {reason}", variant.name);
-                        skipped.push(Skip { variant: variant.name.clone(), t, implementation: imp, pass, reason });
-                    }
-                }
-            }
+            bench.time_pass(&work, pass, flop, cells(&imps, &variants, &sdpa_variant, pass));
         }
     }
     eprintln!("bench-kernels: done in {:.0} s", start.elapsed().as_secs_f64());
+    bench.write_report(&lengths, cpu, threads)
+}
 
-    let summary = report::summarise(&rows);
-    let report = Report {
-        format: FORMAT,
-        version: FORMAT_VERSION,
-        git_revision: env::git_revision(),
-        command: env::command_line(),
-        date: env::utc_now(),
-        cpu,
+/// The FlexAttention baseline's request for the child process (CPU, f32, forward only) and its
+/// answer: every length, timed in rounds by `policy`, with an SDPA run of its own in each round when
+/// `sdpa`.
+fn flex_baseline(
+    args: &TimingArgs,
+    lengths: &[usize],
+    threads: usize,
+    policy: &Policy,
+    sdpa: bool,
+) -> std::result::Result<Vec<flex::SpeedRow>, String> {
+    let req = flex::SpeedRequest {
+        device: "cpu".into(),
+        dtype: "f32".into(),
+        head_dim: args.head_dim,
+        heads: args.heads,
+        lengths: lengths.to_vec(),
+        batch: args.batch,
+        tokens: 0,
         threads,
-        batch: b,
-        heads: h,
-        head_dim: d,
-        flop_convention: FLOP_CONVENTION,
-        timing_policy: format!(
-            "one warm-up (counted as a sample when >= {} s), then the median of up to {} repetitions within {} s per cell; \
-             SDPA and fused run in rounds (one repetition of each per round, after an untimed lead-in run where a run \
-             takes under {} s; the budget shared; at least {} rounds) and their time / SDPA is the median of \
-             per-round ratios; FlexAttention runs in its own process in rounds with an SDPA run there, its time / SDPA \
-             paired the same way; the other rows run one cell after the other",
-            policy.long_run_s, policy.max_reps, policy.cell_budget_s, policy.lead_in_below_s, round_policy.min_reps
-        ),
-        rows,
-        skipped,
-        summary,
+        reps: policy.max_reps,
+        min_reps: policy.min_reps,
+        budget_s: policy.cell_budget_s,
+        lead_in_below_s: policy.lead_in_below_s,
+        backward: false,
+        // SDPA in the child's rounds too: FlexAttention's time / SDPA is then paired like fused's.
+        sdpa,
     };
-    let md = report::markdown(&report, &lengths);
-    print!("{md}");
-    if !args.no_write {
-        let dir = args.out_dir.clone().unwrap_or_else(|| env::workspace_root().join("docs/bench"));
-        report::write_outputs(&dir, "kernels-cpu", &md, &serde_json::to_string_pretty(&report)?)?;
+    flex::speed(&req).map_err(|e| format!("{e:#}"))
+}
+
+/// The cells of one pass at one length that `--implementations` asks for: SDPA first (every other
+/// row of this (T, pass) is reported relative to it), then each implementation's variants.
+fn cells<'v>(
+    imps: &[Implementation],
+    variants: &'v [VariantSpec],
+    sdpa_variant: &'v VariantSpec,
+    pass: Pass,
+) -> Vec<(Implementation, &'v VariantSpec)> {
+    let mut cells: Vec<(Implementation, &VariantSpec)> = Vec::new();
+    if imps.contains(&Implementation::Sdpa) {
+        cells.push((Implementation::Sdpa, sdpa_variant));
     }
-    Ok(())
+    for imp in [Implementation::Fused, Implementation::Flex, Implementation::TorchOps, Implementation::Reference] {
+        if imps.contains(&imp) {
+            // The FlexAttention baseline is written for LSSA and LSSAR only.
+            let ours = |v: &&VariantSpec| imp != Implementation::Flex || flex_cell(&v.name, pass).is_some();
+            cells.extend(variants.iter().filter(ours).map(|v| (imp, v)));
+        }
+    }
+    cells
+}
+
+/// Whether `imp` runs in rounds with the others of its (T, pass): SDPA and the fused kernels, whose
+/// ratio is the claim.
+fn in_rounds(imp: Implementation) -> bool {
+    matches!(imp, Implementation::Sdpa | Implementation::Fused)
+}
+
+/// One cell: an implementation of a variant in one pass at one length, and its FLOP.
+struct Cell<'v> {
+    imp: Implementation,
+    variant: &'v VariantSpec,
+    t: usize,
+    pass: Pass,
+    flop: f64,
+}
+
+/// A timing run: its settings, and the rows and skipped cells so far.
+struct Bench<'a> {
+    args: &'a TimingArgs,
+    pool: &'a rayon::ThreadPool,
+    policy: Policy,
+    round_policy: Policy,
+    start: Instant,
+    /// The FlexAttention child's rows, or why there are none.
+    flex_rows: std::result::Result<Vec<flex::SpeedRow>, String>,
+    rows: Vec<Row>,
+    skipped: Vec<Skip>,
+}
+
+impl Bench<'_> {
+    /// Times the `cells` of one pass at `work`'s length that may run (the others are skipped, with
+    /// the reason) and records each.
+    fn time_pass(&mut self, work: &Workload, pass: Pass, flop: f64, cells: Vec<(Implementation, &VariantSpec)>) {
+        let t = work.t;
+        let mut runnable = Vec::new();
+        for (imp, variant) in cells {
+            if let Some(reason) = skip_reason(self.args, imp, variant, work, pass) {
+                eprintln!("  skip  T={t:>5} {pass:<7} {imp:<13} {:<12} {reason}", variant.name);
+                self.skipped.push(Skip { variant: variant.name.clone(), t, implementation: imp, pass, reason });
+            } else {
+                runnable.push((imp, variant));
+            }
+        }
+        // SDPA and the fused kernels, whose ratio is the claim, run in rounds (one repetition of
+        // each per round) and their ratio is the median of per-round ratios; the slower rows
+        // (10-30x) and FlexAttention's child process run one cell after the other.
+        let round_cells: Vec<_> = runnable.iter().copied().filter(|&(imp, _)| in_rounds(imp)).collect();
+        let pool = self.pool;
+        let mut fns: Vec<_> =
+            round_cells.iter().map(|&(imp, variant)| move || work.run(imp, variant, pass, pool)).collect();
+        if !fns.is_empty() {
+            eprintln!(
+                "  T={t:>5} {pass:<7} {} cells in rounds (SDPA and fused; {:.0} s elapsed)",
+                fns.len(),
+                self.start.elapsed().as_secs_f64()
+            );
+        }
+        let mut round_timings = measure::time_rounds(&self.round_policy, &mut fns).into_iter();
+        let mut sdpa: Option<measure::Timing> = None;
+        for (imp, variant) in runnable {
+            // With FlexAttention's, its time over the SDPA run in its own process.
+            let timing = if in_rounds(imp) {
+                round_timings.next().expect("one timing per cell in rounds").map(|timing| (timing, None))
+            } else if imp == Implementation::Flex {
+                flex_timing(&self.flex_rows, &variant.name, t, pass)
+            } else {
+                measure::time(&self.policy, || work.run(imp, variant, pass, pool)).map(|timing| (timing, None))
+            };
+            self.record(Cell { imp, variant, t, pass, flop }, timing, &mut sdpa);
+        }
+    }
+
+    /// A row for a cell's timing (its time over `sdpa`'s, the SDPA timing of its (T, pass) so far,
+    /// or with FlexAttention's over that of its own process), which becomes `sdpa` for an SDPA cell;
+    /// a skipped cell for a failure. Printed either way.
+    fn record(
+        &mut self,
+        cell: Cell<'_>,
+        timing: Result<(measure::Timing, Option<f64>)>,
+        sdpa: &mut Option<measure::Timing>,
+    ) {
+        let Cell { imp, variant, t, pass, flop } = cell;
+        match timing {
+            Ok((timing, flex_vs_sdpa)) => {
+                let ms = timing.median_ms();
+                let time_vs_sdpa = match &*sdpa {
+                    // Paired with the SDPA run in FlexAttention's process.
+                    _ if imp == Implementation::Flex => flex_vs_sdpa,
+                    Some(s) if in_rounds(imp) => measure::paired_ratio(&timing, s),
+                    Some(s) => Some(ms / s.median_ms()),
+                    None => None,
+                };
+                let row = Row {
+                    variant: variant.name.clone(),
+                    t,
+                    implementation: imp,
+                    pass,
+                    ms,
+                    gflops: flop / (ms * 1e-3) / 1e9,
+                    time_vs_sdpa,
+                    samples_ms: timing.samples_ms.clone(),
+                    warmup_counted: timing.warmup_counted,
+                };
+                eprintln!(
+                    "  T={t:>5} {pass:<7} {imp:<13} {:<12} {ms:>10.2} ms {:>7.1} GFLOP/s  (n={}, {:.0} s elapsed)",
+                    variant.name,
+                    row.gflops,
+                    row.samples_ms.len(),
+                    self.start.elapsed().as_secs_f64()
+                );
+                self.rows.push(row);
+                if imp == Implementation::Sdpa {
+                    *sdpa = Some(timing);
+                }
+            }
+            Err(e) => {
+                let reason = format!("failed: {e:#}");
+                eprintln!("  FAIL  T={t:>5} {pass:<7} {imp:<13} {:<12} {reason}", variant.name);
+                self.skipped.push(Skip { variant: variant.name.clone(), t, implementation: imp, pass, reason });
+            }
+        }
+    }
+
+    /// The report of the rows and skipped cells: printed as Markdown, and unless `--no-write`
+    /// written with its JSON to `--out-dir`.
+    fn write_report(self, lengths: &[usize], cpu: String, threads: usize) -> Result<()> {
+        let (args, policy, round_policy) = (self.args, self.policy, self.round_policy);
+        let summary = report::summarise(&self.rows);
+        let report = Report {
+            format: FORMAT,
+            version: FORMAT_VERSION,
+            git_revision: env::git_revision(),
+            command: env::command_line(),
+            date: env::utc_now(),
+            cpu,
+            threads,
+            batch: args.batch,
+            heads: args.heads,
+            head_dim: args.head_dim,
+            flop_convention: FLOP_CONVENTION,
+            timing_policy: format!(
+                "one warm-up (counted as a sample when >= {} s), then the median of up to {} repetitions within {} s per cell; \
+                 SDPA and fused run in rounds (one repetition of each per round, after an untimed lead-in run where a run \
+                 takes under {} s; the budget shared; at least {} rounds) and their time / SDPA is the median of \
+                 per-round ratios; FlexAttention runs in its own process in rounds with an SDPA run there, its time / SDPA \
+                 paired the same way; the other rows run one cell after the other",
+                policy.long_run_s, policy.max_reps, policy.cell_budget_s, policy.lead_in_below_s, round_policy.min_reps
+            ),
+            rows: self.rows,
+            skipped: self.skipped,
+            summary,
+        };
+        let md = report::markdown(&report, lengths);
+        print!("{md}");
+        if !args.no_write {
+            let dir = args.out_dir.clone().unwrap_or_else(|| env::workspace_root().join("docs/bench"));
+            report::write_outputs(&dir, "kernels-cpu", &md, &serde_json::to_string_pretty(&report)?)?;
+        }
+        Ok(())
+    }
 }
 
 /// The cell of `flex_lssa.py` that times `variant` in `pass`, if it has one.
