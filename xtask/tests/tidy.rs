@@ -10,10 +10,10 @@ use common::{root, text_files, tracked};
 
 #[test]
 fn gpt_model_has_unsafe_code_only_in_its_ffi_module() {
-    // ARCHITECTURE.md: only `attention/fused.rs` (and the C++ in `csrc/`) holds gpt-model's FFI.
+    // ARCHITECTURE.md invariant 6: only `src/ffi/` (and the C++ in `csrc/`) holds gpt-model's FFI.
     let offenders: Vec<String> = text_files(&["rs"])
         .into_iter()
-        .filter(|(p, _)| p.starts_with("crates/gpt-model/src") && !p.ends_with("attention/fused.rs"))
+        .filter(|(p, _)| p.starts_with("crates/gpt-model/src") && !p.starts_with("crates/gpt-model/src/ffi/"))
         .flat_map(|(p, text)| {
             text.lines()
                 .enumerate()
@@ -25,7 +25,7 @@ fn gpt_model_has_unsafe_code_only_in_its_ffi_module() {
                 .collect::<Vec<_>>()
         })
         .collect();
-    assert!(offenders.is_empty(), "unsafe outside gpt-model's attention/fused.rs: {offenders:?}");
+    assert!(offenders.is_empty(), "unsafe outside gpt-model's src/ffi/: {offenders:?}");
 }
 
 #[test]
@@ -489,6 +489,77 @@ fn no_crate_has_a_cycle_between_its_top_level_modules() {
         cycles.extend(on_cycles(&module_edges(&mine, &src)).into_iter().map(|c| format!("{krate}: {c}")));
     }
     assert!(cycles.is_empty(), "modules that depend on each other (directly or through others): {cycles:?}");
+}
+
+/// The edges `module -> module` between the child modules of `dir/mod.rs` (files `dir/<m>.rs`): a
+/// `super::<m>::` path, or an item that `mod.rs` re-exports from `<m>` named through `super::`, outside
+/// comments and the `#[cfg(test)]` part.
+fn child_module_edges(mod_rs: &str, children: &[(String, String)]) -> std::collections::BTreeSet<(String, String)> {
+    let names: Vec<&str> = children.iter().map(|(m, _)| m.as_str()).collect();
+    // `[pub[(crate)]] use <m>::{a, b};` or `use <m>::a;` in mod.rs: item -> m.
+    let mut owner = std::collections::BTreeMap::new();
+    let flat = mod_rs.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join(" ");
+    for statement in flat.split(';') {
+        let Some((_, path)) = statement.split_once("use ") else { continue };
+        let Some((m, items)) = path.trim().split_once("::") else { continue };
+        if names.contains(&m) {
+            for item in items.trim_matches(|c| c == '{' || c == '}' || c == ' ').split(',') {
+                owner.insert(item.trim().to_string(), m.to_string());
+            }
+        }
+    }
+    let mut edges = std::collections::BTreeSet::new();
+    for (module, text) in children {
+        let code = text.split("#[cfg(test)]").next().unwrap_or("");
+        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+            for (i, _) in line.match_indices("super::") {
+                let rest = &line[i + 7..];
+                let words: Vec<String> = if let Some(group) = rest.strip_prefix('{') {
+                    group.split('}').next().unwrap_or("").split(',').map(|w| w.trim().to_string()).collect()
+                } else {
+                    vec![rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect()]
+                };
+                for w in words {
+                    let target = if names.contains(&w.as_str()) { Some(w.clone()) } else { owner.get(&w).cloned() };
+                    if let Some(t) = target.filter(|t| t != module) {
+                        edges.insert((module.clone(), t));
+                    }
+                }
+            }
+        }
+    }
+    edges
+}
+
+#[test]
+fn the_cuda_modules_have_no_cycle() {
+    // ARCHITECTURE.md: `config` and `compile` use no module that uses them back, and so on down.
+    let dir = root().join("crates/attn-kernels/src/cuda");
+    let read = |p: &Path| std::fs::read_to_string(p).expect("a cuda source");
+    let mod_rs = read(&dir.join("mod.rs"));
+    let mut children = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("the cuda directory") {
+        let p = entry.expect("an entry").path();
+        let name = p.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_string();
+        if p.extension().is_some_and(|e| e == "rs") && name != "mod" {
+            children.push((name, read(&p)));
+        }
+    }
+    let edges = child_module_edges(&mod_rs, &children);
+    assert!(edges.contains(&("device".into(), "compile".into())), "the reader lost an edge: {edges:?}");
+    let cycles = on_cycles(&edges);
+    assert!(cycles.is_empty(), "cuda modules that depend on each other: {cycles:?} (edges {edges:?})");
+}
+
+#[test]
+fn the_child_module_reader_follows_re_exports() {
+    let mod_rs = "mod a;\nmod b;\npub use a::{X, Y};\n// use b::Z;\nuse b::W;\n";
+    let children = [
+        ("a".to_string(), "use super::W;\n".to_string()),
+        ("b".to_string(), "fn f() -> super::X { todo!() }\n#[cfg(test)]\nuse super::a::Y;\n".to_string()),
+    ];
+    let edges = child_module_edges(mod_rs, &children);
+    assert_eq!(edges, [("a".to_string(), "b".to_string()), ("b".to_string(), "a".to_string())].into());
 }
 
 #[test]

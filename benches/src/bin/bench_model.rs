@@ -71,7 +71,7 @@ fn block_config(variant: &str, t: usize) -> ModelConfig {
         n_layer: 1,
         vocab_size: 64,
         context_len: t,
-        attention: variant.to_string(),
+        attention: variant.parse().unwrap_or_else(|e| panic!("`{variant}` is not a variant: {e}")),
         attn_impl: AttnImpl::Reference,
         ..ModelConfig::gpt2_124m()
     }

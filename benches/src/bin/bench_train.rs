@@ -178,7 +178,7 @@ fn small_config(variant: &str, t: usize, steps: usize, threads: usize, out_dir: 
     let path = env::workspace_root().join("configs/small.toml");
     let text = std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
     let mut cfg = TrainConfig::from_toml_with_overrides(&text, "configs/small.toml", &[])?;
-    cfg.model.attention = variant.to_string();
+    cfg.model.attention = variant.parse()?;
     cfg.model.context_len = t;
     cfg.tokens_per_step = cfg.batch_size * t;
     cfg.max_steps = steps;
@@ -373,7 +373,7 @@ fn main() -> Result<()> {
             python.display()
         );
     }
-    trainer::process::claim_threads(cli.threads)?;
+    let _threads = trainer::process::claim_threads(cli.threads)?;
     trainer::process::keep_freed_memory(); // as trainer::train does: the profile below runs under it too
     let cfg = small_config("softmax", 64, 1, cli.threads, Path::new("."))?;
     let batch = cfg.batch_size;

@@ -44,6 +44,14 @@ impl Target {
         }
     }
 
+    /// This target running the CUDA kernels `kernel` (a CPU target is returned unchanged).
+    pub fn with_cuda_kernel(self, kernel: cuda::Kernel) -> Target {
+        match self {
+            Target::Cuda { dtype, .. } => Target::Cuda { dtype, kernel },
+            cpu @ Target::Cpu(_) => cpu,
+        }
+    }
+
     /// The element type of the tensors this target runs on ([`Params::dtype`]).
     pub fn dtype(&self) -> crate::Dtype {
         match self {

@@ -26,9 +26,9 @@ pub struct LayerSinks {
 
 /// Sums of the statistics of rows of `q` (absolute positions `q_offset..`) against `k`: returns
 /// `(sum of first-key shares, sum of entropies, rows counted)`.
-fn block_sums(q: &Tensor, k: &Tensor, variant: &attn_core::Variant, q_offset: i64) -> Result<(f64, f64, f64)> {
+fn block_sums(q: &Tensor, k: &Tensor, plan: &attn_core::Plan, q_offset: i64) -> Result<(f64, f64, f64)> {
     let t_q = q.size()[2];
-    let w = torch_ops::weights(q, &k.narrow(2, 0, q_offset + t_q), variant, q_offset)?.to_kind(Kind::Double);
+    let w = torch_ops::weights(q, &k.narrow(2, 0, q_offset + t_q), plan, q_offset)?.to_kind(Kind::Double);
     let sum = w.sum_dim_intlist(-1, true, Kind::Double); // (B, H, T_q, 1)
     let valid = sum.gt(0.0);
     let p = &w / sum.where_self(&valid, &sum.ones_like());
@@ -50,14 +50,14 @@ fn block_sums(q: &Tensor, k: &Tensor, variant: &attn_core::Variant, q_offset: i6
     ))
 }
 
-/// The statistics of queries `q` and keys `k` (`(B, H, T, d)`, after RoPE) under `variant`.
-pub fn stats_from_qk(q: &Tensor, k: &Tensor, variant: &attn_core::Variant) -> Result<LayerSinks> {
+/// The statistics of queries `q` and keys `k` (`(B, H, T, d)`, after RoPE) under a variant's `plan`.
+pub fn stats_from_qk(q: &Tensor, k: &Tensor, plan: &attn_core::Plan) -> Result<LayerSinks> {
     let t = q.size()[2];
     let (mut first, mut entropy, mut rows) = (0.0, 0.0, 0.0);
     let mut start = 0;
     while start < t {
         let n = BLOCK.min(t - start);
-        let (f, e, r) = block_sums(&q.narrow(2, start, n), k, variant, start)?;
+        let (f, e, r) = block_sums(&q.narrow(2, start, n), k, plan, start)?;
         first += f;
         entropy += e;
         rows += r;
@@ -70,7 +70,9 @@ pub fn stats_from_qk(q: &Tensor, k: &Tensor, variant: &attn_core::Variant) -> Re
 /// Every layer's statistics on the token windows `idx` `(B, T)` with evaluation options `opts`.
 pub fn layer_stats(model: &Gpt, idx: &Tensor, opts: &ForwardOptions) -> Result<Vec<LayerSinks>> {
     let mut out: Vec<Result<LayerSinks>> = Vec::new();
-    let _logits = tch::no_grad(|| model.forward_probed(idx, opts, &mut |_, q, k, v| out.push(stats_from_qk(q, k, v))))?;
+    let _logits = tch::no_grad(|| {
+        model.forward_probed(idx, opts, &mut |_, q, k, att| out.push(stats_from_qk(q, k, att.plan())))
+    })?;
     out.into_iter().collect()
 }
 
@@ -88,7 +90,7 @@ pub fn attention_map(
         model.forward_probed(&idx.narrow(0, 0, 1), opts, &mut |l, q, k, v| {
             if l == layer {
                 let (q, k) = (q.narrow(1, head, 1), k.narrow(1, head, 1));
-                map = Some(torch_ops::weights(&q, &k, v, 0).map_err(anyhow::Error::from));
+                map = Some(torch_ops::weights(&q, &k, v.plan(), 0).map_err(anyhow::Error::from));
             }
         })
     })?;
@@ -110,7 +112,7 @@ mod tests {
         let t = 600; // more than one block of rows
         let q = Tensor::zeros([1, 2, t, 8], (Kind::Float, tch::Device::Cpu));
         let k = gpt_model::model::with_seed(2, || Tensor::randn([1, 2, t, 8], (Kind::Float, tch::Device::Cpu)));
-        let s = stats_from_qk(&q, &k, &"softmax".parse::<attn_core::Variant>().unwrap()).unwrap();
+        let s = stats_from_qk(&q, &k, &"softmax".parse::<attn_core::Variant>().unwrap().plan().unwrap()).unwrap();
         let rows = (1..t).map(|i| i as f64 + 1.0);
         let n = (t - 1) as f64;
         let first: f64 = rows.clone().map(|r| 1.0 / r).sum::<f64>() / n;
@@ -137,8 +139,8 @@ mod tests {
         }
         let q = Tensor::from_slice(&qv).view([1, 1, t as i64, d as i64]);
         let k = Tensor::from_slice(&kv).view([1, 1, t as i64, d as i64]);
-        let sharp = stats_from_qk(&q, &k, &"lssa+rw15".parse::<attn_core::Variant>().unwrap()).unwrap();
-        let soft = stats_from_qk(&q, &k, &"softmax".parse::<attn_core::Variant>().unwrap()).unwrap();
+        let sharp = stats_from_qk(&q, &k, &"lssa+rw15".parse::<attn_core::Variant>().unwrap().plan().unwrap()).unwrap();
+        let soft = stats_from_qk(&q, &k, &"softmax".parse::<attn_core::Variant>().unwrap().plan().unwrap()).unwrap();
         assert!(sharp.first_key > 0.99 && sharp.entropy < 0.1, "{sharp:?}");
         assert!(soft.first_key < sharp.first_key && soft.entropy > sharp.entropy, "{soft:?} vs {sharp:?}");
     }
@@ -149,7 +151,7 @@ mod tests {
         let cfg = gpt_model::ModelConfig {
             vocab_size: 64,
             context_len: 32,
-            attention: "lssa".into(),
+            attention: "lssa".parse().unwrap(),
             ..gpt_model::ModelConfig::preset("tiny").unwrap()
         };
         let model = Gpt::new_seeded(&vs.root(), &cfg, 1).unwrap();

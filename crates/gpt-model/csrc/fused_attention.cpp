@@ -2,8 +2,14 @@
 //
 // tch has no custom-autograd API, so this file defines a `torch::autograd::Function` whose static
 // forward and backward call back into Rust (`gpt_model_fused_forward` / `_backward`, defined in
-// src/attention/fused.rs) with one `AttnParams` struct of pointers, strides and sizes: exactly the
-// layout of `attn_kernels::cpu::Params` (#[repr(C)]), so the kernels read it as it is.
+// src/ffi/attention.rs) with the node's call (opaque here) and one `AttnParams` struct of pointers,
+// strides and sizes: exactly the layout of `attn_kernels::Params` (#[repr(C)]), so the kernels read it
+// as it is.
+//
+// The call (Rust's `FusedCall`: the typed variant, the kernels' target, the helper flag) is owned by
+// the node from `gpt_model_fused_apply` on: a `CallRef` in the autograd context's saved data releases
+// it through `gpt_model_fused_release` when the node dies, so the backward finds the forward's call
+// without any process-wide registry.
 //
 // Memory: every tensor is allocated here by libtorch (outputs, row statistics, gradients) and owned
 // by libtorch; Rust only reads and writes through the pointers for the duration of one callback.
@@ -19,6 +25,7 @@
 #include <ATen/ATen.h>
 #include <lssa_ffi_guard.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/core/ivalue.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <cstdint>
@@ -43,21 +50,25 @@ struct AttnParams {
   uint32_t dtype;  // attn_kernels::Dtype: 0 f32, 1 f16, 2 bf16 (what every tensor above holds)
 };
 
-// Mirrors gpt_model::attention::fused::VariantHandle (checked from Rust: gpt_model_bridge_handle_size):
-// which interned variant, which kernels (0: CPU; 1, 2, 3: CUDA f32, f16, bf16), and whether the CPU
-// statistics buffer also holds re-weighting's backward helper.
-struct VariantHandle {
-  uint32_t variant, target, aux;
-};
-
-// Implemented in Rust.
-char* gpt_model_fused_forward(const VariantHandle* handle, const AttnParams* p);
-char* gpt_model_fused_backward(const VariantHandle* handle, const AttnParams* p);
+// Implemented in Rust (src/ffi/attention.rs); `call` is Rust's opaque `FusedCall`.
+char* gpt_model_fused_forward(const void* call, const AttnParams* p);
+char* gpt_model_fused_backward(const void* call, const AttnParams* p);
+void gpt_model_fused_release(void* call);
 void gpt_model_fused_free_error(char* msg);
 
 }  // extern "C"
 
 namespace {
+
+// Owns one Rust call for as long as the autograd node that saved it (an IValue capsule in the
+// context's saved data; the capsule is the IValue that holds an arbitrary C++ object).
+struct CallRef : torch::CustomClassHolder {
+  void* call;
+  explicit CallRef(void* c) : call(c) {}
+  CallRef(const CallRef&) = delete;
+  CallRef& operator=(const CallRef&) = delete;
+  ~CallRef() override { gpt_model_fused_release(call); }
+};
 
 RawTensor raw(const at::Tensor& t) {
   RawTensor r;
@@ -100,7 +111,7 @@ AttnParams base_params(const at::Tensor& q, const at::Tensor& k, const at::Tenso
 
 struct FusedAttention : public torch::autograd::Function<FusedAttention> {
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q_in, const at::Tensor& k_in,
-                            const at::Tensor& v_in, int64_t variant, int64_t target, int64_t aux,
+                            const at::Tensor& v_in, const c10::intrusive_ptr<CallRef>& call,
                             int64_t stats_per_row) {
     at::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
     at::Tensor o = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));  // (B, H, T, d)
@@ -108,12 +119,9 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     AttnParams p = base_params(q, k, v);
     p.o = raw(o);
     p.stats = stats.data_ptr<float>();
-    VariantHandle handle{static_cast<uint32_t>(variant), static_cast<uint32_t>(target), static_cast<uint32_t>(aux)};
-    check_rust(gpt_model_fused_forward(&handle, &p));
+    check_rust(gpt_model_fused_forward(call->call, &p));
     ctx->save_for_backward({q, k, v, o, stats});
-    ctx->saved_data["variant"] = variant;
-    ctx->saved_data["target"] = target;
-    ctx->saved_data["aux"] = aux;
+    ctx->saved_data["call"] = c10::IValue::make_capsule(call);
     return o;
   }
 
@@ -132,12 +140,10 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
     p.dq = raw(dq);
     p.dk = raw(dk);
     p.dv = raw(dv);
-    VariantHandle handle{static_cast<uint32_t>(ctx->saved_data["variant"].toInt()),
-                         static_cast<uint32_t>(ctx->saved_data["target"].toInt()),
-                         static_cast<uint32_t>(ctx->saved_data["aux"].toInt())};
-    check_rust(gpt_model_fused_backward(&handle, &p));
-    // No gradient for the four integer arguments.
-    return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    auto call = c10::static_intrusive_pointer_cast<CallRef>(ctx->saved_data["call"].toCapsule());
+    check_rust(gpt_model_fused_backward(call->call, &p));
+    // No gradient for the call and the statistics count.
+    return {dq, dk, dv, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -145,16 +151,22 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
 
 extern "C" {
 
-// Fused causal attention of (B, H, T, d) f32 CPU tensors `q`, `k`, `v` (Rust checked device, dtype and
-// shapes), recorded in the autograd graph. On success writes a new tensor to `*out` (owned by the
-// caller, as tch's `Tensor::from_ptr` expects) and returns null; on failure returns the message.
-char* gpt_model_fused_apply(at::Tensor* q, at::Tensor* k, at::Tensor* v, const VariantHandle* handle,
-                            int64_t stats_per_row, at::Tensor** out) {
+// Fused causal attention of (B, H, T, d) tensors `q`, `k`, `v` (Rust checked devices, dtypes and
+// shapes) running `call`, recorded in the autograd graph. Takes ownership of `call` whatever happens.
+// On success writes a new tensor to `*out` (owned by the caller, as tch's `Tensor::from_ptr` expects)
+// and returns null; on failure returns the message.
+char* gpt_model_fused_apply(at::Tensor* q, at::Tensor* k, at::Tensor* v, void* call, int64_t stats_per_row,
+                            at::Tensor** out) {
+  c10::intrusive_ptr<CallRef> owned;
+  try {
+    owned = c10::make_intrusive<CallRef>(call);
+  } catch (...) {
+    gpt_model_fused_release(call);
+    return lssa_ffi::dup_message("out of memory in the fused attention bridge");
+  }
   return lssa_ffi::guarded(
       [&] {
-        at::Tensor o = FusedAttention::apply(*q, *k, *v, static_cast<int64_t>(handle->variant),
-                                             static_cast<int64_t>(handle->target),
-                                             static_cast<int64_t>(handle->aux), stats_per_row);
+        at::Tensor o = FusedAttention::apply(*q, *k, *v, owned, stats_per_row);
         *out = new at::Tensor(std::move(o));
       },
       "unknown C++ exception in the fused attention bridge");
@@ -164,9 +176,14 @@ void gpt_model_bridge_free(char* msg) { std::free(msg); }
 
 size_t gpt_model_bridge_params_size() { return sizeof(AttnParams); }
 
-size_t gpt_model_bridge_handle_size() { return sizeof(VariantHandle); }
+// CUDA autocast's (tch::autocast's) compute dtype, as the int of its at::ScalarType
+// (src/ffi/autocast.rs): libtorch's default is fp16; the trainer's recipe asks for bf16.
+int gpt_model_autocast_cuda_dtype() { return static_cast<int>(at::autocast::get_autocast_dtype(at::kCUDA)); }
 
-// Makes CUDA autocast (tch::autocast) compute in bf16 instead of libtorch's default fp16.
-void gpt_model_autocast_cuda_bf16() { at::autocast::set_autocast_dtype(at::kCUDA, at::kBFloat16); }
+void gpt_model_set_autocast_cuda_dtype(int dtype) {
+  at::autocast::set_autocast_dtype(at::kCUDA, static_cast<at::ScalarType>(dtype));
+}
+
+int gpt_model_scalar_type_bf16() { return static_cast<int>(at::kBFloat16); }
 
 }  // extern "C"

@@ -129,7 +129,7 @@ pub fn save_with(
     meta.insert("format".into(), FORMAT.into());
     meta.insert("format_version".into(), FORMAT_VERSION.into());
     meta.insert("config".into(), cfg.to_toml());
-    meta.insert("variant".into(), cfg.attention.clone());
+    meta.insert("variant".into(), cfg.attention.to_string());
     write_tensors(&named, meta, path)
 }
 

@@ -1,5 +1,6 @@
 //! Model configuration: a serde/TOML struct with documented defaults and named presets.
 
+use attn_core::Variant;
 use serde::{Deserialize, Serialize};
 
 /// Which attention implementation the model runs. Both give the same results (tested); they differ
@@ -40,9 +41,11 @@ pub struct ModelConfig {
     pub context_len: usize,
     /// RoPE base `b` (10000, SPEC section 7 \[choice\]); scaled as `b s^(d/(d-2))` at `s x T_train`.
     pub rope_base: f64,
-    /// Attention variant by name (attn-core grammar, e.g. `lssa+rw15`); the training-time
+    /// Attention variant, written by name in TOML (attn-core grammar, e.g. `lssa+rw15`) and parsed
+    /// when the config is read (a bad name is an error naming this key); the training-time
     /// re-weighting, if any, is part of the name.
-    pub attention: String,
+    #[serde(with = "variant_name")]
+    pub attention: Variant,
     /// Attention implementation.
     pub attn_impl: AttnImpl,
     /// MLP hidden width as a multiple of `d_model`.
@@ -90,7 +93,7 @@ impl ModelConfig {
             vocab_size: 50257,
             context_len: 1024,
             rope_base: 10000.0,
-            attention: "softmax".into(),
+            attention: Variant::preset("softmax").expect("softmax is a preset"),
             attn_impl: AttnImpl::Fused,
             mlp_ratio: 4,
         }
@@ -123,17 +126,17 @@ impl ModelConfig {
         toml::to_string(self).expect("a ModelConfig always serialises")
     }
 
-    /// Checks sizes and the attention name.
+    /// Checks sizes and the attention variant's parameters.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.validate_sizes()?;
         if let Err(e) = self.variant() {
             let reason = e.to_string();
-            return Err(ConfigError::Invalid { field: "attention", value: format!("{:?}", self.attention), reason });
+            return Err(ConfigError::Invalid { field: "attention", value: self.attention.to_string(), reason });
         }
         Ok(())
     }
 
-    /// Checks every field but the attention name.
+    /// Checks every field but the attention variant.
     pub(crate) fn validate_sizes(&self) -> Result<(), ConfigError> {
         let bad =
             |field, value: String, reason: &str| Err(ConfigError::Invalid { field, value, reason: reason.into() });
@@ -171,10 +174,9 @@ impl ModelConfig {
         self.vocab_size.div_ceil(64) * 64
     }
 
-    /// The attention variant, with the training length filled in for `sigmoid-bias`.
-    pub fn variant(&self) -> Result<attn_core::Variant, attn_core::Error> {
-        let v: attn_core::Variant = self.attention.parse()?;
-        let v = v.with_train_len(self.context_len);
+    /// The attention variant, with the training length filled in for `sigmoid-bias`, validated.
+    pub fn variant(&self) -> Result<Variant, attn_core::Error> {
+        let v = self.attention.clone().with_train_len(self.context_len);
         v.validate()?;
         Ok(v)
     }
@@ -192,5 +194,22 @@ impl ModelConfig {
     /// second term is the attention scores and weighted sum, forward and backward). Used for MFU.
     pub fn flops_per_token(&self, t: usize) -> f64 {
         6.0 * self.n_params() as f64 + 12.0 * (self.n_layer * self.d_model * t) as f64
+    }
+}
+
+/// [`ModelConfig::attention`] as its name in TOML: written with `Display`, read with `FromStr`, so a
+/// config holds a parsed [`Variant`] from the moment it is read.
+mod variant_name {
+    use attn_core::Variant;
+    use serde::de::Error as _;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(variant: &Variant, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(variant)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Variant, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(|e| D::Error::custom(format!("attention = {name:?}: {e}")))
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! Owns: the model ([`model::Gpt`]), its config and presets ([`config`]), checkpoint I/O
 //! ([`checkpoint`]), generation with a KV cache, and the bridge that puts the fused `attn-kernels`
-//! inside libtorch's autograd ([`attention::fused`]). It is the only crate that knows `tch` modules.
+//! inside libtorch's autograd ([`attention::fused`], on the crate's one FFI module `ffi`). It is the only crate that knows `tch` modules.
 //!
 //! Must never depend on: `trainer`, `experiments` (no training loop, no process groups, no reporting
 //! here). The attention maths itself is never re-derived here: it comes from `attn-core` (reference)
@@ -13,6 +13,7 @@
 pub mod attention;
 pub mod checkpoint;
 pub mod config;
+mod ffi;
 pub mod io;
 pub mod loss;
 pub mod model;

@@ -13,7 +13,7 @@ use tch::Tensor;
 /// `(N,)` (int64 in `0..V`); differentiable in `logits`. Errors name the bad shape, dtype or id.
 pub fn cross_entropy(logits: &Tensor, targets: &Tensor) -> Result<Tensor, String> {
     // The crate's FFI lives in one module (ARCHITECTURE.md; a tidy test keeps it there).
-    crate::attention::fused::cross_entropy(logits, targets)
+    crate::ffi::loss::cross_entropy(logits, targets)
 }
 
 #[cfg(test)]

@@ -3,12 +3,12 @@
 
 use tch::nn;
 
-/// What [`Gpt::forward_probed`] calls per layer: `(layer, q, k, variant)`.
-pub type AttnProbe<'a> = dyn FnMut(usize, &Tensor, &Tensor, &attn_core::Variant) + 'a;
+/// What [`Gpt::forward_probed`] calls per layer: `(layer, q, k, attention)`.
+pub type AttnProbe<'a> = dyn FnMut(usize, &Tensor, &Tensor, &Attention) + 'a;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::attention::{self, AttentionError};
+use crate::attention::{self, Attention, AttentionError};
 use crate::config::{AttnImpl, ConfigError, ModelConfig};
 
 /// Errors of the model.
@@ -83,7 +83,7 @@ struct Block {
 #[derive(Debug)]
 pub struct Gpt {
     cfg: ModelConfig,
-    variant: attn_core::Variant,
+    attention: Attention,
     wte: Tensor,
     blocks: Vec<Block>,
     ln_f: nn::LayerNorm,
@@ -152,30 +152,24 @@ impl Gpt {
         with_seed(seed, || Self::build(vs, cfg))
     }
 
-    /// [`Gpt::new`] with the attention variant given as a value instead of by the config's name: a
-    /// variant built in code, such as one with a user's own [`attn_core::Activation`] (which runs on
-    /// every path: the fused CPU kernels through its own f64 methods, the reference and KV-cached
-    /// decoding through [`crate::attention::torch_ops`]; CUDA falls back to the reference). The
-    /// config's `attention` field is ignored and replaced by the variant's name (`custom(...)` for a
-    /// user's activation, which a checkpoint stores but [`Gpt::new`] cannot parse back: restore such
-    /// a model with this constructor and the same variant). For a seeded build, call it inside
-    /// [`with_seed`].
+    /// [`Gpt::new`] with the attention variant given apart from the config: a variant built in code,
+    /// such as one with a user's own [`attn_core::Activation`] (which runs on every path: the fused
+    /// CPU kernels through its own f64 methods, the reference and KV-cached decoding through
+    /// [`crate::attention::torch_ops`]; CUDA falls back to the reference). It replaces the config's
+    /// `attention` (a checkpoint stores a user's activation as `custom(...)`, which does not parse
+    /// back: restore such a model with this constructor and the same variant). For a seeded build,
+    /// call it inside [`with_seed`].
     ///
     /// Errors when the variant misses a parameter (`sigmoid-bias` gets `T_train` from the config).
     pub fn with_variant(vs: &nn::Path<'_>, cfg: &ModelConfig, variant: attn_core::Variant) -> Result<Self, ModelError> {
-        let variant = variant.with_train_len(cfg.context_len);
-        let cfg = ModelConfig { attention: variant.to_string(), ..cfg.clone() };
-        exclusive_init(|| Self::build_with(vs, &cfg, variant))
+        let cfg = ModelConfig { attention: variant, ..cfg.clone() };
+        exclusive_init(|| Self::build(vs, &cfg))
     }
 
     fn build(vs: &nn::Path<'_>, cfg: &ModelConfig) -> Result<Self, ModelError> {
-        cfg.validate()?;
-        Self::build_with(vs, cfg, cfg.variant()?)
-    }
-
-    fn build_with(vs: &nn::Path<'_>, cfg: &ModelConfig, variant: attn_core::Variant) -> Result<Self, ModelError> {
         cfg.validate_sizes()?;
-        variant.plan()?; // every parameter set and valid: refused here, not at the first forward
+        // Every parameter set and valid, and the plan derived: refused here, not at the first forward.
+        let attention = Attention::new(cfg.variant()?, cfg.attn_impl)?;
         let d = cfg.d_model;
         let std = 0.02;
         let resid_std = 0.02 / (2.0 * cfg.n_layer as f64).sqrt();
@@ -195,7 +189,7 @@ impl Gpt {
             })
             .collect();
         let ln_f = layer_norm(vs / "ln_f", d);
-        Ok(Self { cfg: cfg.clone(), variant, wte, blocks, ln_f })
+        Ok(Self { cfg: cfg.clone(), attention, wte, blocks, ln_f })
     }
 
     /// The config.
@@ -203,9 +197,22 @@ impl Gpt {
         &self.cfg
     }
 
-    /// The attention variant the model was built with.
+    /// The attention variant the model was built with (its `sigmoid-bias` training length filled in).
     pub fn variant(&self) -> &attn_core::Variant {
-        &self.variant
+        self.attention.variant()
+    }
+
+    /// The model's prepared attention: its variant, plan, implementation and CUDA kernels.
+    pub fn attention(&self) -> &Attention {
+        &self.attention
+    }
+
+    /// Runs the CUDA kernels `kernel` from now on ([`cuda::Kernel::Auto`] unless set; a lab version
+    /// needs attn-kernels' `lab` feature).
+    ///
+    /// [`cuda::Kernel::Auto`]: attn_kernels::cuda::Kernel::Auto
+    pub fn set_cuda_kernel(&mut self, kernel: attn_kernels::cuda::Kernel) {
+        self.attention = self.attention.clone().with_cuda_kernel(kernel);
     }
 
     /// Logits `(B, T, V_pad)` of token ids `idx` `(B, T)` (int64).
@@ -214,7 +221,7 @@ impl Gpt {
     }
 
     /// [`Gpt::forward`] that also hands every layer's queries and keys (after RoPE, `(B, H, T, hd)`)
-    /// and the attention variant in use to `probe(layer, q, k, variant)`: for attention statistics
+    /// and the attention in use (its variant and plan) to `probe(layer, q, k, attention)`: for attention statistics
     /// (sinks, entropy, maps) without a second copy of the model's forward pass.
     pub fn forward_probed(
         &self,
@@ -279,11 +286,18 @@ impl Gpt {
         }
         let (b, t) = (size[0], size[1]);
         let h = self.cfg.n_head as i64;
-        let variant = match opts.reweight {
-            Some(p) => self.variant.clone().with_reweight(p)?,
-            None => self.variant.clone(),
-        };
-        let imp = opts.attn_impl.unwrap_or(self.cfg.attn_impl);
+        // The model's attention, or one prepared once for this call's post-hoc power or implementation.
+        let posthoc;
+        let mut att = &self.attention;
+        if let Some(p) = opts.reweight {
+            posthoc = att.with_reweight(p)?;
+            att = &posthoc;
+        }
+        let other_impl;
+        if let Some(imp) = opts.attn_impl.filter(|&imp| imp != att.imp()) {
+            other_impl = att.with_impl(imp);
+            att = &other_impl;
+        }
         let device = self.wte.device();
         let (cos, sin) = self.rope_tables(offset, t, opts, device);
         let mut x = Tensor::embedding(&self.wte, idx, -1, false, false); // (B, T, d)
@@ -300,9 +314,9 @@ impl Gpt {
                 lc.v = Some(v.shallow_clone());
             }
             if let Some(probe) = probe.as_deref_mut() {
-                probe(layer, &q, &k, &variant);
+                probe(layer, &q, &k, att);
             }
-            let y = attention::attend(&q, &k, &v, &variant, imp, offset)?; // (B, H, T, hd)
+            let y = attention::attend(&q, &k, &v, att, offset)?; // (B, H, T, hd)
             let y = y.transpose(1, 2).contiguous().view([b, t, self.cfg.d_model as i64]);
             // Not `+=`: on a tch tensor that is an in-place add, which breaks autograd (the LayerNorm
             // saved `x` for its backward).
@@ -620,7 +634,7 @@ pub fn qkv_heads(qkv: &Tensor, cos: &Tensor, sin: &Tensor, heads: i64) -> Result
     if !fused {
         return qkv_heads_ops(qkv, cos, sin, heads);
     }
-    let [q, k, v] = crate::attention::fused::qkv_heads(qkv, cos, sin, heads)?;
+    let [q, k, v] = crate::ffi::rope::qkv_heads(qkv, cos, sin, heads)?;
     Ok((q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)))
 }
 

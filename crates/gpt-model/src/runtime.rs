@@ -24,10 +24,43 @@ pub fn best_device() -> Device {
     Device::cuda_if_available()
 }
 
-/// Makes `tch::autocast(true, ..)` on CUDA compute in bf16 (libtorch's default is fp16), as the paper's
-/// recipe (SPEC section 8) asks. Process-wide; harmless without CUDA.
-pub fn use_bf16_autocast() {
-    crate::attention::fused::autocast_cuda_bf16();
+/// While held, `tch::autocast(true, ..)` on CUDA computes in bf16 (libtorch's default is fp16), as the
+/// paper's recipe (SPEC section 8) asks; harmless without CUDA. The setting is libtorch's, one per
+/// process, so holders count: the first sets bf16, the last one dropped restores what it found.
+/// Two trainings of one process that both ask for bf16 share it, and the process is left as found.
+#[derive(Debug)]
+#[must_use = "autocast computes in bf16 only while the guard lives"]
+pub struct Bf16Autocast(());
+
+/// Holders of [`Bf16Autocast`] and the dtype the first found.
+static BF16_HOLDERS: std::sync::Mutex<(usize, i32)> = std::sync::Mutex::new((0, 0));
+
+impl Bf16Autocast {
+    /// Sets bf16 (if no other holder has) until the returned guard and every other holder drop.
+    pub fn hold() -> Self {
+        let mut h = BF16_HOLDERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if h.0 == 0 {
+            h.1 = crate::ffi::autocast::cuda_dtype();
+            crate::ffi::autocast::set_cuda_dtype(crate::ffi::autocast::bf16());
+        }
+        h.0 += 1;
+        Bf16Autocast(())
+    }
+
+    /// Whether CUDA autocast computes in bf16 now.
+    pub fn is_active() -> bool {
+        crate::ffi::autocast::cuda_dtype() == crate::ffi::autocast::bf16()
+    }
+}
+
+impl Drop for Bf16Autocast {
+    fn drop(&mut self) {
+        let mut h = BF16_HOLDERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        h.0 -= 1;
+        if h.0 == 0 {
+            crate::ffi::autocast::set_cuda_dtype(h.1);
+        }
+    }
 }
 
 /// The Python interpreter of the venv whose libtorch this process loaded, and how it was chosen:
@@ -76,6 +109,19 @@ mod tests {
         assert_eq!(venv_python(&torch), Some(dir.path().join("bin/python")));
         // A torch that is not inside site-packages (a plain libtorch download) has no venv.
         assert_eq!(venv_python(&dir.path().join("libtorch")), None);
+    }
+
+    #[test]
+    fn bf16_autocast_holders_count_and_the_last_restores_what_the_first_found() {
+        let before = crate::ffi::autocast::cuda_dtype();
+        assert!(!Bf16Autocast::is_active(), "libtorch's default is fp16");
+        let a = Bf16Autocast::hold();
+        assert!(Bf16Autocast::is_active());
+        let b = Bf16Autocast::hold();
+        drop(a);
+        assert!(Bf16Autocast::is_active(), "the second holder keeps it");
+        drop(b);
+        assert_eq!(crate::ffi::autocast::cuda_dtype(), before);
     }
 
     #[test]

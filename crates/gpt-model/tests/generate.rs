@@ -11,7 +11,7 @@ use tch::{Device, Kind, Tensor};
 
 fn tiny(attention: &str) -> ModelConfig {
     ModelConfig {
-        attention: attention.into(),
+        attention: attention.parse().unwrap(),
         attn_impl: AttnImpl::Reference,
         vocab_size: 64,
         context_len: 32,

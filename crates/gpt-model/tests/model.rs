@@ -12,7 +12,7 @@ use tch::{Device, Kind, Tensor};
 
 fn tiny(attention: &str, imp: AttnImpl) -> ModelConfig {
     ModelConfig {
-        attention: attention.into(),
+        attention: attention.parse().unwrap(),
         attn_impl: imp,
         vocab_size: 64,
         context_len: 32,
@@ -310,7 +310,7 @@ fn a_custom_activation_trains_fused_on_the_cpu_and_decodes_with_the_kv_cache() {
     let cfg = tiny("lssa+rw3", AttnImpl::Fused);
     let vs = VarStore::new(Device::Cpu);
     let model = gpt_model::model::with_seed(7, || Gpt::with_variant(&vs.root(), &cfg, variant)).unwrap();
-    assert!(model.config().attention.starts_with("custom("), "{}", model.config().attention);
+    assert!(model.config().attention.to_string().starts_with("custom("), "{}", model.config().attention);
     let (builtin_vs, builtin) = build(&cfg, 7, Kind::Float); // the same weights, the built-in softplus
     let seq = tokens(2, 33, 64, 8);
     let (x, y) = (seq.narrow(1, 0, 32), seq.narrow(1, 1, 32));
@@ -463,7 +463,7 @@ fn full_model_gradients_match_finite_differences_in_f64() {
             d_model: 16,
             vocab_size: 11,
             context_len: 6,
-            attention: attention.into(),
+            attention: attention.parse().unwrap(),
             attn_impl: AttnImpl::Reference,
             ..ModelConfig::preset("tiny").unwrap()
         };
@@ -568,7 +568,7 @@ fn checkpoints_round_trip_and_refuse_another_model() {
     assert_eq!(model.forward(&x, &Default::default()).unwrap(), model2.forward(&x, &Default::default()).unwrap());
     assert_eq!(checkpoint::read_config(&path).unwrap(), cfg);
     // Another model: refused, naming the field.
-    let other = ModelConfig { attention: "softmax".into(), ..cfg.clone() };
+    let other = ModelConfig { attention: "softmax".parse().unwrap(), ..cfg.clone() };
     let (mut vs3, _m3) = build(&other, 21, Kind::Float);
     let err = checkpoint::load(&mut vs3, &other, &path).unwrap_err();
     assert!(matches!(&err, CheckpointError::ConfigMismatch { field, .. } if field == "attention"), "{err}");

@@ -250,8 +250,8 @@ fn outputs_do_not_depend_on_future_keys_or_values() {
     // unnormalised ones included: a leak there would show up as a suspiciously low loss).
     for name in attn_core::variant::STAGE1_NAMES {
         let variant = name.parse::<attn_core::Variant>().unwrap().with_train_len(16);
-        let a = torch_ops::attention(&q, &k, &v, &variant, 0).unwrap().narrow(2, 0, keep);
-        let b = torch_ops::attention(&q, &k2, &v2, &variant, 0).unwrap().narrow(2, 0, keep);
+        let a = torch_ops::attention(&q, &k, &v, &variant.plan().unwrap(), 0).unwrap().narrow(2, 0, keep);
+        let b = torch_ops::attention(&q, &k2, &v2, &variant.plan().unwrap(), 0).unwrap().narrow(2, 0, keep);
         assert_close(&format!("{name} causality"), &b, &a, 0.0);
     }
 }
@@ -413,9 +413,9 @@ fn a_user_activation_with_a_builtin_name_runs_as_itself() {
     let lssa: Variant = "lssa".parse().unwrap();
     let impostor = Variant::builder().preset("lssa").unwrap().activation(Impostor).build().unwrap();
     let want = attn_core::forward(&impostor, to_array(&q).view(), to_array(&k).view(), to_array(&v).view()).unwrap();
-    let got = torch_ops::attention(&q, &k, &v, &impostor, 0).unwrap();
+    let got = torch_ops::attention(&q, &k, &v, &impostor.plan().unwrap(), 0).unwrap();
     assert_close("impostor", &got, &to_tensor(want.view()), 1e-10);
-    let softplus = torch_ops::attention(&q, &k, &v, &lssa, 0).unwrap();
+    let softplus = torch_ops::attention(&q, &k, &v, &lssa.plan().unwrap(), 0).unwrap();
     assert!(rel_err(&got, &softplus) > 1e-2, "the impostor ran as softplus");
 }
 
@@ -432,7 +432,7 @@ fn every_variant_matches_attn_core_forward_and_backward() {
         for variant in every_variant() {
             let want = attn_core::forward(&variant, qa.view(), ka.view(), va.view()).unwrap();
             let (qg, kg, vg) = (q.set_requires_grad(true), k.set_requires_grad(true), v.set_requires_grad(true));
-            let out = torch_ops::attention(&qg, &kg, &vg, &variant, 0).unwrap();
+            let out = torch_ops::attention(&qg, &kg, &vg, &variant.plan().unwrap(), 0).unwrap();
             assert_close(&format!("{variant} {shape:?} forward"), &out.detach(), &to_tensor(want.view()), 1e-10);
             let grads = attn_core::backward(&variant, qa.view(), ka.view(), va.view(), ga.view()).unwrap();
             let got = Tensor::run_backward(&[(&out * &g).sum(Kind::Double)], &[&qg, &kg, &vg], false, false);
@@ -451,13 +451,15 @@ fn query_offsets_and_chunks_equal_the_full_computation() {
     let shape = [1, 2, 37, 16];
     let (q, k, v) = (input(shape, 91, 1.0), input(shape, 92, 1.0), input(shape, 93, 1.0));
     for variant in every_variant() {
-        let full = torch_ops::attention(&q, &k, &v, &variant, 0).unwrap();
+        let full = torch_ops::attention(&q, &k, &v, &variant.plan().unwrap(), 0).unwrap();
         for offset in [1, 3, 4, 20, 36] {
-            let tail = torch_ops::attention(&q.narrow(2, offset, 37 - offset), &k, &v, &variant, offset).unwrap();
+            let tail =
+                torch_ops::attention(&q.narrow(2, offset, 37 - offset), &k, &v, &variant.plan().unwrap(), offset)
+                    .unwrap();
             assert_close(&format!("{variant} offset {offset}"), &tail, &full.narrow(2, offset, 37 - offset), 1e-12);
         }
         for chunk in [1, 5, 16, 64] {
-            let chunked = torch_ops::attention_chunked(&q, &k, &v, &variant, 0, chunk).unwrap();
+            let chunked = torch_ops::attention_chunked(&q, &k, &v, &variant.plan().unwrap(), 0, chunk).unwrap();
             assert_close(&format!("{variant} chunk {chunk}"), &chunked, &full, 1e-12);
         }
     }
@@ -468,13 +470,14 @@ fn the_general_path_reports_bad_input() {
     let q = input([1, 1, 4, 8], 1, 1.0);
     let lssa: Variant = "lssa".parse().unwrap();
     let err =
-        torch_ops::attention(&q, &input([1, 1, 5, 8], 2, 1.0), &input([1, 1, 5, 8], 3, 1.0), &lssa, 0).unwrap_err();
+        torch_ops::attention(&q, &input([1, 1, 5, 8], 2, 1.0), &input([1, 1, 5, 8], 3, 1.0), &lssa.plan().unwrap(), 0)
+            .unwrap_err();
     assert!(err.to_string().contains("q_offset + T_q = 0 + 4") && err.to_string().contains("5"), "{err}");
-    let err = torch_ops::attention(&q, &q, &input([1, 1, 4, 4], 3, 1.0), &lssa, 0).unwrap_err();
+    let err = torch_ops::attention(&q, &q, &input([1, 1, 4, 4], 3, 1.0), &lssa.plan().unwrap(), 0).unwrap_err();
     assert!(err.to_string().contains("v must have the shape of k"), "{err}");
     // A parameter left unset is an error, not a silent default.
     let bias: Variant = "sigmoid-bias".parse().unwrap();
-    assert!(matches!(torch_ops::attention(&q, &q, &q, &bias, 0), Err(torch_ops::AttnError::Variant(_))));
+    assert!(bias.plan().is_err(), "its plan is refused, so no attention runs without it");
 }
 
 /// `x^2 + c` under one name for every `c`: two users' activations that share a name.
@@ -505,7 +508,8 @@ fn the_fused_bridge_keeps_two_user_activations_of_one_name_apart() {
     for c in [0.5, 4.0, 0.5] {
         let variant = Variant::builder().activation(Lifted(c)).build().unwrap();
         let want = attn_core::forward(&variant, to_array(&q).view(), to_array(&k).view(), to_array(&v).view()).unwrap();
-        let got = fused::attention(&qf, &kf, &vf, &variant).unwrap().to_kind(Kind::Double);
+        let att = gpt_model::attention::Attention::new(variant.clone(), gpt_model::AttnImpl::Fused).unwrap();
+        let got = fused::attention(&qf, &kf, &vf, &att).unwrap().to_kind(Kind::Double);
         assert_close(&format!("lifted {c}"), &got, &to_tensor(want.view()), 1e-5);
     }
 }

@@ -340,7 +340,10 @@ mod tests {
             &["model.attention=lssa+rw15".into(), "lr=0.01".into()],
         )
         .unwrap();
-        assert_eq!((c.max_steps, c.model.n_layer, c.model.attention.as_str(), c.lr), (5, 2, "lssa+rw15", 0.01));
+        assert_eq!(
+            (c.max_steps, c.model.n_layer, c.model.attention.to_string().as_str(), c.lr),
+            (5, 2, "lssa+rw15", 0.01)
+        );
         let err = TrainConfig::from_toml_with_overrides("max_step = 5\n", "t.toml", &[]).unwrap_err();
         assert!(err.to_string().contains("max_step") && err.to_string().contains("t.toml"), "{err}");
         let err = TrainConfig::from_toml_with_overrides("", "t.toml", &["model.n_heads=3".into()]).unwrap_err();
@@ -362,5 +365,20 @@ mod tests {
         let err = TrainConfig::from_toml_with_overrides("sampling = \"shuffled\"\n", "t.toml", &[]).unwrap_err();
         let e = err.to_string();
         assert!(e.contains("sampling") && e.contains("expected `random` or `stream`"), "{e}");
+    }
+
+    #[test]
+    fn the_variant_is_parsed_when_the_config_is_read_and_a_bad_one_names_its_key() {
+        let c = TrainConfig::from_toml_with_overrides("[model]\nattention = \"lssa+rw15\"\n", "t.toml", &[]).unwrap();
+        assert_eq!(c.model.attention, "lssa".parse::<attn_core::Variant>().unwrap().with_reweight(15).unwrap());
+        for (text, overrides, name) in [
+            ("[model]\nattention = \"lssa+rw0\"\n", &[][..], "lssa+rw0"),
+            ("", &["model.attention=lsssa".to_string()][..], "lsssa"),
+        ] {
+            let e = TrainConfig::from_toml_with_overrides(text, "t.toml", overrides).unwrap_err().to_string();
+            assert!(e.contains("attention") && e.contains(name) && e.contains("t.toml"), "{e}");
+        }
+        // Its name round-trips through the TOML that checkpoints and run directories store.
+        assert_eq!(TrainConfig::from_toml_with_overrides(&c.to_toml(), "x", &[]).unwrap(), c);
     }
 }

@@ -138,7 +138,7 @@ pub struct Provenance {
 
 /// `config.json`: GPT-NeoX configured to compute this model (see the module's documentation).
 pub fn config_json(cfg: &ModelConfig, tok: &Tokenizer, prov: &Provenance) -> Value {
-    let variant = cfg.attention.as_str();
+    let variant = cfg.attention.to_string();
     let mut c = json!({
         "architectures": ["GPTNeoXForCausalLM"],
         "model_type": "gpt_neox",
@@ -285,7 +285,7 @@ pub fn gpt2_tokenizer_json() -> Result<String> {
 pub fn model_card(cfg: &ModelConfig, tok: &Tokenizer, prov: &Provenance) -> String {
     let m = |k: &str| prov.meta.get(k).cloned().unwrap_or_else(|| "-".into());
     let variant = &cfg.attention;
-    let attn_note = if variant == "softmax" {
+    let attn_note = if variant.to_string() == "softmax" {
         "Plain softmax attention: GPT-NeoX's own, so stock transformers runs it as it is.".to_string()
     } else {
         format!(
@@ -362,7 +362,7 @@ pub fn write_export(
     tok: &Tokenizer,
     prov: &Provenance,
 ) -> Result<Vec<PathBuf>> {
-    if let Some(why) = unexportable_reason(&cfg.attention) {
+    if let Some(why) = unexportable_reason(&cfg.attention.to_string()) {
         bail!("{why}");
     }
     ensure!(
@@ -434,7 +434,7 @@ mod tests {
             d_model: 8,
             vocab_size: 50,
             context_len: 16,
-            attention: "lssa".into(),
+            attention: "lssa".parse().unwrap(),
             ..ModelConfig::default()
         }
     }
@@ -507,7 +507,7 @@ mod tests {
         assert_eq!(c["rope_parameters"]["partial_rotary_factor"], 1.0);
         assert_eq!(c["tie_word_embeddings"], true);
         assert_eq!(c["use_parallel_residual"], false);
-        let soft = config_json(&ModelConfig { attention: "softmax".into(), ..tiny() }, &tok, &prov);
+        let soft = config_json(&ModelConfig { attention: "softmax".parse().unwrap(), ..tiny() }, &tok, &prov);
         assert!(soft.get("attn_implementation").is_none(), "{soft}");
     }
 

@@ -1,6 +1,7 @@
 //! What a training shares with the rest of its process and machine, handled in one place.
 //!
-//! - [`claim_threads`]: libtorch's CPU thread count, one setting per process.
+//! - [`claim_threads`]: libtorch's CPU thread count, one setting per process, held by a training and
+//!   restored when the last training that holds it returns.
 //! - [`keep_freed_memory`], [`limit_openmp_spinning`]: the allocator's and OpenMP's settings.
 //! - [`RunLock`]: one writer per run directory.
 //! - [`install_stop_handlers`], [`StopFlag`]: SIGTERM, SIGINT and SIGUSR1 ask a training to save and
@@ -91,7 +92,8 @@ pub const MALLOC_TRIM_THRESHOLD: i32 = 1 << 30;
 
 /// Keeps freed tensor memory in the process instead of handing it back to the OS after every step
 /// (glibc's `malloc`: no `mmap` for blocks under 256 MiB, no heap trimming under 1 GiB free), once per
-/// process; a no-op elsewhere. What it saves: a training step allocates and frees the same few
+/// process; a no-op elsewhere. A process setting with no way back, so the binaries call it in `main`
+/// (`trainer`, `reproduce`, `bench-train`), never [`crate::train::train`]. What it saves: a training step allocates and frees the same few
 /// megabyte-sized tensors (logits and their gradient are 8 MiB each at the `small` shape), and with
 /// glibc's defaults many of them are fresh `mmap`s or trimmed heap, so every step page-faults them
 /// back in (about 10% of a `small` step under `perf`: `clear_page`, `exc_page_fault`,
@@ -150,33 +152,66 @@ pub fn limit_openmp_spinning() {
     }
 }
 
-/// libtorch's CPU thread count is one setting per process, shared by every training in it
-/// (`reproduce --jobs N` trains on threads of one process): the first training that asks for a count
-/// sets it; a later one that asks for another is refused rather than changing it under the first.
-static THREADS: std::sync::Mutex<Option<usize>> = std::sync::Mutex::new(None);
+/// The claims on libtorch's CPU thread count, one setting per process and shared by every training
+/// in it (`reproduce --jobs N` trains on threads of one process): `(count claimed, holders, the count
+/// the first holder found)`, `None` while nobody holds a claim.
+type ThreadClaims = std::sync::Mutex<Option<(usize, usize, i32)>>;
 
-/// Claims `threads` (0: no preference) for a training of this process: the first claim sets
-/// libtorch's count, a later claim of another count is an error.
-pub fn claim_threads(threads: usize) -> Result<()> {
-    claim_threads_in(&THREADS, threads)
+static THREADS: ThreadClaims = std::sync::Mutex::new(None);
+
+/// A claim on libtorch's thread count ([`claim_threads`]): while any claim is held the count is the
+/// claimed one; when the last is dropped the count the first found is restored, so a training leaves
+/// the process as it found it.
+#[derive(Debug)]
+#[must_use = "the thread count holds only while the claim lives"]
+pub struct ThreadClaim {
+    cell: &'static ThreadClaims,
+    set: fn(i32),
 }
 
-/// [`claim_threads`] on `cell` (a test's own, so it never touches the process's setting).
-fn claim_threads_in(cell: &std::sync::Mutex<Option<usize>>, threads: usize) -> Result<()> {
+/// Claims `threads` (0: no preference, no claim) for a training of this process: the first claim sets
+/// libtorch's count, concurrent claims of the same count share it, a concurrent claim of another
+/// count is an error (rather than changing the count under the first), and the last claim dropped
+/// restores the count the first found.
+pub fn claim_threads(threads: usize) -> Result<Option<ThreadClaim>> {
+    claim_threads_in(&THREADS, threads, tch::get_num_threads, tch::set_num_threads)
+}
+
+/// [`claim_threads`] on `cell` with libtorch's getter and setter given (a test's own, so it never
+/// touches the process's setting).
+fn claim_threads_in(
+    cell: &'static ThreadClaims,
+    threads: usize,
+    get: fn() -> i32,
+    set: fn(i32),
+) -> Result<Option<ThreadClaim>> {
     if threads == 0 {
-        return Ok(());
+        return Ok(None);
     }
-    let mut set = cell.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    match *set {
+    let mut claims = cell.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    match &mut *claims {
         None => {
-            tch::set_num_threads(threads as i32);
-            *set = Some(threads);
-            Ok(())
+            *claims = Some((threads, 1, get()));
+            set(threads as i32);
         }
-        Some(n) if n == threads => Ok(()),
-        Some(n) => bail!(
-            "threads = {threads}: this process's trainings already run on {n} libtorch threads, a setting shared by the whole process; give every training of one process the same `threads` (or 0)"
+        Some((n, holders, _)) if *n == threads => *holders += 1,
+        Some((n, ..)) => bail!(
+            "threads = {threads}: another training of this process runs on {n} libtorch threads, a setting shared by the whole process; give concurrent trainings of one process the same `threads` (or 0)"
         ),
+    }
+    Ok(Some(ThreadClaim { cell, set }))
+}
+
+impl Drop for ThreadClaim {
+    fn drop(&mut self) {
+        let mut claims = self.cell.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, holders, found)) = &mut *claims {
+            *holders -= 1;
+            if *holders == 0 {
+                (self.set)(*found);
+                *claims = None;
+            }
+        }
     }
 }
 
@@ -185,16 +220,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_thread_count_is_claimed_once_and_a_different_one_is_refused() {
-        let cell = std::sync::Mutex::new(None);
-        claim_threads_in(&cell, 0).unwrap();
-        assert_eq!(*cell.lock().unwrap(), None, "0 asks for nothing");
-        claim_threads_in(&cell, 2).unwrap();
-        claim_threads_in(&cell, 2).unwrap();
-        claim_threads_in(&cell, 0).unwrap();
-        let err = claim_threads_in(&cell, 3).unwrap_err().to_string();
-        assert!(err.contains("threads = 3") && err.contains("already run on 2"), "{err}");
-        assert_eq!(*cell.lock().unwrap(), Some(2));
+    fn concurrent_claims_share_a_count_refuse_another_and_the_last_restores_the_first_found() {
+        // A stand-in for libtorch's setting, so the test never touches the process's.
+        static COUNT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(7);
+        static CELL: ThreadClaims = std::sync::Mutex::new(None);
+        let get = || COUNT.load(std::sync::atomic::Ordering::SeqCst);
+        let set = |n| COUNT.store(n, std::sync::atomic::Ordering::SeqCst);
+        let claim = |n| claim_threads_in(&CELL, n, get, set);
+        assert!(claim(0).unwrap().is_none(), "0 asks for nothing");
+        assert_eq!(get(), 7);
+        let first = claim(2).unwrap();
+        let second = claim(2).unwrap();
+        assert_eq!(get(), 2);
+        let err = claim(3).unwrap_err().to_string();
+        assert!(err.contains("threads = 3") && err.contains("runs on 2"), "{err}");
+        drop(first);
+        assert_eq!(get(), 2, "the second claim still holds it");
+        drop(second);
+        assert_eq!(get(), 7, "the last claim restored the count the first found");
+        let third = claim(3).unwrap();
+        assert_eq!(get(), 3, "another count once nobody holds one");
+        drop(third);
+        assert_eq!(get(), 7);
     }
 
     #[test]

@@ -621,7 +621,7 @@ mod tests {
         let cfg = gpt_model::ModelConfig {
             vocab_size: tok.vocab_size(),
             context_len: 16,
-            attention: attention.into(),
+            attention: attention.parse().unwrap(),
             attn_impl: gpt_model::AttnImpl::Reference,
             ..gpt_model::ModelConfig::preset("tiny").unwrap()
         };

@@ -298,14 +298,12 @@ pub fn train(
         _ => None,
     };
     let device = pick_device(cfg.device, coll.local_rank())?;
-    crate::process::claim_threads(cfg.threads)?;
-    crate::process::keep_freed_memory();
+    // libtorch's process-wide settings, held for this training and restored when the last training
+    // of the process that holds them returns (the allocator's and the signal handlers belong to the
+    // binaries' `main`).
+    let _threads = crate::process::claim_threads(cfg.threads)?;
     let autocast = cfg.bf16 && device.is_cuda();
-    if autocast {
-        // The same setting for every training that asks for it: set once, never undone.
-        static BF16: std::sync::Once = std::sync::Once::new();
-        BF16.call_once(gpt_model::runtime::use_bf16_autocast);
-    }
+    let _bf16 = autocast.then(gpt_model::runtime::Bf16Autocast::hold);
     // Every rank refuses (so none waits on a rank 0 that stopped); rank 0 alone deletes, below.
     let old = if opts.resume.is_none() { list_checkpoints(&cfg.out_dir)? } else { Vec::new() };
     if !old.is_empty() && !opts.overwrite {

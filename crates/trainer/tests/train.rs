@@ -31,7 +31,7 @@ fn tiny_cfg(name: &str, attention: &str, steps: usize) -> TrainConfig {
         model: ModelConfig {
             vocab_size: 64,
             context_len: 32,
-            attention: attention.into(),
+            attention: attention.parse().unwrap(),
             attn_impl: AttnImpl::Fused,
             ..ModelConfig::preset("tiny").unwrap()
         },
@@ -135,7 +135,7 @@ fn resume_continues_exactly() {
     .unwrap_err();
     assert!(format!("{err:#}").contains("tokenizer"), "{err:#}");
     let other = TrainConfig {
-        model: ModelConfig { attention: "softmax".into(), ..resumed_cfg.model.clone() },
+        model: ModelConfig { attention: "softmax".parse().unwrap(), ..resumed_cfg.model.clone() },
         ..resumed_cfg.clone()
     };
     let err = train::train(
@@ -198,4 +198,23 @@ fn span_evaluation_keeps_windows_that_pair_across_lengths() {
     // Spans of another length, or a multiple that does not divide the span, are refused.
     assert!(eval::multi_length_spans(&model, &spans, &[3], 4, Rope::Plain, None, 4096, cpu).is_err());
     assert!(eval::multi_length_spans(&model, &spans[..1], &[1], 8, Rope::Plain, None, 4096, cpu).is_err());
+}
+
+#[test]
+fn two_trainings_in_one_process_each_run_on_their_settings_and_leave_the_process_as_found() {
+    // libtorch's thread count is the process's: each training holds its own while it runs and
+    // restores what it found, so the second neither inherits the first's nor is refused for it.
+    let found = tch::get_num_threads();
+    for (name, threads) in [("first-of-two", found as usize + 1), ("second-of-two", found as usize + 2)] {
+        let cfg = TrainConfig { threads, eval_every: 0, ..tiny_cfg(name, "lssa", 3) };
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = seen.clone();
+        let on_step =
+            train::StepHook(std::sync::Arc::new(move |_| record.lock().unwrap().push(tch::get_num_threads())));
+        let opts = RunOptions { on_step: Some(on_step), ..Default::default() };
+        train::train(&cfg, &mut source(&cfg), &Single, &opts).unwrap();
+        assert_eq!(*seen.lock().unwrap(), vec![threads as i32; 3], "{name} ran on its own thread count");
+        assert_eq!(tch::get_num_threads(), found, "{name} restored the count it found");
+        std::fs::remove_dir_all(&cfg.out_dir).unwrap();
+    }
 }

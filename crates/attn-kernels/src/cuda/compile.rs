@@ -189,7 +189,7 @@ pub(super) fn compile(
     generation: Generation,
 ) -> Result<Ptx> {
     preload_nvrtc()?;
-    let key = cfg.key(head_dim, dtype, generation);
+    let key = cfg.key(head_dim, dtype, generation.name());
     let opts = CompileOptions {
         arch: Some(arch),
         options: vec!["--std=c++17".into(), "-lineinfo".into()],

@@ -186,7 +186,7 @@ pub(super) fn jit_info_log(cfg: &Config, head_dim: usize, dtype: Dtype, generati
 /// The module of one specialisation's `generation` on this thread's GPU, compiled at first use.
 pub(super) fn module(cfg: &Config, head_dim: usize, dtype: Dtype, generation: Generation) -> Result<Arc<Module>> {
     let g = gpu()?;
-    let key = cfg.key(head_dim, dtype, generation);
+    let key = cfg.key(head_dim, dtype, generation.name());
     if let Some(m) = g.cache.lock().unwrap_or_else(|e| e.into_inner()).get(&key) {
         return Ok(Arc::clone(m));
     }

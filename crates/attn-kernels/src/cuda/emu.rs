@@ -191,7 +191,7 @@ fn library(cfg: &Config, head_dim: usize, dtype: Dtype, edit: Edit<'_>) -> Resul
     let cxx = compiler();
     let mut h = std::collections::hash_map::DefaultHasher::new();
     (&src, &cxx, CXX_FLAGS).hash(&mut h);
-    let stem = format!("{}-{:016x}", cfg.key(head_dim, dtype, Generation::Lab), h.finish());
+    let stem = format!("{}-{:016x}", cfg.key(head_dim, dtype, Generation::Lab.name()), h.finish());
     let slot = {
         let mut map = LIBS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
         Arc::clone(map.entry(stem.clone()).or_default())

@@ -52,6 +52,7 @@
 pub mod emu;
 
 mod compile;
+mod config;
 mod device;
 mod launch;
 mod plan;
@@ -68,7 +69,7 @@ pub use compile::{
 };
 pub use device::{backward_raw, forward_raw, versions};
 pub use device::{device_description, is_available, synchronize};
-pub use plan::Config;
+pub use config::Config;
 #[cfg(feature = "lab")]
 pub use plan::Version;
 #[cfg(not(feature = "lab"))]

@@ -7,7 +7,7 @@ use attn_core::Variant;
 
 use super::device::GpuExec;
 use super::launch::{Buf, Exec, backward_exec, forward_exec};
-use super::plan::not_fused;
+use super::config::not_fused;
 use super::{Config, Dtype, Options};
 use crate::Params;
 use crate::cpu::STATS_PER_ROW;

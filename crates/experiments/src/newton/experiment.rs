@@ -226,14 +226,15 @@ struct OrbitModel {
     ln_f: nn::LayerNorm,
     out: nn::Linear,
     n_head: i64,
-    variant: Variant,
+    attention: gpt_model::attention::Attention,
 }
 
 /// RoPE's base (as the language models').
 const ROPE_BASE: f64 = 10_000.0;
 
 impl OrbitModel {
-    fn new(vs: &nn::Path<'_>, s: &Settings, variant: Variant) -> Self {
+    fn new(vs: &nn::Path<'_>, s: &Settings, variant: Variant) -> Result<Self> {
+        let attention = gpt_model::attention::Attention::new(variant, AttnImpl::Fused)?;
         let d = s.d_model;
         let ln = |p: nn::Path<'_>| nn::layer_norm(p, vec![d], Default::default());
         let blocks = (0..s.n_layer)
@@ -249,14 +250,14 @@ impl OrbitModel {
                 )
             })
             .collect();
-        OrbitModel {
+        Ok(OrbitModel {
             inp: nn::linear(vs / "inp", 8, d, Default::default()),
             blocks,
             ln_f: ln(vs / "ln_f"),
             out: nn::linear(vs / "out", d, 4, Default::default()),
             n_head: s.n_head,
-            variant,
-        }
+            attention,
+        })
     }
 
     /// `(B, T, 8)` features to `(B, T, 4)` steps (next position minus this one, over `dt`), with
@@ -279,7 +280,7 @@ impl OrbitModel {
             let split = |i: i64| y.narrow(2, i * d, d).reshape([b, t, self.n_head, hd]).transpose(1, 2);
             let (q, k, v) = (split(0), split(1), split(2));
             let (q, k) = (gpt_model::model::rope(&q, &cos, &sin), gpt_model::model::rope(&k, &cos, &sin));
-            let a = gpt_model::attention::attend(&q, &k, &v, &self.variant, AttnImpl::Fused, 0)?;
+            let a = gpt_model::attention::attend(&q, &k, &v, &self.attention, 0)?;
             h = &h + proj.forward(&a.transpose(1, 2).reshape([b, t, d]));
             h = &h + fc2.forward(&fc.forward(&ln2.forward(&h)).gelu("none"));
         }
@@ -328,7 +329,7 @@ fn run_seed(
     let seed = settings.seed + seed_index as u64;
     let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x0062_6174_6368_6573);
     let vs = nn::VarStore::new(device);
-    let model = gpt_model::model::with_seed(seed as i64, || OrbitModel::new(&vs.root(), settings, variant.clone()));
+    let model = gpt_model::model::with_seed(seed as i64, || OrbitModel::new(&vs.root(), settings, variant.clone()))?;
     let mut opt = nn::Adam::default().build(&vs, settings.lr)?;
     let dt = settings.dt;
     let mut tail = Vec::new();

@@ -5,7 +5,7 @@ use std::sync::Once;
 
 use tch::Tensor;
 
-use super::{fused, torch_ops};
+use super::{Attention, fused, torch_ops};
 use crate::config::AttnImpl;
 
 /// Why attention could not be computed.
@@ -58,7 +58,7 @@ pub fn path_counts() -> PathCounts {
 }
 
 /// Causal attention of `(B, H, T_q, d)` queries at absolute positions `q_offset..q_offset + T_q`
-/// over `(B, H, q_offset + T_q, d)` keys and values, with `variant`, by `imp`:
+/// over `(B, H, q_offset + T_q, d)` keys and values, with `att`'s variant, by its implementation:
 ///
 /// - `Fused` with `q_offset == 0`, plain `softmax` on a GPU, or on the CPU up to
 ///   [`SDPA_CPU_MAX_LEN`] rows: libtorch's SDPA (see [`uses_sdpa`]).
@@ -68,20 +68,13 @@ pub fn path_counts() -> PathCounts {
 ///   NVRTC), fall back to the reference, with a one-time warning on stderr.
 /// - otherwise the reference. Without autograd (`tch::no_grad`) and with more than `EVAL_CHUNK`
 ///   query rows it runs chunked, so evaluation never holds a full `T x T` matrix.
-pub fn attend(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    variant: &attn_core::Variant,
-    imp: AttnImpl,
-    q_offset: i64,
-) -> Result<Tensor, AttentionError> {
-    if uses_sdpa(variant, imp, q_offset, q.size()[2], q.device()) {
+pub fn attend(q: &Tensor, k: &Tensor, v: &Tensor, att: &Attention, q_offset: i64) -> Result<Tensor, AttentionError> {
+    if uses_sdpa(att, q_offset, q.size()[2], q.device()) {
         count(|c| c.sdpa += 1);
         return Ok(sdpa(q, k, v));
     }
-    if imp != AttnImpl::Reference {
-        match fused::attention(q, k, v, variant) {
+    if att.imp() != AttnImpl::Reference {
+        match fused::attention(q, k, v, att) {
             Ok(out) => {
                 count(|c| c.fused += 1);
                 return Ok(out);
@@ -89,8 +82,8 @@ pub fn attend(
             Err(fused::FusedError::Cuda(why)) => {
                 WARN_CUDA.call_once(|| eprintln!("warning: {why}: using the reference attention on the GPU"))
             }
-            Err(fused::FusedError::NotFused { variant }) => WARN_NOT_FUSED.call_once(|| {
-                eprintln!("warning: variant `{variant}` has no fused kernel: using the reference attention")
+            Err(fused::FusedError::NotFused { variant, reason }) => WARN_NOT_FUSED.call_once(|| {
+                eprintln!("warning: variant `{variant}` has no fused kernel ({reason}): using the reference attention")
             }),
             // f64 (gradient checks) or half precision on the CPU: the reference, silently (a choice of dtype, not a gap).
             Err(fused::FusedError::Unsupported(_)) => {}
@@ -101,10 +94,10 @@ pub fn attend(
     let t_q = q.size()[2];
     if !grad && t_q > EVAL_CHUNK {
         count(|c| c.reference_chunked += 1);
-        return Ok(torch_ops::attention_chunked(q, k, v, variant, q_offset, EVAL_CHUNK)?);
+        return Ok(torch_ops::attention_chunked(q, k, v, att.plan(), q_offset, EVAL_CHUNK)?);
     }
     count(|c| c.reference_full += 1);
-    Ok(torch_ops::attention(q, k, v, variant, q_offset)?)
+    Ok(torch_ops::attention(q, k, v, att.plan(), q_offset)?)
 }
 
 /// The longest sequence for which plain softmax on the CPU runs libtorch's SDPA rather than our fused
@@ -119,11 +112,8 @@ pub const SDPA_CPU_MAX_LEN: i64 = 256;
 /// (`q_offset == 0`, where its causal mask is ours), of any length `t` on a GPU (its FlashAttention
 /// kernels: the softmax a nanoGPT user runs) and of at most [`SDPA_CPU_MAX_LEN`] rows on the CPU
 /// (where it is faster than our kernel). `FusedOwn` keeps our kernel.
-pub fn uses_sdpa(variant: &attn_core::Variant, imp: AttnImpl, q_offset: i64, t: i64, device: tch::Device) -> bool {
-    imp == AttnImpl::Fused
-        && q_offset == 0
-        && (device.is_cuda() || t <= SDPA_CPU_MAX_LEN)
-        && attn_core::Variant::preset("softmax").is_some_and(|s| &s == variant)
+pub fn uses_sdpa(att: &Attention, q_offset: i64, t: i64, device: tch::Device) -> bool {
+    att.imp() == AttnImpl::Fused && q_offset == 0 && (device.is_cuda() || t <= SDPA_CPU_MAX_LEN) && att.is_softmax()
 }
 
 /// Causal softmax attention of `(B, H, T, d)` tensors by libtorch's `scaled_dot_product_attention`
@@ -141,23 +131,24 @@ mod tests {
         name.parse().unwrap()
     }
 
+    fn uses_sdpa(name: &str, imp: AttnImpl, q_offset: i64, t: i64, device: tch::Device) -> bool {
+        super::uses_sdpa(&Attention::new(v(name), imp).unwrap(), q_offset, t, device)
+    }
+
     #[test]
     fn only_plain_softmax_by_fused_goes_to_sdpa_on_a_gpu_and_for_short_rows_on_the_cpu() {
         let gpu = Device::Cuda(0);
         let cpu = Device::Cpu;
-        assert!(uses_sdpa(&v("softmax"), AttnImpl::Fused, 0, 65536, gpu));
-        assert!(uses_sdpa(&v("softmax"), AttnImpl::Fused, 0, SDPA_CPU_MAX_LEN, cpu), "short rows on the CPU");
-        assert!(!uses_sdpa(&v("softmax"), AttnImpl::Fused, 0, SDPA_CPU_MAX_LEN + 1, cpu), "long rows: our kernel");
-        assert!(!uses_sdpa(&v("softmax"), AttnImpl::FusedOwn, 0, 64, gpu), "FusedOwn asks for our kernel");
-        assert!(!uses_sdpa(&v("softmax"), AttnImpl::FusedOwn, 0, 64, cpu), "FusedOwn asks for our kernel");
-        assert!(!uses_sdpa(&v("softmax"), AttnImpl::Reference, 0, 64, gpu));
-        assert!(
-            !uses_sdpa(&v("softmax"), AttnImpl::Fused, 5, 64, gpu),
-            "decoding with a cache is not SDPA's causal mask"
-        );
+        assert!(uses_sdpa("softmax", AttnImpl::Fused, 0, 65536, gpu));
+        assert!(uses_sdpa("softmax", AttnImpl::Fused, 0, SDPA_CPU_MAX_LEN, cpu), "short rows on the CPU");
+        assert!(!uses_sdpa("softmax", AttnImpl::Fused, 0, SDPA_CPU_MAX_LEN + 1, cpu), "long rows: our kernel");
+        assert!(!uses_sdpa("softmax", AttnImpl::FusedOwn, 0, 64, gpu), "FusedOwn asks for our kernel");
+        assert!(!uses_sdpa("softmax", AttnImpl::FusedOwn, 0, 64, cpu), "FusedOwn asks for our kernel");
+        assert!(!uses_sdpa("softmax", AttnImpl::Reference, 0, 64, gpu));
+        assert!(!uses_sdpa("softmax", AttnImpl::Fused, 5, 64, gpu), "decoding with a cache is not SDPA's causal mask");
         for other in ["softmax+rw15", "lssa", "lssa+rw15", "inverse", "exp-nonorm", "softplus-l1"] {
-            assert!(!uses_sdpa(&v(other), AttnImpl::Fused, 0, 64, gpu), "{other}");
-            assert!(!uses_sdpa(&v(other), AttnImpl::Fused, 0, 64, cpu), "{other}");
+            assert!(!uses_sdpa(other, AttnImpl::Fused, 0, 64, gpu), "{other}");
+            assert!(!uses_sdpa(other, AttnImpl::Fused, 0, 64, cpu), "{other}");
         }
     }
 
@@ -170,7 +161,7 @@ mod tests {
         let (q, k, val) = crate::model::with_seed(3, || {
             (Tensor::randn([b, h, t, d], opts), Tensor::randn([b, h, t, d], opts), Tensor::randn([b, h, t, d], opts))
         });
-        let want = torch_ops::attention(&q, &k, &val, &v("softmax"), 0).unwrap();
+        let want = torch_ops::attention(&q, &k, &val, &v("softmax").plan().unwrap(), 0).unwrap();
         let got = sdpa(&q, &k, &val);
         let err = (got - want).abs().max().double_value(&[]);
         assert!(err < 1e-12, "max |sdpa - reference| = {err}");

@@ -14,6 +14,8 @@
 
 mod dispatch;
 pub mod fused;
+mod prepared;
 pub mod torch_ops;
 
 pub use dispatch::{AttentionError, EVAL_CHUNK, PathCounts, SDPA_CPU_MAX_LEN, attend, path_counts, sdpa, uses_sdpa};
+pub use prepared::Attention;

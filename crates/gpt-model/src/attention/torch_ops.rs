@@ -248,7 +248,8 @@ fn check_offset_shapes(
     Ok((qs[2], ks[2], qs[3]))
 }
 
-/// The final weights `w` of `variant` (stage 1, its transform, then stage 2 if set) for queries at
+/// The final weights `w` of a variant's `plan` (stage 1, its transform, then stage 2 if set), derived
+/// once by the caller ([`crate::attention::Attention::plan`], `Variant::plan`), for queries at
 /// absolute positions `q_offset..q_offset + T_q` over keys `0..q_offset + T_q`: `(B, H, T_q, T_k)`,
 /// zero on future keys. Differentiable; every constant per row (`scale_i`, `b_i`, the re-weighting
 /// offset) comes from attn-core.
@@ -259,9 +260,9 @@ fn check_offset_shapes(
 /// Autograd safety: masked scores are filled before any activation (with `-inf` under a running
 /// maximum, so `exp` gives exactly 0, else with 0), every division is guarded, so no `0 · inf`
 /// reaches a gradient.
-pub fn weights(q: &Tensor, k: &Tensor, variant: &attn_core::Variant, q_offset: i64) -> Result<Tensor, AttnError> {
+pub fn weights(q: &Tensor, k: &Tensor, plan: &attn_core::Plan, q_offset: i64) -> Result<Tensor, AttnError> {
     let (_, t_k, _) = check_offset_shapes(q, k, None, q_offset)?;
-    weights_in(q, k, variant, q_offset, t_k)
+    weights_in(q, k, plan, q_offset, t_k)
 }
 
 /// [`weights`] for a query block of a sequence of `seq_len >= T_k` keys, of which `k` holds the
@@ -270,11 +271,10 @@ pub fn weights(q: &Tensor, k: &Tensor, variant: &attn_core::Variant, q_offset: i
 fn weights_in(
     q: &Tensor,
     k: &Tensor,
-    variant: &attn_core::Variant,
+    plan: &attn_core::Plan,
     q_offset: i64,
     seq_len: i64,
 ) -> Result<Tensor, AttnError> {
-    let plan = variant.plan()?;
     let (t_q, t_k, d) = check_offset_shapes(q, k, None, q_offset)?;
     if seq_len < t_k {
         return Err(AttnError::Shape(format!("the sequence length {seq_len} is below the {t_k} keys of the block")));
@@ -356,11 +356,11 @@ pub fn attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    variant: &attn_core::Variant,
+    plan: &attn_core::Plan,
     q_offset: i64,
 ) -> Result<Tensor, AttnError> {
     let (_, t_k, _) = check_offset_shapes(q, k, Some(v), q_offset)?;
-    attention_in(q, k, v, variant, q_offset, t_k)
+    attention_in(q, k, v, plan, q_offset, t_k)
 }
 
 /// [`attention`] for a query block of a sequence of `seq_len >= T_k` keys (see [`weights_in`]).
@@ -368,13 +368,13 @@ fn attention_in(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    variant: &attn_core::Variant,
+    plan: &attn_core::Plan,
     q_offset: i64,
     seq_len: i64,
 ) -> Result<Tensor, AttnError> {
     check_offset_shapes(q, k, Some(v), q_offset)?;
-    let o = weights_in(q, k, variant, q_offset, seq_len)?.matmul(v); // (B, H, T_q, d)
-    Ok(match variant.stage1().output_norm {
+    let o = weights_in(q, k, plan, q_offset, seq_len)?.matmul(v); // (B, H, T_q, d)
+    Ok(match plan.output_norm {
         attn_core::OutputNorm::None => o,
         attn_core::OutputNorm::LayerNorm => {
             // Parameter-free layer norm over the head dimension, biased variance (relu-ln).
@@ -395,7 +395,7 @@ pub fn attention_chunked(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    variant: &attn_core::Variant,
+    plan: &attn_core::Plan,
     q_offset: i64,
     chunk: i64,
 ) -> Result<Tensor, AttnError> {
@@ -410,7 +410,7 @@ pub fn attention_chunked(
             &q.narrow(2, r0, len),
             &k.narrow(2, 0, upto),
             &v.narrow(2, 0, upto),
-            variant,
+            plan,
             q_offset + r0,
             t_k,
         )?);

@@ -25,7 +25,7 @@ pub fn tiny_config(root: &Path, name: &str, steps: usize, ckpt_every: usize, kee
             vocab_size: 320,
             context_len: 32,
             attn_impl: AttnImpl::Reference,
-            attention: "lssa+rw15".into(),
+            attention: "lssa+rw15".parse().unwrap(),
             ..ModelConfig::preset("tiny").unwrap()
         },
         data_dir: root.join("data"),

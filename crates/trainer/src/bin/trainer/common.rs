@@ -53,7 +53,7 @@ impl Header {
             git_revision: trainer::git_revision(),
             command: command_line(),
             checkpoint: checkpoint.to_path_buf(),
-            variant: model.attention.clone(),
+            variant: model.attention.to_string(),
             context_len: model.context_len,
         }
     }

@@ -43,7 +43,7 @@ pub(crate) fn export_cmd(a: ExportArgs) -> Result<()> {
     let ckpt = sampling::open_checkpoint(&a.checkpoint)?;
     let cfg = ckpt.config()?; // a file without a model config is no checkpoint of ours
     if a.format == Format::Hf {
-        if let Some(why) = trainer::hf::unexportable_reason(&cfg.attention) {
+        if let Some(why) = trainer::hf::unexportable_reason(&cfg.attention.to_string()) {
             anyhow::bail!("{}: {why}", a.checkpoint.display());
         }
         let tok = sampling::tokenizer_for(ckpt.metadata(), &a.checkpoint, a.data_dir.as_deref())?;
@@ -56,7 +56,7 @@ pub(crate) fn export_cmd(a: ExportArgs) -> Result<()> {
             cfg.attention,
             files.iter().filter_map(|f| f.file_name()).map(|f| f.to_string_lossy()).collect::<Vec<_>>().join(", ")
         );
-        if cfg.attention != "softmax" {
+        if cfg.attention.to_string() != "softmax" {
             println!("trainer: load it after `import lssa.hf` (it registers `{}` with transformers)", cfg.attention);
         }
         return Ok(());

@@ -100,6 +100,9 @@ enum Cmd {
 fn main() {
     // Before anything else: it may run this program again with libgomp's spin count set.
     trainer::process::limit_openmp_spinning();
+    // The process's settings belong here, not to the library's `train` (which leaves the process as
+    // it found it): the allocator keeps freed tensor memory.
+    trainer::process::keep_freed_memory();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
         .with_writer(std::io::stderr)
