@@ -3,10 +3,13 @@
 //! of `--out`, whichever is printed).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail, ensure};
+use gpt_model::model::Gpt;
 use serde::Serialize;
+use tch::Device;
+use trainer::data::tokenizer::Tokenizer;
 use trainer::eval::ValidationSet;
 use trainer::eval::{LengthLoss, Rope};
 use trainer::sample as sampling;
@@ -167,7 +170,7 @@ pub(crate) fn eval_cmd(a: EvalArgs) -> Result<()> {
         + usize::from(a.passkey) * ropes.len()
         + usize::from(a.tasks.is_some()))
         * powers.len();
-    let progress = Sections::new(sections);
+    let run = Run { a: &a, model: &model, device, ropes, powers, progress: Sections::new(sections) };
     let mut lengths = Vec::new();
     let mut scored = None;
     if let (Some(multiples), Some(data_dir)) = (&lengths_asked, &data_dir) {
@@ -176,13 +179,7 @@ pub(crate) fn eval_cmd(a: EvalArgs) -> Result<()> {
             .with_context(|| format!("reading the validation split of {}", data_dir.display()))?;
         let described = val.describe();
         eprintln!("eval: {described}");
-        for rope in &ropes {
-            for p in &powers {
-                progress.start(&format!("loss at {multiples:?} x T_train ({}{})", rope_name(*rope), rw_name(*p)));
-                lengths.extend(val.score(&model, multiples, *rope, *p, a.batch_tokens, device)?);
-                progress.done();
-            }
-        }
+        lengths = run.losses(&val, multiples)?;
         scored = Some(described);
     }
     let tokenizer = if a.tasks.is_some() || a.passkey {
@@ -190,68 +187,14 @@ pub(crate) fn eval_cmd(a: EvalArgs) -> Result<()> {
     } else {
         None
     };
-    let mut task_rows = None;
-    if let (Some(dir), Some(tok)) = (&a.tasks, &tokenizer) {
-        let mut rows = Vec::new();
-        for p in &powers {
-            let mut scorer = ModelScorer::new(&model, tok, device);
-            scorer.forward.reweight = *p;
-            progress.start(&format!("tasks in {}{}", dir.display(), rw_name(*p)));
-            let scored = tasks::score_dir(dir, &mut scorer)?;
-            progress.done();
-            for (task, _, s) in &scored {
-                eprintln!(
-                    "eval {task}{}: acc {:.4}, acc_norm {:.4} (n = {})",
-                    p.map(|p| format!(" (rw{p})")).unwrap_or_default(),
-                    s.acc,
-                    s.acc_norm,
-                    s.n
-                );
-            }
-            let pairs: Vec<(String, Scores)> = scored.iter().map(|(t, _, s)| (t.clone(), s.clone())).collect();
-            rows.push(TasksRow {
-                reweight: *p,
-                dir: dir.clone(),
-                lm_eval: tasks::lm_eval_json(&pairs),
-                scores: scored.into_iter().map(|(t, file, scores)| (t, TaskScore { file, scores })).collect(),
-            });
-        }
-        task_rows = Some(rows);
-    }
-    let mut passkey = None;
-    if let (true, Some(tok)) = (a.passkey, &tokenizer) {
-        ensure!(
-            a.passkey_depths.iter().all(|d| (0.0..=1.0).contains(d)),
-            "--passkey-depths must lie in [0, 1], got {:?}",
-            a.passkey_depths
-        );
-        let options = PasskeyOptions {
-            multiples: a.passkey_lengths.clone(),
-            depths: a.passkey_depths.clone(),
-            prompts: a.passkey_prompts,
-            seed: a.seed,
-            batch_tokens: a.batch_tokens,
-        };
-        let mut results = Vec::new();
-        for rope in &ropes {
-            for p in &powers {
-                progress.start(&format!("passkey ({}{})", rope_name(*rope), rw_name(*p)));
-                let r = tasks::passkey(&model, tok, &options, *rope, *p)?;
-                progress.done();
-                for s in &r.skipped {
-                    eprintln!("eval passkey: skipped {s}");
-                }
-                eprintln!(
-                    "eval passkey ({}{}): {}",
-                    if *rope == Rope::Ntk { "ntk" } else { "plain" },
-                    p.map(|p| format!(", rw{p}")).unwrap_or_default(),
-                    r.example
-                );
-                results.push(r);
-            }
-        }
-        passkey = Some(PasskeySection { options, results });
-    }
+    let task_rows = match (&a.tasks, &tokenizer) {
+        (Some(dir), Some(tok)) => Some(run.tasks(dir, tok)?),
+        _ => None,
+    };
+    let passkey = match (a.passkey, &tokenizer) {
+        (true, Some(tok)) => Some(run.passkey(tok)?),
+        _ => None,
+    };
     let result = EvalResult {
         header: Header::new(EVAL_FORMAT, &a.checkpoint, &model_cfg),
         validation: scored,
@@ -269,6 +212,97 @@ pub(crate) fn eval_cmd(a: EvalArgs) -> Result<()> {
         std::fs::write(out, &json).with_context(|| format!("writing {}", out.display()))?;
     }
     Ok(())
+}
+
+/// The loaded model and what each of `eval`'s sections runs it at: every RoPE treatment of
+/// `--rope`, and the trained variant then each `--reweight` power.
+struct Run<'a> {
+    a: &'a EvalArgs,
+    model: &'a Gpt,
+    device: Device,
+    ropes: Vec<Rope>,
+    powers: Vec<Option<u32>>,
+    progress: Sections,
+}
+
+impl Run<'_> {
+    /// The validation loss at `multiples` of the training length on `val`, per (RoPE, power).
+    fn losses(&self, val: &ValidationSet, multiples: &[usize]) -> Result<Vec<LengthLoss>> {
+        let mut lengths = Vec::new();
+        for rope in &self.ropes {
+            for p in &self.powers {
+                self.progress.start(&format!("loss at {multiples:?} x T_train ({}{})", rope_name(*rope), rw_name(*p)));
+                lengths.extend(val.score(self.model, multiples, *rope, *p, self.a.batch_tokens, self.device)?);
+                self.progress.done();
+            }
+        }
+        Ok(lengths)
+    }
+
+    /// The multiple-choice files of `dir`, scored zero-shot once per power.
+    fn tasks(&self, dir: &Path, tok: &Tokenizer) -> Result<Vec<TasksRow>> {
+        let mut rows = Vec::new();
+        for p in &self.powers {
+            let mut scorer = ModelScorer::new(self.model, tok, self.device);
+            scorer.forward.reweight = *p;
+            self.progress.start(&format!("tasks in {}{}", dir.display(), rw_name(*p)));
+            let scored = tasks::score_dir(dir, &mut scorer)?;
+            self.progress.done();
+            for (task, _, s) in &scored {
+                eprintln!(
+                    "eval {task}{}: acc {:.4}, acc_norm {:.4} (n = {})",
+                    p.map(|p| format!(" (rw{p})")).unwrap_or_default(),
+                    s.acc,
+                    s.acc_norm,
+                    s.n
+                );
+            }
+            let pairs: Vec<(String, Scores)> = scored.iter().map(|(t, _, s)| (t.clone(), s.clone())).collect();
+            rows.push(TasksRow {
+                reweight: *p,
+                dir: dir.to_path_buf(),
+                lm_eval: tasks::lm_eval_json(&pairs),
+                scores: scored.into_iter().map(|(t, file, scores)| (t, TaskScore { file, scores })).collect(),
+            });
+        }
+        Ok(rows)
+    }
+
+    /// Passkey retrieval at `--passkey-lengths` and `--passkey-depths`, per (RoPE, power).
+    fn passkey(&self, tok: &Tokenizer) -> Result<PasskeySection> {
+        let a = self.a;
+        ensure!(
+            a.passkey_depths.iter().all(|d| (0.0..=1.0).contains(d)),
+            "--passkey-depths must lie in [0, 1], got {:?}",
+            a.passkey_depths
+        );
+        let options = PasskeyOptions {
+            multiples: a.passkey_lengths.clone(),
+            depths: a.passkey_depths.clone(),
+            prompts: a.passkey_prompts,
+            seed: a.seed,
+            batch_tokens: a.batch_tokens,
+        };
+        let mut results = Vec::new();
+        for rope in &self.ropes {
+            for p in &self.powers {
+                self.progress.start(&format!("passkey ({}{})", rope_name(*rope), rw_name(*p)));
+                let r = tasks::passkey(self.model, tok, &options, *rope, *p)?;
+                self.progress.done();
+                for s in &r.skipped {
+                    eprintln!("eval passkey: skipped {s}");
+                }
+                eprintln!(
+                    "eval passkey ({}{}): {}",
+                    if *rope == Rope::Ntk { "ntk" } else { "plain" },
+                    p.map(|p| format!(", rw{p}")).unwrap_or_default(),
+                    r.example
+                );
+                results.push(r);
+            }
+        }
+        Ok(PasskeySection { options, results })
+    }
 }
 
 /// The readings as plain-text tables: the loss by length (rows) and (RoPE, re-weighting) setting
