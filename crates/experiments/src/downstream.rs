@@ -7,12 +7,12 @@
 //! the files.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::path::Path;
 
 use anyhow::{Context, Result, ensure};
 use serde::{Deserialize, Serialize};
 
+use crate::doc::{Align, Block, Table};
 use crate::post::{Figures, Inputs, PostTraining};
 use crate::spec::{Experiment, Kind};
 
@@ -104,41 +104,36 @@ impl PostTraining for Experiments {
         Vec::new()
     }
 
-    fn section(&self, md: &mut String, e: &Experiment, _figures: Figures<'_>) -> Result<()> {
-        section(md, e, &self.results);
-        Ok(())
+    fn section(&self, e: &Experiment, _figures: Figures<'_>) -> Result<Vec<Block>> {
+        Ok(section(e, &self.results))
     }
 }
 
-fn section(md: &mut String, e: &Experiment, downstream: &BTreeMap<String, Vec<TaskScores>>) {
+fn section(e: &Experiment, downstream: &BTreeMap<String, Vec<TaskScores>>) -> Vec<Block> {
     if downstream.is_empty() {
-        let _ = writeln!(
-            md,
-            "Not run: no data supplied. Put the task files in a folder and add `--downstream DIR` (see above); the scores go to `runs/<scale>/downstream/`, also in lm-evaluation-harness's JSON layout."
-        );
-        return;
+        return vec![Block::from(
+            "Not run: no data supplied. Put the task files in a folder and add `--downstream DIR` (see above); the scores go to `runs/<scale>/downstream/`, also in lm-evaluation-harness's JSON layout.",
+        )];
     }
     let tasks: Vec<&str> =
         TASKS.iter().copied().filter(|t| downstream.values().any(|v| v.iter().any(|s| s.task == *t))).collect();
-    let _ = writeln!(md, "acc_norm ± standard error (acc), zero-shot.\n");
-    let _ = writeln!(md, "| row | {} |", tasks.join(" | "));
-    let _ = writeln!(md, "|---|{}", "---:|".repeat(tasks.len()));
+    let mut table = Table::new([("row", Align::Left)]);
+    for t in &tasks {
+        table.column(*t, Align::Right);
+    }
     for r in &e.rows {
-        let _ = write!(md, "| {} |", r.label);
-        for t in &tasks {
-            let cell =
-                downstream.get(&r.train).and_then(|v| v.iter().find(|s| s.task == *t)).map_or("-".to_string(), |s| {
-                    format!(
-                        "{:.2} ± {:.2} ({:.2}; n = {})",
-                        100.0 * s.scores.acc_norm,
-                        100.0 * s.scores.acc_norm_stderr,
-                        100.0 * s.scores.acc,
-                        s.scores.n
-                    )
-                });
-            let _ = write!(md, " {cell} |");
-        }
-        let _ = writeln!(md);
+        let cells = tasks.iter().map(|t| {
+            downstream.get(&r.train).and_then(|v| v.iter().find(|s| s.task == *t)).map_or("-".to_string(), |s| {
+                format!(
+                    "{:.2} ± {:.2} ({:.2}; n = {})",
+                    100.0 * s.scores.acc_norm,
+                    100.0 * s.scores.acc_norm_stderr,
+                    100.0 * s.scores.acc,
+                    s.scores.n
+                )
+            })
+        });
+        table.row(std::iter::once(r.label.clone()).chain(cells).collect());
     }
     let paper = |t: &str| match t {
         "arc_easy" => "40.57",
@@ -147,11 +142,12 @@ fn section(md: &mut String, e: &Experiment, downstream: &BTreeMap<String, Vec<Ta
         "mmlu" => "22.97",
         _ => "-",
     };
-    let _ = writeln!(
-        md,
-        "| paper, LSSAR (GPT-2 124M) | {} |",
-        tasks.iter().map(|t| paper(t)).collect::<Vec<_>>().join(" | ")
+    table.row(
+        std::iter::once("paper, LSSAR (GPT-2 124M)".to_string())
+            .chain(tasks.iter().map(|t| paper(t).to_string()))
+            .collect(),
     );
+    vec![Block::from("acc_norm ± standard error (acc), zero-shot."), Block::Table(table)]
 }
 
 /// One task's scores for one model, with the size of the file they came from (a changed file is rescored).

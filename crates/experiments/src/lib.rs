@@ -10,7 +10,9 @@
 //! - [`spec`]: `defs/<name>/experiment.toml` (+ README), embedded; the plan of runs and evaluations.
 //! - [`scale`]: `smoke`, `small`, `gpu`, `paper`.
 //! - [`runner`]: trains and evaluates, resumable, one `result.json` per run.
-//! - [`report`]: `REPRODUCTION.md`: its tables, sections and verdict text.
+//! - [`report`]: `REPRODUCTION.md`: its tables, sections and verdict text, built as [`doc`] sections.
+//! - [`doc`]: the report as data (sections of text, tables, lists, figures) and its one Markdown
+//!   renderer.
 //! - [`plot`]: the report's figures from plain numbers (no experiment types: the runner draws
 //!   attention maps with it, so it must not depend on the runner or the report).
 //! - [`claims`]: the paper's headline claims (`defs/claims.toml`) and the Tables 1-3 ordering rule,
@@ -32,6 +34,7 @@
 //! - [`newton`]: orbits, the orbit transformer and the symbolic regression of force laws.
 
 pub mod claims;
+pub mod doc;
 pub mod downstream;
 pub mod family;
 pub mod newton;

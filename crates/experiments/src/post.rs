@@ -1,6 +1,7 @@
 //! The experiments that run after the language models are trained, or beside them on their own
 //! models: each kind ([`Kind::Retrieval`], [`Kind::Downstream`], [`Kind::Physics`]) is one
-//! [`PostTraining`] value that runs its experiments, keeps its results and writes its report section.
+//! [`PostTraining`] value that runs its experiments, keeps its results and builds its report section
+//! (as [`crate::doc`] blocks).
 //! `reproduce` and the report handle every such kind by one loop over these values, so a new kind is
 //! its [`Kind`] variant (`spec.rs`), its module implementing [`PostTraining`], and one line in the
 //! list `reproduce` builds (`bin/reproduce.rs`).
@@ -9,6 +10,7 @@ use std::path::Path;
 
 use anyhow::Result;
 
+use crate::doc::Block;
 use crate::runner::Runs;
 use crate::scale::Scale;
 use crate::spec::{Experiment, Kind};
@@ -76,8 +78,9 @@ pub trait PostTraining {
         Vec::new()
     }
 
-    /// Experiment `e`'s section of the report (its text after the README and regenerate line).
-    fn section(&self, md: &mut String, e: &Experiment, figures: Figures<'_>) -> Result<()>;
+    /// Experiment `e`'s section of the report: its blocks after the README and regenerate line (the
+    /// report adds the title, those two and renders it with the rest), drawing its figures on the way.
+    fn section(&self, e: &Experiment, figures: Figures<'_>) -> Result<Vec<Block>>;
 }
 
 /// The [`PostTraining`] of `kind` in `all`, if `kind` is a post-training kind.

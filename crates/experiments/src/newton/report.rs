@@ -1,16 +1,17 @@
-//! The Newton's-law experiment as a [`PostTraining`] kind: runs the models of each row, and writes
-//! the report's section and the verdict on "LSSAR recovers Newton's law and softmax does not".
+//! The Newton's-law experiment as a [`PostTraining`] kind: runs the models of each row, and builds
+//! the report's section and the verdict on "LSSAR recovers Newton's law and softmax does not" (the
+//! experiment's last row against its first, `defs/newton/experiment.toml`).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use anyhow::{Context as _, Result};
 
 use super::experiment::{PhysicsResult, Settings, run};
 use super::fit::{self, BAND, NEWTON, SeedOrbits};
+use crate::doc::{Align, Block, Figure, Table};
 use crate::plot::{Series, save_with};
 use crate::post::{Figures, Inputs, PostTraining};
-use crate::spec::{Experiment, Kind};
+use crate::spec::{Experiment, Kind, Row};
 use crate::stats::{Interval, Verdict};
 
 /// The name `--only` accepts for the Newton's-law experiment (its models are its own).
@@ -60,11 +61,12 @@ impl PostTraining for Experiments {
     }
 
     fn verdicts(&self) -> Vec<String> {
-        verdict(&self.results).map(|v| v.line).into_iter().collect()
+        let e = crate::spec::all().ok().and_then(|all| all.into_iter().find(|e| e.kind == Kind::Physics));
+        e.and_then(|e| verdict(&e, &self.results)).map(|v| v.line).into_iter().collect()
     }
 
-    fn section(&self, md: &mut String, e: &Experiment, figures: Figures<'_>) -> Result<()> {
-        section(md, e, &self.results, figures)
+    fn section(&self, e: &Experiment, figures: Figures<'_>) -> Result<Vec<Block>> {
+        section(e, &self.results, figures)
     }
 }
 
@@ -90,11 +92,18 @@ pub struct NewtonVerdict {
     pub line: String,
 }
 
-/// "LSSAR recovers Newton's law and softmax does not": reproduced when LSSAR's exponents are
-/// Newton's and softmax's are not; contradicted when LSSAR's are not Newton's or softmax's are;
-/// inconclusive otherwise. `None` unless both ran.
-pub fn verdict(physics: &BTreeMap<String, PhysicsResult>) -> Option<NewtonVerdict> {
-    let (r, s) = (physics.get("lssa+rw15")?, physics.get("softmax")?);
+/// The rows the verdict compares, from the definition: the claimed one (its last row, the paper's
+/// LSSAR) and the baseline (its first, softmax).
+fn compared(e: &Experiment) -> Option<(&Row, &Row)> {
+    Some((e.rows.last()?, e.rows.first()?)).filter(|(a, b)| a.train != b.train)
+}
+
+/// "LSSAR recovers Newton's law and softmax does not" ([`compared`] rows of `e`): reproduced when
+/// LSSAR's exponents are Newton's and softmax's are not; contradicted when LSSAR's are not Newton's or
+/// softmax's are; inconclusive otherwise. `None` unless both ran.
+pub fn verdict(e: &Experiment, physics: &BTreeMap<String, PhysicsResult>) -> Option<NewtonVerdict> {
+    let (claimed, baseline) = compared(e)?;
+    let (r, s) = (physics.get(&claimed.train)?, physics.get(&baseline.train)?);
     let (vr, vs) = (r.newton(), s.newton());
     let verdict = match (vr, vs) {
         (Verdict::Reproduced, Verdict::Contradicted) => Verdict::Reproduced,
@@ -120,38 +129,38 @@ pub fn verdict(physics: &BTreeMap<String, PhysicsResult>) -> Option<NewtonVerdic
 
 /// The table of each seed's model: its errors, exponents with intervals from the bootstrap over
 /// orbits alone, the law they give, and the grammar's best law on its samples.
-fn per_seed(md: &mut String, e: &Experiment, physics: &BTreeMap<String, PhysicsResult>) {
-    let _ = writeln!(
-        md,
-        "Each seed's model alone (intervals from the bootstrap over orbits; the grammar's best law fitted to that seed's forces above the floor):\n"
-    );
-    let _ = writeln!(
-        md,
-        "| model | seed | acceleration error beyond T | forces above the floor | a (m1) | b (m2) | k (r) | law | best law of the grammar |"
-    );
-    let _ = writeln!(md, "|---|---:|---:|---:|---|---|---|---|---|");
+fn per_seed(e: &Experiment, physics: &BTreeMap<String, PhysicsResult>) -> Table {
+    let mut t = Table::new([
+        ("model", Align::Left),
+        ("seed", Align::Right),
+        ("acceleration error beyond T", Align::Right),
+        ("forces above the floor", Align::Right),
+        ("a (m1)", Align::Left),
+        ("b (m2)", Align::Left),
+        ("k (r)", Align::Left),
+        ("law", Align::Left),
+        ("best law of the grammar", Align::Left),
+    ]);
     for r in &e.rows {
         let Some(p) = physics.get(&r.train) else { continue };
         for (i, x) in p.seeds.iter().enumerate() {
             let ex = p.seed_exponents(i);
             let cell = |j: usize| ex.map_or("-".to_string(), |e| e[j].show());
             let law = ex.map_or(Verdict::Inconclusive, |e| fit::is_newton(&e));
-            let _ = writeln!(
-                md,
-                "| {} | {} | {:.3} | {:.0}% | {} | {} | {} | {} | `{}` |",
-                r.label,
-                x.seed_index,
-                x.accel_rel_rmse_beyond,
-                100.0 * x.kept as f64 / x.samples.max(1) as f64,
+            t.row(vec![
+                r.label.clone(),
+                x.seed_index.to_string(),
+                format!("{:.3}", x.accel_rel_rmse_beyond),
+                format!("{:.0}%", 100.0 * x.kept as f64 / x.samples.max(1) as f64),
                 cell(0),
                 cell(1),
                 cell(2),
-                law_word(law),
-                x.best_law
-            );
+                law_word(law).to_string(),
+                format!("`{}`", x.best_law),
+            ]);
         }
     }
-    let _ = writeln!(md);
+    t
 }
 
 /// The exponents of `a` minus those of `b`, paired on orbits and seeds.
@@ -161,21 +170,56 @@ fn difference(a: &PhysicsResult, b: &PhysicsResult) -> Option<[Interval; 3]> {
     fit::exponents(&[(1.0, &sa), (-1.0, &sb)], 0x4449_4646)
 }
 
-fn section(
-    md: &mut String,
-    e: &Experiment,
-    physics: &BTreeMap<String, PhysicsResult>,
-    figures: Figures<'_>,
-) -> Result<()> {
-    let (figures_dir, figures_rel) = (figures.dir, figures.rel);
+/// The table of each row's models: losses and errors (means over seeds), exponents with their
+/// intervals over orbits and seeds, the law, and the time; with the figure's series on the way.
+fn models(e: &Experiment, physics: &BTreeMap<String, PhysicsResult>) -> (Table, Vec<Series>) {
+    let mut t = Table::new([
+        ("model", Align::Left),
+        ("next-position loss", Align::Right),
+        ("acceleration error within / beyond T", Align::Left),
+        ("forces above the floor", Align::Right),
+        ("a (m1)", Align::Left),
+        ("b (m2)", Align::Left),
+        ("k (r)", Align::Left),
+        ("law", Align::Left),
+        ("time", Align::Right),
+    ]);
+    let mean = |p: &PhysicsResult, f: fn(&super::experiment::SeedResult) -> f64| {
+        p.seeds.iter().map(f).sum::<f64>() / p.seeds.len().max(1) as f64
+    };
+    let mut series: Vec<Series> = Vec::new();
+    for (i, r) in e.rows.iter().enumerate() {
+        let Some(p) = physics.get(&r.train) else {
+            t.row(std::iter::once(r.label.clone()).chain(std::iter::repeat_n("-".to_string(), 8)).collect());
+            continue;
+        };
+        let ex = p.exponents();
+        let cell = |j: usize| ex.map_or("-".to_string(), |e| e[j].show());
+        let kept: usize = p.seeds.iter().map(|x| x.kept).sum();
+        let all: usize = p.seeds.iter().map(|x| x.samples).sum();
+        t.row(vec![
+            r.label.clone(),
+            format!("{:.3}", mean(p, |x| x.final_train_loss)),
+            format!("{:.3} / {:.3}", mean(p, |x| x.accel_rel_rmse_within), mean(p, |x| x.accel_rel_rmse_beyond)),
+            format!("{:.0}%", 100.0 * kept as f64 / all.max(1) as f64),
+            cell(0),
+            cell(1),
+            cell(2),
+            law_word(p.newton()).to_string(),
+            format!("{:.0} s", p.wall_s()),
+        ]);
+        series.push((r.label.clone(), i, false, p.ratio_by_r.iter().map(|&(x, y)| (x, y.log10())).collect()));
+    }
+    (t, series)
+}
+
+fn section(e: &Experiment, physics: &BTreeMap<String, PhysicsResult>, figures: Figures<'_>) -> Result<Vec<Block>> {
     let Some(any) = e.rows.iter().find_map(|r| physics.get(&r.train)) else {
-        let _ = writeln!(md, "Not run in this invocation (select it with `--only {ONLY}`).");
-        return Ok(());
+        return Ok(vec![Block::Text(format!("Not run in this invocation (select it with `--only {ONLY}`)."))]);
     };
     let s = &any.settings;
-    let _ = writeln!(
-        md,
-        "Each model: {} layers, width {}, {} heads, RoPE; {} training orbits of {} steps (dt = {}), {} Adam steps of {} orbits; {} seeds per variant; forces read from {} held-out orbits of {} steps, beyond step {}.\n",
+    let mut blocks = vec![Block::Text(format!(
+        "Each model: {} layers, width {}, {} heads, RoPE; {} training orbits of {} steps (dt = {}), {} Adam steps of {} orbits; {} seeds per variant; forces read from {} held-out orbits of {} steps, beyond step {}.",
         s.n_layer,
         s.d_model,
         s.n_head,
@@ -188,52 +232,23 @@ fn section(
         s.test_orbits,
         s.seq_len * s.eval_multiple,
         s.seq_len
-    );
-    let _ = writeln!(
-        md,
-        "| model | next-position loss | acceleration error within / beyond T | forces above the floor | a (m1) | b (m2) | k (r) | law | time |"
-    );
-    let _ = writeln!(md, "|---|---:|---|---:|---|---|---|---|---:|");
-    let mean = |p: &PhysicsResult, f: fn(&super::experiment::SeedResult) -> f64| {
-        p.seeds.iter().map(f).sum::<f64>() / p.seeds.len().max(1) as f64
-    };
-    let mut series: Vec<Series> = Vec::new();
-    for (i, r) in e.rows.iter().enumerate() {
-        let Some(p) = physics.get(&r.train) else {
-            let _ = writeln!(md, "| {} | - | - | - | - | - | - | - | - |", r.label);
-            continue;
-        };
-        let ex = p.exponents();
-        let cell = |j: usize| ex.map_or("-".to_string(), |e| e[j].show());
-        let kept: usize = p.seeds.iter().map(|x| x.kept).sum();
-        let all: usize = p.seeds.iter().map(|x| x.samples).sum();
-        let _ = writeln!(
-            md,
-            "| {} | {:.3} | {:.3} / {:.3} | {:.0}% | {} | {} | {} | {} | {:.0} s |",
-            r.label,
-            mean(p, |x| x.final_train_loss),
-            mean(p, |x| x.accel_rel_rmse_within),
-            mean(p, |x| x.accel_rel_rmse_beyond),
-            100.0 * kept as f64 / all.max(1) as f64,
-            cell(0),
-            cell(1),
-            cell(2),
-            law_word(p.newton()),
-            p.wall_s()
-        );
-        series.push((r.label.clone(), i, false, p.ratio_by_r.iter().map(|&(x, y)| (x, y.log10())).collect()));
-    }
-    let _ = writeln!(
-        md,
-        "\nLosses and errors are means over seeds. The acceleration error is relative to the exact accelerations (predicting constant velocity scores 1), within the training length and beyond it. Exponents: the seed mean with its 95% interval over orbits and seeds; Newton's law is `a = {}, b = {}, k = {}`, and counts as recovered when all three intervals lie within {BAND} of it.\n",
+    ))];
+    let (table, mut series) = models(e, physics);
+    blocks.push(Block::Table(table));
+    blocks.push(Block::Text(format!(
+        "Losses and errors are means over seeds. The acceleration error is relative to the exact accelerations (predicting constant velocity scores 1), within the training length and beyond it. Exponents: the seed mean with its 95% interval over orbits and seeds; Newton's law is `a = {}, b = {}, k = {}`, and counts as recovered when all three intervals lie within {BAND} of it.",
         NEWTON[0], NEWTON[1], NEWTON[2]
-    );
-    if let (Some(a), Some(b)) = (physics.get("lssa+rw15"), physics.get("softmax"))
+    )));
+    if let Some((a, b)) = compared(e)
+        && let (Some(a), Some(b)) = (physics.get(&a.train), physics.get(&b.train))
         && let Some(d) = difference(a, b)
     {
-        let _ = writeln!(md, "LSSAR minus softmax, paired on orbits and seeds: {}.\n", show3(&d));
+        blocks.push(Block::Text(format!("LSSAR minus softmax, paired on orbits and seeds: {}.", show3(&d))));
     }
-    per_seed(md, e, physics);
+    blocks.push(Block::from(
+        "Each seed's model alone (intervals from the bootstrap over orbits; the grammar's best law fitted to that seed's forces above the floor):",
+    ));
+    blocks.push(Block::Table(per_seed(e, physics)));
     if let Some((lo, hi)) = series
         .iter()
         .flat_map(|s| s.3.iter().map(|p| p.0))
@@ -243,13 +258,13 @@ fn section(
     }
     let name = format!("{}_force_ratio", e.name);
     save_with(
-        &figures_dir.join(&name),
+        &figures.dir.join(&name),
         "Implied force over Newton's force against distance (seed 0, beyond T, median per bin)",
         ("log2 of the distance r", "log10(implied / Newton)"),
         &series,
     )?;
-    let _ = writeln!(md, "![{}]({figures_rel}/{name}.png) ([SVG]({figures_rel}/{name}.svg))", e.title);
-    Ok(())
+    blocks.push(Block::Figure(Figure::drawn(e.title.clone(), figures.rel, &name)));
+    Ok(blocks)
 }
 
 #[cfg(test)]
@@ -291,8 +306,15 @@ mod tests {
         }
     }
 
+    fn physics_experiment() -> Experiment {
+        crate::spec::all().unwrap().into_iter().find(|e| e.kind == Kind::Physics).unwrap()
+    }
+
     #[test]
     fn the_verdict_follows_each_variants_law() {
+        let e = physics_experiment();
+        assert_eq!(compared(&e).map(|(a, b)| (a.train.as_str(), b.train.as_str())), Some(("lssa+rw15", "softmax")));
+        let verdict = |m: &BTreeMap<String, PhysicsResult>| verdict(&e, m);
         let mut m = BTreeMap::new();
         m.insert("lssa+rw15".to_string(), exact("lssa+rw15", -2.0));
         m.insert("softmax".to_string(), exact("softmax", -1.0));
@@ -310,21 +332,22 @@ mod tests {
 
     #[test]
     fn each_seed_gets_its_own_row_with_its_own_law() {
-        let physics_exp = crate::spec::all().unwrap().into_iter().find(|e| e.kind == Kind::Physics).unwrap();
+        let physics_exp = physics_experiment();
         let mut m = BTreeMap::new();
         m.insert("lssa+rw15".to_string(), exact("lssa+rw15", -2.0));
         let mut soft = exact("softmax", -2.0);
         // Seed 1 of softmax follows an inverse-distance law instead.
         soft.seeds[1] = exact("softmax", -1.0).seeds[1].clone();
         m.insert("softmax".to_string(), soft);
-        let mut md = String::new();
-        per_seed(&mut md, &physics_exp, &m);
-        let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ") && !l.starts_with("| model")).collect();
+        let t = per_seed(&physics_exp, &m);
         let ran = physics_exp.rows.iter().filter(|r| m.contains_key(&r.train)).count();
-        assert_eq!(rows.len(), 3 * ran, "{md}");
-        assert!(rows.iter().any(|l| l.contains("| 1 |") && l.contains("-1.000 [")), "seed 1's k of -1: {md}");
-        let newton = rows.iter().filter(|l| l.contains("| Newton's law |")).count();
-        let not_newton = rows.iter().filter(|l| l.contains("| not Newton's law |")).count();
-        assert_eq!((newton, not_newton), (3 * ran - 1, 1), "{md}");
+        assert_eq!(t.rows.len(), 3 * ran, "{t:?}");
+        let seed1 = (0..t.rows.len())
+            .find(|&i| t.cell(i, "model") == Some("Softmax") && t.cell(i, "seed") == Some("1"))
+            .unwrap();
+        assert!(t.cell(seed1, "k (r)").unwrap().starts_with("-1.000 ["), "seed 1's k of -1: {t:?}");
+        assert_eq!(t.cell(seed1, "law"), Some("not Newton's law"));
+        let laws = t.column_cells("law");
+        assert_eq!(laws.iter().filter(|l| **l == "Newton's law").count(), 3 * ran - 1, "{t:?}");
     }
 }

@@ -1,22 +1,17 @@
 //! The report's attention-sink section: a table per row and layer, two figures against length, the maps.
 
-use std::fmt::Write as _;
-use std::path::Path;
-
 use anyhow::Result;
 
+use crate::doc::{Align, Block, Figure, Table};
 use crate::plot::{Series, save_with};
+use crate::post::Figures;
 use crate::runner::Runs;
+use crate::sinks::LayerSinks;
 use crate::spec::{Experiment, Row};
 
-/// The attention-sink section: a table per row and layer, two figures against length, the maps.
-pub(super) fn sinks_section(
-    md: &mut String,
-    e: &Experiment,
-    results: &Runs,
-    figures_dir: &Path,
-    figures_rel: &str,
-) -> Result<()> {
+/// The attention-sink section's blocks: a table per row and layer, two figures against length, the
+/// maps (copied next to the figures).
+pub(super) fn sinks_blocks(e: &Experiment, results: &Runs, figures: Figures<'_>) -> Result<Vec<Block>> {
     // Sinks are measured on each variant's first seed.
     let find = |r: &Row, m: usize| {
         results
@@ -24,36 +19,31 @@ pub(super) fn sinks_section(
             .and_then(|x| x.first())
             .and_then(|x| x.sinks.iter().find(|s| s.key.posthoc == r.posthoc && s.key.multiple == m))
     };
-    let mut head = String::from("| row | layer |");
-    let mut rule = String::from("|---|---:|");
+    let mut t = Table::new([("row", Align::Left), ("layer", Align::Right)]);
     for m in &e.lengths {
-        head.push_str(&format!(" {m}x first-token share / entropy |"));
-        rule.push_str("---:|");
+        t.column(format!("{m}x first-token share / entropy"), Align::Right);
     }
-    let _ = writeln!(md, "{head}\n{rule}");
     for r in &e.rows {
         let layers = e.lengths.iter().filter_map(|&m| find(r, m)).map(|s| s.layers.len()).max().unwrap_or(0);
         for layer in 0..layers {
-            let mut line = format!("| {} | {} |", r.label, layer + 1);
-            for &m in &e.lengths {
-                match find(r, m).and_then(|s| s.layers.get(layer)) {
-                    Some(l) => line.push_str(&format!(" {:.3} / {:.2} |", l.first_key, l.entropy)),
-                    None => line.push_str(" - |"),
-                }
-            }
-            let _ = writeln!(md, "{line}");
+            let cells = e.lengths.iter().map(|&m| match find(r, m).and_then(|s| s.layers.get(layer)) {
+                Some(l) => format!("{:.3} / {:.2}", l.first_key, l.entropy),
+                None => "-".into(),
+            });
+            t.row([r.label.clone(), (layer + 1).to_string()].into_iter().chain(cells).collect());
         }
     }
-    let mean = |s: &crate::runner::SinkEval, f: fn(&crate::sinks::LayerSinks) -> f64| {
+    let mut blocks = vec![Block::Table(t)];
+    let mean = |s: &crate::runner::SinkEval, f: fn(&LayerSinks) -> f64| {
         s.layers.iter().map(f).sum::<f64>() / s.layers.len().max(1) as f64
     };
     for (what, name, f) in [
         (
             "share of attention on the first token (mean over layers)",
             "sinks_first_key",
-            (|l: &crate::sinks::LayerSinks| l.first_key) as fn(&crate::sinks::LayerSinks) -> f64,
+            (|l: &LayerSinks| l.first_key) as fn(&LayerSinks) -> f64,
         ),
-        ("attention row entropy in nats (mean over layers)", "sinks_entropy", |l: &crate::sinks::LayerSinks| l.entropy),
+        ("attention row entropy in nats (mean over layers)", "sinks_entropy", |l: &LayerSinks| l.entropy),
     ] {
         let series: Vec<Series> = e
             .rows
@@ -65,12 +55,12 @@ pub(super) fn sinks_section(
             })
             .collect();
         save_with(
-            &figures_dir.join(name),
+            &figures.dir.join(name),
             &format!("{} — {what}", e.title.split(':').next().unwrap_or("")),
             ("inference length / training length (NTK RoPE)", what),
             &series,
         )?;
-        let _ = writeln!(md, "\n![{what}]({figures_rel}/{name}.png) ([SVG]({figures_rel}/{name}.svg))");
+        blocks.push(Block::Figure(Figure::drawn(what, figures.rel, name)));
     }
     // The maps, copied next to the figures.
     let mut maps = Vec::new();
@@ -78,18 +68,21 @@ pub(super) fn sinks_section(
         for &m in &e.maps {
             if let Some(src) = find(r, m).and_then(|s| s.map.as_ref()) {
                 let file = src.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-                if std::fs::copy(src, figures_dir.join(&file)).is_ok() {
-                    maps.push(format!("![{} at {m}x]({figures_rel}/{file})", r.label));
+                if std::fs::copy(src, figures.dir.join(&file)).is_ok() {
+                    maps.push(Figure {
+                        alt: format!("{} at {m}x", r.label),
+                        path: format!("{}/{file}", figures.rel),
+                        svg: None,
+                    });
                 }
             }
         }
     }
     if !maps.is_empty() {
-        let _ = writeln!(
-            md,
-            "\nAttention maps (one head of the last layer, first validation window; darker = more weight, rows scaled to their maximum):\n"
-        );
-        let _ = writeln!(md, "{}", maps.join("\n"));
+        blocks.push(Block::from(
+            "Attention maps (one head of the last layer, first validation window; darker = more weight, rows scaled to their maximum):",
+        ));
+        blocks.push(Block::Gallery(maps));
     }
-    Ok(())
+    Ok(blocks)
 }

@@ -586,8 +586,8 @@ impl PostTraining for Experiments {
         judged.iter().flat_map(report::Judged::counted).collect()
     }
 
-    fn section(&self, md: &mut String, e: &Experiment, figures: Figures<'_>) -> Result<()> {
-        report::section(md, e, self.results.as_deref(), figures)
+    fn section(&self, e: &Experiment, figures: Figures<'_>) -> Result<Vec<crate::doc::Block>> {
+        report::section(e, self.results.as_deref(), figures)
     }
 }
 

@@ -6,12 +6,12 @@
 //! line per claim and RoPE treatment that says whether its verdict holds in every regime.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 
 use anyhow::Result;
 
 use super::{RegimeRuns, SeedRun, Settings};
 use crate::claims::{RetrievalClaim, RowRef};
+use crate::doc::{Align, Block, Figure, Item, Section, Table};
 use crate::family::Counted;
 use crate::plot::{GapSeries, save_intervals};
 use crate::post::Figures;
@@ -312,18 +312,30 @@ fn pct(i: &Interval) -> String {
     format!("{:.1}% [{:.1}, {:.1}]", 100.0 * i.estimate, 100.0 * i.lo, 100.0 * i.hi)
 }
 
-/// The section: the task, the regimes, then per regime its gate table, exact recall per length and
-/// bin under both RoPE treatments, key-conditional accuracy beside it, its figure and its verdicts;
-/// last, every claim's verdicts across the regimes with its robustness lines.
-pub fn section(md: &mut String, e: &Experiment, groups: Option<&[RegimeRuns]>, figures: Figures<'_>) -> Result<()> {
+/// The section: the task, the regimes, then per regime (a subsection) its gate table, exact recall per
+/// length and bin under both RoPE treatments, key-conditional accuracy beside it, its figure and its
+/// verdicts; last, every claim's verdicts across the regimes with its robustness lines.
+pub fn section(e: &Experiment, groups: Option<&[RegimeRuns]>, figures: Figures<'_>) -> Result<Vec<Block>> {
     let Some(groups) = groups.filter(|g| !g.is_empty()) else {
-        let _ = writeln!(md, "Not run in this invocation (select it with `--only {}`).", super::ONLY);
-        return Ok(());
+        return Ok(vec![Block::Text(format!("Not run in this invocation (select it with `--only {}`).", super::ONLY))]);
     };
-    let s = &groups[0].settings;
-    let _ = writeln!(
-        md,
-        "Task: {} keys of {} values each; a sequence asks {} of them; the background is filler from {} ids and, in the regimes with distractors, needles of the other keys. Models: {} transformer blocks of width {} with {} attention heads, trained from scratch at T_train = {} for {} steps of {} windows (AdamW, lr {}, answers supervised), {} seeds per trained row and regime. Evaluation: {} prompts per length with {} questions each, the same prompts for every model of a regime. Scores: **exact recall** (the answer is the argmax over the whole vocabulary of {} tokens; the verdicts read it) and the key-conditional score (the answer scores highest among its key's {} values; chance {:.1}%). Gate: {:.0}% exact recall at 1x on every seed.\n",
+    let mut blocks = vec![
+        Block::Text(task_text(&groups[0].settings)),
+        Block::from("Regimes (`crates/experiments/defs/retrieval/regimes.toml`):"),
+        Block::Table(regimes_table(e, groups)),
+    ];
+    let judged = verdicts(groups)?;
+    for g in groups {
+        blocks.push(Block::Section(regime_section(e, g, &judged, figures)?));
+    }
+    blocks.push(Block::Section(across_section(groups, &judged)));
+    Ok(blocks)
+}
+
+/// The task, the models, the evaluation and the scores, in words.
+fn task_text(s: &Settings) -> String {
+    format!(
+        "Task: {} keys of {} values each; a sequence asks {} of them; the background is filler from {} ids and, in the regimes with distractors, needles of the other keys. Models: {} transformer blocks of width {} with {} attention heads, trained from scratch at T_train = {} for {} steps of {} windows (AdamW, lr {}, answers supervised), {} seeds per trained row and regime. Evaluation: {} prompts per length with {} questions each, the same prompts for every model of a regime. Scores: **exact recall** (the answer is the argmax over the whole vocabulary of {} tokens; the verdicts read it) and the key-conditional score (the answer scores highest among its key's {} values; chance {:.1}%). Gate: {:.0}% exact recall at 1x on every seed.",
         s.keys,
         s.values,
         s.asked,
@@ -342,89 +354,89 @@ pub fn section(md: &mut String, e: &Experiment, groups: Option<&[RegimeRuns]>, f
         s.values,
         100.0 / s.values as f64,
         100.0 * s.gate
-    );
-    let _ = writeln!(md, "Regimes (`crates/experiments/defs/retrieval/regimes.toml`):\n");
-    let _ = writeln!(md, "| regime | placement | distractors | ablation rows | what |");
-    let _ = writeln!(md, "|---|---|---:|---|---|");
-    for g in groups {
-        let ablations = e.rows.iter().filter(|r| r.ablation).all(|r| g.runs.contains_key(&r.train));
-        let _ = writeln!(
-            md,
-            "| `{}` | {} | {:.0}% | {} | {} |",
-            g.regime.name,
-            g.regime.placement.name(),
-            g.regime.distractors_permille as f64 / 10.0,
-            if ablations { "run" } else { "`--all` only" },
-            g.regime.about.replace('|', "/")
-        );
-    }
-    let _ = writeln!(md);
-    let judged = verdicts(groups)?;
-    for g in groups {
-        regime_section(md, e, g, &judged, figures)?;
-    }
-    let _ = writeln!(md, "### Retrieval verdicts across the regimes\n");
-    let _ = writeln!(
-        md,
-        "Exact recall beyond the training length, row minus baseline in percentage points (95% interval over seeds and questions), in every regime; the key-conditional difference in parentheses. Each claim's robustness line says whether its verdict holds in every regime.\n"
-    );
-    let mut head = String::from("| claim | RoPE |");
-    let mut rule = String::from("|---|---|");
-    for g in groups {
-        let _ = write!(head, " {} |", g.regime.name);
-        rule.push_str("---|");
-    }
-    let _ = writeln!(md, "{head}\n{rule}");
-    for j in &judged {
-        for ntk in [true, false] {
-            let _ = write!(md, "| **{}** | {} |", j.claim.name, rope_name(ntk));
-            for g in &j.regimes {
-                let cell = match g.readings.iter().find(|r| r.ntk == ntk) {
-                    Some(r) => format!(
-                        "**{}**: {}{}",
-                        r.judgement.verdict.word(),
-                        points(&r.interval),
-                        r.key_conditional.map_or(String::new(), |k| format!(" ({})", points(&k)))
-                    ),
-                    None => "not judged".into(),
-                };
-                let _ = write!(md, " {cell} |");
-            }
-            let _ = writeln!(md);
-        }
-    }
-    let _ = writeln!(md);
-    for j in &judged {
-        let _ = writeln!(md, "- {}", j.line());
-        for g in j.regimes.iter().filter(|g| g.not_judged.is_some()) {
-            let _ = writeln!(md, "  - not judged in `{}`: {}.", g.regime, g.not_judged.as_deref().unwrap_or(""));
-        }
-    }
-    Ok(())
+    )
 }
 
-/// One regime's part of the section.
-fn regime_section(
-    md: &mut String,
-    e: &Experiment,
-    g: &RegimeRuns,
-    judged: &[Judged],
-    figures: Figures<'_>,
-) -> Result<()> {
-    let s = &g.settings;
-    let _ = writeln!(md, "### Regime `{}`\n\n{}\n", g.regime.name, g.regime.about);
-    let _ = writeln!(
-        md,
-        "| row | trained as | seeds | answer loss (train) | 1x exact recall by seed | 1x key-conditional | gate |"
+/// The regimes: placement, distractor density, whether the ablation rows ran there, what it is.
+fn regimes_table(e: &Experiment, groups: &[RegimeRuns]) -> Table {
+    let mut t = Table::new([
+        ("regime", Align::Left),
+        ("placement", Align::Left),
+        ("distractors", Align::Right),
+        ("ablation rows", Align::Left),
+        ("what", Align::Left),
+    ]);
+    for g in groups {
+        let ablations = e.rows.iter().filter(|r| r.ablation).all(|r| g.runs.contains_key(&r.train));
+        t.row(vec![
+            format!("`{}`", g.regime.name),
+            g.regime.placement.name().to_string(),
+            format!("{:.0}%", g.regime.distractors_permille as f64 / 10.0),
+            (if ablations { "run" } else { "`--all` only" }).to_string(),
+            g.regime.about.clone(),
+        ]);
+    }
+    t
+}
+
+/// Every claim's verdicts across the regimes, and its robustness lines.
+fn across_section(groups: &[RegimeRuns], judged: &[Judged]) -> Section {
+    let mut s = Section::new("Retrieval verdicts across the regimes");
+    s.push(
+        "Exact recall beyond the training length, row minus baseline in percentage points (95% interval over seeds and questions), in every regime; the key-conditional difference in parentheses. Each claim's robustness line says whether its verdict holds in every regime.",
     );
-    let _ = writeln!(md, "|---|---|---:|---:|---|---:|---|");
-    let rows: Vec<(usize, &crate::spec::Row, &[SeedRun])> = e
-        .rows
+    let mut t = Table::new([("claim", Align::Left), ("RoPE", Align::Left)]);
+    for g in groups {
+        t.column(g.regime.name.clone(), Align::Left);
+    }
+    for j in judged {
+        for ntk in [true, false] {
+            let cells = j.regimes.iter().map(|g| match g.readings.iter().find(|r| r.ntk == ntk) {
+                Some(r) => format!(
+                    "**{}**: {}{}",
+                    r.judgement.verdict.word(),
+                    points(&r.interval),
+                    r.key_conditional.map_or(String::new(), |k| format!(" ({})", points(&k)))
+                ),
+                None => "not judged".into(),
+            });
+            t.row([format!("**{}**", j.claim.name), rope_name(ntk).to_string()].into_iter().chain(cells).collect());
+        }
+    }
+    s.push(t);
+    let lines: Vec<Item> = judged
         .iter()
-        .enumerate()
-        .filter_map(|(i, r)| Some((i, r, row_runs(&g.runs, &RowRef { train: r.train.clone(), posthoc: r.posthoc })?)))
+        .map(|j| Item {
+            text: j.line(),
+            sub: j
+                .regimes
+                .iter()
+                .filter_map(|g| g.not_judged.as_ref().map(|why| format!("not judged in `{}`: {why}.", g.regime)))
+                .collect(),
+        })
         .collect();
-    for &(_, r, runs) in &rows {
+    if !lines.is_empty() {
+        s.push(Block::List(lines));
+    }
+    s
+}
+
+/// A row of a regime's tables: its index among the experiment's rows, the row, its seeds' results.
+type RowRuns<'a> = (usize, &'a crate::spec::Row, &'a [SeedRun]);
+
+/// A regime's gate table: each row's seeds, training loss, 1x exact recall by seed, 1x key-conditional
+/// accuracy, and whether it passed the gate.
+fn gate_table(s: &Settings, rows: &[RowRuns<'_>]) -> Table {
+    let mut t = Table::new([
+        ("row", Align::Left),
+        ("trained as", Align::Left),
+        ("seeds", Align::Right),
+        ("answer loss (train)", Align::Right),
+        ("1x exact recall by seed", Align::Left),
+        ("1x key-conditional", Align::Right),
+        ("gate", Align::Left),
+    ]);
+    for &(_, r, runs) in rows {
         let rr = RowRef { train: r.train.clone(), posthoc: r.posthoc };
         let by_seed: Vec<String> = runs
             .iter()
@@ -433,100 +445,81 @@ fn regime_section(
         let key: Vec<f64> = runs.iter().filter_map(|x| one_x(x, r.posthoc, Score::KeyConditional)).collect();
         let loss = runs.iter().map(|x| x.train_loss).sum::<f64>() / runs.len() as f64;
         let gate = if passes(s, runs, r.posthoc) { "passed" } else { "**not learnt**: reported, not judged" };
-        let _ = writeln!(
-            md,
-            "| {} | {} | {} | {loss:.3} | {} | {:.1}% | {gate} |",
-            r.label,
+        t.row(vec![
+            r.label.clone(),
             describe(&rr),
-            runs.len(),
+            runs.len().to_string(),
+            format!("{loss:.3}"),
             by_seed.join(", "),
-            100.0 * key.iter().sum::<f64>() / key.len().max(1) as f64
-        );
+            format!("{:.1}%", 100.0 * key.iter().sum::<f64>() / key.len().max(1) as f64),
+            gate.to_string(),
+        ]);
     }
-    let _ = writeln!(md);
-    let beyond: Vec<usize> = s.multiples.iter().copied().filter(|&m| m > 1).collect();
-    let mut series: Vec<GapSeries> = Vec::new();
-    for ntk in [true, false] {
-        let rope = if ntk { "NTK-scaled" } else { "plain" };
-        // The (length, bin) columns some row has questions in.
-        let mut columns: Vec<(usize, Bin)> = vec![(1, Bin::Inside)];
-        for &m in &beyond {
-            for bin in [Bin::Inside, Bin::Beyond] {
-                let any = rows
-                    .iter()
-                    .any(|&(_, r, runs)| !answers(s, runs, (ntk, r.posthoc), &[m], bin, Score::Exact).is_empty());
-                if any {
-                    columns.push((m, bin));
-                }
+    t
+}
+
+/// Exact recall under one RoPE treatment per (length, bin) that some row has questions in, with each
+/// row's figure series (1x and beyond) appended to `series`.
+fn recall_table(s: &Settings, rows: &[RowRuns<'_>], ntk: bool, series: &mut Vec<GapSeries>) -> Table {
+    let mut columns: Vec<(usize, Bin)> = vec![(1, Bin::Inside)];
+    for m in s.multiples.iter().copied().filter(|&m| m > 1) {
+        for bin in [Bin::Inside, Bin::Beyond] {
+            if rows.iter().any(|&(_, r, runs)| !answers(s, runs, (ntk, r.posthoc), &[m], bin, Score::Exact).is_empty())
+            {
+                columns.push((m, bin));
             }
         }
-        let _ =
-            writeln!(md, "Exact recall with {rope} RoPE (mean over seeds and questions, 95% interval over both):\n");
-        let mut head = String::from("| row |");
-        let mut rule = String::from("|---|");
+    }
+    let mut t = Table::new([("row", Align::Left)]);
+    for &(m, bin) in &columns {
+        let name = match (m, bin) {
+            (1, _) => "1x".to_string(),
+            (m, Bin::Inside) => format!("{m}x inside"),
+            (m, Bin::Beyond) => format!("{m}x beyond"),
+        };
+        t.column(name, Align::Right);
+    }
+    for &(i, r, runs) in rows {
+        let mut cells = vec![r.label.clone()];
+        let mut pts = Vec::new();
         for &(m, bin) in &columns {
-            let name = match (m, bin) {
-                (1, _) => "1x".to_string(),
-                (m, Bin::Inside) => format!("{m}x inside"),
-                (m, Bin::Beyond) => format!("{m}x beyond"),
-            };
-            let _ = write!(head, " {name} |");
-            rule.push_str("---:|");
-        }
-        let _ = writeln!(md, "{head}\n{rule}");
-        for &(i, r, runs) in &rows {
-            let _ = write!(md, "| {} |", r.label);
-            let mut pts = Vec::new();
-            for &(m, bin) in &columns {
-                let x = accuracy(answers(s, runs, (ntk, r.posthoc), &[m], bin, Score::Exact));
-                let _ = write!(md, " {} |", x.map_or("-".into(), |i| pct(&i)));
-                if let Some(x) = x.filter(|_| m == 1 || bin == Bin::Beyond) {
-                    pts.push((m as f64, x));
-                }
+            let x = accuracy(answers(s, runs, (ntk, r.posthoc), &[m], bin, Score::Exact));
+            cells.push(x.map_or("-".into(), |i| pct(&i)));
+            if let Some(x) = x.filter(|_| m == 1 || bin == Bin::Beyond) {
+                pts.push((m as f64, x));
             }
-            let _ = writeln!(md);
-            series.push((format!("{} ({})", r.label, rope_name(ntk)), i, !ntk, pts));
         }
-        let _ = writeln!(md);
+        t.row(cells);
+        series.push((format!("{} ({})", r.label, rope_name(ntk)), i, !ntk, pts));
     }
-    let _ = writeln!(
-        md,
-        "Key-conditional accuracy beyond the training length (mean over seeds and questions; NTK / plain):\n"
-    );
-    let mut head = String::from("| row |");
-    let mut rule = String::from("|---|");
+    t
+}
+
+/// Key-conditional accuracy beyond the training length per length (NTK / plain).
+fn key_table(s: &Settings, rows: &[RowRuns<'_>]) -> Table {
+    let beyond: Vec<usize> = s.multiples.iter().copied().filter(|&m| m > 1).collect();
+    let mut t = Table::new([("row", Align::Left)]);
     for &m in &beyond {
-        let _ = write!(head, " {m}x |");
-        rule.push_str("---:|");
+        t.column(format!("{m}x"), Align::Right);
     }
-    let _ = writeln!(md, "{head}\n{rule}");
-    for &(_, r, runs) in &rows {
-        let _ = write!(md, "| {} |", r.label);
-        for &m in &beyond {
+    for &(_, r, runs) in rows {
+        let cells = beyond.iter().map(|&m| {
             let show = |ntk| {
                 accuracy(answers(s, runs, (ntk, r.posthoc), &[m], Bin::Beyond, Score::KeyConditional))
                     .map_or("-".into(), |i| format!("{:.1}%", 100.0 * i.estimate))
             };
-            let _ = write!(md, " {} / {} |", show(true), show(false));
-        }
-        let _ = writeln!(md);
+            format!("{} / {}", show(true), show(false))
+        });
+        t.row(std::iter::once(r.label.clone()).chain(cells).collect());
     }
-    let name = format!("{}_{}", e.name, g.regime.name);
-    save_intervals(
-        &figures.dir.join(&name),
-        &format!("Exact recall beyond T_train, regime {} (solid: NTK RoPE, dashed: plain)", g.regime.name),
-        ("prompt length / training length", "exact recall, needle beyond T_train (1x: all)"),
-        false,
-        &series,
-    )?;
-    let _ = writeln!(
-        md,
-        "\n![{} ({})]({}/{name}.png) ([SVG]({}/{name}.svg))\n",
-        e.title, g.regime.name, figures.rel, figures.rel
-    );
-    let _ = writeln!(md, "Verdicts in `{}`:\n", g.regime.name);
+    t
+}
+
+/// Each claim's verdicts in one regime, one item per claim.
+fn regime_verdicts(regime: &str, judged: &[Judged]) -> Vec<Item> {
+    let mut items = Vec::new();
     for j in judged {
-        let Some(v) = j.regimes.iter().find(|v| v.regime == g.regime.name) else { continue };
+        let Some(v) = j.regimes.iter().find(|v| v.regime == regime) else { continue };
         let parts: Vec<String> = v
             .readings
             .iter()
@@ -546,10 +539,46 @@ fn regime_section(
             })
             .chain(v.not_judged.iter().map(|w| format!("not judged: {w}")))
             .collect();
-        let _ = writeln!(md, "- **{}**: {}: {}.", j.claim.name, j.claim.statement, parts.join("; "));
+        items.push(Item::from(format!("**{}**: {}: {}.", j.claim.name, j.claim.statement, parts.join("; "))));
     }
-    let _ = writeln!(md);
-    Ok(())
+    items
+}
+
+/// One regime's subsection.
+fn regime_section(e: &Experiment, g: &RegimeRuns, judged: &[Judged], figures: Figures<'_>) -> Result<Section> {
+    let s = &g.settings;
+    let mut sec = Section::new(format!("Regime `{}`", g.regime.name));
+    sec.push(g.regime.about.clone());
+    let rows: Vec<RowRuns<'_>> = e
+        .rows
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| Some((i, r, row_runs(&g.runs, &RowRef { train: r.train.clone(), posthoc: r.posthoc })?)))
+        .collect();
+    sec.push(gate_table(s, &rows));
+    let mut series: Vec<GapSeries> = Vec::new();
+    for ntk in [true, false] {
+        let rope = if ntk { "NTK-scaled" } else { "plain" };
+        sec.push(format!("Exact recall with {rope} RoPE (mean over seeds and questions, 95% interval over both):"));
+        sec.push(recall_table(s, &rows, ntk, &mut series));
+    }
+    sec.push("Key-conditional accuracy beyond the training length (mean over seeds and questions; NTK / plain):");
+    sec.push(key_table(s, &rows));
+    let name = format!("{}_{}", e.name, g.regime.name);
+    save_intervals(
+        &figures.dir.join(&name),
+        &format!("Exact recall beyond T_train, regime {} (solid: NTK RoPE, dashed: plain)", g.regime.name),
+        ("prompt length / training length", "exact recall, needle beyond T_train (1x: all)"),
+        false,
+        &series,
+    )?;
+    sec.push(Figure::drawn(format!("{} ({})", e.title, g.regime.name), figures.rel, &name));
+    sec.push(format!("Verdicts in `{}`:", g.regime.name));
+    let items = regime_verdicts(&g.regime.name, judged);
+    if !items.is_empty() {
+        sec.push(Block::List(items));
+    }
+    Ok(sec)
 }
 
 #[cfg(test)]
