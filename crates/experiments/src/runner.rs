@@ -20,11 +20,13 @@ use gpt_model::model::Gpt;
 use serde::{Deserialize, Serialize};
 use trainer::config::TrainConfig;
 use trainer::data::corpus::{self, BuildOptions, TokenizerChoice};
-use trainer::eval::{self, LengthLoss};
+use trainer::eval::LengthLoss;
 use trainer::train::{self, RunOptions, ShardSource, Single};
 
 use crate::scale::{Data, Scale};
 use crate::spec::{EvalKey, SinkKey};
+
+mod evaluate;
 
 /// Format tag and version of a run's `result.json`.
 pub const RESULT_FORMAT: &str = "lssa-experiment-run";
@@ -234,7 +236,11 @@ pub fn load_trained_seed(scale: &Scale, out: &Path, variant: &str, seed_index: u
 /// run directory and the seed (the scale's plus the index).
 pub fn run_config(base: &TrainConfig, out: &Path, variant: &str, seed_index: usize) -> TrainConfig {
     TrainConfig {
-        model: gpt_model::ModelConfig { attention: variant.to_string(), ..base.model.clone() },
+        // The plan's names were parsed when the definitions were read (`spec`).
+        model: gpt_model::ModelConfig {
+            attention: variant.parse().unwrap_or_else(|e| panic!("`{variant}` is not a variant: {e}")),
+            ..base.model.clone()
+        },
         out_dir: run_dir(out, variant, seed_index),
         seed: base.seed + seed_index as u64,
         ..base.clone()
@@ -567,6 +573,9 @@ pub fn train_rank(config: &Path, resume: Option<PathBuf>) -> Result<()> {
     Ok(())
 }
 
+/// One run of `cfg` (seed `seed_index`): its result, loaded when one of this config and code
+/// exists, else trained (or, should it diverge at every learning rate, the error); then the
+/// evaluations of `needs` and the sink measurements of `sink_needs` it lacks.
 #[allow(clippy::too_many_arguments)]
 fn run_one(
     scale: &Scale,
@@ -579,213 +588,144 @@ fn run_one(
     launch: &Launch,
 ) -> Result<RunResult> {
     let result_path = cfg.out_dir.join("result.json");
-    let mut result: Option<RunResult> = match std::fs::read_to_string(&result_path) {
-        Ok(text) => {
-            // A result of another format, config (e.g. the scale was edited) or code is redone from scratch.
-            let r: Option<RunResult> = serde_json::from_str(&text).ok();
-            if let Some(r) = r.as_ref().filter(|r| r.config == cfg.to_toml() && r.format_version == RESULT_VERSION)
-                && r.numbers_revision != numbers_revision()
-            {
-                say(&format!(
-                    "{}: computed by other code (numbers revision {} at {}, this build {}): training again",
-                    cfg.out_dir.display(),
-                    r.numbers_revision,
-                    r.git_revision,
-                    numbers_revision()
-                ));
-            }
-            let r = r.filter(|r| r.format_version == RESULT_VERSION && r.numbers_revision == numbers_revision());
-            if let Some(r) = r.filter(|r| r.config == cfg.to_toml()) {
-                // Results written before retries existed have no `lr`: they were trained at the config's.
-                Some(RunResult { lr: if r.lr > 0.0 { r.lr } else { cfg.lr }, ..r })
-            } else {
-                None
-            }
-        }
-        Err(_) => None,
-    };
+    let loaded = load_result(cfg, &result_path);
     let progress = std::sync::Arc::new(crate::progress::Training::start(
         &format!("{} seed {seed_index}", cfg.model.attention),
         cfg.max_steps,
     ));
-    if result.is_none() {
-        // One writer per run directory: taken before anything here is removed or written, held
-        // through the training (whose own process or ranks see it held) and the result's write.
-        let lock = std::sync::Arc::new(trainer::process::RunLock::acquire(&cfg.out_dir)?);
-        // Checkpoints of another config (the scale was edited since) or of other code are not
-        // continued: start over.
-        let saved = std::fs::read_to_string(cfg.out_dir.join("config.toml")).ok();
-        let revision = std::fs::read_to_string(cfg.out_dir.join(REVISION_FILE)).ok();
-        // (A directory without the revision file predates it: its checkpoints are of unknown code.)
-        if saved.as_ref().is_some_and(|s| *s != cfg.to_toml())
-            || revision.as_ref().is_none_or(|r| r.trim() != numbers_revision())
-        {
-            if saved.is_some() || revision.is_some() {
-                say(&format!(
-                    "{}: its config or code changed since the last attempt: training from scratch",
-                    cfg.out_dir.display()
-                ));
-            }
-            clear_training(&cfg.out_dir)?;
-        }
-        let _ = std::fs::remove_file(&result_path);
-        std::fs::create_dir_all(&cfg.out_dir).with_context(|| format!("creating {}", cfg.out_dir.display()))?;
-        std::fs::write(cfg.out_dir.join(REVISION_FILE), numbers_revision())
-            .with_context(|| format!("writing {}", cfg.out_dir.join(REVISION_FILE).display()))?;
-        let start = Instant::now();
-        let fresh = |lr: f64, final_train_loss: f64, tokens_per_s: f64, note: Option<String>| RunResult {
-            format: RESULT_FORMAT.into(),
-            format_version: RESULT_VERSION,
-            scale: scale.name.into(),
-            variant: cfg.model.attention.clone(),
-            seed_index,
-            config: cfg.to_toml(),
-            git_revision: trainer::git_revision(),
-            numbers_revision: numbers_revision().into(),
-            command: command.into(),
-            train_wall_s: start.elapsed().as_secs_f64(),
-            eval_wall_s: 0.0,
-            tokens_per_s,
-            final_train_loss,
-            lr,
-            note,
-            evals: Vec::new(),
-            sinks: Vec::new(),
-            error: None,
-        };
-        // A run that diverges is retried from scratch at half, then a quarter of the learning rate;
-        // the result says so. A variant that diverges at all three is a result too (the report says
-        // so) and is not retried by later invocations.
-        let mut diverged: Vec<String> = Vec::new();
-        for attempt in 0..=MAX_LR_HALVINGS {
-            let lr = cfg.lr / f64::from(1u32 << attempt);
-            let attempt_cfg = TrainConfig { lr, ..cfg.clone() };
-            if attempt > 0 {
-                clear_training(&cfg.out_dir)?;
-            }
-            // Continue from the newest checkpoint if an earlier attempt was interrupted.
-            let resume = train::list_checkpoints(&cfg.out_dir)?.pop();
-            if resume.is_none() {
-                let _ = std::fs::remove_file(cfg.out_dir.join("metrics.jsonl"));
-            }
-            match train_attempt(&attempt_cfg, resume, launch, command, &progress, &lock) {
-                Ok((loss, tokens_per_s)) => {
-                    let note = (!diverged.is_empty())
-                        .then(|| format!("diverged at {}; trained at lr {lr}", diverged.join(", ")));
-                    result = Some(fresh(lr, loss, tokens_per_s, note));
-                    break;
-                }
-                Err(e) => match std::fs::read_to_string(cfg.out_dir.join(train::DIVERGED_FILE)) {
-                    Ok(marker) => {
-                        let step = serde_json::from_str::<serde_json::Value>(&marker)
-                            .ok()
-                            .and_then(|m| m["step"].as_u64())
-                            .map_or_else(|| "?".to_string(), |s| s.to_string());
-                        say(&format!("{}: {e:#}", cfg.model.attention));
-                        diverged.push(format!("lr {lr} (step {step})"));
-                    }
-                    // Not a divergence (a crash, a full disk, a killed rank): stop; the next
-                    // invocation resumes from the last checkpoint.
-                    Err(_) => return Err(e),
-                },
-            }
-        }
-        let r = result.take().unwrap_or_else(|| RunResult {
-            error: Some(format!("training diverged at {}", diverged.join(", "))),
-            ..fresh(cfg.lr, f64::NAN, 0.0, None)
-        });
-        write_json(&result_path, &r)?;
-        if r.error.is_some() {
-            return Ok(r);
-        }
-        result = Some(r);
-    }
-    let mut result = result.expect("loaded or trained");
+    let result = match loaded {
+        Some(r) => r,
+        None => train_run(scale, cfg, seed_index, command, launch, &progress, &result_path)?,
+    };
     if result.error.is_some() {
         return Ok(result);
     }
-    let missing: Vec<EvalKey> = needs.iter().filter(|k| result.loss(k).is_none()).copied().collect();
-    let missing_sinks: Vec<SinkKey> =
-        sink_needs.iter().filter(|k| !result.sinks.iter().any(|s| s.key == **k)).copied().collect();
-    if missing.is_empty() && missing_sinks.is_empty() {
-        return Ok(result);
+    evaluate::evaluate(scale, cfg, result, needs, sink_needs, spans, &progress, &result_path)
+}
+
+/// The result at `result_path` when it is of this format, config and code; a result of another
+/// format, config (e.g. the scale was edited) or code is redone from scratch.
+fn load_result(cfg: &TrainConfig, result_path: &Path) -> Option<RunResult> {
+    let text = std::fs::read_to_string(result_path).ok()?;
+    let r: Option<RunResult> = serde_json::from_str(&text).ok();
+    if let Some(r) = r.as_ref().filter(|r| r.config == cfg.to_toml() && r.format_version == RESULT_VERSION)
+        && r.numbers_revision != numbers_revision()
+    {
+        say(&format!(
+            "{}: computed by other code (numbers revision {} at {}, this build {}): training again",
+            cfg.out_dir.display(),
+            r.numbers_revision,
+            r.git_revision,
+            numbers_revision()
+        ));
     }
-    progress.phase(&format!("evaluating ({} readings, {} sink measurements)", missing.len(), missing_sinks.len()));
-    let ckpt = train::list_checkpoints(&cfg.out_dir)?.pop().context("no checkpoint to evaluate")?;
-    let device = train::pick_device(cfg.device, 0)?;
-    let mut vs = tch::nn::VarStore::new(device);
-    let model = Gpt::new(&vs.root(), &cfg.model)?;
-    gpt_model::checkpoint::load(&mut vs, &cfg.model, &ckpt)?;
-    // Group by (RoPE, p): each call scores its lengths on the spans.
-    let mut groups: BTreeMap<(bool, Option<u32>), Vec<usize>> = BTreeMap::new();
-    for k in &missing {
-        groups.entry((k.ntk, k.posthoc)).or_default().push(k.multiple);
-    }
-    let t_train = cfg.model.context_len;
-    let longest = spans.first().map_or(1, |s| (s.len() - 1) / t_train);
-    for ((ntk, posthoc), multiples) in groups {
-        let started = Instant::now();
-        let key0 = EvalKey { ntk, posthoc, multiple: 1 };
-        let losses = eval::multi_length_spans(
-            &model,
-            spans,
-            &multiples,
-            longest,
-            key0.rope(),
-            posthoc,
-            scale.eval_batch_tokens,
-            device,
-        )?;
-        for l in losses {
-            result.evals.push((EvalKey { ntk, posthoc, multiple: l.multiple }, l));
+    let r = r.filter(|r| r.format_version == RESULT_VERSION && r.numbers_revision == numbers_revision());
+    // Results written before retries existed have no `lr`: they were trained at the config's.
+    r.filter(|r| r.config == cfg.to_toml()).map(|r| RunResult { lr: if r.lr > 0.0 { r.lr } else { cfg.lr }, ..r })
+}
+
+/// Trains `cfg` under its directory's lock and writes its result to `result_path`. A run that
+/// diverges is retried from scratch at half, then a quarter of the learning rate; the result says
+/// so. A variant that diverges at all three is a result too (its `error` says so; the report shows
+/// it) and is not retried by later invocations.
+fn train_run(
+    scale: &Scale,
+    cfg: &TrainConfig,
+    seed_index: usize,
+    command: &str,
+    launch: &Launch,
+    progress: &std::sync::Arc<crate::progress::Training>,
+    result_path: &Path,
+) -> Result<RunResult> {
+    // One writer per run directory: taken before anything here is removed or written, held
+    // through the training (whose own process or ranks see it held) and the result's write.
+    let lock = std::sync::Arc::new(trainer::process::RunLock::acquire(&cfg.out_dir)?);
+    prepare_run_dir(cfg, result_path)?;
+    let start = Instant::now();
+    let fresh = |lr: f64, final_train_loss: f64, tokens_per_s: f64, note: Option<String>| RunResult {
+        format: RESULT_FORMAT.into(),
+        format_version: RESULT_VERSION,
+        scale: scale.name.into(),
+        variant: cfg.model.attention.to_string(),
+        seed_index,
+        config: cfg.to_toml(),
+        git_revision: trainer::git_revision(),
+        numbers_revision: numbers_revision().into(),
+        command: command.into(),
+        train_wall_s: start.elapsed().as_secs_f64(),
+        eval_wall_s: 0.0,
+        tokens_per_s,
+        final_train_loss,
+        lr,
+        note,
+        evals: Vec::new(),
+        sinks: Vec::new(),
+        error: None,
+    };
+    let mut result = None;
+    let mut diverged: Vec<String> = Vec::new();
+    for attempt in 0..=MAX_LR_HALVINGS {
+        let lr = cfg.lr / f64::from(1u32 << attempt);
+        let attempt_cfg = TrainConfig { lr, ..cfg.clone() };
+        if attempt > 0 {
+            clear_training(&cfg.out_dir)?;
         }
-        result.evals.sort_by_key(|a| a.0);
-        result.eval_wall_s += started.elapsed().as_secs_f64();
-        write_json(&result_path, &result)?;
+        // Continue from the newest checkpoint if an earlier attempt was interrupted.
+        let resume = train::list_checkpoints(&cfg.out_dir)?.pop();
+        if resume.is_none() {
+            let _ = std::fs::remove_file(cfg.out_dir.join("metrics.jsonl"));
+        }
+        match train_attempt(&attempt_cfg, resume, launch, command, progress, &lock) {
+            Ok((loss, tokens_per_s)) => {
+                let note =
+                    (!diverged.is_empty()).then(|| format!("diverged at {}; trained at lr {lr}", diverged.join(", ")));
+                result = Some(fresh(lr, loss, tokens_per_s, note));
+                break;
+            }
+            Err(e) => match std::fs::read_to_string(cfg.out_dir.join(train::DIVERGED_FILE)) {
+                Ok(marker) => {
+                    let step = serde_json::from_str::<serde_json::Value>(&marker)
+                        .ok()
+                        .and_then(|m| m["step"].as_u64())
+                        .map_or_else(|| "?".to_string(), |s| s.to_string());
+                    say(&format!("{}: {e:#}", cfg.model.attention));
+                    diverged.push(format!("lr {lr} (step {step})"));
+                }
+                // Not a divergence (a crash, a full disk, a killed rank): stop; the next
+                // invocation resumes from the last checkpoint.
+                Err(_) => return Err(e),
+            },
+        }
     }
-    for key in missing_sinks {
-        let started = Instant::now();
-        // The first tokens of the first spans: windows from several places of the validation split.
-        let t = cfg.model.context_len * key.multiple;
-        let windows = spans.len().min(SINK_WINDOWS);
-        anyhow::ensure!(
-            windows >= 1 && spans[0].len() > t,
-            "the validation spans are shorter than one {t}-token window"
-        );
-        let ids: Vec<i64> = spans[..windows].iter().flat_map(|s| s[..t].iter().map(|&x| i64::from(x))).collect();
-        let idx = tch::Tensor::from_slice(&ids).view([windows as i64, t as i64]).to(device);
-        let opts = gpt_model::ForwardOptions {
-            length_scale: Some(key.multiple as f64),
-            ntk: true,
-            reweight: key.posthoc,
-            attn_impl: None,
-        };
-        let layers = crate::sinks::layer_stats(&model, &idx, &opts)?;
-        let map = if key.map {
-            let last = cfg.model.n_layer - 1;
-            let values = crate::sinks::attention_map(&model, &idx, &opts, last, 0)?;
-            let name = format!(
-                "map_{}{}_{}x.png",
-                run_dir_name(&cfg.model.attention),
-                key.posthoc.map_or(String::new(), |p| format!("_posthoc{p}")),
-                key.multiple
-            );
-            let path = cfg.out_dir.join(name);
-            let title = format!(
-                "{}{}, layer {}, head 0, T = {t}",
-                cfg.model.attention,
-                key.posthoc.map_or(String::new(), |p| format!(" (post hoc p = {p})")),
-                last + 1
-            );
-            crate::plot::draw_map(&path, &title, &values)?;
-            Some(path)
-        } else {
-            None
-        };
-        result.sinks.push(SinkEval { key, layers, map });
-        result.sinks.sort_by_key(|s| s.key);
-        result.eval_wall_s += started.elapsed().as_secs_f64();
-        write_json(&result_path, &result)?;
+    let r = result.unwrap_or_else(|| RunResult {
+        error: Some(format!("training diverged at {}", diverged.join(", "))),
+        ..fresh(cfg.lr, f64::NAN, 0.0, None)
+    });
+    write_json(result_path, &r)?;
+    Ok(r)
+}
+
+/// Readies `cfg`'s run directory (locked by the caller) for training: checkpoints of another config
+/// (the scale was edited since) or of other code are not continued but cleared; the old result goes,
+/// and the revision file names this build's code.
+fn prepare_run_dir(cfg: &TrainConfig, result_path: &Path) -> Result<()> {
+    let saved = std::fs::read_to_string(cfg.out_dir.join("config.toml")).ok();
+    let revision = std::fs::read_to_string(cfg.out_dir.join(REVISION_FILE)).ok();
+    // (A directory without the revision file predates it: its checkpoints are of unknown code.)
+    if saved.as_ref().is_some_and(|s| *s != cfg.to_toml())
+        || revision.as_ref().is_none_or(|r| r.trim() != numbers_revision())
+    {
+        if saved.is_some() || revision.is_some() {
+            say(&format!(
+                "{}: its config or code changed since the last attempt: training from scratch",
+                cfg.out_dir.display()
+            ));
+        }
+        clear_training(&cfg.out_dir)?;
     }
-    Ok(result)
+    let _ = std::fs::remove_file(result_path);
+    std::fs::create_dir_all(&cfg.out_dir).with_context(|| format!("creating {}", cfg.out_dir.display()))?;
+    std::fs::write(cfg.out_dir.join(REVISION_FILE), numbers_revision())
+        .with_context(|| format!("writing {}", cfg.out_dir.join(REVISION_FILE).display()))?;
+    Ok(())
 }

@@ -21,6 +21,7 @@
 //! is trained data-parallel over every GPU of the machine (`--nproc-per-node`, `--torchrun`), then
 //! evaluated on the first.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -97,6 +98,8 @@ struct Cli {
 fn main() {
     // Before anything else: it may run this program again with libgomp's spin count set.
     trainer::process::limit_openmp_spinning();
+    // The process's allocator setting, as `trainer`'s main makes it (the library's `train` does not).
+    trainer::process::keep_freed_memory();
     if let Err(e) = run() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
@@ -113,92 +116,18 @@ fn run() -> Result<()> {
     if let Some(config) = &cli.train_rank {
         return runner::train_rank(config, cli.resume.clone());
     }
-    let mut scale = Scale::by_name(&cli.scale)?;
-    if !cli.set.is_empty() {
-        let name = format!("the {} scale with --set", scale.name);
-        let before = scale.train.clone();
-        scale.train = trainer::config::TrainConfig::from_toml_with_overrides(&scale.train.to_toml(), &name, &cli.set)?;
-        // What the runner sets per run cannot be overridden: refuse rather than ignore.
-        if scale.train.out_dir != before.out_dir {
-            bail!("--set out_dir: every run has its own directory under --out; give --out DIR instead");
-        }
-        if scale.train.model.attention != before.model.attention {
-            bail!("--set model.attention: every experiment sets its rows' variants; choose runs with --only instead");
-        }
-        // `--set data_dir=DIR` trains on DIR instead of the scale's data.
-        if scale.train.data_dir != before.data_dir {
-            scale.data = experiments::scale::Data::Shards(scale.train.data_dir.clone());
-        }
-    }
+    let scale = scale_of(&cli)?;
     let claims = experiments::claims::all()?;
-    // The default spends the budget on what the headline claims read; `--all` runs every experiment.
-    let experiments = if cli.all {
-        spec::all()?
-    } else {
-        let powers: Vec<u32> = claims.claim.iter().flat_map(|c| c.terms.iter().filter_map(|t| t.posthoc)).collect();
-        spec::headline(spec::all()?, &claims.variants(), &powers, &claims.ordering.experiments)
-    };
-    let seeds_n = cli.seeds.map_or(scale.headline_seeds, |n| n as usize);
-    let mut sink_plan_off = false;
-    let mut plan = spec::plan(&experiments);
-    for (v, needs) in claims.plan() {
-        let have = plan.entry(v).or_default();
-        have.extend(needs);
-        have.sort();
-        have.dedup();
-    }
-    if cli.claims_only {
-        plan = claims.plan();
-        for needs in plan.values_mut() {
-            needs.sort();
-            needs.dedup();
-        }
-        sink_plan_off = true;
-    }
-    let seeds: std::collections::BTreeMap<String, usize> =
-        claims.variants().into_iter().map(|v| (v, seeds_n)).collect();
-    let mut sink_plan = spec::sink_plan(&experiments);
-    if sink_plan_off {
-        sink_plan.clear();
-    }
+    let Plan { experiments, mut plan, seeds, mut sink_plan } = plan_of(&cli, &scale, &claims)?;
     // The experiments after (or beside) training. A new kind of experiment is one more line here.
     let mut post: Vec<Box<dyn PostTraining>> = vec![
         Box::<experiments::retrieval::Experiments>::default(),
         Box::<experiments::downstream::Experiments>::default(),
         Box::<experiments::newton::report::Experiments>::default(),
     ];
-    let only_names: Vec<&str> = post.iter().filter_map(|p| p.only_name()).collect();
-    // Which post-training kinds this invocation runs: none with `--report-only`; a kind without its
-    // own `--only` name whenever it is available (downstream, given `--downstream DIR`); the others by
-    // default, or when `--only` names them, never with `--claims-only`.
-    let selected: Vec<bool> = post
-        .iter()
-        .map(|p| {
-            !cli.report_only
-                && p.only_name()
-                    .is_none_or(|n| !cli.claims_only && (cli.only.is_empty() || cli.only.iter().any(|v| v == n)))
-        })
-        .collect();
+    let selected = selected_post(&cli, &post);
     if !cli.only.is_empty() {
-        for (p, _) in
-            post.iter().zip(&selected).filter(|(p, on)| **on && p.only_name().is_some() && p.needs_trained_rows())
-        {
-            // Its rows' models must be trained too.
-            for e in experiments.iter().filter(|e| e.kind == p.kind()) {
-                cli.only.extend(e.rows.iter().map(|r| r.train.clone()));
-            }
-        }
-        for v in cli.only.iter().filter(|v| !only_names.contains(&v.as_str())) {
-            if !plan.contains_key(v) {
-                bail!(
-                    "--only {v}: no experiment trains `{v}`; planned: {}, and {} (experiments with their own selection)",
-                    plan.keys().cloned().collect::<Vec<_>>().join(", "),
-                    only_names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" / ")
-                );
-            }
-        }
-        plan.retain(|k, _| cli.only.contains(k));
-        sink_plan.retain(|k, _| cli.only.contains(k));
+        apply_only(&mut cli, &post, &selected, &experiments, &mut plan, &mut sink_plan)?;
     }
     eprintln!("reproduce: scale {} ({}); {}", scale.name, scale.about, gpt_model::runtime::describe());
     if cli.plan {
@@ -207,52 +136,10 @@ fn run() -> Result<()> {
         }
         return Ok(());
     }
-    let gpus = if tch::Cuda::is_available() { tch::Cuda::device_count() as usize } else { 0 };
-    let nproc = match (cli.nproc_per_node, scale.name) {
-        (Some(n), _) => n,
-        (None, "paper") if gpus == 0 => {
-            bail!("the paper scale trains on GPUs (8 in the paper) and this machine has none; see the README")
-        }
-        (None, "paper") => gpus,
-        (None, _) => 1,
-    };
-    if nproc == 0 {
-        bail!("--nproc-per-node must be at least 1");
-    }
-    let launch = if nproc > 1 || cli.torchrun {
-        runner::Launch::Ranks { nproc, torchrun: cli.torchrun }
-    } else {
-        runner::Launch::InProcess
-    };
+    let launch = launch_of(&cli, &scale)?;
     let out = cli.out.clone().unwrap_or_else(|| PathBuf::from("runs").join(scale.name));
     let command = std::env::args().collect::<Vec<_>>().join(" ");
-    let mut shown = if scale.name == "small" {
-        "cargo xtask reproduce".to_string()
-    } else {
-        format!("cargo xtask reproduce --scale {}", scale.name)
-    };
-    for kv in &cli.set {
-        shown.push_str(&format!(" --set {kv}"));
-    }
-    if let Some(n) = cli.nproc_per_node {
-        shown.push_str(&format!(" --nproc-per-node {n}"));
-    }
-    if cli.torchrun {
-        shown.push_str(" --torchrun");
-    }
-    if let Some(n) = cli.seeds.filter(|&n| n as usize != scale.headline_seeds) {
-        shown.push_str(&format!(" --seeds {n}"));
-    }
-    if cli.all {
-        shown.push_str(" --all");
-    }
-    let base_command = shown.clone();
-    if cli.claims_only {
-        shown.push_str(" --claims-only");
-    }
-    if !cli.only.is_empty() {
-        shown.push_str(&format!(" --only {}", cli.only.join(",")));
-    }
+    let (shown, base_command) = shown_commands(&cli, &scale);
     let start = Instant::now();
     let jobs = cli.jobs.unwrap_or_else(|| runner::default_jobs(tch::Cuda::is_available()));
     // Seeds after the first: the claims' evaluations and every length without post-hoc re-weighting.
@@ -290,7 +177,183 @@ fn run() -> Result<()> {
     };
     report::write(&experiments, &results, &ctx, &report_path, &figures_dir).context("writing the report")?;
     eprintln!("reproduce: wrote {} ({:.1} min)", report_path.display(), start.elapsed().as_secs_f64() / 60.0);
-    for j in experiments::claims::judge(&claims, &results) {
+    print_verdicts(&claims, &experiments, &results);
+    Ok(())
+}
+
+/// The scale of `--scale`, with the training config's `--set` overrides; refuses those the runner
+/// sets per run.
+fn scale_of(cli: &Cli) -> Result<Scale> {
+    let mut scale = Scale::by_name(&cli.scale)?;
+    if !cli.set.is_empty() {
+        let name = format!("the {} scale with --set", scale.name);
+        let before = scale.train.clone();
+        scale.train = trainer::config::TrainConfig::from_toml_with_overrides(&scale.train.to_toml(), &name, &cli.set)?;
+        // What the runner sets per run cannot be overridden: refuse rather than ignore.
+        if scale.train.out_dir != before.out_dir {
+            bail!("--set out_dir: every run has its own directory under --out; give --out DIR instead");
+        }
+        if scale.train.model.attention != before.model.attention {
+            bail!("--set model.attention: every experiment sets its rows' variants; choose runs with --only instead");
+        }
+        // `--set data_dir=DIR` trains on DIR instead of the scale's data.
+        if scale.train.data_dir != before.data_dir {
+            scale.data = experiments::scale::Data::Shards(scale.train.data_dir.clone());
+        }
+    }
+    Ok(scale)
+}
+
+/// What an invocation trains and evaluates, before `--only`.
+struct Plan {
+    /// The experiments it runs.
+    experiments: Vec<spec::Experiment>,
+    /// Each trained variant's evaluations.
+    plan: BTreeMap<String, Vec<spec::EvalKey>>,
+    /// Seeds of the variants the claims read (the others get one).
+    seeds: BTreeMap<String, usize>,
+    /// Each trained variant's attention-sink measurements.
+    sink_plan: BTreeMap<String, Vec<spec::SinkKey>>,
+}
+
+/// The experiments, runs and evaluations of `--all`, `--claims-only` or the default, which spends
+/// the budget on what the headline claims read.
+fn plan_of(cli: &Cli, scale: &Scale, claims: &experiments::claims::Claims) -> Result<Plan> {
+    let experiments = if cli.all {
+        spec::all()?
+    } else {
+        let powers: Vec<u32> = claims.claim.iter().flat_map(|c| c.terms.iter().filter_map(|t| t.posthoc)).collect();
+        spec::headline(spec::all()?, &claims.variants(), &powers, &claims.ordering.experiments)
+    };
+    let seeds_n = cli.seeds.map_or(scale.headline_seeds, |n| n as usize);
+    let mut sink_plan_off = false;
+    let mut plan = spec::plan(&experiments);
+    for (v, needs) in claims.plan() {
+        let have = plan.entry(v).or_default();
+        have.extend(needs);
+        have.sort();
+        have.dedup();
+    }
+    if cli.claims_only {
+        plan = claims.plan();
+        for needs in plan.values_mut() {
+            needs.sort();
+            needs.dedup();
+        }
+        sink_plan_off = true;
+    }
+    let seeds: BTreeMap<String, usize> = claims.variants().into_iter().map(|v| (v, seeds_n)).collect();
+    let mut sink_plan = spec::sink_plan(&experiments);
+    if sink_plan_off {
+        sink_plan.clear();
+    }
+    Ok(Plan { experiments, plan, seeds, sink_plan })
+}
+
+/// Which post-training kinds this invocation runs: none with `--report-only`; a kind without its
+/// own `--only` name whenever it is available (downstream, given `--downstream DIR`); the others by
+/// default, or when `--only` names them, never with `--claims-only`.
+fn selected_post(cli: &Cli, post: &[Box<dyn PostTraining>]) -> Vec<bool> {
+    post.iter()
+        .map(|p| {
+            !cli.report_only
+                && p.only_name()
+                    .is_none_or(|n| !cli.claims_only && (cli.only.is_empty() || cli.only.iter().any(|v| v == n)))
+        })
+        .collect()
+}
+
+/// Narrows the plans to `--only`'s variants, to which it first adds the trained rows of the
+/// selected post-training kinds that need them; refuses a name that nothing trains.
+fn apply_only(
+    cli: &mut Cli,
+    post: &[Box<dyn PostTraining>],
+    selected: &[bool],
+    experiments: &[spec::Experiment],
+    plan: &mut BTreeMap<String, Vec<spec::EvalKey>>,
+    sink_plan: &mut BTreeMap<String, Vec<spec::SinkKey>>,
+) -> Result<()> {
+    let only_names: Vec<&str> = post.iter().filter_map(|p| p.only_name()).collect();
+    for (p, _) in post.iter().zip(selected).filter(|(p, on)| **on && p.only_name().is_some() && p.needs_trained_rows())
+    {
+        // Its rows' models must be trained too.
+        for e in experiments.iter().filter(|e| e.kind == p.kind()) {
+            cli.only.extend(e.rows.iter().map(|r| r.train.clone()));
+        }
+    }
+    for v in cli.only.iter().filter(|v| !only_names.contains(&v.as_str())) {
+        if !plan.contains_key(v) {
+            bail!(
+                "--only {v}: no experiment trains `{v}`; planned: {}, and {} (experiments with their own selection)",
+                plan.keys().cloned().collect::<Vec<_>>().join(", "),
+                only_names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" / ")
+            );
+        }
+    }
+    plan.retain(|k, _| cli.only.contains(k));
+    sink_plan.retain(|k, _| cli.only.contains(k));
+    Ok(())
+}
+
+/// Where training runs: in this process, or in `--nproc-per-node` ranks (by default every GPU for
+/// the paper scale, which refuses a machine without one).
+fn launch_of(cli: &Cli, scale: &Scale) -> Result<runner::Launch> {
+    let gpus = if tch::Cuda::is_available() { tch::Cuda::device_count() as usize } else { 0 };
+    let nproc = match (cli.nproc_per_node, scale.name) {
+        (Some(n), _) => n,
+        (None, "paper") if gpus == 0 => {
+            bail!("the paper scale trains on GPUs (8 in the paper) and this machine has none; see the README")
+        }
+        (None, "paper") => gpus,
+        (None, _) => 1,
+    };
+    if nproc == 0 {
+        bail!("--nproc-per-node must be at least 1");
+    }
+    Ok(if nproc > 1 || cli.torchrun {
+        runner::Launch::Ranks { nproc, torchrun: cli.torchrun }
+    } else {
+        runner::Launch::InProcess
+    })
+}
+
+/// The command the report shows, and the same without `--claims-only` and `--only` (the command
+/// that reproduces the whole report).
+fn shown_commands(cli: &Cli, scale: &Scale) -> (String, String) {
+    let mut shown = if scale.name == "small" {
+        "cargo xtask reproduce".to_string()
+    } else {
+        format!("cargo xtask reproduce --scale {}", scale.name)
+    };
+    for kv in &cli.set {
+        shown.push_str(&format!(" --set {kv}"));
+    }
+    if let Some(n) = cli.nproc_per_node {
+        shown.push_str(&format!(" --nproc-per-node {n}"));
+    }
+    if cli.torchrun {
+        shown.push_str(" --torchrun");
+    }
+    if let Some(n) = cli.seeds.filter(|&n| n as usize != scale.headline_seeds) {
+        shown.push_str(&format!(" --seeds {n}"));
+    }
+    if cli.all {
+        shown.push_str(" --all");
+    }
+    let base_command = shown.clone();
+    if cli.claims_only {
+        shown.push_str(" --claims-only");
+    }
+    if !cli.only.is_empty() {
+        shown.push_str(&format!(" --only {}", cli.only.join(",")));
+    }
+    (shown, base_command)
+}
+
+/// Every claim's verdict on its whole-window readings (or why it was not judged), and every
+/// ordering's, on standard output.
+fn print_verdicts(claims: &experiments::claims::Claims, experiments: &[spec::Experiment], results: &runner::Runs) {
+    for j in experiments::claims::judge(claims, results) {
         for r in &j.readings {
             if r.measure == experiments::claims::Measure::Whole {
                 let rope = r.rope.map_or(String::new(), |r| format!(" ({r:?} RoPE)"));
@@ -307,10 +370,9 @@ fn run() -> Result<()> {
             println!("- {}: not judged: {why}", j.claim.name);
         }
     }
-    for o in experiments::claims::judge_orderings(&claims, &experiments, &results) {
+    for o in experiments::claims::judge_orderings(claims, experiments, results) {
         println!("- {} ordering: {} ({})", o.experiment, o.verdict.word(), o.why);
     }
-    Ok(())
 }
 
 /// Where the report and its figures go: `report` when given (figures beside it); the committed
