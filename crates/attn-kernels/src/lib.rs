@@ -10,7 +10,8 @@
 //!   CUDA; calls there return [`Error::Cuda`]).
 //! - [`forward_raw`] / [`backward_raw`]: the one entry point on raw pointers ([`Params`]) for callers
 //!   that own their tensors (the model's autograd bridge, the Python extension): a [`Target`] says
-//!   where the call runs, and each backend implements [`Backend`].
+//!   where the call runs, and [`Target::prepare`] derives a variant's kernel plan for it once
+//!   ([`Prepared`], what a model keeps per target).
 //!
 //! The ground truth is `attn_core`: every kernel is tested against its f64 reference, forward and
 //! backward, and reuses its definitions (variant names, per-row scales and biases, re-weighting
@@ -40,7 +41,7 @@ mod params;
 mod target;
 
 pub use params::{Dtype, Params, RawTensor, null_input, null_output};
-pub use target::{Backend, CpuBackend, CudaBackend, Target, backward_raw, forward_raw};
+pub use target::{Prepared, Target, backward_raw, forward_raw};
 
 /// Everything the kernels can refuse.
 #[derive(Debug, thiserror::Error)]

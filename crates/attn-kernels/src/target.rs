@@ -1,10 +1,11 @@
 //! The one typed entry point of the raw kernels: a [`Target`] says where a call runs (the CPU with
-//! its options, or CUDA with a dtype and a kernel choice), and [`forward_raw`] / [`backward_raw`]
-//! dispatch to the backend that implements [`Backend`] for it. Consumers (the model's autograd bridge,
-//! the Python extension) build a [`Params`] and a `Target` and keep no CPU/CUDA branching of their
-//! own; adding a backend is a `Target` variant and one `Backend` implementation.
+//! its options, or CUDA with a dtype and a kernel choice), [`Target::prepare`] derives a variant's
+//! kernel plan for it once ([`Prepared`]), and [`Prepared::forward_raw`] / [`Prepared::backward_raw`]
+//! (or [`forward_raw`] / [`backward_raw`], which prepare per call) run it. Consumers (the model's
+//! autograd bridge, the Python extension) build a [`Params`] and a `Target` and keep no CPU/CUDA
+//! branching of their own; adding a backend is a `Target` variant and its arm in [`Prepared`].
 
-use attn_core::Variant;
+use attn_core::{Plan, Variant};
 
 use crate::Params;
 use crate::cpu;
@@ -61,93 +62,121 @@ impl Target {
     }
 
     /// Why `variant` at head dimension `head_dim` has no fused kernel on this target, or `None`
-    /// when it has one (whether the GPU can run it is [`cuda::is_available`]'s question).
+    /// when it has one ([`Target::prepare`]'s refusal as a sentence; whether the GPU can run it is
+    /// [`cuda::is_available`]'s question).
     pub fn not_fused_reason(&self, variant: &Variant, head_dim: usize) -> Option<String> {
-        match self {
-            Target::Cpu(_) => {
-                if cpu::is_fused(variant) {
-                    return None;
-                }
-                // The kernel's own reason: the forward of a 1-element input refuses it with it.
-                let x = ndarray::Array4::<f32>::zeros((1, 1, 1, 1));
-                Some(match cpu::forward(variant, &x, &x, &x) {
-                    Err(Error::NotFused { reason, .. }) => format!("no fused CPU kernel: {reason}"),
-                    Err(e) => e.to_string(),
-                    Ok(_) => "no fused CPU kernel".into(),
-                })
-            }
+        let device = match self {
+            Target::Cpu(_) => "CPU",
+            Target::Cuda { .. } => "CUDA",
+        };
+        match self.prepare(variant, head_dim) {
+            Ok(_) => None,
+            Err(Error::NotFused { reason, .. }) => Some(format!("no fused {device} kernel: {reason}")),
+            Err(e) => Some(e.to_string()),
+        }
+    }
+}
+
+/// A variant prepared for one [`Target`] ([`Target::prepare`]): the kernels' plan derived once (the
+/// CPU engine's [`Plan`], or the CUDA kernels' [`cuda::Config`] at one head dimension), so its calls
+/// neither parse nor re-plan. Cheap to clone (the plan holds a user's activation by `Arc`).
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    variant: Variant,
+    target: Target,
+    kernels: Kernels,
+}
+
+/// What a prepared variant's calls run.
+#[derive(Clone, Debug)]
+enum Kernels {
+    /// The CPU engine's plan.
+    Cpu(Plan),
+    /// The CUDA kernels' configuration, and the head dimension it was resolved for.
+    Cuda(cuda::Config, usize),
+}
+
+impl Target {
+    /// `variant` prepared for this target at head dimension `head_dim` (the CPU kernels take any),
+    /// or [`Error::NotFused`] with the reason it has no kernel here ([`Target::not_fused_reason`]
+    /// says the same as a sentence). Whether a GPU can run it is [`cuda::is_available`]'s question.
+    pub fn prepare(&self, variant: &Variant, head_dim: usize) -> Result<Prepared> {
+        let kernels = match self {
+            Target::Cpu(_) => Kernels::Cpu(cpu::plan(variant)?),
             Target::Cuda { .. } => {
                 if head_dim > cuda::MAX_HEAD_DIM {
-                    return Some(format!(
-                        "the CUDA kernels take head dimensions up to {}, got {head_dim}",
-                        cuda::MAX_HEAD_DIM
-                    ));
+                    return Err(Error::NotFused {
+                        variant: variant.to_string(),
+                        reason: "the CUDA kernels take head dimensions up to 256",
+                    });
                 }
-                match cuda::Config::new(variant, head_dim.max(1)) {
-                    Ok(_) => None,
-                    Err(Error::NotFused { reason, .. }) => Some(format!("no fused CUDA kernel: {reason}")),
-                    Err(e) => Some(e.to_string()),
+                Kernels::Cuda(cuda::Config::new(variant, head_dim.max(1))?, head_dim)
+            }
+        };
+        Ok(Prepared { variant: variant.clone(), target: *self, kernels })
+    }
+}
+
+impl Prepared {
+    /// The variant.
+    pub fn variant(&self) -> &Variant {
+        &self.variant
+    }
+
+    /// The target it was prepared for.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// The fused forward, as [`forward_raw`] (a CUDA call's head dimension must be the prepared one).
+    ///
+    /// # Safety
+    /// As [`forward_raw`].
+    pub unsafe fn forward_raw(&self, p: &Params) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match (&self.kernels, &self.target) {
+                (Kernels::Cpu(plan), Target::Cpu(o)) => cpu::forward_planned(plan, p, o),
+                (Kernels::Cuda(cfg, d), Target::Cuda { dtype, kernel }) => {
+                    same_head_dim(p, *d)?;
+                    cuda::forward_configured(cfg, p, *dtype, *kernel)
                 }
+                _ => unreachable!("prepare pairs the kernels with their target"),
+            }
+        }
+    }
+
+    /// The fused backward, as [`backward_raw`].
+    ///
+    /// # Safety
+    /// As [`backward_raw`].
+    pub unsafe fn backward_raw(&self, p: &Params) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match (&self.kernels, &self.target) {
+                (Kernels::Cpu(plan), Target::Cpu(o)) => cpu::backward_planned(plan, p, o),
+                (Kernels::Cuda(cfg, d), Target::Cuda { dtype, kernel }) => {
+                    same_head_dim(p, *d)?;
+                    cuda::backward_configured(cfg, p, *dtype, *kernel)
+                }
+                _ => unreachable!("prepare pairs the kernels with their target"),
             }
         }
     }
 }
 
-/// One backend's raw entry points, which [`forward_raw`] and [`backward_raw`] dispatch to.
-pub trait Backend {
-    /// What a call needs besides the variant and the tensors.
-    type Settings;
-
-    /// The forward: writes `p.o`, `p.stats` (and `p.rw_aux` where the backend keeps it).
-    ///
-    /// # Safety
-    /// As [`forward_raw`].
-    unsafe fn forward(variant: &Variant, p: &Params, settings: &Self::Settings) -> Result<()>;
-
-    /// The backward: writes `p.dq`, `p.dk`, `p.dv`.
-    ///
-    /// # Safety
-    /// As [`backward_raw`].
-    unsafe fn backward(variant: &Variant, p: &Params, settings: &Self::Settings) -> Result<()>;
+/// A CUDA configuration is resolved for one head dimension (it sets the kernels' `HD`).
+fn same_head_dim(p: &Params, prepared: usize) -> Result<()> {
+    if p.head_dim != prepared {
+        return Err(Error::BadParams(format!(
+            "the call's head dimension is {}, the variant was prepared for {prepared}",
+            p.head_dim
+        )));
+    }
+    Ok(())
 }
 
-/// The CPU backend ([`cpu::forward_raw`], [`cpu::backward_raw`]).
-#[derive(Clone, Copy, Debug)]
-pub struct CpuBackend;
-
-/// The CUDA backend ([`cuda::forward_raw`], [`cuda::backward_raw`]).
-#[derive(Clone, Copy, Debug)]
-pub struct CudaBackend;
-
-impl Backend for CpuBackend {
-    type Settings = cpu::Options;
-
-    unsafe fn forward(variant: &Variant, p: &Params, settings: &cpu::Options) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        unsafe { cpu::forward_raw(variant, p, settings) }
-    }
-
-    unsafe fn backward(variant: &Variant, p: &Params, settings: &cpu::Options) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        unsafe { cpu::backward_raw(variant, p, settings) }
-    }
-}
-
-impl Backend for CudaBackend {
-    type Settings = (cuda::Dtype, cuda::Kernel);
-
-    unsafe fn forward(variant: &Variant, p: &Params, &(dtype, kernel): &Self::Settings) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        unsafe { cuda::forward_raw(variant, p, dtype, kernel) }
-    }
-
-    unsafe fn backward(variant: &Variant, p: &Params, &(dtype, kernel): &Self::Settings) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        unsafe { cuda::backward_raw(variant, p, dtype, kernel) }
-    }
-}
-
-/// The fused forward of `variant` on `target`.
+/// The fused forward of `variant` on `target` ([`Target::prepare`] then [`Prepared::forward_raw`]).
 ///
 /// # Safety
 /// Every pointer of `p` the forward uses (`q`, `k`, `v`, `o`, `stats`, and `rw_aux` when not null)
@@ -156,12 +185,7 @@ impl Backend for CudaBackend {
 /// [`cuda::forward_raw`].
 pub unsafe fn forward_raw(variant: &Variant, p: &Params, target: &Target) -> Result<()> {
     // SAFETY: forwarded from the caller.
-    unsafe {
-        match target {
-            Target::Cpu(o) => CpuBackend::forward(variant, p, o),
-            Target::Cuda { dtype, kernel } => CudaBackend::forward(variant, p, &(*dtype, *kernel)),
-        }
-    }
+    unsafe { target.prepare(variant, p.head_dim)?.forward_raw(p) }
 }
 
 /// The fused backward of `variant` on `target`, from the forward's `o` and `stats`.
@@ -171,12 +195,7 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, target: &Target) -> Res
 /// `dk`, `dv`).
 pub unsafe fn backward_raw(variant: &Variant, p: &Params, target: &Target) -> Result<()> {
     // SAFETY: forwarded from the caller.
-    unsafe {
-        match target {
-            Target::Cpu(o) => CpuBackend::backward(variant, p, o),
-            Target::Cuda { dtype, kernel } => CudaBackend::backward(variant, p, &(*dtype, *kernel)),
-        }
-    }
+    unsafe { target.prepare(variant, p.head_dim)?.backward_raw(p) }
 }
 
 #[cfg(test)]

@@ -4,15 +4,15 @@
 //! `dk` and `dv` with per-chunk `dq` partials ([`Backward::key_tiles`]); C, `dq` as the sum of its
 //! partials ([`Backward::write_dq`]).
 
-use attn_core::{OutputNorm, Plan, Variant};
+use attn_core::{OutputNorm, Plan};
 use rayon::prelude::*;
 
 use super::engine::{self, Dims, Head, STATS};
 use super::grad::{self, BwdScratch, RowGrad};
 use super::isa::Isa;
 use super::{
-    F32Params, KeyNorms, Options, QueryTask, SendPtr, dims, head, head_slice, inverse_norms, pack, plan,
-    rw_aux_per_row, short, write_rows,
+    F32Params, KeyNorms, Options, QueryTask, SendPtr, dims, head, head_slice, inverse_norms, pack, rw_aux_per_row,
+    short, write_rows,
 };
 use crate::{RawTensor, Result};
 
@@ -20,8 +20,7 @@ use crate::{RawTensor, Result};
 ///
 /// # Safety
 /// As [`backward_raw`](super::backward_raw).
-pub(super) unsafe fn backward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Result<()> {
-    let plan = plan(variant)?;
+pub(super) unsafe fn backward_f32(plan: Plan, p: &F32Params, opts: &Options) -> Result<()> {
     let mut dims = dims(p, opts.tuning, opts.isa)?;
     let isa = opts.isa.assert_supported();
     // A short call recomputes the scores exactly as its forward computed them: from `k` unpacked,

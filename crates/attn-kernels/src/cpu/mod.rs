@@ -138,7 +138,7 @@ fn not_fused(variant: &Variant, reason: &'static str) -> Error {
 
 /// The variant's plan, or why the engine does not stream it. Every activation runs: the built-ins
 /// in vector code, a user's through its own f64 methods.
-fn plan(variant: &Variant) -> Result<Plan> {
+pub(crate) fn plan(variant: &Variant) -> Result<Plan> {
     let plan = variant.plan()?;
     match plan.transform {
         Transform::None => {}
@@ -311,15 +311,23 @@ unsafe fn write_rows(x: RawTensor<*mut f32>, b: usize, h: usize, i0: usize, d: u
 /// else. Shapes are not checked here (the ndarray API checks them); `T >= 1`, `d >= 1`.
 pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Result<()> {
     // SAFETY: forwarded.
-    unsafe { forward_f32(variant, &F32Params::new(p)?, opts) }
+    unsafe { forward_f32(plan(variant)?, &F32Params::new(p)?, opts) }
+}
+
+/// [`forward_raw`] of a variant whose plan [`Target::prepare`](crate::Target::prepare) derived.
+///
+/// # Safety
+/// As [`forward_raw`].
+pub(crate) unsafe fn forward_planned(plan: &Plan, p: &Params, opts: &Options) -> Result<()> {
+    // SAFETY: forwarded.
+    unsafe { forward_f32(plan.clone(), &F32Params::new(p)?, opts) }
 }
 
 /// [`forward_raw`] on typed pointers.
 ///
 /// # Safety
 /// As [`forward_raw`].
-unsafe fn forward_f32(variant: &Variant, p: &F32Params, opts: &Options) -> Result<()> {
-    let plan = plan(variant)?;
+unsafe fn forward_f32(plan: Plan, p: &F32Params, opts: &Options) -> Result<()> {
     let mut dims = dims(p, opts.tuning, opts.isa)?;
     let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
     let isa = opts.isa.assert_supported();
@@ -422,7 +430,16 @@ impl<S> PerThread<S> {
 /// As [`forward_raw`], for every pointer of `p`; `dq`, `dk`, `dv` must not alias anything else.
 pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Result<()> {
     // SAFETY: forwarded.
-    unsafe { backward_f32(variant, &F32Params::new(p)?, opts) }
+    unsafe { backward_f32(plan(variant)?, &F32Params::new(p)?, opts) }
+}
+
+/// [`backward_raw`] of a variant whose plan [`Target::prepare`](crate::Target::prepare) derived.
+///
+/// # Safety
+/// As [`backward_raw`].
+pub(crate) unsafe fn backward_planned(plan: &Plan, p: &Params, opts: &Options) -> Result<()> {
+    // SAFETY: forwarded.
+    unsafe { backward_f32(plan.clone(), &F32Params::new(p)?, opts) }
 }
 
 fn raw<P>(ptr: P, x: &ArrayView4<'_, f32>) -> RawTensor<P> {
@@ -535,7 +552,7 @@ fn forward_stats(
         p.rw_aux = aux.as_mut_ptr();
     }
     // SAFETY: every pointer comes from a live array of the checked shape; o, stats, aux are fresh.
-    unsafe { forward_f32(variant, &p, opts)? };
+    unsafe { forward_f32(plan(variant)?, &p, opts)? };
     Ok((o, stats, aux))
 }
 
@@ -584,6 +601,6 @@ pub fn backward_with<'a>(
     p.dk = raw_mut(&mut dk);
     p.dv = raw_mut(&mut dv);
     // SAFETY: as in forward_stats; dq, dk, dv are fresh arrays.
-    unsafe { backward_f32(variant, &p, opts)? };
+    unsafe { backward_f32(plan(variant)?, &p, opts)? };
     Ok(Grads { dq, dk, dv })
 }

@@ -300,11 +300,21 @@ pub fn synchronize() -> Result<()> {
 pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
     same_dtype(p, dtype)?;
     check_params(p)?;
-    let cfg = Config::new(variant, p.head_dim)?;
+    // SAFETY: forwarded from our caller.
+    unsafe { forward_configured(&Config::new(variant, p.head_dim)?, p, dtype, kernel) }
+}
+
+/// [`forward_raw`] of a variant already resolved for `p.head_dim` ([`Target::prepare`](crate::Target::prepare)).
+///
+/// # Safety
+/// As [`forward_raw`].
+pub(crate) unsafe fn forward_configured(cfg: &Config, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    same_dtype(p, dtype)?;
+    check_params(p)?;
     on_device(device_for(p)?, || {
-        let x = GpuExec::new(&cfg, p.head_dim, dtype, kernel.generation())?;
+        let x = GpuExec::new(cfg, p.head_dim, dtype, kernel.generation())?;
         // SAFETY: forwarded from our caller.
-        unsafe { forward_exec(&x, &cfg, p, dtype, kernel) }
+        unsafe { forward_exec(&x, cfg, p, dtype, kernel) }
     })
 }
 
@@ -318,11 +328,21 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: K
 pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
     same_dtype(p, dtype)?;
     check_params(p)?;
-    let cfg = Config::new(variant, p.head_dim)?;
+    // SAFETY: forwarded from our caller.
+    unsafe { backward_configured(&Config::new(variant, p.head_dim)?, p, dtype, kernel) }
+}
+
+/// [`backward_raw`] of a variant already resolved for `p.head_dim` ([`Target::prepare`](crate::Target::prepare)).
+///
+/// # Safety
+/// As [`backward_raw`].
+pub(crate) unsafe fn backward_configured(cfg: &Config, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
+    same_dtype(p, dtype)?;
+    check_params(p)?;
     on_device(device_for(p)?, || {
-        let x = GpuExec::new(&cfg, p.head_dim, dtype, kernel.generation())?;
+        let x = GpuExec::new(cfg, p.head_dim, dtype, kernel.generation())?;
         // SAFETY: forwarded from our caller.
-        unsafe { backward_exec(&x, &cfg, p, dtype, kernel) }
+        unsafe { backward_exec(&x, cfg, p, dtype, kernel) }
     })
 }
 

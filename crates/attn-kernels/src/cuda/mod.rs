@@ -67,9 +67,10 @@ pub use compile::{
     ARCHES, COMMON_SRC, Generation, MMA_BWD_SRC, MMA_BWD6_SRC, MMA_BWD7_SRC, MMA_SRC, MMA3_SRC, MMA5_SRC, SIMT_SRC,
     compile_ptx, has_tensor_core_forward, source,
 };
+pub use config::Config;
+pub(crate) use device::{backward_configured, forward_configured};
 pub use device::{backward_raw, forward_raw, versions};
 pub use device::{device_description, is_available, synchronize};
-pub use config::Config;
 #[cfg(feature = "lab")]
 pub use plan::Version;
 #[cfg(not(feature = "lab"))]

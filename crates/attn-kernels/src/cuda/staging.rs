@@ -5,9 +5,9 @@ use ndarray::{Array4, ArrayView4, AsArray, Ix4};
 
 use attn_core::Variant;
 
+use super::config::not_fused;
 use super::device::GpuExec;
 use super::launch::{Buf, Exec, backward_exec, forward_exec};
-use super::config::not_fused;
 use super::{Config, Dtype, Options};
 use crate::Params;
 use crate::cpu::STATS_PER_ROW;

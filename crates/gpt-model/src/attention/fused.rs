@@ -2,9 +2,9 @@
 //! [`Target`], and the call itself through the crate's FFI ([`crate::ffi`], `csrc/fused_attention.cpp`).
 //!
 //! The eligibility rules (which devices, dtypes, variants and head dimensions have kernels) are
-//! attn-kernels': [`Target::for_tensors`] and [`Target::not_fused_reason`]. This module only names
-//! tch's devices and dtypes as those functions take them, checks the shapes, and chooses how many
-//! statistics per row the bridge allocates.
+//! attn-kernels': [`Target::for_tensors`] and [`Target::prepare`], whose prepared kernels the model's
+//! [`Attention`] keeps per target. This module only names tch's devices and dtypes as those functions
+//! take them, checks the shapes, and chooses how many statistics per row the bridge allocates.
 //!
 //! Errors: a kernel error (or a panic, caught) comes back as [`FusedError::Bridge`]; a failure in the
 //! backward surfaces where tch's `backward()` reports libtorch errors.
@@ -41,9 +41,9 @@ pub enum FusedError {
     Bridge(String),
 }
 
-/// The kernels' target for tensors of `kind` on `device`, running `kernel` on CUDA: attn-kernels'
-/// [`Target::for_tensors`], with tch's device and dtype named as PyTorch names them.
-fn target(device: Device, kind: Kind, kernel: cuda::Kernel) -> Result<Target, FusedError> {
+/// The kernels' target for tensors of `kind` on `device`: attn-kernels' [`Target::for_tensors`],
+/// with tch's device and dtype named as PyTorch names them.
+fn target(device: Device, kind: Kind) -> Result<Target, FusedError> {
     let device_name = match device {
         Device::Cpu => "cpu",
         Device::Cuda(_) => "cuda",
@@ -55,8 +55,7 @@ fn target(device: Device, kind: Kind, kernel: cuda::Kernel) -> Result<Target, Fu
         Kind::BFloat16 => "bfloat16",
         _ => return Err(FusedError::Unsupported(kind)),
     };
-    let target = Target::for_tensors(device_name, dtype_name).map_err(|_| FusedError::Unsupported(kind))?;
-    Ok(target.with_cuda_kernel(kernel))
+    Target::for_tensors(device_name, dtype_name).map_err(|_| FusedError::Unsupported(kind))
 }
 
 /// Fused causal attention of `(B, H, T, d)` queries on `(B, H_kv, T_k, d)` keys and values,
@@ -64,11 +63,11 @@ fn target(device: Device, kind: Kind, kernel: cuda::Kernel) -> Result<Target, Fu
 /// `T_k >= T` (the queries are the last `T` rows of the `T_k`-long sequence: a decoding step against
 /// a KV cache; on CUDA the SIMT kernels run those).
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, att: &Attention) -> Result<Tensor, FusedError> {
-    let target = target(q.device(), q.kind(), att.cuda_kernel())?;
+    let target = target(q.device(), q.kind())?;
     let head_dim = q.size().last().copied().unwrap_or(1).max(1) as usize;
-    if let Some(reason) = target.not_fused_reason(att.variant(), head_dim) {
-        return Err(FusedError::NotFused { variant: att.variant().to_string(), reason });
-    }
+    let kernels = att
+        .kernels(target, head_dim)
+        .map_err(|reason| FusedError::NotFused { variant: att.variant().to_string(), reason })?;
     if matches!(target, Target::Cuda { .. }) {
         cuda::nvrtc_location().map_err(|e| FusedError::Cuda(e.to_string()))?;
     }
@@ -83,7 +82,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, att: &Attention) -> Result<
     let cpu = matches!(target, Target::Cpu(_));
     let aux = cpu && att.variant().reweight().is_some() && [q, k, v].iter().any(|x| x.requires_grad());
     let per_row = cpu::STATS_PER_ROW + if aux { cpu::rw_aux_per_row(qs[3] as usize) } else { 0 };
-    let call = FusedCall { variant: att.variant().clone(), target, aux };
+    let call = FusedCall { kernels, aux };
     apply(q, k, v, call, per_row).map_err(FusedError::Bridge)
 }
 

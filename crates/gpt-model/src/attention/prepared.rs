@@ -1,8 +1,11 @@
-//! The attention of a model, prepared once: the typed variant, its plan, the implementation and the
-//! CUDA kernel choice, which every call of [`super::attend`] reads instead of re-deriving them.
+//! The attention of a model, prepared once: the typed variant, its plan, the implementation, the
+//! CUDA kernel choice and the fused kernels' plan per target, which every call of [`super::attend`]
+//! reads instead of re-deriving them.
+
+use std::sync::{Arc, OnceLock};
 
 use attn_core::{Plan, Variant};
-use attn_kernels::cuda;
+use attn_kernels::{Prepared, Target, cuda};
 
 use crate::config::AttnImpl;
 
@@ -16,6 +19,9 @@ pub struct Attention {
     imp: AttnImpl,
     cuda_kernel: cuda::Kernel,
     softmax: bool,
+    /// The fused kernels' plan per target (the CPU, CUDA f32, f16, bf16), prepared at its first call
+    /// for that call's head dimension: `Err` holds attn-kernels' reason when there is no kernel.
+    kernels: [OnceLock<(usize, Result<Arc<Prepared>, String>)>; 4],
 }
 
 impl Attention {
@@ -24,13 +30,35 @@ impl Attention {
     pub fn new(variant: Variant, imp: AttnImpl) -> Result<Self, attn_core::Error> {
         let plan = variant.plan()?;
         let softmax = Variant::preset("softmax").is_some_and(|s| s == variant);
-        Ok(Self { variant, plan, imp, cuda_kernel: cuda::Kernel::Auto, softmax })
+        Ok(Self { variant, plan, imp, cuda_kernel: cuda::Kernel::Auto, softmax, kernels: Default::default() })
     }
 
     /// The same attention with the CUDA kernels `kernel` (a benchmark's or a test's choice; the
     /// lab's versions exist only in a build with attn-kernels' `lab` feature).
     pub fn with_cuda_kernel(self, kernel: cuda::Kernel) -> Self {
-        Self { cuda_kernel: kernel, ..self }
+        Self { cuda_kernel: kernel, kernels: Default::default(), ..self }
+    }
+
+    /// The fused kernels of `target` (this attention's CUDA kernel choice applied) for heads of
+    /// `head_dim`, prepared once per target ([`Target::prepare`]); `Err` is why there are none.
+    pub fn kernels(&self, target: Target, head_dim: usize) -> Result<Arc<Prepared>, String> {
+        let target = target.with_cuda_kernel(self.cuda_kernel);
+        let prepare = || {
+            target.prepare(&self.variant, head_dim).map(Arc::new).map_err(|e| match e {
+                attn_kernels::Error::NotFused { reason, .. } => reason.to_string(),
+                other => other.to_string(),
+            })
+        };
+        let slot = match target {
+            Target::Cpu(_) => 0,
+            Target::Cuda { dtype: cuda::Dtype::F32, .. } => 1,
+            Target::Cuda { dtype: cuda::Dtype::F16, .. } => 2,
+            Target::Cuda { dtype: cuda::Dtype::Bf16, .. } => 3,
+        };
+        match self.kernels[slot].get_or_init(|| (head_dim, prepare())) {
+            (d, prepared) if *d == head_dim => prepared.clone(),
+            _ => prepare(), // another head dimension than the first call's: not cached
+        }
     }
 
     /// The same attention run by `imp`.

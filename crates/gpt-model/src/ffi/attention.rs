@@ -6,8 +6,8 @@
 //! memory. What crosses:
 //!
 //! - Rust -> C++ ([`apply`]): the three `at::Tensor*` of `q`, `k`, `v`, one boxed [`FusedCall`] (the
-//!   typed variant, the kernels' target with its CUDA kernel choice, and whether the helper below is
-//!   kept) as an opaque pointer that C++ owns from then on, and the number of statistics per row.
+//!   variant prepared for the kernels' target, with the model's CUDA kernel choice, and whether the
+//!   helper below is kept) as an opaque pointer that C++ owns from then on, and the number of statistics per row.
 //!   The node keeps the call for its lifetime (a `CallRef` in its saved data) and releases it through
 //!   [`gpt_model_fused_release`], so the backward, however long after the forward it runs, sees the
 //!   forward's variant and target, and nothing is registered process-wide. The result comes back as
@@ -26,8 +26,9 @@ use std::cell::Cell;
 use std::ffi::{c_char, c_void};
 use std::sync::OnceLock;
 
-use attn_core::Variant;
-use attn_kernels::{Params, Target, cpu};
+use std::sync::Arc;
+
+use attn_kernels::{Params, Prepared, cpu};
 use tch::Tensor;
 
 unsafe extern "C" {
@@ -47,10 +48,9 @@ unsafe extern "C" {
 /// [`apply`] on, for the node's lifetime.
 #[derive(Debug)]
 pub(crate) struct FusedCall {
-    /// The variant, as the model holds it (a user's activation included).
-    pub(crate) variant: Variant,
-    /// Where the kernels run: the CPU, or CUDA with the tensors' dtype and the model's kernel choice.
-    pub(crate) target: Target,
+    /// The variant prepared for the tensors' target (the CPU, or CUDA with their dtype and the model's
+    /// kernel choice), shared with the model that prepared it once.
+    pub(crate) kernels: Arc<Prepared>,
     /// The CPU statistics buffer also holds re-weighting's backward helper ([`Params::rw_aux`]) after
     /// the `B·H·T` rows of statistics.
     pub(crate) aux: bool,
@@ -125,7 +125,7 @@ pub(crate) unsafe extern "C" fn gpt_model_fused_forward(call: *const FusedCall, 
     // SAFETY: see the function contract; `Params` is the C struct's layout (checked).
     let (call, p) = unsafe { (&*call, &*p) };
     // SAFETY: as above.
-    super::guarded(|| unsafe { attn_kernels::forward_raw(&call.variant, &with_helper(p, call.aux), &call.target) })
+    super::guarded(|| unsafe { call.kernels.forward_raw(&with_helper(p, call.aux)) })
 }
 
 /// Backward callback: writes `dq`, `dk`, `dv`.
@@ -137,7 +137,7 @@ pub(crate) unsafe extern "C" fn gpt_model_fused_backward(call: *const FusedCall,
     // SAFETY: see the function contract.
     let (call, p) = unsafe { (&*call, &*p) };
     // SAFETY: as above.
-    super::guarded(|| unsafe { attn_kernels::backward_raw(&call.variant, &with_helper(p, call.aux), &call.target) })
+    super::guarded(|| unsafe { call.kernels.backward_raw(&with_helper(p, call.aux)) })
 }
 
 /// Releases the call [`apply`] handed over, when its node dies (or its `apply` failed).
@@ -171,10 +171,11 @@ mod tests {
 
     #[test]
     fn a_node_owns_its_call_until_it_dies_and_an_inference_call_is_released_at_once() {
-        let variant: Variant = "lssa+rw15".parse().unwrap();
-        let x = Tensor::randn([1, 2, 9, 8], (Kind::Float, Device::Cpu));
+        let variant: attn_core::Variant = "lssa+rw15".parse().unwrap();
+        let kernels = Arc::new(attn_kernels::Target::Cpu(cpu::Options::default()).prepare(&variant, 8).unwrap());
+        let x = crate::model::with_seed(3, || Tensor::randn([1, 2, 9, 8], (Kind::Float, Device::Cpu)));
         let per_row = cpu::STATS_PER_ROW;
-        let call = |aux| FusedCall { variant: variant.clone(), target: Target::Cpu(cpu::Options::default()), aux };
+        let call = |aux| FusedCall { kernels: kernels.clone(), aux };
         let before = live();
         // No autograd: the context dies inside `apply`.
         drop(apply(&x, &x, &x, call(false), per_row).unwrap());
