@@ -203,7 +203,7 @@ impl Settings {
             d_model: self.d_model,
             vocab_size: self.layout()?.vocab(),
             context_len: self.t_train,
-            attention: variant.to_string(),
+            attention: variant.parse()?,
             attn_impl: AttnImpl::Fused,
             ..ModelConfig::preset("tiny")?
         };
