@@ -50,3 +50,204 @@ fn the_root_item_reader_counts_modules_uses_and_definitions() {
                pub use a::{One, two as Two,\n    Three};\npub use b::Four;\npub const FIVE: u8 = 5;\n";
     assert_eq!(root_items(lib), ["a", "b", "One", "Two", "Three", "Four", "FIVE"]);
 }
+
+/// The non-test code of a Rust file: what comes before its `#[cfg(test)]`, without `//` lines.
+fn code_of(text: &str) -> String {
+    let code = text.split("#[cfg(test)]").next().unwrap_or("");
+    code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+}
+
+/// The tracked Rust files under `dir` (relative), with their text.
+fn rust_under(dir: &str) -> Vec<(std::path::PathBuf, String)> {
+    common::text_files(&["rs"]).into_iter().filter(|(p, _)| p.starts_with(dir)).collect()
+}
+
+#[test]
+fn only_the_trainer_knows_ranks() {
+    // Invariant 7: no launcher variable or process group below the trainer.
+    let words = ["ProcessGroup", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "\"RANK\"", "torchrun"];
+    let mut seen = Vec::new();
+    for krate in ["crates/attn-core/src", "crates/attn-kernels/src", "crates/gpt-model/src"] {
+        for (p, text) in rust_under(krate) {
+            let code = code_of(&text);
+            seen.extend(words.iter().filter(|w| code.contains(*w)).map(|w| format!("{} names {w}", p.display())));
+        }
+    }
+    assert!(seen.is_empty(), "{seen:?}");
+}
+
+#[test]
+fn the_c10d_ffi_stays_in_dist_rs_and_the_launcher_uses_no_libtorch() {
+    // Invariant 8.
+    let files = rust_under("crates/trainer/src");
+    assert!(!files.is_empty() || common::tracked().is_none());
+    for (p, text) in &files {
+        let code = code_of(text);
+        if !p.ends_with("dist.rs") {
+            assert!(!code.contains("lssa_dist_"), "{} calls the c10d shim", p.display());
+        }
+        if p.ends_with("launch.rs") {
+            for w in ["tch::", "use tch", "extern \"C\""] {
+                assert!(!code.contains(w), "the launcher uses {w}");
+            }
+        }
+    }
+}
+
+/// Decimal literals (`3.14`, not `{:.3}` or `x.0`) in `code`, outside string literals.
+fn decimal_literals(code: &str) -> Vec<String> {
+    let b = code.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'"' {
+            // Skip the string (escaped quotes included).
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                i += if b[i] == b'\\' { 2 } else { 1 };
+            }
+            i += 1;
+            continue;
+        }
+        let starts =
+            b[i].is_ascii_digit() && (i == 0 || !(b[i - 1].is_ascii_alphanumeric() || b"_.:".contains(&b[i - 1])));
+        if starts {
+            let j = (i..b.len()).find(|&j| !(b[j].is_ascii_digit() || b[j] == b'_')).unwrap_or(b.len());
+            if j + 1 < b.len() && b[j] == b'.' && b[j + 1].is_ascii_digit() {
+                let end = (j + 1..b.len()).find(|&e| !b[e].is_ascii_digit()).unwrap_or(b.len());
+                out.push(code[i..end].to_string());
+                i = end;
+                continue;
+            }
+            i = j;
+        }
+        i += 1;
+    }
+    out
+}
+
+#[test]
+fn the_report_holds_no_number_of_its_own() {
+    // Invariant 10: the report's numbers come from results and definitions; its code holds only
+    // mathematical constants (the paper's downstream accuracies, the exception, are in downstream.rs).
+    // Constants of arithmetic and presentation: halves, percentages, the 95% t quantile, the smallest
+    // p-value printed as a number.
+    let allowed = ["0.0", "1.0", "2.0", "0.5", "100.0", "0.975", "0.001"];
+    let mut found = Vec::new();
+    for (p, text) in
+        rust_under("crates/experiments/src/report").into_iter().chain(rust_under("crates/experiments/src/doc.rs"))
+    {
+        if p.ends_with("tests.rs") {
+            continue;
+        }
+        let code = code_of(&text);
+        found.extend(
+            decimal_literals(&code)
+                .into_iter()
+                .filter(|l| !allowed.contains(&l.as_str()))
+                .map(|l| format!("{}: {l}", p.display())),
+        );
+    }
+    assert!(found.is_empty(), "numbers in the report's code: {found:?}");
+}
+
+#[test]
+fn the_literal_reader_finds_decimals_only() {
+    assert_eq!(
+        decimal_literals("let x = 3.25 + y.0 + 1e3; format!(\"{:.3} 2.5 \\\" 4.5\", 10.5); a1.5"),
+        ["3.25", "10.5"]
+    );
+}
+
+#[test]
+fn link_flags_are_written_only_by_torch_build() {
+    // Invariant 11.
+    let writers: Vec<String> = common::text_files(&["rs"])
+        .into_iter()
+        .filter(|(_, text)| code_of(text).contains("rustc-link-"))
+        .map(|(p, _)| p.display().to_string())
+        .collect();
+    assert!(
+        writers.is_empty() && common::tracked().is_none() || writers == ["crates/torch-build/src/lib.rs"],
+        "files that write link flags: {writers:?}"
+    );
+}
+
+#[test]
+fn only_the_set_up_and_the_corpus_fetch_download() {
+    // Invariant 12: the programs that reach the network (npm, pip download or install from an index,
+    // curl, wget) are run only by the set-up (xtask) and the corpus fetch; `pip install --no-index`
+    // of a local wheel is not a download.
+    let mut found = Vec::new();
+    for (p, text) in common::text_files(&["rs"]) {
+        let code = code_of(&text);
+        let allowed = p.starts_with("xtask/src") || p.ends_with("corpus/fetch.rs");
+        for w in ["\"npm\"", "\"curl\"", "\"wget\"", "\"download\"", "ureq::", "reqwest::"] {
+            if code.contains(w) && !allowed {
+                found.push(format!("{} runs {w}", p.display()));
+            }
+        }
+        if code.contains("\"install\"") && !allowed && !code.contains("\"--no-index\"") {
+            found.push(format!("{} runs pip install from an index", p.display()));
+        }
+    }
+    assert!(found.is_empty(), "{found:?}");
+}
+
+/// The invariants of ARCHITECTURE.md: `(number, text)`.
+fn invariants(architecture: &str) -> Vec<(usize, String)> {
+    let section = architecture.split("## Invariants").nth(1).and_then(|s| s.split("\n## ").next()).unwrap_or("");
+    let mut out: Vec<(usize, String)> = Vec::new();
+    for line in section.lines() {
+        let numbered = line.split_once(". **").and_then(|(n, _)| n.parse::<usize>().ok());
+        match numbered {
+            Some(n) => out.push((n, line.to_string())),
+            None => {
+                if let Some((_, text)) = out.last_mut() {
+                    text.push('\n');
+                    text.push_str(line);
+                }
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_invariant_names_a_check_that_exists() {
+    let arch = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
+    let list = invariants(&arch);
+    assert!(list.len() >= 14, "the invariant reader found {}", list.len());
+    let sources: String = common::text_files(&["rs"]).into_iter().map(|(_, t)| t).collect::<Vec<_>>().join("\n");
+    let py: String = common::text_files(&["py"]).into_iter().map(|(_, t)| t).collect::<Vec<_>>().join("\n");
+    let mut problems = Vec::new();
+    for (n, text) in &list {
+        let lower = text.to_lowercase();
+        if !lower.contains("checked by") || lower.contains("not mechanically checked") {
+            problems.push(format!("invariant {n} names no check"));
+            continue;
+        }
+        let checks = text.split("Checked by").skip(1).collect::<Vec<_>>().join(" ");
+        let names: Vec<&str> = checks.split('`').skip(1).step_by(2).collect();
+        let mut named = 0;
+        for name in names {
+            if name.contains('/') && !name.contains(' ') {
+                named += 1;
+                if !root().join(name).exists() {
+                    problems.push(format!("invariant {n}: no file {name}"));
+                }
+            } else if name.matches('_').count() >= 2
+                && name.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            {
+                named += 1;
+                if !sources.contains(&format!("fn {name}(")) && !py.contains(&format!("def {name}(")) {
+                    problems.push(format!("invariant {n}: no test `{name}`"));
+                }
+            }
+        }
+        if named == 0 {
+            problems.push(format!("invariant {n}: its check names no test or file"));
+        }
+    }
+    assert!(problems.is_empty(), "{problems:#?}");
+}

@@ -263,3 +263,25 @@ fn write_split(
     pb.finish_and_clear();
     Ok(SplitInfo { documents: docs.len(), tokens, shards: writer.finish()? })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::corpus::{input_documents, write_generated_text};
+
+    #[test]
+    fn the_bpe_never_sees_the_validation_documents() {
+        // ARCHITECTURE.md invariant 9. The validation file (the last of few input files) repeats a
+        // word whose letters the training files never hold: a BPE trained on it would merge them.
+        let root = tempfile::tempdir().unwrap();
+        let text = root.path().join("text");
+        write_generated_text(&text, 4, 2000, 11).unwrap();
+        std::fs::write(text.join("zz_val.txt"), "xqxqxqxq ".repeat(3000)).unwrap();
+        let dir = root.path().join("data");
+        let opts = BuildOptions { tokenizer: TokenizerChoice::Bpe { vocab_size: 320 }, ..BuildOptions::new(&dir) };
+        build(input_documents(&[text]).unwrap(), &opts).unwrap();
+        let tok = Tokenizer::load_for_dir(&dir).unwrap();
+        assert_eq!(tok.encode("xqxqxqxq").len(), 8, "no merge learned from validation text");
+        assert!(tok.encode("the cat sat").len() < 11, "merges learned from the training text");
+    }
+}
