@@ -15,7 +15,7 @@ const NUMBERS_SOURCES: [&str; 15] = [
     "../gpt-model/csrc",
     "../gpt-model/build.rs",
     "../trainer/src/data",
-    "../trainer/src/train.rs",
+    "../trainer/src/train",
     "../trainer/src/state.rs",
     "../trainer/src/eval.rs",
     "../trainer/src/optim.rs",

@@ -251,3 +251,25 @@ fn every_invariant_names_a_check_that_exists() {
     }
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+#[test]
+fn every_crate_root_limits_function_length() {
+    // Invariant 14: no function outside tests over 120 lines. Clippy's lint is off by default, so
+    // every library and binary root turns it on outside `cfg(test)`, and clippy.toml sets the limit.
+    let config = std::fs::read_to_string(root().join("clippy.toml")).expect("clippy.toml");
+    assert!(config.lines().any(|l| l.replace(' ', "") == "too-many-lines-threshold=120"), "{config}");
+    const ATTR: &str = "#![cfg_attr(not(test), warn(clippy::too_many_lines))]";
+    let is_root = |p: &std::path::Path| {
+        let s = p.to_string_lossy();
+        let in_bin = s.contains("/src/bin/");
+        s.ends_with("/src/lib.rs")
+            || s.ends_with("/src/main.rs")
+            || (in_bin && s.ends_with("/main.rs"))
+            || (in_bin && p.parent().is_some_and(|d| d.ends_with("bin")))
+    };
+    let roots: Vec<_> = common::text_files(&["rs"]).into_iter().filter(|(p, _)| is_root(p)).collect();
+    assert!(roots.len() >= 15 || common::tracked().is_none(), "the root finder found {}", roots.len());
+    let missing: Vec<String> =
+        roots.iter().filter(|(_, t)| !t.contains(ATTR)).map(|(p, _)| p.display().to_string()).collect();
+    assert!(missing.is_empty(), "crate roots without `{ATTR}`: {missing:?}");
+}

@@ -13,6 +13,7 @@
 //! embedding and output layer are negligible next to the block), B = 1, f32, on `--threads` threads for
 //! libtorch and the kernels' rayon pool alike. Each cell: a warm-up, then the median of up to 5
 //! repetitions within 6 s.
+#![cfg_attr(not(test), warn(clippy::too_many_lines))] // clippy.toml: 120 lines; tests are exempt
 
 use std::fmt::Write as _;
 

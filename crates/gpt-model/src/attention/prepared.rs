@@ -21,8 +21,12 @@ pub struct Attention {
     softmax: bool,
     /// The fused kernels' plan per target (the CPU, CUDA f32, f16, bf16), prepared at its first call
     /// for that call's head dimension: `Err` holds attn-kernels' reason when there is no kernel.
-    kernels: [OnceLock<(usize, Result<Arc<Prepared>, String>)>; 4],
+    kernels: [OnceLock<KernelSlot>; 4],
 }
+
+/// One target's prepared kernels and the head dimension they were prepared for (`Err`: why there
+/// are none).
+type KernelSlot = (usize, Result<Arc<Prepared>, String>);
 
 impl Attention {
     /// `variant` run by `imp`, with [`cuda::Kernel::Auto`] on CUDA tensors. Errors when the variant

@@ -160,6 +160,18 @@ thread_local! {
     static LIVE_CALLS: Cell<isize> = const { Cell::new(0) };
 }
 
+/// Releases an error string returned by a callback.
+///
+/// # Safety
+/// `msg` must come from a callback above (a `CString::into_raw`), released once.
+#[unsafe(no_mangle)]
+pub(crate) unsafe extern "C" fn gpt_model_fused_free_error(msg: *mut c_char) {
+    if !msg.is_null() {
+        // SAFETY: see the function contract.
+        drop(unsafe { std::ffi::CString::from_raw(msg) });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,17 +200,5 @@ mod tests {
         assert!(q.grad().abs().sum(Kind::Float).double_value(&[]) > 0.0, "the backward ran with its call");
         drop(out);
         assert_eq!(live(), before, "the node released its call with its graph");
-    }
-}
-
-/// Releases an error string returned by a callback.
-///
-/// # Safety
-/// `msg` must come from a callback above (a `CString::into_raw`), released once.
-#[unsafe(no_mangle)]
-pub(crate) unsafe extern "C" fn gpt_model_fused_free_error(msg: *mut c_char) {
-    if !msg.is_null() {
-        // SAFETY: see the function contract.
-        drop(unsafe { std::ffi::CString::from_raw(msg) });
     }
 }

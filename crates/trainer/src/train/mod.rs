@@ -7,15 +7,14 @@
 //! moments and data position is the whole state, and a resumed run repeats the losses of an
 //! uninterrupted one exactly (tested).
 
-use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail, ensure};
-use gpt_model::model::{ForwardOptions, Gpt};
+use gpt_model::model::Gpt;
 use serde::{Deserialize, Serialize};
 use tch::nn::VarStore;
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use crate::data::recall::RecallTask;
 use rand::{Rng, SeedableRng};
@@ -23,10 +22,11 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::config::{DeviceChoice, TrainConfig};
 use crate::data::loader::WindowSampling;
-use crate::eval;
-use crate::optim::{self, AdamW};
+use crate::optim::AdamW;
 pub use crate::state::{CKPT_KIND, METRICS_FILE, checkpoint_path, latest_checkpoint, list_checkpoints};
-use crate::state::{check_resume, save_state, truncate_metrics};
+use crate::state::{check_resume, truncate_metrics};
+
+mod run;
 
 /// Written to `out_dir` by rank 0 when training diverges (`{"step": N, "loss": "NaN"}`), removed when
 /// a training starts, so a parent process can tell a divergence from a crash.
@@ -261,7 +261,9 @@ pub struct RunOptions {
 }
 
 /// Trains `cfg` on `data`, evaluating on `opts.val_tokens`, averaging gradients through `coll`.
-/// Rank 0 writes `config.toml`, `metrics.jsonl` and checkpoints to `cfg.out_dir`.
+/// Rank 0 writes `config.toml`, `metrics.jsonl` and checkpoints to `cfg.out_dir`. The process is left
+/// as found: libtorch's thread count and autocast dtype are held while the training runs and restored
+/// when the last training of the process that holds them returns.
 pub fn train(
     cfg: &TrainConfig,
     data: &mut dyn BatchSource,
@@ -283,20 +285,7 @@ pub fn train(
     let accum = cfg.accumulation(world)?;
     // One writer per run directory, for the whole training: a second one is refused here, before
     // anything below deletes or writes.
-    let _lock = match &opts.lock {
-        DirLock::Take if rank == 0 => Some(crate::process::RunLock::acquire(&cfg.out_dir)?),
-        DirLock::Held(l) => {
-            let same = |a: &Path, b: &Path| std::fs::canonicalize(a).ok() == std::fs::canonicalize(b).ok();
-            ensure!(
-                same(l.dir(), &cfg.out_dir),
-                "the lock held is {}'s, not the run directory {}'s",
-                l.dir().display(),
-                cfg.out_dir.display()
-            );
-            None
-        }
-        _ => None,
-    };
+    let _lock = take_lock(cfg, &opts.lock, rank)?;
     let device = pick_device(cfg.device, coll.local_rank())?;
     // libtorch's process-wide settings, held for this training and restored when the last training
     // of the process that holds them returns (the allocator's and the signal handlers belong to the
@@ -305,16 +294,7 @@ pub fn train(
     let autocast = cfg.bf16 && device.is_cuda();
     let _bf16 = autocast.then(gpt_model::runtime::Bf16Autocast::hold);
     // Every rank refuses (so none waits on a rank 0 that stopped); rank 0 alone deletes, below.
-    let old = if opts.resume.is_none() { list_checkpoints(&cfg.out_dir)? } else { Vec::new() };
-    if !old.is_empty() && !opts.overwrite {
-        let names: Vec<String> =
-            old.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
-        bail!(
-            "{} already holds checkpoints ({}): continue the run with --resume latest, or start over with --overwrite (which deletes them)",
-            cfg.out_dir.display(),
-            names.join(", ")
-        );
-    }
+    let old = refuse_overwrite(cfg, opts)?;
     // Everything a resume can refuse is checked, and the model and optimiser built and loaded,
     // before anything in the directory is deleted or written: a refused resume leaves the run's
     // directory as it found it.
@@ -337,50 +317,108 @@ pub fn train(
     if let Some(r) = resume_from {
         step = r.apply(&mut vs, &mut opt, &cfg.model)?;
     }
-    if opts.resume.is_none() {
-        for p in old.iter().chain(std::iter::once(&cfg.out_dir.join(METRICS_FILE))).filter(|_| rank == 0) {
-            match std::fs::remove_file(p) {
-                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                    return Err(e).with_context(|| format!("removing {}", p.display()));
-                }
-                _ => {}
-            }
-        }
-    }
     if rank == 0 {
-        std::fs::create_dir_all(&cfg.out_dir).with_context(|| format!("creating {}", cfg.out_dir.display()))?;
-        let toml = cfg.to_toml();
-        crate::data::io::write_atomic(&cfg.out_dir.join("config.toml"), |w| w.write_all(toml.as_bytes()))?;
-        match std::fs::remove_file(cfg.out_dir.join(DIVERGED_FILE)) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                return Err(e).with_context(|| format!("removing {}", cfg.out_dir.join(DIVERGED_FILE).display()));
-            }
-            _ => {}
-        }
+        prepare_run_dir(cfg, opts.resume.is_none(), &old)?;
     }
-
     // Every rank starts from rank 0's weights (identical anyway with the same seed; this makes it certain).
     coll.broadcast_(&opt.slots.iter().map(|s| s.param.shallow_clone()).collect::<Vec<_>>())?;
-
     let tokenizer = data.tokenizer_id();
-    let flops_per_token = cfg.model.flops_per_token(cfg.model.context_len);
-    let mut metrics_file = if rank == 0 {
-        let p = cfg.out_dir.join(METRICS_FILE);
-        // A resumed run continues the log from its checkpoint: the lines of steps after it (written
-        // before a crash or kill) are dropped, so every step appears once.
-        truncate_metrics(&p, step)?;
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&p)
-            .with_context(|| format!("opening {}", p.display()))?;
-        Some(f)
-    } else {
-        None
+    let metrics = if rank == 0 { Some(open_metrics(&cfg.out_dir, step)?) } else { None };
+    let bar = progress_bar(cfg, opts, rank, step);
+    tracing::info!(rank, world, accum, ?device, params = cfg.model.n_params(), start_step = step, "training");
+    let run = run::Run {
+        cfg,
+        opts,
+        coll,
+        data,
+        vs: &vs,
+        model: &model,
+        opt,
+        rank,
+        world,
+        accum,
+        device,
+        autocast,
+        tokenizer,
+        metrics,
+        bar,
+        start,
+        first_step: step,
+        steps: Vec::new(),
+        last_ckpt: PathBuf::new(),
+        tokens_seen: 0,
     };
-    // On a terminal a bar; otherwise (a job log, `nohup`) a plain line per evaluation and per tenth.
+    run.until_done(step)
+}
+
+/// The lock `lock` asks for: rank 0's of `cfg.out_dir` when the training takes it, a check that a
+/// held one is the run directory's.
+fn take_lock(cfg: &TrainConfig, lock: &DirLock, rank: usize) -> Result<Option<crate::process::RunLock>> {
+    Ok(match lock {
+        DirLock::Take if rank == 0 => Some(crate::process::RunLock::acquire(&cfg.out_dir)?),
+        DirLock::Held(l) => {
+            let same = |a: &Path, b: &Path| std::fs::canonicalize(a).ok() == std::fs::canonicalize(b).ok();
+            ensure!(
+                same(l.dir(), &cfg.out_dir),
+                "the lock held is {}'s, not the run directory {}'s",
+                l.dir().display(),
+                cfg.out_dir.display()
+            );
+            None
+        }
+        _ => None,
+    })
+}
+
+/// The checkpoints a fresh start would delete; an error when there are some and `opts` neither
+/// resumes nor overwrites.
+fn refuse_overwrite(cfg: &TrainConfig, opts: &RunOptions) -> Result<Vec<PathBuf>> {
+    let old = if opts.resume.is_none() { list_checkpoints(&cfg.out_dir)? } else { Vec::new() };
+    if !old.is_empty() && !opts.overwrite {
+        let names: Vec<String> =
+            old.iter().map(|p| p.file_name().unwrap_or_default().to_string_lossy().into_owned()).collect();
+        bail!(
+            "{} already holds checkpoints ({}): continue the run with --resume latest, or start over with --overwrite (which deletes them)",
+            cfg.out_dir.display(),
+            names.join(", ")
+        );
+    }
+    Ok(old)
+}
+
+/// Rank 0's run directory before the first step: a fresh start deletes `old` checkpoints and the
+/// metrics; then `config.toml` is written and a divergence marker of an earlier attempt removed.
+fn prepare_run_dir(cfg: &TrainConfig, fresh: bool, old: &[PathBuf]) -> Result<()> {
+    let remove = |p: &Path| match std::fs::remove_file(p) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+            Err(e).with_context(|| format!("removing {}", p.display()))
+        }
+        _ => Ok(()),
+    };
+    if fresh {
+        for p in old.iter().chain(std::iter::once(&cfg.out_dir.join(METRICS_FILE))) {
+            remove(p)?;
+        }
+    }
+    std::fs::create_dir_all(&cfg.out_dir).with_context(|| format!("creating {}", cfg.out_dir.display()))?;
+    let toml = cfg.to_toml();
+    crate::data::io::write_atomic(&cfg.out_dir.join("config.toml"), |w| w.write_all(toml.as_bytes()))?;
+    remove(&cfg.out_dir.join(DIVERGED_FILE))
+}
+
+/// `metrics.jsonl` open for appending. A resumed run continues the log from its checkpoint: the
+/// lines of steps after `step` (written before a crash or kill) are dropped, so every step appears once.
+fn open_metrics(out_dir: &Path, step: usize) -> Result<std::fs::File> {
+    let p = out_dir.join(METRICS_FILE);
+    truncate_metrics(&p, step)?;
+    std::fs::OpenOptions::new().create(true).append(true).open(&p).with_context(|| format!("opening {}", p.display()))
+}
+
+/// On a terminal a bar (rank 0, with `opts.progress`); otherwise (a job log, `nohup`) none, and the
+/// loop prints a plain line per evaluation and per tenth.
+fn progress_bar(cfg: &TrainConfig, opts: &RunOptions, rank: usize, step: usize) -> Option<indicatif::ProgressBar> {
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
-    let bar = (rank == 0 && opts.progress && terminal).then(|| {
+    (rank == 0 && opts.progress && terminal).then(|| {
         let b = indicatif::ProgressBar::new(cfg.max_steps as u64);
         b.set_style(
             indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] step {pos}/{len} {msg} (eta {eta})")
@@ -389,134 +427,7 @@ pub fn train(
         );
         b.set_position(step as u64);
         b
-    });
-    tracing::info!(rank, world, accum, ?device, params = cfg.model.n_params(), start_step = step, "training");
-
-    let (b, t) = (cfg.batch_size as i64, cfg.model.context_len as i64);
-    let first_step = step;
-    let mut steps = Vec::new();
-    let mut last_ckpt = PathBuf::new();
-    let mut tokens_seen = 0usize;
-    while step < cfg.max_steps {
-        let t0 = Instant::now();
-        let lr = optim::lr_at(step, cfg.max_steps, cfg.warmup_steps, cfg.lr, cfg.min_lr_ratio);
-        opt.zero_grad().map_err(anyhow::Error::msg)?;
-        let mut loss_sum = 0.0;
-        for _ in 0..accum {
-            let (x, y) = data.next_batch()?;
-            let to = |v: Vec<i64>| Tensor::from_slice(&v).view([b, t]).to_device(device);
-            let (x, y) = (to(x), to(y));
-            let loss = tch::autocast(autocast, || model.loss(&x, &y, &ForwardOptions::default()))?;
-            let scaled = &loss / accum as f64;
-            scaled.backward();
-            loss_sum += loss.to_kind(Kind::Double).double_value(&[]);
-        }
-        coll.all_reduce_mean_(&opt.grads())?;
-        let grad_norm = opt.clip_grad_norm(cfg.grad_clip).map_err(anyhow::Error::msg)?;
-        opt.step(lr).map_err(anyhow::Error::msg)?;
-        step += 1;
-        let loss = coll.all_reduce_sum_f64(loss_sum / accum as f64)? / world as f64;
-        if !loss.is_finite() {
-            let diverged = Diverged { step, loss };
-            if rank == 0 {
-                // A marker for whoever launched this run in another process (the experiment runner).
-                let marker = serde_json::json!({ "step": step, "loss": loss.to_string() }).to_string();
-                crate::data::io::write_atomic(&cfg.out_dir.join(DIVERGED_FILE), |w| w.write_all(marker.as_bytes()))?;
-            }
-            return Err(diverged.into());
-        }
-        let dt = t0.elapsed().as_secs_f64();
-        let tokens = cfg.tokens_per_step;
-        tokens_seen += tokens;
-        let tokens_per_s = tokens as f64 / dt;
-        let mfu = (cfg.peak_flops > 0.0).then(|| tokens_per_s * flops_per_token / (cfg.peak_flops * world as f64));
-        let is_last = step == cfg.max_steps;
-        let val_loss = if !opts.val_tokens.is_empty()
-            && (is_last || (cfg.eval_every > 0 && step.is_multiple_of(cfg.eval_every)))
-        {
-            let n = cfg.eval_tokens.min(opts.val_tokens.len());
-            let (l, _, _) = eval::span_loss(
-                &model,
-                &opts.val_tokens[..n],
-                cfg.model.context_len,
-                cfg.batch_size,
-                &ForwardOptions::default(),
-                device,
-            )?;
-            Some(l)
-        } else {
-            None
-        };
-        let m = StepMetrics {
-            step,
-            loss,
-            lr,
-            grad_norm,
-            tokens_per_s,
-            mfu,
-            val_loss,
-            elapsed_s: start.elapsed().as_secs_f64(),
-        };
-        if let Some(f) = metrics_file.as_mut() {
-            writeln!(f, "{}", serde_json::to_string(&m)?).context("writing metrics.jsonl")?;
-        }
-        if let Some(bar) = &bar {
-            bar.set_position(step as u64);
-            bar.set_message(match val_loss {
-                Some(v) => format!("loss {loss:.4} val {v:.4}"),
-                None => format!("loss {loss:.4}"),
-            });
-        } else if rank == 0 && opts.progress {
-            if val_loss.is_some() || step.is_multiple_of(cfg.max_steps.div_ceil(10)) {
-                eprintln!("{}", progress_line(&m, cfg.max_steps, first_step));
-            }
-        } else if rank == 0 && (val_loss.is_some() || step.is_multiple_of(50) || step == 1) {
-            tracing::info!(step, loss, lr, grad_norm, tokens_per_s, val_loss, "step");
-        }
-        if let Some(hook) = opts.on_step.as_ref().filter(|_| rank == 0) {
-            (hook.0)(&m);
-        }
-        steps.push(m);
-        let saved_now = is_last || (cfg.ckpt_every > 0 && step.is_multiple_of(cfg.ckpt_every));
-        if rank == 0 && saved_now {
-            last_ckpt = save_state(&vs, &opt, cfg, step, &data.position(), world, &tokenizer, &opts.command)?;
-        }
-        // Pre-emption: every rank learns at this boundary whether any was signalled (one scalar
-        // all-reduced per step), so all stop after the same step and rank 0's checkpoint is whole.
-        if let Some(stop) = opts.stop.as_ref().filter(|_| !is_last) {
-            let local = stop.signal().unwrap_or(0);
-            let any = if world > 1 { coll.all_reduce_sum_f64(f64::from(local))? } else { f64::from(local) };
-            if any > 0.0 {
-                let signal = match local {
-                    0 => "a signal to another rank".to_string(),
-                    s => crate::process::signal_name(s),
-                };
-                let mut checkpoint = None;
-                if rank == 0 {
-                    if !saved_now {
-                        last_ckpt =
-                            save_state(&vs, &opt, cfg, step, &data.position(), world, &tokenizer, &opts.command)?;
-                    }
-                    checkpoint = Some(last_ckpt.clone());
-                    if let Some(f) = metrics_file.as_mut() {
-                        let event = serde_json::json!({
-                            "event": "preempted", "step": step, "signal": signal, "checkpoint": last_ckpt,
-                        });
-                        writeln!(f, "{event}").context("writing metrics.jsonl")?;
-                    }
-                    if let Some(bar) = &bar {
-                        bar.abandon();
-                    }
-                }
-                return Err(Preempted { step, signal, checkpoint }.into());
-            }
-        }
-    }
-    if let Some(bar) = bar {
-        bar.finish();
-    }
-    let wall_s = start.elapsed().as_secs_f64();
-    Ok(RunSummary { steps, checkpoint: last_ckpt, wall_s, tokens_per_s: tokens_seen as f64 / wall_s })
+    })
 }
 
 /// `trainer: step 500/2000, loss 4.1234, val 4.2001, 10234 tok/s, ~3.2 min left` (the time left from
