@@ -31,7 +31,7 @@ fn share(a: &Answers, exact: bool, beyond: bool, t_train: u32) -> Option<f64> {
 }
 
 fn main() -> Result<()> {
-    let mut variants = vec!["softmax".to_string()];
+    let mut variants: Vec<experiments::spec::TrainedVariant> = vec!["softmax".parse()?];
     let mut seeds = vec![9000u64];
     let mut names = vec!["spread-25".to_string()];
     let mut posthoc = 15u32;
@@ -39,7 +39,7 @@ fn main() -> Result<()> {
     for arg in std::env::args().skip(1) {
         let (k, v) = arg.split_once('=').with_context(|| format!("`{arg}` is not key=value"))?;
         match k {
-            "variants" => variants = v.split(',').map(String::from).collect(),
+            "variants" => variants = v.split(',').map(str::parse).collect::<Result<_, _>>()?,
             "seeds" => seeds = v.split(',').map(|s| s.parse()).collect::<Result<_, _>>()?,
             "regimes" => names = v.split(',').map(String::from).collect(),
             "posthoc" => posthoc = v.parse()?,
@@ -60,7 +60,7 @@ fn main() -> Result<()> {
             let s: Settings = t.try_into()?;
             let tt = s.t_train as u32;
             for v in &variants {
-                let powers = if v == "lssa" { vec![None, Some(posthoc)] } else { vec![None] };
+                let powers = if *v == "lssa" { vec![None, Some(posthoc)] } else { vec![None] };
                 let r = train_and_evaluate(&s, v, 0, &powers)?;
                 let mut cells = serde_json::Map::new();
                 for &p in &powers {

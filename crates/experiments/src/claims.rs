@@ -8,7 +8,7 @@ use serde::Deserialize;
 use trainer::eval::Rope;
 
 use crate::runner::{RunResult, Runs};
-use crate::spec::{EvalKey, Experiment};
+use crate::spec::{EvalKey, Experiment, TrainedVariant};
 use crate::stats::{self, Evidence, Interval, Judgement, Rule, Term, Verdict};
 
 const CLAIMS: &str = include_str!("../defs/claims.toml");
@@ -19,8 +19,8 @@ const CLAIMS: &str = include_str!("../defs/claims.toml");
 pub struct ClaimTerm {
     /// Coefficient.
     pub coef: f64,
-    /// Trained variant.
-    pub train: String,
+    /// TrainedVariant variant.
+    pub train: TrainedVariant,
     /// Post-hoc re-weighting power.
     #[serde(default)]
     pub posthoc: Option<u32>,
@@ -36,8 +36,8 @@ pub struct ClaimTerm {
 pub struct ContextFact {
     /// `rise` or `gap`.
     pub kind: String,
-    /// Trained variant.
-    pub train: String,
+    /// TrainedVariant variant.
+    pub train: TrainedVariant,
     /// Post-hoc re-weighting power.
     #[serde(default)]
     pub posthoc: Option<u32>,
@@ -110,8 +110,8 @@ pub struct Ordering {
 #[derive(Clone, Debug, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RowRef {
-    /// Trained variant.
-    pub train: String,
+    /// TrainedVariant variant.
+    pub train: TrainedVariant,
     /// Post-hoc re-weighting power.
     #[serde(default)]
     pub posthoc: Option<u32>,
@@ -174,19 +174,16 @@ pub fn all() -> anyhow::Result<Claims> {
         );
         anyhow::ensure!(!claim.terms.is_empty(), "claim {}: no terms", claim.name);
         for t in &claim.terms {
-            let v: attn_core::Variant =
-                t.train.parse().map_err(|e| anyhow::anyhow!("claim {}: `{}`: {e}", claim.name, t.train))?;
             if let Some(p) = t.posthoc {
-                v.with_reweight(p).map_err(|e| anyhow::anyhow!("claim {}: {e}", claim.name))?;
+                t.train.variant().clone().with_reweight(p).map_err(|e| anyhow::anyhow!("claim {}: {e}", claim.name))?;
             }
             anyhow::ensure!(t.multiple >= 1, "claim {}: multiple 0", claim.name);
         }
     }
     for r in &c.retrieval {
         for row in [&r.row, &r.baseline] {
-            let v: attn_core::Variant =
-                row.train.parse().map_err(|e| anyhow::anyhow!("retrieval claim {}: `{}`: {e}", r.name, row.train))?;
             if let Some(p) = row.posthoc {
+                let v = row.train.variant().clone();
                 v.with_reweight(p).map_err(|e| anyhow::anyhow!("retrieval claim {}: {e}", r.name))?;
             }
         }
@@ -197,13 +194,13 @@ pub fn all() -> anyhow::Result<Claims> {
 impl Claims {
     /// The trained variants some claim reads: the ones trained with several seeds.
     pub fn variants(&self) -> BTreeSet<String> {
-        self.claim.iter().flat_map(|c| c.terms.iter().map(|t| t.train.clone())).collect()
+        self.claim.iter().flat_map(|c| c.terms.iter().map(|t| t.train.to_string())).collect()
     }
 
     /// The evaluations the claims need beyond the experiments' own (post-hoc powers, both RoPE
     /// treatments at every length a claim reads), by trained variant.
-    pub fn plan(&self) -> BTreeMap<String, Vec<EvalKey>> {
-        let mut out: BTreeMap<String, Vec<EvalKey>> = BTreeMap::new();
+    pub fn plan(&self) -> BTreeMap<TrainedVariant, Vec<EvalKey>> {
+        let mut out: BTreeMap<TrainedVariant, Vec<EvalKey>> = BTreeMap::new();
         for c in &self.claim {
             for t in &c.terms {
                 for m in std::iter::once(t.multiple).chain(c.across_terms(t)) {
@@ -374,7 +371,10 @@ pub fn judge(claims: &Claims, runs: &Runs) -> Vec<Judged> {
                 .terms
                 .iter()
                 .map(|t| {
-                    (t.train.clone(), runs.get(&t.train).map_or(0, |s| s.iter().filter(|r| r.error.is_none()).count()))
+                    (
+                        t.train.to_string(),
+                        runs.get(t.train.as_str()).map_or(0, |s| s.iter().filter(|r| r.error.is_none()).count()),
+                    )
                 })
                 .collect();
             let ropes: Vec<Option<Rope>> =

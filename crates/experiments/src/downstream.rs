@@ -81,17 +81,17 @@ impl PostTraining for Experiments {
     fn run(&mut self, e: &Experiment, inputs: &Inputs<'_>) -> Result<()> {
         let Some(dir) = inputs.downstream_dir else { return Ok(()) };
         for r in &e.rows {
-            if self.results.contains_key(&r.train) {
+            if self.results.contains_key(r.train.as_str()) {
                 continue;
             }
-            if inputs.results.get(&r.train).and_then(|x| x.first()).is_none_or(|x| x.error.is_some()) {
+            if inputs.results.get(r.train.as_str()).and_then(|x| x.first()).is_none_or(|x| x.error.is_some()) {
                 eprintln!("reproduce: downstream: no trained `{}` model, its row stays empty", r.train);
                 continue;
             }
             eprintln!("reproduce: downstream, `{}` on {} ...", r.train, dir.display());
             let scores = run(inputs.scale, inputs.out, &r.train, dir)
                 .with_context(|| format!("downstream scoring of `{}`", r.train))?;
-            self.results.insert(r.train.clone(), scores);
+            self.results.insert(r.train.to_string(), scores);
         }
         Ok(())
     }
@@ -123,15 +123,18 @@ fn section(e: &Experiment, downstream: &BTreeMap<String, Vec<TaskScores>>) -> Ve
     }
     for r in &e.rows {
         let cells = tasks.iter().map(|t| {
-            downstream.get(&r.train).and_then(|v| v.iter().find(|s| s.task == *t)).map_or("-".to_string(), |s| {
-                format!(
-                    "{:.2} ± {:.2} ({:.2}; n = {})",
-                    100.0 * s.scores.acc_norm,
-                    100.0 * s.scores.acc_norm_stderr,
-                    100.0 * s.scores.acc,
-                    s.scores.n
-                )
-            })
+            downstream.get(r.train.as_str()).and_then(|v| v.iter().find(|s| s.task == *t)).map_or(
+                "-".to_string(),
+                |s| {
+                    format!(
+                        "{:.2} ± {:.2} ({:.2}; n = {})",
+                        100.0 * s.scores.acc_norm,
+                        100.0 * s.scores.acc_norm_stderr,
+                        100.0 * s.scores.acc,
+                        s.scores.n
+                    )
+                },
+            )
         });
         table.row(std::iter::once(r.label.clone()).chain(cells).collect());
     }
@@ -164,7 +167,12 @@ pub struct TaskScores {
 /// Scores the trained `variant` of `scale` (under `out`) on every `<task>.jsonl` of [`TASKS`] found
 /// in `dir`, zero-shot; results are cached in `out/downstream/<variant>.json` (and written in
 /// lm-evaluation-harness's layout beside it, `<variant>.lm-eval.json`).
-pub fn run(scale: &crate::scale::Scale, out: &Path, variant: &str, dir: &Path) -> Result<Vec<TaskScores>> {
+pub fn run(
+    scale: &crate::scale::Scale,
+    out: &Path,
+    variant: &crate::spec::TrainedVariant,
+    dir: &Path,
+) -> Result<Vec<TaskScores>> {
     let cache_dir = out.join("downstream");
     let name = crate::runner::run_dir_name(variant);
     let cache = cache_dir.join(format!("{name}.json"));

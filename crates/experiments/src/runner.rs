@@ -24,7 +24,7 @@ use trainer::eval::LengthLoss;
 use trainer::train::{self, RunOptions, ShardSource, Single};
 
 use crate::scale::{Data, Scale};
-use crate::spec::{EvalKey, SinkKey};
+use crate::spec::{EvalKey, SinkKey, TrainedVariant};
 
 mod evaluate;
 
@@ -207,12 +207,12 @@ pub struct Trained {
 
 /// Loads the trained `variant` of `scale` under `out` (its last checkpoint), with its tokenizer and
 /// the validation tokens.
-pub fn load_trained(scale: &Scale, out: &Path, variant: &str) -> Result<Trained> {
+pub fn load_trained(scale: &Scale, out: &Path, variant: &TrainedVariant) -> Result<Trained> {
     load_trained_seed(scale, out, variant, 0)
 }
 
 /// [`load_trained`] for seed `seed_index` of `variant`.
-pub fn load_trained_seed(scale: &Scale, out: &Path, variant: &str, seed_index: usize) -> Result<Trained> {
+pub fn load_trained_seed(scale: &Scale, out: &Path, variant: &TrainedVariant, seed_index: usize) -> Result<Trained> {
     let (data_dir, sd, base) = base_config(scale, out)?;
     let tokenizer = trainer::data::tokenizer::Tokenizer::load_for_dir(&data_dir)?;
     let val = trainer::data::loader::validation_tokens(&data_dir, scale.val_tokens, Some(sd.tokenizer_id()))?;
@@ -234,13 +234,9 @@ pub fn load_trained_seed(scale: &Scale, out: &Path, variant: &str, seed_index: u
 
 /// The training config of seed `seed_index` of `variant`: the scale's `base` with the variant, the
 /// run directory and the seed (the scale's plus the index).
-pub fn run_config(base: &TrainConfig, out: &Path, variant: &str, seed_index: usize) -> TrainConfig {
+pub fn run_config(base: &TrainConfig, out: &Path, variant: &TrainedVariant, seed_index: usize) -> TrainConfig {
     TrainConfig {
-        // The plan's names were parsed when the definitions were read (`spec`).
-        model: gpt_model::ModelConfig {
-            attention: variant.parse().unwrap_or_else(|e| panic!("`{variant}` is not a variant: {e}")),
-            ..base.model.clone()
-        },
+        model: gpt_model::ModelConfig { attention: variant.variant().clone(), ..base.model.clone() },
         out_dir: run_dir(out, variant, seed_index),
         seed: base.seed + seed_index as u64,
         ..base.clone()
@@ -252,19 +248,19 @@ pub fn run_config(base: &TrainConfig, out: &Path, variant: &str, seed_index: usi
 /// report lists the revisions). For `reproduce --report-only`.
 pub fn load_all(
     scale: &Scale,
-    plan: &BTreeMap<String, Vec<EvalKey>>,
+    plan: &BTreeMap<TrainedVariant, Vec<EvalKey>>,
     seeds: &BTreeMap<String, usize>,
     out: &Path,
 ) -> Result<Runs> {
     let (_, _, base) = base_config(scale, out)?;
     let mut runs = Runs::new();
     for variant in plan.keys() {
-        for k in 0..seeds.get(variant).copied().unwrap_or(1) {
+        for k in 0..seeds.get(variant.as_str()).copied().unwrap_or(1) {
             let cfg = run_config(&base, out, variant, k);
             let Ok(text) = std::fs::read_to_string(cfg.out_dir.join("result.json")) else { continue };
             let Ok(r) = serde_json::from_str::<RunResult>(&text) else { continue };
             if r.format_version == RESULT_VERSION && r.config == cfg.to_toml() {
-                runs.entry(variant.clone()).or_default().push(r);
+                runs.entry(variant.to_string()).or_default().push(r);
             }
         }
     }
@@ -288,7 +284,7 @@ pub fn validation_spans(scale: &Scale, data_dir: &Path, tokenizer: &str, longest
 #[allow(clippy::too_many_arguments)]
 pub fn run_all(
     scale: &Scale,
-    plan: &BTreeMap<String, Vec<EvalKey>>,
+    plan: &BTreeMap<TrainedVariant, Vec<EvalKey>>,
     seeds: &BTreeMap<String, usize>,
     later_seeds: &(dyn Fn(&EvalKey) -> bool + Sync),
     out: &Path,
@@ -307,10 +303,12 @@ pub fn run_all(
     let longest = plan.values().flatten().map(|k| k.multiple).max().unwrap_or(1);
     let spans = validation_spans(scale, &data_dir, sd.tokenizer_id(), longest)?;
     // Seeds first by index, so an interrupted reproduction has every variant's first seed early.
-    let mut runs: Vec<(&String, &Vec<EvalKey>, usize)> = Vec::new();
-    let most = plan.keys().map(|v| seeds.get(v).copied().unwrap_or(1)).max().unwrap_or(1);
+    let mut runs: Vec<(&TrainedVariant, &Vec<EvalKey>, usize)> = Vec::new();
+    let most = plan.keys().map(|v| seeds.get(v.as_str()).copied().unwrap_or(1)).max().unwrap_or(1);
     for k in 0..most {
-        runs.extend(plan.iter().filter(|(v, _)| k < seeds.get(*v).copied().unwrap_or(1)).map(|(v, n)| (v, n, k)));
+        runs.extend(
+            plan.iter().filter(|(v, _)| k < seeds.get(v.as_str()).copied().unwrap_or(1)).map(|(v, n)| (v, n, k)),
+        );
     }
     let total_steps = runs.len() * base.max_steps;
     say(&format!(
@@ -337,7 +335,7 @@ pub fn run_all(
             let Some((variant, needs, k)) = queue.lock().expect("queue").next() else { return };
             let cfg = run_config(&base, out, variant, k);
             // Attention maps, sink statistics and the post-hoc sweep come from the first seed.
-            let sink_needs = if k == 0 { sinks.get(variant).map_or(&[][..], Vec::as_slice) } else { &[] };
+            let sink_needs = if k == 0 { sinks.get(variant.as_str()).map_or(&[][..], Vec::as_slice) } else { &[] };
             let needs: Vec<EvalKey> = needs.iter().copied().filter(|key| k == 0 || later_seeds(key)).collect();
             match run_one(scale, &cfg, k, &needs, sink_needs, &spans, command, launch)
                 .with_context(|| format!("run `{variant}` seed {k}"))
@@ -423,7 +421,7 @@ mod tests {
         let out = tempfile::tempdir().unwrap();
         let scale = Scale::by_name("smoke").unwrap();
         let (_, _, base) = base_config(&scale, out.path()).unwrap();
-        let cfg = run_config(&base, out.path(), "lssa", 0);
+        let cfg = run_config(&base, out.path(), &"lssa".parse().unwrap(), 0);
         std::fs::create_dir_all(&cfg.out_dir).unwrap();
         // A stale run: another config and checkpoints that a fresh start would delete.
         let files = [("config.toml", "stale = true\n"), ("ckpt_00000005.safetensors", "x"), ("metrics.jsonl", "{}\n")];

@@ -28,6 +28,107 @@ pub enum Kind {
     Downstream,
 }
 
+/// A trained variant of the definitions: parsed when a definition is read (a name that does not parse
+/// is a TOML error naming its key), and known by its name as written there, which keys the run
+/// directories, the results and the report. Equal, ordered and hashed by that name; it reads as a
+/// `&str` (`Deref`, `Borrow`), so maps keyed by it are looked up by name.
+#[derive(Clone, Debug)]
+pub struct TrainedVariant {
+    name: String,
+    variant: attn_core::Variant,
+}
+
+impl TrainedVariant {
+    /// The name as the definitions write it.
+    pub fn as_str(&self) -> &str {
+        &self.name
+    }
+
+    /// The parsed variant (what a training's model config takes).
+    pub fn variant(&self) -> &attn_core::Variant {
+        &self.variant
+    }
+}
+
+impl std::str::FromStr for TrainedVariant {
+    type Err = attn_core::Error;
+
+    fn from_str(name: &str) -> Result<Self, Self::Err> {
+        Ok(TrainedVariant { name: name.to_string(), variant: name.parse()? })
+    }
+}
+
+impl std::ops::Deref for TrainedVariant {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::borrow::Borrow<str> for TrainedVariant {
+    fn borrow(&self) -> &str {
+        &self.name
+    }
+}
+
+impl std::fmt::Display for TrainedVariant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.name)
+    }
+}
+
+impl PartialEq for TrainedVariant {
+    fn eq(&self, other: &Self) -> bool {
+        self.name == other.name
+    }
+}
+
+impl Eq for TrainedVariant {}
+
+impl PartialEq<str> for TrainedVariant {
+    fn eq(&self, other: &str) -> bool {
+        self.name == other
+    }
+}
+
+impl PartialEq<&str> for TrainedVariant {
+    fn eq(&self, other: &&str) -> bool {
+        self.name == *other
+    }
+}
+
+impl PartialOrd for TrainedVariant {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for TrainedVariant {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.name.cmp(&other.name)
+    }
+}
+
+impl std::hash::Hash for TrainedVariant {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.name.hash(state);
+    }
+}
+
+impl Serialize for TrainedVariant {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.name)
+    }
+}
+
+impl<'de> Deserialize<'de> for TrainedVariant {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        name.parse().map_err(|e| serde::de::Error::custom(format!("variant {name:?}: {e}")))
+    }
+}
+
 /// One row (a line of a figure).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -35,7 +136,7 @@ pub struct Row {
     /// Label in the report.
     pub label: String,
     /// The variant trained (attn-core name; a training-time re-weighting is part of it, `lssa+rw15`).
-    pub train: String,
+    pub train: TrainedVariant,
     /// Re-weighting applied after training to the model trained as `train` (the post-hoc reading).
     #[serde(default)]
     pub posthoc: Option<u32>,
@@ -123,9 +224,8 @@ impl Experiment {
             self.name
         );
         for r in &self.rows {
-            let v: attn_core::Variant =
-                r.train.parse().map_err(|e| anyhow::anyhow!("{}: row `{}`: {e}", self.name, r.label))?;
             if let Some(p) = r.posthoc {
+                let v = r.train.variant().clone();
                 v.with_reweight(p).map_err(|e| anyhow::anyhow!("{}: row `{}`: {e}", self.name, r.label))?;
             }
             anyhow::ensure!(
@@ -158,7 +258,7 @@ pub fn headline(
             // The retrieval benchmark's rows are its own small models: it runs every row, its ablations
             // only in the regimes marked for them.
             if e.kind != Kind::Retrieval {
-                e.rows.retain(|r| headline.contains(&r.train) && r.posthoc.is_none_or(|p| powers.contains(&p)));
+                e.rows.retain(|r| headline.contains(r.train.as_str()) && r.posthoc.is_none_or(|p| powers.contains(&p)));
             }
             e.scope = Scope::Headline;
             (!e.rows.is_empty()).then_some(e)
@@ -191,8 +291,8 @@ impl EvalKey {
 }
 
 /// Every training run (by trained variant name) and the evaluations each needs.
-pub fn plan(experiments: &[Experiment]) -> BTreeMap<String, Vec<EvalKey>> {
-    let mut out: BTreeMap<String, Vec<EvalKey>> = BTreeMap::new();
+pub fn plan(experiments: &[Experiment]) -> BTreeMap<TrainedVariant, Vec<EvalKey>> {
+    let mut out: BTreeMap<TrainedVariant, Vec<EvalKey>> = BTreeMap::new();
     // Physics and retrieval train small models of their own: no language-model runs.
     for e in experiments.iter().filter(|e| !matches!(e.kind, Kind::Physics | Kind::Retrieval)) {
         for r in &e.rows {
@@ -242,7 +342,7 @@ pub fn sink_plan(experiments: &[Experiment]) -> BTreeMap<String, Vec<SinkKey>> {
     let mut out: BTreeMap<String, Vec<SinkKey>> = BTreeMap::new();
     for e in experiments.iter().filter(|e| e.kind == Kind::Sinks) {
         for r in &e.rows {
-            let needs = out.entry(r.train.clone()).or_default();
+            let needs = out.entry(r.train.to_string()).or_default();
             for &m in &e.lengths {
                 needs.push(SinkKey { posthoc: r.posthoc, multiple: m, map: e.maps.contains(&m) });
             }
@@ -258,6 +358,15 @@ pub fn sink_plan(experiments: &[Experiment]) -> BTreeMap<String, Vec<SinkKey>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_row_holds_its_parsed_variant_and_a_bad_name_is_an_error_naming_its_key() {
+        let row: Row = toml::from_str("label = \"L\"\ntrain = \"lssa+rw15\"\n").unwrap();
+        assert_eq!(row.train.variant(), &"lssa".parse::<attn_core::Variant>().unwrap().with_reweight(15).unwrap());
+        assert_eq!(row.train, "lssa+rw15", "known by its name as written");
+        let err = toml::from_str::<Row>("label = \"L\"\ntrain = \"lsssa\"\n").unwrap_err().to_string();
+        assert!(err.contains("train") && err.contains("lsssa"), "{err}");
+    }
 
     #[test]
     fn every_definition_parses_and_the_plan_covers_every_row() {
@@ -309,7 +418,7 @@ mod tests {
         let names: Vec<&str> = h.iter().map(|e| e.name.as_str()).collect();
         assert_eq!(names, ["table4", "figure1", "sinks", "retrieval", "downstream"]);
         let p = plan(&h);
-        assert_eq!(p.keys().cloned().collect::<std::collections::BTreeSet<_>>(), headline_variants);
+        assert_eq!(p.keys().map(|t| t.to_string()).collect::<std::collections::BTreeSet<_>>(), headline_variants);
         // Table 4 keeps its headline rows, with p = 15 post hoc but not p = 3.
         let t4: Vec<&str> = h[0].rows.iter().map(|r| r.label.as_str()).collect();
         assert!(t4.contains(&"LSSAR, p=15 (post hoc)") && !t4.contains(&"LSSA, p=3 (post hoc)"), "{t4:?}");

@@ -212,7 +212,7 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
     let claims = experiments::claims::all().unwrap();
     for (variant, needs) in &plan {
         let r = result(&out, variant);
-        assert_eq!(&r.variant, variant);
+        assert_eq!(r.variant, variant.as_str());
         for k in needs {
             let l = r.eval(k).unwrap_or_else(|| panic!("{variant}: no evaluation {k:?}"));
             assert!(l.loss.is_finite() && l.loss > 0.0, "{variant} {k:?}: loss {}", l.loss);
@@ -227,7 +227,7 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
                 / l.windows as f64;
             assert!((mean - l.loss).abs() < 1e-4, "{variant} {k:?}: windows give {mean}, the mean is {}", l.loss);
         }
-        let seeds = if claims.variants().contains(variant) { 3 } else { 1 };
+        let seeds = if claims.variants().contains(variant.as_str()) { 3 } else { 1 };
         assert!(experiments::runner::run_dir(&out, variant, seeds - 1).join("result.json").exists(), "{variant}");
         assert!(!experiments::runner::run_dir(&out, variant, seeds).exists(), "{variant}: a seed too many");
         if seeds > 1 {
@@ -236,7 +236,9 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
             let key = experiments::spec::EvalKey::new(true, None, 1);
             assert_ne!(other.loss(&key), r.loss(&key), "{variant}: seed 1 repeats seed 0");
         }
-        for k in experiments::spec::sink_plan(&experiments::spec::all().unwrap()).get(variant).into_iter().flatten() {
+        for k in
+            experiments::spec::sink_plan(&experiments::spec::all().unwrap()).get(variant.as_str()).into_iter().flatten()
+        {
             let s =
                 r.sinks.iter().find(|s| s.key == *k).unwrap_or_else(|| panic!("{variant}: no sink measurement {k:?}"));
             assert_eq!(s.layers.len(), 2, "one entry per layer");

@@ -133,7 +133,7 @@ fn run() -> Result<()> {
     eprintln!("reproduce: scale {} ({}); {}", scale.name, scale.about, gpt_model::runtime::describe());
     if cli.plan {
         for (v, needs) in &plan {
-            println!("{v}: {} seeds, {} evaluations", seeds.get(v).copied().unwrap_or(1), needs.len());
+            println!("{v}: {} seeds, {} evaluations", seeds.get(v.as_str()).copied().unwrap_or(1), needs.len());
         }
         return Ok(());
     }
@@ -210,7 +210,7 @@ struct Plan {
     /// The experiments it runs.
     experiments: Vec<spec::Experiment>,
     /// Each trained variant's evaluations.
-    plan: BTreeMap<String, Vec<spec::EvalKey>>,
+    plan: BTreeMap<spec::TrainedVariant, Vec<spec::EvalKey>>,
     /// Seeds of the variants the claims read (the others get one).
     seeds: BTreeMap<String, usize>,
     /// Each trained variant's attention-sink measurements.
@@ -271,7 +271,7 @@ fn apply_only(
     post: &[Box<dyn PostTraining>],
     selected: &[bool],
     experiments: &[spec::Experiment],
-    plan: &mut BTreeMap<String, Vec<spec::EvalKey>>,
+    plan: &mut BTreeMap<spec::TrainedVariant, Vec<spec::EvalKey>>,
     sink_plan: &mut BTreeMap<String, Vec<spec::SinkKey>>,
 ) -> Result<()> {
     let only_names: Vec<&str> = post.iter().filter_map(|p| p.only_name()).collect();
@@ -279,19 +279,19 @@ fn apply_only(
     {
         // Its rows' models must be trained too.
         for e in experiments.iter().filter(|e| e.kind == p.kind()) {
-            cli.only.extend(e.rows.iter().map(|r| r.train.clone()));
+            cli.only.extend(e.rows.iter().map(|r| r.train.to_string()));
         }
     }
     for v in cli.only.iter().filter(|v| !only_names.contains(&v.as_str())) {
-        if !plan.contains_key(v) {
+        if !plan.contains_key(v.as_str()) {
             bail!(
                 "--only {v}: no experiment trains `{v}`; planned: {}, and {} (experiments with their own selection)",
-                plan.keys().cloned().collect::<Vec<_>>().join(", "),
+                plan.keys().map(|k| k.as_str()).collect::<Vec<_>>().join(", "),
                 only_names.iter().map(|n| format!("`{n}`")).collect::<Vec<_>>().join(" / ")
             );
         }
     }
-    plan.retain(|k, _| cli.only.contains(k));
+    plan.retain(|k, _| cli.only.iter().any(|o| k == o.as_str()));
     sink_plan.retain(|k, _| cli.only.contains(k));
     Ok(())
 }

@@ -417,18 +417,18 @@ fn run_seed(
 }
 
 /// Runs (or reuses from `cache`) the physics experiment for `variant`: one model per seed.
-pub fn run(settings: &Settings, variant: &str, cache: &Path) -> Result<PhysicsResult> {
+pub fn run(settings: &Settings, variant: &crate::spec::TrainedVariant, cache: &Path) -> Result<PhysicsResult> {
     let file = cache.join(format!("{}.json", crate::runner::run_dir_name(variant)));
     if let Ok(text) = std::fs::read_to_string(&file)
         && let Ok(r) = serde_json::from_str::<PhysicsResult>(&text)
         && r.settings == *settings
-        && r.variant == variant
+        && r.variant == variant.as_str()
         && r.revision == crate::runner::task_revision()
     {
         crate::progress::say(&format!("physics experiment, `{variant}`: cached in {}", file.display()));
         return Ok(r);
     }
-    let parsed: Variant = variant.parse().with_context(|| format!("physics variant `{variant}`"))?;
+    let parsed: Variant = variant.variant().clone();
     anyhow::ensure!(
         settings.d_model % settings.n_head == 0 && (settings.d_model / settings.n_head) % 2 == 0,
         "physics: head dimension {} / {} must be an even integer (RoPE)",
@@ -503,7 +503,7 @@ mod tests {
     fn the_smoke_run_trains_every_seed_caches_and_reads_forces_back() {
         let dir = tempfile::tempdir().unwrap();
         let s = Settings::for_scale("smoke");
-        let r = run(&s, "softmax", dir.path()).unwrap();
+        let r = run(&s, &"softmax".parse().unwrap(), dir.path()).unwrap();
         assert_eq!(r.seeds.len(), s.seeds);
         for x in &r.seeds {
             assert!(x.final_train_loss.is_finite() && x.accel_rel_rmse_beyond.is_finite() && x.floor > 0.0);
@@ -518,12 +518,12 @@ mod tests {
         assert_ne!(r.seeds[0].final_train_loss, r.seeds[1].final_train_loss, "seeds differ");
         // A second call reuses the cached result (same settings), a changed setting reruns.
         // (JSON may move the last bit of a float; a rerun would move its wall time by milliseconds.)
-        let again = run(&s, "softmax", dir.path()).unwrap();
+        let again = run(&s, &"softmax".parse().unwrap(), dir.path()).unwrap();
         assert_eq!(again.seeds.len(), r.seeds.len());
         for (a, b) in again.seeds.iter().zip(&r.seeds) {
             assert!((a.wall_s - b.wall_s).abs() < 1e-9 && a.kept == b.kept, "the cached result was not reused");
         }
         let s2 = Settings { steps: 3, ..s };
-        assert_eq!(run(&s2, "softmax", dir.path()).unwrap().settings.steps, 3);
+        assert_eq!(run(&s2, &"softmax".parse().unwrap(), dir.path()).unwrap().settings.steps, 3);
     }
 }

@@ -40,7 +40,7 @@ impl PostTraining for Experiments {
     fn run(&mut self, e: &Experiment, inputs: &Inputs<'_>) -> Result<()> {
         let settings = Settings::for_scale(inputs.scale.name);
         for r in &e.rows {
-            if self.results.contains_key(&r.train) {
+            if self.results.contains_key(r.train.as_str()) {
                 continue;
             }
             let res = run(&settings, &r.train, &inputs.out.join("newton"))
@@ -51,7 +51,7 @@ impl PostTraining for Experiments {
                 res.newton().word(),
                 res.wall_s()
             ));
-            self.results.insert(r.train.clone(), res);
+            self.results.insert(r.train.to_string(), res);
         }
         Ok(())
     }
@@ -103,7 +103,7 @@ fn compared(e: &Experiment) -> Option<(&Row, &Row)> {
 /// softmax's are; inconclusive otherwise. `None` unless both ran.
 pub fn verdict(e: &Experiment, physics: &BTreeMap<String, PhysicsResult>) -> Option<NewtonVerdict> {
     let (claimed, baseline) = compared(e)?;
-    let (r, s) = (physics.get(&claimed.train)?, physics.get(&baseline.train)?);
+    let (r, s) = (physics.get(claimed.train.as_str())?, physics.get(baseline.train.as_str())?);
     let (vr, vs) = (r.newton(), s.newton());
     let verdict = match (vr, vs) {
         (Verdict::Reproduced, Verdict::Contradicted) => Verdict::Reproduced,
@@ -142,7 +142,7 @@ fn per_seed(e: &Experiment, physics: &BTreeMap<String, PhysicsResult>) -> Table 
         ("best law of the grammar", Align::Left),
     ]);
     for r in &e.rows {
-        let Some(p) = physics.get(&r.train) else { continue };
+        let Some(p) = physics.get(r.train.as_str()) else { continue };
         for (i, x) in p.seeds.iter().enumerate() {
             let ex = p.seed_exponents(i);
             let cell = |j: usize| ex.map_or("-".to_string(), |e| e[j].show());
@@ -189,7 +189,7 @@ fn models(e: &Experiment, physics: &BTreeMap<String, PhysicsResult>) -> (Table, 
     };
     let mut series: Vec<Series> = Vec::new();
     for (i, r) in e.rows.iter().enumerate() {
-        let Some(p) = physics.get(&r.train) else {
+        let Some(p) = physics.get(r.train.as_str()) else {
             t.row(std::iter::once(r.label.clone()).chain(std::iter::repeat_n("-".to_string(), 8)).collect());
             continue;
         };
@@ -214,7 +214,7 @@ fn models(e: &Experiment, physics: &BTreeMap<String, PhysicsResult>) -> (Table, 
 }
 
 fn section(e: &Experiment, physics: &BTreeMap<String, PhysicsResult>, figures: Figures<'_>) -> Result<Vec<Block>> {
-    let Some(any) = e.rows.iter().find_map(|r| physics.get(&r.train)) else {
+    let Some(any) = e.rows.iter().find_map(|r| physics.get(r.train.as_str())) else {
         return Ok(vec![Block::Text(format!("Not run in this invocation (select it with `--only {ONLY}`)."))]);
     };
     let s = &any.settings;
@@ -240,7 +240,7 @@ fn section(e: &Experiment, physics: &BTreeMap<String, PhysicsResult>, figures: F
         NEWTON[0], NEWTON[1], NEWTON[2]
     )));
     if let Some((a, b)) = compared(e)
-        && let (Some(a), Some(b)) = (physics.get(&a.train), physics.get(&b.train))
+        && let (Some(a), Some(b)) = (physics.get(a.train.as_str()), physics.get(b.train.as_str()))
         && let Some(d) = difference(a, b)
     {
         blocks.push(Block::Text(format!("LSSAR minus softmax, paired on orbits and seeds: {}.", show3(&d))));
@@ -340,7 +340,7 @@ mod tests {
         soft.seeds[1] = exact("softmax", -1.0).seeds[1].clone();
         m.insert("softmax".to_string(), soft);
         let t = per_seed(&physics_exp, &m);
-        let ran = physics_exp.rows.iter().filter(|r| m.contains_key(&r.train)).count();
+        let ran = physics_exp.rows.iter().filter(|r| m.contains_key(r.train.as_str())).count();
         assert_eq!(t.rows.len(), 3 * ran, "{t:?}");
         let seed1 = (0..t.rows.len())
             .find(|&i| t.cell(i, "model") == Some("Softmax") && t.cell(i, "seed") == Some("1"))

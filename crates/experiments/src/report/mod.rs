@@ -162,10 +162,11 @@ fn header(experiments: &[Experiment], results: &Runs, ctx: &Context<'_>) -> Vec<
         ctx.wall_s / 60.0
     ));
     let planned = crate::spec::plan(experiments);
-    let done = planned.keys().filter(|v| results.get(*v).is_some_and(|r| r.iter().any(|r| r.error.is_none()))).count();
+    let done =
+        planned.keys().filter(|v| results.get(v.as_str()).is_some_and(|r| r.iter().any(|r| r.error.is_none()))).count();
     if done < planned.len() {
         let missing: Vec<String> =
-            planned.keys().filter(|v| !results.contains_key(*v)).map(|v| format!("`{v}`")).collect();
+            planned.keys().filter(|v| !results.contains_key(v.as_str())).map(|v| format!("`{v}`")).collect();
         items.push(format!(
             "**partial**: {done} of {} planned trained variants have results; rows of the others show `-`. Missing: {}.",
             planned.len(),
@@ -202,7 +203,8 @@ fn experiment_section(
     let post = crate::post::find(ctx.post, e.kind);
     // The language models the section reads (none for kinds with their own models), then the
     // kind's own `--only` name.
-    let mut trained: Vec<String> = crate::spec::plan(std::slice::from_ref(e)).into_keys().collect();
+    let mut trained: Vec<String> =
+        crate::spec::plan(std::slice::from_ref(e)).into_keys().map(|t| t.to_string()).collect();
     trained.extend(post.and_then(|p| p.only_name()).map(String::from));
     let extra = post.map_or("", |p| p.regenerate_extra());
     section.push(format!("Regenerate this section's runs: `{} --only {}{extra}`", ctx.base_command, trained.join(",")));

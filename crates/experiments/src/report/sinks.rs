@@ -15,7 +15,7 @@ pub(super) fn sinks_blocks(e: &Experiment, results: &Runs, figures: Figures<'_>)
     // Sinks are measured on each variant's first seed.
     let find = |r: &Row, m: usize| {
         results
-            .get(&r.train)
+            .get(r.train.as_str())
             .and_then(|x| x.first())
             .and_then(|x| x.sinks.iter().find(|s| s.key.posthoc == r.posthoc && s.key.multiple == m))
     };

@@ -60,7 +60,7 @@ pub(super) fn table(e: &Experiment, results: &Runs) -> Table {
         t.column(format!("{m}x paper"), Align::Right);
     }
     for r in &e.rows {
-        let seeds = results.get(&r.train).map_or(0, |s| s.iter().filter(|x| x.error.is_none()).count());
+        let seeds = results.get(r.train.as_str()).map_or(0, |s| s.iter().filter(|x| x.error.is_none()).count());
         let seeds = if seeds > 1 { format!(" ({seeds} seeds)") } else { String::new() };
         let how = match r.posthoc {
             Some(p) => format!("`{}`, p = {p} post hoc{seeds}", r.train),
@@ -142,7 +142,7 @@ fn resolution(e: &Experiment, results: &Runs, n: SeedNoise) -> Option<String> {
         .rows
         .iter()
         .filter(|r| r.posthoc.is_none())
-        .map(|r| results.get(&r.train).map_or(0, |s| s.iter().filter(|x| x.error.is_none()).count()))
+        .map(|r| results.get(r.train.as_str()).map_or(0, |s| s.iter().filter(|x| x.error.is_none()).count()))
         .filter(|&k| k > 0)
         .collect();
     let (&few, &most) = (seeds.iter().min()?, seeds.iter().max()?);
@@ -223,10 +223,14 @@ pub(super) fn gap_blocks(runs: &Runs, figures: Figures<'_>) -> Result<Vec<Block>
     let Some((base, rows)) = curve.rows.split_first() else { return Ok(Vec::new()) };
     let base_name = match base.posthoc {
         Some(p) => format!("{} post hoc p = {p}", base.train),
-        None => base.train.clone(),
+        None => base.train.to_string(),
     };
-    let lengths: BTreeSet<usize> =
-        runs.get(&base.train).into_iter().flatten().flat_map(|r| r.evals.iter().map(|(k, _)| k.multiple)).collect();
+    let lengths: BTreeSet<usize> = runs
+        .get(base.train.as_str())
+        .into_iter()
+        .flatten()
+        .flat_map(|r| r.evals.iter().map(|(k, _)| k.multiple))
+        .collect();
     let mut series: Vec<GapSeries> = Vec::new();
     for (i, r) in rows.iter().enumerate() {
         for (ntk, dashed) in [(true, false), (false, true)] {

@@ -59,7 +59,7 @@ fn run(variant: &str, seed: usize, evals: &[(EvalKey, f64)]) -> RunResult {
 }
 
 fn row(label: &str, train: &str, posthoc: Option<u32>, paper: &[f64]) -> Row {
-    Row { label: label.into(), train: train.into(), posthoc, paper: paper.to_vec(), ablation: false }
+    Row { label: label.into(), train: train.parse().unwrap(), posthoc, paper: paper.to_vec(), ablation: false }
 }
 
 fn experiment(name: &str, kind: Kind, lengths: &[usize], rows: Vec<Row>) -> Experiment {
@@ -221,7 +221,7 @@ fn the_gap_figure_draws_the_length_curves_rows_against_its_first_row() {
     for (i, r) in curve.rows.iter().enumerate() {
         let l = 3.0 + 0.01 * i as f64;
         let evals = [(k(true, r.posthoc, 1), l), (k(true, r.posthoc, 4), l + 0.1), (k(false, r.posthoc, 4), l + 0.2)];
-        let seeds = runs.entry(r.train.clone()).or_insert_with(|| (0..2).map(|s| run(&r.train, s, &[])).collect());
+        let seeds = runs.entry(r.train.to_string()).or_insert_with(|| (0..2).map(|s| run(&r.train, s, &[])).collect());
         for (s, seed) in seeds.iter_mut().enumerate() {
             seed.evals.extend(run(&r.train, s, &evals).evals);
         }
@@ -234,7 +234,7 @@ fn the_gap_figure_draws_the_length_curves_rows_against_its_first_row() {
     assert!(caption.contains(&format!("minus {}'s", base.train)), "{caption}");
     assert!(dir.path().join("claims_gap.svg").exists());
     // Without the baseline's results there is nothing to draw.
-    runs.remove(&base.train);
+    runs.remove(base.train.as_str());
     assert!(super::tables::gap_blocks(&runs, Figures { dir: dir.path(), rel: "figures" }).unwrap().is_empty());
 }
 

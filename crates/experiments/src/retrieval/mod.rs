@@ -196,14 +196,14 @@ impl Settings {
     }
 
     /// The model of trained variant `variant`.
-    pub fn model(&self, variant: &str) -> Result<ModelConfig> {
+    pub fn model(&self, variant: &crate::spec::TrainedVariant) -> Result<ModelConfig> {
         let cfg = ModelConfig {
             n_layer: self.n_layer,
             n_head: self.n_head,
             d_model: self.d_model,
             vocab_size: self.layout()?.vocab(),
             context_len: self.t_train,
-            attention: variant.parse()?,
+            attention: variant.variant().clone(),
             attn_impl: AttnImpl::Fused,
             ..ModelConfig::preset("tiny")?
         };
@@ -266,7 +266,12 @@ struct Cached {
 
 /// Trains seed `seed_index` of `variant` and evaluates it with each post-hoc power of `powers`
 /// (`None`: as trained) under both RoPE treatments.
-pub fn train_and_evaluate(s: &Settings, variant: &str, seed_index: usize, powers: &[Option<u32>]) -> Result<SeedRun> {
+pub fn train_and_evaluate(
+    s: &Settings,
+    variant: &crate::spec::TrainedVariant,
+    seed_index: usize,
+    powers: &[Option<u32>],
+) -> Result<SeedRun> {
     let device = Device::cuda_if_available();
     let layout = s.layout()?;
     let cfg = s.model(variant)?;
@@ -380,7 +385,7 @@ pub struct RegimePlan {
     /// Its settings ([`Settings::for_regime`]).
     pub settings: Settings,
     /// Trained variant -> post-hoc powers (`None`: as trained), ascending.
-    pub rows: BTreeMap<String, Vec<Option<u32>>>,
+    pub rows: BTreeMap<crate::spec::TrainedVariant, Vec<Option<u32>>>,
 }
 
 /// One regime's results.
@@ -414,7 +419,7 @@ pub fn run(plans: &[RegimePlan], dir: &Path, jobs: usize) -> Result<Vec<RegimeRu
                     .filter(|c| c.provenance == provenance && c.settings == plan.settings && &c.powers == powers);
                 match cached {
                     Some(c) => {
-                        done.insert((i, v.clone(), k), c.run);
+                        done.insert((i, v.to_string(), k), c.run);
                     }
                     None => todo.push((i, v.clone(), k, powers.clone())),
                 }
@@ -525,7 +530,7 @@ pub fn plans(e: &Experiment, scale: &str) -> Result<Vec<RegimePlan>> {
     Ok(regimes()?
         .into_iter()
         .map(|regime| {
-            let mut rows: BTreeMap<String, Vec<Option<u32>>> = BTreeMap::new();
+            let mut rows: BTreeMap<crate::spec::TrainedVariant, Vec<Option<u32>>> = BTreeMap::new();
             for r in e.rows.iter().filter(|r| !r.ablation || regime.ablations || e.scope == Scope::All) {
                 let powers = rows.entry(r.train.clone()).or_default();
                 if !powers.contains(&r.posthoc) {
@@ -604,11 +609,11 @@ mod tests {
         }
         assert_eq!(all.iter().filter(|r| r.ablations).count(), 1, "the pilot chose one regime for the ablations");
         let mut e = crate::spec::all().unwrap().into_iter().find(|e| e.kind == Kind::Retrieval).unwrap();
-        let ablations: Vec<String> = e.rows.iter().filter(|r| r.ablation).map(|r| r.train.clone()).collect();
+        let ablations: Vec<String> = e.rows.iter().filter(|r| r.ablation).map(|r| r.train.to_string()).collect();
         assert_eq!(ablations, ["lssa-exp", "softmax-logn"]);
         // `--all`: every row in every regime, the regime's own settings.
         for p in plans(&e, "small").unwrap() {
-            assert!(ablations.iter().all(|v| p.rows.contains_key(v)), "{}", p.regime.name);
+            assert!(ablations.iter().all(|v| p.rows.contains_key(v.as_str())), "{}", p.regime.name);
             assert_eq!(
                 (p.settings.placement, p.settings.density_permille),
                 (p.regime.placement, p.regime.distractors_permille)
@@ -618,7 +623,12 @@ mod tests {
         // The default: the ablations only where marked.
         e.scope = Scope::Headline;
         for p in plans(&e, "small").unwrap() {
-            assert_eq!(ablations.iter().all(|v| p.rows.contains_key(v)), p.regime.ablations, "{}", p.regime.name);
+            assert_eq!(
+                ablations.iter().all(|v| p.rows.contains_key(v.as_str())),
+                p.regime.ablations,
+                "{}",
+                p.regime.name
+            );
             assert!(["softmax", "lssa", "lssa+rw15"].iter().all(|v| p.rows.contains_key(*v)));
         }
     }

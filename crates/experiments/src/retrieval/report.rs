@@ -79,7 +79,7 @@ pub fn accuracy(values: BTreeMap<usize, Vec<f64>>) -> Option<Interval> {
 }
 
 fn row_runs<'a>(results: &'a BTreeMap<String, Vec<SeedRun>>, r: &RowRef) -> Option<&'a [SeedRun]> {
-    results.get(&r.train).map(Vec::as_slice).filter(|x| !x.is_empty())
+    results.get(r.train.as_str()).map(Vec::as_slice).filter(|x| !x.is_empty())
 }
 
 /// A seed's 1x accuracy under a row's post-hoc power, scored as `score`.
@@ -367,7 +367,7 @@ fn regimes_table(e: &Experiment, groups: &[RegimeRuns]) -> Table {
         ("what", Align::Left),
     ]);
     for g in groups {
-        let ablations = e.rows.iter().filter(|r| r.ablation).all(|r| g.runs.contains_key(&r.train));
+        let ablations = e.rows.iter().filter(|r| r.ablation).all(|r| g.runs.contains_key(r.train.as_str()));
         t.row(vec![
             format!("`{}`", g.regime.name),
             g.regime.placement.name().to_string(),
@@ -612,8 +612,8 @@ mod tests {
         RetrievalClaim {
             name: "retrieval-lssar".into(),
             statement: "LSSAR beats softmax".into(),
-            row: RowRef { train: "lssa+rw15".into(), posthoc: None },
-            baseline: RowRef { train: "softmax".into(), posthoc: None },
+            row: RowRef { train: "lssa+rw15".parse().unwrap(), posthoc: None },
+            baseline: RowRef { train: "softmax".parse().unwrap(), posthoc: None },
             delta: 0.05,
         }
     }
