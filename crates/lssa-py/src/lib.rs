@@ -141,7 +141,7 @@ fn short_call_threads(threads: usize) -> usize {
 }
 
 /// The CUDA kernel to run: `LSSA_CUDA_KERNEL` (`auto`, or `v1` to `v9` in a build with the `lab`
-/// feature), read once by [`cuda::Kernel::from_env`], as the libtorch bridge reads it; `auto` when
+/// feature), read once by [`cuda::Kernel::from_env`], as bench-cuda's model check reads it; `auto` when
 /// unset.
 fn cuda_kernel() -> PyResult<cuda::Kernel> {
     static KERNEL: OnceLock<Result<cuda::Kernel, String>> = OnceLock::new();

@@ -62,9 +62,11 @@ pub const FILES: [&str; 6] = [
 
 /// Why `variant` cannot leave for transformers, or `None` when lssa.hf can register it: a user's own
 /// activation (`custom(...)`) has no name attn-core can parse back.
-pub fn unexportable_reason(variant: &str) -> Option<String> {
-    match variant.parse::<attn_core::Variant>() {
-        Ok(_) => None,
+pub fn unexportable_reason(variant: &attn_core::Variant) -> Option<String> {
+    // What `config.json` records is the name; it must parse back to this variant.
+    match variant.to_string().parse::<attn_core::Variant>() {
+        Ok(back) if &back == variant => None,
+        Ok(_) => Some(format!("the attention variant `{variant}` cannot be exported: its name does not name it")),
         Err(e) => Some(format!(
             "the attention variant `{variant}` cannot be exported: lssa.hf registers only the variants attn-core parses by name ({e})"
         )),
@@ -362,7 +364,7 @@ pub fn write_export(
     tok: &Tokenizer,
     prov: &Provenance,
 ) -> Result<Vec<PathBuf>> {
-    if let Some(why) = unexportable_reason(&cfg.attention.to_string()) {
+    if let Some(why) = unexportable_reason(&cfg.attention) {
         bail!("{why}");
     }
     ensure!(
@@ -490,10 +492,25 @@ mod tests {
 
     #[test]
     fn a_custom_activation_cannot_be_exported_and_says_why() {
-        assert!(unexportable_reason("lssa+rw15").is_none());
-        assert!(unexportable_reason("softmax").is_none());
-        let why = unexportable_reason("custom(squareplus)").unwrap();
-        assert!(why.contains("custom(squareplus)") && why.contains("lssa.hf"), "{why}");
+        #[derive(Debug)]
+        struct Squareplus;
+        impl attn_core::Activation for Squareplus {
+            fn name(&self) -> &str {
+                "squareplus"
+            }
+            fn value(&self, x: f64) -> f64 {
+                (x + (x * x + 4.0).sqrt()) / 2.0
+            }
+            fn derivative(&self, x: f64) -> f64 {
+                (1.0 + x / (x * x + 4.0).sqrt()) / 2.0
+            }
+        }
+        for name in ["lssa+rw15", "softmax", "sigmoid-bias:t_train=64"] {
+            assert!(unexportable_reason(&name.parse().unwrap()).is_none(), "{name}");
+        }
+        let custom = attn_core::Variant::builder().activation(Squareplus).build().unwrap();
+        let why = unexportable_reason(&custom).unwrap();
+        assert!(why.contains("custom(") && why.contains("squareplus") && why.contains("lssa.hf"), "{why}");
     }
 
     #[test]

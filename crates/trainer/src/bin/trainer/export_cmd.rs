@@ -43,7 +43,7 @@ pub(crate) fn export_cmd(a: ExportArgs) -> Result<()> {
     let ckpt = sampling::open_checkpoint(&a.checkpoint)?;
     let cfg = ckpt.config()?; // a file without a model config is no checkpoint of ours
     if a.format == Format::Hf {
-        if let Some(why) = trainer::hf::unexportable_reason(&cfg.attention.to_string()) {
+        if let Some(why) = trainer::hf::unexportable_reason(&cfg.attention) {
             anyhow::bail!("{}: {why}", a.checkpoint.display());
         }
         let tok = sampling::tokenizer_for(ckpt.metadata(), &a.checkpoint, a.data_dir.as_deref())?;
