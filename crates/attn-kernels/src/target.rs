@@ -134,16 +134,7 @@ impl Prepared {
     /// As [`forward_raw`].
     pub unsafe fn forward_raw(&self, p: &Params) -> Result<()> {
         // SAFETY: forwarded from the caller.
-        unsafe {
-            match (&self.kernels, &self.target) {
-                (Kernels::Cpu(plan), Target::Cpu(o)) => cpu::forward_planned(plan, p, o),
-                (Kernels::Cuda(cfg, d), Target::Cuda { dtype, kernel }) => {
-                    same_head_dim(p, *d)?;
-                    cuda::forward_configured(cfg, p, *dtype, *kernel)
-                }
-                _ => unreachable!("prepare pairs the kernels with their target"),
-            }
-        }
+        unsafe { self.run(p, cpu::forward_planned, cuda::forward_configured) }
     }
 
     /// The fused backward, as [`backward_raw`].
@@ -152,18 +143,32 @@ impl Prepared {
     /// As [`backward_raw`].
     pub unsafe fn backward_raw(&self, p: &Params) -> Result<()> {
         // SAFETY: forwarded from the caller.
+        unsafe { self.run(p, cpu::backward_planned, cuda::backward_configured) }
+    }
+
+    /// `on_cpu` or `on_cuda` (a forward's or a backward's entry point) on the prepared plan.
+    ///
+    /// # Safety
+    /// As the entry point's.
+    unsafe fn run(&self, p: &Params, on_cpu: CpuEntry, on_cuda: CudaEntry) -> Result<()> {
+        // SAFETY: forwarded from the caller.
         unsafe {
             match (&self.kernels, &self.target) {
-                (Kernels::Cpu(plan), Target::Cpu(o)) => cpu::backward_planned(plan, p, o),
+                (Kernels::Cpu(plan), Target::Cpu(o)) => on_cpu(plan, p, o),
                 (Kernels::Cuda(cfg, d), Target::Cuda { dtype, kernel }) => {
                     same_head_dim(p, *d)?;
-                    cuda::backward_configured(cfg, p, *dtype, *kernel)
+                    on_cuda(cfg, p, *dtype, *kernel)
                 }
                 _ => unreachable!("prepare pairs the kernels with their target"),
             }
         }
     }
 }
+
+/// A CPU entry point on a prepared plan ([`cpu::forward_planned`], [`cpu::backward_planned`]).
+type CpuEntry = unsafe fn(&Plan, &Params, &cpu::Options) -> Result<()>;
+/// A CUDA entry point on a resolved configuration.
+type CudaEntry = unsafe fn(&cuda::Config, &Params, cuda::Dtype, cuda::Kernel) -> Result<()>;
 
 /// A CUDA configuration is resolved for one head dimension (it sets the kernels' `HD`).
 fn same_head_dim(p: &Params, prepared: usize) -> Result<()> {

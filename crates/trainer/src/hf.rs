@@ -492,25 +492,26 @@ mod tests {
 
     #[test]
     fn a_custom_activation_cannot_be_exported_and_says_why() {
+        /// A user's activation: its name is no built-in's, so the variant prints as `custom(...)`.
         #[derive(Debug)]
-        struct Squareplus;
-        impl attn_core::Activation for Squareplus {
+        struct Hinge;
+        impl attn_core::Activation for Hinge {
             fn name(&self) -> &str {
-                "squareplus"
+                "hinge"
             }
             fn value(&self, x: f64) -> f64 {
-                (x + (x * x + 4.0).sqrt()) / 2.0
+                x.max(0.0)
             }
             fn derivative(&self, x: f64) -> f64 {
-                (1.0 + x / (x * x + 4.0).sqrt()) / 2.0
+                f64::from(u8::from(x > 0.0))
             }
         }
         for name in ["lssa+rw15", "softmax", "sigmoid-bias:t_train=64"] {
             assert!(unexportable_reason(&name.parse().unwrap()).is_none(), "{name}");
         }
-        let custom = attn_core::Variant::builder().activation(Squareplus).build().unwrap();
+        let custom = attn_core::Variant::builder().activation(Hinge).build().unwrap();
         let why = unexportable_reason(&custom).unwrap();
-        assert!(why.contains("custom(") && why.contains("squareplus") && why.contains("lssa.hf"), "{why}");
+        assert!(why.contains("custom(") && why.contains("hinge") && why.contains("lssa.hf"), "{why}");
     }
 
     #[test]
