@@ -84,6 +84,8 @@ struct Block {
 pub struct Gpt {
     cfg: ModelConfig,
     attention: Attention,
+    /// The attention with a post-hoc power, prepared at the first forward that asks for it.
+    posthoc: std::sync::Mutex<Vec<(u32, Attention)>>,
     wte: Tensor,
     blocks: Vec<Block>,
     ln_f: nn::LayerNorm,
@@ -189,7 +191,7 @@ impl Gpt {
             })
             .collect();
         let ln_f = layer_norm(vs / "ln_f", d);
-        Ok(Self { cfg: cfg.clone(), attention, wte, blocks, ln_f })
+        Ok(Self { cfg: cfg.clone(), attention, posthoc: Default::default(), wte, blocks, ln_f })
     }
 
     /// The config.
@@ -213,6 +215,18 @@ impl Gpt {
     /// [`cuda::Kernel::Auto`]: attn_kernels::cuda::Kernel::Auto
     pub fn set_cuda_kernel(&mut self, kernel: attn_kernels::cuda::Kernel) {
         self.attention = self.attention.clone().with_cuda_kernel(kernel);
+        self.posthoc.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+    }
+
+    /// The model's attention with post-hoc power `p`, prepared once per power.
+    fn posthoc_attention(&self, p: u32) -> Result<Attention, ModelError> {
+        let mut cache = self.posthoc.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, att)) = cache.iter().find(|(q, _)| *q == p) {
+            return Ok(att.clone());
+        }
+        let att = self.attention.with_reweight(p)?;
+        cache.push((p, att.clone()));
+        Ok(att)
     }
 
     /// Logits `(B, T, V_pad)` of token ids `idx` `(B, T)` (int64).
@@ -290,7 +304,7 @@ impl Gpt {
         let posthoc;
         let mut att = &self.attention;
         if let Some(p) = opts.reweight {
-            posthoc = att.with_reweight(p)?;
+            posthoc = self.posthoc_attention(p)?;
             att = &posthoc;
         }
         let other_impl;

@@ -114,7 +114,8 @@ pub fn verdict(e: &Experiment, physics: &BTreeMap<String, PhysicsResult>) -> Opt
         let e = p.exponents().map_or("no fit (too few forces above the error floor)".into(), |e| show3(&e));
         format!("{}: {} ({e})", p.variant, law_word(v))
     };
-    let diff = difference(r, s).map_or(String::new(), |d| format!("; LSSAR minus softmax: {}", show3(&d)));
+    let diff = difference(r, s)
+        .map_or(String::new(), |d| format!("; `{}` minus `{}`: {}", claimed.train, baseline.train, show3(&d)));
     Some(NewtonVerdict {
         verdict,
         line: format!(
@@ -239,11 +240,12 @@ fn section(e: &Experiment, physics: &BTreeMap<String, PhysicsResult>, figures: F
         "Losses and errors are means over seeds. The acceleration error is relative to the exact accelerations (predicting constant velocity scores 1), within the training length and beyond it. Exponents: the seed mean with its 95% interval over orbits and seeds; Newton's law is `a = {}, b = {}, k = {}`, and counts as recovered when all three intervals lie within {BAND} of it.",
         NEWTON[0], NEWTON[1], NEWTON[2]
     )));
-    if let Some((a, b)) = compared(e)
-        && let (Some(a), Some(b)) = (physics.get(a.train.as_str()), physics.get(b.train.as_str()))
+    if let Some((ra, rb)) = compared(e)
+        && let (Some(a), Some(b)) = (physics.get(ra.train.as_str()), physics.get(rb.train.as_str()))
         && let Some(d) = difference(a, b)
     {
-        blocks.push(Block::Text(format!("LSSAR minus softmax, paired on orbits and seeds: {}.", show3(&d))));
+        let (ta, tb) = (&ra.train, &rb.train);
+        blocks.push(Block::Text(format!("`{ta}` minus `{tb}`, paired on orbits and seeds: {}.", show3(&d))));
     }
     blocks.push(Block::from(
         "Each seed's model alone (intervals from the bootstrap over orbits; the grammar's best law fitted to that seed's forces above the floor):",
@@ -320,7 +322,7 @@ mod tests {
         m.insert("softmax".to_string(), exact("softmax", -1.0));
         let v = verdict(&m).unwrap();
         assert_eq!(v.verdict, Verdict::Reproduced, "{}", v.line);
-        assert!(v.line.contains("LSSAR minus softmax") && v.line.contains("k = -1.000"), "{}", v.line);
+        assert!(v.line.contains("`lssa+rw15` minus `softmax`") && v.line.contains("k = -1.000"), "{}", v.line);
         m.insert("softmax".to_string(), exact("softmax", -2.0));
         assert_eq!(verdict(&m).unwrap().verdict, Verdict::Contradicted, "softmax recovers it too");
         m.insert("lssa+rw15".to_string(), exact("lssa+rw15", -3.0));

@@ -21,7 +21,8 @@ pub struct Attention {
     softmax: bool,
     /// The fused kernels' plan per target (the CPU, CUDA f32, f16, bf16), prepared at its first call
     /// for that call's head dimension: `Err` holds attn-kernels' reason when there is no kernel.
-    kernels: [OnceLock<KernelSlot>; 4],
+    /// Shared by the clones, so a clone prepares nothing again.
+    kernels: Arc<[OnceLock<KernelSlot>; 4]>,
 }
 
 /// One target's prepared kernels and the head dimension they were prepared for (`Err`: why there
