@@ -57,7 +57,7 @@ pub enum Error {
         /// The variant's name.
         variant: String,
         /// Why it cannot be fused.
-        reason: &'static str,
+        reason: std::borrow::Cow<'static, str>,
     },
     /// No usable GPU, driver or NVRTC, or a CUDA call failed (the message says which).
     #[error("CUDA: {0}")]

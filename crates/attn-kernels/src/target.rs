@@ -107,7 +107,11 @@ impl Target {
                 if head_dim > cuda::MAX_HEAD_DIM {
                     return Err(Error::NotFused {
                         variant: variant.to_string(),
-                        reason: "the CUDA kernels take head dimensions up to 256",
+                        reason: format!(
+                            "the CUDA kernels take head dimensions up to {}, got {head_dim}",
+                            cuda::MAX_HEAD_DIM
+                        )
+                        .into(),
                     });
                 }
                 Kernels::Cuda(cuda::Config::new(variant, head_dim.max(1))?, head_dim)

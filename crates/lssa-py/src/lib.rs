@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use attn_core::{Bias, Norm, OutputNorm, Scale, Scores, Transform, Variant};
 use attn_kernels::cpu;
 use attn_kernels::{Dtype, Params, RawTensor};
-use attn_kernels::{Error, Target, cuda};
+use attn_kernels::{Error, Prepared, Target, cuda};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -57,24 +57,67 @@ fn target(device: &str, dtype: &str) -> Result<Target, String> {
     }
 }
 
+/// What the extension knows of a variant name: the parsed variant and its kernels prepared per
+/// (target, head dimension) ([`Target::prepare`]).
+struct Known {
+    variant: Variant,
+    prepared: Vec<(TargetKey, usize, Arc<Prepared>)>,
+}
+
+/// A target as the cache tells them apart: the CPU, or a CUDA dtype with a kernel choice.
+type TargetKey = (Option<Dtype>, Option<cuda::Kernel>);
+
+fn target_key(target: &Target) -> TargetKey {
+    match *target {
+        Target::Cpu(_) => (None, None),
+        Target::Cuda { dtype, kernel } => (Some(dtype), Some(kernel)),
+    }
+}
+
+/// The names seen so far. Parsed once per name and prepared once per target: a decoding step passes
+/// the same name every call, and parsing it took a few microseconds of a step's fixed cost.
+fn known() -> std::sync::MutexGuard<'static, HashMap<String, Known>> {
+    static KNOWN: OnceLock<Mutex<HashMap<String, Known>>> = OnceLock::new();
+    KNOWN.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// The variant of a name, with its parameters checked (attn-core's messages as `ValueError`).
 fn parse(name: &str) -> PyResult<Variant> {
-    // Parsed once per name: a decoding step passes the same name every call, and parsing it took a
-    // few microseconds of a step's fixed cost.
-    static PARSED: OnceLock<Mutex<HashMap<String, Variant>>> = OnceLock::new();
-    let parsed = PARSED.get_or_init(Default::default);
-    if let Some(v) = parsed.lock().unwrap_or_else(|e| e.into_inner()).get(name) {
-        return Ok(v.clone());
+    if let Some(k) = known().get(name) {
+        return Ok(k.variant.clone());
     }
     let variant: Variant = name.parse().map_err(|e: attn_core::Error| PyValueError::new_err(e.to_string()))?;
     variant.validate().map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let mut parsed = parsed.lock().unwrap_or_else(|e| e.into_inner());
+    let mut known = known();
     // A bounded cache: names come from code, but a caller looping over generated names must not grow it forever.
-    if parsed.len() >= 256 {
-        parsed.clear();
+    if known.len() >= 256 {
+        known.clear();
     }
-    parsed.insert(name.to_string(), variant.clone());
+    known.insert(name.to_string(), Known { variant: variant.clone(), prepared: Vec::new() });
     Ok(variant)
+}
+
+/// The kernels of `name` on `target` at head dimension `head_dim`, prepared once (a decoding step's
+/// call takes one lock and one lookup).
+fn prepared(name: &str, target: &Target, head_dim: usize) -> PyResult<Arc<Prepared>> {
+    let key = target_key(target);
+    if let Some(k) = known().get(name)
+        && let Some((_, _, p)) = k.prepared.iter().find(|(t, d, _)| *t == key && *d == head_dim)
+    {
+        return Ok(p.clone());
+    }
+    let variant = parse(name)?;
+    let mut known = known();
+    let Some(k) = known.get_mut(name) else {
+        // Another thread cleared the cache in between: prepare without keeping it.
+        return Ok(Arc::new(target.prepare(&variant, head_dim).map_err(kernel_error)?));
+    };
+    if let Some((_, _, p)) = k.prepared.iter().find(|(t, d, _)| *t == key && *d == head_dim) {
+        return Ok(p.clone());
+    }
+    let p = Arc::new(target.prepare(&k.variant, head_dim).map_err(kernel_error)?);
+    k.prepared.push((key, head_dim, p.clone()));
+    Ok(p)
 }
 
 /// A kernel error as the Python exception of the module's contract.
@@ -373,9 +416,9 @@ fn forward(
     stream: usize,
     threads: usize,
 ) -> PyResult<()> {
-    let variant = parse(variant)?;
     let target = target(device, dtype).map_err(PyTypeError::new_err)?;
     let p = params(shape, kv, q, k, v, out, stats, target.dtype())?;
+    let kernels = prepared(variant, &target, p.head_dim)?;
     // A decoding step starts on this thread (0: no pool of ours) when rayon's global pool, where its
     // helpers come from, has the requested thread count: entering a pool would cost more than a step.
     let threads = if matches!(target, Target::Cpu(_)) && cpu::forward_starts_on_caller(&p) {
@@ -384,7 +427,7 @@ fn forward(
         threads
     };
     // SAFETY: the module's contract: live tensors of these sizes and strides (see above).
-    unsafe { launch(py, variant, target, p, aux, stream, threads, attn_kernels::forward_raw) }
+    unsafe { launch(py, kernels, p, aux, stream, threads, Prepared::forward_raw) }
 }
 
 /// Fused causal backward: reads `q`, `k`, `v`, `out`, the statistics (and the helper, when the
@@ -412,24 +455,24 @@ fn backward(
     stream: usize,
     threads: usize,
 ) -> PyResult<()> {
-    let variant = parse(variant)?;
     let target = target(device, dtype).map_err(PyTypeError::new_err)?;
     let mut p = params(shape, kv, q, k, v, out, stats, target.dtype())?;
+    let kernels = prepared(variant, &target, p.head_dim)?;
     non_null(&[("grad", grad.0), ("dq", dq.0), ("dk", dk.0), ("dv", dv.0)])?;
     p.d_out = raw(grad);
     p.dq = raw_mut(dq);
     p.dk = raw_mut(dk);
     p.dv = raw_mut(dv);
     // SAFETY: the module's contract (see `forward`).
-    unsafe { launch(py, variant, target, p, aux, stream, threads, attn_kernels::backward_raw) }
+    unsafe { launch(py, kernels, p, aux, stream, threads, Prepared::backward_raw) }
 }
 
-/// The raw entry point of one direction: [`attn_kernels::forward_raw`] or [`attn_kernels::backward_raw`].
-type Entry = unsafe fn(&Variant, &Params, &Target) -> attn_kernels::Result<()>;
+/// The raw entry point of one direction: [`Prepared::forward_raw`] or [`Prepared::backward_raw`].
+type Entry = unsafe fn(&Prepared, &Params) -> attn_kernels::Result<()>;
 
-/// Runs `entry` on `target` with the GIL released: on the CPU in `threads` threads (0: rayon's
-/// global pool) with the re-weighting helper `aux` when the variant keeps one; on CUDA in the chosen
-/// kernel generation, after the stream check.
+/// Runs `entry` on the prepared kernels with the GIL released: on the CPU in `threads` threads (0:
+/// rayon's global pool) with the re-weighting helper `aux` when the variant keeps one; on CUDA in the
+/// chosen kernel generation, after the stream check.
 ///
 /// # Safety
 ///
@@ -438,8 +481,7 @@ type Entry = unsafe fn(&Variant, &Params, &Target) -> attn_kernels::Result<()>;
 #[allow(clippy::too_many_arguments)]
 unsafe fn launch(
     py: Python<'_>,
-    variant: Variant,
-    target: Target,
+    kernels: Arc<Prepared>,
     mut p: Params,
     aux: usize,
     stream: usize,
@@ -447,10 +489,10 @@ unsafe fn launch(
     entry: Entry,
 ) -> PyResult<()> {
     // Where the call runs (a thread pool on the CPU, the stream check on CUDA) is the caller's
-    // business; which kernels run is `entry`'s, on `target`.
-    let pool = match target {
+    // business; which kernels run is `entry`'s, on the prepared target.
+    let pool = match kernels.target() {
         Target::Cpu(_) => {
-            if aux != 0 && variant.reweight().is_some() {
+            if aux != 0 && kernels.variant().reweight().is_some() {
                 p.rw_aux = aux as *mut f32;
             }
             pool(threads)?
@@ -462,7 +504,7 @@ unsafe fn launch(
     };
     run_detached(py, move || {
         // SAFETY: forwarded from our caller (host memory on a CPU target, device memory on CUDA).
-        let call = || unsafe { entry(&variant, &p, &target) };
+        let call = || unsafe { entry(&kernels, &p) };
         match pool {
             Some(pool) => pool.install(call),
             None => call(),

@@ -133,7 +133,7 @@ unsafe impl<P> Send for SendPtr<P> {}
 unsafe impl<P> Sync for SendPtr<P> {}
 
 fn not_fused(variant: &Variant, reason: &'static str) -> Error {
-    Error::NotFused { variant: variant.to_string(), reason }
+    Error::NotFused { variant: variant.to_string(), reason: reason.into() }
 }
 
 /// The variant's plan, or why the engine does not stream it. Every activation runs: the built-ins
@@ -466,7 +466,7 @@ fn check(
     if v.shape()[3] != q.shape()[3] {
         return Err(Error::NotFused {
             variant: variant.to_string(),
-            reason: "the fused kernels need v to have the head dimension of q and k",
+            reason: "the fused kernels need v to have the head dimension of q and k".into(),
         });
     }
     Ok(())

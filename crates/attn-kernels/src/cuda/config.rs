@@ -23,7 +23,7 @@ pub struct Config {
 }
 
 pub(super) fn not_fused(variant: &Variant, reason: &'static str) -> Error {
-    Error::NotFused { variant: variant.to_string(), reason }
+    Error::NotFused { variant: variant.to_string(), reason: reason.into() }
 }
 
 impl Config {
