@@ -497,6 +497,8 @@ fn train_attempt(
                 command: command.into(),
                 overwrite: true,
                 on_step: Some(train::StepHook(std::sync::Arc::new(move |m| progress.step(m)))),
+                // The reproduction runs the measured kernels.
+                cuda_kernel: Default::default(),
             };
             let run = train::train(cfg, &mut data, &Single, &opts)?;
             Ok((run.steps.last().map_or(f64::NAN, |s| s.loss), run.tokens_per_s))
@@ -558,6 +560,7 @@ pub fn train_rank(config: &Path, resume: Option<PathBuf>) -> Result<()> {
         command,
         overwrite: true,
         on_step,
+        cuda_kernel: Default::default(),
     };
     let run = train::train(&cfg, &mut data, coll, &opts)?;
     if coll.rank() == 0 {

@@ -17,5 +17,7 @@ pub mod fused;
 mod prepared;
 pub mod torch_ops;
 
+/// Which CUDA kernels a model runs ([`crate::Gpt::set_cuda_kernel`]): attn-kernels' choice.
+pub use attn_kernels::cuda::Kernel as CudaKernel;
 pub use dispatch::{AttentionError, EVAL_CHUNK, PathCounts, SDPA_CPU_MAX_LEN, attend, path_counts, sdpa, uses_sdpa};
 pub use prepared::Attention;

@@ -258,6 +258,9 @@ pub struct RunOptions {
     pub overwrite: bool,
     /// Called after every step on rank 0 (beside the bar of `progress`).
     pub on_step: Option<StepHook>,
+    /// The CUDA kernels the model runs (`Auto` by default; `trainer train` reads `LSSA_CUDA_KERNEL`
+    /// for it at start, the documented switch to a lab version in a `lab` build).
+    pub cuda_kernel: gpt_model::attention::CudaKernel,
 }
 
 /// Trains `cfg` on `data`, evaluating on `opts.val_tokens`, averaging gradients through `coll`.
@@ -310,7 +313,8 @@ pub fn train(
     // models built to evaluate them) share a process: `new_seeded` seeds and initialises under
     // gpt-model's initialisation lock.
     let mut vs = VarStore::new(device);
-    let model = Gpt::new_seeded(&vs.root(), &cfg.model, cfg.seed as i64)?;
+    let mut model = Gpt::new_seeded(&vs.root(), &cfg.model, cfg.seed as i64)?;
+    model.set_cuda_kernel(opts.cuda_kernel);
     let params: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
     let mut opt = AdamW::new(params, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay);
     let mut step = 0usize;

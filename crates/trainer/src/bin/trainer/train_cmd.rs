@@ -137,6 +137,8 @@ pub(crate) fn train_cmd(a: TrainArgs, stop: trainer::process::StopFlag) -> Resul
         command: command_line(),
         overwrite: a.overwrite,
         on_step: None,
+        // The one place the trainer reads the kernel switch; below it the choice is a typed value.
+        cuda_kernel: gpt_model::attention::CudaKernel::from_env()?,
     };
     let run = train::train(&cfg, &mut data, coll, &opts)?;
     if rank != 0 {
