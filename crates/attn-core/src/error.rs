@@ -43,7 +43,7 @@ pub enum Error {
     InvalidPower {
         /// The power given.
         p: u64,
-        /// The largest power accepted ([`crate::MAX_REWEIGHT_POWER`]).
+        /// The largest power accepted ([`crate::stage::MAX_REWEIGHT_POWER`]).
         max: u32,
     },
     /// A variant needs a parameter it was not given (e.g. `sigmoid-bias` without `t_train`).

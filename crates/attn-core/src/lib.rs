@@ -71,7 +71,7 @@
 //! - `v` may have its own head dimension `d_v`; `B = 0` or `H = 0` give empty outputs.
 //! - RoPE: GPT-NeoX rotate-half pairing (element `c` pairs with `c + d/2`),
 //!   `inv_freq_c = base^(-2c/d)`, odd `d` is an error; NTK base `b * s^(d/(d-2))` for `s > 1`.
-//! - `p` is in `1..=1024` ([`MAX_REWEIGHT_POWER`]).
+//! - `p` is in `1..=1024` ([`stage::MAX_REWEIGHT_POWER`]).
 //!
 //! # Variant names
 //!
@@ -79,7 +79,7 @@
 //! <stage1>[:<key>=<value>[,<key>=<value>]...][+rw<p>]
 //! ```
 //!
-//! `<stage1>` is one of [`STAGE1_NAMES`]: softmax, inverse, recentered, recentered-l1, linear,
+//! `<stage1>` is one of [`variant::STAGE1_NAMES`]: softmax, inverse, recentered, recentered-l1, linear,
 //! exp-nonorm, linear-l1, relu-l1, relu2-l1, relu6-l1, gelu-l1, sigmoid-l1, softplus-l1, mish-l1,
 //! sigmoid-bias, sigmoid-rowbias, sigmoid-rowbias-l1, relu-seqlen, relu-rowlen, relu-ln, lssa,
 //! lssa-exp, softmax-logn.

@@ -98,7 +98,7 @@ fn compared(e: &Experiment) -> Option<(&Row, &Row)> {
     Some((e.rows.last()?, e.rows.first()?)).filter(|(a, b)| a.train != b.train)
 }
 
-/// "LSSAR recovers Newton's law and softmax does not" ([`compared`] rows of `e`): reproduced when
+/// "LSSAR recovers Newton's law and softmax does not" (the compared rows of `e`: its last against its first): reproduced when
 /// LSSAR's exponents are Newton's and softmax's are not; contradicted when LSSAR's are not Newton's or
 /// softmax's are; inconclusive otherwise. `None` unless both ran.
 pub fn verdict(e: &Experiment, physics: &BTreeMap<String, PhysicsResult>) -> Option<NewtonVerdict> {

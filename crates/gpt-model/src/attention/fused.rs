@@ -1,5 +1,5 @@
 //! Fused attention inside libtorch's autograd: whether a call runs fused, asked of attn-kernels'
-//! [`Target`], and the call itself through the crate's FFI ([`crate::ffi`], `csrc/fused_attention.cpp`).
+//! [`Target`], and the call itself through the crate's FFI (the crate's `ffi` module, `csrc/fused_attention.cpp`).
 //!
 //! The eligibility rules (which devices, dtypes, variants and head dimensions have kernels) are
 //! attn-kernels': [`Target::for_tensors`] and [`Target::prepare`], whose prepared kernels the model's
