@@ -6,7 +6,7 @@
 // strides and sizes: exactly the layout of `attn_kernels::Params` (#[repr(C)]), so the kernels read it
 // as it is.
 //
-// The call (Rust's `FusedCall`: the typed variant, the kernels' target, the helper flag) is owned by
+// The call (Rust's `FusedCall`: the variant prepared for its target, and the helper flag) is owned by
 // the node from `gpt_model_fused_apply` on: a `CallRef` in the autograd context's saved data releases
 // it through `gpt_model_fused_release` when the node dies, so the backward finds the forward's call
 // without any process-wide registry.
