@@ -157,13 +157,14 @@ fn a_table_section_renders_as_its_golden_file() {
             Pair {
                 rows: ("LSSA".into(), "LSSA p=15 (post hoc)".into()),
                 paper: 3.1950 - 3.2600,
-                ours: Interval { estimate: 0.05, lo: 0.02, hi: 0.08 },
+                // The runs' own difference (3.25 - 3.30), so the fixture reads as the rows above it.
+                ours: Interval { estimate: -0.05, lo: -0.08, hi: -0.02 },
                 separated: (true, true),
             },
         ],
         test: None,
         verdict: Verdict::Inconclusive,
-        why: "0 of 1 separated pairs agree, which random orderings match or beat with p = 1.000".into(),
+        why: "1 of 1 separated pairs agree, which random orderings match or beat with p = 0.500".into(),
     };
     let dir = tempfile::tempdir().unwrap();
     let figures = Figures { dir: dir.path(), rel: "figures" };
@@ -173,6 +174,12 @@ fn a_table_section_renders_as_its_golden_file() {
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
     let section = Section { title: e.title.clone(), blocks };
     golden("table_section.md", &doc::to_markdown(&section, 2));
+    // A pair whose signs differ, separated in both, is marked.
+    let mut flipped = ordering.clone();
+    flipped.pairs[1].ours = Interval { estimate: 0.05, lo: 0.02, hi: 0.08 };
+    let blocks = table_blocks(&e, &runs(), Some(noise), Some(&flipped), figures).unwrap();
+    let pairs = blocks.iter().filter_map(|b| if let Block::Table(t) = b { Some(t) } else { None }).last().unwrap();
+    assert_eq!(pairs.column_cells("signs"), ["-", "**disagree**"]);
 }
 
 #[test]
