@@ -178,7 +178,7 @@ fn a_table_section_renders_as_its_golden_file() {
     let mut flipped = ordering.clone();
     flipped.pairs[1].ours = Interval { estimate: 0.05, lo: 0.02, hi: 0.08 };
     let blocks = table_blocks(&e, &runs(), Some(noise), Some(&flipped), figures).unwrap();
-    let pairs = blocks.iter().filter_map(|b| if let Block::Table(t) = b { Some(t) } else { None }).last().unwrap();
+    let pairs = blocks.iter().filter_map(|b| if let Block::Table(t) = b { Some(t) } else { None }).next_back().unwrap();
     assert_eq!(pairs.column_cells("signs"), ["-", "**disagree**"]);
 }
 
