@@ -83,17 +83,17 @@ impl Target {
 #[derive(Clone, Debug)]
 pub struct Prepared {
     variant: Variant,
-    target: Target,
     kernels: Kernels,
 }
 
-/// What a prepared variant's calls run.
+/// What a prepared variant's calls run, with the rest of their target.
 #[derive(Clone, Debug)]
 enum Kernels {
-    /// The CPU engine's plan.
-    Cpu(Plan),
-    /// The CUDA kernels' configuration, and the head dimension it was resolved for.
-    Cuda(cuda::Config, usize),
+    /// The CPU engine's plan, and the CPU's options.
+    Cpu(Plan, cpu::Options),
+    /// The CUDA kernels' configuration, the head dimension it was resolved for, and the tensors'
+    /// dtype and the kernel choice.
+    Cuda { cfg: cuda::Config, head_dim: usize, dtype: cuda::Dtype, kernel: cuda::Kernel },
 }
 
 impl Target {
@@ -101,9 +101,9 @@ impl Target {
     /// or [`Error::NotFused`] with the reason it has no kernel here ([`Target::not_fused_reason`]
     /// says the same as a sentence). Whether a GPU can run it is [`cuda::is_available`]'s question.
     pub fn prepare(&self, variant: &Variant, head_dim: usize) -> Result<Prepared> {
-        let kernels = match self {
-            Target::Cpu(_) => Kernels::Cpu(cpu::plan(variant)?),
-            Target::Cuda { .. } => {
+        let kernels = match *self {
+            Target::Cpu(options) => Kernels::Cpu(cpu::plan(variant)?, options),
+            Target::Cuda { dtype, kernel } => {
                 if head_dim > cuda::MAX_HEAD_DIM {
                     return Err(Error::NotFused {
                         variant: variant.to_string(),
@@ -114,10 +114,10 @@ impl Target {
                         .into(),
                     });
                 }
-                Kernels::Cuda(cuda::Config::new(variant, head_dim.max(1))?, head_dim)
+                Kernels::Cuda { cfg: cuda::Config::new(variant, head_dim.max(1))?, head_dim, dtype, kernel }
             }
         };
-        Ok(Prepared { variant: variant.clone(), target: *self, kernels })
+        Ok(Prepared { variant: variant.clone(), kernels })
     }
 }
 
@@ -128,8 +128,11 @@ impl Prepared {
     }
 
     /// The target it was prepared for.
-    pub fn target(&self) -> &Target {
-        &self.target
+    pub fn target(&self) -> Target {
+        match self.kernels {
+            Kernels::Cpu(_, options) => Target::Cpu(options),
+            Kernels::Cuda { dtype, kernel, .. } => Target::Cuda { dtype, kernel },
+        }
     }
 
     /// The fused forward, as [`forward_raw`] (a CUDA call's head dimension must be the prepared one).
@@ -157,13 +160,12 @@ impl Prepared {
     unsafe fn run(&self, p: &Params, on_cpu: CpuEntry, on_cuda: CudaEntry) -> Result<()> {
         // SAFETY: forwarded from the caller.
         unsafe {
-            match (&self.kernels, &self.target) {
-                (Kernels::Cpu(plan), Target::Cpu(o)) => on_cpu(plan, p, o),
-                (Kernels::Cuda(cfg, d), Target::Cuda { dtype, kernel }) => {
-                    same_head_dim(p, *d)?;
+            match &self.kernels {
+                Kernels::Cpu(plan, options) => on_cpu(plan, p, options),
+                Kernels::Cuda { cfg, head_dim, dtype, kernel } => {
+                    same_head_dim(p, *head_dim)?;
                     on_cuda(cfg, p, *dtype, *kernel)
                 }
-                _ => unreachable!("prepare pairs the kernels with their target"),
             }
         }
     }

@@ -301,7 +301,7 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: K
     same_dtype(p, dtype)?;
     check_params(p)?;
     // SAFETY: forwarded from our caller.
-    unsafe { forward_configured(&Config::new(variant, p.head_dim)?, p, dtype, kernel) }
+    unsafe { on_gpu(&Config::new(variant, p.head_dim)?, p, dtype, kernel, forward_exec) }
 }
 
 /// [`forward_raw`] of a variant already resolved for `p.head_dim` ([`Target::prepare`](crate::Target::prepare)).
@@ -311,11 +311,8 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: K
 pub(crate) unsafe fn forward_configured(cfg: &Config, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
     same_dtype(p, dtype)?;
     check_params(p)?;
-    on_device(device_for(p)?, || {
-        let x = GpuExec::new(cfg, p.head_dim, dtype, kernel.generation())?;
-        // SAFETY: forwarded from our caller.
-        unsafe { forward_exec(&x, cfg, p, dtype, kernel) }
-    })
+    // SAFETY: forwarded from our caller.
+    unsafe { on_gpu(cfg, p, dtype, kernel, forward_exec) }
 }
 
 /// Fused backward on device memory: reads `q`, `k`, `v`, `o`, `stats`, `d_out`; writes `dq`, `dk`,
@@ -329,7 +326,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: 
     same_dtype(p, dtype)?;
     check_params(p)?;
     // SAFETY: forwarded from our caller.
-    unsafe { backward_configured(&Config::new(variant, p.head_dim)?, p, dtype, kernel) }
+    unsafe { on_gpu(&Config::new(variant, p.head_dim)?, p, dtype, kernel, backward_exec) }
 }
 
 /// [`backward_raw`] of a variant already resolved for `p.head_dim` ([`Target::prepare`](crate::Target::prepare)).
@@ -339,10 +336,22 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: 
 pub(crate) unsafe fn backward_configured(cfg: &Config, p: &Params, dtype: Dtype, kernel: Kernel) -> Result<()> {
     same_dtype(p, dtype)?;
     check_params(p)?;
+    // SAFETY: forwarded from our caller.
+    unsafe { on_gpu(cfg, p, dtype, kernel, backward_exec) }
+}
+
+/// The host logic of one direction ([`forward_exec`] or [`backward_exec`]).
+type HostEntry = unsafe fn(&dyn Exec, &Config, &Params, Dtype, Kernel) -> Result<()>;
+
+/// Runs `entry` on the GPU holding `p`'s tensors, in the module of `kernel`'s generation for `cfg`.
+///
+/// # Safety
+/// As [`forward_raw`] or [`backward_raw`], whichever `entry` is.
+unsafe fn on_gpu(cfg: &Config, p: &Params, dtype: Dtype, kernel: Kernel, entry: HostEntry) -> Result<()> {
     on_device(device_for(p)?, || {
         let x = GpuExec::new(cfg, p.head_dim, dtype, kernel.generation())?;
         // SAFETY: forwarded from our caller.
-        unsafe { backward_exec(&x, cfg, p, dtype, kernel) }
+        unsafe { entry(&x, cfg, p, dtype, kernel) }
     })
 }
 
