@@ -24,42 +24,84 @@ pub fn best_device() -> Device {
     Device::cuda_if_available()
 }
 
+/// A process-wide setting that several holders share, so that whoever holds it leaves the process as
+/// it found it: the first [`claim`](SharedSetting::claim) sets the value (remembering the one it
+/// found), concurrent claims of the same value share it, a claim of another value is refused while
+/// any holder lives, and the last [`SettingGuard`] dropped restores what the first found. libtorch's
+/// thread count (`trainer::process::claim_threads`) and CUDA autocast dtype ([`Bf16Autocast`]) are two.
+#[derive(Debug)]
+pub struct SharedSetting<T: Copy + 'static> {
+    /// `(value claimed, holders, value the first holder found)`, `None` while nobody holds it.
+    state: std::sync::Mutex<Option<(T, usize, T)>>,
+    get: fn() -> T,
+    set: fn(T),
+}
+
+/// A claim on a [`SharedSetting`]; the last one dropped restores the value the first found.
+#[derive(Debug)]
+#[must_use = "the setting holds only while the guard lives"]
+pub struct SettingGuard<T: Copy + 'static> {
+    setting: &'static SharedSetting<T>,
+}
+
+impl<T: Copy + PartialEq + 'static> SharedSetting<T> {
+    /// The setting that `get` reads and `set` writes.
+    pub const fn new(get: fn() -> T, set: fn(T)) -> Self {
+        Self { state: std::sync::Mutex::new(None), get, set }
+    }
+
+    /// Holds `value` until the guard and every other holder drop; `Err` is the value other holders
+    /// hold when it is another.
+    pub fn claim(&'static self, value: T) -> Result<SettingGuard<T>, T> {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &mut *state {
+            None => {
+                *state = Some((value, 1, (self.get)()));
+                (self.set)(value);
+            }
+            Some((held, holders, _)) if *held == value => *holders += 1,
+            Some((held, ..)) => return Err(*held),
+        }
+        Ok(SettingGuard { setting: self })
+    }
+}
+
+impl<T: Copy + 'static> Drop for SettingGuard<T> {
+    fn drop(&mut self) {
+        let mut state = self.setting.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some((_, holders, found)) = &mut *state {
+            *holders -= 1;
+            if *holders == 0 {
+                (self.setting.set)(*found);
+                *state = None;
+            }
+        }
+    }
+}
+
 /// While held, `tch::autocast(true, ..)` on CUDA computes in bf16 (libtorch's default is fp16), as the
-/// paper's recipe (SPEC section 8) asks; harmless without CUDA. The setting is libtorch's, one per
-/// process, so holders count: the first sets bf16, the last one dropped restores what it found.
-/// Two trainings of one process that both ask for bf16 share it, and the process is left as found.
+/// paper's recipe (SPEC section 8) asks; harmless without CUDA. A claim on the process's one autocast
+/// dtype ([`SharedSetting`]): two trainings of one process that both ask for bf16 share it, and the
+/// last restores what the first found.
 #[derive(Debug)]
 #[must_use = "autocast computes in bf16 only while the guard lives"]
-pub struct Bf16Autocast(());
+pub struct Bf16Autocast {
+    _claim: SettingGuard<i32>,
+}
 
-/// Holders of [`Bf16Autocast`] and the dtype the first found.
-static BF16_HOLDERS: std::sync::Mutex<(usize, i32)> = std::sync::Mutex::new((0, 0));
+/// libtorch's CUDA autocast dtype, as the number of its `at::ScalarType`.
+static AUTOCAST_DTYPE: SharedSetting<i32> =
+    SharedSetting::new(crate::ffi::autocast::cuda_dtype, crate::ffi::autocast::set_cuda_dtype);
 
 impl Bf16Autocast {
     /// Sets bf16 (if no other holder has) until the returned guard and every other holder drop.
     pub fn hold() -> Self {
-        let mut h = BF16_HOLDERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if h.0 == 0 {
-            h.1 = crate::ffi::autocast::cuda_dtype();
-            crate::ffi::autocast::set_cuda_dtype(crate::ffi::autocast::bf16());
-        }
-        h.0 += 1;
-        Bf16Autocast(())
+        Bf16Autocast { _claim: AUTOCAST_DTYPE.claim(crate::ffi::autocast::bf16()).expect("only bf16 is ever claimed") }
     }
 
     /// Whether CUDA autocast computes in bf16 now.
     pub fn is_active() -> bool {
         crate::ffi::autocast::cuda_dtype() == crate::ffi::autocast::bf16()
-    }
-}
-
-impl Drop for Bf16Autocast {
-    fn drop(&mut self) {
-        let mut h = BF16_HOLDERS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        h.0 -= 1;
-        if h.0 == 0 {
-            crate::ffi::autocast::set_cuda_dtype(h.1);
-        }
     }
 }
 

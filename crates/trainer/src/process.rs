@@ -22,6 +22,7 @@ use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result, bail};
+use gpt_model::runtime::{SettingGuard, SharedSetting};
 
 /// The lock file's name inside a run directory.
 pub const LOCK_FILE: &str = ".lock";
@@ -152,67 +153,33 @@ pub fn limit_openmp_spinning() {
     }
 }
 
-/// The claims on libtorch's CPU thread count, one setting per process and shared by every training
-/// in it (`reproduce --jobs N` trains on threads of one process): `(count claimed, holders, the count
-/// the first holder found)`, `None` while nobody holds a claim.
-type ThreadClaims = std::sync::Mutex<Option<(usize, usize, i32)>>;
-
-static THREADS: ThreadClaims = std::sync::Mutex::new(None);
+/// libtorch's CPU thread count, one setting shared by every training of the process
+/// (`reproduce --jobs N` trains on threads of one process).
+static THREADS: SharedSetting<i32> = SharedSetting::new(tch::get_num_threads, tch::set_num_threads);
 
 /// A claim on libtorch's thread count ([`claim_threads`]): while any claim is held the count is the
 /// claimed one; when the last is dropped the count the first found is restored, so a training leaves
 /// the process as it found it.
-#[derive(Debug)]
-#[must_use = "the thread count holds only while the claim lives"]
-pub struct ThreadClaim {
-    cell: &'static ThreadClaims,
-    set: fn(i32),
-}
+pub type ThreadClaim = SettingGuard<i32>;
 
 /// Claims `threads` (0: no preference, no claim) for a training of this process: the first claim sets
 /// libtorch's count, concurrent claims of the same count share it, a concurrent claim of another
 /// count is an error (rather than changing the count under the first), and the last claim dropped
 /// restores the count the first found.
 pub fn claim_threads(threads: usize) -> Result<Option<ThreadClaim>> {
-    claim_threads_in(&THREADS, threads, tch::get_num_threads, tch::set_num_threads)
+    claim_threads_in(&THREADS, threads)
 }
 
-/// [`claim_threads`] on `cell` with libtorch's getter and setter given (a test's own, so it never
-/// touches the process's setting).
-fn claim_threads_in(
-    cell: &'static ThreadClaims,
-    threads: usize,
-    get: fn() -> i32,
-    set: fn(i32),
-) -> Result<Option<ThreadClaim>> {
+/// [`claim_threads`] on `setting` (a test's own, so it never touches the process's).
+fn claim_threads_in(setting: &'static SharedSetting<i32>, threads: usize) -> Result<Option<ThreadClaim>> {
     if threads == 0 {
         return Ok(None);
     }
-    let mut claims = cell.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    match &mut *claims {
-        None => {
-            *claims = Some((threads, 1, get()));
-            set(threads as i32);
-        }
-        Some((n, holders, _)) if *n == threads => *holders += 1,
-        Some((n, ..)) => bail!(
+    setting.claim(threads as i32).map(Some).map_err(|n| {
+        anyhow::anyhow!(
             "threads = {threads}: another training of this process runs on {n} libtorch threads, a setting shared by the whole process; give concurrent trainings of one process the same `threads` (or 0)"
-        ),
-    }
-    Ok(Some(ThreadClaim { cell, set }))
-}
-
-impl Drop for ThreadClaim {
-    fn drop(&mut self) {
-        let mut claims = self.cell.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some((_, holders, found)) = &mut *claims {
-            *holders -= 1;
-            if *holders == 0 {
-                (self.set)(*found);
-                *claims = None;
-            }
-        }
-    }
+        )
+    })
 }
 
 #[cfg(test)]
@@ -223,10 +190,14 @@ mod tests {
     fn concurrent_claims_share_a_count_refuse_another_and_the_last_restores_the_first_found() {
         // A stand-in for libtorch's setting, so the test never touches the process's.
         static COUNT: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(7);
-        static CELL: ThreadClaims = std::sync::Mutex::new(None);
-        let get = || COUNT.load(std::sync::atomic::Ordering::SeqCst);
-        let set = |n| COUNT.store(n, std::sync::atomic::Ordering::SeqCst);
-        let claim = |n| claim_threads_in(&CELL, n, get, set);
+        fn get() -> i32 {
+            COUNT.load(std::sync::atomic::Ordering::SeqCst)
+        }
+        fn set(n: i32) {
+            COUNT.store(n, std::sync::atomic::Ordering::SeqCst);
+        }
+        static SETTING: SharedSetting<i32> = SharedSetting::new(get, set);
+        let claim = |n| claim_threads_in(&SETTING, n);
         assert!(claim(0).unwrap().is_none(), "0 asks for nothing");
         assert_eq!(get(), 7);
         let first = claim(2).unwrap();
