@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::root;
+use common::{code_of, root};
 
 /// The items a library's `lib.rs` puts at its root: `pub mod`s, the names of `pub use`s and the
 /// `pub` items it defines itself (`#[cfg]`-gated ones count too).
@@ -49,12 +49,6 @@ fn the_root_item_reader_counts_modules_uses_and_definitions() {
     let lib = "//! pub use not::This;\npub mod a;\nmod hidden;\n#[cfg(feature = \"x\")]\npub mod b;\n\
                pub use a::{One, two as Two,\n    Three};\npub use b::Four;\npub const FIVE: u8 = 5;\n";
     assert_eq!(root_items(lib), ["a", "b", "One", "Two", "Three", "Four", "FIVE"]);
-}
-
-/// The non-test code of a Rust file: what comes before its `#[cfg(test)]`, without `//` lines.
-fn code_of(text: &str) -> String {
-    let code = text.split("#[cfg(test)]").next().unwrap_or("");
-    code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
 }
 
 /// The tracked Rust files under `dir` (relative), with their text.
@@ -159,10 +153,15 @@ fn the_literal_reader_finds_decimals_only() {
     );
 }
 
+/// The tracked Rust files but these checks', which name what they look for.
+fn checked_sources() -> Vec<(std::path::PathBuf, String)> {
+    common::text_files(&["rs"]).into_iter().filter(|(p, _)| !p.starts_with("xtask/tests")).collect()
+}
+
 #[test]
 fn link_flags_are_written_only_by_torch_build() {
     // Invariant 11.
-    let writers: Vec<String> = common::text_files(&["rs"])
+    let writers: Vec<String> = checked_sources()
         .into_iter()
         .filter(|(_, text)| code_of(text).contains("rustc-link-"))
         .map(|(p, _)| p.display().to_string())
@@ -179,7 +178,7 @@ fn only_the_set_up_and_the_corpus_fetch_download() {
     // curl, wget) are run only by the set-up (xtask) and the corpus fetch; `pip install --no-index`
     // of a local wheel is not a download.
     let mut found = Vec::new();
-    for (p, text) in common::text_files(&["rs"]) {
+    for (p, text) in checked_sources() {
         let code = code_of(&text);
         let allowed = p.starts_with("xtask/src") || p.ends_with("corpus/fetch.rs");
         for w in ["\"npm\"", "\"curl\"", "\"wget\"", "\"download\"", "ureq::", "reqwest::"] {
@@ -284,9 +283,9 @@ fn extension_bullet(title: &str) -> String {
 
 /// The Rust files whose code (outside tests) contains `needle`.
 fn files_naming(needle: &str) -> Vec<String> {
-    common::text_files(&["rs"])
+    checked_sources()
         .into_iter()
-        .filter(|(p, t)| !p.starts_with("xtask") && code_of(t).contains(needle))
+        .filter(|(_, t)| code_of(t).contains(needle))
         .map(|(p, _)| p.display().to_string())
         .collect()
 }

@@ -6,7 +6,7 @@ use std::process::Command;
 
 mod common;
 
-use common::{root, text_files, tracked};
+use common::{code_of, root, text_files, tracked};
 
 #[test]
 fn gpt_model_has_unsafe_code_only_in_its_ffi_module() {
@@ -439,8 +439,7 @@ fn module_edges(files: &[(PathBuf, String)], src: &Path) -> std::collections::BT
         if ["lib", "main", "bin"].contains(&module) {
             continue;
         }
-        let code = text.split("#[cfg(test)]").next().unwrap_or("");
-        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for line in code_of(text).lines() {
             for (i, _) in line.match_indices("crate::") {
                 let other: String =
                     line[i + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
@@ -510,8 +509,7 @@ fn child_module_edges(mod_rs: &str, children: &[(String, String)]) -> std::colle
     }
     let mut edges = std::collections::BTreeSet::new();
     for (module, text) in children {
-        let code = text.split("#[cfg(test)]").next().unwrap_or("");
-        for line in code.lines().filter(|l| !l.trim_start().starts_with("//")) {
+        for line in code_of(text).lines() {
             for (i, _) in line.match_indices("super::") {
                 let rest = &line[i + 7..];
                 let words: Vec<String> = if let Some(group) = rest.strip_prefix('{') {

@@ -30,3 +30,9 @@ pub fn text_files(ext: &[&str]) -> Vec<(PathBuf, String)> {
         .filter_map(|p| std::fs::read_to_string(root().join(&p)).ok().map(|t| (p, t)))
         .collect()
 }
+
+/// The non-test code of a Rust file: what comes before its `#[cfg(test)]`, without `//` lines.
+pub fn code_of(text: &str) -> String {
+    let code = text.split("#[cfg(test)]").next().unwrap_or("");
+    code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+}
