@@ -13,7 +13,7 @@ use crate::cuda;
 use crate::{Error, Result};
 
 /// Where a raw call runs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
     /// The fused CPU kernels: `f32` host memory, on the calling thread's rayon pool.
     Cpu(cpu::Options),

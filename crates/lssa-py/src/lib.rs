@@ -61,17 +61,7 @@ fn target(device: &str, dtype: &str) -> Result<Target, String> {
 /// (target, head dimension) ([`Target::prepare`]).
 struct Known {
     variant: Variant,
-    prepared: Vec<(TargetKey, usize, Arc<Prepared>)>,
-}
-
-/// A target as the cache tells them apart: the CPU, or a CUDA dtype with a kernel choice.
-type TargetKey = (Option<Dtype>, Option<cuda::Kernel>);
-
-fn target_key(target: &Target) -> TargetKey {
-    match *target {
-        Target::Cpu(_) => (None, None),
-        Target::Cuda { dtype, kernel } => (Some(dtype), Some(kernel)),
-    }
+    prepared: Vec<(Target, usize, Arc<Prepared>)>,
 }
 
 /// The names seen so far. Parsed once per name and prepared once per target: a decoding step passes
@@ -100,9 +90,8 @@ fn parse(name: &str) -> PyResult<Variant> {
 /// The kernels of `name` on `target` at head dimension `head_dim`, prepared once (a decoding step's
 /// call takes one lock and one lookup).
 fn prepared(name: &str, target: &Target, head_dim: usize) -> PyResult<Arc<Prepared>> {
-    let key = target_key(target);
     if let Some(k) = known().get(name)
-        && let Some((_, _, p)) = k.prepared.iter().find(|(t, d, _)| *t == key && *d == head_dim)
+        && let Some((_, _, p)) = k.prepared.iter().find(|(t, d, _)| t == target && *d == head_dim)
     {
         return Ok(p.clone());
     }
@@ -112,11 +101,11 @@ fn prepared(name: &str, target: &Target, head_dim: usize) -> PyResult<Arc<Prepar
         // Another thread cleared the cache in between: prepare without keeping it.
         return Ok(Arc::new(target.prepare(&variant, head_dim).map_err(kernel_error)?));
     };
-    if let Some((_, _, p)) = k.prepared.iter().find(|(t, d, _)| *t == key && *d == head_dim) {
+    if let Some((_, _, p)) = k.prepared.iter().find(|(t, d, _)| t == target && *d == head_dim) {
         return Ok(p.clone());
     }
     let p = Arc::new(target.prepare(&k.variant, head_dim).map_err(kernel_error)?);
-    k.prepared.push((key, head_dim, p.clone()));
+    k.prepared.push((*target, head_dim, p.clone()));
     Ok(p)
 }
 

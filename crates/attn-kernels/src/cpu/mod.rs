@@ -51,7 +51,7 @@ pub const fn rw_aux_per_row(head_dim: usize) -> usize {
 
 /// Execution options: tile sizes and the instruction set. Defaults: [`Tuning::default`] and
 /// [`Isa::detect`].
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
     /// Tile sizes.
     pub tuning: Tuning,
