@@ -15,7 +15,7 @@ error sets the tolerance (the policy of crates/attn-kernels/tests/against_refere
 
 import math
 from dataclasses import dataclass, replace
-from typing import Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -97,11 +97,69 @@ def attention(q: Tensor, k: Tensor, v: Tensor, name: str, dtype: torch.dtype = t
     """Causal attention of the variant ``name`` on ``(B, H, T, d)`` tensors, computed in ``dtype``."""
     s1, p, t_train, d_factor = parse(name)
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
+    rows = []
+    for i, a in enumerate(_stage1_rows(q, k, s1, t_train, d_factor)):
+        n = i + 1
+        if p is not None:
+            u = torch.clamp(n * a - _reweight_offset(n), min=0)
+            m = u.amax(-1, keepdim=True).detach()
+            ok = m > 0
+            r = (u / torch.where(ok, m, torch.ones_like(m))) ** p
+            r_sum = r.sum(-1, keepdim=True)
+            w = torch.where(ok, r / torch.where(ok, r_sum, torch.ones_like(r_sum)), a)
+        else:
+            w = a
+        o = (w.unsqueeze(-1) * v[:, :, :n, :]).sum(-2)  # (B, H, d_v)
+        if s1.layer_norm:
+            mu = o.mean(-1, keepdim=True)
+            var = ((o - mu) ** 2).mean(-1, keepdim=True)
+            o = (o - mu) / torch.sqrt(var + 1e-5)
+        rows.append(o)
+    return torch.stack(rows, dim=2)
+
+
+def kink_jumps(q: Tensor, k: Tensor, v: Tensor, g: Tensor, name: str, margin: float) -> List[Tuple[Tensor, Tensor]]:
+    """The jumps of the gradient at the re-weighting's kink, for p = 1.
+
+    With p = 1, ``w_ij = u_ij / sum_l u_il`` with ``u = ReLU(N_i a_ij - off)`` (``off`` = 1, or 0 in the
+    first three rows): the output is continuous where an entry crosses ``N_i a_ij = off``, but ``dw/da``
+    jumps there, so dq and dk jump by ``dL/du_ij * N_i * grad(a_ij)`` (dv does not move). A kernel
+    whose rounding of ``N_i a_ij`` exceeds an entry's distance to the kink may return the gradient of
+    either side. For every entry closer than ``margin`` (in float64, on the inputs as given) this
+    returns the change of ``(dq, dk)`` of the loss ``sum(o * g)`` when that entry crosses to the side
+    the inputs do not put it on. Empty for other variants."""
+    s1, p, t_train, d_factor = parse(name)
+    if p != 1:
+        return []
+    q, k, v, g = (x.detach().double() for x in (q, k, v, g))
+    with torch.no_grad():
+        o = attention(q, k, v, name)
+    q, k = q.clone().requires_grad_(), k.clone().requires_grad_()
+    jumps = []
+    for i, a in enumerate(_stage1_rows(q, k, s1, t_train, d_factor)):
+        n = i + 1
+        x = n * a.detach() - _reweight_offset(n)
+        z = torch.clamp(x, min=0).sum(-1)  # (B, H): the row's sum of u
+        for b, h, j in (x.abs() < margin).nonzero().tolist():
+            if z[b, h] <= 0:
+                continue  # no entry of the row above the kink: w falls back to a, continuously
+            dl_du = (g[b, h, i] * (v[b, h, j] - o[b, h, i])).sum() / z[b, h]
+            dq, dk = torch.autograd.grad(a[b, h, j], (q, k), retain_graph=True)
+            side = -1.0 if x[b, h, j] > 0 else 1.0  # active in float64: the other side drops the term
+            jumps.append((side * n * dl_du * dq, side * n * dl_du * dk))
+    return jumps
+
+
+def _reweight_offset(n: int) -> float:
+    return 0.0 if n <= 3 else 1.0
+
+
+def _stage1_rows(q: Tensor, k: Tensor, s1, t_train, d_factor):
+    """The stage-1 weights ``a_i`` (B, H, N_i) of each row i, in the inputs' dtype."""
     t, d = q.shape[2], q.shape[3]
     if s1.cosine:
         q = q / torch.clamp(torch.sqrt((q * q).sum(-1, keepdim=True)), min=1e-12)
         k = k / torch.clamp(torch.sqrt((k * k).sum(-1, keepdim=True)), min=1e-12)
-    rows = []
     for i in range(t):
         n = i + 1  # N_i: row i (1-based) sees keys 1..i
         dots = (q[:, :, i : i + 1, :] * k[:, :, :n, :]).sum(-1)  # (B, H, N)
@@ -132,23 +190,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, name: str, dtype: torch.dtype = t
             if s1.transform == "recentered-l1":
                 c = a.abs().sum(-1, keepdim=True)
                 a = torch.where(c > 0, a / torch.where(c > 0, c, torch.ones_like(c)), torch.zeros_like(a))
-        if p is not None:
-            off = 0.0 if n <= 3 else 1.0
-            u = torch.clamp(n * a - off, min=0)
-            m = u.amax(-1, keepdim=True).detach()
-            ok = m > 0
-            r = (u / torch.where(ok, m, torch.ones_like(m))) ** p
-            r_sum = r.sum(-1, keepdim=True)
-            w = torch.where(ok, r / torch.where(ok, r_sum, torch.ones_like(r_sum)), a)
-        else:
-            w = a
-        o = (w.unsqueeze(-1) * v[:, :, :n, :]).sum(-2)  # (B, H, d_v)
-        if s1.layer_norm:
-            mu = o.mean(-1, keepdim=True)
-            var = ((o - mu) ** 2).mean(-1, keepdim=True)
-            o = (o - mu) / torch.sqrt(var + 1e-5)
-        rows.append(o)
-    return torch.stack(rows, dim=2)
+        yield a
 
 
 def reweight_power(name: str) -> Optional[int]:

@@ -241,3 +241,31 @@ def test_empty_batch_gives_an_empty_output():
     assert out.shape == (0, 2, 5, 8)
     out.sum().backward()
     assert q.grad.shape == q.shape
+
+
+def test_the_kink_jumps_are_the_gradient_across_the_rw1_kink(monkeypatch):
+    # The inputs of test_cuda.py's lssa+rw1 case at T = 77, d = 64 in float16: one entry lies 1.6e-5
+    # from the kink (N a = 1). Moving the kink by 2e-5 puts it on the other side; test_cuda.py's
+    # allowance for such entries must account for exactly that jump, and for nothing in dv.
+    t, d, name = 77, 64, "lssa+rw1"
+    gen = torch.Generator().manual_seed(t + d)
+    q, k = (torch.randn(2, 2, t, d, generator=gen) * 0.8 for _ in range(2))
+    v, g = (torch.randn(2, 2, t, d, generator=gen) for _ in range(2))
+    q, k, v, g = (x.to(torch.float16).double() for x in (q, k, v, g))
+
+    def grads():
+        return with_grads(lambda a, b, c: formulas.attention(a, b, c, name), q, k, v, g)[1]
+
+    ref = grads()
+    monkeypatch.setattr(formulas, "_reweight_offset", lambda n: 0.0 if n <= 3 else 1.0 + 2e-5)
+    moved = grads()
+    monkeypatch.undo()
+    jumps = formulas.kink_jumps(q, k, v, g, name, 2e-5)
+    assert len(jumps) == 1
+    for w in range(2):
+        before = ((moved[w] - ref[w]).norm() / ref[w].norm()).item()
+        after = ((moved[w] - ref[w] - jumps[0][w]).norm() / ref[w].norm()).item()
+        # what is left is the continuous change of moving every entry's threshold by 2e-5 (1e-4)
+        assert before > 1e-2 and after < 0.02 * before, (w, before, after)
+    assert ((moved[2] - ref[2]).norm() / ref[2].norm()).item() < 1e-4
+    assert formulas.kink_jumps(q, k, v, g, "lssa+rw3", 1.0) == []

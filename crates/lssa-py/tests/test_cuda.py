@@ -3,7 +3,9 @@ strided inputs, torch's side streams, and a compiled model. Skipped on machines 
 
 Bounds (those of crates/attn-kernels/tests/cuda_emu.rs): relative Frobenius error 1e-4 in float32; in
 16-bit storage 1.5 units of roundoff for the output and 3 for the gradients (6 for the l1-normalised
-ReLU family, whose tiny row sums amplify the rounding of the stored output the backward reads).
+ReLU family, whose tiny row sums amplify the rounding of the stored output the backward reads). With
+p = 1 the re-weighting's gradient jumps where N a = 1; an entry closer to that kink than the kernels'
+rounding of N a is compared on the side the kernel put it (``kink_side_of``), not on float64's.
 """
 
 import warnings
@@ -88,9 +90,32 @@ def test_fused_cuda_matches_the_formulas(name, dtype, t, d, no_fallback):
     # comes out of the float64 formulas as rounding noise (1e-17); below 1e-6 of the call's largest
     # gradient a reference counts as zero, and the error is measured against that floor.
     floor = 1e-6 * max(b.norm().item() for b in ref_grads)
+    ref_grads = kink_side_of(got_grads, ref_grads, formulas.kink_jumps(*f64, name, KINK_MARGIN), floor)
     for what, a, b in zip(["dq", "dk", "dv"], got_grads, ref_grads):
         err = rel_err(a, b, floor)
         assert err <= bg, f"{name} {dtype} T={t} d={d}: {what} {err:.2e} > {bg:.2e}"
+
+
+#: How far from the p = 1 re-weighting's kink (N a = 1) a kernel's rounding of N a may reach: v5 - v7
+#: compute softplus's log by a polynomial of relative error 5.7e-5, so N a ~ 1 may be off by about
+#: twice that (v1 - v4: about 1e-6).
+KINK_MARGIN = 2.5e-4
+
+
+def kink_side_of(got_grads, ref_grads, jumps, floor):
+    """The float64 gradients with each entry closer to the kink than KINK_MARGIN on the side the
+    kernel's gradients put it (``_formulas.kink_jumps``): where p = 1, the gradient jumps at the kink, and
+    an entry within the kernel's rounding of it may land on either side. Chosen one entry at a time,
+    largest jump first, where crossing lowers the summed relative error of dq and dk."""
+    dq, dk, dv = ref_grads
+
+    def err(q, k):
+        return rel_err(got_grads[0], q, floor) ** 2 + rel_err(got_grads[1], k, floor) ** 2
+
+    for jq, jk in sorted(jumps, key=lambda j: -(j[0].norm() + j[1].norm()).item()):
+        if err(dq + jq, dk + jk) < err(dq, dk):
+            dq, dk = dq + jq, dk + jk
+    return dq, dk, dv
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
