@@ -44,24 +44,21 @@ fn the_gpu_session_dry_run_prints_every_stage_and_runs_nothing() {
         assert!(all.contains(&format!("would run ({stage}, at most ")), "no {stage} in:\n{all}");
     }
     assert!(all.contains("--head-dims 128") && all.contains("--flex") && all.contains("pytest -q"), "{all}");
-    // The kernel switch: the plan, then its two calls, each with its limits, and the GPU it lacks here.
+    // The check of Auto's kernels: the plan, then its two calls, each with its limits, and the GPU it
+    // lacks here.
     let plan = session(root(), "ship", &dry);
     let plan_text = text(&plan);
     assert!(plan.status.success(), "{plan_text}");
-    for what in ["benches/gpu-session.sh ship1", "benches/gpu-session.sh ship2", "--features lab"] {
+    for what in ["benches/gpu-session.sh ship1", "benches/gpu-session.sh ship2", "maturin build --release)"] {
         assert!(plan_text.contains(what), "no {what} in:\n{plan_text}");
     }
-    assert!(
-        plan_text.trim_end().ends_with("git apply benches/ship/auto-v5-v7.patch && cargo xtask test"),
-        "{plan_text}"
-    );
     let ship1 = session(root(), "ship1", &dry);
     let ship1_text = text(&ship1);
     assert!(ship1.status.success(), "{ship1_text}");
     assert!(ship1_text.contains("would run (ship-check, at most 300 s)"), "{ship1_text}");
     assert!(ship1_text.contains("check --kernels v7,v8"), "{ship1_text}");
     assert!(ship1_text.contains("would run (ship-pytest, at most 300 s"), "{ship1_text}");
-    assert!(ship1_text.contains("LSSA_CUDA_KERNEL=v7"), "{ship1_text}");
+    assert!(ship1_text.contains("pytest -v -rs crates/lssa-py/tests/test_cuda.py"), "{ship1_text}");
     assert!(ship1_text.contains("no GPU on this machine") && ship1_text.contains("exit 2"), "{ship1_text}");
     let ship2 = session(root(), "ship2", &dry);
     let ship2_text = text(&ship2);
@@ -108,25 +105,30 @@ fn fake(dir: &Path, name: &str, body: &str) -> PathBuf {
 }
 
 /// ship1 and ship2 on stand-ins for the driver, bench-cuda and Python: the check and the tests run
-/// side by side, under v7, and every promised file is there with the verdict.
+/// side by side, the tests under Auto, and every promised file is there with the verdict, which
+/// reads Auto's rows of the check (v5 + v7, v3 + v7) and not the lab's (v8).
 #[test]
 fn the_ship_calls_write_their_files_and_verdicts() {
     let dir = scratch("ship");
     std::fs::create_dir_all(dir.join(".gpu")).unwrap();
     std::fs::write(dir.join(".gpu/lssa-0.1.0-cp39-abi3-linux_x86_64.whl"), "").unwrap();
     let smi = fake(&dir, "nvidia-smi", r#"[ "$1" = -L ] && echo 'GPU 0: Stand-in (UUID: GPU-0)' || echo 'name, 0'"#);
-    // Writes its --out as bench-cuda does, and fails the check when FAIL_CHECK is set.
+    // Writes its --out as bench-cuda does; with FAIL_CHECK set the check prints a failing row of that
+    // pair and exits 1, as bench-cuda does when any row fails.
     let bin = fake(
         &dir,
         "bench-cuda",
         r#"out=; prev=; for a in "$@"; do [ "$prev" = --out ] && out=$a; prev=$a; done
-echo "bench-cuda $*"; echo '{"partial": false}' > "$out"; [ "$1" = check ] && [ -n "${FAIL_CHECK:-}" ] && exit 1; exit 0"#,
+echo "bench-cuda $*"; echo '{"partial": false}' > "$out"
+[ "$1" = check ] && echo "lssa  77  64  Bf16  v5+v7 | 2e-3 | ok" && [ -n "${FAIL_CHECK:-}" ] &&
+  echo "lssa  77  64  Bf16  $FAIL_CHECK | 0.5 | FAIL"
+[ "$1" = check ] && echo "wrote $out" && [ -n "${FAIL_CHECK:-}" ] && exit 1; exit 0"#,
     );
     let py = fake(
         &dir,
         "python",
         r#"case "$*" in *"pip install"*) echo installed ;; *"-c "*) echo "$LSSA_CUDA_KERNEL" ;;
-*pytest*) echo "pytest $* under $LSSA_CUDA_KERNEL"; echo '90 passed, 24 skipped' ;; esac"#,
+*pytest*) echo "pytest $* under $LSSA_CUDA_KERNEL"; echo '114 passed' ;; esac"#,
     );
     let out = dir.join("out");
     let env = [("OUT", out.as_path()), ("NVIDIA_SMI", &smi), ("BIN", &bin), ("PYTHON", &py)];
@@ -136,22 +138,24 @@ echo "bench-cuda $*"; echo '{"partial": false}' > "$out"; [ "$1" = check ] && [ 
     let read = |name: &str| std::fs::read_to_string(out.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     assert!(read("ship-check.txt").contains("bench-cuda check --kernels v7,v8 --out"), "{ship1}");
     assert!(read("ship-check.json").contains("\"partial\": false"));
-    assert!(read("ship-pytest.txt").contains("tests/test_cuda.py under v7"), "{ship1}");
-    assert!(read("ship1-verdict.txt").starts_with("ship1: PASS"), "{ship1}");
+    assert!(read("ship-pytest.txt").contains("tests/test_cuda.py under auto"), "{ship1}");
+    assert!(read("ship1-verdict.txt").starts_with("ship1: PASS (Auto's check rows failed: 0, the lab's v8 rows: 0"));
     assert!(read("gpu.txt").contains("name"));
-    assert!(ship1.trim_end().ends_with("git apply benches/ship/auto-v5-v7.patch && cargo xtask test"), "{ship1}");
+    assert!(ship1.trim_end().ends_with("hold on this GPU."), "{ship1}");
     let o = session(&dir, "ship2", &env);
     let ship2 = text(&o);
     assert!(o.status.success(), "{ship2}");
     assert!(read("ship-speed64.txt").contains("speed --head-dims 64 --lengths 4096,16384 --flex"), "{ship2}");
     assert!(read("ship-speed128.txt").contains("speed --head-dims 128 --lengths 4096,16384"), "{ship2}");
     assert!(read("ship2-verdict.txt").contains("speed64 exit 0, speed128 exit 0"), "{ship2}");
-    assert!(ship2.trim_end().ends_with("git apply benches/ship/auto-v5-v7.patch && cargo xtask test"), "{ship2}");
-    // A failed check fails the call, and the switch is not offered.
-    let failed = session(&dir, "ship1", &[env.as_slice(), &[("FAIL_CHECK", Path::new("1"))]].concat());
+    // A failing row of the lab's v8 fails the check but not Auto's verdict; one of Auto's pairs fails both.
+    let lab_failed = session(&dir, "ship1", &[env.as_slice(), &[("FAIL_CHECK", Path::new("v8+v9"))]].concat());
+    assert!(lab_failed.status.success(), "{}", text(&lab_failed));
+    assert!(read("ship1-verdict.txt").starts_with("ship1: PASS (Auto's check rows failed: 0, the lab's v8 rows: 1; check exit 1"));
+    let failed = session(&dir, "ship1", &[env.as_slice(), &[("FAIL_CHECK", Path::new("v3+v7"))]].concat());
     let failed_text = text(&failed);
     assert_eq!(failed.status.code(), Some(1), "{failed_text}");
-    assert!(read("ship1-verdict.txt").starts_with("ship1: FAIL (check exit 1, pytest exit 0"), "{failed_text}");
-    assert!(failed_text.contains("Do not apply benches/ship/auto-v5-v7.patch"), "{failed_text}");
+    assert!(read("ship1-verdict.txt").starts_with("ship1: FAIL (Auto's check rows failed: 1"), "{failed_text}");
+    assert!(failed_text.contains("Kernel::Auto's kernels FAIL on this GPU"), "{failed_text}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -89,32 +89,6 @@ fn the_kernel_lab_is_public_only_behind_its_feature() {
     assert!(offenders.is_empty(), "lab items public without `#[cfg(feature = \"lab\")]`: {offenders:?}");
 }
 
-#[test]
-fn the_prepared_kernel_switch_still_applies() {
-    // benches/ship/auto-v5-v7.patch makes `Kernel::Auto` run v5 + v7 once a GPU run has confirmed them
-    // (`benches/gpu-session.sh ship`): it must apply to the tree as it is, so that it cannot rot unseen.
-    let root = root();
-    if !root.join(".git").exists() {
-        eprintln!("SKIPPED: no .git here (a source tarball), so no `git apply --check`");
-        return;
-    }
-    let out = match Command::new("git").arg("-C").arg(&root).args(["apply", "--check", PATCH]).output() {
-        Ok(out) => out,
-        Err(e) => {
-            eprintln!("SKIPPED: cannot run git ({e})");
-            return;
-        }
-    };
-    assert!(
-        out.status.success(),
-        "{PATCH} no longer applies; make the change again on a branch of this tree and regenerate it with `git diff`:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The prepared switch of `Kernel::Auto` to v5 + v7.
-const PATCH: &str = "benches/ship/auto-v5-v7.patch";
-
 /// The targets of the Markdown links `[text](target)` in `text` (images included).
 fn link_targets(text: &str) -> Vec<&str> {
     let mut out = Vec::new();

@@ -130,8 +130,8 @@ fn entries(ptx: &str) -> std::collections::BTreeSet<String> {
 }
 
 /// A module compiles only the generations its `Kernel` request can select: what `Auto` loads holds
-/// v1 to v4 and none of the lab's later kernels, and every generation compiles on its own (a later
-/// file may use an earlier one's helpers, never the reverse).
+/// v1 to v7 and none of the lab's warpgroup kernels (v8, v9, the probe), even on sm_90a, and every
+/// generation compiles on its own (a later file may use an earlier one's helpers, never the reverse).
 #[test]
 fn each_generation_compiles_alone_and_holds_only_its_kernels() {
     if !nvrtc_or_skip() {
@@ -145,6 +145,8 @@ fn each_generation_compiles_alone_and_holds_only_its_kernels() {
         }
         if g >= Generation::First {
             e.extend(["lssa_fwd_mma3", "lssa_bwd_rows_mma", "lssa_bwd_keys_mma"]);
+            e.extend(["lssa_fwd_mma5", "lssa_fwd_stats5", "lssa_fwd_rw5", "lssa_bwd_rows_mma6", "lssa_bwd_keys_mma6"]);
+            e.extend(["lssa_bwd_rowstats7", "lssa_bwd_keys_mma7", "lssa_bwd_dq7"]);
         }
         e
     };
@@ -163,12 +165,11 @@ fn each_generation_compiles_alone_and_holds_only_its_kernels() {
         })
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    // The default request loads the first generation; only the lab's requests load the lab.
-    assert_eq!(Kernel::Auto.generation(), Generation::First);
-    assert_eq!(Kernel::Lab(Version::V3).generation(), Generation::First);
-    for k in [Kernel::Lab(Version::V5), Kernel::Lab(Version::V7), Kernel::Lab(Version::V8)] {
-        assert_eq!(k.generation(), Generation::Lab, "{k:?}");
+    // The default request loads the first generation, as v3 to v7 do; only v8 and v9 load the lab.
+    for k in [Kernel::Auto, Kernel::Lab(Version::V3), Kernel::Lab(Version::V5), Kernel::Lab(Version::V7)] {
+        assert_eq!(k.generation(), Generation::First, "{k:?}");
     }
+    assert_eq!(Kernel::Lab(Version::V8).generation(), Generation::Lab);
 }
 
 #[test]
@@ -215,93 +216,41 @@ fn kernel_names_parse() {
     }
 }
 
-/// Whether `Kernel::Auto` runs v5 + v7 at head dimension 64, which `benches/ship/auto-v5-v7.patch`
-/// sets once a GPU run has confirmed them: their kernels are then in `Generation::First` and the
-/// spill check below holds them to it too.
-const AUTO_RUNS_V5_V7: bool = false;
-
-/// v1 to v4: every kernel of `Generation::First` before the switch, each one `Kernel::Auto` can launch.
-const V1_TO_V4: [&str; 8] = [
-    "lssa_inv_norms",
-    "lssa_fwd_simt",
-    "lssa_bwd_rows",
-    "lssa_bwd_keys",
-    "lssa_fwd_mma",
-    "lssa_fwd_mma3",
-    "lssa_bwd_rows_mma",
-    "lssa_bwd_keys_mma",
-];
-/// v5's forward, its re-weighting pair (statistics sweep, second sweep), and v7's backward: what the
-/// switch makes `Kernel::Auto` launch at head dimension 64 (`launch.rs` runs the pair instead of
-/// `lssa_fwd_mma5` when the variant re-weights).
-const V5_V7: [&str; 6] =
-    ["lssa_fwd_mma5", "lssa_fwd_stats5", "lssa_fwd_rw5", "lssa_bwd_rowstats7", "lssa_bwd_keys_mma7", "lssa_bwd_dq7"];
-
-/// Whether the v5 / v7 kernel `kernel` is launched for a variant that re-weights or not.
-fn v5_v7_launched(kernel: &str, reweighted: bool) -> bool {
-    match kernel {
-        "lssa_fwd_mma5" => !reweighted,
-        "lssa_fwd_stats5" | "lssa_fwd_rw5" => reweighted,
-        _ => true,
-    }
-}
-
-/// Whether `Kernel::Auto` can launch `kernel` for a specialisation at `head_dim` (tensor-core dtype).
+/// Whether `Kernel::Auto` can launch `kernel` for a specialisation at `head_dim` (tensor-core dtype),
+/// as `plan.rs` chooses: the SIMT kernels (other strides, a KV cache, grouped heads) and v2 (rows
+/// not 16-byte aligned) everywhere; with aligned rows, forward v5 at d = 64 (its re-weighting pair
+/// where the variant re-weights) and v3 at 128, backward v7 at both. v4 and v6 are the lab's.
 fn auto_launches(kernel: &str, reweighted: bool, head_dim: usize) -> bool {
-    V1_TO_V4.contains(&kernel)
-        || (AUTO_RUNS_V5_V7 && head_dim == 64 && V5_V7.contains(&kernel) && v5_v7_launched(kernel, reweighted))
+    match kernel {
+        "lssa_inv_norms" | "lssa_fwd_simt" | "lssa_bwd_rows" | "lssa_bwd_keys" | "lssa_fwd_mma" => true,
+        "lssa_fwd_mma3" => head_dim == 128,
+        "lssa_fwd_mma5" => head_dim == 64 && !reweighted,
+        "lssa_fwd_stats5" | "lssa_fwd_rw5" => head_dim == 64 && reweighted,
+        "lssa_bwd_rowstats7" | "lssa_bwd_keys_mma7" | "lssa_bwd_dq7" => true,
+        _ => false,
+    }
 }
 
 /// The spills of kernels `Kernel::Auto` launches that ptxas (the torch venv's, CUDA 13.0) reported
 /// when this check was written (issue 47): `(kernel, specialisation, bytes of spill stores, bytes of
-/// stack frame)`. None may grow and none may be added; one that no longer spills must be removed, so
-/// the list only shrinks. The kernels are v3's forward by a few bytes at d = 64, v2's, and v4's at
-/// d = 128, where 255 registers do not hold a 64 x 128 tile pair's state (`LAB.md`, "What is left").
-const KNOWN_AUTO_SPILLS: [(&str, &str, u32, u32); 44] = [
+/// stack frame)`. None may grow and none may be added; one that no longer spills, or that Auto no
+/// longer launches, must be removed, so the list only shrinks. What is left: v2's forward (Auto's
+/// for rows that are not 16-byte aligned) by a few bytes; v7's keys kernel at d = 128 for four of the
+/// l1-normalised ablations (8 to 92 bytes; not for `lssa`, `softmax` or any re-weighted variant);
+/// v5's re-weighting sweep for `lssa+rw3` / `+rw15` in f16 on sm_80 (12 bytes; none on sm_90a). When
+/// v5 + v7 became Auto's (v3 + v7 at d = 128), the 41 spills of v3 at d = 64 and v4 left the list.
+const KNOWN_AUTO_SPILLS: [(&str, &str, u32, u32); 11] = [
     ("lssa_fwd_mma", "sigmoid-bias:t_train=1024 d=64 Bf16 sm_90a", 16, 8),
     ("lssa_fwd_mma", "sigmoid-rowbias d=64 Bf16 sm_90a", 16, 8),
     ("lssa_fwd_mma", "mish-l1 d=128 F16 sm_80", 4, 8),
-    ("lssa_fwd_mma3", "exp-nonorm d=64 Bf16 sm_90a", 4, 8),
-    ("lssa_fwd_mma3", "lssa d=64 F16 sm_80", 4, 8),
-    ("lssa_fwd_mma3", "lssa-exp d=64 Bf16 sm_90a", 4, 8),
-    ("lssa_fwd_mma3", "mish-l1 d=64 F16 sm_80", 8, 8),
-    ("lssa_fwd_mma3", "relu-l1 d=64 F16 sm_80", 8, 8),
-    ("lssa_fwd_mma3", "sigmoid-bias:t_train=1024 d=64 F16 sm_80", 16, 8),
-    ("lssa_fwd_mma3", "sigmoid-l1 d=64 F16 sm_80", 4, 8),
-    ("lssa_fwd_mma3", "sigmoid-rowbias d=64 F16 sm_80", 16, 8),
-    ("lssa_fwd_mma3", "sigmoid-rowbias-l1 d=64 F16 sm_80", 4, 8),
-    ("lssa_bwd_rows_mma", "sigmoid-bias:t_train=1024 d=64 Bf16 sm_90a", 4, 8),
-    ("lssa_bwd_rows_mma", "sigmoid-bias:t_train=1024 d=64 F16 sm_80", 4, 8),
-    ("lssa_bwd_rows_mma", "sigmoid-rowbias d=64 Bf16 sm_90a", 4, 8),
-    ("lssa_bwd_rows_mma", "sigmoid-rowbias d=64 F16 sm_80", 4, 8),
-    ("lssa_bwd_rows_mma", "linear-l1+rw3 d=128 Bf16 sm_90a", 52, 32),
-    ("lssa_bwd_rows_mma", "linear-l1+rw3 d=128 F16 sm_80", 56, 32),
-    ("lssa_bwd_rows_mma", "lssa d=128 F16 sm_80", 4, 8),
-    ("lssa_bwd_rows_mma", "lssa+rw1 d=128 Bf16 sm_90a", 4, 8),
-    ("lssa_bwd_rows_mma", "lssa+rw1 d=128 F16 sm_80", 4, 8),
-    ("lssa_bwd_rows_mma", "lssa+rw15 d=128 Bf16 sm_90a", 4, 8),
-    ("lssa_bwd_rows_mma", "lssa+rw15 d=128 F16 sm_80", 4, 8),
-    ("lssa_bwd_rows_mma", "lssa+rw3 d=128 Bf16 sm_90a", 4, 8),
-    ("lssa_bwd_rows_mma", "lssa+rw3 d=128 F16 sm_80", 4, 8),
-    ("lssa_bwd_rows_mma", "sigmoid-rowbias-l1+rw15 d=128 Bf16 sm_90a", 104, 48),
-    ("lssa_bwd_rows_mma", "sigmoid-rowbias-l1+rw15 d=128 F16 sm_80", 124, 48),
-    ("lssa_bwd_rows_mma", "softmax+rw15 d=128 Bf16 sm_90a", 108, 48),
-    ("lssa_bwd_rows_mma", "softmax+rw15 d=128 F16 sm_80", 128, 56),
-    ("lssa_bwd_keys_mma", "lssa d=128 Bf16 sm_90a", 72, 48),
-    ("lssa_bwd_keys_mma", "lssa d=128 F16 sm_80", 48, 32),
-    ("lssa_bwd_keys_mma", "lssa+rw1 d=128 Bf16 sm_90a", 56, 40),
-    ("lssa_bwd_keys_mma", "lssa+rw1 d=128 F16 sm_80", 48, 32),
-    ("lssa_bwd_keys_mma", "lssa+rw15 d=128 Bf16 sm_90a", 56, 40),
-    ("lssa_bwd_keys_mma", "lssa+rw15 d=128 F16 sm_80", 48, 32),
-    ("lssa_bwd_keys_mma", "lssa+rw3 d=128 Bf16 sm_90a", 56, 40),
-    ("lssa_bwd_keys_mma", "lssa+rw3 d=128 F16 sm_80", 48, 32),
-    ("lssa_bwd_keys_mma", "mish-l1 d=128 Bf16 sm_90a", 8, 8),
-    ("lssa_bwd_keys_mma", "sigmoid-bias:t_train=1024 d=128 F16 sm_80", 12, 16),
-    ("lssa_bwd_keys_mma", "sigmoid-l1 d=128 F16 sm_80", 8, 8),
-    ("lssa_bwd_keys_mma", "sigmoid-rowbias d=128 F16 sm_80", 12, 16),
-    ("lssa_bwd_keys_mma", "sigmoid-rowbias-l1 d=128 F16 sm_80", 8, 8),
-    ("lssa_bwd_keys_mma", "sigmoid-rowbias-l1+rw15 d=128 F16 sm_80", 8, 8),
-    ("lssa_bwd_keys_mma", "softplus-l1 d=128 Bf16 sm_90a", 12, 16),
+    ("lssa_bwd_keys_mma7", "linear-l1 d=128 Bf16 sm_90a", 44, 32),
+    ("lssa_bwd_keys_mma7", "linear-l1 d=128 F16 sm_80", 92, 48),
+    ("lssa_bwd_keys_mma7", "gelu-l1 d=128 Bf16 sm_90a", 12, 16),
+    ("lssa_bwd_keys_mma7", "gelu-l1 d=128 F16 sm_80", 12, 16),
+    ("lssa_bwd_keys_mma7", "sigmoid-l1 d=128 Bf16 sm_90a", 8, 8),
+    ("lssa_bwd_keys_mma7", "sigmoid-rowbias-l1 d=128 Bf16 sm_90a", 8, 8),
+    ("lssa_fwd_rw5", "lssa+rw15 d=64 F16 sm_80", 12, 16),
+    ("lssa_fwd_rw5", "lssa+rw3 d=64 F16 sm_80", 12, 16),
 ];
 
 /// The spills of the lab's gated warpgroup kernels (the v9 backward, v8 without re-weighting, at
@@ -319,9 +268,6 @@ enum Role {
     /// `Generation::First`, what `Kernel::Auto` loads, for every fused variant: a spill in a kernel
     /// Auto can launch fails the test.
     Auto,
-    /// The v5 / v7 kernels the prepared switch would make Auto-choosable (`Generation::Lab` until it
-    /// is applied): printed, and listed where they spill.
-    Ship,
 }
 
 struct PtxasJob {
@@ -354,10 +300,8 @@ fn labelled<'a>(rows: &[(&PtxasJob, &'a [Usage])]) -> Vec<(String, &'a [Usage])>
 /// with `--nocapture`): registers, spills and local memory of every kernel
 ///
 /// - that `Kernel::Auto` can launch (`Generation::First`), for every fused variant at head
-///   dimensions 64 and 128, bf16 on sm_90a and f16 on sm_80: any spill fails;
-/// - that the prepared switch (`benches/ship/auto-v5-v7.patch`) would add to Auto (v5's forward and
-///   v7's backward at d = 64), at the same specialisations: printed, with those that spill named
-///   (they must be fixed before the switch);
+///   dimensions 64 and 128, bf16 on sm_90a and f16 on sm_80: any spill beyond
+///   [`KNOWN_AUTO_SPILLS`] fails;
 /// - of the whole lab at a few specialisations: the v9 backward, and v8 without re-weighting, must
 ///   not spill at head dimension 64 beyond [`KNOWN_LAB_SPILLS`], and ptxas must not serialise their
 ///   wgmma (it does, with a warning, when registers an in-flight wgmma uses are touched; or injects
@@ -372,9 +316,6 @@ fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
         eprintln!("SKIPPED: no ptxas");
         return;
     };
-    // The switch and the generations agree: the v5 / v7 kernels are in the first generation exactly
-    // when Auto runs them.
-    assert_eq!(Kernel::Lab(Version::V7).generation() == Generation::First, AUTO_RUNS_V5_V7);
     let started = std::time::Instant::now();
     let dir = std::env::temp_dir().join(format!("lssa-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -401,14 +342,6 @@ fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
             for hd in [64, 128] {
                 jobs.push(job(Role::Auto, &v, hd, dt, arch, sm));
             }
-            // Until the switch, the v5 / v7 kernels are compiled from the lab's generation; the lab
-            // jobs above already have some of them.
-            let lab_has_it = jobs
-                .iter()
-                .any(|j| j.role == Role::Lab && j.variant == v && j.head_dim == 64 && j.dtype == dt && j.sm == sm);
-            if !AUTO_RUNS_V5_V7 && !lab_has_it {
-                jobs.push(job(Role::Ship, &v, 64, dt, arch, sm));
-            }
         }
     }
     let results: Vec<Result<Vec<Usage>, String>> = jobs
@@ -419,18 +352,10 @@ fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
             let generation = if j.role == Role::Auto { Generation::First } else { Generation::Lab };
             let ptx = cuda::compile_ptx(&j.variant.parse().unwrap(), j.head_dim, j.dtype, j.arch, generation)
                 .map_err(|e| format!("{what}: {e}"))?;
-            // The ship jobs assemble only the kernels they report.
-            let only: Vec<String> = match j.role {
-                Role::Ship => entries(&ptx).into_iter().filter(|e| V5_V7.contains(&e.as_str())).collect(),
-                _ => Vec::new(),
-            };
             let (src, out) = (dir.join(format!("{i}.ptx")), dir.join(format!("{i}.cubin")));
             std::fs::write(&src, ptx).unwrap();
             let mut cmd = std::process::Command::new(&ptxas);
             cmd.args([format!("-arch={}", j.sm), "-v".into()]).arg(&src).arg("-o").arg(&out);
-            if !only.is_empty() {
-                cmd.arg("-e").arg(only.join(","));
-            }
             let r = cmd.output().unwrap();
             let log = String::from_utf8_lossy(&r.stderr).to_string() + &String::from_utf8_lossy(&r.stdout);
             if !r.status.success() {
@@ -469,6 +394,11 @@ fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
         for u in us.iter() {
             let known = KNOWN_AUTO_SPILLS.iter().find(|(k, what, _, _)| *k == u.kernel && *what == j.what());
             match known {
+                Some(_) if !launched(j, &u.kernel) => failures.push(format!(
+                    "{}: Kernel::Auto no longer launches {}: remove it from KNOWN_AUTO_SPILLS",
+                    j.what(),
+                    u.kernel
+                )),
                 _ if !launched(j, &u.kernel) => {
                     if u.spills() {
                         idle.push(format!("  {}: {}", j.what(), u.describe()));
@@ -500,38 +430,9 @@ fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
     }
     eprintln!(
         "Kernels Kernel::Auto launches that spill: {spilling}, none beyond KNOWN_AUTO_SPILLS (the known spills of v2, \
-         v3 and v4, which may only shrink).\n"
+         v5 and v7, which may only shrink).\n"
     );
 
-    // The switch's kernels, until it is applied: where they spill is what blocks it.
-    if !AUTO_RUNS_V5_V7 {
-        let ship: Vec<(&PtxasJob, Vec<Usage>)> = done
-            .iter()
-            .filter(|(j, _)| matches!(j.role, Role::Ship | Role::Lab) && j.head_dim == 64)
-            .filter(|(j, _)| targets.iter().any(|(dt, _, sm)| *dt == j.dtype && *sm == j.sm))
-            .map(|(j, us)| (*j, us.iter().filter(|u| V5_V7.contains(&u.kernel.as_str())).cloned().collect()))
-            .collect();
-        let rows: Vec<(String, &[Usage])> = ship.iter().map(|(j, u)| (j.what(), u.as_slice())).collect();
-        let title = format!(
-            "ptxas -v of the v5 / v7 kernels that benches/ship/auto-v5-v7.patch would let Kernel::Auto launch at d = 64 \
-             {legend}; in parentheses where the variant never launches it:"
-        );
-        eprintln!("{}", table(&title, &rows, &|row, k| v5_v7_launched(k, ship[row].0.reweighted())));
-        let mut blocking = Vec::new();
-        for (j, u) in ship.iter().flat_map(|(j, us)| us.iter().filter(|u| u.spills()).map(move |u| (j, u))) {
-            let line = format!("  {}: {}", j.what(), u.describe());
-            if v5_v7_launched(&u.kernel, j.reweighted()) { blocking.push(line) } else { idle.push(line) }
-        }
-        if blocking.is_empty() {
-            eprintln!("v5 / v7 kernels the switch would let Kernel::Auto launch that spill: none.\n");
-        } else {
-            eprintln!(
-                "v5 / v7 kernels the switch would let Kernel::Auto launch that SPILL, to fix before applying \
-                 benches/ship/auto-v5-v7.patch (whose version of this test fails on them):\n{}\n",
-                blocking.join("\n")
-            );
-        }
-    }
     if !idle.is_empty() {
         eprintln!("Spills of kernels compiled where they are never launched (not gated):\n{}\n", idle.join("\n"));
     }

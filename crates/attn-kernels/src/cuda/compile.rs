@@ -22,15 +22,18 @@ pub const MMA3_SRC: &str = include_str!("v3_fwd.cu");
 /// Tensor-core forward, 2 x 16 rows per warp, log2-domain activations (lab v5), its warpgroup
 /// (`wgmma`) form for sm_90 (lab v8) and the wgmma layout probe.
 #[cfg(feature = "lab")]
-pub const MMA5_SRC: &str = include_str!("v5_v8_fwd.cu");
+pub const MMA5_SRC: &str = V5_V8_FWD;
+const V5_V8_FWD: &str = include_str!("v5_v8_fwd.cu");
 /// Tensor-core backward (lab v4).
 pub const MMA_BWD_SRC: &str = include_str!("v4_bwd.cu");
 /// Tensor-core backward with log2-domain, branch-free entry maths (lab v6).
 #[cfg(feature = "lab")]
-pub const MMA_BWD6_SRC: &str = include_str!("v6_bwd.cu");
+pub const MMA_BWD6_SRC: &str = V6_BWD;
+const V6_BWD: &str = include_str!("v6_bwd.cu");
 /// v6 with dq accumulated by the keys kernel (lab v7), and its warpgroup form for sm_90 (lab v9).
 #[cfg(feature = "lab")]
-pub const MMA_BWD7_SRC: &str = include_str!("v7_v9_bwd.cu");
+pub const MMA_BWD7_SRC: &str = V7_V9_BWD;
+const V7_V9_BWD: &str = include_str!("v7_v9_bwd.cu");
 
 /// The kernel files one compiled module holds: each [`Kernel`](super::Kernel) request compiles only the generations
 /// it can select, so production (`Auto`) modules carry no lab kernel (see `LAB.md`). The generations
@@ -41,10 +44,11 @@ pub enum Generation {
     Simt,
     /// And `v2_fwd.cu`: lab v2.
     V2,
-    /// And `v3_fwd.cu` and `v4_bwd.cu`: lab v3 and v4, what [`Kernel::Auto`](super::Kernel::Auto) runs.
+    /// And `v3_fwd.cu`, `v4_bwd.cu`, `v5_v8_fwd.cu`, `v6_bwd.cu` and `v7_v9_bwd.cu` without their
+    /// warpgroup kernels: lab v3 to v7, what [`Kernel::Auto`](super::Kernel::Auto) runs.
     First,
-    /// And `v5_v8_fwd.cu`, `v6_bwd.cu` and `v7_v9_bwd.cu` (compiled into this crate with the `lab`
-    /// feature only): lab v5 to v9 and the wgmma probe.
+    /// The same files with their warpgroup kernels, where the PTX is sm_90a's: lab v8 and v9 and the
+    /// wgmma probe.
     Lab,
 }
 
@@ -90,12 +94,16 @@ pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype, generation: Generatio
     if generation >= Generation::First {
         s.push_str(MMA3_SRC);
         s.push_str(MMA_BWD_SRC);
-    }
-    #[cfg(feature = "lab")]
-    if generation >= Generation::Lab {
-        s.push_str(MMA5_SRC);
-        s.push_str(MMA_BWD6_SRC);
-        s.push_str(MMA_BWD7_SRC);
+        // v5 to v7 share their files with v8 and v9, which stay in the lab: below it, the feature
+        // macro by which the files see sm_90a's warpgroup instructions (`HAVE_WGMMA` in v5_v8_fwd.cu)
+        // is withdrawn, so their kernels are not compiled. (The emulator, which defines `LSSA_EMU`,
+        // compiles the lab.)
+        if generation < Generation::Lab {
+            s.push_str("#undef __CUDA_ARCH_FEAT_SM90_ALL\n");
+        }
+        s.push_str(V5_V8_FWD);
+        s.push_str(V6_BWD);
+        s.push_str(V7_V9_BWD);
     }
     s
 }

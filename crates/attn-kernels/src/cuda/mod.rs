@@ -2,8 +2,8 @@
 //! source (`common.cuh`, `v1_simt.cu`, `v2_fwd.cu`), specialised per variant with preprocessor macros,
 //! compiled by NVRTC at first use and cached per (variant configuration, head dimension, dtype,
 //! architecture, generation of kernel files): a module holds only the kernel files its [`Kernel`]
-//! request can select, so the default one carries no lab version, and the files of v5 to v9 are
-//! compiled into this crate only with the `lab` feature. The driver and NVRTC are loaded at run time
+//! request can select, so the default one carries none of the warpgroup versions (v8, v9), which
+//! only the `lab` feature can ask for. The driver and NVRTC are loaded at run time
 //! through `cudarc`, so this crate builds and its tests run on machines without CUDA; there every
 //! call returns [`Error::Cuda`].
 //!
@@ -16,19 +16,20 @@
 //! - v2 `lssa_fwd_mma`: the f16 / bf16 forward at head dimension 64 or 128 on tensor cores
 //!   (`mma.sync` m16n8k16, f32 accumulation), FlashAttention-2 tiling, synchronous loads.
 //! - v3 `lssa_fwd_mma3`: v2's maths with cp.async double buffering, ldmatrix and 128-row blocks; the
-//!   default forward where rows are 16-byte aligned.
+//!   default forward at head dimension 128 where rows are 16-byte aligned.
 //! - v4 `lssa_bwd_rows_mma` + `lssa_bwd_keys_mma`: the tensor-core backward (dq and `E_i` per query
-//!   block; dk and dv per key block; no atomics). The default backward where v3 applies.
+//!   block; dk and dv per key block; no atomics), Auto's until v7 replaced it (the lab request `v4`).
+//! - v5 `lssa_fwd_mma5` (d = 64) and v7 (`lssa_bwd_rowstats7`, `lssa_bwd_keys_mma7`,
+//!   `lssa_bwd_dq7`): the second generation, the default forward at head dimension 64 and the
+//!   default backward at 64 and 128, where rows are 16-byte aligned.
 //!
 //! With the `lab` feature, `Kernel::Lab` picks any of them, and also:
 //!
-//! - v5 `lssa_fwd_mma5` (d = 64), v6 (`lssa_bwd_{rows,keys}_mma6`) and v7 (`lssa_bwd_rowstats7`,
-//!   `lssa_bwd_keys_mma7`, `lssa_bwd_dq7`): the second generation, selected by the lab requests
-//!   `v5` (v5 + v6) and `v7` (v5 + v7); checked in the emulator, not yet timed on a GPU.
+//! - v6 (`lssa_bwd_{rows,keys}_mma6`): v7 without its dq accumulation, the lab request `v5` (v5 + v6).
 //! - v8 `lssa_fwd_wg8` (d = 64 and 128) and v9 `lssa_bwd_rowstats9` + `lssa_bwd_keys_wg9` (d = 64),
 //!   sm_90a (the PTX for compute capability 9.0 is arch-specific): v5 and v7 on Hopper's warpgroup tensor cores
 //!   (`wgmma.mma_async`, tiles read from shared memory by descriptor); the lab request `v8`.
-//!   Checked in the emulator, not yet timed.
+//!   Passes the emulator; on an H200 it fails at d = 64 and passes at 128 (`docs/bench/cuda.md`).
 //!
 //! Other head dimensions and f32 run v1.
 //!
@@ -107,8 +108,9 @@ pub const MAX_HEAD_DIM: usize = 256;
 /// version of the kernel lab by its number, for benchmarks and the emulator tests.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Kernel {
-    /// The fastest measured kernels that apply: forward v3 (16-byte aligned rows), else v2 (even
-    /// strides), else v1; backward v4 where v3 applies, else v1.
+    /// The fastest measured kernels that apply: forward v5 at head dimension 64 and v3 at 128
+    /// (16-byte aligned rows), else v2 (even strides), else v1; backward v7 where v3 or v5 is the
+    /// forward, else v1.
     #[default]
     Auto,
     /// The forward and backward pair of the lab that holds this version (`LAB.md`), refused where a
@@ -123,7 +125,8 @@ pub enum Kernel {
     /// | v7 | v5 (v3 at d = 128) | v7 |
     /// | v8, v9 | v8 on sm_90, else as v7 | v9 at d = 64 on sm_90, else v7 |
     ///
-    /// Versions 5 to 9 are checked in the emulator but not yet timed on a GPU.
+    /// Versions 5 to 9 pass the emulator; on the GPU (`docs/bench/cuda.md`) v5 to v7 pass every check
+    /// case and v8 fails at d = 64.
     #[cfg(feature = "lab")]
     Lab(Version),
 }
@@ -158,10 +161,10 @@ impl Kernel {
     pub const fn generation(self) -> Generation {
         match self.lab_version() {
             // Auto falls back to v2 and v1 for rows that are not 16-byte aligned.
-            None | Some(Version::V3 | Version::V4) => Generation::First,
+            None | Some(Version::V3 | Version::V4 | Version::V5 | Version::V6 | Version::V7) => Generation::First,
             Some(Version::V1) => Generation::Simt,
             Some(Version::V2) => Generation::V2,
-            Some(Version::V5 | Version::V6 | Version::V7 | Version::V8 | Version::V9) => Generation::Lab,
+            Some(Version::V8 | Version::V9) => Generation::Lab,
         }
     }
 

@@ -132,21 +132,20 @@ impl Kern {
         match self {
             Kern::InvNorms | Kern::FwdSimt | Kern::BwdRows | Kern::BwdKeys => Generation::Simt,
             Kern::FwdMma => Generation::V2,
-            Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma => Generation::First,
-            Kern::FwdMma5
+            Kern::FwdMma3
+            | Kern::BwdRowsMma
+            | Kern::BwdKeysMma
+            | Kern::FwdMma5
             | Kern::FwdStats5
             | Kern::FwdRw5
-            | Kern::FwdWg8
-            | Kern::FwdStats8
-            | Kern::FwdRw8
             | Kern::BwdRowsMma6
             | Kern::BwdKeysMma6
             | Kern::BwdRowStats7
             | Kern::BwdKeysMma7
-            | Kern::BwdRowStats9
-            | Kern::BwdKeysWg9
-            | Kern::WgProbe
-            | Kern::BwdDq7 => Generation::Lab,
+            | Kern::BwdDq7 => Generation::First,
+            Kern::FwdWg8 | Kern::FwdStats8 | Kern::FwdRw8 | Kern::BwdRowStats9 | Kern::BwdKeysWg9 | Kern::WgProbe => {
+                Generation::Lab
+            }
         }
     }
 
@@ -343,7 +342,10 @@ pub(super) fn forward_version(
     [v2, v3]: [bool; 2],
     wgmma: bool,
 ) -> Result<Version> {
-    let auto = if v3 {
+    // v5 exists at head dimension 64 only; at 128, v3 is Auto's.
+    let auto = if v3 && head_dim == 64 {
+        Version::V5
+    } else if v3 {
         Version::V3
     } else if v2 {
         Version::V2
@@ -383,7 +385,7 @@ pub(super) fn backward_version(
     wgmma: bool,
 ) -> Result<Version> {
     let Some(asked) = kernel.lab_version() else {
-        return Ok(if tc { Version::V4 } else { Version::V1 });
+        return Ok(if tc { Version::V7 } else { Version::V1 });
     };
     Ok(match asked {
         Version::V1 | Version::V2 => Version::V1,
@@ -435,9 +437,11 @@ mod tests {
                             assert_eq!(forward_version(lab(pair), hd, dt, [true, true], wgmma).unwrap(), f);
                             assert_eq!(backward_version(lab(pair), hd, dt, true, wgmma).unwrap(), b);
                         }
-                        // The default stays the measured generation until a GPU run says otherwise.
+                        // The default: v5 + v7 at head dimension 64, v3 + v7 at 128 (each checked on the
+                        // GPU by `benches/gpu-session.sh ship1`); never the warpgroup pair.
                         if kernel == Kernel::Auto {
-                            assert_eq!((f, b), (Version::V3, Version::V4));
+                            let want = if hd == 64 { (Version::V5, Version::V7) } else { (Version::V3, Version::V7) };
+                            assert_eq!((f, b), want, "{hd} {wgmma}");
                         }
                     }
                     // Unaligned rows: every explicitly requested tensor-core kernel is refused, the
