@@ -151,7 +151,10 @@ echo "bench-cuda $*"; echo '{"partial": false}' > "$out"
     // A failing row of the lab's v8 fails the check but not Auto's verdict; one of Auto's pairs fails both.
     let lab_failed = session(&dir, "ship1", &[env.as_slice(), &[("FAIL_CHECK", Path::new("v8+v9"))]].concat());
     assert!(lab_failed.status.success(), "{}", text(&lab_failed));
-    assert!(read("ship1-verdict.txt").starts_with("ship1: PASS (Auto's check rows failed: 0, the lab's v8 rows: 1; check exit 1"));
+    assert!(
+        read("ship1-verdict.txt")
+            .starts_with("ship1: PASS (Auto's check rows failed: 0, the lab's v8 rows: 1; check exit 1")
+    );
     let failed = session(&dir, "ship1", &[env.as_slice(), &[("FAIL_CHECK", Path::new("v3+v7"))]].concat());
     let failed_text = text(&failed);
     assert_eq!(failed.status.code(), Some(1), "{failed_text}");

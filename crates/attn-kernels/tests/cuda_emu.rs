@@ -474,7 +474,7 @@ fn the_emulator_enforces_the_wgmma_timing_rules() {
         emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { edit: Some(edit), ..Lab::default() })
     };
     assert!(rel_err(&run(&|s| s).unwrap(), &c.o) < bounds(&c).0, "v8 as written passes every rule");
-    const S_ISSUED: &str = "wg_rows_t(s[mt], qf[mt], Ks);\n                    wg_commit();\n                }\n";
+    const S_ISSUED: &str = "wg_rows_t_ss(s[mt], Qs + ((tile_row(mt) - i0) & ~63) * HD, Ks);\n                    wg_commit();\n                }\n";
     let planted: [(&str, String, &str, &str); 7] = [
         // No wgmma.fence before a thread's first wgmma (the scores' products of the first tile).
         (
@@ -483,10 +483,10 @@ fn the_emulator_enforces_the_wgmma_timing_rules() {
             "no fence before the first wgmma",
             "with no wgmma.fence before it",
         ),
-        // `.sync.aligned`: half the warpgroup gives K's descriptor 16 bytes further on.
+        // `.sync.aligned`: half the warpgroup gives Q's descriptor 16 bytes further on.
         (
-            "wg_desc(rows + kk * 128, 128, HD * 16)",
-            "wg_desc(rows + kk * 128 + (threadIdx.x & 64 ? 8 : 0), 128, HD * 16)".into(),
+            "wg_desc(arows + kk * 128, 128, HD * 16)",
+            "wg_desc(arows + kk * 128 + (threadIdx.x & 64 ? 8 : 0), 128, HD * 16)".into(),
             "descriptors that differ within the warpgroup",
             "different shapes, flags or descriptors",
         ),
@@ -651,10 +651,10 @@ fn the_second_generation_does_less_work() {
     assert!(b4.special > b6.special, "v4 {} v6 {}", b4.special, b6.special);
     assert!(per(b7.mma, b6.mma as f64) <= 5.0 / 7.0 + 0.01, "mma: v6 {} v7 {}", b6.mma, b7.mma);
     assert!(per(b7.special, b6.special as f64) <= 0.52, "special: v6 {} v7 {}", b6.special, b7.special);
-    // v8: v5's work, with K and V read by the tensor cores (ldmatrix only for Q, once per block).
+    // v8: v5's work, with Q, K and V read by the tensor cores from shared memory (no ldmatrix).
     assert_eq!(f8.mma, f5.mma, "v8 does v5's tensor-core work");
     assert_eq!(f8.special, f5.special, "v8 does v5's special-function work");
-    assert_eq!(f8.ldmatrix, 2 * 4 * 4 * 2 * 4, "v8: Q's fragments only (2 heads x 4 blocks x 4 warps x 2 x 4)");
+    assert_eq!(f8.ldmatrix, 0, "v8 reads Q from shared memory too");
     // v9: v7's work, with ldmatrix only for the keys' K and V fragments (2 x 4 per warp and tile pair).
     assert_eq!((b9.mma, b9.special), (b7.mma, b7.special), "v9 does v7's tensor-core and special-function work");
     assert_eq!(b9.ldmatrix, 2 * 36 * 4 * 2 * 4, "v9: 2 heads x 36 tile pairs x 4 warps x 2 x 4");

@@ -72,10 +72,10 @@ pub use config::Config;
 pub(crate) use device::{backward_configured, forward_configured};
 pub use device::{backward_raw, forward_raw, versions};
 pub use device::{device_description, is_available, synchronize};
-#[cfg(feature = "lab")]
-pub use plan::Version;
 #[cfg(not(feature = "lab"))]
 use plan::Version;
+#[cfg(feature = "lab")]
+pub use plan::{Version, kernels_present};
 #[cfg(feature = "lab")]
 pub use probe::{KernelResources, WGMMA_PROBE_MODES, jit_info_log, kernel_resources, wgmma_probe};
 pub use staging::{backward, backward_with, forward, forward_with};
@@ -161,10 +161,10 @@ impl Kernel {
     pub const fn generation(self) -> Generation {
         match self.lab_version() {
             // Auto falls back to v2 and v1 for rows that are not 16-byte aligned.
-            None | Some(Version::V3 | Version::V4 | Version::V5 | Version::V6 | Version::V7) => Generation::First,
+            None | Some(Version::V7) => Generation::First,
             Some(Version::V1) => Generation::Simt,
             Some(Version::V2) => Generation::V2,
-            Some(Version::V8 | Version::V9) => Generation::Lab,
+            Some(Version::V3 | Version::V4 | Version::V5 | Version::V6 | Version::V8 | Version::V9) => Generation::Lab,
         }
     }
 

@@ -111,13 +111,12 @@ impl Kern {
             | Kern::FwdMma5
             | Kern::FwdStats5
             | Kern::FwdRw5
-            | Kern::FwdWg8
-            | Kern::FwdStats8
-            | Kern::FwdRw8
             | Kern::BwdRowsMma
             | Kern::BwdRowsMma6
             | Kern::BwdRowStats7
             | Kern::BwdRowStats9 => mma3_smem(head_dim),
+            // And the block's 128 query rows, which v8's Q K^T reads from shared memory.
+            Kern::FwdWg8 | Kern::FwdStats8 | Kern::FwdRw8 => mma3_smem(head_dim) + 128 * head_dim * 2,
             Kern::BwdKeysMma | Kern::BwdKeysMma6 => bwd_keys_smem(head_dim),
             // One more tile: dS on its way to the dq product.
             Kern::BwdKeysMma7 | Kern::BwdKeysWg9 => bwd_keys_smem(head_dim) / 6 * 7,
@@ -132,20 +131,24 @@ impl Kern {
         match self {
             Kern::InvNorms | Kern::FwdSimt | Kern::BwdRows | Kern::BwdKeys => Generation::Simt,
             Kern::FwdMma => Generation::V2,
+            // (v3's forward is in the first generation at head dimension 128 only, where Auto runs it.)
             Kern::FwdMma3
-            | Kern::BwdRowsMma
-            | Kern::BwdKeysMma
             | Kern::FwdMma5
             | Kern::FwdStats5
             | Kern::FwdRw5
-            | Kern::BwdRowsMma6
-            | Kern::BwdKeysMma6
             | Kern::BwdRowStats7
             | Kern::BwdKeysMma7
             | Kern::BwdDq7 => Generation::First,
-            Kern::FwdWg8 | Kern::FwdStats8 | Kern::FwdRw8 | Kern::BwdRowStats9 | Kern::BwdKeysWg9 | Kern::WgProbe => {
-                Generation::Lab
-            }
+            Kern::BwdRowsMma
+            | Kern::BwdKeysMma
+            | Kern::BwdRowsMma6
+            | Kern::BwdKeysMma6
+            | Kern::FwdWg8
+            | Kern::FwdStats8
+            | Kern::FwdRw8
+            | Kern::BwdRowStats9
+            | Kern::BwdKeysWg9
+            | Kern::WgProbe => Generation::Lab,
         }
     }
 
@@ -162,12 +165,21 @@ impl Kern {
             Kern::FwdMma5 | Kern::FwdStats5 | Kern::FwdRw5 => tc && head_dim == 64,
             Kern::FwdWg8 | Kern::FwdStats8 | Kern::FwdRw8 => tc && wgmma,
             Kern::BwdRowStats9 | Kern::BwdKeysWg9 | Kern::WgProbe => tc && head_dim == 64 && wgmma,
-            Kern::FwdMma | Kern::FwdMma3 | Kern::BwdRowsMma | Kern::BwdKeysMma => tc,
+            // Auto's modules hold v3 only at head dimension 128, where it is their forward.
+            Kern::FwdMma3 => tc && (head_dim == 128 || generation >= Generation::Lab),
+            Kern::FwdMma | Kern::BwdRowsMma | Kern::BwdKeysMma => tc,
             Kern::BwdRowsMma6 | Kern::BwdKeysMma6 => tc,
             Kern::BwdRowStats7 | Kern::BwdKeysMma7 | Kern::BwdDq7 => tc,
             Kern::InvNorms | Kern::FwdSimt | Kern::BwdRows | Kern::BwdKeys => true,
         })
     }
+}
+
+/// The names of the kernels a module of `generation` defines for one specialisation, as the host
+/// expects them (`Kern::present`); the compile tests hold the compiled PTX to it.
+#[cfg(feature = "lab")]
+pub fn kernels_present(head_dim: usize, dtype: Dtype, wgmma: bool, generation: Generation) -> Vec<&'static str> {
+    Kern::present(head_dim, dtype, wgmma, generation).map(Kern::name).collect()
 }
 
 /// One `(B, H, T, d)` tensor as the kernels see it (must match `Tensor4` in `common.cuh`).

@@ -63,6 +63,7 @@ __device__ __forceinline__ void load_async(u16* s, const Tensor4& x, int b, int 
     }
 }
 
+#if !defined(LSSA_AUTO_KERNELS) || HD == 128 // Kernel::Auto runs v5 at d = 64 (compile.rs)
 extern "C" __global__ void __launch_bounds__(NW3 * 32) lssa_fwd_mma3(KParams p) {
     DYN_SMEM(u16, smem3); // [stage][K | V] tiles
     __shared__ float inkS[2][BK3];
@@ -317,3 +318,4 @@ extern "C" __global__ void __launch_bounds__(NW3 * 32) lssa_fwd_mma3(KParams p) 
         }
     }
 }
+#endif

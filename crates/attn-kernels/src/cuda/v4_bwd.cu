@@ -90,6 +90,7 @@ __device__ __forceinline__ void store_rows(const Tensor4& x, int b, int h, const
     }
 }
 
+#ifndef LSSA_AUTO_KERNELS // a lab kernel: not in the modules of Kernel::Auto (compile.rs)
 extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rows_mma(KParams p) {
     DYN_SMEM(u16, smb); // [stage][K | V] tiles of BB rows
     __shared__ float inkS[2][BB];
@@ -220,12 +221,14 @@ extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rows_mma(KParams
     if (COSINE) project_rows(dq, p.q, b, h, rows, inq, p.T, t4);
     store_rows(p.dq, b, h, rows, dq, p.T, t4);
 }
+#endif
 
 // Per-query-row quantities of one streamed tile, for the keys kernel.
 struct RowTile {
     float fac[BB], bias[BB], an[BB], dp[BB], c[BB], umax[BB], inv_m[BB], inv_w[BB], mx[BB];
 };
 
+#ifndef LSSA_AUTO_KERNELS // a lab kernel: not in the modules of Kernel::Auto (compile.rs)
 extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_keys_mma(KParams p) {
     DYN_SMEM(u16, smb); // K block, V block, then [stage][Q | G] tiles
     __shared__ RowTile rt[2];
@@ -329,3 +332,4 @@ extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_keys_mma(KParams
     store_rows(p.dk, b, h, keys, dk, p.T, t4);
     store_rows(p.dv, b, h, keys, dv, p.T, t4);
 }
+#endif

@@ -106,11 +106,11 @@ __device__ __forceinline__ float act5(float y) {
 // ---------------------------------------------------------------------------------------------
 // Lab version 8: version 5 on Hopper's warpgroup tensor cores (sm_90a). The block's 4 warps are one
 // warpgroup; each key tile is two wgmma.mma_async m64n64k16 chains per product (one per 64-row
-// half of the block's 128 rows) instead of 32 mma.sync per warp, with K and V read by the tensor
-// cores straight from shared memory (no ldmatrix: 0 shared-memory instructions per score) and Q and
-// P as register operands, as FlashAttention-3 does. K and V tiles are stored in the no-swizzle
-// canonical layout of core matrices (8 rows x 16 bytes, contiguous); the same bytes are K-major B
-// for Q K^T and MN-major B for P V. Everything else is version 5's (the body below is shared).
+// half of the block's 128 rows) instead of 32 mma.sync per warp, with Q, K and V read by the tensor
+// cores straight from shared memory (no ldmatrix) and P as a register operand, as FlashAttention-3
+// does. Q, K and V tiles are stored in the no-swizzle canonical layout of core matrices (8 rows x
+// 16 bytes, contiguous); the same bytes are K-major A (Q) or B (K) for Q K^T and MN-major B for
+// P V. Everything else is version 5's (the body below is shared).
 // Emulated in emu.h (wgmma_*); compiled only where NVRTC targets sm_90a.
 
 #if defined(LSSA_EMU) || defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -246,6 +246,17 @@ __device__ __forceinline__ u64 wg_desc(const void* p, unsigned lbo, unsigned sbo
 __device__ __forceinline__ void wg_rows_t(float (*acc)[4], const u32 (*a)[4], const u16* rows) {
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) wgmma64<0>(&acc[0][0], a[kk], wg_desc(rows + kk * 128, 128, HD * 16), kk);
+}
+// wg_rows_t_ss: the same with A (the warpgroup's 64 rows of `arows`, HD columns) from shared memory
+// too, K-major as B. v8 reads Q this way: held in registers across the key-tile loop, ptxas (CUDA
+// 13.0) gave Q's fragment registers to P after the first tile's product, so every later tile
+// multiplied P by K (v8's failures on the H100 and H200 at d = 64 from the second key tile on;
+// `tests/cuda_compile.rs` reads the SASS for it). FlashAttention-3 reads Q from shared memory too.
+__device__ __forceinline__ void wg_rows_t_ss(float (*acc)[4], const u16* arows, const u16* rows) {
+#pragma unroll
+    for (int kk = 0; kk < HD / 16; kk++)
+        wgmma64_ss<0, 0>(&acc[0][0], wg_desc(arows + kk * 128, 128, HD * 16), wg_desc(rows + kk * 128, 128, HD * 16),
+                         kk);
 }
 __device__ __forceinline__ void wg_acc_rows(float (*acc)[4], const u32 (*a)[4], const u16* rows) {
 #pragma unroll
@@ -387,18 +398,29 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
     const int ktiles = (p.T + BK5 - 1) / BK5;
     const int nkt = min(ktiles, (i0 + BQ5 + BK5 - 1) / BK5); // causal
 
-    // Q fragments (A operand) of the warp's two 16-row tiles, staged through the first 128 rows.
-    load_async(smem5, p.q, b, h, i0, BQ5, p.T);
-    cp_commit();
-    cp_wait<0>();
-    __syncthreads();
-    u32 qf[2][HD / 16][4]; // [MT] used
+    // Q: v5's fragments (A operand) of the warp's two 16-row tiles, staged through the first 128
+    // rows; v8's 128 rows stay in shared memory after the K / V stages, in core-matrix order, and
+    // are read by the tensor cores (wg_rows_t_ss).
+    u32 qf[2][HD / 16][4]; // [MT] used (v5)
+    const u16* Qs = smem5 + 4 * TILE5;
+    if constexpr (WG) {
+        load_async_cm(smem5 + 4 * TILE5, p.q, b, h, i0, BQ5, p.T);
+        cp_commit();
+        cp_wait<0>();
+        fence_async_smem();
+        __syncthreads();
+    } else {
+        load_async(smem5, p.q, b, h, i0, BQ5, p.T);
+        cp_commit();
+        cp_wait<0>();
+        __syncthreads();
 #pragma unroll
-    for (int mt = 0; mt < MT; mt++)
+        for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-        for (int kk = 0; kk < HD / 16; kk++)
-            ldsm4(qf[mt][kk], smem5 + (tile_row(mt) - i0 + (lm & 1) * 8 + lr) * KP5 + kk * 16 + (lm >> 1) * 8);
-    __syncthreads();
+            for (int kk = 0; kk < HD / 16; kk++)
+                ldsm4(qf[mt][kk], smem5 + (tile_row(mt) - i0 + (lm & 1) * 8 + lr) * KP5 + kk * 16 + (lm >> 1) * 8);
+        __syncthreads();
+    }
 
     // Row r = 2 * mt + q of this thread: tile_row(mt) + g + 8 q.
     int rows[4];
@@ -591,7 +613,7 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
                 wg_fence();
 #pragma unroll
                 for (int mt = 0; mt < MT; mt++) {
-                    wg_rows_t(s[mt], qf[mt], Ks);
+                    wg_rows_t_ss(s[mt], Qs + ((tile_row(mt) - i0) & ~63) * HD, Ks);
                     wg_commit();
                 }
                 // Softmax rescales O in its element-wise step, so no wgmma may be in flight then

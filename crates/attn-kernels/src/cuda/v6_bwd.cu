@@ -343,7 +343,9 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_rows6(co
     }
 }
 
+#ifndef LSSA_AUTO_KERNELS // a lab kernel: not in the modules of Kernel::Auto (compile.rs)
 extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rows_mma6(KParams p) { bwd_rows6<true>(p); }
+#endif
 
 // w and dS^T for one tile of the keys kernel (st: scores on entry, w on exit; gvt: <g_i, v_j> on
 // entry, dS^T on exit).
@@ -483,4 +485,6 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_keys6(co
     store_rows(p.dv, b, h, keys, dv, p.T, t4);
 }
 
+#ifndef LSSA_AUTO_KERNELS // a lab kernel: not in the modules of Kernel::Auto (compile.rs)
 extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_keys_mma6(KParams p) { bwd_keys6<false>(p); }
+#endif

@@ -1,6 +1,8 @@
 //! `ptxas -v`, which the compile tests run on NVRTC's PTX: where it is, its per-kernel resource
 //! report (registers, spills, stack frame) read into [`Usage`], and that report as a table.
 
+pub mod sass;
+
 /// ptxas, which the torch wheel ships next to libtorch (`torch/bin/ptxas`): `$LSSA_PTXAS`, then
 /// `$LIBTORCH/bin`, then the CUDA toolkit.
 pub fn find() -> Option<std::path::PathBuf> {
