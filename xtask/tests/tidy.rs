@@ -2,7 +2,6 @@
 //! rust-analyzer's tidy tests). `cargo xtask test` runs them with the rest of the suite.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 mod common;
 
