@@ -45,6 +45,20 @@ fn nvrtc_or_skip() -> bool {
     }
 }
 
+/// NVRTC and ptxas (the torch venv's `torch/bin/ptxas`), or `None` after saying why the test is
+/// skipped (a failure where `LSSA_REQUIRE_NVRTC` is set, as in CI).
+fn ptxas_or_skip() -> Option<std::path::PathBuf> {
+    if !nvrtc_or_skip() {
+        return None;
+    }
+    let found = ptxas::find();
+    if found.is_none() {
+        assert!(std::env::var_os("LSSA_REQUIRE_NVRTC").is_none(), "no ptxas (torch/bin/ptxas of the torch venv)");
+        eprintln!("SKIPPED: no ptxas");
+    }
+    found
+}
+
 #[test]
 fn every_fused_variant_compiles_for_every_dtype_and_arch() {
     if !nvrtc_or_skip() {
@@ -320,14 +334,7 @@ fn labelled<'a>(rows: &[(&PtxasJob, &'a [Usage])]) -> Vec<(String, &'a [Usage])>
 ///   waits, with a note).
 #[test]
 fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
-    if !nvrtc_or_skip() {
-        return;
-    }
-    let Some(ptxas) = ptxas::find() else {
-        assert!(std::env::var_os("LSSA_REQUIRE_NVRTC").is_none(), "no ptxas (torch/bin/ptxas of the torch venv)");
-        eprintln!("SKIPPED: no ptxas");
-        return;
-    };
+    let Some(ptxas) = ptxas_or_skip() else { return };
     let started = std::time::Instant::now();
     let dir = std::env::temp_dir().join(format!("lssa-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -477,14 +484,7 @@ fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
 /// the H100 and H200 at d = 64). Needs ptxas and cuobjdump (the torch venv's torch and Triton).
 #[test]
 fn the_wgmma_register_operands_survive_their_loops() {
-    if !nvrtc_or_skip() {
-        return;
-    }
-    let Some(ptxas) = ptxas::find() else {
-        assert!(std::env::var_os("LSSA_REQUIRE_NVRTC").is_none(), "no ptxas (torch/bin/ptxas of the torch venv)");
-        eprintln!("SKIPPED: no ptxas");
-        return;
-    };
+    let Some(ptxas) = ptxas_or_skip() else { return };
     let Some(cuobjdump) = ptxas::sass::cuobjdump(&ptxas) else {
         assert!(
             std::env::var_os("LSSA_REQUIRE_NVRTC").is_none(),
