@@ -262,10 +262,11 @@ fn auto_launches(kernel: &str, reweighted: bool, head_dim: usize) -> bool {
 /// stack frame)`. None may grow and none may be added; one that no longer spills, or that Auto no
 /// longer launches, must be removed, so the list only shrinks. What is left: v2's forward (Auto's
 /// for rows that are not 16-byte aligned) by a few bytes; v7's keys kernel at d = 128 for four of the
-/// l1-normalised ablations (8 to 92 bytes; not for `lssa`, `softmax` or any re-weighted variant);
-/// v5's re-weighting sweep for `lssa+rw3` / `+rw15` in f16 on sm_80 (12 bytes; none on sm_90a). When
-/// v5 + v7 became Auto's (v3 + v7 at d = 128), the 41 spills of v3 at d = 64 and v4 left the list.
-const KNOWN_AUTO_SPILLS: [(&str, &str, u32, u32); 11] = [
+/// l1-normalised ablations (8 to 92 bytes; not for `lssa`, `softmax` or any re-weighted variant).
+/// When v5 + v7 became Auto's (v3 + v7 at d = 128), the 41 spills of v3 at d = 64 and v4 left the
+/// list; v5's re-weighting sweep (12 bytes for `lssa+rw3` / `+rw15` in f16 on sm_80) left it when it
+/// stopped holding the first sweep's statistics in registers.
+const KNOWN_AUTO_SPILLS: [(&str, &str, u32, u32); 9] = [
     ("lssa_fwd_mma", "sigmoid-bias:t_train=1024 d=64 Bf16 sm_90a", 16, 8),
     ("lssa_fwd_mma", "sigmoid-rowbias d=64 Bf16 sm_90a", 16, 8),
     ("lssa_fwd_mma", "mish-l1 d=128 F16 sm_80", 4, 8),
@@ -275,8 +276,6 @@ const KNOWN_AUTO_SPILLS: [(&str, &str, u32, u32); 11] = [
     ("lssa_bwd_keys_mma7", "gelu-l1 d=128 F16 sm_80", 12, 16),
     ("lssa_bwd_keys_mma7", "sigmoid-l1 d=128 Bf16 sm_90a", 8, 8),
     ("lssa_bwd_keys_mma7", "sigmoid-rowbias-l1 d=128 Bf16 sm_90a", 8, 8),
-    ("lssa_fwd_rw5", "lssa+rw15 d=64 F16 sm_80", 12, 16),
-    ("lssa_fwd_rw5", "lssa+rw3 d=64 F16 sm_80", 12, 16),
 ];
 
 /// The spills of the lab's gated warpgroup kernels (the v9 backward, v8 without re-weighting, at
@@ -448,8 +447,8 @@ fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
         failures.push(format!("KNOWN_AUTO_SPILLS names kernels this check did not assemble: {unseen:?}"));
     }
     eprintln!(
-        "Kernels Kernel::Auto launches that spill: {spilling}, none beyond KNOWN_AUTO_SPILLS (the known spills of v2, \
-         v5 and v7, which may only shrink).\n"
+        "Kernels Kernel::Auto launches that spill: {spilling}, none beyond KNOWN_AUTO_SPILLS (the known spills of v2 \
+         and v7, which may only shrink).\n"
     );
 
     if !idle.is_empty() {
