@@ -316,9 +316,9 @@ pub(crate) unsafe fn forward_configured(cfg: &Config, p: &Params, dtype: Dtype, 
 }
 
 /// Fused backward on device memory: reads `q`, `k`, `v`, `o`, `stats`, `d_out`; writes `dq`, `dk`,
-/// `dv`. `kernel`: [`Kernel::Auto`] runs the tensor-core backward (lab v7 at head dimension 64, v4 at
-/// 128) where it applies (f16/bf16, d 64 or 128, 16-byte aligned rows), else the SIMT one (v1); a
-/// lab request runs the backward of its pair (see [`Kernel`]).
+/// `dv`. `kernel`: [`Kernel::Auto`] runs the tensor-core backward (lab v7) where it applies
+/// (f16/bf16, d 64 or 128, 16-byte aligned rows), else the SIMT one (v1); a lab request runs the
+/// backward of its pair (see [`Kernel`]).
 ///
 /// # Safety
 /// As [`forward_raw`], for every pointer of `p`.

@@ -734,12 +734,6 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
                 const int row = rows[r], mt = r >> 1, q = r & 1;
                 if (row >= p.T) continue;
 #if P > 0
-                // The second kernel (MODE 2) reads the first sweep's z and largest f again from
-                // p.stats rather than holding them in registers through its sweep (one quad thread
-                // reads them, then overwrites them below).
-                const float* st1 = (const float*)p.stats + ((long long)bh * p.T + row) * STATS;
-                const float z1 = MODE == 2 ? st1[ST_Z] : z[r], fmx1 = MODE == 2 ? st1[ST_W] : fmx[r];
-                const float umax = rw_row5(z1, fmx1, row + 1).umax; // as in the pass-1 set-up
                 float sc = fallback[r] ? 1.f : 1.f / wsum[r];
 #else
                 float sc = anorm(z[r] * F_UNIT, row + 1) * F_UNIT;
@@ -751,18 +745,19 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
                 if (t4 == 0) {
                     float* stt = (float*)p.stats + ((long long)bh * p.T + row) * STATS;
 #if P > 0
+                    // The second kernel (MODE 2) reads the first sweep's z and largest f again from
+                    // the slots it overwrites here, rather than holding them in registers through
+                    // its sweep.
+                    const float z1 = MODE == 2 ? stt[ST_Z] : z[r], fmx1 = MODE == 2 ? stt[ST_W] : fmx[r];
                     stt[ST_Z] = z1 * F_UNIT;
-#else
-                    stt[ST_Z] = z[r] * F_UNIT;
-#endif
-                    stt[ST_MAX] = RUNNING_MAX ? mx[r] * LN2_F : 0.f;
-#if P > 0
-                    stt[ST_UMAX] = umax;
+                    stt[ST_UMAX] = rw_row5(z1, fmx1, row + 1).umax; // as in the pass-1 set-up
                     stt[ST_W] = wsum[r];
 #else
+                    stt[ST_Z] = z[r] * F_UNIT;
                     stt[ST_UMAX] = 0.f;
                     stt[ST_W] = 0.f;
 #endif
+                    stt[ST_MAX] = RUNNING_MAX ? mx[r] * LN2_F : 0.f;
                 }
             }
         }
