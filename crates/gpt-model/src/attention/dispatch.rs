@@ -154,16 +154,24 @@ mod tests {
 
     #[test]
     fn sdpa_computes_the_softmax_variant() {
-        // The same causal mask and 1/sqrt(d) scale as the reference's `softmax` (f64 on the CPU, where
-        // libtorch's SDPA runs its math path): the GPU path differs only in kernels.
+        // The same causal mask and 1/sqrt(d) scale as the reference's `softmax`, in f64 on the CPU (the
+        // GPU path differs only in kernels). libtorch's CPU SDPA is not bit-exact f64 on every machine
+        // and run: it agreed to 4e-16 here but once differed by 2.0e-9 on the 2-core CI machine, with
+        // the same inputs and libtorch. So the bound is 1e-7, which still tells apart every convention
+        // that could differ: a mask off by one key moves the output by ~3, and a scale off by a relative
+        // 1e-6 by ~2e-6 (the control below holds the test to that).
+        const BOUND: f64 = 1e-7;
         let (b, h, t, d) = (2, 3, 37, 16);
         let opts = (Kind::Double, Device::Cpu);
         let (q, k, val) = crate::model::with_seed(3, || {
             (Tensor::randn([b, h, t, d], opts), Tensor::randn([b, h, t, d], opts), Tensor::randn([b, h, t, d], opts))
         });
-        let want = torch_ops::attention(&q, &k, &val, &v("softmax").plan().unwrap(), 0).unwrap();
-        let got = sdpa(&q, &k, &val);
-        let err = (got - want).abs().max().double_value(&[]);
-        assert!(err < 1e-12, "max |sdpa - reference| = {err}");
+        let plan = v("softmax").plan().unwrap();
+        let want = torch_ops::attention(&q, &k, &val, &plan, 0).unwrap();
+        let err = (sdpa(&q, &k, &val) - &want).abs().max().double_value(&[]);
+        assert!(err < BOUND, "max |sdpa - reference| = {err}");
+        let rescaled = torch_ops::attention(&(&q * (1.0 + 1e-6)), &k, &val, &plan, 0).unwrap();
+        let control = (rescaled - &want).abs().max().double_value(&[]);
+        assert!(control > 10.0 * BOUND, "a scale off by 1e-6 moves the output by only {control}");
     }
 }
