@@ -257,30 +257,26 @@ fn auto_launches(kernel: &str, reweighted: bool) -> bool {
 /// The spills of kernels `Kernel::Auto` launches that ptxas (the torch venv's, CUDA 13.0) reported
 /// when this check was written (issue 47): `(kernel, specialisation, bytes of spill stores, bytes of
 /// stack frame)`. None may grow and none may be added; one that no longer spills, or that Auto no
-/// longer launches, must be removed, so the list only shrinks. What is left: v2's forward (Auto's
-/// for rows that are not 16-byte aligned) by a few bytes; v7's keys kernel at d = 128 for four of the
-/// l1-normalised ablations (8 to 92 bytes; not for `lssa`, `softmax` or any re-weighted variant).
-/// When v5 + v7 became Auto's (v3 + v7 at d = 128), the 41 spills of v3 at d = 64 and v4 left the
-/// list; v5's re-weighting sweep (12 bytes for `lssa+rw3` / `+rw15` in f16 on sm_80) left it when it
-/// stopped holding the first sweep's statistics in registers.
-const KNOWN_AUTO_SPILLS: [(&str, &str, u32, u32); 9] = [
-    ("lssa_fwd_mma", "sigmoid-bias:t_train=1024 d=64 Bf16 sm_90a", 16, 8),
-    ("lssa_fwd_mma", "sigmoid-rowbias d=64 Bf16 sm_90a", 16, 8),
-    ("lssa_fwd_mma", "mish-l1 d=128 F16 sm_80", 4, 8),
-    ("lssa_bwd_keys_mma7", "linear-l1 d=128 Bf16 sm_90a", 44, 32),
-    ("lssa_bwd_keys_mma7", "linear-l1 d=128 F16 sm_80", 92, 48),
+/// longer launches, must be removed, so the list only shrinks. It went from 44 to 9 with v5 + v7 as
+/// Auto's and v5's statistics re-read, then to 2: IEEE divisions became `rcp_fast` (their slow path
+/// is a call, around which ptxas spilled in v2 and v7), mish's tanh(softplus) one exp and one
+/// reciprocal, v7's keys kernel packs W and dS as A fragments entry by entry and computes its
+/// products' addresses after the entry maths, and v7's rows kernel rebuilds its record at the end.
+/// What is left: v7's rows kernel for `softmax+rw15` at d = 128 on sm_90a, where ptxas holds it at
+/// 168 registers (three blocks per SM) and spills one value of the sweep (with `__launch_bounds__`'s
+/// minimum of one block it takes 210 registers and spills nothing: which is faster is for a GPU to
+/// say); v7's keys kernel for `gelu-l1` at d = 128 on sm_90a (three ldmatrix row addresses, stored
+/// and loaded once per key tile).
+const KNOWN_AUTO_SPILLS: [(&str, &str, u32, u32); 2] = [
+    ("lssa_bwd_rowstats7", "softmax+rw15 d=128 Bf16 sm_90a", 8, 8),
     ("lssa_bwd_keys_mma7", "gelu-l1 d=128 Bf16 sm_90a", 12, 16),
-    ("lssa_bwd_keys_mma7", "gelu-l1 d=128 F16 sm_80", 12, 16),
-    ("lssa_bwd_keys_mma7", "sigmoid-l1 d=128 Bf16 sm_90a", 8, 8),
-    ("lssa_bwd_keys_mma7", "sigmoid-rowbias-l1 d=128 Bf16 sm_90a", 8, 8),
 ];
 
 /// The spills of the lab's gated warpgroup kernels (the v9 backward, v8 without re-weighting, at
-/// d = 64) that ptxas reported when this check was written, as [`KNOWN_AUTO_SPILLS`]: v9's keys
-/// kernel for softmax at 255 registers. The check before issue 47 missed it: it looked for "0 bytes
-/// spill stores", which "20 bytes spill stores" contains.
-const KNOWN_LAB_SPILLS: [(&str, &str, u32, u32); 1] = [("lssa_bwd_keys_wg9", "softmax d=64 Bf16 sm_90a", 20, 24)];
-
+/// d = 64), as [`KNOWN_AUTO_SPILLS`]. The check before issue 47 missed v9's keys kernel for softmax
+/// (20 bytes at 255 registers: it looked for "0 bytes spill stores", which "20 bytes spill stores"
+/// contains); it left when the keys kernel started packing W and dS as A fragments entry by entry.
+const KNOWN_LAB_SPILLS: [(&str, &str, u32, u32); 0] = [];
 /// What one ptxas run is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Role {

@@ -132,7 +132,37 @@ __device__ __forceinline__ float softplus_f(float x) {
     return fmaxf(x, 0.f) + l;
 }
 
-__device__ __forceinline__ float sigmoid_f(float x) { return 1.f / (1.f + __expf(-x)); }
+// x, hidden from the compiler's value numbering: what is computed from it is computed where it is
+// used rather than hoisted above the code before it and held in registers through that code.
+__device__ __forceinline__ int opaque(int x) {
+#if defined(LSSA_EMU)
+    return x;
+#else
+    int y;
+    asm volatile("mov.b32 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+#endif
+}
+
+// 1 / x by the fast reciprocal (MUFU.RCP; div.approx, 2 ulp for 2^-126 < |x| < 2^126, 0 above)
+// rather than an IEEE division, whose slow path is a subroutine call: ptxas keeps registers across
+// it in local memory, which spilled v2's forward and v7's kernels of several variants (issue 47).
+// The kernels take the reciprocals of row sums and maxima with it (what they scale is rounded to
+// f16 / bf16 anyway); the re-weighting's skip threshold off / (N a) stays an IEEE division, so that
+// no tile with a positive entry can be skipped by a rounding.
+__device__ __forceinline__ float rcp_fast(float x) { return __fdividef(1.f, x); }
+
+// 1 / (1 + e^-x) -> 0 for x below about -87 (where the denominator passes 2^126): sigmoid's value
+// there to f32's normal range.
+__device__ __forceinline__ float sigmoid_f(float x) { return rcp_fast(1.f + __expf(-x)); }
+
+// tanh(softplus(x)) = n / (n + 2) with n = e^x (e^x + 2), since (1 + e^x)^2 = n + 1: one exp and
+// one fast reciprocal instead of softplus's log and tanhf, and no cancellation as x -> -inf (n ~ 2e^x).
+// Past x = 20 the ratio is 1 in f32 (1 - 8.5e-18), so x is clamped there to keep n finite.
+__device__ __forceinline__ float tanh_softplus_f(float x) {
+    const float e = __expf(fminf(x, 20.f)), n = e * (e + 2.f);
+    return __fdividef(n, n + 2.f);
+}
 
 __device__ __forceinline__ float act(float x) {
 #if ACT == 0
@@ -150,7 +180,7 @@ __device__ __forceinline__ float act(float x) {
 #elif ACT == 6
     return sigmoid_f(x);
 #elif ACT == 7
-    return x * tanhf(softplus_f(x));
+    return x * tanh_softplus_f(x);
 #elif ACT == 8
     return x;
 #else
@@ -175,7 +205,7 @@ __device__ __forceinline__ float act_grad(float x, float f) {
 #elif ACT == 6
     return f * (1.f - f);
 #elif ACT == 7
-    float t = tanhf(softplus_f(x));
+    float t = tanh_softplus_f(x);
     return t + x * (1.f - t * t) * sigmoid_f(x);
 #elif ACT == 8
     return 1.f;
@@ -209,11 +239,11 @@ __device__ __forceinline__ float offset_of(int n) { return n <= 3 ? 0.f : 1.f; }
 // Stage-1 normalising factor: a_ij = f_ij * anorm.
 __device__ __forceinline__ float anorm(float z, int n) {
 #if NORM == 0
-    return z == 0.f ? 0.f : 1.f / z;
+    return z == 0.f ? 0.f : rcp_fast(z);
 #elif NORM == 1
     return 1.f;
 #else
-    return 1.f / (float)n;
+    return rcp_fast((float)n);
 #endif
 }
 

@@ -124,7 +124,7 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_fwd_simt(KParams p)
             float ftop = RUNNING_MAX ? 1.f : fmx;
             na = (float)n * an;
             umax = fmaxf(fmaf(ftop, na, -off), 0.f);
-            inv_m = umax > 0.f ? 1.f / umax : 0.f;
+            inv_m = umax > 0.f ? rcp_fast(umax) : 0.f;
         }
         for (int t = 0; t < ntiles; t++) {
             const int j0 = t * TK;
@@ -181,7 +181,7 @@ extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_fwd_simt(KParams p)
     // The first sweep of re-weighting accumulates nothing into acc (it skips P V), so acc holds the
     // last sweep's sum.
     if (valid) {
-        float sc = P > 0 ? (umax <= 0.f ? 1.f : 1.f / wsum) : anorm(z, n);
+        float sc = P > 0 ? (umax <= 0.f ? 1.f : rcp_fast(wsum)) : anorm(z, n);
 #pragma unroll
         for (int m = 0; m < NC; m++) {
             int c = lane + 32 * m;

@@ -120,7 +120,7 @@ extern "C" __global__ void __launch_bounds__(128) lssa_fwd_mma(KParams p) {
                 off[q] = offset_of(n);
                 float ftop = RUNNING_MAX ? 1.f : fmx[q];
                 umax[q] = fmaxf(fmaf(ftop, na[q], -off[q]), 0.f);
-                inv_m[q] = umax[q] > 0.f ? 1.f / umax[q] : 0.f;
+                inv_m[q] = umax[q] > 0.f ? rcp_fast(umax[q]) : 0.f;
                 if (rows[q] < p.T) {
                     if (umax[q] <= 0.f) atomicOr(&anyFallback, 1);
                     float thr = an[q] > 0.f ? off[q] / na[q] : INFINITY;
@@ -250,7 +250,7 @@ extern "C" __global__ void __launch_bounds__(128) lssa_fwd_mma(KParams p) {
                 if (row >= p.T) continue;
                 float sc;
 #if P > 0
-                sc = umax[q] <= 0.f ? 1.f : 1.f / wsum[q];
+                sc = umax[q] <= 0.f ? 1.f : rcp_fast(wsum[q]);
 #else
                 sc = anorm(z[q], row + 1);
 #endif

@@ -131,7 +131,7 @@ extern "C" __global__ void __launch_bounds__(NW3 * 32) lssa_fwd_mma3(KParams p) 
                 off[q] = offset_of(n);
                 float ftop = RUNNING_MAX ? 1.f : fmx[q];
                 umax[q] = fmaxf(fmaf(ftop, na[q], -off[q]), 0.f);
-                inv_m[q] = umax[q] > 0.f ? 1.f / umax[q] : 0.f;
+                inv_m[q] = umax[q] > 0.f ? rcp_fast(umax[q]) : 0.f;
                 if (rows[q] < p.T) {
                     if (umax[q] <= 0.f) atomicOr(&anyFallback, 1);
                     atomicMin(&thrMin, ordered(an[q] > 0.f ? off[q] / na[q] : INFINITY));
@@ -294,7 +294,7 @@ extern "C" __global__ void __launch_bounds__(NW3 * 32) lssa_fwd_mma3(KParams p) 
                 int row = rows[q];
                 if (row >= p.T) continue;
 #if P > 0
-                float sc = umax[q] <= 0.f ? 1.f : 1.f / wsum[q];
+                float sc = umax[q] <= 0.f ? 1.f : rcp_fast(wsum[q]);
 #else
                 float sc = anorm(z[q], row + 1);
 #endif

@@ -34,6 +34,23 @@ __device__ __forceinline__ void mma_rows_t(float (*acc)[4], const u32 (*a)[4], c
     }
 }
 
+// out[16 x HD] += A (16 x 16, one A fragment) times the 16 rows of `rows` (row stride KP3) from kb * 16.
+__device__ __forceinline__ void mma_a16_rows(float (*out)[4], const u32* a, const u16* rows, int kb, int lm, int lr) {
+#pragma unroll
+    for (int dp = 0; dp < HD / 16; dp++) {
+        u32 bf[4];
+        ldsm4t(bf, rows + (kb * 16 + (lm & 1) * 8 + lr) * KP3 + dp * 16 + (lm >> 1) * 8);
+        mma3(out[2 * dp], a, bf[0], bf[1]);
+        mma3(out[2 * dp + 1], a, bf[2], bf[3]);
+    }
+}
+
+// out[16 x HD] += A (16 x 64: this warp's A fragments, 16 columns each) times `rows` (64 x HD).
+__device__ __forceinline__ void mma_a_rows(float (*out)[4], const u32 (*a)[4], const u16* rows, int lm, int lr) {
+#pragma unroll
+    for (int kb = 0; kb < BB / 16; kb++) mma_a16_rows(out, a[kb], rows, kb, lm, lr);
+}
+
 // out[16 x HD] += P (16 x 64, accumulator layout, rounded to the dtype) times `rows` (64 x HD).
 __device__ __forceinline__ void mma_acc_rows(float (*out)[4], const float (*pm)[4], const u16* rows, int lm, int lr) {
 #pragma unroll
@@ -43,13 +60,7 @@ __device__ __forceinline__ void mma_acc_rows(float (*out)[4], const float (*pm)[
         a[1] = pack2(pm[2 * kb][2], pm[2 * kb][3]);
         a[2] = pack2(pm[2 * kb + 1][0], pm[2 * kb + 1][1]);
         a[3] = pack2(pm[2 * kb + 1][2], pm[2 * kb + 1][3]);
-#pragma unroll
-        for (int dp = 0; dp < HD / 16; dp++) {
-            u32 bf[4];
-            ldsm4t(bf, rows + (kb * 16 + (lm & 1) * 8 + lr) * KP3 + dp * 16 + (lm >> 1) * 8);
-            mma3(out[2 * dp], a, bf[0], bf[1]);
-            mma3(out[2 * dp + 1], a, bf[2], bf[3]);
-        }
+        mma_a16_rows(out, a, rows, kb, lm, lr);
     }
 }
 

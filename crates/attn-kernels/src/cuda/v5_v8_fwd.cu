@@ -485,7 +485,7 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
                 fallback[r] = c.umax <= 0.f;
                 ra[r] = fallback[r] ? c.an2 : c.na2;
                 rb[r] = fallback[r] ? 0.f : -c.off;
-                rc[r] = fallback[r] ? 1.f : 1.f / c.umax;
+                rc[r] = fallback[r] ? 1.f : rcp_fast(c.umax);
                 if (rows[r] < p.T) {
                     if (fallback[r]) atomicOr(&anyFallback, 1);
                     atomicMin(&thrMin, ordered(c.an2 > 0.f ? c.off / c.na2 : INFINITY));
@@ -734,7 +734,7 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
                 const int row = rows[r], mt = r >> 1, q = r & 1;
                 if (row >= p.T) continue;
 #if P > 0
-                float sc = fallback[r] ? 1.f : 1.f / wsum[r];
+                float sc = fallback[r] ? 1.f : rcp_fast(wsum[r]);
 #else
                 float sc = anorm(z[r] * F_UNIT, row + 1) * F_UNIT;
 #endif

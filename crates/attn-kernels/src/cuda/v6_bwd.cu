@@ -49,6 +49,11 @@ __device__ __forceinline__ void rows_t2(float (*x)[4], const u32 (*a)[4], const 
 
 __device__ __forceinline__ RowK6 row_k6(const KParams& p, int bh, int i, int n, float dp, float c) {
     RowG g = row_g(p, bh, i, dp, c);
+    // The reciprocals by rcp_fast, not row_g's IEEE divisions (left dead), whose slow path's call
+    // made ptxas spill around it in the rows kernel.
+    const float w_sum = ((const float*)p.stats)[((long long)bh * p.T + i) * STATS + ST_W];
+    g.inv_m = g.umax > 0.f ? rcp_fast(g.umax) : 0.f;
+    g.inv_w = w_sum != 0.f ? rcp_fast(w_sum) : 0.f;
     RowK6 r;
     r.facn = row_scale(p, n) * (COSINE ? inv_norm(p, bh, 0, i) : 1.f);
     float bias = row_bias(p, n);
@@ -104,18 +109,17 @@ __device__ __forceinline__ void dq_atomic_add(const float (*acc)[4], const KPara
     }
 }
 
-// v7: this block's share of dq for one query tile. dst holds dS (times ink) for this warp's 16 keys
-// x the tile's 64 rows (accumulator layout); it goes through shared memory (ds, [key][row]) so that
-// each warp can take 16 query rows x all 64 keys as an A operand (ldmatrix.trans), times the block's
-// K (Kb); the 16 x HD result is added to p.dq_acc with f32 atomics.
-__device__ __forceinline__ void dq_from_keys7(const float (*dst)[4], const u16* Kb, u16* ds, const KParams& p, int bh,
+// v7: this block's share of dq for one query tile. dsa holds dS (times ink) for this warp's 16 keys
+// x the tile's 64 rows as A fragments (keys_tile6's packing); it goes through shared memory (ds,
+// [key][row]) so that each warp can take 16 query rows x all 64 keys as an A operand (ldmatrix.trans),
+// times the block's K (Kb); the 16 x HD result is added to p.dq_acc with f32 atomics.
+__device__ __forceinline__ void dq_from_keys7(const u32 (*dsa)[4], const u16* Kb, u16* ds, const KParams& p, int bh,
                                               int i0, int warp, int lane) {
     const int g = lane >> 2, t4 = lane & 3, lm = lane >> 3, lr = lane & 7;
 #pragma unroll
     for (int nn = 0; nn < BB / 8; nn++)
 #pragma unroll
-        for (int q = 0; q < 2; q++)
-            *(u32*)(ds + (warp * 16 + g + 8 * q) * KP3 + nn * 8 + 2 * t4) = pack2(dst[nn][2 * q], dst[nn][2 * q + 1]);
+        for (int q = 0; q < 2; q++) *(u32*)(ds + (warp * 16 + g + 8 * q) * KP3 + nn * 8 + 2 * t4) = dsa[nn >> 1][2 * (nn & 1) + q];
     __syncthreads();
     float acc[HD / 8][4];
 #pragma unroll
@@ -277,8 +281,8 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_rows6(co
 #pragma unroll
     for (int nn = 0; nn < HD / 8; nn++) dq[nn][0] = dq[nn][1] = dq[nn][2] = dq[nn][3] = 0.f;
 
+    float e[2] = {0.f, 0.f}; // E_i, summed over the row's quad after the first pass
     for (int pass = first_pass; pass < end_pass; pass++) {
-        float e[2] = {0.f, 0.f};
         auto issue = [&](int kt, int stage) {
             u16* ks = smb + stage * 2 * TILE;
             load(ks, p.k, kt * BB);
@@ -333,8 +337,13 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_rows6(co
             if (rows[q] >= p.T) continue;
             // The whole record (D'_i and C_i among its fields) for the keys kernel, which reads it
             // per tile instead of rebuilding it (three global loads, three divisions and two logs
-            // per row per tile).
-            ((RowK6*)p.rowk)[(long long)bh * p.T + rows[q]] = rk[q];
+            // per row per tile). Rebuilt here rather than stored from rk: the fields the sweep never
+            // reads (k2, an_df, inv_w, ..) need not live in registers through it, which spilled the
+            // sigmoid ablations' rows kernel.
+            const int bh2 = opaque(bh); // its addresses computed here, not held through the sweep
+            RowK6 out = row_k6(p, bh2, rows[q], rows[q] + 1, rk[q].dp, rk[q].dp);
+            if (P > 0 && out.fb == 0.f) out.c = e[q] * out.k2 * out.an;
+            ((RowK6*)p.rowk)[(long long)bh2 * p.T + rows[q]] = out;
         }
     }
     if (DQ) {
@@ -347,21 +356,28 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_rows6(co
 extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rows_mma6(KParams p) { bwd_rows6<true>(p); }
 #endif
 
-// w and dS^T for one tile of the keys kernel (st: scores on entry, w on exit; gvt: <g_i, v_j> on
-// entry, dS^T on exit).
+// w and dS^T for one tile of the keys kernel, from the scores (st) and <g_i, v_j> (gvt) of this
+// warp's keys x the tile's rows (accumulator layout), rounded to the dtype as A fragments (wa, da:
+// acc_to_a's packing). Packing each entry as it is computed frees the f32 inputs as the loop goes,
+// which keeps the generic activations' maths (linear-l1, gelu-l1, sigmoid-l1) out of local memory
+// at head dimension 128, where dk and dv take 128 registers.
 template <bool MASK>
-__device__ __forceinline__ void keys_tile6(float (*st)[4], float (*gvt)[4], const RowK6* rt, const float* ink,
-                                           const int* keys, int i0, int T, int t4) {
+__device__ __forceinline__ void keys_tile6(const float (*st)[4], const float (*gvt)[4], u32 (*wa)[4], u32 (*da)[4],
+                                           const RowK6* rt, const float* ink, const int* keys, int i0, int T, int t4) {
 #pragma unroll
     for (int nn = 0; nn < BB / 8; nn++)
 #pragma unroll
-        for (int x = 0; x < 4; x++) {
-            const int q = x >> 1, cl = nn * 8 + 2 * t4 + (x & 1), i = i0 + cl;
-            const RowK6& r = rt[cl];
-            float w, ds;
-            entry6<MASK>(fmaf(st[nn][x] * r.fac2, ink[q], r.bias2), gvt[nn][x], r, i >= keys[q] && i < T, w, ds);
-            st[nn][x] = w;
-            gvt[nn][x] = ds * ink[q];
+        for (int q = 0; q < 2; q++) {
+            float w[2], ds[2];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int x = 2 * q + e, cl = nn * 8 + 2 * t4 + e, i = i0 + cl;
+                const RowK6& r = rt[cl];
+                entry6<MASK>(fmaf(st[nn][x] * r.fac2, ink[q], r.bias2), gvt[nn][x], r, i >= keys[q] && i < T, w[e], ds[e]);
+                ds[e] *= ink[q];
+            }
+            wa[nn >> 1][2 * (nn & 1) + q] = pack2(w[0], w[1]);
+            da[nn >> 1][2 * (nn & 1) + q] = pack2(ds[0], ds[1]);
         }
 }
 
@@ -439,14 +455,12 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_keys6(co
         }
         rows_t2<WG>(st, kf, Qs, gvt, vf, Gs, lm, lr);
         // Some row of the tile is before some key of this warp, or past the end.
+        u32 wa[BB / 16][4], da[BB / 16][4]; // W^T and dS^T as A fragments
         if (i0 < kmax || i0 + BB > p.T)
-            keys_tile6<true>(st, gvt, rt[stage], ink, keys, i0, p.T, t4);
+            keys_tile6<true>(st, gvt, wa, da, rt[stage], ink, keys, i0, p.T, t4);
         else
-            keys_tile6<false>(st, gvt, rt[stage], ink, keys, i0, p.T, t4);
+            keys_tile6<false>(st, gvt, wa, da, rt[stage], ink, keys, i0, p.T, t4);
         if constexpr (WG) {
-            u32 wa[BB / 16][4], da[BB / 16][4];
-            acc_to_a(wa, st);
-            acc_to_a(da, gvt);
             wg_fence();
             wg_acc_rows(dv, wa, Gs);
             wg_acc_rows(dk, da, Qs);
@@ -458,8 +472,7 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_keys6(co
             for (int nn = 0; nn < BB / 8; nn++)
 #pragma unroll
                 for (int q = 0; q < 2; q++)
-                    sts32(ds + cm_index(warp * 16 + g + 8 * q, nn * 8 + 2 * t4),
-                          pack2(gvt[nn][2 * q], gvt[nn][2 * q + 1]));
+                    sts32(ds + cm_index(warp * 16 + g + 8 * q, nn * 8 + 2 * t4), da[nn >> 1][2 * (nn & 1) + q]);
             fence_async_smem();
             __syncthreads();
             // dq (queries x HD) = dS (queries x keys: MN-major A, key blocks HD 16 bytes apart,
@@ -474,9 +487,13 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_keys6(co
             wg_wait<0>();
             dq_atomic_add(dqt, p, bh, i0, warp, lane);
         } else {
-            mma_acc_rows(dv, st, Gs, lm, lr);
-            mma_acc_rows(dk, gvt, Qs, lm, lr);
-            if (DQ) dq_from_keys7(gvt, Kb, stages + 4 * TILE, p, bh, i0, warp, lane);
+            // The tile's addresses again, from an opaque copy of the stage: otherwise ptxas computes
+            // the products' ldmatrix addresses before the entry maths and keeps them through it, which
+            // spilled them for the costlier activations (gelu-l1, mish-l1) at head dimension 128.
+            const u16* Qs2 = stages + opaque(stage) * 2 * TILE;
+            mma_a_rows(dv, wa, Qs2 + TILE, lm, lr);
+            mma_a_rows(dk, da, Qs2, lm, lr);
+            if (DQ) dq_from_keys7(da, Kb, stages + 4 * TILE, p, bh, i0, warp, lane);
         }
         __syncthreads();
     }
