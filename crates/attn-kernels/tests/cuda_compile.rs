@@ -254,23 +254,19 @@ fn auto_launches(kernel: &str, reweighted: bool) -> bool {
     }
 }
 
-/// The spills of kernels `Kernel::Auto` launches that ptxas (the torch venv's, CUDA 13.0) reported
-/// when this check was written (issue 47): `(kernel, specialisation, bytes of spill stores, bytes of
-/// stack frame)`. None may grow and none may be added; one that no longer spills, or that Auto no
-/// longer launches, must be removed, so the list only shrinks. It went from 44 to 9 with v5 + v7 as
-/// Auto's and v5's statistics re-read, then to 2: IEEE divisions became `rcp_fast` (their slow path
-/// is a call, around which ptxas spilled in v2 and v7), mish's tanh(softplus) one exp and one
-/// reciprocal, v7's keys kernel packs W and dS as A fragments entry by entry and computes its
-/// products' addresses after the entry maths, and v7's rows kernel rebuilds its record at the end.
-/// What is left: v7's rows kernel for `softmax+rw15` at d = 128 on sm_90a, where ptxas holds it at
-/// 168 registers (three blocks per SM) and spills one value of the sweep (with `__launch_bounds__`'s
-/// minimum of one block it takes 210 registers and spills nothing: which is faster is for a GPU to
-/// say); v7's keys kernel for `gelu-l1` at d = 128 on sm_90a (three ldmatrix row addresses, stored
-/// and loaded once per key tile).
-const KNOWN_AUTO_SPILLS: [(&str, &str, u32, u32); 2] = [
-    ("lssa_bwd_rowstats7", "softmax+rw15 d=128 Bf16 sm_90a", 8, 8),
-    ("lssa_bwd_keys_mma7", "gelu-l1 d=128 Bf16 sm_90a", 12, 16),
-];
+/// The spills of kernels `Kernel::Auto` launches that ptxas (the torch venv's, CUDA 13.0) reports:
+/// `(kernel, specialisation, bytes of spill stores, bytes of stack frame)`. None may grow and none
+/// may be added; one that no longer spills, or that Auto no longer launches, must be removed, so the
+/// list only shrinks. It went from 44 (issue 47) to 9 with v5 + v7 as Auto's and v5's statistics
+/// re-read, and to none: IEEE divisions became `rcp_fast` (their slow path is a call, around which
+/// ptxas spilled in v2 and v7), mish's tanh(softplus) one exp and one reciprocal, v7's keys kernel
+/// packs W and dS as A fragments entry by entry, the tensor-core tiles' ldmatrix rows are 32-bit
+/// shared addresses plus constants (`SAddr`: ptxas folds the constants into the instruction instead
+/// of holding a register per offset), and v7's rows kernel rebuilds its record at its end. ptxas of
+/// CUDA 13 settles at occupancy steps (32 / 40 registers for the SIMT kernels, 168 for the rows
+/// kernel) and spills a cold value to stay on one, so a change elsewhere can bring a spill back:
+/// this list and the check say where.
+const KNOWN_AUTO_SPILLS: [(&str, &str, u32, u32); 0] = [];
 
 /// The spills of the lab's gated warpgroup kernels (the v9 backward, v8 without re-weighting, at
 /// d = 64), as [`KNOWN_AUTO_SPILLS`]. The check before issue 47 missed v9's keys kernel for softmax
@@ -440,8 +436,8 @@ fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
         failures.push(format!("KNOWN_AUTO_SPILLS names kernels this check did not assemble: {unseen:?}"));
     }
     eprintln!(
-        "Kernels Kernel::Auto launches that spill: {spilling}, none beyond KNOWN_AUTO_SPILLS (the known spills of v2 \
-         and v7, which may only shrink).\n"
+        "Kernels Kernel::Auto launches that spill: {spilling}, none beyond KNOWN_AUTO_SPILLS (which may only \
+         shrink).\n"
     );
 
     if !idle.is_empty() {

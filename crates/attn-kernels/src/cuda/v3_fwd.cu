@@ -53,6 +53,32 @@ __device__ __forceinline__ void mma3(float* c, const u32* a, u32 b0, u32 b1) {
 }
 #endif // LSSA_EMU
 
+// A shared-memory row address for ldmatrix that later offsets add to as constants: the 32-bit
+// shared-window address on the GPU, where base + constant folds into the instruction ([R + imm]),
+// rather than a generic pointer, whose per-thread part ptxas re-derives (and may hold in registers)
+// for every offset; the pointer itself in the emulator.
+#ifdef LSSA_EMU
+typedef const u16* SAddr;
+__device__ __forceinline__ SAddr saddr(const u16* p) { return p; }
+__device__ __forceinline__ SAddr sa_add(SAddr a, int elems) { return a + elems; }
+__device__ __forceinline__ void ldsm4_sa(u32* r, SAddr a) { ldsm4(r, a); }
+__device__ __forceinline__ void ldsm4t_sa(u32* r, SAddr a) { ldsm4t(r, a); }
+#else
+typedef unsigned SAddr;
+__device__ __forceinline__ SAddr saddr(const u16* p) { return smem_addr(p); }
+__device__ __forceinline__ SAddr sa_add(SAddr a, int elems) { return a + 2u * (unsigned)elems; }
+__device__ __forceinline__ void ldsm4_sa(u32* r, SAddr a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+__device__ __forceinline__ void ldsm4t_sa(u32* r, SAddr a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+}
+#endif
+
 // Queues rows [r0, r0 + nrows) of one head into s (row stride KP3).
 __device__ __forceinline__ void load_async(u16* s, const Tensor4& x, int b, int h, int r0, int nrows, int T) {
     const u16* base = (const u16*)x.ptr + b * x.sb + h * x.sh;

@@ -22,24 +22,31 @@ __device__ __forceinline__ void a_frags(u32 (*fr)[4], const u16* s, int warp, in
 __device__ __forceinline__ void mma_rows_t(float (*acc)[4], const u32 (*a)[4], const u16* rows, int lm, int lr) {
 #pragma unroll
     for (int nn = 0; nn < BB / 8; nn++) acc[nn][0] = acc[nn][1] = acc[nn][2] = acc[nn][3] = 0.f;
+    const SAddr row = saddr(rows + ((lm >> 1) * 8 + lr) * KP3 + (lm & 1) * 8);
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
 #pragma unroll
         for (int np = 0; np < BB / 16; np++) {
             u32 bf[4];
-            ldsm4(bf, rows + (np * 16 + (lm >> 1) * 8 + lr) * KP3 + kk * 16 + (lm & 1) * 8);
+            ldsm4_sa(bf, sa_add(row, np * 16 * KP3 + kk * 16));
             mma3(acc[2 * np], a[kk], bf[0], bf[1]);
             mma3(acc[2 * np + 1], a[kk], bf[2], bf[3]);
         }
     }
 }
 
-// out[16 x HD] += A (16 x 16, one A fragment) times the 16 rows of `rows` (row stride KP3) from kb * 16.
-__device__ __forceinline__ void mma_a16_rows(float (*out)[4], const u32* a, const u16* rows, int kb, int lm, int lr) {
+// This thread's ldmatrix row in a tile `rows` (row stride KP3) read as an MN-major B operand.
+__device__ __forceinline__ SAddr b_row_t(const u16* rows, int lm, int lr) {
+    return saddr(rows + ((lm & 1) * 8 + lr) * KP3 + (lm >> 1) * 8);
+}
+
+// out[16 x HD] += A (16 x 16, one A fragment) times the 16 rows from kb * 16 of the tile whose
+// b_row_t is `row`.
+__device__ __forceinline__ void mma_a16_rows(float (*out)[4], const u32* a, SAddr row, int kb) {
 #pragma unroll
     for (int dp = 0; dp < HD / 16; dp++) {
         u32 bf[4];
-        ldsm4t(bf, rows + (kb * 16 + (lm & 1) * 8 + lr) * KP3 + dp * 16 + (lm >> 1) * 8);
+        ldsm4t_sa(bf, sa_add(row, kb * 16 * KP3 + dp * 16));
         mma3(out[2 * dp], a, bf[0], bf[1]);
         mma3(out[2 * dp + 1], a, bf[2], bf[3]);
     }
@@ -47,8 +54,9 @@ __device__ __forceinline__ void mma_a16_rows(float (*out)[4], const u32* a, cons
 
 // out[16 x HD] += A (16 x 64: this warp's A fragments, 16 columns each) times `rows` (64 x HD).
 __device__ __forceinline__ void mma_a_rows(float (*out)[4], const u32 (*a)[4], const u16* rows, int lm, int lr) {
+    const SAddr row = b_row_t(rows, lm, lr);
 #pragma unroll
-    for (int kb = 0; kb < BB / 16; kb++) mma_a16_rows(out, a[kb], rows, kb, lm, lr);
+    for (int kb = 0; kb < BB / 16; kb++) mma_a16_rows(out, a[kb], row, kb);
 }
 
 // out[16 x HD] += P (16 x 64, accumulator layout, rounded to the dtype) times `rows` (64 x HD).
@@ -60,7 +68,7 @@ __device__ __forceinline__ void mma_acc_rows(float (*out)[4], const float (*pm)[
         a[1] = pack2(pm[2 * kb][2], pm[2 * kb][3]);
         a[2] = pack2(pm[2 * kb + 1][0], pm[2 * kb + 1][1]);
         a[3] = pack2(pm[2 * kb + 1][2], pm[2 * kb + 1][3]);
-        mma_a16_rows(out, a, rows, kb, lm, lr);
+        mma_a16_rows(out, a, b_row_t(rows, lm, lr), kb);
     }
 }
 

@@ -124,14 +124,16 @@ __device__ __forceinline__ void dq_from_keys7(const u32 (*dsa)[4], const u16* Kb
     float acc[HD / 8][4];
 #pragma unroll
     for (int nn = 0; nn < HD / 8; nn++) acc[nn][0] = acc[nn][1] = acc[nn][2] = acc[nn][3] = 0.f;
+    const SAddr arow = saddr(ds + ((lm >> 1) * 8 + lr) * KP3 + warp * 16 + (lm & 1) * 8);
+    const SAddr brow = saddr(Kb + ((lm & 1) * 8 + lr) * KP3 + (lm >> 1) * 8);
 #pragma unroll
     for (int kb = 0; kb < BB / 16; kb++) {
         u32 a[4]; // rows warp*16.., keys kb*16..: the transpose of what ds stores
-        ldsm4t(a, ds + (kb * 16 + (lm >> 1) * 8 + lr) * KP3 + warp * 16 + (lm & 1) * 8);
+        ldsm4t_sa(a, sa_add(arow, kb * 16 * KP3));
 #pragma unroll
         for (int dp = 0; dp < HD / 16; dp++) {
             u32 bf[4];
-            ldsm4t(bf, Kb + (kb * 16 + (lm & 1) * 8 + lr) * KP3 + dp * 16 + (lm >> 1) * 8);
+            ldsm4t_sa(bf, sa_add(brow, kb * 16 * KP3 + dp * 16));
             mma3(acc[2 * dp], a, bf[0], bf[1]);
             mma3(acc[2 * dp + 1], a, bf[2], bf[3]);
         }
@@ -487,12 +489,8 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_keys6(co
             wg_wait<0>();
             dq_atomic_add(dqt, p, bh, i0, warp, lane);
         } else {
-            // The tile's addresses again, from an opaque copy of the stage: otherwise ptxas computes
-            // the products' ldmatrix addresses before the entry maths and keeps them through it, which
-            // spilled them for the costlier activations (gelu-l1, mish-l1) at head dimension 128.
-            const u16* Qs2 = stages + opaque(stage) * 2 * TILE;
-            mma_a_rows(dv, wa, Qs2 + TILE, lm, lr);
-            mma_a_rows(dk, da, Qs2, lm, lr);
+            mma_a_rows(dv, wa, Gs, lm, lr);
+            mma_a_rows(dk, da, Qs, lm, lr);
             if (DQ) dq_from_keys7(da, Kb, stages + 4 * TILE, p, bh, i0, warp, lane);
         }
         __syncthreads();
