@@ -192,6 +192,8 @@ pub fn compile_ptx(
     Ok(compile(&cfg, head_dim, dtype, arch, generation)?.to_src())
 }
 
+/// One specialisation's PTX: from the on-disk cache ([`ptx_cache`](super::ptx_cache)) when it holds
+/// it, else from NVRTC (then cached).
 pub(super) fn compile(
     cfg: &Config,
     head_dim: usize,
@@ -199,16 +201,50 @@ pub(super) fn compile(
     arch: &'static str,
     generation: Generation,
 ) -> Result<Ptx> {
+    compile_in(cfg, head_dim, dtype, arch, generation, super::ptx_cache::dir().as_deref())
+}
+
+/// [`compile`] with the cache in `cache` (`None`: no cache).
+fn compile_in(
+    cfg: &Config,
+    head_dim: usize,
+    dtype: Dtype,
+    arch: &'static str,
+    generation: Generation,
+    cache: Option<&std::path::Path>,
+) -> Result<Ptx> {
+    use super::ptx_cache;
     preload_nvrtc()?;
     let key = cfg.key(head_dim, dtype, generation.name());
-    let opts = CompileOptions {
-        arch: Some(arch),
-        options: vec!["--std=c++17".into(), "-lineinfo".into()],
-        name: Some(format!("lssa-{key}.cu")),
-        ..Default::default()
-    };
-    cudarc::nvrtc::compile_ptx_with_opts(source(cfg, head_dim, dtype, generation), opts)
-        .map_err(|e| Error::Cuda(format!("NVRTC failed on {key}: {e:?}")))
+    let options: Vec<String> = vec!["--std=c++17".into(), "-lineinfo".into()];
+    let src = source(cfg, head_dim, dtype, generation);
+    let cached = cache.map(|dir| {
+        let version = nvrtc_version();
+        let h = ptx_cache::hash(&[src.as_bytes(), arch.as_bytes(), options.join(" ").as_bytes(), version.as_bytes()]);
+        (ptx_cache::path(dir, &key, h), h)
+    });
+    if let Some(ptx) = cached.as_ref().and_then(|(path, h)| ptx_cache::read(path, *h)) {
+        return Ok(Ptx::from_src(ptx));
+    }
+    let opts = CompileOptions { arch: Some(arch), options, name: Some(format!("lssa-{key}.cu")), ..Default::default() };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(src, opts)
+        .map_err(|e| Error::Cuda(format!("NVRTC failed on {key}: {e:?}")))?;
+    if let Some((path, h)) = &cached {
+        ptx_cache::write(path, *h, &ptx.to_src());
+    }
+    Ok(ptx)
+}
+
+/// NVRTC's version, as "major.minor" (a part of the cache's hash: another NVRTC may emit other PTX).
+fn nvrtc_version() -> String {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC is loaded (preload_nvrtc); the call writes two ints it is given pointers to.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    if r == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        format!("{major}.{minor}")
+    } else {
+        format!("unknown ({r:?})")
+    }
 }
 
 /// The NVRTC architecture name for a compute capability (PTX, so newer GPUs JIT it).
@@ -234,3 +270,54 @@ pub(super) fn has_wgmma(arch: &str) -> bool {
 /// Every architecture name the kernels are compiled for (CI compiles each kernel for each).
 #[cfg(feature = "lab")]
 pub const ARCHES: [&str; 3] = ["compute_80", "compute_90", "compute_90a"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// NVRTC is there, or the test says why it did nothing (CI sets LSSA_REQUIRE_NVRTC: it must be).
+    fn nvrtc() -> bool {
+        match preload_nvrtc() {
+            Ok(_) => true,
+            Err(e) if std::env::var_os("LSSA_REQUIRE_NVRTC").is_none() => {
+                eprintln!("SKIPPED: {e}");
+                false
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    #[test]
+    fn a_second_compile_reads_the_cache_and_a_damaged_entry_is_compiled_again() {
+        if !nvrtc() {
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("lssa-compile-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let cfg = Config::new(&"lssa".parse().unwrap(), 64).unwrap();
+        let run = || compile_in(&cfg, 64, Dtype::Bf16, "compute_80", Generation::Simt, Some(&dir)).unwrap().to_src();
+        let fresh = run();
+        assert!(fresh.contains(".entry lssa_fwd_simt"), "NVRTC's PTX");
+        let files: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+        assert_eq!(files.len(), 1, "one module, one file: {files:?}");
+        let file = &files[0];
+        let stem = file.file_stem().unwrap().to_str().unwrap();
+        let h = u128::from_str_radix(stem.rsplit('-').next().unwrap(), 16).unwrap();
+        assert_eq!(ptx_cache_read(file, h).as_deref(), Some(fresh.as_str()), "what NVRTC made is what was stored");
+        // A second compile takes the file, not NVRTC: plant another body under the same hash.
+        super::super::ptx_cache::write(file, h, "// planted\n");
+        assert_eq!(run(), "// planted\n");
+        // A damaged file (its header's length no longer matches) is compiled again and replaced.
+        std::fs::write(file, std::fs::read_to_string(file).unwrap() + "tail").unwrap();
+        assert_eq!(run(), fresh);
+        assert_eq!(ptx_cache_read(file, h).as_deref(), Some(fresh.as_str()));
+        // Another architecture is another hash, so another file.
+        compile_in(&cfg, 64, Dtype::Bf16, "compute_90", Generation::Simt, Some(&dir)).unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn ptx_cache_read(path: &std::path::Path, h: u128) -> Option<String> {
+        super::super::ptx_cache::read(path, h)
+    }
+}

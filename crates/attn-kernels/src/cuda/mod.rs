@@ -61,6 +61,7 @@ mod launch;
 mod plan;
 #[cfg(feature = "lab")]
 mod probe;
+mod ptx_cache;
 mod staging;
 
 pub use compile::nvrtc_location;
