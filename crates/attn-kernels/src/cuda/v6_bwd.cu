@@ -125,18 +125,12 @@ __device__ __forceinline__ void dq_from_keys7(const u32 (*dsa)[4], const u16* Kb
 #pragma unroll
     for (int nn = 0; nn < HD / 8; nn++) acc[nn][0] = acc[nn][1] = acc[nn][2] = acc[nn][3] = 0.f;
     const SAddr arow = saddr(ds + ((lm >> 1) * 8 + lr) * KP3 + warp * 16 + (lm & 1) * 8);
-    const SAddr brow = saddr(Kb + ((lm & 1) * 8 + lr) * KP3 + (lm >> 1) * 8);
+    const SAddr brow = b_row_t(Kb, lm, lr);
 #pragma unroll
     for (int kb = 0; kb < BB / 16; kb++) {
         u32 a[4]; // rows warp*16.., keys kb*16..: the transpose of what ds stores
         ldsm4t_sa(a, sa_add(arow, kb * 16 * KP3));
-#pragma unroll
-        for (int dp = 0; dp < HD / 16; dp++) {
-            u32 bf[4];
-            ldsm4t_sa(bf, sa_add(brow, kb * 16 * KP3 + dp * 16));
-            mma3(acc[2 * dp], a, bf[0], bf[1]);
-            mma3(acc[2 * dp + 1], a, bf[2], bf[3]);
-        }
+        mma_a16_rows(acc, a, brow, kb);
     }
     dq_atomic_add(acc, p, bh, i0, warp, lane);
 }
