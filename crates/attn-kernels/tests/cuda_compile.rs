@@ -273,6 +273,7 @@ const KNOWN_AUTO_SPILLS: [(&str, &str, u32, u32); 0] = [];
 /// (20 bytes at 255 registers: it looked for "0 bytes spill stores", which "20 bytes spill stores"
 /// contains); it left when the keys kernel started packing W and dS as A fragments entry by entry.
 const KNOWN_LAB_SPILLS: [(&str, &str, u32, u32); 0] = [];
+
 /// What one ptxas run is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Role {

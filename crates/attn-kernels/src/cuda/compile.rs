@@ -273,6 +273,7 @@ pub const ARCHES: [&str; 3] = ["compute_80", "compute_90", "compute_90a"];
 
 #[cfg(test)]
 mod tests {
+    use super::super::ptx_cache;
     use super::*;
 
     /// NVRTC is there, or the test says why it did nothing (CI sets LSSA_REQUIRE_NVRTC: it must be).
@@ -303,21 +304,17 @@ mod tests {
         let file = &files[0];
         let stem = file.file_stem().unwrap().to_str().unwrap();
         let h = u128::from_str_radix(stem.rsplit('-').next().unwrap(), 16).unwrap();
-        assert_eq!(ptx_cache_read(file, h).as_deref(), Some(fresh.as_str()), "what NVRTC made is what was stored");
+        assert_eq!(ptx_cache::read(file, h).as_deref(), Some(fresh.as_str()), "what NVRTC made is what was stored");
         // A second compile takes the file, not NVRTC: plant another body under the same hash.
-        super::super::ptx_cache::write(file, h, "// planted\n");
+        ptx_cache::write(file, h, "// planted\n");
         assert_eq!(run(), "// planted\n");
         // A damaged file (its header's length no longer matches) is compiled again and replaced.
         std::fs::write(file, std::fs::read_to_string(file).unwrap() + "tail").unwrap();
         assert_eq!(run(), fresh);
-        assert_eq!(ptx_cache_read(file, h).as_deref(), Some(fresh.as_str()));
+        assert_eq!(ptx_cache::read(file, h).as_deref(), Some(fresh.as_str()));
         // Another architecture is another hash, so another file.
         compile_in(&cfg, 64, Dtype::Bf16, "compute_90", Generation::Simt, Some(&dir)).unwrap();
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    fn ptx_cache_read(path: &std::path::Path, h: u128) -> Option<String> {
-        super::super::ptx_cache::read(path, h)
     }
 }

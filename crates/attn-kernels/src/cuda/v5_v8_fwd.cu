@@ -402,9 +402,9 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
     // rows; v8's 128 rows stay in shared memory after the K / V stages, in core-matrix order, and
     // are read by the tensor cores (wg_rows_t_ss).
     u32 qf[2][HD / 16][4]; // [MT] used (v5)
-    const u16* Qs = smem5 + 4 * TILE5;
+    u16* const Qs = smem5 + 4 * TILE5;
     if constexpr (WG) {
-        load_async_cm(smem5 + 4 * TILE5, p.q, b, h, i0, BQ5, p.T);
+        load_async_cm(Qs, p.q, b, h, i0, BQ5, p.T);
         cp_commit();
         cp_wait<0>();
         fence_async_smem();
