@@ -9,14 +9,15 @@
 //!     regimes=spread-25,far-0 variants=softmax,lssa+rw15 seeds=9000,9001 steps=600
 //! ```
 //!
-//! Keys: `regimes` (comma-separated names of `defs/retrieval/regimes.toml`; default `spread-25`),
+//! Keys: `regimes` (comma-separated cells of `defs/retrieval/regimes.toml`, e.g. `spread-0` or
+//! `spread-0@torch-default`; default `spread-25`),
 //! `variants` (comma-separated), `seeds` (comma-separated seed values, never the benchmark's own),
 //! `posthoc` (a power also evaluated post hoc on `lssa` models; default 15), and any field of
 //! `experiments::retrieval::Settings` given as a TOML value (`steps=600`, `d_model=64`,
 //! `multiples=[1,4,16]`).
 
 use anyhow::{Context, Result};
-use experiments::retrieval::{Answers, Settings, regimes, train_and_evaluate};
+use experiments::retrieval::{Answers, Settings, cells, train_and_evaluate};
 
 /// Share of `true` among the answers of `a` (exact or key-conditional) whose distance is in the bin.
 fn share(a: &Answers, exact: bool, beyond: bool, t_train: u32) -> Option<f64> {
@@ -46,7 +47,7 @@ fn main() -> Result<()> {
             _ => overrides.push((k.to_string(), toml::from_str::<toml::Table>(&format!("x = {v}"))?["x"].clone())),
         }
     }
-    let all = regimes()?;
+    let all = cells()?;
     for name in &names {
         let regime = all.iter().find(|r| &r.name == name).with_context(|| format!("no regime `{name}`"))?;
         let mut table = toml::Table::try_from(Settings::for_regime("small", regime))?;
@@ -61,7 +62,7 @@ fn main() -> Result<()> {
             let tt = s.t_train as u32;
             for v in &variants {
                 let powers = if *v == "lssa" { vec![None, Some(posthoc)] } else { vec![None] };
-                let r = train_and_evaluate(&s, v, 0, &powers)?;
+                let r = train_and_evaluate(&s, v, 0, &powers, None)?;
                 let mut cells = serde_json::Map::new();
                 for &p in &powers {
                     let tag = p.map_or(String::new(), |p| format!("rw{p}_"));

@@ -26,6 +26,8 @@ pub struct Inputs<'a> {
     pub results: &'a Runs,
     /// The folder of user-supplied task data (`--downstream DIR`), if any.
     pub downstream_dir: Option<&'a Path>,
+    /// Set when a stop signal asks the reproduction to save and end (`reproduce`'s handlers).
+    pub stop: Option<trainer::process::StopFlag>,
 }
 
 /// Where a section's figures go.

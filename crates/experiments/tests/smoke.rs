@@ -142,7 +142,7 @@ fn smoke_scale_runs_every_experiment_and_resumes_without_redoing_work() {
     // physics experiment too, with its verdict.
     assert!(report.contains("## Associative recall from scratch") && report.contains("## Newton's law"));
     assert!(report.contains("**LSSAR recovers Newton's law and softmax does not**"), "the Newton verdict line");
-    let regimes = experiments::retrieval::regimes().unwrap();
+    let regimes = experiments::retrieval::cells().unwrap();
     for claim in &experiments::claims::all().unwrap().retrieval {
         let line = report
             .lines()

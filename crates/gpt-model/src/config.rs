@@ -23,6 +23,56 @@ pub enum AttnImpl {
     FusedOwn,
 }
 
+/// How a model's parameters are drawn before training ([`ModelConfig::init`]; `model.init` in TOML).
+///
+/// Both schemes draw, in order, the embedding `wte`, then per block the query-key-value projection
+/// `c_attn`, the attention output `attn.c_proj`, the MLP input `mlp.c_fc` and the MLP output
+/// `mlp.c_proj` (weight, then bias); LayerNorms are ones (gain) and zeros (bias) in both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+pub enum Init {
+    /// GPT-2's (`"gpt2"`, the default): `wte` and every weight normal(0, 0.02), except the two
+    /// residual projections (`attn.c_proj`, `mlp.c_proj`), normal(0, 0.02 / sqrt(2 n_layer)); biases
+    /// zero.
+    #[default]
+    #[serde(rename = "gpt2")]
+    Gpt2,
+    /// What a PyTorch user's own model gets (`"torch-default"`): every linear layer as `nn.Linear`
+    /// initialises it, weight and bias uniform in `[-1/sqrt(fan_in), 1/sqrt(fan_in)]` (`fan_in`: the
+    /// layer's input width); `wte` normal(0, 0.02) as in GPT-2, since the embedding is tied with the
+    /// output layer and PyTorch's normal(0, 1) embedding would make the initial logits useless.
+    #[serde(rename = "torch-default")]
+    TorchDefault,
+}
+
+impl Init {
+    /// Every scheme, by its TOML name.
+    pub const ALL: [Init; 2] = [Init::Gpt2, Init::TorchDefault];
+
+    /// The name in TOML (`gpt2`, `torch-default`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Init::Gpt2 => "gpt2",
+            Init::TorchDefault => "torch-default",
+        }
+    }
+}
+
+impl std::fmt::Display for Init {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Init {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Init::ALL.into_iter().find(|i| i.name() == s).ok_or_else(|| {
+            format!("unknown initialisation `{s}`: expected {}", Init::ALL.map(Init::name).join(" or "))
+        })
+    }
+}
+
 /// GPT-2 with RoPE. Every field has a default (GPT-2 small, SPEC section 7) so a TOML file only
 /// lists what it changes; unknown keys are an error.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -50,6 +100,8 @@ pub struct ModelConfig {
     pub attn_impl: AttnImpl,
     /// MLP hidden width as a multiple of `d_model`.
     pub mlp_ratio: usize,
+    /// How the parameters are drawn ([`Init`]: `"gpt2"` by default, or `"torch-default"`).
+    pub init: Init,
 }
 
 impl Default for ModelConfig {
@@ -96,6 +148,7 @@ impl ModelConfig {
             attention: Variant::preset("softmax").expect("softmax is a preset"),
             attn_impl: AttnImpl::Fused,
             mlp_ratio: 4,
+            init: Init::Gpt2,
         }
     }
 

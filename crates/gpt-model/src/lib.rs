@@ -20,5 +20,5 @@ pub mod loss;
 pub mod model;
 pub mod runtime;
 
-pub use config::{AttnImpl, ModelConfig};
+pub use config::{AttnImpl, Init, ModelConfig};
 pub use model::{ForwardOptions, Gpt, KvCache};

@@ -9,7 +9,7 @@ pub type AttnProbe<'a> = dyn FnMut(usize, &Tensor, &Tensor, &Attention) + 'a;
 use tch::{Device, Kind, Tensor};
 
 use crate::attention::{self, Attention, AttentionError};
-use crate::config::{AttnImpl, ConfigError, ModelConfig};
+use crate::config::{AttnImpl, ConfigError, Init, ModelConfig};
 
 /// Errors of the model.
 #[derive(Debug, thiserror::Error)]
@@ -91,12 +91,17 @@ pub struct Gpt {
     ln_f: nn::LayerNorm,
 }
 
-fn linear(p: nn::Path<'_>, i: usize, o: usize, std: f64) -> nn::Linear {
-    let cfg = nn::LinearConfig {
-        ws_init: nn::Init::Randn { mean: 0.0, stdev: std },
-        bs_init: Some(nn::Init::Const(0.0)),
-        bias: true,
+/// A linear layer from `i` to `o` features, drawn by `init`: GPT-2's normal(0, `std`) weight and
+/// zero bias, or `nn.Linear`'s uniform weight and bias in `+-1/sqrt(i)` (`std` unused).
+fn linear(p: nn::Path<'_>, i: usize, o: usize, init: Init, std: f64) -> nn::Linear {
+    let (ws_init, bs_init) = match init {
+        Init::Gpt2 => (nn::Init::Randn { mean: 0.0, stdev: std }, nn::Init::Const(0.0)),
+        Init::TorchDefault => {
+            let bound = 1.0 / (i as f64).sqrt();
+            (nn::Init::Uniform { lo: -bound, up: bound }, nn::Init::Uniform { lo: -bound, up: bound })
+        }
     };
+    let cfg = nn::LinearConfig { ws_init, bs_init: Some(bs_init), bias: true };
     nn::linear(p, i as i64, o as i64, cfg)
 }
 
@@ -138,8 +143,8 @@ fn exclusive_init<T>(f: impl FnOnce() -> T) -> T {
 
 impl Gpt {
     /// Builds the model's parameters under `vs` (names follow GPT-2: `wte`, `h.{i}.attn.c_attn`, ...),
-    /// initialised as GPT-2: normal(0, 0.02), residual projections normal(0, 0.02 / sqrt(2 L)),
-    /// zero biases, unit LayerNorms.
+    /// drawn as the config's [`Init`] says: GPT-2's by default (normal(0, 0.02), residual projections
+    /// normal(0, 0.02 / sqrt(2 L)), zero biases, unit LayerNorms), or `nn.Linear`'s.
     ///
     /// Initialisation draws from libtorch's process-wide generator; it runs under
     /// [`with_seed`]'s lock, so it never draws between another thread's seeding and that thread's
@@ -182,11 +187,11 @@ impl Gpt {
                 let b = &h / i;
                 Block {
                     ln_1: layer_norm(&b / "ln_1", d),
-                    c_attn: linear(&b / "attn" / "c_attn", d, 3 * d, std),
-                    attn_proj: linear(&b / "attn" / "c_proj", d, d, resid_std),
+                    c_attn: linear(&b / "attn" / "c_attn", d, 3 * d, cfg.init, std),
+                    attn_proj: linear(&b / "attn" / "c_proj", d, d, cfg.init, resid_std),
                     ln_2: layer_norm(&b / "ln_2", d),
-                    c_fc: linear(&b / "mlp" / "c_fc", d, cfg.mlp_ratio * d, std),
-                    mlp_proj: linear(&b / "mlp" / "c_proj", cfg.mlp_ratio * d, d, resid_std),
+                    c_fc: linear(&b / "mlp" / "c_fc", d, cfg.mlp_ratio * d, cfg.init, std),
+                    mlp_proj: linear(&b / "mlp" / "c_proj", cfg.mlp_ratio * d, d, cfg.init, resid_std),
                 }
             })
             .collect();

@@ -151,7 +151,8 @@ fn run() -> Result<()> {
     } else {
         runner::run_all(&scale, &plan, &seeds, &later, &out, &command, jobs, &launch, &sink_plan)?
     };
-    let inputs = Inputs { scale: &scale, out: &out, results: &results, downstream_dir: cli.downstream.as_deref() };
+    let inputs =
+        Inputs { scale: &scale, out: &out, results: &results, downstream_dir: cli.downstream.as_deref(), stop: None };
     for (p, _) in post.iter_mut().zip(&selected).filter(|(p, on)| **on && p.available(&inputs)) {
         let kind = p.kind();
         for e in experiments.iter().filter(|e| e.kind == kind) {

@@ -24,7 +24,7 @@ mod runs;
 mod sinks;
 mod tables;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 mod verdicts;
 
 /// Everything the report needs besides the results.

@@ -105,7 +105,7 @@ fn runs() -> Runs {
 }
 
 /// Compares `rendered` with `tests/golden/<name>`, or writes it there with `UPDATE_GOLDEN=1`.
-fn golden(name: &str, rendered: &str) {
+pub(crate) fn golden(name: &str, rendered: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(name);
     if std::env::var_os("UPDATE_GOLDEN").is_some() {
         std::fs::write(&path, rendered).unwrap();

@@ -22,6 +22,7 @@
 //! - The verdicts (`[[retrieval]]` in `defs/claims.toml`, fixed before the runs) and the report section
 //!   are in [`report`].
 
+pub mod recipe;
 pub mod report;
 pub mod task;
 
@@ -32,13 +33,14 @@ use std::time::Instant;
 
 use anyhow::{Context as _, Result, ensure};
 use serde::{Deserialize, Serialize};
-use tch::{Device, Kind as DType, Tensor, nn, nn::OptimizerConfig};
+use tch::{Device, Kind as DType, Tensor, nn};
 
-use gpt_model::{AttnImpl, ForwardOptions, ModelConfig};
+use gpt_model::{AttnImpl, ForwardOptions, Init, ModelConfig};
 
 use crate::post::{Figures, Inputs, PostTraining};
 use crate::spec::{Experiment, Kind, Scope};
 
+pub use recipe::Recipe;
 pub use task::Placement;
 
 /// The name `--only` accepts for the retrieval benchmark (its models are its own).
@@ -47,11 +49,13 @@ pub const ONLY: &str = "retrieval";
 const REGIMES: &str = include_str!("../../defs/retrieval/regimes.toml");
 
 /// A named task regime (`defs/retrieval/regimes.toml`): where the needles and questions sit and how
-/// dense the distractors are, in training windows and prompts alike.
+/// dense the distractors are, in training windows and prompts alike. [`cells`] crosses it with its
+/// initialisations (the recipe axis): each cell is a `Regime` of one initialisation, named after it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Regime {
-    /// Stable name (`spread-25`), also its results' directory.
+    /// Stable name (`spread-25`), also its results' directory; a cell of another initialisation than
+    /// GPT-2's is `<regime>@<init>` (`spread-0@torch-default`).
     pub name: String,
     /// Where the needles and the questions sit.
     pub placement: Placement,
@@ -62,6 +66,46 @@ pub struct Regime {
     pub ablations: bool,
     /// What it is and why it is in the grid, for the report.
     pub about: String,
+    /// The initialisations its models are trained with, each a cell of its own ([`cells`]; the
+    /// recipe axis of issue 61): `["gpt2"]` unless the file says otherwise.
+    #[serde(default = "gpt2_only")]
+    pub inits: Vec<Init>,
+}
+
+fn gpt2_only() -> Vec<Init> {
+    vec![Init::Gpt2]
+}
+
+impl Regime {
+    /// The cell's initialisation (a regime read from the file: its first).
+    pub fn init(&self) -> Init {
+        self.inits.first().copied().unwrap_or_default()
+    }
+}
+
+/// Every (regime, initialisation) cell, in report order: each regime of [`regimes`] with GPT-2's
+/// initialisation under its own name, then its other initialisations as `<regime>@<init>`, which run
+/// no ablation rows (those read the regimes' GPT-2 cells only).
+pub fn cells() -> Result<Vec<Regime>> {
+    let mut out = Vec::new();
+    for r in regimes()? {
+        for &init in &r.inits {
+            out.push(match init {
+                Init::Gpt2 => Regime { inits: vec![init], ..r.clone() },
+                other => Regime {
+                    name: format!("{}@{other}", r.name),
+                    ablations: false,
+                    about: format!(
+                        "As `{}`, with every linear layer of the models initialised as PyTorch's `nn.Linear` does (`model.init = \"{other}\"`) instead of GPT-2's: the recipe axis.",
+                        r.name
+                    ),
+                    inits: vec![init],
+                    ..r.clone()
+                },
+            });
+        }
+    }
+    Ok(out)
 }
 
 #[derive(Deserialize)]
@@ -82,6 +126,11 @@ pub fn regimes() -> Result<Vec<Regime>> {
         );
         ensure!(f.regime[..i].iter().all(|o| o.name != r.name), "regime `{}` is defined twice", r.name);
         ensure!(r.distractors_permille <= 1000, "regime `{}`: {} per mille", r.name, r.distractors_permille);
+        ensure!(
+            r.inits.first() == Some(&Init::Gpt2) && (1..r.inits.len()).all(|j| !r.inits[..j].contains(&r.inits[j])),
+            "regime `{}`: `inits` must start with \"gpt2\" and name each initialisation once",
+            r.name
+        );
     }
     ensure!(!f.regime.is_empty(), "defs/retrieval/regimes.toml defines no regime");
     Ok(f.regime)
@@ -114,8 +163,10 @@ pub struct Settings {
     pub steps: usize,
     /// Training windows per step.
     pub batch: usize,
-    /// Peak learning rate (AdamW, linear warm-up, cosine to a tenth).
+    /// Peak learning rate (linear warm-up, cosine to a tenth).
     pub lr: f64,
+    /// Initialisation and optimiser.
+    pub recipe: Recipe,
     /// Warm-up steps.
     pub warmup: usize,
     /// Seeds per trained row.
@@ -152,6 +203,7 @@ impl Settings {
             steps: 1000,
             batch: 32,
             lr: 1e-3,
+            recipe: Recipe::language_models(Init::Gpt2),
             warmup: 50,
             seeds: 7,
             seed: 5100,
@@ -177,9 +229,15 @@ impl Settings {
         }
     }
 
-    /// The scale's settings in task regime `r`.
+    /// The scale's settings in task cell `r` (a regime and its initialisation, [`cells`]).
     pub fn for_regime(scale: &str, r: &Regime) -> Self {
-        Settings { placement: r.placement, density_permille: r.distractors_permille, ..Self::for_scale(scale) }
+        let base = Self::for_scale(scale);
+        Settings {
+            placement: r.placement,
+            density_permille: r.distractors_permille,
+            recipe: Recipe { init: r.init(), ..base.recipe },
+            ..base
+        }
     }
 
     /// The task's layout.
@@ -205,6 +263,7 @@ impl Settings {
             context_len: self.t_train,
             attention: variant.variant().clone(),
             attn_impl: AttnImpl::Fused,
+            init: self.recipe.init,
             ..ModelConfig::preset("tiny")?
         };
         cfg.validate()?;
@@ -237,6 +296,8 @@ pub struct SeedRun {
     pub variant: String,
     /// Seed index (paired across variants).
     pub seed_index: usize,
+    /// The recipe it was trained with.
+    pub recipe: Recipe,
     /// Mean training loss (nats, answers only) over the last tenth of the steps.
     pub train_loss: f64,
     /// Training seconds.
@@ -264,32 +325,52 @@ struct Cached {
     run: SeedRun,
 }
 
+/// What a training reads at every step boundary: the stop flag a signal sets, and where it then
+/// saves its state ([`recipe::Partial`]), which the next call with the same file continues.
+pub struct Stopping<'a> {
+    /// Set by `reproduce`'s stop handlers (SIGTERM, SIGINT, SIGUSR1).
+    pub flag: trainer::process::StopFlag,
+    /// Where the state goes, and what it must match to be continued.
+    pub partial: &'a recipe::Partial,
+}
+
 /// Trains seed `seed_index` of `variant` and evaluates it with each post-hoc power of `powers`
-/// (`None`: as trained) under both RoPE treatments.
+/// (`None`: as trained) under both RoPE treatments. With `stopping`, a training stopped by a signal
+/// saves its state there and returns [`trainer::train::Preempted`]; a saved state is continued, and
+/// the model ends with the weights an uninterrupted training would have.
 pub fn train_and_evaluate(
     s: &Settings,
     variant: &crate::spec::TrainedVariant,
     seed_index: usize,
     powers: &[Option<u32>],
+    stopping: Option<&Stopping<'_>>,
 ) -> Result<SeedRun> {
     let device = Device::cuda_if_available();
     let layout = s.layout()?;
     let cfg = s.model(variant)?;
     let seed = s.seed + seed_index as u64;
     let start = Instant::now();
-    let vs = nn::VarStore::new(device);
+    let mut vs = nn::VarStore::new(device);
     let model = gpt_model::Gpt::new_seeded(&vs.root(), &cfg, seed as i64)?;
-    let mut opt = nn::AdamW::default().build(&vs, s.lr)?;
+    let mut opt = s.recipe.optimiser(&vs);
+    let mut done = match stopping {
+        Some(st) => st.partial.load(&mut vs, &cfg, &mut opt)?.unwrap_or_default(),
+        None => recipe::Progress::default(),
+    };
     let vocab = cfg.vocab_size as i64;
-    let mut tail = Vec::new();
-    for step in 0..s.steps {
-        let lr = if step < s.warmup {
-            s.lr * (step + 1) as f64 / s.warmup as f64
-        } else {
-            let frac = (step - s.warmup) as f64 / (s.steps - s.warmup).max(1) as f64;
-            s.lr * (0.1 + 0.9 * 0.5 * (1.0 + (std::f64::consts::PI * frac).cos()))
-        };
-        opt.set_lr(lr);
+    for step in done.step..s.steps {
+        if let Some(st) = stopping
+            && let Some(sig) = st.flag.signal()
+        {
+            done.train_s += start.elapsed().as_secs_f64();
+            st.partial.save(&vs, &cfg, &opt, &done)?;
+            return Err(trainer::train::Preempted {
+                step,
+                signal: trainer::process::signal_name(sig),
+                checkpoint: Some(st.partial.path.clone()),
+            }
+            .into());
+        }
         let (mut ids, mut at, mut targets) = (Vec::new(), Vec::new(), Vec::new());
         for b in 0..s.batch {
             let seq = layout.training(seed, (step * s.batch + b) as u64);
@@ -307,14 +388,17 @@ pub fn train_and_evaluate(
             .narrow(1, 0, vocab)
             .to_kind(DType::Float);
         let loss = picked.cross_entropy_for_logits(&Tensor::from_slice(&targets).to(device));
-        opt.backward_step_clip_norm(&loss, 1.0);
+        opt.zero_grad().map_err(anyhow::Error::msg)?;
+        loss.backward();
+        opt.clip_grad_norm(s.recipe.grad_clip).map_err(anyhow::Error::msg)?;
+        opt.step(trainer::optim::lr_at(step, s.steps, s.warmup, s.lr, 0.1)).map_err(anyhow::Error::msg)?;
         let l = loss.double_value(&[]);
         ensure!(l.is_finite(), "retrieval model `{variant}` seed {seed_index} diverged at step {step}");
         if step >= s.steps - s.steps.div_ceil(10) {
-            tail.push(l);
+            done.tail.push(l);
         }
     }
-    let train_s = start.elapsed().as_secs_f64();
+    let train_s = done.train_s + start.elapsed().as_secs_f64();
     let start = Instant::now();
     let mut answers = Vec::new();
     for &posthoc in powers {
@@ -328,7 +412,8 @@ pub fn train_and_evaluate(
     Ok(SeedRun {
         variant: variant.to_string(),
         seed_index,
-        train_loss: tail.iter().sum::<f64>() / tail.len().max(1) as f64,
+        recipe: s.recipe,
+        train_loss: done.tail.iter().sum::<f64>() / done.tail.len().max(1) as f64,
         train_s,
         eval_s: start.elapsed().as_secs_f64(),
         answers,
@@ -401,7 +486,16 @@ pub struct RegimeRuns {
 
 /// Trains and evaluates every seed of every trained variant of every regime of `plans` on `jobs`
 /// threads, reusing cached results under `dir/<regime>/`; returns them per regime, in `plans`' order.
-pub fn run(plans: &[RegimePlan], dir: &Path, jobs: usize) -> Result<Vec<RegimeRuns>> {
+///
+/// With a stop flag (`reproduce`'s signal handlers), no model starts once it is set, and the models
+/// in training save their state at their next step ([`recipe::Partial`], beside their results) and
+/// end; the call then returns [`trainer::train::Preempted`], and the next call continues them.
+pub fn run(
+    plans: &[RegimePlan],
+    dir: &Path,
+    jobs: usize,
+    stop: Option<trainer::process::StopFlag>,
+) -> Result<Vec<RegimeRuns>> {
     let provenance = crate::runner::task_revision();
     let path = |i: usize, v: &str, k: usize| -> PathBuf {
         dir.join(&plans[i].regime.name).join(format!("{}_seed{k}.json", crate::runner::run_dir_name(v)))
@@ -455,14 +549,26 @@ pub fn run(plans: &[RegimePlan], dir: &Path, jobs: usize) -> Result<Vec<RegimeRu
                     if failed.lock().expect("no panic holds it").is_some() {
                         return;
                     }
+                    if let Some(sig) = stop.and_then(|f| f.signal()) {
+                        let signal = trainer::process::signal_name(sig);
+                        let stopped = trainer::train::Preempted { step: 0, signal, checkpoint: None };
+                        failed.lock().expect("no panic holds it").get_or_insert(stopped.into());
+                        return;
+                    }
                     let Some((i, v, k, powers)) = queue.lock().expect("no panic holds it").next() else { return };
                     let (regime, settings) = (&plans[i].regime.name, &plans[i].settings);
-                    let outcome = train_and_evaluate(settings, &v, k, &powers)
+                    let partial = recipe::Partial {
+                        path: recipe::Partial::path_in(&dir.join(regime), &v, k),
+                        provenance: format!("{provenance} {}", serde_json::to_string(settings).expect("serialisable")),
+                    };
+                    let stopping = stop.map(|flag| Stopping { flag, partial: &partial });
+                    let outcome = train_and_evaluate(settings, &v, k, &powers, stopping.as_ref())
                         .with_context(|| format!("retrieval model `{v}` seed {k} in regime {regime}"))
                         .and_then(|r| {
                             let c = Cached { provenance: provenance.clone(), settings: settings.clone(), powers, run: r };
                             let text = serde_json::to_string(&c)?;
                             trainer::data::io::write_atomic(&path(i, &v, k), |w| w.write_all(text.as_bytes()))?;
+                            partial.remove();
                             Ok(c.run)
                         });
                     match outcome {
@@ -527,7 +633,7 @@ impl Drop for ThreadShare {
 /// powers; the ablation rows only where the regime asks for them, unless `e` is run whole
 /// ([`Scope::All`]).
 pub fn plans(e: &Experiment, scale: &str) -> Result<Vec<RegimePlan>> {
-    Ok(regimes()?
+    Ok(cells()?
         .into_iter()
         .map(|regime| {
             let mut rows: BTreeMap<crate::spec::TrainedVariant, Vec<Option<u32>>> = BTreeMap::new();
@@ -566,7 +672,8 @@ impl PostTraining for Experiments {
     fn run(&mut self, e: &Experiment, inputs: &Inputs<'_>) -> Result<()> {
         let plans = plans(e, inputs.scale.name)?;
         let jobs = crate::runner::default_jobs(tch::Cuda::is_available());
-        let results = run(&plans, &inputs.out.join("retrieval"), jobs).context("the retrieval benchmark")?;
+        let results =
+            run(&plans, &inputs.out.join("retrieval"), jobs, inputs.stop).context("the retrieval benchmark")?;
         self.results = Some(results);
         Ok(())
     }

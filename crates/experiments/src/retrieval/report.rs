@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use anyhow::Result;
 
-use super::{RegimeRuns, SeedRun, Settings};
+use super::{Regime, RegimeRuns, SeedRun, Settings};
 use crate::claims::{RetrievalClaim, RowRef};
 use crate::doc::{Align, Block, Figure, Item, Section, Table};
 use crate::family::Counted;
@@ -115,11 +115,13 @@ pub struct Reading {
     pub note: Option<String>,
 }
 
-/// A retrieval claim in one regime.
+/// A retrieval claim in one regime (a task cell: a regime and the initialisation its models had).
 #[derive(Clone, Debug, PartialEq)]
 pub struct RegimeVerdict {
-    /// The regime's name.
+    /// The cell's name (`spread-0`, `spread-0@torch-default`).
     pub regime: String,
+    /// The initialisation of the cell's models (its recipe, beside the language models' AdamW).
+    pub init: gpt_model::Init,
     /// Its readings (empty when `not_judged` says why).
     pub readings: Vec<Reading>,
     /// Why it could not be judged there.
@@ -142,18 +144,22 @@ fn rope_name(ntk: bool) -> &'static str {
 }
 
 impl Judged {
-    /// The robustness line under one RoPE treatment: `<verdict> in every regime`, or `depends on the
-    /// regime: ` with each regime's verdict.
+    /// The robustness line under one RoPE treatment: `<verdict> in every regime` (`in every regime
+    /// and recipe` when the cells span several initialisations), or `depends on the regime` (`on the
+    /// regime or recipe`) with each cell's verdict.
     pub fn robustness(&self, ntk: bool) -> String {
         let each: Vec<(&str, Option<Verdict>)> = self
             .regimes
             .iter()
             .map(|g| (g.regime.as_str(), g.readings.iter().find(|r| r.ntk == ntk).map(|r| r.judgement.verdict)))
             .collect();
+        let recipes = self.regimes.iter().any(|g| g.init != self.regimes[0].init);
+        let (every, depends) =
+            if recipes { ("in every regime and recipe", "on the regime or recipe") } else { ("in every regime", "on the regime") };
         match each.first() {
-            Some((_, Some(v))) if each.iter().all(|(_, w)| *w == Some(*v)) => format!("{} in every regime", v.word()),
+            Some((_, Some(v))) if each.iter().all(|(_, w)| *w == Some(*v)) => format!("{} {every}", v.word()),
             _ => format!(
-                "depends on the regime: {}",
+                "depends {depends}: {}",
                 each.iter()
                     .map(|(g, v)| format!("{g} {}", v.map_or("not judged", Verdict::word)))
                     .collect::<Vec<_>>()
@@ -241,7 +247,7 @@ pub fn verdicts(groups: &[RegimeRuns]) -> Result<Vec<Judged>> {
     Ok(claims
         .into_iter()
         .map(|c| {
-            let regimes = groups.iter().map(|g| judge(&g.settings, &c, &g.runs, &g.regime.name)).collect();
+            let regimes = groups.iter().map(|g| judge(&g.settings, &c, &g.runs, &g.regime)).collect();
             let beyond = groups
                 .first()
                 .map(|g| g.settings.multiples.iter().copied().filter(|&m| m > 1).collect())
@@ -251,9 +257,9 @@ pub fn verdicts(groups: &[RegimeRuns]) -> Result<Vec<Judged>> {
         .collect())
 }
 
-fn judge(s: &Settings, c: &RetrievalClaim, results: &BTreeMap<String, Vec<SeedRun>>, regime: &str) -> RegimeVerdict {
-    let not_judged =
-        |why: String| RegimeVerdict { regime: regime.to_string(), readings: Vec::new(), not_judged: Some(why) };
+fn judge(s: &Settings, c: &RetrievalClaim, results: &BTreeMap<String, Vec<SeedRun>>, cell: &Regime) -> RegimeVerdict {
+    let (regime, init) = (cell.name.clone(), cell.init());
+    let not_judged = |why: String| RegimeVerdict { regime: regime.clone(), init, readings: Vec::new(), not_judged: Some(why) };
     let (Some(row), Some(base)) = (row_runs(results, &c.row), row_runs(results, &c.baseline)) else {
         return not_judged("its rows did not run".into());
     };
@@ -300,7 +306,7 @@ fn judge(s: &Settings, c: &RetrievalClaim, results: &BTreeMap<String, Vec<SeedRu
             Err(e) => errors.push(format!("not judged under {} RoPE: {e}", rope_name(ntk))),
         }
     }
-    RegimeVerdict { regime: regime.to_string(), readings, not_judged: (!errors.is_empty()).then(|| errors.join("; ")) }
+    RegimeVerdict { regime, init, readings, not_judged: (!errors.is_empty()).then(|| errors.join("; ")) }
 }
 
 /// An interval of a share as percentage points.
@@ -321,6 +327,7 @@ pub fn section(e: &Experiment, groups: Option<&[RegimeRuns]>, figures: Figures<'
     };
     let mut blocks = vec![
         Block::Text(task_text(&groups[0].settings)),
+        Block::Text(recipe_text(groups)),
         Block::from("Regimes (`crates/experiments/defs/retrieval/regimes.toml`):"),
         Block::Table(regimes_table(e, groups)),
     ];
@@ -335,7 +342,7 @@ pub fn section(e: &Experiment, groups: Option<&[RegimeRuns]>, figures: Figures<'
 /// The task, the models, the evaluation and the scores, in words.
 fn task_text(s: &Settings) -> String {
     format!(
-        "Task: {} keys of {} values each; a sequence asks {} of them; the background is filler from {} ids and, in the regimes with distractors, needles of the other keys. Models: {} transformer blocks of width {} with {} attention heads, trained from scratch at T_train = {} for {} steps of {} windows (AdamW, lr {}, answers supervised), {} seeds per trained row and regime. Evaluation: {} prompts per length with {} questions each, the same prompts for every model of a regime. Scores: **exact recall** (the answer is the argmax over the whole vocabulary of {} tokens; the verdicts read it) and the key-conditional score (the answer scores highest among its key's {} values; chance {:.1}%). Gate: {:.0}% exact recall at 1x on every seed.",
+        "Task: {} keys of {} values each; a sequence asks {} of them; the background is filler from {} ids and, in the regimes with distractors, needles of the other keys. Models: {} transformer blocks of width {} with {} attention heads, trained from scratch at T_train = {} for {} steps of {} windows (peak lr {}, {} warm-up steps, cosine to a tenth; answers supervised), {} seeds per trained row and regime. Evaluation: {} prompts per length with {} questions each, the same prompts for every model of a regime. Scores: **exact recall** (the answer is the argmax over the whole vocabulary of {} tokens; the verdicts read it) and the key-conditional score (the answer scores highest among its key's {} values; chance {:.1}%). Gate: {:.0}% exact recall at 1x on every seed.",
         s.keys,
         s.values,
         s.asked,
@@ -347,6 +354,7 @@ fn task_text(s: &Settings) -> String {
         s.steps,
         s.batch,
         s.lr,
+        s.warmup,
         s.seeds,
         s.prompts,
         s.asked,
@@ -354,6 +362,39 @@ fn task_text(s: &Settings) -> String {
         s.values,
         100.0 / s.values as f64,
         100.0 * s.gate
+    )
+}
+
+/// The recipes the models were trained with, read from their results (not from the settings that
+/// asked for them): the optimiser once when every model shares it, and which cells used which
+/// initialisation.
+fn recipe_text(groups: &[RegimeRuns]) -> String {
+    let mut optimisers: Vec<String> = Vec::new();
+    let mut inits: Vec<(gpt_model::Init, Vec<String>)> = Vec::new();
+    for g in groups {
+        for r in g.runs.values().flatten() {
+            let o = r.recipe.describe();
+            if !optimisers.contains(&o) {
+                optimisers.push(o);
+            }
+            match inits.iter_mut().find(|(i, _)| *i == r.recipe.init) {
+                Some((_, cells)) if cells.contains(&g.regime.name) => {}
+                Some((_, cells)) => cells.push(g.regime.name.clone()),
+                None => inits.push((r.recipe.init, vec![g.regime.name.clone()])),
+            }
+        }
+    }
+    let inits: Vec<String> = inits
+        .iter()
+        .map(|(i, cells)| {
+            let names: Vec<String> = cells.iter().map(|c| format!("`{c}`")).collect();
+            format!("`{i}` in {}", names.join(", "))
+        })
+        .collect();
+    format!(
+        "Recipe, as recorded by the trained models: {}. Initialisation (`model.init`; `gpt2`: normal(0, 0.02) with the residual projections scaled by 1/sqrt(2 n_layer) and zero biases; `torch-default`: every linear layer uniform in +-1/sqrt(fan_in) as PyTorch's `nn.Linear`, the embedding normal(0, 0.02)): {}.",
+        optimisers.join("; or "),
+        inits.join("; ")
     )
 }
 
@@ -383,7 +424,7 @@ fn regimes_table(e: &Experiment, groups: &[RegimeRuns]) -> Table {
 fn across_section(groups: &[RegimeRuns], judged: &[Judged]) -> Section {
     let mut s = Section::new("Retrieval verdicts across the regimes");
     s.push(
-        "Exact recall beyond the training length, row minus baseline in percentage points (95% interval over seeds and questions), in every regime; the key-conditional difference in parentheses. Each claim's robustness line says whether its verdict holds in every regime.",
+        "Exact recall beyond the training length, row minus baseline in percentage points (95% interval over seeds and questions), in every regime (and, where a regime's models were also trained with another initialisation, in that cell: `<regime>@<init>`); the key-conditional difference in parentheses. Each claim's robustness line says whether its verdict holds in every cell.",
     );
     let mut t = Table::new([("claim", Align::Left), ("RoPE", Align::Left)]);
     for g in groups {
@@ -584,7 +625,8 @@ fn regime_section(e: &Experiment, g: &RegimeRuns, judged: &[Judged], figures: Fi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::retrieval::{Answers, Regime};
+    use crate::retrieval::{Answers, Recipe};
+    use gpt_model::Init;
 
     /// A seed's answers: `gate_hits` of 64 at 1x, `beyond_hits` of 64 beyond at 4x (both RoPE
     /// treatments); key-conditional answers are right `key_extra` more often beyond.
@@ -601,6 +643,7 @@ mod tests {
         SeedRun {
             variant: "v".into(),
             seed_index,
+            recipe: Recipe::language_models(Init::Gpt2),
             train_loss: 0.1,
             train_s: 1.0,
             eval_s: 1.0,
@@ -619,13 +662,22 @@ mod tests {
     }
 
     fn group(name: &str, runs: BTreeMap<String, Vec<SeedRun>>) -> RegimeRuns {
+        cell(name, Init::Gpt2, runs)
+    }
+
+    /// A task cell of initialisation `init`, its runs recording the recipe they were trained with.
+    fn cell(name: &str, init: Init, mut runs: BTreeMap<String, Vec<SeedRun>>) -> RegimeRuns {
         let regime = Regime {
             name: name.into(),
             placement: crate::retrieval::Placement::Spread,
             distractors_permille: 0,
             ablations: false,
-            about: String::new(),
+            about: format!("cell {name}"),
+            inits: vec![init],
         };
+        for r in runs.values_mut().flatten() {
+            r.recipe.init = init;
+        }
         let settings = Settings { multiples: vec![1, 4], seeds: 3, ..Settings::for_regime("small", &regime) };
         RegimeRuns { regime, settings, runs }
     }
@@ -636,7 +688,7 @@ mod tests {
         m.insert("lssa+rw15".to_string(), (0..3).map(|k| run(k, 64, 60 - k)).collect::<Vec<_>>());
         m.insert("softmax".to_string(), (0..3).map(|k| run(k, 64, 20 + 2 * k)).collect::<Vec<_>>());
         let g = group("a", m.clone());
-        let j = judge(&g.settings, &claim(), &g.runs, "a");
+        let j = judge(&g.settings, &claim(), &g.runs, &g.regime);
         assert_eq!(j.readings.len(), 2, "{j:?}");
         for r in &j.readings {
             assert_eq!(r.judgement.verdict, Verdict::Reproduced, "{r:?}");
@@ -647,12 +699,12 @@ mod tests {
         // Equal rows: no effect, and the interval excludes the 5 points claimed.
         m.insert("softmax".to_string(), m["lssa+rw15"].clone());
         let g = group("a", m.clone());
-        let j = judge(&g.settings, &claim(), &g.runs, "a");
+        let j = judge(&g.settings, &claim(), &g.runs, &g.regime);
         assert!(j.readings.iter().all(|r| r.judgement.verdict == Verdict::SmallerThanClaimed), "{j:?}");
         // A seed below the gate: not judged, and the reason names the row and its 1x exact recall.
         m.insert("softmax".to_string(), vec![run(0, 64, 20), run(1, 32, 20), run(2, 64, 20)]);
         let g = group("a", m);
-        let j = judge(&g.settings, &claim(), &g.runs, "a");
+        let j = judge(&g.settings, &claim(), &g.runs, &g.regime);
         let why = j.not_judged.unwrap();
         assert!(j.readings.is_empty() && why.contains("`softmax` did not learn") && why.contains("50.0%"), "{why}");
     }
@@ -678,6 +730,42 @@ mod tests {
         // The verdicts of different regimes read different evaluations.
         let c = j.counted();
         assert_ne!(c[0].terms[0].0, c[2].terms[0].0);
+    }
+
+    /// The recipe axis: cells of a second initialisation are judged, counted in the report's family,
+    /// named in the robustness line, and the recipe text is read from the runs' records.
+    #[test]
+    fn recipe_cells_enter_the_robustness_line_the_family_and_the_golden_section() {
+        let better = |k: usize| run(k, 64, 60 - k);
+        let worse = |k: usize| run(k, 64, 20 + 2 * k);
+        let rows = |a: fn(usize) -> SeedRun, b: fn(usize) -> SeedRun| {
+            BTreeMap::from([
+                ("lssa+rw15".to_string(), (0..3).map(a).collect::<Vec<_>>()),
+                ("softmax".to_string(), (0..3).map(b).collect::<Vec<_>>()),
+            ])
+        };
+        let both = [
+            cell("a", Init::Gpt2, rows(better, worse)),
+            cell("a@torch-default", Init::TorchDefault, rows(better, worse)),
+        ];
+        let j = &verdicts(&both).unwrap()[0];
+        assert_eq!(j.robustness(true), "reproduced in every regime and recipe");
+        assert_eq!(j.counted().len(), 4, "two cells x two RoPE treatments enter the Holm family");
+        let split = [
+            cell("a", Init::Gpt2, rows(better, worse)),
+            cell("a@torch-default", Init::TorchDefault, rows(worse, better)),
+        ];
+        let judged = verdicts(&split).unwrap();
+        assert_eq!(
+            judged[0].robustness(false),
+            "depends on the regime or recipe: a reproduced, a@torch-default contradicted"
+        );
+        let text = recipe_text(&split);
+        assert!(text.contains("`gpt2` in `a`; `torch-default` in `a@torch-default`"), "{text}");
+        let t = trainer::config::TrainConfig::default();
+        assert!(text.contains(&format!("betas ({}, {})", t.beta1, t.beta2)), "{text}");
+        let section = across_section(&split, &judged);
+        crate::report::tests::golden("retrieval_recipes.md", &crate::doc::to_markdown(&section, 2));
     }
 
     #[test]
