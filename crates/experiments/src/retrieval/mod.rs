@@ -332,6 +332,9 @@ pub struct Stopping<'a> {
     pub flag: trainer::process::StopFlag,
     /// Where the state goes, and what it must match to be continued.
     pub partial: &'a recipe::Partial,
+    /// Stop at this step as if signalled there (a deadline known in advance; the tests' way to stop
+    /// at a chosen step).
+    pub at_step: Option<usize>,
 }
 
 /// Trains seed `seed_index` of `variant` and evaluates it with each post-hoc power of `powers`
@@ -359,17 +362,17 @@ pub fn train_and_evaluate(
     };
     let vocab = cfg.vocab_size as i64;
     for step in done.step..s.steps {
-        if let Some(st) = stopping
-            && let Some(sig) = st.flag.signal()
-        {
-            done.train_s += start.elapsed().as_secs_f64();
-            st.partial.save(&vs, &cfg, &opt, &done)?;
-            return Err(trainer::train::Preempted {
-                step,
-                signal: trainer::process::signal_name(sig),
-                checkpoint: Some(st.partial.path.clone()),
+        if let Some(st) = stopping {
+            let signal = match st.flag.signal() {
+                Some(sig) => Some(trainer::process::signal_name(sig)),
+                None => (st.at_step == Some(step)).then(|| format!("its deadline at step {step}")),
+            };
+            if let Some(signal) = signal {
+                done.step = step;
+                done.train_s += start.elapsed().as_secs_f64();
+                st.partial.save(&vs, &cfg, &opt, &done)?;
+                return Err(trainer::train::Preempted { step, signal, checkpoint: Some(st.partial.path.clone()) }.into());
             }
-            .into());
         }
         let (mut ids, mut at, mut targets) = (Vec::new(), Vec::new(), Vec::new());
         for b in 0..s.batch {
@@ -561,7 +564,7 @@ pub fn run(
                         path: recipe::Partial::path_in(&dir.join(regime), &v, k),
                         provenance: format!("{provenance} {}", serde_json::to_string(settings).expect("serialisable")),
                     };
-                    let stopping = stop.map(|flag| Stopping { flag, partial: &partial });
+                    let stopping = stop.map(|flag| Stopping { flag, partial: &partial, at_step: None });
                     let outcome = train_and_evaluate(settings, &v, k, &powers, stopping.as_ref())
                         .with_context(|| format!("retrieval model `{v}` seed {k} in regime {regime}"))
                         .and_then(|r| {
@@ -706,6 +709,37 @@ impl PostTraining for Experiments {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A training stopped at a step saves its weights and moments; the next call continues from
+    /// there and ends with the answers and losses of an uninterrupted training, bit for bit.
+    #[test]
+    fn a_stopped_training_continues_to_the_uninterrupted_result() {
+        let s = Settings::for_scale("smoke");
+        let v: crate::spec::TrainedVariant = "lssa".parse().unwrap();
+        let whole = train_and_evaluate(&s, &v, 1, &[None], None).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let partial = recipe::Partial { path: dir.path().join("p.safetensors"), provenance: "test".into() };
+        let flag = trainer::process::StopFlag::new_static();
+        let stop = Stopping { flag, partial: &partial, at_step: Some(5) };
+        let err = train_and_evaluate(&s, &v, 1, &[None], Some(&stop)).unwrap_err();
+        let stopped = err.downcast_ref::<trainer::train::Preempted>().expect("a pre-emption");
+        assert_eq!(stopped.step, 5);
+        assert!(partial.path.exists());
+        // Another provenance (code or settings) does not continue it: it starts again, so a stop
+        // at step 3 is reached.
+        let copy = dir.path().join("q.safetensors");
+        std::fs::copy(&partial.path, &copy).unwrap();
+        let other = recipe::Partial { path: copy, provenance: "other".into() };
+        let again = Stopping { flag, partial: &other, at_step: Some(3) };
+        let err = train_and_evaluate(&s, &v, 1, &[None], Some(&again)).unwrap_err();
+        assert_eq!(err.downcast_ref::<trainer::train::Preempted>().unwrap().step, 3);
+        // The same provenance continues from step 5, so a stop at step 2 is never reached.
+        let go_on = Stopping { flag, partial: &partial, at_step: Some(2) };
+        let rest = train_and_evaluate(&s, &v, 1, &[None], Some(&go_on)).unwrap();
+        assert_eq!(rest.answers, whole.answers);
+        assert_eq!(rest.train_loss.to_bits(), whole.train_loss.to_bits(), "{} vs {}", rest.train_loss, whole.train_loss);
+        assert_eq!(rest.recipe, whole.recipe);
+    }
 
     #[test]
     fn the_grid_is_two_placements_by_two_densities_and_ablations_run_where_marked() {
