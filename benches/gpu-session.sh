@@ -17,12 +17,14 @@
 # for the stages that run the Python package (pytest, ship1), its wheel:
 #   (cd crates/lssa-py && maturin build --release) && cp crates/lssa-py/target/wheels/lssa-*.whl .gpu/
 # and, for ship1 (and science), the kernels' PTX compiled here, where NVRTC is the GPU machine's
-# (13.0, the torch venv's): no GPU needed, and the GPU call then compiles nothing:
-#   LSSA_PTX_CACHE=$PWD/.gpu/ptx-cache target/release/bench-cuda warm --arch compute_90a --kernels v7,v8 \
-#       --python-suite crates/lssa-py/tests/test_cuda.py --head-dims 64 --variants softmax+rw15,lssa,lssa+rw15
+# (13.0, the torch venv's, found through LIBTORCH): no GPU needed, and the GPU call compiles nothing
+# (about 3 CPU-seconds a module, some 130 modules; xz shrinks the PTX about 25 times):
+#   LIBTORCH=$PWD/.torch/libtorch LSSA_PTX_CACHE=$PWD/.gpu/ptx-cache target/release/bench-cuda warm --arch compute_90a \
+#       --kernels v7,v8 --python-suite crates/lssa-py/tests/test_cuda.py --head-dims 64 --variants softmax+rw15,lssa,lssa+rw15
 #   tar -cJf .gpu/ptx-cache.tar.xz -C .gpu/ptx-cache . && rm -r .gpu/ptx-cache
-# Keep .gpu/ to those files (du -sh .gpu: about 40 MB; the working tree, .gpu/ and the carried paths
-# travel within 64 MiB), then run, from the repository root, one stage per call (each under ten minutes):
+# Keep .gpu/ to those files (du -sh .gpu: about 30 MB; the working tree, .gpu/ and the carried paths
+# travel within 64 MiB; .gpu/ is not git-ignored, so it travels uncarried), then run, from the
+# repository root, one stage per call (each under ten minutes):
 #   benches/gpu-session.sh science   # the gpu scale's headline rows: softmax, lssa+rw15, lssa seed 0, then
 #                                    # seeds 1, 2, ... while SCIENCE_S (380 s) lasts; the plan (DRY_RUN=1)
 #                                    # gives the time model; benches/gpu-science.sh has the details
@@ -49,8 +51,11 @@
 # machine stays warm 30 s), then give it back; commit what comes back before anything else:
 #   run(command="benches/gpu-session.sh science", carry=["data/default"], timeout_s=420)
 #   run(command="benches/gpu-session.sh ship1", timeout_s=270)
-# (data/default must be a directory, not a link: a carried link travels as a link. The science call's
-# files: science-verdict.txt says how to render docs/REPRODUCTION-gpu.md from science-results.tar.)
+# (data/default must be a directory, not a link: a carried link travels as a link.) The science call
+# returns science-results.tar; back here, from the repository root (data/default present; N = the most
+# seeds a row finished, science-verdict.txt gives both lines):
+#   mkdir -p runs && tar -xf FILES_AT/science-results.tar -C runs     # -> runs/gpu/<run>/result.json
+#   cargo xtask reproduce --scale gpu --claims-only --seeds N --report-only   # -> docs/REPRODUCTION-gpu.md
 # DRY_RUN=1 prints each command a stage would run, with its time limit, and whether the GPU, the binary,
 # the data and the wheel it needs are here; it runs nothing and needs none of them. A real run first
 # checks for them and stops with exit 2 and the reason (no `nvidia-smi`, no CUDA device, no binary, no
@@ -215,7 +220,7 @@ Build machine, from the repository root:
   cargo build --release -p lssa-benches --bin bench-cuda
   mkdir -p .gpu && cp target/release/bench-cuda .gpu/ && strip .gpu/bench-cuda
   (cd crates/lssa-py && maturin build --release) && cp crates/lssa-py/target/wheels/lssa-*.whl .gpu/
-  LSSA_PTX_CACHE=\$PWD/.gpu/ptx-cache target/release/bench-cuda warm --arch compute_90a --kernels v7,v8 --python-suite crates/lssa-py/tests/test_cuda.py
+  LIBTORCH=\$PWD/.torch/libtorch LSSA_PTX_CACHE=\$PWD/.gpu/ptx-cache target/release/bench-cuda warm --arch compute_90a --kernels v7,v8 --python-suite crates/lssa-py/tests/test_cuda.py
   tar -cJf .gpu/ptx-cache.tar.xz -C .gpu/ptx-cache . && rm -r .gpu/ptx-cache
 GPU machine, from the repository root with .gpu/ carried over, two calls:
   benches/gpu-session.sh ship1   # decisive, about 4 minutes: the PTX cache warmed (at most $SHIP_WARM_S s), then every check
