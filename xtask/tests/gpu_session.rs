@@ -65,10 +65,16 @@ fn the_gpu_session_dry_run_prints_every_stage_and_runs_nothing() {
     let warm = ship1_text.find("would run (ship-warm, at most 80 s)").expect(&ship1_text);
     let check = ship1_text.find("would run (ship-check, at most 150 s)").expect(&ship1_text);
     assert!(warm < check, "{ship1_text}");
-    assert!(ship1_text.contains("warm --kernels v7,v8 --python-suite crates/lssa-py/tests/test_cuda.py"), "{ship1_text}");
+    assert!(
+        ship1_text.contains("warm --kernels v7,v8 --python-suite crates/lssa-py/tests/test_cuda.py"),
+        "{ship1_text}"
+    );
     assert!(ship1_text.contains("check --kernels v7,v8"), "{ship1_text}");
     assert!(ship1_text.contains("would run (ship-pytest, at most 150 s"), "{ship1_text}");
-    assert!(ship1_text.contains("pytest -v -rs -p pytest_auto_first crates/lssa-py/tests/test_cuda.py"), "{ship1_text}");
+    assert!(
+        ship1_text.contains("pytest -v -rs -p pytest_auto_first crates/lssa-py/tests/test_cuda.py"),
+        "{ship1_text}"
+    );
     assert!(ship1_text.contains("no .gpu/ptx-cache.tar.xz"), "{ship1_text}");
     assert!(ship1_text.contains("no GPU on this machine") && ship1_text.contains("exit 2"), "{ship1_text}");
     let ship2 = session(root(), "ship2", &dry);

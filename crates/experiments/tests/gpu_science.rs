@@ -72,7 +72,9 @@ fn the_dry_run_plans_the_gpu_scale_and_runs_nothing() {
     let order: Vec<&str> = rows.iter().take(4).map(|l| l.split_whitespace().next().unwrap()).collect();
     assert_eq!(order, ["softmax", "lssa+rw15", "lssa", "softmax"], "{plan}");
     assert!(plan.contains("(seed 0 of each row fits: the recipe is not shrunk)"), "{plan}");
-    for what in ["--claims-only --only ROW --seeds K+1 --out runs/gpu --no-report", "--report-only", "REPRODUCTION-gpu.md"] {
+    for what in
+        ["--claims-only --only ROW --seeds K+1 --out runs/gpu --no-report", "--report-only", "REPRODUCTION-gpu.md"]
+    {
         assert!(plan.contains(what), "no `{what}` in:\n{plan}");
     }
     // Here there is no GPU, and no data in this scratch directory: a real run would stop.
@@ -89,7 +91,10 @@ fn a_real_run_without_a_gpu_or_data_stops_at_once_and_says_why() {
     let o = science(&dir, &[("OUT", out.to_str().unwrap())]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("gpu-session science: no GPU on this machine: /nonexistent/nvidia-smi is not installed"), "{err}");
+    assert!(
+        err.contains("gpu-session science: no GPU on this machine: /nonexistent/nvidia-smi is not installed"),
+        "{err}"
+    );
     let smi = dir.join("nvidia-smi");
     std::fs::write(&smi, "#!/bin/sh\necho 'GPU 0: Stand-in (UUID: GPU-0)'\n").unwrap();
     assert!(Command::new("chmod").arg("+x").arg(&smi).status().unwrap().success());
@@ -112,7 +117,10 @@ fn a_budget_that_fits_no_run_starts_none() {
     assert_eq!(o.status.code(), Some(1), "{log}");
     assert!(log.contains("science: softmax seed 0 would take about ") && log.contains("s are left: stopping"), "{log}");
     let verdict = std::fs::read_to_string(out.join("science-verdict.txt")).unwrap();
-    assert!(verdict.starts_with("science: 0 runs finished") && verdict.contains("seed 0 of every row: NO"), "{verdict}");
+    assert!(
+        verdict.starts_with("science: 0 runs finished") && verdict.contains("seed 0 of every row: NO"),
+        "{verdict}"
+    );
     assert!(!out.join("science-results.tar").exists());
     assert!(!dir.join("runs").exists(), "nothing trained");
     std::fs::remove_dir_all(&dir).ok();
@@ -159,12 +167,16 @@ fn a_rehearsal_runs_the_stage_end_to_end_and_its_files_render_the_report() {
     );
     assert!(lines.iter().all(|l| l[2] == "0"), "a run failed:\n{tsv}\n{}", read("science.txt"));
     let verdict = read("science-verdict.txt");
-    assert!(verdict.starts_with("science: 6 runs finished") && verdict.contains("seed 0 of every row: yes"), "{verdict}");
+    assert!(
+        verdict.starts_with("science: 6 runs finished") && verdict.contains("seed 0 of every row: yes"),
+        "{verdict}"
+    );
     assert!(verdict.contains("--claims-only --seeds 2 --out runs/gpu-rehearsal --report-only"), "{verdict}");
     // The packed files replace the runs: unpacked as the verdict says, the report reads them.
     let trained = dir.join(runs);
     std::fs::rename(&trained, dir.join("trained-here")).unwrap();
-    let unpack = Command::new("tar").arg("-xf").arg(out.join("science-results.tar")).arg("-C").arg(dir.join("runs")).status();
+    let unpack =
+        Command::new("tar").arg("-xf").arg(out.join("science-results.tar")).arg("-C").arg(dir.join("runs")).status();
     assert!(unpack.unwrap().success());
     for (row, posthoc) in [("softmax", None), ("lssa+rw15", None), ("lssa", Some(15))] {
         for seed in 0..2 {
@@ -191,7 +203,13 @@ fn a_rehearsal_runs_the_stage_end_to_end_and_its_files_render_the_report() {
     let report = std::fs::read_to_string(trained.join("REPRODUCTION.md")).unwrap();
     assert!(report.contains("**The premise.**"), "{report}");
     assert!(report.contains("Table 4") && report.contains("`softmax` (2 seeds)"), "{report}");
-    for claim in ["lssar-beats-softmax", "lssar-posthoc-beats-softmax", "lssa-beats-softmax", "lssar-free-at-1x", "lssar-flat-paper"] {
+    for claim in [
+        "lssar-beats-softmax",
+        "lssar-posthoc-beats-softmax",
+        "lssa-beats-softmax",
+        "lssar-free-at-1x",
+        "lssar-flat-paper",
+    ] {
         assert!(report.contains(&format!("| **{claim}**")), "no verdict of {claim}");
     }
     std::fs::remove_dir_all(&dir).ok();

@@ -30,8 +30,7 @@ pub(crate) fn python_cases(text: &str) -> Result<(Vec<String>, Vec<usize>)> {
         let end = body.find(']').with_context(|| format!("`{name}` is not closed"))?;
         Ok(&body[..end])
     };
-    let variants: Vec<String> =
-        list("CUDA_FUSED")?.split('"').skip(1).step_by(2).map(str::to_string).collect();
+    let variants: Vec<String> = list("CUDA_FUSED")?.split('"').skip(1).step_by(2).map(str::to_string).collect();
     let mut dims = Vec::new();
     for pair in list("SHAPES")?.split('(').skip(1) {
         let d = pair.split(')').next().and_then(|p| p.split(',').nth(1)).map(str::trim);
@@ -118,7 +117,10 @@ pub(crate) fn warm(args: &Args) -> Result<()> {
                         None => cuda::versions(v, *d, *dt, *k).map(drop),
                     };
                     if let Err(e) = done {
-                        failed.lock().unwrap_or_else(|e| e.into_inner()).push(format!("{v} d={d} {dt:?} {}: {e}", k.name()));
+                        failed
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(format!("{v} d={d} {dt:?} {}: {e}", k.name()));
                     }
                 }
             });

@@ -451,7 +451,10 @@ mod tests {
     fn each_scale_has_its_own_report_and_figures() {
         let out = std::path::Path::new("runs/gpu");
         let (gpu, gpu_figures) = report_location(None, "gpu", true, out);
-        assert_eq!((gpu.as_path(), gpu_figures.as_path()), (Path::new("docs/REPRODUCTION-gpu.md"), Path::new("docs/figures-gpu")));
+        assert_eq!(
+            (gpu.as_path(), gpu_figures.as_path()),
+            (Path::new("docs/REPRODUCTION-gpu.md"), Path::new("docs/figures-gpu"))
+        );
         let (small, small_figures) = report_location(None, "small", true, out);
         assert_ne!(gpu, small);
         assert_ne!(gpu_figures, small_figures);
@@ -474,9 +477,9 @@ mod tests {
         // And back: the gpu report links the small one, which is there.
         std::fs::write(&small, "").unwrap();
         let back = other_reports("gpu", &dir.path().join("REPRODUCTION-gpu.md"));
-        assert_eq!(back.iter().map(|o| (o.scale.as_str(), o.link.as_deref())).collect::<Vec<_>>(), [
-            ("small", Some("REPRODUCTION.md")),
-            ("paper", None)
-        ]);
+        assert_eq!(
+            back.iter().map(|o| (o.scale.as_str(), o.link.as_deref())).collect::<Vec<_>>(),
+            [("small", Some("REPRODUCTION.md")), ("paper", None)]
+        );
     }
 }

@@ -20,12 +20,12 @@ use crate::runner::Runs;
 use crate::scale::Scale;
 use crate::spec::{EvalKey, Experiment, Kind, Row};
 
+mod premise;
 mod runs;
 mod sinks;
 mod tables;
 #[cfg(test)]
 mod tests;
-mod premise;
 mod verdicts;
 
 /// Everything the report needs besides the results.

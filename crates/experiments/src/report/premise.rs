@@ -17,8 +17,7 @@ use super::OtherReport;
 
 /// The baseline's rise from 1x to `multiple`, under NTK (`true`) or plain RoPE, with its interval.
 fn rise(runs: &Runs, base: (&str, Option<u32>), ntk: bool, multiple: usize) -> Option<Contrast> {
-    let terms =
-        [(1.0, base.0, EvalKey::new(ntk, base.1, multiple)), (-1.0, base.0, EvalKey::new(ntk, base.1, 1))];
+    let terms = [(1.0, base.0, EvalKey::new(ntk, base.1, multiple)), (-1.0, base.0, EvalKey::new(ntk, base.1, 1))];
     crate::claims::contrast(runs, &terms, Measure::Whole, 1)
 }
 

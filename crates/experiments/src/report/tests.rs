@@ -323,10 +323,8 @@ fn the_verdicts_are_a_table_row_per_reading_and_the_summary_a_sentence_per_claim
 fn run16(variant: &str, seed: usize, evals: &[(EvalKey, f64)]) -> RunResult {
     let mut r = run(variant, seed, &[]);
     for &(k, loss) in evals {
-        let windows: Vec<f32> = [0.005, -0.005]
-            .iter()
-            .flat_map(|off| std::iter::repeat_n((loss + off) as f32, 16 / k.multiple))
-            .collect();
+        let windows: Vec<f32> =
+            [0.005, -0.005].iter().flat_map(|off| std::iter::repeat_n((loss + off) as f32, 16 / k.multiple)).collect();
         let beyond = if k.multiple > 1 { windows.clone() } else { Vec::new() };
         let l = LengthLoss {
             multiple: k.multiple,
@@ -391,7 +389,9 @@ fn the_premise_paragraph_sets_the_baselines_rise_against_the_papers() {
     // Far below half the paper's rise under both treatments: a contradicted comparison is not a refutation.
     assert!(p.contains("Under NTK and plain RoPE") && p.contains("not a refutation"), "{p}");
     assert!(!p.contains("cannot be reproduced"), "the rise exceeds the comparisons' 0.02 nats: {p}");
-    assert!(p.contains("[REPRODUCTION-gpu.md](REPRODUCTION-gpu.md)") && p.contains("the `paper` scale has no report yet"));
+    assert!(
+        p.contains("[REPRODUCTION-gpu.md](REPRODUCTION-gpu.md)") && p.contains("the `paper` scale has no report yet")
+    );
     // A baseline that does not rise, on one seed: the comparisons cannot be reproduced, and the
     // paragraph says that one seed is all it read.
     let flat = [3.20, 3.201, 3.202, 3.203, 3.204];
