@@ -1,7 +1,8 @@
 //! `benches/gpu-session.sh` is run on a GPU machine that has no Rust toolchain, where a mistake costs
 //! scarce GPU time: its dry run (`DRY_RUN=1`, no GPU or binary needed) must name every stage's command,
 //! a real run without a GPU must stop at once and say so, and the kernel switch's two calls (`ship1`,
-//! `ship2`) must reach their verdict and the files they promise.
+//! `ship2`) must reach their verdict and the files they promise. (The `science` stage runs the
+//! reproduction binary: `crates/experiments/tests/gpu_science.rs` rehearses it.)
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -49,16 +50,32 @@ fn the_gpu_session_dry_run_prints_every_stage_and_runs_nothing() {
     let plan = session(root(), "ship", &dry);
     let plan_text = text(&plan);
     assert!(plan.status.success(), "{plan_text}");
-    for what in ["benches/gpu-session.sh ship1", "benches/gpu-session.sh ship2", "maturin build --release)"] {
+    for what in [
+        "benches/gpu-session.sh ship1",
+        "benches/gpu-session.sh ship2",
+        "maturin build --release)",
+        "bench-cuda warm --arch compute_90a --kernels v7,v8 --python-suite crates/lssa-py/tests/test_cuda.py",
+    ] {
         assert!(plan_text.contains(what), "no {what} in:\n{plan_text}");
     }
     let ship1 = session(root(), "ship1", &dry);
     let ship1_text = text(&ship1);
     assert!(ship1.status.success(), "{ship1_text}");
-    assert!(ship1_text.contains("would run (ship-check, at most 300 s)"), "{ship1_text}");
+    // The PTX cache warmed first, then the check beside the ordered tests, each within its limit.
+    let warm = ship1_text.find("would run (ship-warm, at most 80 s)").expect(&ship1_text);
+    let check = ship1_text.find("would run (ship-check, at most 150 s)").expect(&ship1_text);
+    assert!(warm < check, "{ship1_text}");
+    assert!(
+        ship1_text.contains("warm --kernels v7,v8 --python-suite crates/lssa-py/tests/test_cuda.py"),
+        "{ship1_text}"
+    );
     assert!(ship1_text.contains("check --kernels v7,v8"), "{ship1_text}");
-    assert!(ship1_text.contains("would run (ship-pytest, at most 300 s"), "{ship1_text}");
-    assert!(ship1_text.contains("pytest -v -rs crates/lssa-py/tests/test_cuda.py"), "{ship1_text}");
+    assert!(ship1_text.contains("would run (ship-pytest, at most 150 s"), "{ship1_text}");
+    assert!(
+        ship1_text.contains("pytest -v -rs -p pytest_auto_first crates/lssa-py/tests/test_cuda.py"),
+        "{ship1_text}"
+    );
+    assert!(ship1_text.contains("no .gpu/ptx-cache.tar.xz"), "{ship1_text}");
     assert!(ship1_text.contains("no GPU on this machine") && ship1_text.contains("exit 2"), "{ship1_text}");
     let ship2 = session(root(), "ship2", &dry);
     let ship2_text = text(&ship2);
@@ -70,14 +87,14 @@ fn the_gpu_session_dry_run_prints_every_stage_and_runs_nothing() {
     // An unknown stage is refused, naming the stages.
     let bad = session(root(), "everything", &[("DRY_RUN", Path::new("1"))]);
     assert_eq!(bad.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&bad.stderr).contains("pytest, all"));
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("science, ship, ship1"));
 }
 
 #[test]
 fn a_real_run_without_a_gpu_stops_at_once_and_says_why() {
     let dir = scratch("nogpu");
     let out = dir.join("out");
-    for stage in ["ship1", "ship2", "check", "pytest"] {
+    for stage in ["science", "ship1", "ship2", "check", "pytest"] {
         let o = session(&dir, stage, &[("OUT", &out), ("BIN", Path::new("/nonexistent/bench-cuda"))]);
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(2), "{stage}: {}", text(&o));
@@ -128,7 +145,8 @@ echo "bench-cuda $*"; echo '{"partial": false}' > "$out"
         &dir,
         "python",
         r#"case "$*" in *"pip install"*) echo installed ;; *"-c "*) echo "$LSSA_CUDA_KERNEL" ;;
-*pytest*) echo "pytest $* under $LSSA_CUDA_KERNEL"; echo '114 passed' ;; esac"#,
+*pytest*) echo "pytest $* under $LSSA_CUDA_KERNEL"; echo "test_cuda.py::t[77-64-lssa-dtype2] PASSED"
+  [ -n "${CUT_PYTEST:-}" ] && exit 124; echo '114 passed' ;; esac"#,
     );
     let out = dir.join("out");
     let env = [("OUT", out.as_path()), ("NVIDIA_SMI", &smi), ("BIN", &bin), ("PYTHON", &py)];
@@ -139,7 +157,10 @@ echo "bench-cuda $*"; echo '{"partial": false}' > "$out"
     assert!(read("ship-check.txt").contains("bench-cuda check --kernels v7,v8 --out"), "{ship1}");
     assert!(read("ship-check.json").contains("\"partial\": false"));
     assert!(read("ship-pytest.txt").contains("tests/test_cuda.py under auto"), "{ship1}");
+    assert!(read("ship-pytest.txt").starts_with("installed"), "the wheel's install opens the tests' file");
+    assert!(read("ship-warm.txt").contains("bench-cuda warm --kernels v7,v8 --python-suite"), "{ship1}");
     assert!(read("ship1-verdict.txt").starts_with("ship1: PASS (Auto's check rows failed: 0, the lab's v8 rows: 0"));
+    assert!(read("ship1-verdict.txt").contains("tests passed: 1, failed: 0"), "{}", read("ship1-verdict.txt"));
     assert!(read("gpu.txt").contains("name"));
     assert!(ship1.trim_end().ends_with("hold on this GPU."), "{ship1}");
     let o = session(&dir, "ship2", &env);
@@ -155,6 +176,11 @@ echo "bench-cuda $*"; echo '{"partial": false}' > "$out"
         read("ship1-verdict.txt")
             .starts_with("ship1: PASS (Auto's check rows failed: 0, the lab's v8 rows: 1; check exit 1")
     );
+    // Tests cut by their limit with nothing failed: incomplete, not a failure of the kernels.
+    let cut = session(&dir, "ship1", &[env.as_slice(), &[("CUT_PYTEST", Path::new("1"))]].concat());
+    assert_eq!(cut.status.code(), Some(1), "{}", text(&cut));
+    assert!(read("ship1-verdict.txt").starts_with("ship1: INCOMPLETE (Auto's check rows failed: 0"), "{}", text(&cut));
+    assert!(text(&cut).contains("what ran passed"), "{}", text(&cut));
     let failed = session(&dir, "ship1", &[env.as_slice(), &[("FAIL_CHECK", Path::new("v3+v7"))]].concat());
     let failed_text = text(&failed);
     assert_eq!(failed.status.code(), Some(1), "{failed_text}");

@@ -43,6 +43,9 @@ CUDA_FUSED = [
     "sigmoid-rowbias-l1+rw3",
     "gelu-l1",
 ]
+#: The ``(T, d)`` shapes each variant is checked at in every dtype (``bench-cuda warm --python-suite``
+#: reads this list and ``CUDA_FUSED`` to compile their modules ahead, ``benches/gpu-session.sh ship1``).
+SHAPES = [(77, 64), (130, 128), (33, 48), (1, 64)]
 
 
 def unit(dtype):
@@ -74,7 +77,7 @@ def cuda_inputs(shape, dtype, seed, name):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", CUDA_FUSED)
-@pytest.mark.parametrize("t,d", [(77, 64), (130, 128), (33, 48), (1, 64)])
+@pytest.mark.parametrize("t,d", SHAPES)
 def test_fused_cuda_matches_the_formulas(name, dtype, t, d, no_fallback):
     skip_unless_the_kernel_runs(dtype, d)
     assert lssa.is_fused(name, "cuda", dtype)

@@ -29,9 +29,11 @@ pub mod state;
 pub mod tasks;
 pub mod train;
 
-/// The git revision of the working tree (`-dirty` when it has tracked changes), or `unknown`, as it
-/// was at this function's first call in the process: call it at start-up, and a long job whose tree
-/// is edited meanwhile still records the revision its code was started from.
+/// The git revision of the working tree (`-dirty` when it has tracked changes), as it was at this
+/// function's first call in the process: call it at start-up, and a long job whose tree is edited
+/// meanwhile still records the revision its code was started from. Outside a git checkout (a binary
+/// carried to a GPU machine with a copy of the tree but no `.git`), `$LSSA_GIT_REVISION` when set (the
+/// build's revision, `benches/gpu-session.sh science`), else `unknown`.
 pub fn git_revision() -> String {
     static AT_START: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     AT_START.get_or_init(read_git_revision).clone()
@@ -40,7 +42,8 @@ pub fn git_revision() -> String {
 fn read_git_revision() -> String {
     let git = |args: &[&str]| std::process::Command::new("git").args(args).output().ok().filter(|o| o.status.success());
     let Some(rev) = git(&["rev-parse", "--short=12", "HEAD"]) else {
-        return "unknown".into();
+        let given = std::env::var("LSSA_GIT_REVISION").map(|r| r.trim().to_string());
+        return given.ok().filter(|r| !r.is_empty()).unwrap_or_else(|| "unknown".into());
     };
     let rev = String::from_utf8_lossy(&rev.stdout).trim().to_string();
     let dirty = git(&["status", "--porcelain", "--untracked-files=no"]).is_some_and(|o| !o.stdout.is_empty());

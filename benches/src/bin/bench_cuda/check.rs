@@ -92,7 +92,7 @@ fn naive(
 /// The kernel requests `check` runs on a case of `head_dim` and `dtype`: every lab pair (`Auto` runs
 /// one of them) where the tensor-core versions apply, else v1; with `--kernels`, those of the asked
 /// requests that run here (off the tensor cores, only `auto` and `v1`), possibly none.
-fn requests(args: &Args, head_dim: usize, dtype: Dtype) -> Vec<Kernel> {
+pub(crate) fn requests(args: &Args, head_dim: usize, dtype: Dtype) -> Vec<Kernel> {
     let tc = cuda::has_tensor_core_forward(head_dim, dtype);
     if args.kernels.is_empty() {
         return if tc { Kernel::ALL[1..].to_vec() } else { vec![Kernel::Lab(Version::V1)] };
@@ -173,7 +173,7 @@ pub(crate) fn check(args: &Args, rows: &mut Vec<Value>, progress: &mut dyn FnMut
 /// The cases `check` runs: every fused stage-1 activation at T = 77, d = 64 in f32 and bf16, then
 /// LSSA, LSSAR, softmax and their kin at six shapes in every dtype; those of `--only-t` (when given)
 /// that some kernel request runs.
-fn cases(args: &Args) -> Result<Vec<Case>> {
+pub(crate) fn cases(args: &Args) -> Result<Vec<Case>> {
     let mut all: Vec<Case> = Vec::new();
     for name in attn_core::variant::STAGE1_NAMES {
         // sigmoid-bias needs its training length.

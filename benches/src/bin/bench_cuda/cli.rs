@@ -5,7 +5,8 @@ use clap::Parser;
 #[derive(Parser, Debug)]
 #[command(about = "CUDA kernel lab: correctness against attn-core, speed against libtorch SDPA")]
 pub(crate) struct Args {
-    /// What to run: check, speed, model, or all.
+    /// What to run: check, speed, model, all, or warm (compile the modules of `check --kernels` and of
+    /// `--python-suite` into the PTX cache, on `--compile-threads` threads; with `--arch`, without a GPU).
     #[arg(default_value = "all")]
     pub(crate) what: String,
     /// JSON output.
@@ -40,4 +41,16 @@ pub(crate) struct Args {
     /// compiled, in a child process with the Python of this libtorch) at the same shapes.
     #[arg(long)]
     pub(crate) flex: bool,
+    /// `warm`: compile for this architecture with NVRTC alone, no GPU needed (`compute_90a` for an
+    /// H100 or H200) [default: the GPU's].
+    #[arg(long)]
+    pub(crate) arch: Option<String>,
+    /// `warm`: also the modules of this Python test file's CUDA cases (`crates/lssa-py/tests/test_cuda.py`:
+    /// its `CUDA_FUSED` variants at the head dimensions of its `SHAPES`, every dtype) under `Auto`.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) python_suite: Option<std::path::PathBuf>,
+    /// `warm`: also these variants' modules at `--head-dims` in every dtype under `Auto` (what a
+    /// training and its f32 evaluation load: `benches/gpu-session.sh science`).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) variants: Vec<String>,
 }

@@ -10,6 +10,8 @@
 //!   (`p = 15`), libtorch SDPA (softmax), and LSSA / LSSAR as tch ops; forward and forward+backward;
 //!   plus device memory at 16K and 64K.
 //! - `model`: a GPT-2 124M forward+backward step, fused vs reference attention, tokens/s.
+//! - `warm`: the kernel modules of `check --kernels` and of the Python suite's CUDA tests compiled
+//!   into the PTX cache on every core, ahead of those runs (with `--arch`, on a machine without a GPU).
 //!
 //! Results: a table on stdout, JSON to `--out` (default `docs/bench/cuda.json`), written after every
 //! section and during `check` after every case (`"partial": true` until the run ends), so a run
@@ -20,6 +22,7 @@ mod check;
 mod cli;
 mod speed;
 mod transcript;
+mod warm;
 
 use anyhow::{Result, bail};
 use attn_kernels::cuda;
@@ -35,12 +38,18 @@ fn main() -> Result<()> {
         return speed::memory_one(&a[2], a[3].parse()?); // internal: one measurement of `memory`, in its own process
     }
     let args = Args::parse();
+    if args.what == "warm" && args.arch.is_some() {
+        return warm::warm(&args); // NVRTC only
+    }
     if !tch::Cuda::is_available() {
         bail!("no CUDA device visible to libtorch: run this on a GPU machine (see docs/GUIDE.md, CUDA kernels)");
     }
     say!("device: {}; NVRTC from {}", cuda::device_description()?, cuda::nvrtc_location()?.display());
     let mut out = Results { path: args.out.clone(), map: serde_json::Map::new() };
     out.map.insert("device".into(), json!(cuda::device_description()?));
+    if args.what == "warm" {
+        return warm::warm(&args);
+    }
     let all = args.what == "all";
     let mut failed = false;
     if all || args.what == "check" {

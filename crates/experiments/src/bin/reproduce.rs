@@ -14,8 +14,10 @@
 //! Results: `runs/<scale>/<variant>/` (checkpoints, `metrics.jsonl`, `result.json`). A run with a
 //! result is not redone, an interrupted one resumes from its checkpoint, so re-running the command
 //! after a crash continues. The report goes to `docs/REPRODUCTION.md` (figures in `docs/figures/`) for
-//! the meaningful scales and to `runs/<scale>/REPRODUCTION.md` (the `--out` directory) for `smoke` and
-//! for any run with `--only` or `--set`.
+//! the default scale, `small`, to `docs/REPRODUCTION-<scale>.md` (figures in `docs/figures-<scale>/`)
+//! for the other meaningful scales, and to `runs/<scale>/REPRODUCTION.md` (the `--out` directory) for
+//! `smoke` and for any run with `--only` or `--set`. `--no-report` writes none (a GPU machine's staged
+//! runs, `benches/gpu-session.sh science`, whose report is rendered where the results are brought back).
 //!
 //! The `paper` scale needs FineWeb-10B shards in `data/fineweb10B` and GPUs (8 in the paper): each run
 //! is trained data-parallel over every GPU of the machine (`--nproc-per-node`, `--torchrun`), then
@@ -40,10 +42,17 @@ struct Cli {
     /// Results directory [default: runs/SCALE].
     #[arg(long)]
     out: Option<PathBuf>,
-    /// Report path [default: docs/REPRODUCTION.md; OUT/REPRODUCTION.md for smoke, or with --only or
-    /// --set, so that a partial or changed run never overwrites the committed report].
-    #[arg(long)]
+    /// Report path [default: docs/REPRODUCTION.md for small, docs/REPRODUCTION-SCALE.md for gpu and
+    /// paper; OUT/REPRODUCTION.md for smoke, or with --only or --set, so that a partial or changed run
+    /// never overwrites the committed report]. Figures go beside it, in `figures/` (`figures-SCALE/`
+    /// for a scale other than small).
+    #[arg(long, conflicts_with = "no_report")]
     report: Option<PathBuf>,
+    /// Train and evaluate, write every `result.json`, and write no report (nor its figures): for runs
+    /// staged on another machine, whose report is rendered with `--report-only` where they are
+    /// brought back (`benches/gpu-session.sh science`).
+    #[arg(long, conflicts_with = "report_only")]
+    no_report: bool,
     /// Only these trained variants (comma-separated attn-core names).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
@@ -159,26 +168,35 @@ fn run() -> Result<()> {
             p.run(e, &inputs)?;
         }
     }
-    let (report_path, figures_dir) = report_location(cli.report.as_deref(), scale.meaningful && !partial, &out);
-    let ctx = report::Context {
-        scale: &scale,
-        command: &shown,
-        base_command: &base_command,
-        git_revision: &trainer::git_revision(),
-        // Training plus evaluation of every run, including earlier invocations of an interrupted
-        // reproduction, summed (runs trained at once each count).
-        wall_s: results
-            .values()
-            .flatten()
-            .map(|r| r.train_wall_s + r.eval_wall_s)
-            .chain(post.iter().map(|p| p.wall_s()))
-            .sum::<f64>()
-            .max(start.elapsed().as_secs_f64()),
-        figures_rel: "figures",
-        post: &post,
-    };
-    report::write(&experiments, &results, &ctx, &report_path, &figures_dir).context("writing the report")?;
-    eprintln!("reproduce: wrote {} ({:.1} min)", report_path.display(), start.elapsed().as_secs_f64() / 60.0);
+    if cli.no_report {
+        eprintln!("reproduce: results in {}; no report (--no-report)", out.display());
+    } else {
+        let (report_path, figures_dir) =
+            report_location(cli.report.as_deref(), scale.name, scale.meaningful && !partial, &out);
+        // Figures live beside the report, so the link to them is the directory's own name.
+        let figures_rel = figures_dir.file_name().map_or("figures".into(), |n| n.to_string_lossy().to_string());
+        let others = other_reports(scale.name, &report_path);
+        let ctx = report::Context {
+            scale: &scale,
+            command: &shown,
+            base_command: &base_command,
+            git_revision: &trainer::git_revision(),
+            // Training plus evaluation of every run, including earlier invocations of an interrupted
+            // reproduction, summed (runs trained at once each count).
+            wall_s: results
+                .values()
+                .flatten()
+                .map(|r| r.train_wall_s + r.eval_wall_s)
+                .chain(post.iter().map(|p| p.wall_s()))
+                .sum::<f64>()
+                .max(start.elapsed().as_secs_f64()),
+            figures_rel: &figures_rel,
+            post: &post,
+            others: &others,
+        };
+        report::write(&experiments, &results, &ctx, &report_path, &figures_dir).context("writing the report")?;
+        eprintln!("reproduce: wrote {} ({:.1} min)", report_path.display(), start.elapsed().as_secs_f64() / 60.0);
+    }
     print_verdicts(&claims, &experiments, &results);
     Ok(())
 }
@@ -378,27 +396,91 @@ fn print_verdicts(claims: &experiments::claims::Claims, experiments: &[spec::Exp
 }
 
 /// Where the report and its figures go: `report` when given (figures beside it); the committed
-/// `docs/REPRODUCTION.md` for a full run of a meaningful scale (`committed`); else the run directory.
-fn report_location(report: Option<&std::path::Path>, committed: bool, out: &std::path::Path) -> (PathBuf, PathBuf) {
+/// report of `scale` in `docs/` for a full run of a meaningful scale (`committed`); else the run
+/// directory. Beside a report of its own, a scale's figures directory is its own
+/// ([`report::committed_names`]), so no two scales' reports draw over each other's figures.
+fn report_location(
+    report: Option<&std::path::Path>,
+    scale: &str,
+    committed: bool,
+    out: &std::path::Path,
+) -> (PathBuf, PathBuf) {
+    let (file, figures) = report::committed_names(scale);
     match report {
-        Some(p) => (p.to_path_buf(), p.parent().map(|d| d.join("figures")).unwrap_or_else(|| PathBuf::from("figures"))),
-        None if committed => (PathBuf::from("docs/REPRODUCTION.md"), PathBuf::from("docs/figures")),
+        Some(p) => (p.to_path_buf(), p.parent().map(|d| d.join(&figures)).unwrap_or_else(|| PathBuf::from(&figures))),
+        None if committed => (PathBuf::from("docs").join(file), PathBuf::from("docs").join(figures)),
         None => (out.join("REPRODUCTION.md"), out.join("figures")),
     }
 }
 
+/// The committed reports of the other meaningful scales, as the report at `report_path` links them:
+/// each scale's name and, when its report exists beside this one, the link to it.
+fn other_reports(scale: &str, report_path: &std::path::Path) -> Vec<report::OtherReport> {
+    let dir = report_path.parent().unwrap_or_else(|| std::path::Path::new("."));
+    experiments::scale::SCALES
+        .iter()
+        .filter(|&&s| s != scale && Scale::by_name(s).is_ok_and(|s| s.meaningful))
+        .map(|&s| {
+            let (file, _) = report::committed_names(s);
+            let link = dir.join(&file).exists().then_some(file);
+            report::OtherReport { scale: s.to_string(), link }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     #[test]
     fn only_a_full_run_writes_the_committed_report() {
         let out = std::path::Path::new("runs/small");
-        assert_eq!(report_location(None, true, out).0, PathBuf::from("docs/REPRODUCTION.md"));
+        assert_eq!(report_location(None, "small", true, out).0, PathBuf::from("docs/REPRODUCTION.md"));
         // `--only`, `--set` or the smoke scale: beside the runs.
-        assert_eq!(report_location(None, false, out), (out.join("REPRODUCTION.md"), out.join("figures")));
+        assert_eq!(report_location(None, "small", false, out), (out.join("REPRODUCTION.md"), out.join("figures")));
         // `--report` wins, figures beside it.
         let mine = std::path::Path::new("/tmp/x/R.md");
-        assert_eq!(report_location(Some(mine), true, out), (mine.to_path_buf(), PathBuf::from("/tmp/x/figures")));
+        assert_eq!(
+            report_location(Some(mine), "small", true, out),
+            (mine.to_path_buf(), PathBuf::from("/tmp/x/figures"))
+        );
+    }
+
+    #[test]
+    fn each_scale_has_its_own_report_and_figures() {
+        let out = std::path::Path::new("runs/gpu");
+        let (gpu, gpu_figures) = report_location(None, "gpu", true, out);
+        assert_eq!(
+            (gpu.as_path(), gpu_figures.as_path()),
+            (Path::new("docs/REPRODUCTION-gpu.md"), Path::new("docs/figures-gpu"))
+        );
+        let (small, small_figures) = report_location(None, "small", true, out);
+        assert_ne!(gpu, small);
+        assert_ne!(gpu_figures, small_figures);
+        // A report put in docs/ by hand keeps the scale's figures apart from the small report's.
+        let (_, beside) = report_location(Some(Path::new("docs/elsewhere.md")), "gpu", true, out);
+        assert_eq!(beside, PathBuf::from("docs/figures-gpu"));
+    }
+
+    #[test]
+    fn a_report_links_the_other_scales_reports_that_exist_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let small = dir.path().join("REPRODUCTION.md");
+        let others = other_reports("small", &small);
+        // gpu and paper, neither written yet: named, not linked.
+        assert_eq!(others.iter().map(|o| o.scale.as_str()).collect::<Vec<_>>(), ["gpu", "paper"]);
+        assert!(others.iter().all(|o| o.link.is_none()), "{others:?}");
+        std::fs::write(dir.path().join("REPRODUCTION-gpu.md"), "").unwrap();
+        let others = other_reports("small", &small);
+        assert_eq!(others[0].link.as_deref(), Some("REPRODUCTION-gpu.md"));
+        // And back: the gpu report links the small one, which is there.
+        std::fs::write(&small, "").unwrap();
+        let back = other_reports("gpu", &dir.path().join("REPRODUCTION-gpu.md"));
+        assert_eq!(
+            back.iter().map(|o| (o.scale.as_str(), o.link.as_deref())).collect::<Vec<_>>(),
+            [("small", Some("REPRODUCTION.md")), ("paper", None)]
+        );
     }
 }

@@ -20,6 +20,7 @@ use crate::runner::Runs;
 use crate::scale::Scale;
 use crate::spec::{EvalKey, Experiment, Kind, Row};
 
+mod premise;
 mod runs;
 mod sinks;
 mod tables;
@@ -45,6 +46,34 @@ pub struct Context<'a> {
     /// The post-training experiments, each holding the results of this invocation (none where it
     /// did not run).
     pub post: &'a [Box<dyn PostTraining>],
+    /// The other meaningful scales' committed reports, which the summary's premise paragraph links
+    /// where they exist.
+    pub others: &'a [OtherReport],
+}
+
+/// Another scale's committed report, as this report refers to it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OtherReport {
+    /// The scale.
+    pub scale: String,
+    /// Its file relative to this report, when it exists there (else the report names it in plain
+    /// text: a link to a missing file would not resolve).
+    pub link: Option<String>,
+}
+
+/// The default scale (`reproduce`'s), whose committed report is `docs/REPRODUCTION.md`.
+pub const DEFAULT_SCALE: &str = "small";
+
+/// The committed report of `scale` in `docs/` and its figures directory beside it:
+/// `REPRODUCTION.md` and `figures` for the default scale, `REPRODUCTION-<scale>.md` and
+/// `figures-<scale>` for the others, so no scale's report overwrites another's or draws over its
+/// figures.
+pub fn committed_names(scale: &str) -> (String, String) {
+    if scale == DEFAULT_SCALE {
+        ("REPRODUCTION.md".into(), "figures".into())
+    } else {
+        (format!("REPRODUCTION-{scale}.md"), format!("figures-{scale}"))
+    }
 }
 
 impl std::fmt::Debug for dyn PostTraining + '_ {
@@ -133,7 +162,8 @@ pub fn document(
     let noise = crate::claims::seed_noise(results);
     let post_lines: Vec<String> = ctx.post.iter().flat_map(|p| p.verdicts()).collect();
     let family = verdicts::family(&judged, &orderings, ctx.post.iter().flat_map(|p| p.counted()).collect());
-    report.push(verdicts::summary_section(&judged, &post_lines, &family, results));
+    let premise = premise::paragraph(&claims.claim, results, ctx.others);
+    report.push(verdicts::summary_section(&judged, premise.as_deref(), &post_lines, &family, results));
     let mut verdicts = verdicts::verdicts_section(&judged, &orderings, noise, &family);
     verdicts.blocks.extend(tables::gap_blocks(results, figures)?);
     report.push(verdicts);
@@ -232,6 +262,13 @@ fn missing_section() -> Option<Section> {
         .map(|part| Item::from(format!("{} ({}): not implemented yet, no numbers shown.", part.name, part.what)))
         .collect();
     (!missing.is_empty()).then(|| Section { title: "Not reproduced yet".into(), blocks: vec![Block::List(missing)] })
+}
+
+/// The paper's length table: the table experiment with the most lengths (its Table 4), whose numbers
+/// the context facts and the premise quote.
+fn length_table() -> Option<Experiment> {
+    let tables = crate::spec::all().ok()?.into_iter().filter(|e| e.kind == Kind::Table);
+    tables.rev().max_by_key(|e| e.lengths.len())
 }
 
 /// The length-curve experiment of the definitions (Figure 1), whatever this invocation's scope: its

@@ -302,10 +302,105 @@ fn the_verdicts_are_a_table_row_per_reading_and_the_summary_a_sentence_per_claim
     assert!(lists[0][0].text.contains("restricted to seeds 0"), "{}", lists[0][0].text);
     assert_eq!(lists[1][0].text, "**lssa-below**: added in this test.");
     assert!(lists.last().unwrap().last().unwrap().text.starts_with("Seed-to-seed noise"), "{lists:?}");
-    // The summary: the claim's sentence, then the family-wise lines.
-    let s = super::verdicts::summary_section(&judged, &["a post-training line".into()], &family, &runs);
+    // The summary: the premise paragraph first, then the claim's sentence, then the family-wise lines.
+    let s = super::verdicts::summary_section(
+        &judged,
+        Some("**The premise.** a paragraph"),
+        &["a post-training line".into()],
+        &family,
+        &runs,
+    );
+    assert!(matches!(s.blocks.first(), Some(Block::Text(t)) if t.starts_with("**The premise.**")), "{s:?}");
     let Some(Block::List(items)) = s.blocks.last() else { panic!("{s:?}") };
     assert!(items[0].text.starts_with("LSSA is below softmax at 4x: "), "{}", items[0].text);
     assert_eq!(items[1].text, "a post-training line");
     assert!(items[2].text.starts_with("Family-wise: 2 verdicts are counted"), "{}", items[2].text);
+}
+
+/// A run of `variant` (seed `seed`) scored on two spans of 16x: at each length, every window of a span
+/// has the same loss, `loss` plus the span's offset (so the spans' mean is `loss`, and a contrast's
+/// per-span values are exact differences).
+fn run16(variant: &str, seed: usize, evals: &[(EvalKey, f64)]) -> RunResult {
+    let mut r = run(variant, seed, &[]);
+    for &(k, loss) in evals {
+        let windows: Vec<f32> =
+            [0.005, -0.005].iter().flat_map(|off| std::iter::repeat_n((loss + off) as f32, 16 / k.multiple)).collect();
+        let beyond = if k.multiple > 1 { windows.clone() } else { Vec::new() };
+        let l = LengthLoss {
+            multiple: k.multiple,
+            seq_len: 32 * k.multiple,
+            rope: if k.ntk { Rope::Ntk } else { Rope::Plain },
+            reweight: k.posthoc,
+            loss,
+            tokens: 1024,
+            windows: windows.len(),
+            per_window: Some(WindowLosses { first: windows, rest: beyond.clone(), tail: beyond }),
+        };
+        r.evals.push((k, l));
+    }
+    r
+}
+
+/// The premise paragraph quotes the baseline's rise from 1x to 8x and 16x under both RoPE treatments
+/// (the mean over seeds of each seed's rise, with its interval), the paper's rise from its Table 4,
+/// says what a small rise leaves the comparisons, and names the other scales' reports.
+#[test]
+fn the_premise_paragraph_sets_the_baselines_rise_against_the_papers() {
+    let claims = crate::claims::all().unwrap();
+    let fact = claims.claim.iter().flat_map(|c| &c.context).find(|f| f.kind == "rise").unwrap();
+    let base = fact.train.to_string();
+    assert_eq!(fact.multiple, 8, "the paper's Table 4 ends at 8x");
+    let table = super::length_table().unwrap();
+    let row = table.rows.iter().find(|r| r.train == base.as_str() && r.posthoc.is_none()).unwrap();
+    let paper = row.paper[table.lengths.iter().position(|&l| l == 8).unwrap()] - row.paper[0];
+    let k = EvalKey::new;
+    // Two seeds; the second rises 0.02 more beyond 1x. (1x, NTK 8x, plain 8x, NTK 16x, plain 16x).
+    let seed = |s: usize, [one, n8, p8, n16, p16]: [f64; 5]| {
+        let extra = 0.02 * s as f64;
+        run16(
+            &base,
+            s,
+            &[
+                (k(true, None, 1), one),
+                (k(true, None, 8), n8 + extra),
+                (k(false, None, 8), p8 + extra),
+                (k(true, None, 16), n16 + extra),
+                (k(false, None, 16), p16 + extra),
+            ],
+        )
+    };
+    let losses = [3.20, 3.30, 3.35, 3.40, 3.50];
+    let mut runs = Runs::new();
+    runs.insert(base.clone(), vec![seed(0, losses), seed(1, losses)]);
+    let others = [
+        super::OtherReport { scale: "gpu".into(), link: Some("REPRODUCTION-gpu.md".into()) },
+        super::OtherReport { scale: "paper".into(), link: None },
+    ];
+    let p = super::premise::paragraph(&claims.claim, &runs, &others).unwrap();
+    // Each rise is the mean of the two seeds' rises.
+    for (i, (what, m)) in [("NTK", 8), ("plain", 8), ("NTK", 16), ("plain", 16)].iter().enumerate() {
+        let rise = losses[i + 1] + 0.01 - losses[0];
+        assert!(p.contains(&format!("{rise:+.3} [")), "{what} {m}x: {rise:+.3} not in {p}");
+    }
+    assert!(p.contains(&format!("its loss rises by {paper:+.2} nats from 1x to 8x")), "{p}");
+    assert!(p.contains("over 2 seeds"), "{p}");
+    let share = 100.0 * (losses[1] + 0.01 - losses[0]) / paper;
+    assert!(p.contains(&format!("{share:.0}% (NTK)")), "{p}");
+    // Far below half the paper's rise under both treatments: a contradicted comparison is not a refutation.
+    assert!(p.contains("Under NTK and plain RoPE") && p.contains("not a refutation"), "{p}");
+    assert!(!p.contains("cannot be reproduced"), "the rise exceeds the comparisons' 0.02 nats: {p}");
+    assert!(
+        p.contains("[REPRODUCTION-gpu.md](REPRODUCTION-gpu.md)") && p.contains("the `paper` scale has no report yet")
+    );
+    // A baseline that does not rise, on one seed: the comparisons cannot be reproduced, and the
+    // paragraph says that one seed is all it read.
+    let flat = [3.20, 3.201, 3.202, 3.203, 3.204];
+    runs.insert(base.clone(), vec![seed(0, flat)]);
+    let p = super::premise::paragraph(&claims.claim, &runs, &[]).unwrap();
+    assert!(p.contains("one seed"), "{p}");
+    assert!(p.contains("cannot be reproduced whatever the row does"), "{p}");
+    assert!(!p.contains("other scales"), "{p}");
+    // No results of the baseline: the premise is not measured, and the paragraph says so.
+    let p = super::premise::paragraph(&claims.claim, &Runs::new(), &[]).unwrap();
+    assert!(p.contains("no results at 1x and 8x yet"), "{p}");
 }

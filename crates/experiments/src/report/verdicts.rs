@@ -84,13 +84,6 @@ fn find(family: &Family, name: &str, reading: &str) -> Option<usize> {
     family.counted.iter().position(|c| c.claim == name && c.reading == reading)
 }
 
-/// The paper's length table: the table experiment with the most lengths (its Table 4), whose numbers
-/// the context facts quote.
-fn length_table() -> Option<crate::spec::Experiment> {
-    let tables = crate::spec::all().ok()?.into_iter().filter(|e| e.kind == crate::spec::Kind::Table);
-    tables.rev().max_by_key(|e| e.lengths.len())
-}
-
 /// The row a `gap` fact of `claim` is a gap to: the first term of the claim's contrast that reads
 /// another row than the fact's (the claims compare a row with its baseline).
 fn gap_baseline<'a>(claim: &'a Claim, f: &ContextFact) -> Option<(&'a str, Option<u32>)> {
@@ -99,7 +92,7 @@ fn gap_baseline<'a>(claim: &'a Claim, f: &ContextFact) -> Option<(&'a str, Optio
 
 /// A context fact of `claim` in words, from our runs and the paper's length table.
 fn context_line(claim: &Claim, f: &ContextFact, runs: &Runs) -> Option<String> {
-    let table = length_table()?;
+    let table = super::length_table()?;
     let paper_at = |train: &str, posthoc: Option<u32>, m: usize| -> Option<f64> {
         let i = table.lengths.iter().position(|&l| l == m)?;
         table.rows.iter().find(|r| r.train == train && r.posthoc == posthoc)?.paper.get(i).copied()
@@ -184,9 +177,17 @@ fn capitalise(s: &str) -> String {
     c.next().map_or(String::new(), |f| f.to_uppercase().collect::<String>() + c.as_str())
 }
 
-/// The summary at the top of the report.
-pub(super) fn summary_section(judged: &[Judged], post_lines: &[String], family: &Family, runs: &Runs) -> Section {
+/// The summary at the top of the report: the premise paragraph (when there is one), then a
+/// sentence per claim and the family-wise lines.
+pub(super) fn summary_section(
+    judged: &[Judged],
+    premise: Option<&str>,
+    post_lines: &[String],
+    family: &Family,
+    runs: &Runs,
+) -> Section {
     let mut s = Section::new("Summary");
+    s.blocks.extend(premise.map(Block::from));
     s.push(
         "What reproduces at this scale, one sentence per claim (whole windows; q and its 95% interval as the verdict table below defines them; beside a claim that does not reproduce, the facts of these runs and the paper's that most likely explain it). The paper's own comparisons (its Table 4) are the claims added in issue 46; the others test the shape of the length curves.",
     );
