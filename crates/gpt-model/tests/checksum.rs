@@ -177,10 +177,11 @@ struct StateOf {
     moments: Vec<(String, Tensor)>,
 }
 
-/// Save and load times at the `small` and `gpu` scales' sizes (best of 5; the load from the page
-/// cache, as a resume or an evaluation right after training reads it). Run on the commit before the
-/// checksum and on this one to compare: `cargo test -p gpt-model --release --test checksum --
-/// --ignored --nocapture checksum_cost`.
+/// Save and load times at the `small` and `gpu` scales' sizes (medians of 9; loads from the page
+/// cache, as a resume or an evaluation right after training reads it): the save, the open of the
+/// bytes already in memory (header checks, and the checksum where there is one), and the copy of
+/// weights and moments into tensors. Run on the commit before the checksum and on this one to
+/// compare: `cargo test -p gpt-model --release --test checksum -- --ignored --nocapture checksum_cost`.
 #[test]
 #[ignore = "timing, prints numbers"]
 fn checksum_cost() {
@@ -188,25 +189,32 @@ fn checksum_cost() {
     for (name, state) in [("small", scale_state(4, 2, 128, 64, 2048)), ("gpu", scale_state(6, 6, 384, 512, 8192))] {
         let path = dir.join(format!("{name}.safetensors"));
         let meta = HashMap::from([("kind".to_string(), "timing".to_string())]);
-        let best = |f: &mut dyn FnMut()| {
-            (0..5)
+        let median = |f: &mut dyn FnMut()| {
+            let mut t: Vec<f64> = (0..9)
                 .map(|_| {
                     let t = Instant::now();
                     f();
                     t.elapsed().as_secs_f64() * 1e3
                 })
-                .fold(f64::INFINITY, f64::min)
+                .collect();
+            t.sort_by(f64::total_cmp);
+            t[4]
         };
-        let save = best(&mut || checkpoint::save_with(&state.vs, &state.cfg, &meta, &state.moments, &path).unwrap());
-        let bytes = std::fs::metadata(&path).unwrap().len();
+        let save = median(&mut || checkpoint::save_with(&state.vs, &state.cfg, &meta, &state.moments, &path).unwrap());
+        let bytes = std::fs::read(&path).unwrap();
+        let read = median(&mut || drop(std::fs::read(&path).unwrap()));
+        let open = median(&mut || drop(Checkpoint::from_bytes(&path, bytes.as_slice()).unwrap()));
+        let ckpt = Checkpoint::from_bytes(&path, bytes.as_slice()).unwrap();
         let mut vs = VarStore::new(Device::Cpu);
         let _m = Gpt::new(&vs.root(), &state.cfg).unwrap();
-        let load = best(&mut || {
-            let c = Checkpoint::read(&path).unwrap();
-            c.load_into(&mut vs, &state.cfg).unwrap();
-            let _ = c.tensors("optim.").unwrap();
+        let copy = median(&mut || {
+            ckpt.load_into(&mut vs, &state.cfg).unwrap();
+            drop(ckpt.tensors("optim.").unwrap());
         });
-        println!("{name}: {bytes} bytes, save {save:.1} ms, load (weights and moments) {load:.1} ms");
+        println!(
+            "{name}: {} bytes: save {save:.1} ms; load: read {read:.1} ms, open {open:.2} ms, copy into tensors {copy:.1} ms",
+            bytes.len()
+        );
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
