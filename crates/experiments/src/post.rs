@@ -26,6 +26,10 @@ pub struct Inputs<'a> {
     pub results: &'a Runs,
     /// The folder of user-supplied task data (`--downstream DIR`), if any.
     pub downstream_dir: Option<&'a Path>,
+    /// Set by a stop signal (`reproduce`'s handlers): a kind that trains models of its own checks it
+    /// before starting each and then returns [`crate::runner::Stopped`]; models already finished
+    /// stay cached.
+    pub stop: Option<trainer::process::StopFlag>,
 }
 
 /// Where a section's figures go.

@@ -401,7 +401,14 @@ pub struct RegimeRuns {
 
 /// Trains and evaluates every seed of every trained variant of every regime of `plans` on `jobs`
 /// threads, reusing cached results under `dir/<regime>/`; returns them per regime, in `plans`' order.
-pub fn run(plans: &[RegimePlan], dir: &Path, jobs: usize) -> Result<Vec<RegimeRuns>> {
+/// Once `stop` is set no new model starts (those in flight finish and are cached) and the error is
+/// [`crate::runner::Stopped`].
+pub fn run(
+    plans: &[RegimePlan],
+    dir: &Path,
+    jobs: usize,
+    stop: Option<trainer::process::StopFlag>,
+) -> Result<Vec<RegimeRuns>> {
     let provenance = crate::runner::task_revision();
     let path = |i: usize, v: &str, k: usize| -> PathBuf {
         dir.join(&plans[i].regime.name).join(format!("{}_seed{k}.json", crate::runner::run_dir_name(v)))
@@ -453,6 +460,10 @@ pub fn run(plans: &[RegimePlan], dir: &Path, jobs: usize) -> Result<Vec<RegimeRu
             scope.spawn(|| {
                 loop {
                     if failed.lock().expect("no panic holds it").is_some() {
+                        return;
+                    }
+                    if let Err(e) = crate::runner::check_stop(stop) {
+                        failed.lock().expect("no panic holds it").get_or_insert(e);
                         return;
                     }
                     let Some((i, v, k, powers)) = queue.lock().expect("no panic holds it").next() else { return };
@@ -566,7 +577,8 @@ impl PostTraining for Experiments {
     fn run(&mut self, e: &Experiment, inputs: &Inputs<'_>) -> Result<()> {
         let plans = plans(e, inputs.scale.name)?;
         let jobs = crate::runner::default_jobs(tch::Cuda::is_available());
-        let results = run(&plans, &inputs.out.join("retrieval"), jobs).context("the retrieval benchmark")?;
+        let results =
+            run(&plans, &inputs.out.join("retrieval"), jobs, inputs.stop).context("the retrieval benchmark")?;
         self.results = Some(results);
         Ok(())
     }
