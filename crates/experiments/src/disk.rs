@@ -13,8 +13,8 @@
 //! - figures: the report's (PNG and SVG) and the attention maps drawn beside the runs;
 //! - caches of the retrieval benchmark (one file per model) and of Newton's law (one per variant).
 //!
-//! The sizes per item below were read off the `smoke` scale's output (`--all`: 175 MB written, 248 MB
-//! estimated before the retrieval files were estimated from their answers) and rounded up.
+//! The sizes per item below were read off the `smoke` scale's output and rounded up: `--all` wrote
+//! 174 MiB there, and the estimate says 208 MiB (mostly the figures' and caches' generous sizes).
 //! Whatever the output directory already holds counts as written: a continued reproduction needs
 //! only the rest.
 
