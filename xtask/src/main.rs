@@ -10,7 +10,9 @@
 //! cargo xtask pytest [ARGS...]         set-up if needed, then only the Python package's tests (pytest ARGS...;
 //!                                      the trainer binary they drive built first)
 //! cargo xtask pytest --torch V [ARGS]  the same against PyTorch V, in a venv of its own (e.g. 2.15.0)
-//! cargo xtask reproduce [--scale S]    set-up if needed, then the paper reproduction (default scale: small)
+//! cargo xtask reproduce [--scale S]    set-up if needed, then the paper reproduction (default scale: small);
+//!                                      this process becomes the `reproduce` binary, so a signal reaches it
+//!                                      and its exit status (75: stopped and saved) is this command's
 //! cargo xtask bench kernels [ARGS...]  set-up if needed, then the CPU kernel benchmarks (bench-kernels ARGS...)
 //! cargo xtask bench model [ARGS...]    set-up if needed, then one gpt2-124m block, fused vs reference (bench-model ARGS...)
 //! cargo xtask bench train [ARGS...]    set-up if needed, then the trainer's step against a PyTorch eager loop (bench-train ARGS...)
@@ -46,7 +48,9 @@ commands:
                           the same against PyTorch V (any PyPI release, e.g. 2.15.0), installed once into a
                           venv of its own beside the set-up's
   reproduce [--scale S]   set-up if needed, then run the paper reproduction at scale S
-                          (smoke | small | gpu | paper; default small)
+                          (smoke | small | gpu | paper; default small). This command becomes the
+                          `reproduce` binary: SIGTERM / SIGINT / SIGUSR1 make it save every training and
+                          exit with status 75; the same command continues
   bench kernels [ARGS...] set-up if needed, then `bench-kernels ARGS...` (release): fused CPU kernels
                           vs libtorch SDPA vs torch ops vs attn-core, written to docs/bench/kernels-cpu.{md,json}.
                           --quick for T <= 2048; `bench kernels memory` for peak memory at T = 65536;
@@ -217,8 +221,7 @@ fn trainer_binary(workspace: &Path, binaries: Binaries) -> Result<PathBuf> {
         build.args(["build", "--quiet", "--package", "trainer", "--bin", "trainer", "--bin", "lssa-data"]);
         run_cmd(&mut build).context("building the trainer for the Python package's export tests")?;
     }
-    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace.join("target"), |d| workspace.join(d));
-    let dir = target.join("debug");
+    let dir = target_dir(workspace).join("debug");
     for exe in ["trainer", "lssa-data"] {
         if !dir.join(exe).is_file() {
             bail!("no {} after the build: the Python package's export tests need it", dir.join(exe).display());
@@ -309,9 +312,49 @@ fn reproduce(workspace: &Path, extra: &[String]) -> Result<()> {
         eprintln!("xtask reproduce: no {dir} yet: running `cargo xtask data {}` first", args.join(" "));
         data(workspace, &args.iter().map(|a| a.to_string()).collect::<Vec<_>>())?;
     }
-    let mut cmd = cargo(workspace);
-    cmd.args(["run", "--release", "--quiet", "--package", "experiments", "--bin", "reproduce", "--"]).args(extra);
-    run_cmd(&mut cmd)
+    let mut build = cargo(workspace);
+    build.args(["build", "--release", "--quiet", "--package", "experiments", "--bin", "reproduce"]);
+    run_cmd(&mut build).context("building the reproduce binary")?;
+    let exe = target_dir(workspace).join("release").join("reproduce");
+    // Become the reproduction (exec, same pid): a scheduler's SIGTERM to this command reaches it
+    // (and its trainings save), and its exit status, 75 for stopped-and-saved, is this command's.
+    // `cargo xtask` itself is `cargo run`, which execs this program on Unix in the same way.
+    let mut cmd = Command::new(&exe);
+    cmd.current_dir(workspace).args(extra);
+    // What `reproduce` prints as the command that continues a stopped run.
+    let shown: Vec<String> = extra.iter().map(|a| shell_quote(a)).collect();
+    cmd.env("LSSA_REPRODUCE_COMMAND", format!("cargo xtask reproduce {}", shown.join(" ")).trim_end());
+    exec(&mut cmd)
+}
+
+/// Replaces this process by `cmd` (Unix `exec`); returns only if that failed.
+#[cfg(unix)]
+fn exec(cmd: &mut Command) -> Result<()> {
+    use std::os::unix::process::CommandExt;
+    let err = cmd.exec();
+    Err(err).with_context(|| format!("starting {cmd:?}"))
+}
+
+/// Elsewhere: runs `cmd` and exits with its status.
+#[cfg(not(unix))]
+fn exec(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("spawning {cmd:?}"))?;
+    std::process::exit(status.code().unwrap_or(1));
+}
+
+/// `arg` as a POSIX shell reads it back: as it is when it is plain, else in single quotes.
+fn shell_quote(arg: &str) -> String {
+    if !arg.is_empty() && arg.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=,:+@%".contains(&b)) {
+        arg.to_string()
+    } else {
+        format!("'{}'", arg.replace('\'', r"'\''"))
+    }
+}
+
+/// Cargo's target directory for this workspace (`CARGO_TARGET_DIR`, relative to the workspace, or
+/// `target`).
+fn target_dir(workspace: &Path) -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace.join("target"), |d| workspace.join(d))
 }
 
 /// The value of option `name` in `args`, written `name VALUE` or `name=VALUE` (the last one wins, as
@@ -399,7 +442,16 @@ fn workspace_root() -> PathBuf {
 
 #[cfg(test)]
 mod tests {
-    use super::option_value;
+    use super::{option_value, shell_quote};
+
+    #[test]
+    fn a_shown_command_reads_back_as_given() {
+        assert_eq!(shell_quote("--scale"), "--scale");
+        assert_eq!(shell_quote("max_steps=300"), "max_steps=300");
+        assert_eq!(shell_quote("data_dir=\"my data\""), "'data_dir=\"my data\"'");
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+        assert_eq!(shell_quote(""), "''");
+    }
 
     #[test]
     fn options_are_read_in_both_spellings() {

@@ -9,7 +9,9 @@
 //!
 //! - [`spec`]: `defs/<name>/experiment.toml` (+ README), embedded; the plan of runs and evaluations.
 //! - [`scale`]: `smoke`, `small`, `gpu`, `paper`.
-//! - [`runner`]: trains and evaluates, resumable, one `result.json` per run.
+//! - [`runner`]: trains and evaluates, resumable, one `result.json` per run; stops on a signal with
+//!   every training saved ([`runner::Stopped`]).
+//! - [`disk`]: the bytes a plan will write, checked against the output's free space before a run.
 //! - [`report`]: `REPRODUCTION.md`: its tables, sections and verdict text, built as [`doc`] sections.
 //! - [`doc`]: the report as data (sections of text, tables, lists, figures) and its one Markdown
 //!   renderer.
@@ -35,6 +37,7 @@
 #![cfg_attr(not(test), warn(clippy::too_many_lines))] // clippy.toml: 120 lines; tests are exempt
 
 pub mod claims;
+pub mod disk;
 pub mod doc;
 pub mod downstream;
 pub mod family;

@@ -26,7 +26,9 @@ pub struct Inputs<'a> {
     pub results: &'a Runs,
     /// The folder of user-supplied task data (`--downstream DIR`), if any.
     pub downstream_dir: Option<&'a Path>,
-    /// Set when a stop signal asks the reproduction to save and end (`reproduce`'s handlers).
+    /// Set by a stop signal (`reproduce`'s handlers): a kind that trains models of its own checks it
+    /// before starting each and then returns [`crate::runner::Stopped`]; models already finished
+    /// stay cached (and retrieval's models in training save their state and continue next time).
     pub stop: Option<trainer::process::StopFlag>,
 }
 

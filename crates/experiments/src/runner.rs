@@ -7,6 +7,13 @@
 //! A result is reused only when its config (seed included) and the [`numbers_revision`] of the code
 //! it was computed with match; otherwise the run is redone from scratch.
 //!
+//! Stopping ([`run_all`]'s `stop`, set by `reproduce`'s stop handlers on SIGTERM, SIGINT or SIGUSR1):
+//! every training in flight saves a checkpoint at its next step and ends with
+//! [`trainer::train::Preempted`], no new run and no new evaluation starts (one in flight finishes and
+//! is written; results are written atomically, so none is left partial), and [`run_all`] returns
+//! [`Stopped`]. The same command then continues: finished results are reused and each interrupted
+//! training resumes from its newest checkpoint, to the numbers an uninterrupted run gives.
+//!
 //! Every evaluation scores the same validation spans ([`trainer::eval::ValidationSet`], the protocol `trainer eval` uses) and keeps
 //! the loss of every window ([`trainer::eval::WindowLosses`]), so two runs, lengths or RoPE
 //! treatments are compared on identical target tokens ([`crate::stats`]).
@@ -21,12 +28,17 @@ use serde::{Deserialize, Serialize};
 use trainer::config::TrainConfig;
 use trainer::data::corpus::{self, BuildOptions, TokenizerChoice};
 use trainer::eval::LengthLoss;
-use trainer::train::{self, RunOptions, ShardSource, Single};
+use trainer::process::StopFlag;
+use trainer::train;
 
 use crate::scale::{Data, Scale};
 use crate::spec::{EvalKey, SinkKey, TrainedVariant};
 
 mod evaluate;
+mod training;
+
+pub use training::{Launch, train_rank};
+use training::{RANK_SUMMARY_FILE, train_attempt};
 
 /// Format tag and version of a run's `result.json`.
 pub const RESULT_FORMAT: &str = "lssa-experiment-run";
@@ -280,7 +292,8 @@ pub fn validation_spans(scale: &Scale, data_dir: &Path, tokenizer: &str, longest
 /// Runs every planned training, `seeds[variant]` seeds each (one when absent), in `jobs` parallel
 /// workers (on a CPU machine they share libtorch's thread pool); returns every run's result. The
 /// first seed of a variant gets every evaluation of `plan`, the others those `later_seeds` keeps
-/// (the post-hoc sweep of Figure 2, for one, reads the first seed only).
+/// (the post-hoc sweep of Figure 2, for one, reads the first seed only). Once `stop` is set, see the
+/// module docs: the error is then [`Stopped`] (unless a run also failed otherwise: that error).
 #[allow(clippy::too_many_arguments)]
 pub fn run_all(
     scale: &Scale,
@@ -292,6 +305,7 @@ pub fn run_all(
     jobs: usize,
     launch: &Launch,
     sinks: &BTreeMap<String, Vec<SinkKey>>,
+    stop: Option<StopFlag>,
 ) -> Result<Runs> {
     let (data_dir, sd, base) = base_config(scale, out)?;
     let world = match launch {
@@ -332,12 +346,16 @@ pub fn run_all(
     let failures = std::sync::Mutex::new(Vec::new());
     let worker = || {
         loop {
+            // After a stop signal no new run starts.
+            if stop.and_then(|s| s.signal()).is_some() {
+                return;
+            }
             let Some((variant, needs, k)) = queue.lock().expect("queue").next() else { return };
             let cfg = run_config(&base, out, variant, k);
             // Attention maps, sink statistics and the post-hoc sweep come from the first seed.
             let sink_needs = if k == 0 { sinks.get(variant.as_str()).map_or(&[][..], Vec::as_slice) } else { &[] };
             let needs: Vec<EvalKey> = needs.iter().copied().filter(|key| k == 0 || later_seeds(key)).collect();
-            match run_one(scale, &cfg, k, &needs, sink_needs, &spans, command, launch)
+            match run_one(scale, &cfg, k, &needs, sink_needs, &spans, command, launch, stop)
                 .with_context(|| format!("run `{variant}` seed {k}"))
             {
                 Ok(r) => {
@@ -354,8 +372,18 @@ pub fn run_all(
                     results.lock().expect("results").push(r);
                 }
                 Err(e) => {
-                    // Stop taking new runs; the ones in flight finish (their results are kept).
-                    say(&format!("{e:#}"));
+                    // Stop taking new runs; the ones in flight finish (their results are kept), or
+                    // after a stop signal save and stop too.
+                    match e.chain().find_map(|c| c.downcast_ref::<train::Preempted>()) {
+                        Some(p) => say(&format!(
+                            "{variant} seed {k}: stopped by {} after step {}{}",
+                            p.signal,
+                            p.step,
+                            p.checkpoint.as_ref().map_or(String::new(), |c| format!(", saved in {}", c.display()))
+                        )),
+                        None if is_stop(&e) => {}
+                        None => say(&format!("{e:#}")),
+                    }
                     failures.lock().expect("failures").push(e);
                     while queue.lock().expect("queue").next().is_some() {}
                     return;
@@ -369,7 +397,15 @@ pub fn run_all(
         }
     });
     overall.finish_and_clear();
-    if let Some(e) = failures.into_inner().expect("failures").into_iter().next() {
+    let mut failures = failures.into_inner().expect("failures");
+    // A failure of its own outweighs the stop (the next invocation would meet it again).
+    if let Some(i) = failures.iter().position(|e| !is_stop(e)) {
+        return Err(failures.swap_remove(i));
+    }
+    if let Some(sig) = stop.and_then(|s| s.signal()) {
+        return Err(Stopped { signal: trainer::process::signal_name(sig) }.into());
+    }
+    if let Some(e) = failures.into_iter().next() {
         return Err(e);
     }
     let mut by_variant = Runs::new();
@@ -429,7 +465,7 @@ mod tests {
             std::fs::write(cfg.out_dir.join(f), text).unwrap();
         }
         let holder = trainer::process::RunLock::acquire(&cfg.out_dir).unwrap();
-        let err = run_one(&scale, &cfg, 0, &[], &[], &[], "test", &Launch::InProcess).unwrap_err();
+        let err = run_one(&scale, &cfg, 0, &[], &[], &[], "test", &Launch::InProcess, None).unwrap_err();
         assert!(format!("{err:#}").contains("is in use"), "{err:#}");
         for (f, text) in files {
             assert_eq!(std::fs::read_to_string(cfg.out_dir.join(f)).unwrap(), text, "{f} was touched");
@@ -442,25 +478,6 @@ mod tests {
 /// How many times a diverging run is retried, each time at half the learning rate.
 pub const MAX_LR_HALVINGS: u32 = 2;
 
-/// Where training runs.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Launch {
-    /// In this process, on one CPU or one GPU.
-    InProcess,
-    /// In `nproc` child processes of this binary (`reproduce --train-rank CONFIG`), data-parallel
-    /// over libtorch's process groups (NCCL on GPUs, Gloo on CPUs), started by the trainer's own
-    /// launcher or by `torchrun`.
-    Ranks {
-        /// Processes on this machine.
-        nproc: usize,
-        /// Start them with `torchrun --standalone` (must be on PATH) instead of the built-in launcher.
-        torchrun: bool,
-    },
-}
-
-/// File written by rank 0 of a [`Launch::Ranks`] training: final loss and throughput.
-const RANK_SUMMARY_FILE: &str = "train-summary.json";
-
 /// Removes a run's checkpoints, metrics and divergence marker (a fresh start).
 fn clear_training(dir: &Path) -> Result<()> {
     for ckpt in train::list_checkpoints(dir)? {
@@ -468,108 +485,6 @@ fn clear_training(dir: &Path) -> Result<()> {
     }
     for f in ["metrics.jsonl", train::DIVERGED_FILE, RANK_SUMMARY_FILE] {
         let _ = std::fs::remove_file(dir.join(f));
-    }
-    Ok(())
-}
-
-/// One training attempt of `cfg` (resuming from `resume`); returns the last step's loss and the
-/// mean tokens per second.
-fn train_attempt(
-    cfg: &TrainConfig,
-    resume: Option<PathBuf>,
-    launch: &Launch,
-    command: &str,
-    progress: &std::sync::Arc<crate::progress::Training>,
-    lock: &std::sync::Arc<trainer::process::RunLock>,
-) -> Result<(f64, f64)> {
-    match launch {
-        Launch::InProcess => {
-            let (batch, seq) = (cfg.batch_size, cfg.model.context_len);
-            let mut data = ShardSource::open(&cfg.data_dir, batch, seq, 0, 1, cfg.seed, cfg.sampling)?;
-            let progress = progress.clone();
-            // The runner owns the directory: it resumes or clears it before calling.
-            let opts = RunOptions {
-                lock: train::DirLock::Held(lock.clone()),
-                stop: None,
-                resume,
-                progress: false,
-                val_tokens: Vec::new(),
-                command: command.into(),
-                overwrite: true,
-                on_step: Some(train::StepHook(std::sync::Arc::new(move |m| progress.step(m)))),
-                // The reproduction runs the measured kernels.
-                cuda_kernel: Default::default(),
-            };
-            let run = train::train(cfg, &mut data, &Single, &opts)?;
-            Ok((run.steps.last().map_or(f64::NAN, |s| s.loss), run.tokens_per_s))
-        }
-        Launch::Ranks { nproc, torchrun } => {
-            std::fs::create_dir_all(&cfg.out_dir).with_context(|| format!("creating {}", cfg.out_dir.display()))?;
-            let config = cfg.out_dir.join("rank-config.toml");
-            trainer::data::io::write_atomic(&config, |w| w.write_all(cfg.to_toml().as_bytes()))?;
-            let _ = std::fs::remove_file(cfg.out_dir.join(RANK_SUMMARY_FILE));
-            let exe = std::env::current_exe().context("locating the reproduce binary")?;
-            let mut args = vec!["--train-rank".to_string(), config.display().to_string()];
-            if let Some(r) = &resume {
-                args.extend(["--resume".to_string(), r.display().to_string()]);
-            }
-            if *torchrun {
-                let mut cmd = std::process::Command::new("torchrun");
-                cmd.args(["--standalone", &format!("--nproc-per-node={nproc}"), "--no-python"]).arg(&exe).args(&args);
-                say(&format!("{}: {cmd:?}", cfg.model.attention));
-                let status = cmd.status().context(
-                    "starting torchrun (is it on PATH? it comes with the torch venv of `cargo xtask setup`)",
-                )?;
-                anyhow::ensure!(status.success(), "torchrun failed ({status})");
-            } else {
-                trainer::launch::spawn(*nproc, &exe, &args)?;
-            }
-            let summary: serde_json::Value = serde_json::from_str(
-                &std::fs::read_to_string(cfg.out_dir.join(RANK_SUMMARY_FILE))
-                    .context("rank 0 wrote no training summary")?,
-            )?;
-            let num = |k: &str| summary[k].as_f64().unwrap_or(f64::NAN);
-            Ok((num("final_train_loss"), num("tokens_per_s")))
-        }
-    }
-}
-
-/// The body of `reproduce --train-rank CONFIG`: one rank of a [`Launch::Ranks`] training, its
-/// process group from torchrun's variables.
-pub fn train_rank(config: &Path, resume: Option<PathBuf>) -> Result<()> {
-    let text = std::fs::read_to_string(config).with_context(|| format!("reading {}", config.display()))?;
-    let cfg = TrainConfig::from_toml_with_overrides(&text, &config.display().to_string(), &[])?;
-    let me = train::Rank::from_env()?;
-    let coll = me.collective();
-    let mut data = me.open_data(&cfg)?;
-    let command = std::env::args().collect::<Vec<_>>().join(" ");
-    // Rank 0's progress as plain lines on the launcher's stderr.
-    let progress = std::sync::Arc::new(crate::progress::Training::start(
-        &format!("{} (rank 0 of {})", cfg.model.attention, coll.world_size()),
-        cfg.max_steps,
-    ));
-    let on_step = Some(train::StepHook(std::sync::Arc::new(move |m| progress.step(m))));
-    // The runner that launched this rank holds the directory's lock.
-    let opts = RunOptions {
-        lock: train::DirLock::HeldByParent,
-        // Pre-emption is `trainer train`'s: the reproduction's ranks keep the default signals.
-        stop: None,
-        resume,
-        progress: false,
-        val_tokens: Vec::new(),
-        command,
-        overwrite: true,
-        on_step,
-        cuda_kernel: Default::default(),
-    };
-    let run = train::train(&cfg, &mut data, coll, &opts)?;
-    if coll.rank() == 0 {
-        let summary = serde_json::json!({
-            "final_train_loss": run.steps.last().map_or(f64::NAN, |s| s.loss),
-            "tokens_per_s": run.tokens_per_s,
-            "world_size": coll.world_size(),
-        });
-        write_json(&cfg.out_dir.join(RANK_SUMMARY_FILE), &summary)?;
     }
     Ok(())
 }
@@ -587,6 +502,7 @@ fn run_one(
     spans: &[Vec<u16>],
     command: &str,
     launch: &Launch,
+    stop: Option<StopFlag>,
 ) -> Result<RunResult> {
     let result_path = cfg.out_dir.join("result.json");
     let loaded = load_result(cfg, &result_path);
@@ -596,12 +512,12 @@ fn run_one(
     ));
     let result = match loaded {
         Some(r) => r,
-        None => train_run(scale, cfg, seed_index, command, launch, &progress, &result_path)?,
+        None => train_run(scale, cfg, seed_index, command, launch, &progress, &result_path, stop)?,
     };
     if result.error.is_some() {
         return Ok(result);
     }
-    evaluate::evaluate(scale, cfg, result, needs, sink_needs, spans, &progress, &result_path)
+    evaluate::evaluate(scale, cfg, result, needs, sink_needs, spans, &progress, &result_path, stop)
 }
 
 /// The result at `result_path` when it is of this format, config and code; a result of another
@@ -628,7 +544,9 @@ fn load_result(cfg: &TrainConfig, result_path: &Path) -> Option<RunResult> {
 /// Trains `cfg` under its directory's lock and writes its result to `result_path`. A run that
 /// diverges is retried from scratch at half, then a quarter of the learning rate; the result says
 /// so. A variant that diverges at all three is a result too (its `error` says so; the report shows
-/// it) and is not retried by later invocations.
+/// it) and is not retried by later invocations. A training stopped by `stop` returns its
+/// [`train::Preempted`] and writes no result.
+#[allow(clippy::too_many_arguments)]
 fn train_run(
     scale: &Scale,
     cfg: &TrainConfig,
@@ -637,6 +555,7 @@ fn train_run(
     launch: &Launch,
     progress: &std::sync::Arc<crate::progress::Training>,
     result_path: &Path,
+    stop: Option<StopFlag>,
 ) -> Result<RunResult> {
     // One writer per run directory: taken before anything here is removed or written, held
     // through the training (whose own process or ranks see it held) and the result's write.
@@ -671,12 +590,18 @@ fn train_run(
         if attempt > 0 {
             clear_training(&cfg.out_dir)?;
         }
-        // Continue from the newest checkpoint if an earlier attempt was interrupted.
-        let resume = train::list_checkpoints(&cfg.out_dir)?.pop();
+        // Continue from the newest checkpoint if an earlier attempt was interrupted: one whose
+        // bytes are whole (a damaged newest one is refused, naming the newest intact one).
+        let resume = match train::list_checkpoints(&cfg.out_dir)?.is_empty() {
+            true => None,
+            false => Some(train::latest_checkpoint(&cfg.out_dir).context(
+                "remove the damaged checkpoint and run the same command again: the run continues from the newest intact one",
+            )?),
+        };
         if resume.is_none() {
             let _ = std::fs::remove_file(cfg.out_dir.join("metrics.jsonl"));
         }
-        match train_attempt(&attempt_cfg, resume, launch, command, progress, &lock) {
+        match train_attempt(&attempt_cfg, resume, launch, command, progress, &lock, stop) {
             Ok((loss, tokens_per_s)) => {
                 let note =
                     (!diverged.is_empty()).then(|| format!("diverged at {}; trained at lr {lr}", diverged.join(", ")));
@@ -704,6 +629,49 @@ fn train_run(
     });
     write_json(result_path, &r)?;
     Ok(r)
+}
+
+/// The reproduction stopped on a signal before it finished (see the module docs): nothing finished
+/// is lost, and the same command continues. `reproduce` exits with
+/// [`trainer::process::PREEMPTED_EXIT`].
+#[derive(Debug)]
+pub struct Stopped {
+    /// The signal (`SIGTERM`, `SIGINT`, `SIGUSR1`).
+    pub signal: String,
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "stopped by {}: the trainings in flight saved a checkpoint at their step, and every finished result is kept",
+            self.signal
+        )
+    }
+}
+
+impl std::error::Error for Stopped {}
+
+/// [`Stopped`] once `stop` is set: what a long loop calls before it starts the next piece of work
+/// (a run, an evaluation, a post-training model).
+pub fn check_stop(stop: Option<StopFlag>) -> Result<()> {
+    match stop.and_then(|s| s.signal()) {
+        Some(sig) => Err(Stopped { signal: trainer::process::signal_name(sig) }.into()),
+        None => Ok(()),
+    }
+}
+
+/// Whether `e` is a stop on a signal rather than a failure: [`Stopped`], a training's
+/// [`train::Preempted`] or ranks' [`trainer::launch::LaunchError::Preempted`], anywhere in its chain.
+pub fn is_stop(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.is::<Stopped>()
+            || c.is::<train::Preempted>()
+            || matches!(
+                c.downcast_ref::<trainer::launch::LaunchError>(),
+                Some(trainer::launch::LaunchError::Preempted { .. })
+            )
+    })
 }
 
 /// Readies `cfg`'s run directory (locked by the caller) for training: checkpoints of another config

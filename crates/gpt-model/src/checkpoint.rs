@@ -17,6 +17,32 @@
 //! Two kinds of file share this format: a trainer's training state (weights, optimiser moments under
 //! `optim.`, data position) and a weights-only export ([`Checkpoint::export`], `kind` =
 //! [`WEIGHTS_KIND`]). Both load into a model the same way.
+//!
+//! Checksum: every file written here (by [`write_tensors`], [`save`], [`save_with`] and
+//! [`Checkpoint::export`]; so also the trainer's checkpoints and the `model.safetensors` of a Hugging
+//! Face export) records [`CHECKSUM_KEY`] = `xxh3-128:<32 hex digits>` in its metadata: XXH3's 128-bit
+//! hash of the tensor data, each tensor's bytes in the order of the tensors' names (byte order), which
+//! covers the whole data section (safetensors' own check makes the tensors tile it) but not the
+//! header. [`Checkpoint::from_bytes`] (and so [`Checkpoint::read`], [`load`], [`read_tensors`] and the
+//! trainer's memory-mapped opens) verifies it before answering anything, and refuses a mismatch with
+//! [`CheckpointError::Checksum`], naming the file: a checkpoint whose length is right but whose bytes
+//! are not (a flipped bit on disk or in a copy) no longer loads silently. A memory-mapped file is read
+//! once by the check, and its tensors are then served from the page cache. A file without the key
+//! (written before checksums were recorded) still loads, with a one-line note on stderr, once per file
+//! and process. [`read_metadata`] reads the header alone and checks nothing beyond it.
+//!
+//! Why XXH3-128, by measurement (release build, a 2-core VM shared with a training job; medians of 9,
+//! `checksum_cost` in `tests/checksum.rs`, run before and after the checksum existed). A `small`-scale
+//! training checkpoint (4 layers, width 128, vocabulary 2048: 1.05M parameters, 12.7 MB with the two
+//! AdamW moments) opens in 1.3 ms instead of 0.12 ms (the bytes already read), a `gpu`-scale one (6
+//! layers, width 384, vocabulary 8192: 13.8M parameters, 166 MB) in 23.5 ms instead of 0.2 ms, against
+//! 1-4 ms and 80-100 ms to read the file from the page cache and 350-400 ms and 800 ms to copy it
+//! into tensors. A save hashes the bytes it writes once (+1.2 ms, +23 ms), within the noise of the
+//! write and `fsync` (19-29 ms and 300-1200 ms with or without it). Of the candidates hashed alone on
+//! the same data, CRC32C was as fast (0.55 ms, 15 ms) but 32 bits wide with a build script of its
+//! own, and BLAKE3 2-3x slower (2.2 ms, 42-73 ms) for a cryptographic strength nothing here needs;
+//! XXH3 (`xxhash-rust`: pure Rust, no dependencies) hashed at 0.65 ms and 23-48 ms, and its 128 bits
+//! leave no practical chance of a corruption going unseen.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -37,6 +63,11 @@ pub const WEIGHTS_KIND: &str = "lssa-weights";
 
 /// The largest header a safetensors reader accepts (the `safetensors` crate's limit).
 const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// Metadata key of the checksum of the tensor data (see the module docs): `xxh3-128:<hex>`.
+pub const CHECKSUM_KEY: &str = "checksum";
+/// The algorithm prefix of [`CHECKSUM_KEY`]'s value.
+const CHECKSUM_ALGORITHM: &str = "xxh3-128";
 
 /// Checkpoint failures, each naming the file.
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +109,19 @@ pub enum CheckpointError {
         path: String,
         /// Why.
         reason: String,
+    },
+    /// The tensor data does not hash to the checksum recorded when the file was written: its bytes
+    /// changed since (a flipped bit on disk or in a copy).
+    #[error(
+        "{path}: corrupt: its tensor data does not match the checksum recorded when it was written ({CHECKSUM_ALGORITHM} {found}, recorded {expected}); the file changed on disk or in a copy: use another checkpoint, or copy it again from an intact source"
+    )]
+    Checksum {
+        /// The file.
+        path: String,
+        /// The recorded checksum (hex).
+        expected: String,
+        /// The checksum of the data as read (hex).
+        found: String,
     },
     /// The checkpoint's model config differs from the one expected.
     #[error("{path}: checkpoint is for a different model: `{field}` is {found} in the file but {expected} here")]
@@ -170,6 +214,11 @@ fn write_views_atomic(
     meta: HashMap<String, String>,
     path: &Path,
 ) -> Result<(), CheckpointError> {
+    let mut meta = meta;
+    meta.insert(
+        CHECKSUM_KEY.into(),
+        format!("{CHECKSUM_ALGORITHM}:{}", data_checksum(views.iter().map(|(n, v)| (n.as_str(), v.data())))),
+    );
     // What the file needs: the tensors' bytes, and a header of about 100 bytes per tensor plus the
     // metadata (an estimate, for the error message of a full disk).
     let needed = views.iter().map(|(_, v)| v.data().len() as u64 + 100).sum::<u64>()
@@ -223,13 +272,49 @@ impl Checkpoint<Vec<u8>> {
 impl<B: AsRef<[u8]>> Checkpoint<B> {
     /// A checkpoint from the whole content of the file `path` (which only names it in errors): checks
     /// that it is a safetensors file whose sizes add up, with `format` = [`FORMAT`].
+    ///
+    /// Then verifies the tensor data against the checksum in the metadata (one pass over the bytes;
+    /// see the module docs): a mismatch is [`CheckpointError::Checksum`]; a file without one loads,
+    /// with a note on stderr (once per file and process).
     pub fn from_bytes(path: &Path, bytes: B) -> Result<Self, CheckpointError> {
         let p = path.display().to_string();
         let (_, header) = SafeTensors::read_metadata(bytes.as_ref())
             .map_err(|e| CheckpointError::Format { path: p.clone(), reason: e.to_string() })?;
         let meta = header.metadata().clone().unwrap_or_default();
         check_format(&meta, &p)?;
-        Ok(Self { path: path.to_path_buf(), bytes, meta })
+        let ckpt = Self { path: path.to_path_buf(), bytes, meta };
+        ckpt.verify()?;
+        Ok(ckpt)
+    }
+
+    /// Checks the tensor data against [`CHECKSUM_KEY`] (see [`Checkpoint::from_bytes`]).
+    fn verify(&self) -> Result<(), CheckpointError> {
+        let p = self.p();
+        // Also checks that the tensors tile the data section exactly (a truncated file fails here).
+        let st = self.tensors_view()?;
+        let Some(recorded) = self.meta.get(CHECKSUM_KEY) else {
+            note_no_checksum(&self.path);
+            return Ok(());
+        };
+        let expected = recorded
+            .strip_prefix(CHECKSUM_ALGORITHM)
+            .and_then(|h| h.strip_prefix(':'))
+            .ok_or_else(|| CheckpointError::Format {
+                path: p.clone(),
+                reason: format!(
+                    "metadata `{CHECKSUM_KEY}` is {recorded:?}, not `{CHECKSUM_ALGORITHM}:<hex>` (written by a newer version?)"
+                ),
+            })?;
+        let found = data_checksum(st.tensors().iter().map(|(n, v)| (n.as_str(), v.data())));
+        if found != expected {
+            return Err(CheckpointError::Checksum { path: p, expected: expected.to_string(), found });
+        }
+        Ok(())
+    }
+
+    /// The checksum recorded in the file (`xxh3-128:<hex>`), if it has one.
+    pub fn checksum(&self) -> Option<&str> {
+        self.meta.get(CHECKSUM_KEY).map(String::as_str)
     }
 
     /// The file.
@@ -353,6 +438,31 @@ impl<B: AsRef<[u8]>> Checkpoint<B> {
         let n = views.len();
         write_views_atomic(views, meta, out)?;
         Ok(n)
+    }
+}
+
+/// XXH3-128 of the tensors' bytes, tensors in name order, as 32 hex digits (see the module docs).
+fn data_checksum<'a>(tensors: impl Iterator<Item = (&'a str, &'a [u8])>) -> String {
+    let mut tensors: Vec<(&str, &[u8])> = tensors.collect();
+    tensors.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    let mut h = xxhash_rust::xxh3::Xxh3::new();
+    for (_, data) in tensors {
+        h.update(data);
+    }
+    format!("{:032x}", h.digest128())
+}
+
+/// The note for a file without a checksum, once per file (by its canonical path) and process.
+fn note_no_checksum(path: &Path) {
+    static NOTED: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let key = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let mut noted = NOTED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !noted.contains(&key) {
+        eprintln!(
+            "note: {} carries no checksum (written before checkpoints recorded one): its tensor data cannot be verified",
+            path.display()
+        );
+        noted.push(key);
     }
 }
 

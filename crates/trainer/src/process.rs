@@ -6,6 +6,7 @@
 //! - [`RunLock`]: one writer per run directory.
 //! - [`install_stop_handlers`], [`StopFlag`]: SIGTERM, SIGINT and SIGUSR1 ask a training to save and
 //!   stop at its next step boundary (a scheduler's pre-emption); a second SIGINT stops at once.
+//! - [`free_bytes`]: the space left on a directory's file system, for a check before a long run.
 //!
 //! A training holds an exclusive advisory lock
 //! (`flock(2)`) on `<out_dir>/.lock` for its whole life, so a second training started into the same
@@ -216,6 +217,18 @@ mod tests {
     }
 
     #[test]
+    fn free_bytes_answers_for_a_path_not_made_yet_from_its_file_system() {
+        let root = tempfile::tempdir().unwrap();
+        let free = free_bytes(root.path()).unwrap();
+        assert!(free > 0);
+        // A directory a run will create: its nearest existing ancestor's file system.
+        let later = free_bytes(&root.path().join("runs/small")).unwrap();
+        // (Other processes write meanwhile: the same file system within 1 GiB.)
+        assert!(free.abs_diff(later) < 1 << 30, "{free} vs {later}");
+        assert!(free_bytes(std::path::Path::new("relative/not/made")).unwrap() > 0);
+    }
+
+    #[test]
     fn a_second_writer_is_refused_with_the_holders_pid_until_the_first_lets_go() {
         let root = tempfile::tempdir().unwrap();
         let dir = root.path().join("run");
@@ -307,4 +320,24 @@ pub fn signal_name(sig: i32) -> String {
         libc::SIGUSR1 => "SIGUSR1".into(),
         s => format!("signal {s}"),
     }
+}
+
+/// Bytes available to this (unprivileged) user on the file system that holds `path`, or would hold
+/// it: `statvfs(3)` of `path`'s nearest existing ancestor (`f_bavail x f_frsize`).
+pub fn free_bytes(path: &Path) -> Result<u64> {
+    let existing = path.ancestors().find(|p| p.exists()).unwrap_or(Path::new("."));
+    let dir = if existing.as_os_str().is_empty() { Path::new(".") } else { existing };
+    let c = std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(dir.as_os_str()))
+        .with_context(|| format!("{}: a path with a NUL byte", dir.display()))?;
+    // SAFETY: a zeroed statvfs for the call to fill, and a NUL-terminated path that outlives it.
+    let (rc, st) = unsafe {
+        let mut st: libc::statvfs = std::mem::zeroed();
+        (libc::statvfs(c.as_ptr(), &mut st), st)
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("asking the free space of {}'s file system", dir.display()));
+    }
+    #[allow(clippy::unnecessary_cast)] // the field types differ by platform
+    Ok((st.f_bavail as u64).saturating_mul(st.f_frsize as u64))
 }

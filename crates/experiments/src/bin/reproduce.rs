@@ -13,11 +13,21 @@
 //!
 //! Results: `runs/<scale>/<variant>/` (checkpoints, `metrics.jsonl`, `result.json`). A run with a
 //! result is not redone, an interrupted one resumes from its checkpoint, so re-running the command
-//! after a crash continues. The report goes to `docs/REPRODUCTION.md` (figures in `docs/figures/`) for
-//! the default scale, `small`, to `docs/REPRODUCTION-<scale>.md` (figures in `docs/figures-<scale>/`)
-//! for the other meaningful scales, and to `runs/<scale>/REPRODUCTION.md` (the `--out` directory) for
-//! `smoke` and for any run with `--only` or `--set`. `--no-report` writes none (a GPU machine's staged
-//! runs, `benches/gpu-session.sh science`, whose report is rendered where the results are brought back).
+//! after a crash continues.
+//!
+//! Under a scheduler: SIGTERM, SIGINT or SIGUSR1 makes every training in flight save a checkpoint at
+//! its next step (in `--nproc-per-node` ranks too: the launcher forwards the signal; retrieval's
+//! models save their state too), no new run, evaluation or post-training model starts, and
+//! `reproduce` prints the command that continues (the same one) and exits with status 75
+//! ([`trainer::process::PREEMPTED_EXIT`]); a second SIGINT stops at once. Before it trains anything
+//! it estimates the bytes its plan writes ([`experiments::disk`]) and refuses to start when the
+//! output's file system has less free.
+//!
+//! The report goes to `docs/REPRODUCTION.md` (figures in `docs/figures/`) for the default scale,
+//! `small`, to `docs/REPRODUCTION-<scale>.md` (figures in `docs/figures-<scale>/`) for the other
+//! meaningful scales, and to `runs/<scale>/REPRODUCTION.md` (the `--out` directory) for `smoke` and
+//! for any run with `--only` or `--set`. `--no-report` writes none (a GPU machine's staged runs,
+//! `benches/gpu-session.sh science`, whose report is rendered where the results are brought back).
 //!
 //! The `paper` scale needs FineWeb-10B shards in `data/fineweb10B` and GPUs (8 in the paper): each run
 //! is trained data-parallel over every GPU of the machine (`--nproc-per-node`, `--torchrun`), then
@@ -105,26 +115,62 @@ struct Cli {
     downstream: Option<PathBuf>,
 }
 
+/// Test-only: the free bytes the disk-space check sees instead of asking the file system (the
+/// binary-level test of the refusal; no user sets it).
+const TEST_FREE_BYTES_ENV: &str = "LSSA_TEST_FREE_BYTES";
+
+/// The command that continues a stopped reproduction, as the user typed it: `cargo xtask
+/// reproduce` sets it before it becomes this program; else this program's own command line.
+const COMMAND_ENV: &str = "LSSA_REPRODUCE_COMMAND";
+
 fn main() {
     // Before anything else: it may run this program again with libgomp's spin count set.
     trainer::process::limit_openmp_spinning();
     // The process's allocator setting, as `trainer`'s main makes it (the library's `train` does not).
     trainer::process::keep_freed_memory();
     if let Err(e) = run() {
+        // Stopped by a signal with everything saved: a status of its own for a requeue script.
+        if runner::is_stop(&e) {
+            eprintln!("reproduce: {e:#}");
+            if std::env::args().nth(1).as_deref() != Some("--train-rank") {
+                let dir = std::env::current_dir().map_or_else(|_| ".".to_string(), |d| d.display().to_string());
+                eprintln!("reproduce: continue with the same command (in {dir}): {}", resume_command());
+            }
+            std::process::exit(trainer::process::PREEMPTED_EXIT);
+        }
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
 }
 
+/// The command line that continues this reproduction ([`COMMAND_ENV`], else this program's own,
+/// each argument quoted for a POSIX shell where it needs it).
+fn resume_command() -> String {
+    if let Ok(c) = std::env::var(COMMAND_ENV) {
+        return c;
+    }
+    let quote = |a: String| {
+        if !a.is_empty() && a.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_./=,:+@%".contains(&b)) {
+            a
+        } else {
+            format!("'{}'", a.replace('\'', "'\\''"))
+        }
+    };
+    std::env::args().map(quote).collect::<Vec<_>>().join(" ")
+}
+
 fn run() -> Result<()> {
     let mut cli = Cli::parse();
+    // What trains answers a stop signal by saving (`--plan` and `--report-only` keep the defaults).
+    let stop = if cli.plan || cli.report_only { None } else { Some(trainer::process::install_stop_handlers()?) };
     // A subset (`--only`) or a changed recipe (`--set`) is not the committed reproduction: its report
     // goes beside its runs, never over docs/REPRODUCTION.md.
     let partial = !cli.only.is_empty() || !cli.set.is_empty();
     // The revision every run of this invocation records: the tree as it was when it started.
     trainer::git_revision();
     if let Some(config) = &cli.train_rank {
-        return runner::train_rank(config, cli.resume.clone());
+        // One rank: a SIGTERM from the launcher (or torchrun) saves at the step all ranks agree on.
+        return runner::train_rank(config, cli.resume.clone(), stop);
     }
     let scale = scale_of(&cli)?;
     let claims = experiments::claims::all()?;
@@ -155,16 +201,26 @@ fn run() -> Result<()> {
     // Seeds after the first: the claims' evaluations and every length without post-hoc re-weighting.
     let claim_keys: std::collections::BTreeSet<spec::EvalKey> = claims.plan().into_values().flatten().collect();
     let later = |k: &spec::EvalKey| k.posthoc.is_none() || claim_keys.contains(k);
+    if !cli.report_only {
+        // Before anything is trained: room for everything the plan writes.
+        let post_runs: Vec<&spec::Experiment> = experiments
+            .iter()
+            .filter(|e| post.iter().zip(&selected).any(|(p, on)| *on && p.kind() == e.kind))
+            .collect();
+        check_disk(&scale, &plan, &seeds, &sink_plan, &experiments, &post_runs, jobs, &out)?;
+    }
     let results = if cli.report_only {
         runner::load_all(&scale, &plan, &seeds, &out)?
     } else {
-        runner::run_all(&scale, &plan, &seeds, &later, &out, &command, jobs, &launch, &sink_plan)?
+        runner::run_all(&scale, &plan, &seeds, &later, &out, &command, jobs, &launch, &sink_plan, stop)?
     };
     let inputs =
-        Inputs { scale: &scale, out: &out, results: &results, downstream_dir: cli.downstream.as_deref(), stop: None };
+        Inputs { scale: &scale, out: &out, results: &results, downstream_dir: cli.downstream.as_deref(), stop };
     for (p, _) in post.iter_mut().zip(&selected).filter(|(p, on)| **on && p.available(&inputs)) {
         let kind = p.kind();
         for e in experiments.iter().filter(|e| e.kind == kind) {
+            // After a stop signal no further experiment starts.
+            runner::check_stop(stop)?;
             p.run(e, &inputs)?;
         }
     }
@@ -199,6 +255,40 @@ fn run() -> Result<()> {
     }
     print_verdicts(&claims, &experiments, &results);
     Ok(())
+}
+
+/// Refuses to start when `out`'s file system has less free than the plan still writes there
+/// ([`experiments::disk`]); says how much it writes.
+#[allow(clippy::too_many_arguments)]
+fn check_disk(
+    scale: &Scale,
+    plan: &BTreeMap<spec::TrainedVariant, Vec<spec::EvalKey>>,
+    seeds: &BTreeMap<String, usize>,
+    sink_plan: &BTreeMap<String, Vec<spec::SinkKey>>,
+    experiments: &[spec::Experiment],
+    post_runs: &[&spec::Experiment],
+    jobs: usize,
+    out: &std::path::Path,
+) -> Result<()> {
+    let estimate = experiments::disk::estimate(scale, plan, seeds, sink_plan, experiments, post_runs, jobs)?;
+    let needed = experiments::disk::check(&estimate, out, &free_space)?;
+    eprintln!(
+        "reproduce: disk: the plan writes about {} ({}); {} still to write under {}",
+        experiments::disk::human(estimate.total()),
+        estimate.breakdown(),
+        experiments::disk::human(needed),
+        out.display()
+    );
+    Ok(())
+}
+
+/// The free bytes of `out`'s file system ([`trainer::process::free_bytes`]; [`TEST_FREE_BYTES_ENV`]
+/// in tests).
+fn free_space(out: &std::path::Path) -> Result<u64> {
+    match std::env::var(TEST_FREE_BYTES_ENV) {
+        Ok(v) => v.parse().with_context(|| format!("{TEST_FREE_BYTES_ENV}={v}: not a number of bytes")),
+        Err(_) => trainer::process::free_bytes(out),
+    }
 }
 
 /// The scale of `--scale`, with the training config's `--set` overrides; refuses those the runner

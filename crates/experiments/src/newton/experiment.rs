@@ -416,8 +416,15 @@ fn run_seed(
     Ok((result, ratios))
 }
 
-/// Runs (or reuses from `cache`) the physics experiment for `variant`: one model per seed.
-pub fn run(settings: &Settings, variant: &crate::spec::TrainedVariant, cache: &Path) -> Result<PhysicsResult> {
+/// Runs (or reuses from `cache`) the physics experiment for `variant`: one model per seed. Once
+/// `stop` is set no further seed's model starts and the error is [`crate::runner::Stopped`] (the
+/// result is cached per variant, so the seeds of an unfinished variant are trained again).
+pub fn run(
+    settings: &Settings,
+    variant: &crate::spec::TrainedVariant,
+    cache: &Path,
+    stop: Option<trainer::process::StopFlag>,
+) -> Result<PhysicsResult> {
     let file = cache.join(format!("{}.json", crate::runner::run_dir_name(variant)));
     if let Ok(text) = std::fs::read_to_string(&file)
         && let Ok(r) = serde_json::from_str::<PhysicsResult>(&text)
@@ -441,6 +448,7 @@ pub fn run(settings: &Settings, variant: &crate::spec::TrainedVariant, cache: &P
     let work = crate::progress::Work::start(&format!("physics `{variant}`"), settings.seeds, "seeds");
     let (mut seeds, mut ratio_by_r) = (Vec::new(), Vec::new());
     for s in 0..settings.seeds {
+        crate::runner::check_stop(stop)?;
         let (r, ratios) = run_seed(settings, &parsed, s, &train, &test)?;
         if s == 0 {
             ratio_by_r = median_by_log_bins(&ratios, 12);
@@ -503,7 +511,7 @@ mod tests {
     fn the_smoke_run_trains_every_seed_caches_and_reads_forces_back() {
         let dir = tempfile::tempdir().unwrap();
         let s = Settings::for_scale("smoke");
-        let r = run(&s, &"softmax".parse().unwrap(), dir.path()).unwrap();
+        let r = run(&s, &"softmax".parse().unwrap(), dir.path(), None).unwrap();
         assert_eq!(r.seeds.len(), s.seeds);
         for x in &r.seeds {
             assert!(x.final_train_loss.is_finite() && x.accel_rel_rmse_beyond.is_finite() && x.floor > 0.0);
@@ -518,12 +526,12 @@ mod tests {
         assert_ne!(r.seeds[0].final_train_loss, r.seeds[1].final_train_loss, "seeds differ");
         // A second call reuses the cached result (same settings), a changed setting reruns.
         // (JSON may move the last bit of a float; a rerun would move its wall time by milliseconds.)
-        let again = run(&s, &"softmax".parse().unwrap(), dir.path()).unwrap();
+        let again = run(&s, &"softmax".parse().unwrap(), dir.path(), None).unwrap();
         assert_eq!(again.seeds.len(), r.seeds.len());
         for (a, b) in again.seeds.iter().zip(&r.seeds) {
             assert!((a.wall_s - b.wall_s).abs() < 1e-9 && a.kept == b.kept, "the cached result was not reused");
         }
         let s2 = Settings { steps: 3, ..s };
-        assert_eq!(run(&s2, &"softmax".parse().unwrap(), dir.path()).unwrap().settings.steps, 3);
+        assert_eq!(run(&s2, &"softmax".parse().unwrap(), dir.path(), None).unwrap().settings.steps, 3);
     }
 }

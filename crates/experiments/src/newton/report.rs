@@ -43,7 +43,7 @@ impl PostTraining for Experiments {
             if self.results.contains_key(r.train.as_str()) {
                 continue;
             }
-            let res = run(&settings, &r.train, &inputs.out.join("newton"))
+            let res = run(&settings, &r.train, &inputs.out.join("newton"), inputs.stop)
                 .with_context(|| format!("the physics experiment with `{}`", r.train))?;
             crate::progress::say(&format!(
                 "physics `{}`: Newton's law {} ({:.0} s)",

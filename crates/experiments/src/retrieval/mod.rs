@@ -490,9 +490,9 @@ pub struct RegimeRuns {
 /// Trains and evaluates every seed of every trained variant of every regime of `plans` on `jobs`
 /// threads, reusing cached results under `dir/<regime>/`; returns them per regime, in `plans`' order.
 ///
-/// With a stop flag (`reproduce`'s signal handlers), no model starts once it is set, and the models
-/// in training save their state at their next step ([`recipe::Partial`], beside their results) and
-/// end; the call then returns [`trainer::train::Preempted`], and the next call continues them.
+/// Once `stop` is set (`reproduce`'s signal handlers) no new model starts, and the models in training
+/// save their state at their next step ([`recipe::Partial`], beside their results) and end with
+/// [`trainer::train::Preempted`] (else [`crate::runner::Stopped`]); the next call continues them.
 pub fn run(
     plans: &[RegimePlan],
     dir: &Path,
@@ -552,10 +552,8 @@ pub fn run(
                     if failed.lock().expect("no panic holds it").is_some() {
                         return;
                     }
-                    if let Some(sig) = stop.and_then(|f| f.signal()) {
-                        let signal = trainer::process::signal_name(sig);
-                        let stopped = trainer::train::Preempted { step: 0, signal, checkpoint: None };
-                        failed.lock().expect("no panic holds it").get_or_insert(stopped.into());
+                    if let Err(e) = crate::runner::check_stop(stop) {
+                        failed.lock().expect("no panic holds it").get_or_insert(e);
                         return;
                     }
                     let Some((i, v, k, powers)) = queue.lock().expect("no panic holds it").next() else { return };

@@ -17,7 +17,8 @@ use crate::spec::{EvalKey, SinkKey};
 
 /// Adds to `result` (of `cfg`, trained) the evaluations of `needs` and the sink measurements of
 /// `sink_needs` it does not have yet, writing it to `result_path` after each; loads the model only
-/// when something is missing.
+/// when something is missing. Once `stop` is set no further evaluation starts (the one in flight
+/// finishes and is written) and the error is [`super::Stopped`].
 #[allow(clippy::too_many_arguments)]
 pub(super) fn evaluate(
     scale: &Scale,
@@ -28,6 +29,7 @@ pub(super) fn evaluate(
     spans: &[Vec<u16>],
     progress: &crate::progress::Training,
     result_path: &Path,
+    stop: Option<trainer::process::StopFlag>,
 ) -> Result<RunResult> {
     let missing: Vec<EvalKey> = needs.iter().filter(|k| result.loss(k).is_none()).copied().collect();
     let missing_sinks: Vec<SinkKey> =
@@ -35,15 +37,17 @@ pub(super) fn evaluate(
     if missing.is_empty() && missing_sinks.is_empty() {
         return Ok(result);
     }
+    super::check_stop(stop)?;
     progress.phase(&format!("evaluating ({} readings, {} sink measurements)", missing.len(), missing_sinks.len()));
     let ckpt = train::list_checkpoints(&cfg.out_dir)?.pop().context("no checkpoint to evaluate")?;
     let device = train::pick_device(cfg.device, 0)?;
     let mut vs = tch::nn::VarStore::new(device);
     let model = Gpt::new(&vs.root(), &cfg.model)?;
     gpt_model::checkpoint::load(&mut vs, &cfg.model, &ckpt)?;
-    let run = Evaluator { scale, cfg, model: &model, device, spans, result_path };
+    let run = Evaluator { scale, cfg, model: &model, device, spans, result_path, stop };
     run.losses(&missing, &mut result)?;
     for key in missing_sinks {
+        super::check_stop(stop)?;
         run.sinks(key, &mut result)?;
     }
     Ok(result)
@@ -57,6 +61,7 @@ struct Evaluator<'a> {
     device: tch::Device,
     spans: &'a [Vec<u16>],
     result_path: &'a Path,
+    stop: Option<trainer::process::StopFlag>,
 }
 
 impl Evaluator<'_> {
@@ -70,6 +75,7 @@ impl Evaluator<'_> {
         let t_train = self.cfg.model.context_len;
         let longest = self.spans.first().map_or(1, |s| (s.len() - 1) / t_train);
         for ((ntk, posthoc), multiples) in groups {
+            super::check_stop(self.stop)?;
             let started = Instant::now();
             let key0 = EvalKey { ntk, posthoc, multiple: 1 };
             let losses = eval::multi_length_spans(
