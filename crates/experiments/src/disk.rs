@@ -128,8 +128,12 @@ pub fn estimate(
     for p in post {
         match p.kind {
             Kind::Retrieval => {
+                let mut largest = 0u64;
                 for r in crate::retrieval::plans(p, scale.name)? {
                     let s = &r.settings;
+                    // A model stopped by a signal keeps its weights and moments until it finishes.
+                    let params = r.rows.keys().filter_map(|v| s.model(v).ok()).map(|m| m.n_params()).max().unwrap_or(0);
+                    largest = largest.max(params as u64 * 12 + CKPT_HEADER_BYTES);
                     // Every power at 1x, and with both RoPE treatments beyond it.
                     let readings = (2 * s.multiples.len()).saturating_sub(1) as u64;
                     let answers = readings * (s.prompts * s.asked) as u64 * RETRIEVAL_ANSWER_BYTES;
@@ -137,6 +141,8 @@ pub fn estimate(
                         e.caches += s.seeds as u64 * (RETRIEVAL_MODEL_BASE_BYTES + powers.len() as u64 * answers);
                     }
                 }
+                // The stopped models' states: one per job at most.
+                e.caches += jobs.max(1) as u64 * largest;
             }
             Kind::Physics => e.caches += p.rows.len() as u64 * NEWTON_VARIANT_BYTES,
             _ => {}

@@ -34,6 +34,7 @@
 //! - [`post`]: the post-training experiment kinds' common interface.
 //! - [`sinks`]: attention-sink share and row entropy per layer, attention maps.
 //! - [`newton`]: orbits, the orbit transformer and the symbolic regression of force laws.
+//! - [`pilot`]: the pilot of training length (`docs/pilot/length.json`), its table and figure.
 #![cfg_attr(not(test), warn(clippy::too_many_lines))] // clippy.toml: 120 lines; tests are exempt
 
 pub mod claims;
@@ -42,6 +43,7 @@ pub mod doc;
 pub mod downstream;
 pub mod family;
 pub mod newton;
+pub mod pilot;
 pub mod plot;
 pub mod post;
 pub mod progress;
