@@ -48,7 +48,7 @@ commands:
                           the same against PyTorch V (any PyPI release, e.g. 2.15.0), installed once into a
                           venv of its own beside the set-up's
   reproduce [--scale S]   set-up if needed, then run the paper reproduction at scale S
-                          (smoke | small | gpu | paper; default small). This command becomes the
+                          (smoke | small | small-short | gpu | paper; default small). This command becomes the
                           `reproduce` binary: SIGTERM / SIGINT / SIGUSR1 make it save every training and
                           exit with status 75; the same command continues
   bench kernels [ARGS...] set-up if needed, then `bench-kernels ARGS...` (release): fused CPU kernels
@@ -302,7 +302,7 @@ fn reproduce(workspace: &Path, extra: &[String]) -> Result<()> {
     let own_data = extra.iter().any(|a| a.starts_with("data_dir=") || a.starts_with("--set=data_dir="));
     let shards: Option<(&str, &[&str])> = match scale {
         _ if own_data => None,
-        "small" => Some(("data/bpe2k", &["--vocab-size", "2048", "--out", "data/bpe2k"])),
+        "small" | "small-short" => Some(("data/bpe2k", &["--vocab-size", "2048", "--out", "data/bpe2k"])),
         "gpu" => Some(("data/default", &[])),
         _ => None,
     };

@@ -22,7 +22,7 @@ fn header(name: &str, scale: &Scale) -> String {
 #[test]
 fn shipped_configs_are_the_scales_recipes() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    for name in ["small", "gpu", "paper"] {
+    for name in ["small", "small-short", "gpu", "paper"] {
         let scale = Scale::by_name(name).unwrap();
         let mut want = scale.train.clone();
         want.data_dir = match &scale.data {

@@ -67,9 +67,10 @@ impl std::str::FromStr for Init {
     type Err = String;
 
     fn from_str(s: &str) -> Result<Self, String> {
-        Init::ALL.into_iter().find(|i| i.name() == s).ok_or_else(|| {
-            format!("unknown initialisation `{s}`: expected {}", Init::ALL.map(Init::name).join(" or "))
-        })
+        Init::ALL
+            .into_iter()
+            .find(|i| i.name() == s)
+            .ok_or_else(|| format!("unknown initialisation `{s}`: expected {}", Init::ALL.map(Init::name).join(" or ")))
     }
 }
 

@@ -3,8 +3,8 @@
 
 use gpt_model::config::{Init, ModelConfig};
 use gpt_model::model::Gpt;
-use tch::nn::VarStore;
 use tch::Device;
+use tch::nn::VarStore;
 
 /// 4 blocks of width 256 (so 65,536 draws in the smallest weight matrix), MLP ratio 4.
 fn config(init: Init) -> ModelConfig {
@@ -126,7 +126,8 @@ fn the_scheme_is_a_config_key_that_round_trips_and_rejects_unknown_names() {
     assert!(text.contains("init = \"torch-default\""), "{text}");
     assert_eq!(ModelConfig::from_toml(&text).unwrap().init, Init::TorchDefault);
     // A config written before the key existed reads as GPT-2's.
-    let old: String = config(Init::Gpt2).to_toml().lines().filter(|l| !l.starts_with("init")).collect::<Vec<_>>().join("\n");
+    let old: String =
+        config(Init::Gpt2).to_toml().lines().filter(|l| !l.starts_with("init")).collect::<Vec<_>>().join("\n");
     assert_eq!(ModelConfig::from_toml(&old).unwrap().init, Init::Gpt2);
     let err = ModelConfig::from_toml(&text.replace("torch-default", "xavier")).unwrap_err().to_string();
     assert!(err.contains("xavier"), "{err}");

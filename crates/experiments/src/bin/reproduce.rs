@@ -3,9 +3,9 @@
 //! Runbook:
 //!
 //! ```text
-//! cargo xtask reproduce                  # small: the 4 headline variants x 7 seeds, retrieval, then docs/REPRODUCTION.md
+//! cargo xtask reproduce                  # small: the 4 headline variants x 4 seeds (8000 steps), retrieval, then docs/REPRODUCTION.md
 //! cargo xtask reproduce --all            # also Tables 1-3, every Table 4 row, Figure 2's sweep, Newton's law (26 variants)
-//! cargo xtask reproduce --seeds 9        # 9 seeds of the headline variants (the 7 already trained are reused)
+//! cargo xtask reproduce --seeds 6        # 6 seeds of the headline variants (the 4 already trained are reused)
 //! cargo xtask reproduce --scale smoke    # seconds: the whole pipeline on generated text (the test suite runs it)
 //! cargo xtask reproduce --scale gpu      # one GPU, larger models, T = 512
 //! cargo xtask reproduce --only lssa,softmax   # train/evaluate only these variants (the report shows what exists)
@@ -71,7 +71,7 @@ struct Cli {
     jobs: Option<usize>,
     /// Seeds (initialisation and data order) of every variant a headline claim reads
     /// (`defs/claims.toml`); the other variants get one. Raising it later trains only the new seeds
-    /// [default: the scale's, from the power calculation in docs/PILOT.md: 7 at `small`].
+    /// [default: the scale's, from the power calculations in docs/PILOT.md: 4 at `small`, 7 at `small-short`].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
     seeds: Option<u32>,
     /// Everything: besides the default's headline rows (the variants the claims read, at every length

@@ -163,7 +163,10 @@ pub fn document(
     let post_lines: Vec<String> = ctx.post.iter().flat_map(|p| p.verdicts()).collect();
     let family = verdicts::family(&judged, &orderings, ctx.post.iter().flat_map(|p| p.counted()).collect());
     let premise = premise::paragraph(&claims.claim, results, ctx.others);
-    report.push(verdicts::summary_section(&judged, premise.as_deref(), &post_lines, &family, results));
+    let mut summary = verdicts::summary_section(&judged, premise.as_deref(), &post_lines, &family, results);
+    let at = usize::from(premise.is_some());
+    summary.blocks.splice(at..at, premise::pilot_blocks(ctx.scale, figures)?);
+    report.push(summary);
     let mut verdicts = verdicts::verdicts_section(&judged, &orderings, noise, &family);
     verdicts.blocks.extend(tables::gap_blocks(results, figures)?);
     report.push(verdicts);
@@ -180,6 +183,9 @@ pub fn document(
 fn header(experiments: &[Experiment], results: &Runs, ctx: &Context<'_>) -> Vec<Item> {
     let s = ctx.scale;
     let mut items = vec![format!("scale: **{}**: {}", s.name, s.about)];
+    if let Some(h) = s.history {
+        items.push(format!("scale history: {h}"));
+    }
     if !s.meaningful {
         items.push(
             "**these numbers are not meaningful**: this scale only proves that the pipeline runs end to end.".into(),

@@ -8,7 +8,11 @@
 //! such a fact are the comparisons, and the paper's numbers and the longest length are those of the
 //! length table (Table 4).
 
+use anyhow::Result;
+
 use crate::claims::{Claim, Measure};
+use crate::doc::{Block, Figure};
+use crate::post::Figures;
 use crate::runner::Runs;
 use crate::spec::EvalKey;
 use crate::stats::{Contrast, Interval, Rule, SeedLevel};
@@ -149,4 +153,34 @@ fn consequence(
         }
     }
     s
+}
+
+/// The pilot of training length beside the premise (scales whose [`crate::scale::Scale::length_pilot`]
+/// is set: the pilot trained their recipe): its figure, drawn from `docs/pilot/length.json`, and what it
+/// shows, labelled as a pilot on seeds no verdict reads.
+pub(super) fn pilot_blocks(scale: &crate::scale::Scale, figures: Figures<'_>) -> Result<Vec<Block>> {
+    if !scale.length_pilot {
+        return Ok(Vec::new());
+    }
+    let pilot = crate::pilot::length()?;
+    if pilot.points.is_empty() {
+        return Ok(Vec::new());
+    }
+    let name = "pilot_length";
+    pilot.figure(&figures.dir.join(name))?;
+    let seeds: std::collections::BTreeSet<u64> = pilot.points.iter().map(|p| p.seed).collect();
+    let seeds: Vec<String> = seeds.iter().map(u64::to_string).collect();
+    let steps: Vec<String> = pilot.steps().iter().map(usize::to_string).collect();
+    Ok(vec![
+        Block::from(format!(
+            "How the premise depends on training (a **pilot**, `docs/PILOT.md`: seeds {}, which no verdict reads; {} steps of this recipe with the learning-rate schedule stretched to each): softmax's rise from 1x to 8x, and each row's gap to softmax at 1x and at 8x (plain RoPE), against the training tokens, means over the pilot's seeds.",
+            seeds.join(" and "),
+            steps.join(", ")
+        )),
+        Block::Figure(Figure::drawn(
+            "Pilot: softmax's rise and each row's gap against training tokens",
+            figures.rel,
+            name,
+        )),
+    ])
 }

@@ -404,3 +404,26 @@ fn the_premise_paragraph_sets_the_baselines_rise_against_the_papers() {
     let p = super::premise::paragraph(&claims.claim, &Runs::new(), &[]).unwrap();
     assert!(p.contains("no results at 1x and 8x yet"), "{p}");
 }
+
+/// A scale whose recipe the pilot of training length trained shows the pilot's figure, labelled as a
+/// pilot with its seeds and step counts, and draws it; any other scale shows nothing of it.
+#[test]
+fn the_pilot_of_training_length_is_shown_beside_the_premise_where_it_trained_the_recipe() {
+    let dir = tempfile::tempdir().unwrap();
+    let figures = Figures { dir: dir.path(), rel: "figures" };
+    let small = crate::scale::Scale::by_name("small").unwrap();
+    assert!(small.length_pilot && small.history.is_some_and(|h| h.contains("issue 58")));
+    let blocks = super::premise::pilot_blocks(&small, figures).unwrap();
+    let pilot = crate::pilot::length().unwrap();
+    let text = format!("{blocks:?}");
+    assert!(text.contains("**pilot**") && text.contains("1337 and 1338"), "{text}");
+    let steps: Vec<String> = pilot.steps().iter().map(usize::to_string).collect();
+    assert!(text.contains(&steps.join(", ")), "{text}");
+    assert!(matches!(blocks.last(), Some(crate::doc::Block::Figure(_))), "{text}");
+    assert!(dir.path().join("pilot_length.png").is_file() && dir.path().join("pilot_length.svg").is_file());
+    // The pilot's seeds are not the scale's verdict seeds.
+    let seed = small.train.seed;
+    assert!(pilot.points.iter().all(|p| p.seed < seed || p.seed >= seed + small.headline_seeds as u64));
+    let smoke = crate::scale::Scale::by_name("smoke").unwrap();
+    assert!(super::premise::pilot_blocks(&smoke, figures).unwrap().is_empty());
+}

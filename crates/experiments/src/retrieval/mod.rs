@@ -64,6 +64,9 @@ pub struct Regime {
     /// Whether the default reproduction runs the ablation rows here (`--all` runs them everywhere).
     #[serde(default)]
     pub ablations: bool,
+    /// Whether only `reproduce --all` runs this regime (the default runs the others).
+    #[serde(default)]
+    pub all_only: bool,
     /// What it is and why it is in the grid, for the report.
     pub about: String,
     /// The initialisations its models are trained with, each a cell of its own ([`cells`]; the
@@ -185,9 +188,11 @@ pub struct Settings {
 
 impl Settings {
     /// `smoke`: a few steps and prompts (the test suite; numbers mean nothing). Every other scale:
-    /// the sizes the pilots of docs/PILOT.md chose (every row at least 95% at 1x on 2 CPU cores; 7
-    /// seeds from the grid's power calculation, about 74 minutes for the default's 98 models). The benchmark does not grow with the scale: it is a
-    /// fixed test of the attention, not of the language model.
+    /// the sizes the pilots of docs/PILOT.md chose (every row at least 95% at 1x on 2 CPU cores; 4
+    /// seeds from the power calculation of the recipe pilot (issue 61), about 40 minutes for the
+    /// default's 48 models). The benchmark does not grow with the scale: it is a fixed test of the
+    /// attention, not of the language model. Its seeds start at 5200: neither the pilots' (9300 and
+    /// up) nor the 5100 the reports read under tch's default AdamW before issue 61.
     pub fn for_scale(scale: &str) -> Self {
         let base = Settings {
             n_layer: 2,
@@ -205,8 +210,8 @@ impl Settings {
             lr: 1e-3,
             recipe: Recipe::language_models(Init::Gpt2),
             warmup: 50,
-            seeds: 7,
-            seed: 5100,
+            seeds: 4,
+            seed: 5200,
             prompt_seed: 0x005E_C411,
             prompts: 128,
             multiples: vec![1, 2, 4, 8, 16],
@@ -371,7 +376,9 @@ pub fn train_and_evaluate(
                 done.step = step;
                 done.train_s += start.elapsed().as_secs_f64();
                 st.partial.save(&vs, &cfg, &opt, &done)?;
-                return Err(trainer::train::Preempted { step, signal, checkpoint: Some(st.partial.path.clone()) }.into());
+                return Err(
+                    trainer::train::Preempted { step, signal, checkpoint: Some(st.partial.path.clone()) }.into()
+                );
             }
         }
         let (mut ids, mut at, mut targets) = (Vec::new(), Vec::new(), Vec::new());
@@ -630,15 +637,17 @@ impl Drop for ThreadShare {
     }
 }
 
-/// Each regime's plan for experiment `e` at `scale`: the rows' trained variants with their post-hoc
-/// powers; the ablation rows only where the regime asks for them, unless `e` is run whole
-/// ([`Scope::All`]).
+/// Each task cell's plan for experiment `e` at `scale`: the rows' trained variants with their post-hoc
+/// powers; the regimes marked `all_only` and the ablation rows (but where the regime asks for them)
+/// only when `e` is run whole ([`Scope::All`]).
 pub fn plans(e: &Experiment, scale: &str) -> Result<Vec<RegimePlan>> {
     Ok(cells()?
         .into_iter()
+        .filter(|regime| !regime.all_only || e.scope == Scope::All)
         .map(|regime| {
             let mut rows: BTreeMap<crate::spec::TrainedVariant, Vec<Option<u32>>> = BTreeMap::new();
-            for r in e.rows.iter().filter(|r| !r.ablation || regime.ablations || e.scope == Scope::All) {
+            let ablations = regime.init() == Init::Gpt2 && (regime.ablations || e.scope == Scope::All);
+            for r in e.rows.iter().filter(|r| !r.ablation || ablations) {
                 let powers = rows.entry(r.train.clone()).or_default();
                 if !powers.contains(&r.posthoc) {
                     powers.push(r.posthoc);
@@ -735,33 +744,52 @@ mod tests {
         let go_on = Stopping { flag, partial: &partial, at_step: Some(2) };
         let rest = train_and_evaluate(&s, &v, 1, &[None], Some(&go_on)).unwrap();
         assert_eq!(rest.answers, whole.answers);
-        assert_eq!(rest.train_loss.to_bits(), whole.train_loss.to_bits(), "{} vs {}", rest.train_loss, whole.train_loss);
+        assert_eq!(
+            rest.train_loss.to_bits(),
+            whole.train_loss.to_bits(),
+            "{} vs {}",
+            rest.train_loss,
+            whole.train_loss
+        );
         assert_eq!(rest.recipe, whole.recipe);
     }
 
     #[test]
     fn the_grid_is_two_placements_by_two_densities_and_ablations_run_where_marked() {
         let all = regimes().unwrap();
-        let cells: Vec<(Placement, u32)> = all.iter().map(|r| (r.placement, r.distractors_permille)).collect();
+        let grid: Vec<(Placement, u32)> = all.iter().map(|r| (r.placement, r.distractors_permille)).collect();
         for cell in [(Placement::Spread, 0), (Placement::Spread, 250), (Placement::Far, 0), (Placement::Far, 250)] {
-            assert!(cells.contains(&cell), "{cell:?} is missing from the grid");
+            assert!(grid.contains(&cell), "{cell:?} is missing from the grid");
         }
         assert_eq!(all.iter().filter(|r| r.ablations).count(), 1, "the pilot chose one regime for the ablations");
         let mut e = crate::spec::all().unwrap().into_iter().find(|e| e.kind == Kind::Retrieval).unwrap();
         let ablations: Vec<String> = e.rows.iter().filter(|r| r.ablation).map(|r| r.train.to_string()).collect();
         assert_eq!(ablations, ["lssa-exp", "softmax-logn"]);
-        // `--all`: every row in every regime, the regime's own settings.
-        for p in plans(&e, "small").unwrap() {
-            assert!(ablations.iter().all(|v| p.rows.contains_key(v.as_str())), "{}", p.regime.name);
+        // `--all`: every cell, every row in every GPT-2 cell (the ablations not in the recipe cells),
+        // each cell's own settings.
+        let all = plans(&e, "small").unwrap();
+        assert_eq!(all.len(), super::cells().unwrap().len());
+        for p in &all {
+            let gpt2 = p.regime.init() == Init::Gpt2;
+            assert_eq!(p.settings.recipe.init, p.regime.init(), "{}", p.regime.name);
+            assert_eq!(ablations.iter().all(|v| p.rows.contains_key(v.as_str())), gpt2, "{}", p.regime.name);
             assert_eq!(
                 (p.settings.placement, p.settings.density_permille),
                 (p.regime.placement, p.regime.distractors_permille)
             );
             assert_eq!(p.rows["lssa"], [None, Some(15)], "LSSA is also read with p = 15 post hoc");
         }
-        // The default: the ablations only where marked.
+        // Both initialisations in the two regimes without distractors (the recipe axis).
+        for r in ["spread-0", "far-0"] {
+            for name in [r.to_string(), format!("{r}@torch-default")] {
+                assert!(all.iter().any(|p| p.regime.name == name), "no cell {name}");
+            }
+        }
+        // The default: the regimes not marked `all_only`, the ablations only where marked.
         e.scope = Scope::Headline;
-        for p in plans(&e, "small").unwrap() {
+        let default = plans(&e, "small").unwrap();
+        assert!(default.iter().all(|p| !p.regime.all_only) && default.len() < all.len());
+        for p in default {
             assert_eq!(
                 ablations.iter().all(|v| p.rows.contains_key(v.as_str())),
                 p.regime.ablations,

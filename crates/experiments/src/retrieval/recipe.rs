@@ -38,7 +38,14 @@ impl Recipe {
     /// with the initialisation `init`.
     pub fn language_models(init: Init) -> Recipe {
         let t = trainer::config::TrainConfig::default();
-        Recipe { init, beta1: t.beta1, beta2: t.beta2, eps: t.eps, weight_decay: t.weight_decay, grad_clip: t.grad_clip }
+        Recipe {
+            init,
+            beta1: t.beta1,
+            beta2: t.beta2,
+            eps: t.eps,
+            weight_decay: t.weight_decay,
+            grad_clip: t.grad_clip,
+        }
     }
 
     /// The optimiser over every variable of `vs`.
@@ -103,7 +110,8 @@ impl Partial {
             return Ok(None);
         }
         let what = || format!("{}: a stopped retrieval training", self.path.display());
-        let progress: Progress = serde_json::from_str(meta.get("progress").map_or("", String::as_str)).with_context(what)?;
+        let progress: Progress =
+            serde_json::from_str(meta.get("progress").map_or("", String::as_str)).with_context(what)?;
         let t: u64 = meta.get("adam_t").map_or("", String::as_str).parse().with_context(what)?;
         ckpt.load_into(vs, cfg)?;
         opt.load_state(&ckpt.tensors("optim.")?, t).map_err(anyhow::Error::msg).with_context(what)?;

@@ -154,8 +154,11 @@ impl Judged {
             .map(|g| (g.regime.as_str(), g.readings.iter().find(|r| r.ntk == ntk).map(|r| r.judgement.verdict)))
             .collect();
         let recipes = self.regimes.iter().any(|g| g.init != self.regimes[0].init);
-        let (every, depends) =
-            if recipes { ("in every regime and recipe", "on the regime or recipe") } else { ("in every regime", "on the regime") };
+        let (every, depends) = if recipes {
+            ("in every regime and recipe", "on the regime or recipe")
+        } else {
+            ("in every regime", "on the regime")
+        };
         match each.first() {
             Some((_, Some(v))) if each.iter().all(|(_, w)| *w == Some(*v)) => format!("{} {every}", v.word()),
             _ => format!(
@@ -259,7 +262,8 @@ pub fn verdicts(groups: &[RegimeRuns]) -> Result<Vec<Judged>> {
 
 fn judge(s: &Settings, c: &RetrievalClaim, results: &BTreeMap<String, Vec<SeedRun>>, cell: &Regime) -> RegimeVerdict {
     let (regime, init) = (cell.name.clone(), cell.init());
-    let not_judged = |why: String| RegimeVerdict { regime: regime.clone(), init, readings: Vec::new(), not_judged: Some(why) };
+    let not_judged =
+        |why: String| RegimeVerdict { regime: regime.clone(), init, readings: Vec::new(), not_judged: Some(why) };
     let (Some(row), Some(base)) = (row_runs(results, &c.row), row_runs(results, &c.baseline)) else {
         return not_judged("its rows did not run".into());
     };
@@ -672,6 +676,7 @@ mod tests {
             placement: crate::retrieval::Placement::Spread,
             distractors_permille: 0,
             ablations: false,
+            all_only: false,
             about: format!("cell {name}"),
             inits: vec![init],
         };
