@@ -162,16 +162,10 @@ impl Scale {
                 name: "small-short",
                 about: "the `small` recipe trained 2000 steps (the default until issue 58): 4 layers, width 128, 2 heads of 64, T = 64, 2000 steps of 1024 tokens, the default corpus with a 2K BPE (data/bpe2k), 2 CPU cores",
                 train: small_recipe(&base, 2000, 4100)?,
-                data: Data::Shards(PathBuf::from(SMALL_DATA)),
-                val_tokens: 16 * 64 * 16 + 1,
-                val_targets: 1 << 16,
-                eval_batch_tokens: 16_384,
-                meaningful: true,
-                est_step_s: 0.056,
                 // The power calculation of issue 34 in docs/PILOT.md.
                 headline_seeds: 7,
                 history: None,
-                length_pilot: true,
+                ..Scale::by_name("small")?
             },
             // One GPU, about an hour: a 6-layer model at T = 512.
             "gpu" => Scale {

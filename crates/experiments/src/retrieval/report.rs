@@ -714,16 +714,26 @@ mod tests {
         assert!(j.readings.is_empty() && why.contains("`softmax` did not learn") && why.contains("50.0%"), "{why}");
     }
 
+    /// Seed `k` of a row that beats softmax (all 64 questions right at 1x; 60, 59, 58 right beyond it)
+    /// and of one that loses to it (20, 22, 24 right beyond).
+    fn better(k: usize) -> SeedRun {
+        run(k, 64, 60 - k)
+    }
+
+    fn worse(k: usize) -> SeedRun {
+        run(k, 64, 20 + 2 * k)
+    }
+
+    /// LSSAR's runs from `a`, softmax's from `b`.
+    fn rows(a: fn(usize) -> SeedRun, b: fn(usize) -> SeedRun) -> BTreeMap<String, Vec<SeedRun>> {
+        BTreeMap::from([
+            ("lssa+rw15".to_string(), (0..3).map(a).collect::<Vec<_>>()),
+            ("softmax".to_string(), (0..3).map(b).collect::<Vec<_>>()),
+        ])
+    }
+
     #[test]
     fn the_robustness_line_says_whether_the_verdict_holds_in_every_regime() {
-        let better = |k: usize| run(k, 64, 60 - k);
-        let worse = |k: usize| run(k, 64, 20 + 2 * k);
-        let rows = |a: fn(usize) -> SeedRun, b: fn(usize) -> SeedRun| {
-            BTreeMap::from([
-                ("lssa+rw15".to_string(), (0..3).map(a).collect::<Vec<_>>()),
-                ("softmax".to_string(), (0..3).map(b).collect::<Vec<_>>()),
-            ])
-        };
         let same = [group("a", rows(better, worse)), group("b", rows(better, worse))];
         let j = &verdicts(&same).unwrap()[0];
         assert_eq!(j.robustness(true), "reproduced in every regime");
@@ -741,14 +751,6 @@ mod tests {
     /// named in the robustness line, and the recipe text is read from the runs' records.
     #[test]
     fn recipe_cells_enter_the_robustness_line_the_family_and_the_golden_section() {
-        let better = |k: usize| run(k, 64, 60 - k);
-        let worse = |k: usize| run(k, 64, 20 + 2 * k);
-        let rows = |a: fn(usize) -> SeedRun, b: fn(usize) -> SeedRun| {
-            BTreeMap::from([
-                ("lssa+rw15".to_string(), (0..3).map(a).collect::<Vec<_>>()),
-                ("softmax".to_string(), (0..3).map(b).collect::<Vec<_>>()),
-            ])
-        };
         let both = [
             cell("a", Init::Gpt2, rows(better, worse)),
             cell("a@torch-default", Init::TorchDefault, rows(better, worse)),
