@@ -92,7 +92,7 @@ impl LengthPilot {
                 points.extend(points_of(&r).with_context(|| format!("{}", path.display()))?);
             }
         }
-        points.sort_by(|a, b| (a.steps, a.row(), a.seed).cmp(&(b.steps, b.row(), b.seed)));
+        points.sort_by_key(|a| (a.steps, a.row(), a.seed));
         Ok(LengthPilot { about: about.into(), command: command.into(), points })
     }
 
