@@ -515,6 +515,9 @@ fn other_reports(scale: &str, report_path: &std::path::Path) -> Vec<report::Othe
             let link = dir.join(&file).exists().then_some(file);
             report::OtherReport { scale: s.to_string(), link }
         })
+        // `small-short` is the default's recipe trained shorter, kept for comparison: named only where
+        // its report exists, never as a larger scale still to come.
+        .filter(|o| o.link.is_some() || o.scale != "small-short")
         .collect()
 }
 
@@ -571,6 +574,17 @@ mod tests {
         assert_eq!(
             back.iter().map(|o| (o.scale.as_str(), o.link.as_deref())).collect::<Vec<_>>(),
             [("small", Some("REPRODUCTION.md")), ("paper", None)]
+        );
+        // The shorter recipe's report, once written, is linked from the default's.
+        std::fs::write(dir.path().join("REPRODUCTION-small-short.md"), "").unwrap();
+        let others = other_reports("small", &small);
+        assert_eq!(
+            others.iter().map(|o| (o.scale.as_str(), o.link.as_deref())).collect::<Vec<_>>(),
+            [
+                ("small-short", Some("REPRODUCTION-small-short.md")),
+                ("gpu", Some("REPRODUCTION-gpu.md")),
+                ("paper", None)
+            ]
         );
     }
 }
