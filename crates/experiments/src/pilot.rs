@@ -69,7 +69,7 @@ impl Point {
     }
 }
 
-/// The committed pilot ([`LENGTH_JSON`]).
+/// The committed pilot (`docs/pilot/length.json`, embedded at build time).
 pub fn length() -> Result<LengthPilot> {
     serde_json::from_str(LENGTH_JSON).context("docs/pilot/length.json")
 }
