@@ -11,12 +11,15 @@
 //!
 //! Conventions: FLOPs are counted as FlashAttention counts them ([`flops`]), for every variant alike, so
 //! GFLOP/s compare wall time on a common scale, not the work each variant really does.
+//! Every CPU table (`docs/bench/{kernels,memory,model,train}-cpu.{md,json}`) keeps one section per CPU
+//! model: a run replaces its own machine's and keeps the others ([`sections`]).
 #![cfg_attr(not(test), warn(clippy::too_many_lines))] // clippy.toml: 120 lines; tests are exempt
 
 pub mod env;
 pub mod flex;
 pub mod measure;
 pub mod memory;
+pub mod sections;
 pub mod workload;
 
 /// FLOP counts in FlashAttention's convention.

@@ -133,12 +133,7 @@ fn main() -> Result<()> {
     print!("{md}");
     if !cli.no_write {
         let dir = env::workspace_root().join("docs/bench");
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-        let (md_path, json_path) = (dir.join("model-cpu.md"), dir.join("model-cpu.json"));
-        std::fs::write(&md_path, &md).with_context(|| format!("writing {}", md_path.display()))?;
-        std::fs::write(&json_path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", json_path.display()))?;
-        eprintln!("wrote {} and {}", md_path.display(), json_path.display());
+        lssa_benches::sections::write(&dir, "model-cpu", &report.header.cpu, &md, serde_json::to_value(&report)?)?;
     }
     Ok(())
 }

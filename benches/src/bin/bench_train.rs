@@ -444,9 +444,7 @@ fn main() -> Result<()> {
     print!("{md}");
     if !cli.no_write {
         let dir = env::workspace_root().join("docs/bench");
-        std::fs::write(dir.join("train-cpu.md"), &md)?;
-        std::fs::write(dir.join("train-cpu.json"), serde_json::to_string_pretty(&report)? + "\n")?;
-        eprintln!("wrote docs/bench/train-cpu.{{md,json}}");
+        lssa_benches::sections::write(&dir, "train-cpu", &report.header.cpu, &md, serde_json::to_value(&report)?)?;
     }
     Ok(())
 }

@@ -204,7 +204,7 @@ pub(crate) fn run_memory(args: &MemoryArgs, threads: usize) -> Result<()> {
     print!("{md}");
     if !args.no_write {
         let dir = args.out_dir.clone().unwrap_or_else(|| env::workspace_root().join("docs/bench"));
-        write_outputs(&dir, "memory-cpu", &md, &serde_json::to_string_pretty(&report)?)?;
+        write_outputs(&dir, "memory-cpu", &report.cpu, &md, serde_json::to_value(&report)?)?;
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use lssa_benches::measure;
 use lssa_benches::workload::{Implementation, Pass};
 use serde::Serialize;
@@ -247,12 +247,14 @@ fn fmt_ms(ms: f64) -> String {
     if ms >= 100.0 { format!("{ms:.0}") } else { format!("{ms:.2}") }
 }
 
-pub(crate) fn write_outputs(dir: &std::path::Path, stem: &str, md: &str, json: &str) -> Result<()> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    for (ext, text) in [("md", md), ("json", json)] {
-        let path = dir.join(format!("{stem}.{ext}"));
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-        eprintln!("bench-kernels: wrote {}", path.display());
-    }
-    Ok(())
+/// Writes the run into `<dir>/<stem>.{md,json}` as the section of `cpu`, keeping the other CPUs'
+/// (`lssa_benches::sections`).
+pub(crate) fn write_outputs(
+    dir: &std::path::Path,
+    stem: &str,
+    cpu: &str,
+    md: &str,
+    json: serde_json::Value,
+) -> Result<()> {
+    lssa_benches::sections::write(dir, stem, cpu, md, json)
 }
