@@ -15,7 +15,6 @@ its thread pool waking up or spinning down).
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -27,6 +26,8 @@ import torch.nn.functional as F
 
 import lssa
 from lssa import _lssa, _ops
+
+import bench_sections
 
 VARIANTS = ["lssa", "lssa+rw15"]
 # The materialised path keeps about four (B, H, T, T) float32 tensors alive in the forward and about
@@ -261,12 +262,10 @@ def main():
     lines.append("| boundary (lssa.attention - _lssa.forward) | " + " | ".join(f"{b:.0f}" for b in boundary) + " |")
     lines += ["", f"Total time of this run: {time.time() - began:.0f} s.", ""]
     out = os.path.abspath(args.out)
-    with open(out, "w") as f:
-        f.write("\n".join(lines))
-    with open(os.path.splitext(out)[0] + ".json", "w") as f:
-        json.dump(js, f, indent=1)
+    # One section per CPU model in the file: this run replaces its own machine's, keeps the others.
+    bench_sections.write(out, bench_sections.cpu_key(), "\n".join(lines), js)
     print("\n".join(lines))
-    print(f"wrote {out}")
+    print(f"wrote {out} (the section of {bench_sections.cpu_key()})")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ shape in rounds, ratios the median of per-round ratios.
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import statistics
@@ -25,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 import lssa
+import bench_sections
 from bench import cpu_name, git_revision, median_ratio, rounds
 
 
@@ -181,10 +181,8 @@ def main():
             f"{median_ratio(gen['generate lssa'], gen['generate sdpa']):.2f}x |",
         ]
         js["generate"] = gen
-    with open(args.out, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-        json.dump(js, f, indent=1)
+    # One section per CPU model in the file: this run replaces its own machine's, keeps the others.
+    bench_sections.write(args.out, bench_sections.cpu_key(), "\n".join(lines) + "\n", js)
     print("\n".join(lines))
 
 
