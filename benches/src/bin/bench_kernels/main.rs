@@ -398,7 +398,7 @@ impl Bench<'_> {
         print!("{md}");
         if !args.no_write {
             let dir = args.out_dir.clone().unwrap_or_else(|| env::workspace_root().join("docs/bench"));
-            report::write_outputs(&dir, "kernels-cpu", &report.cpu, &md, serde_json::to_value(&report)?)?;
+            lssa_benches::sections::write(&dir, "kernels-cpu", &report.cpu, &md, serde_json::to_value(&report)?)?;
         }
         Ok(())
     }

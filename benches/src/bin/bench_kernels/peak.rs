@@ -13,7 +13,7 @@ use lssa_benches::memory::{self, ChildReport};
 use lssa_benches::workload::{Implementation, Pass, VariantSpec, random_array, to_tensor};
 use serde::Serialize;
 
-use crate::report::{FORMAT_VERSION, write_outputs};
+use crate::report::FORMAT_VERSION;
 
 /// Format tag of the JSON output (versioned as the timing table's, [`FORMAT_VERSION`]).
 const MEMORY_FORMAT: &str = "lssa-bench-memory";
@@ -204,7 +204,7 @@ pub(crate) fn run_memory(args: &MemoryArgs, threads: usize) -> Result<()> {
     print!("{md}");
     if !args.no_write {
         let dir = args.out_dir.clone().unwrap_or_else(|| env::workspace_root().join("docs/bench"));
-        write_outputs(&dir, "memory-cpu", &report.cpu, &md, serde_json::to_value(&report)?)?;
+        lssa_benches::sections::write(&dir, "memory-cpu", &report.cpu, &md, serde_json::to_value(&report)?)?;
     }
     Ok(())
 }

@@ -1,9 +1,8 @@
-//! The timing table's records (the JSON rows, skips and summary), its Markdown, and writing both.
+//! The timing table's records (the JSON rows, skips and summary) and its Markdown (written by `lssa_benches::sections`).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use anyhow::Result;
 use lssa_benches::measure;
 use lssa_benches::workload::{Implementation, Pass};
 use serde::Serialize;
@@ -245,16 +244,4 @@ pub(crate) fn markdown(r: &Report, lengths: &[usize]) -> String {
 
 fn fmt_ms(ms: f64) -> String {
     if ms >= 100.0 { format!("{ms:.0}") } else { format!("{ms:.2}") }
-}
-
-/// Writes the run into `<dir>/<stem>.{md,json}` as the section of `cpu`, keeping the other CPUs'
-/// (`lssa_benches::sections`).
-pub(crate) fn write_outputs(
-    dir: &std::path::Path,
-    stem: &str,
-    cpu: &str,
-    md: &str,
-    json: serde_json::Value,
-) -> Result<()> {
-    lssa_benches::sections::write(dir, stem, cpu, md, json)
 }
