@@ -6,7 +6,9 @@ matrices only) and clip_grad_norm_, one optimiser step per batch of random token
 F.scaled_dot_product_attention(is_causal=True) for softmax, and lssa.attention (the project's fused
 op) for every other variant, so the two loops run the same attention kernels; with --materialised,
 lssa.reference_attention instead: the variant as plain PyTorch ops with (B, H, T, T) weights, what a
-PyTorch user without the fused kernels writes.
+PyTorch user without the fused kernels writes. With --compile the model runs under torch.compile
+(Inductor; on the CPU its C++ backend), what a PyTorch user runs to go faster; its compilation
+happens in the untimed warm-up steps.
 
     python benches/python/train_eager.py --attention softmax --threads 2 --steps 200 --json
 
@@ -95,6 +97,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--attention", default="softmax")
     ap.add_argument("--materialised", action="store_true", help="the variant as PyTorch ops, not the fused op")
+    ap.add_argument("--compile", action="store_true", help="the model under torch.compile (Inductor)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=2)
@@ -113,6 +116,8 @@ def main():
     torch.manual_seed(args.seed)
     model = Gpt(args.layers, args.heads, args.width, args.vocab, args.context, 4, attention_for(args.attention, args.materialised))
     decay = [p for p in model.parameters() if p.dim() >= 2]
+    if args.compile:
+        model = torch.compile(model)
     rest = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
@@ -148,7 +153,7 @@ def main():
         t0 = time.perf_counter()
         step()
         rates.append(args.batch * args.context / (time.perf_counter() - t0))
-    out = {"attention": args.attention, "threads": args.threads, "steps": len(rates), "tokens_per_s": statistics.median(rates)}
+    out = {"attention": args.attention, "compiled": args.compile, "threads": args.threads, "steps": len(rates), "tokens_per_s": statistics.median(rates)}
     print(json.dumps(out) if args.json else f"{args.attention}: {out['tokens_per_s']:.0f} tokens/s (median of {len(rates)} steps)")
 
 

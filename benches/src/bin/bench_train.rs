@@ -22,6 +22,10 @@
 //!   with the process settings the trainer makes for itself ([`trainer::process::keep_freed_memory`]
 //!   and [`trainer::process::limit_openmp_spinning`], here through glibc's `MALLOC_*_` variables and
 //!   `GOMP_SPINCOUNT`), so the table shows what they are worth on both sides;
+//! - PyTorch under `torch.compile` (Inductor, its C++ backend on the CPU; `--compile` of the same
+//!   script), with the trainer's process settings: what a PyTorch user runs to go faster. Its
+//!   compilation falls in the untimed warm-up steps (each cell is a fresh process; Inductor's on-disk
+//!   cache makes the later rounds' compilations shorter);
 //! - for the variants other than softmax, PyTorch with the attention materialised
 //!   (`lssa.reference_attention`: the variant as PyTorch ops with `(B, H, T, T)` weights), the loop a
 //!   PyTorch user without this project's kernels writes (issue 36's baseline).
@@ -50,7 +54,7 @@ use trainer::optim::AdamW;
 use trainer::train::{BatchSource, RunOptions, Single};
 
 const FORMAT: &str = "lssa-bench-train";
-const FORMAT_VERSION: u32 = 2; // 2: the materialised-attention side
+const FORMAT_VERSION: u32 = 3; // 2: the materialised-attention side; 3: the torch.compile side
 
 #[derive(Parser, Debug)]
 #[command(name = "bench-train", about = "The trainer's step against a PyTorch eager loop, side by side")]
@@ -97,12 +101,39 @@ struct Row {
     pytorch_tuned_tokens_per_s: Vec<f64>,
     /// PyTorch with the attention materialised (empty for softmax, where both run SDPA).
     pytorch_materialised_tokens_per_s: Vec<f64>,
-    /// Median over rounds of trainer / PyTorch in the same round.
-    ratio: f64,
+    /// PyTorch under `torch.compile`, with the trainer's process settings.
+    pytorch_compiled_tokens_per_s: Vec<f64>,
+    /// Trainer / PyTorch in the same round, over the rounds.
+    ratio: Ratio,
     /// The same against PyTorch with the trainer's process settings.
-    ratio_tuned: f64,
+    ratio_tuned: Ratio,
     /// The same against PyTorch with the attention materialised (none for softmax).
-    ratio_materialised: Option<f64>,
+    ratio_materialised: Option<Ratio>,
+    /// The same against PyTorch under `torch.compile`.
+    ratio_compiled: Ratio,
+}
+
+/// The per-round ratios of two sides: their median and their spread (smallest and largest).
+#[derive(Serialize, Clone, Copy)]
+struct Ratio {
+    median: f64,
+    min: f64,
+    max: f64,
+}
+
+impl Ratio {
+    /// `ours[i] / theirs[i]` over the rounds `i`.
+    fn of(ours: &[f64], theirs: &[f64]) -> Ratio {
+        let r: Vec<f64> = ours.iter().zip(theirs).map(|(a, b)| a / b).collect();
+        let fold = |f: fn(f64, f64) -> f64, init| r.iter().copied().fold(init, f);
+        Ratio { median: median(&r), min: fold(f64::min, f64::INFINITY), max: fold(f64::max, f64::NEG_INFINITY) }
+    }
+}
+
+impl std::fmt::Display for Ratio {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:.2}x ({:.2}-{:.2})", self.median, self.min, self.max)
+    }
 }
 
 #[derive(Serialize)]
@@ -227,6 +258,15 @@ enum Eager {
     Tuned,
     /// With the attention as materialised PyTorch ops.
     Materialised,
+    /// Under `torch.compile`, with the trainer's allocator and OpenMP settings.
+    Compiled,
+}
+
+/// One side of a round: the trainer, or the PyTorch loop run one way.
+#[derive(Clone, Copy)]
+enum Side {
+    Trainer,
+    PyTorch(Eager),
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -243,7 +283,7 @@ fn pytorch_cell(
     let script = env::workspace_root().join("benches/python/train_eager.py");
     let mut cmd = Command::new(python);
     match how {
-        Eager::Tuned => {
+        Eager::Tuned | Eager::Compiled => {
             cmd.envs(tuned());
         }
         // This process runs with GOMP_SPINCOUNT set (see `main`): not for a plain PyTorch run.
@@ -256,6 +296,7 @@ fn pytorch_cell(
     let out = cmd
         .arg(&script)
         .args(matches!(how, Eager::Materialised).then_some("--materialised"))
+        .args(matches!(how, Eager::Compiled).then_some("--compile"))
         .args(["--attention", variant, "--json"])
         .args(["--threads", &threads.to_string(), "--context", &t.to_string(), "--batch", &batch.to_string()])
         .args(["--steps", &steps.to_string(), "--warmup", &warmup.to_string()])
@@ -398,30 +439,46 @@ fn main() -> Result<()> {
     for &t in &cli.lengths {
         let steps = (cli.tokens / (batch * t)).max(10);
         for variant in &cli.variants {
-            let (mut ours, mut theirs, mut tuned, mut mat) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let (mut ours, mut theirs, mut tuned, mut mat, mut compiled) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let mut sides = vec![
+                Side::Trainer,
+                Side::PyTorch(Eager::Plain),
+                Side::PyTorch(Eager::Tuned),
+                Side::PyTorch(Eager::Compiled),
+            ];
             // Softmax runs SDPA on every PyTorch side: no materialised side of its own.
-            let sides = if variant == "softmax" { 3 } else { 4 };
+            if variant != "softmax" {
+                sides.push(Side::PyTorch(Eager::Materialised));
+            }
             for round in 0..cli.rounds {
                 // The order of the sides rotates from round to round.
-                for side in (0..sides).map(|i| (i + round) % sides) {
-                    let eager = |how| pytorch_cell(&python, how, variant, t, batch, steps, cli.warmup, cli.threads);
-                    match side {
-                        0 => ours.push(trainer_cell(variant, t, steps, cli.warmup, cli.threads)?),
-                        1 => theirs.push(eager(Eager::Plain)?),
-                        2 => tuned.push(eager(Eager::Tuned)?),
-                        _ => mat.push(eager(Eager::Materialised)?),
+                for i in 0..sides.len() {
+                    match sides[(i + round) % sides.len()] {
+                        Side::Trainer => ours.push(trainer_cell(variant, t, steps, cli.warmup, cli.threads)?),
+                        Side::PyTorch(how) => {
+                            let rate = pytorch_cell(&python, how, variant, t, batch, steps, cli.warmup, cli.threads)?;
+                            match how {
+                                Eager::Plain => theirs.push(rate),
+                                Eager::Tuned => tuned.push(rate),
+                                Eager::Materialised => mat.push(rate),
+                                Eager::Compiled => compiled.push(rate),
+                            }
+                        }
                     }
                 }
                 eprintln!(
-                    "{variant} T={t} round {}: trainer {:.0} tokens/s, PyTorch eager {:.0} (with the trainer's process settings {:.0}{})",
+                    "{variant} T={t} round {}: trainer {:.0} tokens/s, PyTorch eager {:.0} (with the trainer's process settings {:.0}; \
+                     torch.compile {:.0}{})",
                     round + 1,
                     ours[round],
                     theirs[round],
                     tuned[round],
+                    compiled[round],
                     mat.get(round).map_or(String::new(), |m| format!("; materialised attention {m:.0}"))
                 );
             }
-            let ratio = |other: &[f64]| median(&ours.iter().zip(other).map(|(a, b)| a / b).collect::<Vec<_>>());
+            let ratio = |other: &[f64]| Ratio::of(&ours, other);
             rows.push(Row {
                 variant: variant.clone(),
                 t,
@@ -430,10 +487,12 @@ fn main() -> Result<()> {
                 ratio: ratio(&theirs),
                 ratio_tuned: ratio(&tuned),
                 ratio_materialised: (!mat.is_empty()).then(|| ratio(&mat)),
+                ratio_compiled: ratio(&compiled),
                 trainer_tokens_per_s: ours,
                 pytorch_tokens_per_s: theirs,
                 pytorch_tuned_tokens_per_s: tuned,
                 pytorch_materialised_tokens_per_s: mat,
+                pytorch_compiled_tokens_per_s: compiled,
             });
         }
     }
@@ -467,6 +526,11 @@ fn markdown(r: &Report, warmup: usize) -> String {
     );
     let _ = writeln!(
         s,
+        "- PyTorch, torch.compile: the same loop with the model under `torch.compile` (Inductor, its C++ backend on the \
+         CPU; f32) and the trainer's process settings; compilation falls in the untimed warm-up steps"
+    );
+    let _ = writeln!(
+        s,
         "- PyTorch (tuned): the same loop with the trainer's process settings, which a PyTorch user can set too: \
          its allocator's (`trainer::process::keep_freed_memory`: `MALLOC_MMAP_THRESHOLD_=268435456 MALLOC_TRIM_THRESHOLD_=1073741824`) \
          and OpenMP's (`trainer::process::limit_openmp_spinning`: `GOMP_SPINCOUNT={}`)",
@@ -474,8 +538,9 @@ fn markdown(r: &Report, warmup: usize) -> String {
     );
     let _ = writeln!(
         s,
-        "- timing: each cell {warmup} untimed steps, then the median per-step tokens/s; the three sides take turns within a \
-         round, in an order that rotates; ratios = median over rounds of trainer / PyTorch in the same round"
+        "- timing: each cell {warmup} untimed steps, then the median per-step tokens/s; the sides take turns within a \
+         round, in an order that rotates; ratios = median over rounds of trainer / PyTorch in the same round, \
+         with the smallest and largest round in brackets"
     );
     let _ = writeln!(
         s,
@@ -485,20 +550,21 @@ fn markdown(r: &Report, warmup: usize) -> String {
     );
     let _ = writeln!(
         s,
-        "| attention | T | steps | trainer tokens/s (rounds) | PyTorch eager (rounds) | PyTorch eager, tuned (rounds) | PyTorch eager, materialised attention (rounds) | trainer / PyTorch | trainer / PyTorch tuned | trainer / PyTorch materialised |"
+        "| attention | T | steps | trainer tokens/s (rounds) | PyTorch eager (rounds) | PyTorch eager, tuned (rounds) | PyTorch torch.compile (rounds) | PyTorch eager, materialised attention (rounds) | trainer / PyTorch | trainer / PyTorch tuned | trainer / torch.compile | trainer / PyTorch materialised |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---|---|---|---|---:|---:|---:|");
+    let _ = writeln!(s, "|---|---:|---:|---|---|---|---|---|---:|---:|---:|---:|");
     let list = |xs: &[f64]| xs.iter().map(|x| format!("{x:.0}")).collect::<Vec<_>>().join(" / ");
     for row in &r.rows {
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {} | {} | {} | {} | {:.2}x | {:.2}x | {} |",
+            "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
             row.variant,
             row.t,
             row.steps,
             list(&row.trainer_tokens_per_s),
             list(&row.pytorch_tokens_per_s),
             list(&row.pytorch_tuned_tokens_per_s),
+            list(&row.pytorch_compiled_tokens_per_s),
             if row.pytorch_materialised_tokens_per_s.is_empty() {
                 "(SDPA)".to_string()
             } else {
@@ -506,7 +572,8 @@ fn markdown(r: &Report, warmup: usize) -> String {
             },
             row.ratio,
             row.ratio_tuned,
-            row.ratio_materialised.map_or("-".to_string(), |r| format!("{r:.2}x"))
+            row.ratio_compiled,
+            row.ratio_materialised.map_or("-".to_string(), |r| r.to_string())
         );
     }
     if !r.profiles.is_empty() {
