@@ -402,7 +402,7 @@ fn check_case(name: &str, shape: (usize, usize, usize, usize), seed: u64, qk_sca
 fn small_tiles(isa: Isa) -> Options {
     // Small tiles so short sequences still cross several tiles, and tile edges that are not
     // multiples of the register blocks.
-    Options { tuning: Tuning { block_q: 16, block_k: 24, ..Tuning::default() }, isa }
+    Options { tuning: Tuning { block_q: 16, block_k: 24, ..Tuning::default() }, isa, ..Default::default() }
 }
 
 #[test]
@@ -419,7 +419,7 @@ fn head_dims_and_lengths_that_do_not_fit_the_tiles() {
     let isa = Isa::detect();
     for &(t, d) in &[(1, 64), (2, 8), (65, 64), (31, 72), (17, 128), (100, 40)] {
         for name in ["softmax", "lssa", "lssa+rw15", "relu-l1", "sigmoid-rowbias-l1+rw3"] {
-            check_case(name, (2, 1, t, d), t as u64, 1.0, &Options { tuning: Tuning::default(), isa });
+            check_case(name, (2, 1, t, d), t as u64, 1.0, &Options { isa, ..Default::default() });
             check_case(name, (1, 1, t, d), 1000 + t as u64, 1.0, &small_tiles(isa));
         }
     }
@@ -452,7 +452,8 @@ fn key_groups_without_an_above_mean_key_are_skipped_correctly() {
     let tol = forward_tolerance(naive_err, &want, v.reweight());
     for isa in Isa::all_supported() {
         for bytes in [0, usize::MAX] {
-            let opts = Options { tuning: Tuning { score_cache_bytes: bytes, ..small_tiles(isa).tuning }, isa };
+            let opts =
+                Options { tuning: Tuning { score_cache_bytes: bytes, ..small_tiles(isa).tuning }, ..small_tiles(isa) };
             let err = max_abs_diff(&cpu::forward_with(&v, &q, &k, &val, &opts).unwrap(), &want);
             assert!(err <= tol, "{isa:?}, score cache {bytes}: forward error {err:.3e} > {tol:.3e}");
         }
@@ -639,7 +640,7 @@ fn reweighting_backward_is_the_same_with_and_without_the_forward_helper() {
         for isa in Isa::all_supported() {
             let run = |helper: bool| {
                 let tuning = Tuning { block_q: 16, block_k: 24, reweight_helper: helper, ..Tuning::default() };
-                cpu::backward_with(&var, &q, &k, &v, &g, &Options { tuning, isa }).unwrap()
+                cpu::backward_with(&var, &q, &k, &v, &g, &Options { tuning, isa, ..Default::default() }).unwrap()
             };
             let (with, without) = (run(true), run(false));
             for (what, a, b, r) in [
@@ -669,7 +670,8 @@ fn reweighting_backward_is_the_same_with_and_without_the_forward_helper() {
 fn cases_found_by_random_search_stay_within_their_bounds() {
     for isa in [Isa::Scalar, Isa::detect()] {
         for b in [1, 3, 16] {
-            let opts = Options { tuning: Tuning { block_q: b, block_k: b, ..Tuning::default() }, isa };
+            let opts =
+                Options { tuning: Tuning { block_q: b, block_k: b, ..Tuning::default() }, isa, ..Default::default() };
             check_case("relu-l1", (1, 1, 4, 72), 392, 1.0, &opts);
             check_case("relu2-l1", (1, 1, 21, 72), 392, 1.0, &opts);
             check_case("lssa+rw64", (1, 1, 10, 64), 183, 1.0, &opts);
@@ -698,7 +700,7 @@ proptest! {
         which in 0usize..FUSED.len(),
         seed in 0u64..1000,
     ) {
-        let opts = Options { tuning: Tuning { block_q: bq, block_k: bk, ..Default::default() }, isa: Isa::detect() };
+        let opts = Options { tuning: Tuning { block_q: bq, block_k: bk, ..Default::default() }, ..Default::default() };
         check_case(FUSED[which], (1, 1, t, d), seed, 1.0, &opts);
     }
 }

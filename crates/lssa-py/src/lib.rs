@@ -15,7 +15,10 @@
 //!   the CPU that will be differentiated, re-weighting's backward helper (`(B, H, T, d + 1)` f32,
 //!   contiguous; 0 when not kept) as bare pointers;
 //! - on CUDA, the stream the caller ordered the work on (see [`forward`]), and on the CPU the number
-//!   of threads (torch's `get_num_threads()`, so `torch.set_num_threads` governs the kernels too).
+//!   of threads (torch's `get_num_threads()`, so `torch.set_num_threads` governs the kernels too). A
+//!   decoding step runs on the calling thread's OpenMP team, libtorch's own intra-op threads, where
+//!   the process has libgomp (PyTorch's Linux wheels), so that it shares one set of threads with the
+//!   model's other operations; longer calls run on a rayon pool of that many threads.
 //!
 //! These are exactly the fields of [`attn_kernels::Params`], which the raw entry points
 //! [`attn_kernels::cpu::forward_raw`] / [`attn_kernels::cuda::forward_raw`] (and `backward_raw`)
@@ -405,16 +408,23 @@ fn forward(
     stream: usize,
     threads: usize,
 ) -> PyResult<()> {
-    let target = target(device, dtype).map_err(PyTypeError::new_err)?;
+    let mut target = target(device, dtype).map_err(PyTypeError::new_err)?;
     let p = params(shape, kv, q, k, v, out, stats, target.dtype())?;
-    let kernels = prepared(variant, &target, p.head_dim)?;
-    // A decoding step starts on this thread (0: no pool of ours) when rayon's global pool, where its
-    // helpers come from, has the requested thread count: entering a pool would cost more than a step.
-    let threads = if matches!(target, Target::Cpu(_)) && cpu::forward_starts_on_caller(&p) {
-        short_call_threads(threads)
-    } else {
-        threads
+    // A decoding step starts on this thread (0: no pool of ours): its helpers are the OpenMP team of
+    // this thread, libtorch's intra-op pool, where torch has loaded libgomp (its Linux wheels);
+    // else tasks spawned into rayon's global pool, when that has the requested thread count
+    // (entering a pool would cost more than a step).
+    let threads = match &mut target {
+        Target::Cpu(opts) if cpu::forward_starts_on_caller(&p) => match cpu::Helpers::openmp(threads) {
+            Some(helpers) => {
+                opts.helpers = helpers;
+                0
+            }
+            None => short_call_threads(threads),
+        },
+        _ => threads,
     };
+    let kernels = prepared(variant, &target, p.head_dim)?;
     // SAFETY: the module's contract: live tensors of these sizes and strides (see above).
     unsafe { launch(py, kernels, p, aux, stream, threads, Prepared::forward_raw) }
 }

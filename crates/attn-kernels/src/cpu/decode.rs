@@ -30,6 +30,7 @@ use rayon::prelude::*;
 use super::engine::{self, Dims, FOLD_TILES, Head, STATS};
 use super::fwd::{self, FwdScratch, Query, Stage1, Stage2, Sweeps};
 use super::isa::Isa;
+use super::team::Helpers;
 use super::{F32Params, SendPtr, head_slice, rw_aux_per_row};
 
 /// The most bytes of keys and values (`B H_kv T_k d` floats each) that a short call reads on the
@@ -237,12 +238,19 @@ fn chunks_per_head(heads: usize, threads: usize, tiles: usize, min_tiles: usize)
 ///
 /// # Safety
 /// As [`super::forward_raw`].
-pub(super) unsafe fn forward(plan: &Plan, p: &F32Params, mut dims: Dims, split_keys: usize, aux: *mut f32) {
+pub(super) unsafe fn forward(
+    plan: &Plan,
+    p: &F32Params,
+    mut dims: Dims,
+    split_keys: usize,
+    helpers: Helpers,
+    aux: *mut f32,
+) {
     dims.group = p.heads / p.kv_heads;
     let heads = p.batch * p.kv_heads;
     let tiles = p.kv_len.div_ceil(dims.bk);
     let serial = runs_serially(p);
-    let threads = if serial { 1 } else { rayon::current_num_threads() };
+    let threads = if serial { 1 } else { helpers.threads() };
     let min_tiles = split_keys.div_ceil(dims.bk * FOLD_TILES).saturating_mul(FOLD_TILES);
     let chunks = chunks_per_head(heads, threads, tiles, min_tiles);
     let aux = SendPtr(aux);
@@ -262,12 +270,12 @@ pub(super) unsafe fn forward(plan: &Plan, p: &F32Params, mut dims: Dims, split_k
             (0..heads).for_each(one);
         } else {
             // This thread starts at once; helpers join as they wake (`team`).
-            super::team::run(heads, threads - 1, &one);
+            helpers.run(heads, &one);
         }
         return;
     }
     // SAFETY: as above.
-    unsafe { split(plan, p, dims, &ranges(tiles, chunks), aux.0) }
+    unsafe { split(plan, p, dims, helpers, &ranges(tiles, chunks), aux.0) }
 }
 
 /// The tiled forward of grouped-query attention (`H_kv < H`, more than a short call's rows): the `G`
@@ -317,14 +325,12 @@ pub(super) unsafe fn forward_grouped(
 ///
 /// # Safety
 /// As [`super::forward_raw`].
-unsafe fn split(plan: &Plan, p: &F32Params, dims: Dims, ranges: &[Range<usize>], aux: *mut f32) {
+unsafe fn split(plan: &Plan, p: &F32Params, dims: Dims, helpers: Helpers, ranges: &[Range<usize>], aux: *mut f32) {
     let isa = dims.isa;
     let heads = p.batch * p.kv_heads;
     // SAFETY: forwarded.
-    let groups: Vec<Group> = (0..heads)
-        .into_par_iter()
-        .map(|x| unsafe { Group::new(p, isa, plan.cosine(), x / p.kv_heads, x % p.kv_heads) })
-        .collect();
+    let groups: Vec<Group> =
+        helpers.map(heads, &|x| unsafe { Group::new(p, isa, plan.cosine(), x / p.kv_heads, x % p.kv_heads) });
     // SAFETY: forwarded.
     let heads_of: Vec<Head<'_>> = groups.iter().map(|g| unsafe { g.head(p, &[], &[]) }).collect();
     let query = |x: usize| {
@@ -339,7 +345,7 @@ unsafe fn split(plan: &Plan, p: &F32Params, dims: Dims, ranges: &[Range<usize>],
             (Stage1::new(&q), FwdScratch::for_tiles(dims, q.nq, longest))
         })
         .collect();
-    tasks.par_iter_mut().enumerate().for_each(|(i, (st, sc))| {
+    helpers.for_each_mut(&mut tasks, &|i, (st, sc)| {
         fwd::range1(isa, &query(i / n), ranges[i % n].clone(), st, sc);
     });
     let (mut states, mut scratch): (Vec<Stage1>, Vec<FwdScratch>) = tasks.into_iter().unzip();
@@ -350,7 +356,8 @@ unsafe fn split(plan: &Plan, p: &F32Params, dims: Dims, ranges: &[Range<usize>],
     let keep_aux = !aux.is_null();
     let mut second: Vec<Stage2> = (0..heads * n).map(|i| Stage2::new(&query(i / n), keep_aux)).collect();
     if plan.reweight.is_some() {
-        second.par_iter_mut().zip(scratch.par_iter_mut()).enumerate().for_each(|(i, (s2, sc))| {
+        let mut pairs: Vec<(&mut Stage2, &mut FwdScratch)> = second.iter_mut().zip(scratch.iter_mut()).collect();
+        helpers.for_each_mut(&mut pairs, &|i, (s2, sc)| {
             let x = i / n;
             let bt = between[x].as_ref().expect("re-weighting has its row constants");
             fwd::range2(isa, &query(x), ranges[i % n].clone(), &firsts[x], bt, s2, sc);

@@ -38,6 +38,7 @@ pub use engine::Tuning;
 use engine::{Dims, Head, STATS};
 use fwd::{FwdScratch, Query};
 pub use isa::Isa;
+pub use team::Helpers;
 
 use crate::{Dtype, Error, Grads, Params, RawTensor, Result};
 
@@ -49,19 +50,22 @@ pub const fn rw_aux_per_row(head_dim: usize) -> usize {
     head_dim + 1
 }
 
-/// Execution options: tile sizes and the instruction set. Defaults: [`Tuning::default`] and
-/// [`Isa::detect`].
+/// Execution options: tile sizes, the instruction set and where a decoding step's helpers come
+/// from. Defaults: [`Tuning::default`], [`Isa::detect`] and [`Helpers::Rayon`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Options {
     /// Tile sizes.
     pub tuning: Tuning,
     /// The instruction set to run (tests force [`Isa::Scalar`] to cover the fallback).
     pub isa: Isa,
+    /// The threads of a short call (a decoding step, at most [`short::DIRECT_MAX_ROWS`] query rows);
+    /// longer calls run on the caller's rayon pool whatever this says.
+    pub helpers: Helpers,
 }
 
 impl Default for Options {
     fn default() -> Self {
-        Self { tuning: Tuning::default(), isa: Isa::detect() }
+        Self { tuning: Tuning::default(), isa: Isa::detect(), helpers: Helpers::Rayon }
     }
 }
 
@@ -337,7 +341,7 @@ unsafe fn forward_f32(plan: Plan, p: &F32Params, opts: &Options) -> Result<()> {
     let aux = if plan.reweight.is_some() { p.rw_aux } else { std::ptr::null_mut() };
     if direct {
         // SAFETY: forwarded from our caller.
-        unsafe { decode::forward(&plan, p, dims, opts.tuning.split_keys, aux) };
+        unsafe { decode::forward(&plan, p, dims, opts.tuning.split_keys, opts.helpers, aux) };
         return Ok(());
     }
     // SAFETY: forwarded from our caller.
