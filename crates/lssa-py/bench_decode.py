@@ -8,7 +8,9 @@ transformers' ``generate`` on a small grouped-query Llama with ``attn_implementa
 
 A cell runs ``--calls`` decoding steps back to back (each one query row of ``(1, H, 1, d)`` against the
 whole ``(1, H_kv, T_k, d)`` cache, under ``torch.no_grad()``): tokens per second are calls per second
-of one layer's attention. SDPA gets ``is_causal=False``, which for a last-row query is the causal
+of one layer's attention. Beside them, in the same rounds, a cell that reads the same keys and values
+once (``k.sum()`` and ``v.sum()``, torch's threads): the bandwidth a step that streams its cache can
+reach on this machine, against which each step's bytes per second are given. SDPA gets ``is_causal=False``, which for a last-row query is the causal
 answer (its ``is_causal`` aligns the mask top-left). Timing policy as ``bench.py``: the cells of one
 shape in rounds, ratios the median of per-round ratios.
 """
@@ -79,6 +81,11 @@ def generate_cells(prompt_len, new_tokens, seed=0):
     return {f"generate {impl}": cell(m) for impl, m in models.items()}
 
 
+def read_once(q, k, v):
+    """Reads every byte of ``k`` and ``v`` once (torch's reductions, its threads): a decoding step's floor."""
+    return k.sum() + v.sum()
+
+
 def sdpa(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=False, enable_gqa=k.shape[1] != q.shape[1])
 
@@ -116,6 +123,7 @@ def main():
             for name in impls:
                 attend = impls[name] or (lambda q, k, v, var=name.split()[1]: lssa.attention(q, k, v, var))
                 cells[name] = decode_cell(attend, h, hk, t_k, d, args.calls)
+            cells["read k, v"] = decode_cell(read_once, h, hk, t_k, d, args.calls)
             print(f"H_kv={hk} T_k={t_k}: {len(cells)} cells in rounds", flush=True)
             results[(hk, t_k)] = rounds(cells, min_rounds, args.budget)
     # The per-call floor: a 1-key cache, where the call's fixed cost is all there is.
@@ -160,6 +168,22 @@ def main():
         "Cells: tokens per second (median over rounds), and in brackets the fused call's time over SDPA's "
         "(median of per-round ratios). What bounds each cell, and the next steps: "
         "[`decode-cpu-notes.md`](decode-cpu-notes.md).",
+        "",
+        "Bandwidth: a step reads its keys and values, 2 H_kv T_k d 4 bytes; each cell's GB/s is those bytes over "
+        "its median time, and `read k, v` reads the same bytes once (`k.sum()`, `v.sum()`, the same threads), "
+        "in the same rounds: the rate this machine streams them at. In brackets: the step's time over that "
+        "read's (median of per-round ratios; 1.00x is a step bound by memory bandwidth alone).",
+        "",
+        "| H_kv | T_k | MB a step | read k, v (GB/s) | " + " | ".join(f"{n} (GB/s)" for n in impls) + " |",
+        "|---:|---:|---:|---:|" + "---:|" * len(impls),
+    ]
+    for (hk, t_k), times in results.items():
+        nbytes = 2 * hk * t_k * d * 4
+        gbs = lambda name: nbytes * args.calls / statistics.median(times[name]) / 1e9
+        js["cells"][f"H_kv={hk} T_k={t_k} read k, v"] = times["read k, v"]
+        row = [f"{gbs(n):.1f} ({median_ratio(times[n], times['read k, v']):.2f}x)" for n in impls]
+        lines.append(f"| {hk} | {t_k} | {nbytes / 1e6:.1f} | {gbs('read k, v'):.1f} | " + " | ".join(row) + " |")
+    lines += [
         "",
         f"Per-call floor (T_k = 1, H = H_kv = {h}): SDPA {statistics.median(floor['sdpa softmax']) / args.calls * 1e6:.1f} us, "
         f"`lssa.attention` {statistics.median(floor['fused lssa']) / args.calls * 1e6:.1f} us a call "
