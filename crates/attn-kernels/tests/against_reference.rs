@@ -596,6 +596,7 @@ fn reweighting_is_the_same_with_and_without_the_score_cache() {
                 let opts = Options {
                     tuning: Tuning { block_q: 16, block_k: 24, score_cache_bytes: bytes, ..Tuning::default() },
                     isa,
+                    ..Default::default()
                 };
                 let o = cpu::forward_with(&v, &q.0, &q.1, &q.2, &opts).unwrap();
                 // The backward runs its own forward for the statistics, with the same options.
