@@ -58,7 +58,7 @@ pub struct Options {
     pub tuning: Tuning,
     /// The instruction set to run (tests force [`Isa::Scalar`] to cover the fallback).
     pub isa: Isa,
-    /// The threads of a short call (a decoding step, at most [`short::DIRECT_MAX_ROWS`] query rows);
+    /// The threads of a short call (a decoding step, at most 4 query rows);
     /// longer calls run on the caller's rayon pool whatever this says.
     pub helpers: Helpers,
 }
