@@ -23,7 +23,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-/// Where the helpers of a short call ([`super::decode`]) come from.
+/// Where the helpers of a short call (a decoding step) come from.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Helpers {
     /// Tasks spawned into the calling thread's rayon pool (the global one off any pool), as many
