@@ -8,10 +8,10 @@
 //! - [`cuda`]: the same API on NVIDIA GPUs: CUDA C++ compiled at run time by NVRTC (driver and
 //!   NVRTC loaded dynamically through `cudarc`, so this crate builds and tests on machines without
 //!   CUDA; calls there return [`Error::Cuda`]).
-//! - [`forward_raw`] / [`backward_raw`]: the one entry point on raw pointers ([`Params`]) for callers
-//!   that own their tensors (the model's autograd bridge, the Python extension): a [`Target`] says
-//!   where the call runs, and [`Target::prepare`] derives a variant's kernel plan for it once
-//!   ([`Prepared`], what a model keeps per target).
+//! - [`Prepared::forward_raw`] / [`Prepared::backward_raw`]: the one entry point on raw pointers
+//!   ([`Params`]) for callers that own their tensors (the model's autograd bridge, the Python
+//!   extension): a [`Target`] says where the call runs, and [`Target::prepare`] derives a variant's
+//!   kernel plan for it once ([`Prepared`], what a model keeps per target).
 //!
 //! The ground truth is `attn_core`: every kernel is tested against its f64 reference, forward and
 //! backward, and reuses its definitions (variant names, per-row scales and biases, re-weighting
@@ -42,7 +42,7 @@ mod params;
 mod target;
 
 pub use params::{Dtype, Params, RawTensor, null_input, null_output};
-pub use target::{Prepared, Target, backward_raw, forward_raw};
+pub use target::{Prepared, Target};
 
 /// Everything the kernels can refuse.
 #[derive(Debug, thiserror::Error)]

@@ -73,8 +73,9 @@ pub fn null_output<T>() -> RawTensor<*mut T> {
 }
 
 /// The one parameter struct that crosses the FFI boundary (as flash-attention's `Flash_fwd_params`):
-/// untyped pointers, strides and sizes, and the element type, shared by [`crate::forward_raw`],
-/// [`crate::backward_raw`] and their callers. Outputs never alias inputs.
+/// untyped pointers, strides and sizes, and the element type, shared by
+/// [`Prepared::forward_raw`](crate::Prepared::forward_raw), [`Prepared::backward_raw`](crate::Prepared::backward_raw)
+/// and their callers. Outputs never alias inputs.
 #[derive(Clone, Copy, Debug)]
 #[repr(C)]
 pub struct Params {

@@ -1,7 +1,7 @@
 //! The one typed entry point of the raw kernels: a [`Target`] says where a call runs (the CPU with
 //! its options, or CUDA with a dtype and a kernel choice), [`Target::prepare`] derives a variant's
 //! kernel plan for it once ([`Prepared`]), and [`Prepared::forward_raw`] / [`Prepared::backward_raw`]
-//! (or [`forward_raw`] / [`backward_raw`], which prepare per call) run it. Consumers (the model's
+//! run it. Consumers (the model's
 //! autograd bridge, the Python extension) build a [`Params`] and a `Target` and keep no CPU/CUDA
 //! branching of their own; adding a backend is a `Target` variant and its arm in [`Prepared`].
 
@@ -135,19 +135,24 @@ impl Prepared {
         }
     }
 
-    /// The fused forward, as [`forward_raw`] (a CUDA call's head dimension must be the prepared one).
+    /// The fused forward of the prepared variant (a CUDA call's head dimension must be the prepared
+    /// one).
     ///
     /// # Safety
-    /// As [`forward_raw`].
+    /// Every pointer of `p` the forward uses (`q`, `k`, `v`, `o`, `stats`, and `rw_aux` when not null)
+    /// addresses memory of the target's kind (host or device) and element type that covers the sizes
+    /// and strides `p` states, outputs not aliasing inputs: the contract of [`cpu::forward_raw`] and
+    /// [`cuda::forward_raw`].
     pub unsafe fn forward_raw(&self, p: &Params) -> Result<()> {
         // SAFETY: forwarded from the caller.
         unsafe { self.run(p, cpu::forward_planned, cuda::forward_configured) }
     }
 
-    /// The fused backward, as [`backward_raw`].
+    /// The fused backward of the prepared variant, from the forward's `o` and `stats`.
     ///
     /// # Safety
-    /// As [`backward_raw`].
+    /// As [`Prepared::forward_raw`], for every pointer of `p` (the backward also reads `d_out` and
+    /// writes `dq`, `dk`, `dv`).
     pub unsafe fn backward_raw(&self, p: &Params) -> Result<()> {
         // SAFETY: forwarded from the caller.
         unsafe { self.run(p, cpu::backward_planned, cuda::backward_configured) }
@@ -185,28 +190,6 @@ fn same_head_dim(p: &Params, prepared: usize) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// The fused forward of `variant` on `target` ([`Target::prepare`] then [`Prepared::forward_raw`]).
-///
-/// # Safety
-/// Every pointer of `p` the forward uses (`q`, `k`, `v`, `o`, `stats`, and `rw_aux` when not null)
-/// addresses memory of `target`'s kind (host or device) and element type that covers the sizes and
-/// strides `p` states, outputs not aliasing inputs: the contract of [`cpu::forward_raw`] and
-/// [`cuda::forward_raw`].
-pub unsafe fn forward_raw(variant: &Variant, p: &Params, target: &Target) -> Result<()> {
-    // SAFETY: forwarded from the caller.
-    unsafe { target.prepare(variant, p.head_dim)?.forward_raw(p) }
-}
-
-/// The fused backward of `variant` on `target`, from the forward's `o` and `stats`.
-///
-/// # Safety
-/// As [`forward_raw`], for every pointer of `p` (the backward also reads `d_out` and writes `dq`,
-/// `dk`, `dv`).
-pub unsafe fn backward_raw(variant: &Variant, p: &Params, target: &Target) -> Result<()> {
-    // SAFETY: forwarded from the caller.
-    unsafe { target.prepare(variant, p.head_dim)?.backward_raw(p) }
 }
 
 #[cfg(test)]
@@ -268,11 +251,12 @@ mod tests {
         // Another dtype is refused before anything is read.
         p.dtype = crate::Dtype::Bf16;
         // SAFETY: refused before any pointer is read.
-        let err = unsafe { forward_raw(&v, &p, &Target::Cpu(cpu::Options::default())) }.unwrap_err();
+        let kernels = Target::Cpu(cpu::Options::default()).prepare(&v, p.head_dim).unwrap();
+        let err = unsafe { kernels.forward_raw(&p) }.unwrap_err();
         assert!(err.to_string().contains("f32"), "{err}");
         p.dtype = crate::Dtype::F32;
         // SAFETY: every pointer covers its contiguous (b, h, t, d) tensor or the statistics.
-        unsafe { forward_raw(&v, &p, &Target::Cpu(cpu::Options::default())) }.unwrap();
+        unsafe { kernels.forward_raw(&p) }.unwrap();
         assert_eq!(o, want);
     }
 }

@@ -1,6 +1,6 @@
 //! Branch-free f32 special functions (`exp`, `log1p` on [0, 1], `softplus`, `sigmoid`, `ln`) written
-//! as plain scalar Rust so that LLVM auto-vectorises loops over them, plus [`Isa`]-dispatched slice
-//! entry points.
+//! as plain scalar Rust so that LLVM auto-vectorises loops over them inside the kernels' loops
+//! compiled per ISA (the tests instantiate slice forms per [`Isa`](crate::cpu::Isa) to check each).
 //!
 //! # Design
 //!
@@ -44,8 +44,6 @@
 //! `x > EXP_MAX`, NaN for NaN. `softplus(-inf) = 0`, `softplus(+inf) = +inf`,
 //! `sigmoid(-inf) = 0`, `sigmoid(+inf) = 1`, and both map NaN to NaN. [`log1p_unit`] and [`ln`]
 //! return unspecified values (never UB) outside their domains.
-
-use crate::cpu::isa::Isa;
 
 /// Below this, [`exp`] returns 0: the smallest f32 whose exponential is a normal f32 (just above
 /// `ln(f32::MIN_POSITIVE) = -87.336544...`).
@@ -261,79 +259,82 @@ pub fn ln<const FMA: bool>(x: f32) -> f32 {
     fmadd::<FMA>(k, LN2_HI, fmadd::<FMA>(k, LN2_LO, lnm))
 }
 
-crate::multiversion! {
-    /// `xs[i] = e^xs[i]` (see [`exp`]), vectorised for `isa`. Panics if the CPU lacks `isa`.
-    pub fn exp_inplace<const FMA: bool>(isa: Isa, xs: &mut [f32]) {
-        for x in xs.iter_mut() {
-            *x = exp::<FMA>(*x);
-        }
-    }
-}
-
-crate::multiversion! {
-    /// `ys[i] = ln(1 + ys[i])` for `ys[i]` in `[0, 1]` (see [`log1p_unit`]), vectorised for `isa`.
-    /// Panics if the CPU lacks `isa`.
-    pub fn log1p_unit_inplace<const FMA: bool>(isa: Isa, ys: &mut [f32]) {
-        for y in ys.iter_mut() {
-            *y = log1p_unit::<FMA>(*y);
-        }
-    }
-}
-
-crate::multiversion! {
-    /// `xs[i] = softplus(xs[i])` (see [`softplus`]), vectorised for `isa`. Panics if the CPU lacks
-    /// `isa`.
-    pub fn softplus_inplace<const FMA: bool>(isa: Isa, xs: &mut [f32]) {
-        for x in xs.iter_mut() {
-            *x = softplus::<FMA>(*x);
-        }
-    }
-}
-
-crate::multiversion! {
-    /// `xs[i] = softplus(xs[i])` for `|xs[i]| <= IN_RANGE_MAX` (see [`softplus_in_range`]), vectorised
-    /// for `isa`. Panics if the CPU lacks `isa`.
-    pub fn softplus_in_range_inplace<const FMA: bool>(isa: Isa, xs: &mut [f32]) {
-        for x in xs.iter_mut() {
-            *x = softplus_in_range::<FMA>(*x);
-        }
-    }
-}
-
-crate::multiversion! {
-    /// `xs[i] = sigmoid(xs[i])` for `|xs[i]| <= IN_RANGE_MAX` (see [`sigmoid_in_range`]), vectorised
-    /// for `isa`. Panics if the CPU lacks `isa`.
-    pub fn sigmoid_in_range_inplace<const FMA: bool>(isa: Isa, xs: &mut [f32]) {
-        for x in xs.iter_mut() {
-            *x = sigmoid_in_range::<FMA>(*x);
-        }
-    }
-}
-
-crate::multiversion! {
-    /// `xs[i] = sigmoid(xs[i])` (see [`sigmoid`]), vectorised for `isa`. Panics if the CPU lacks
-    /// `isa`.
-    pub fn sigmoid_inplace<const FMA: bool>(isa: Isa, xs: &mut [f32]) {
-        for x in xs.iter_mut() {
-            *x = sigmoid::<FMA>(*x);
-        }
-    }
-}
-
-crate::multiversion! {
-    /// `xs[i] = ln(xs[i])` for positive normal `xs[i]` (see [`ln`]), vectorised for `isa`. Panics if
-    /// the CPU lacks `isa`.
-    pub fn ln_inplace<const FMA: bool>(isa: Isa, xs: &mut [f32]) {
-        for x in xs.iter_mut() {
-            *x = ln::<FMA>(*x);
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::isa::Isa;
     use rayon::prelude::*;
+
+    // The vectorised slice forms of the functions above, instantiated per ISA: what the tests below
+    // compare with the scalar forms.
+    crate::multiversion! {
+        /// `xs[i] = e^xs[i]` (see [`exp`]), vectorised for `isa`. Panics if the CPU lacks `isa`.
+        fn exp_inplace<const FMA: bool>(isa: Isa, xs: &mut [f32]) {
+            for x in xs.iter_mut() {
+                *x = exp::<FMA>(*x);
+            }
+        }
+    }
+
+    crate::multiversion! {
+        /// `ys[i] = ln(1 + ys[i])` for `ys[i]` in `[0, 1]` (see [`log1p_unit`]), vectorised for `isa`.
+        /// Panics if the CPU lacks `isa`.
+        fn log1p_unit_inplace<const FMA: bool>(isa: Isa, ys: &mut [f32]) {
+            for y in ys.iter_mut() {
+                *y = log1p_unit::<FMA>(*y);
+            }
+        }
+    }
+
+    crate::multiversion! {
+        /// `xs[i] = softplus(xs[i])` (see [`softplus`]), vectorised for `isa`. Panics if the CPU lacks
+        /// `isa`.
+        fn softplus_inplace<const FMA: bool>(isa: Isa, xs: &mut [f32]) {
+            for x in xs.iter_mut() {
+                *x = softplus::<FMA>(*x);
+            }
+        }
+    }
+
+    crate::multiversion! {
+        /// `xs[i] = softplus(xs[i])` for `|xs[i]| <= IN_RANGE_MAX` (see [`softplus_in_range`]), vectorised
+        /// for `isa`. Panics if the CPU lacks `isa`.
+        fn softplus_in_range_inplace<const FMA: bool>(isa: Isa, xs: &mut [f32]) {
+            for x in xs.iter_mut() {
+                *x = softplus_in_range::<FMA>(*x);
+            }
+        }
+    }
+
+    crate::multiversion! {
+        /// `xs[i] = sigmoid(xs[i])` for `|xs[i]| <= IN_RANGE_MAX` (see [`sigmoid_in_range`]), vectorised
+        /// for `isa`. Panics if the CPU lacks `isa`.
+        fn sigmoid_in_range_inplace<const FMA: bool>(isa: Isa, xs: &mut [f32]) {
+            for x in xs.iter_mut() {
+                *x = sigmoid_in_range::<FMA>(*x);
+            }
+        }
+    }
+
+    crate::multiversion! {
+        /// `xs[i] = sigmoid(xs[i])` (see [`sigmoid`]), vectorised for `isa`. Panics if the CPU lacks
+        /// `isa`.
+        fn sigmoid_inplace<const FMA: bool>(isa: Isa, xs: &mut [f32]) {
+            for x in xs.iter_mut() {
+                *x = sigmoid::<FMA>(*x);
+            }
+        }
+    }
+
+    crate::multiversion! {
+        /// `xs[i] = ln(xs[i])` for positive normal `xs[i]` (see [`ln`]), vectorised for `isa`. Panics if
+        /// the CPU lacks `isa`.
+        fn ln_inplace<const FMA: bool>(isa: Isa, xs: &mut [f32]) {
+            for x in xs.iter_mut() {
+                *x = ln::<FMA>(*x);
+            }
+        }
+    }
 
     /// A slice entry point under test, e.g. [`softplus_inplace`].
     type SliceFn = fn(Isa, &mut [f32]);

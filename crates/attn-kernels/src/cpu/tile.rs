@@ -11,18 +11,13 @@
 //! blocks, column tails by masked loads/stores on both ISAs.
 //! Lab history (versions, GFLOP/s, what was rejected): `docs/bench/kernels-cpu-notes.md`.
 
-/// Fused multiply-add when the instantiation has FMA, else a plain multiply and add.
-#[inline(always)]
-pub(crate) fn fmadd<const FMA: bool>(a: f32, b: f32, c: f32) -> f32 {
-    if FMA { a.mul_add(b, c) } else { a * b + c }
-}
-
 /// Rows per register block of the portable kernels.
 pub(crate) const MR: usize = 4;
 /// Columns per register block; packed operands are padded to a multiple of this.
 pub(crate) const NR: usize = 32;
 
 use crate::cpu::isa::Isa;
+use crate::cpu::math::fmadd;
 
 /// `C = A · Bᵀ`; see [`portable_nt`] for the layout. Dispatches on `isa`.
 #[inline(always)]

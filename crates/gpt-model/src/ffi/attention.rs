@@ -2,8 +2,8 @@
 //!
 //! tch has no custom-autograd API. The C++ file defines a `torch::autograd::Function` whose static
 //! forward and backward call back into the `extern "C"` functions below, which run
-//! `attn_kernels::forward_raw` / `backward_raw` on the call's `attn_kernels::Target` over the tensors'
-//! memory. What crosses:
+//! `attn_kernels::Prepared::forward_raw` / `backward_raw` of the call's prepared kernels over the
+//! tensors' memory. What crosses:
 //!
 //! - Rust -> C++ ([`apply`]): the three `at::Tensor*` of `q`, `k`, `v`, one boxed [`FusedCall`] (the
 //!   variant prepared for the kernels' target, with the model's CUDA kernel choice, and whether the
