@@ -123,9 +123,13 @@ pub enum OutputNorm {
     LayerNorm,
 }
 
-/// The offset `off_i` of the re-weighting: 0 for rows with `n = N_i <= 3`, else 1.
+/// Rows `N_i <= OFFSET_FREE_ROWS` get no `-1` offset in the re-weighting, so that the first rows
+/// (whose few keys make `N_i a_ij - 1` small or empty) are never emptied (SPEC section 3).
+pub const OFFSET_FREE_ROWS: usize = 3;
+
+/// The offset `off_i` of the re-weighting: 0 for rows with `n = N_i <= OFFSET_FREE_ROWS`, else 1.
 pub fn reweight_offset(n: usize) -> f64 {
-    if n <= 3 { 0.0 } else { 1.0 }
+    if n <= OFFSET_FREE_ROWS { 0.0 } else { 1.0 }
 }
 
 /// Stage 1: `s_ij = scale_i <q'_i, k'_j> + b_i`, `f_ij = phi(s_ij)`, `a_i = transform(norm(f_i))`.

@@ -518,6 +518,9 @@ fn _lssa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("STATS_PER_ROW", cpu::STATS_PER_ROW)?;
     m.add("GRAMMAR", attn_core::variant::GRAMMAR)?;
     m.add("MAX_REWEIGHT_POWER", attn_core::stage::MAX_REWEIGHT_POWER)?;
+    m.add("L2_NORM_EPS", attn_core::stage::L2_NORM_EPS)?;
+    m.add("LAYER_NORM_EPS", attn_core::stage::LAYER_NORM_EPS)?;
+    m.add("OFFSET_FREE_ROWS", attn_core::stage::OFFSET_FREE_ROWS)?;
     m.add("CUDA_MAX_HEAD_DIM", cuda::MAX_HEAD_DIM)?;
     m.add_function(wrap_pyfunction!(variants, m)?)?;
     m.add_function(wrap_pyfunction!(canonical, m)?)?;

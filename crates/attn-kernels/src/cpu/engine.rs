@@ -453,7 +453,7 @@ crate::multiversion! {
                 }
             }
             let n2 = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-            *o = (1.0 / n2.sqrt().max(1e-12)) as f32;
+            *o = (1.0 / n2.sqrt().max(attn_core::stage::L2_NORM_EPS)) as f32;
         }
     }
 }

@@ -589,7 +589,7 @@ fn layer_norm(o: &mut [f32]) -> f32 {
     let n = o.len() as f64;
     let mean = o.iter().map(|&x| x as f64).sum::<f64>() / n;
     let var = o.iter().map(|&x| (x as f64 - mean).powi(2)).sum::<f64>() / n;
-    let sigma = (var + 1e-5).sqrt();
+    let sigma = (var + attn_core::stage::LAYER_NORM_EPS).sqrt();
     o.iter_mut().for_each(|x| *x = ((*x as f64 - mean) / sigma) as f32);
     sigma as f32
 }

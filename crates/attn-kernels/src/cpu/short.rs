@@ -9,6 +9,8 @@
 //! partials of 16 (8) keys in registers and adds them up together in a transpose tree of 4 (3)
 //! shuffle-and-add levels: about 3 vector operations per key in all.
 
+use attn_core::stage::L2_NORM_EPS;
+
 use crate::cpu::isa::Isa;
 use crate::cpu::math;
 
@@ -74,13 +76,13 @@ pub(crate) fn lanes_sq_norm(k: &[f32]) -> f32 {
 #[inline(always)]
 pub(crate) fn inv_norm_from(k2: f32, k: &[f32]) -> f32 {
     if k2.is_finite() {
-        return 1.0 / k2.sqrt().max(1e-12);
+        return 1.0 / k2.sqrt().max(L2_NORM_EPS as f32);
     }
     let mut n2 = 0.0f64;
     for &v in k {
         n2 += f64::from(v) * f64::from(v);
     }
-    (1.0 / n2.sqrt().max(1e-12)) as f32
+    (1.0 / n2.sqrt().max(L2_NORM_EPS)) as f32
 }
 
 /// `out[j] = q . k_j` for the `n` keys `k_j = k[j ldk..][..d]`. Each key's value depends on `q`

@@ -24,13 +24,6 @@
 use attn_core::{Builtin, Phi};
 use tch::{Device, Kind, Tensor};
 
-/// The epsilon of the L2 normalisation `x / max(||x||, NORM_EPS)`: it only guards zero vectors.
-pub const NORM_EPS: f64 = 1e-12;
-
-/// Rows `i <= OFFSET_FREE_ROWS` (1-based) get no `-1` offset in the re-weighting stage, so that row 1
-/// and uniform early rows are never emptied (SPEC section 3).
-pub const OFFSET_FREE_ROWS: i64 = 3;
-
 /// The `(B, H, T, d)` sizes of `q`, after checking that `q`, `k`, `v` are 4-D with identical shapes.
 ///
 /// # Panics
@@ -55,9 +48,9 @@ pub fn causal_mask(t: i64, kind: Kind, device: Device) -> Tensor {
     Tensor::ones([t, t], (kind, device)).tril(0) // (T, T)
 }
 
-/// Row-wise L2 normalisation over the last dimension: `x / max(||x||, NORM_EPS)`.
+/// Row-wise L2 normalisation over the last dimension: `x / max(||x||, L2_NORM_EPS)`.
 pub fn l2_normalise(x: &Tensor) -> Tensor {
-    let norm = x.norm_scalaropt_dim(2.0, [-1i64], true).clamp_min(NORM_EPS); // (B, H, T, 1)
+    let norm = x.norm_scalaropt_dim(2.0, [-1i64], true).clamp_min(attn_core::stage::L2_NORM_EPS); // (B, H, T, 1)
     x / norm // (B, H, T, d)
 }
 
@@ -338,7 +331,7 @@ fn weights_in(
 /// Stage 2 with the row counts `n` `(T_q, 1)` given explicitly (rows need not start at 1).
 fn reweight_rows(a: &Tensor, p: u32, n: &Tensor) -> Tensor {
     let kind = a.kind();
-    let off = n.gt(OFFSET_FREE_ROWS as f64).to_kind(kind); // (T_q, 1): attn_core::stage::reweight_offset
+    let off = n.gt(attn_core::stage::OFFSET_FREE_ROWS as f64).to_kind(kind); // (T_q, 1): attn_core::stage::reweight_offset
     let relu_u = (a * n - off).relu(); // (B, H, T_q, T_k)
     let m = relu_u.amax([-1i64], true).detach(); // (B, H, T_q, 1); cancels in w
     let sharpened = m.gt(0.0);

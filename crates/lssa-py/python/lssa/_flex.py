@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ._reference import L2_NORM_EPS, Spec
+from ._reference import L2_NORM_EPS, OFFSET_FREE_ROWS, Spec
 
 _ACTIVATIONS = {
     "exp": lambda s: s,  # log(exp(s))
@@ -126,7 +126,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec) -> Tensor:
     # An int, not a float: under torch.compile a captured Python float becomes a SymFloat, which
     # FlexAttention (torch 2.15) refuses among a score_mod's captured values; an int stays a SymInt.
     p = int(spec.reweight)
-    off = (n > 3).to(n.dtype)  # attn_core::reweight_offset: rows 1-3 have none
+    off = (n > OFFSET_FREE_ROWS).to(n.dtype)  # attn_core::stage::reweight_offset: rows 1-3 have none
 
     def stage2(score, b, h, q_idx, kv_idx):
         a = torch.exp(log_phi(score * scale[q_idx] + bias[q_idx]) - lse[b, h, q_idx])

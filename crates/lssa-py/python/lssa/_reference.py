@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-#: Epsilon of the L2 normalisation of cosine scores (attn_core::L2_NORM_EPS).
-L2_NORM_EPS = 1e-12
-#: Epsilon of relu-ln's output layer norm (attn_core::LAYER_NORM_EPS).
-LAYER_NORM_EPS = 1e-5
+# The maths' constants, from the Rust side that defines them (attn_core::stage): the epsilon of the
+# L2 normalisation of cosine scores, that of relu-ln's output layer norm, and the rows without the
+# re-weighting's offset.
+from ._lssa import L2_NORM_EPS, LAYER_NORM_EPS, OFFSET_FREE_ROWS
 
 
 class Spec(NamedTuple):
@@ -145,7 +145,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, spec: Spec) -> Tensor:
             a = _guarded_div(c, c.abs().sum(dim=-1, keepdim=True)) if spec.transform == "recentered_l1" else c
 
     if spec.reweight is not None:
-        off = (n > 3).to(ct)  # attn_core::reweight_offset
+        off = (n > OFFSET_FREE_ROWS).to(ct)  # attn_core::stage::reweight_offset
         relu_u = torch.relu(a * n - off)
         m = relu_u.amax(dim=-1, keepdim=True).detach()
         sharpened = m > 0
