@@ -59,8 +59,10 @@ fn a_long_forward_and_backward_never_hold_a_t_by_t_matrix() {
             largest >> 10,
             square >> 10
         );
-        assert!(largest < square / 8, "{name}: a block of {largest} bytes against {square} for T x T");
-        assert!(peak < square / 2, "{name}: {peak} bytes live at once against {square} for one head's T x T");
+        // The bounds ARCHITECTURE.md's invariant 2 states (measured: LSSAR 4.9 MiB and 1 MiB, softmax
+        // 4.3 MiB and 0.5 MiB; the largest block is a task's score cache, 64 rows of T floats).
+        assert!(largest <= 1 << 20, "{name}: a block of {largest} bytes (T x T is {square})");
+        assert!(peak <= 6 << 20, "{name}: {peak} bytes live at once over the inputs (T x T is {square})");
         drop((o, grads));
     }
 }

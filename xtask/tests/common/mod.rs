@@ -31,8 +31,81 @@ pub fn text_files(ext: &[&str]) -> Vec<(PathBuf, String)> {
         .collect()
 }
 
-/// The non-test code of a Rust file: what comes before its `#[cfg(test)]`, without `//` lines.
+/// The non-test code of a Rust file, without `//` lines: every item under `#[cfg(test)]` (a test
+/// module, a test-only function, `use` or `impl`) is left out, and the code after it kept.
 pub fn code_of(text: &str) -> String {
-    let code = text.split("#[cfg(test)]").next().unwrap_or("");
+    const ATTR: &str = "#[cfg(test)]";
+    let mut code = String::new();
+    let mut rest = text;
+    while let Some(at) = rest.find(ATTR) {
+        code.push_str(&rest[..at]);
+        rest = &rest[at + ATTR.len()..];
+        rest = &rest[item_len(rest)..];
+    }
+    code.push_str(rest);
     code.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join("\n")
+}
+
+/// The length of the item at the start of `text` (after an attribute): up to its `;` or through the
+/// `}` that closes its first `{`, skipping string and character literals and comments. All of
+/// `text` when it never closes.
+fn item_len(text: &str) -> usize {
+    let b = text.as_bytes();
+    let (mut i, mut depth) = (0, 0usize);
+    while i < b.len() {
+        match b[i] {
+            b'/' if b.get(i + 1) == Some(&b'/') => {
+                i += text[i..].find('\n').unwrap_or(text.len() - i);
+                continue;
+            }
+            b'"' => {
+                // A string literal (a raw string's hashes are not needed: it ends at the first `"`
+                // that no backslash escapes, which holds for every raw string in this tree).
+                i += 1;
+                while i < b.len() && b[i] != b'"' {
+                    i += if b[i] == b'\\' { 2 } else { 1 };
+                }
+            }
+            // A character literal ('{', '\'', '\\'), not a lifetime ('a).
+            b'\'' if b.get(i + 2) == Some(&b'\'') && b.get(i + 1) != Some(&b'\\') => i += 2,
+            b'\'' if b.get(i + 1) == Some(&b'\\') => {
+                i += 2;
+                while i < b.len() && b[i] != b'\'' {
+                    i += 1;
+                }
+            }
+            b'{' => depth += 1,
+            b'}' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return i + 1;
+                }
+            }
+            b';' if depth == 0 => return i + 1,
+            _ => {}
+        }
+        i += 1;
+    }
+    text.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::code_of;
+
+    /// A planted file: code before, between and after test-only items must stay; the items under
+    /// `#[cfg(test)]` (with braces in their strings and characters) must go.
+    #[test]
+    fn code_of_keeps_what_follows_a_test_module_and_drops_every_test_item() {
+        let text = "fn before() {}\n#[cfg(test)]\nuse std::fmt;\nfn between() {}\n#[cfg(test)]\nmod tests {\n    \
+                    fn t() { let s = \"}}{\"; let c = '}'; let q = '\\''; let l: &'static str = \"\"; }\n}\n\
+                    // a comment line\nfn after() { let x = 1; }\n#[cfg(test)]\nfn helper() -> u8 { b'{' }\nstruct Last;";
+        let code = code_of(text);
+        for kept in ["fn before()", "fn between()", "fn after()", "let x = 1;", "struct Last;"] {
+            assert!(code.contains(kept), "`{kept}` missing from:\n{code}");
+        }
+        for dropped in ["use std::fmt", "mod tests", "fn t()", "fn helper", "a comment line"] {
+            assert!(!code.contains(dropped), "`{dropped}` kept in:\n{code}");
+        }
+    }
 }

@@ -416,7 +416,8 @@ fn regimes_table(e: &Experiment, groups: &[RegimeRuns]) -> Table {
         t.row(vec![
             format!("`{}`", g.regime.name),
             g.regime.placement.name().to_string(),
-            format!("{:.0}%", g.regime.distractors_permille as f64 / 10.0),
+            // Per mille to a whole percent, rounded half up (every regime's is a multiple of 10).
+            format!("{}%", (g.regime.distractors_permille + 5) / 10),
             (if ablations { "run" } else { "`--all` only" }).to_string(),
             g.regime.about.clone(),
         ]);
