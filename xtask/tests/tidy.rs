@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 mod common;
 
-use common::{code_of, root, text_files, tracked};
+use common::{code_of, root, text_files};
 
 #[test]
 fn gpt_model_has_unsafe_code_only_in_its_ffi_module() {
@@ -292,7 +292,7 @@ fn every_inline_ptx_statement_is_hidden_from_the_emulator() {
     // emulated alternative; an unguarded one fails only in the emulator's C++ build, or worse, not at all.
     let sources: Vec<_> =
         text_files(&["cu", "cuh"]).into_iter().filter(|(p, _)| p.starts_with("crates/attn-kernels/src/cuda")).collect();
-    assert!(sources.len() >= 7 || tracked().is_none(), "the CUDA sources moved? {}", sources.len());
+    assert!(sources.len() >= 7, "the CUDA sources moved? {}", sources.len());
     let mut offenders = Vec::new();
     for (p, text) in &sources {
         let compiled = emu_compiled_lines(text);
@@ -338,7 +338,7 @@ fn every_cuda_kernel_is_listed_in_kern_and_every_kern_exists() {
         }
     }
     let plan = root().join("crates/attn-kernels/src/cuda/plan.rs");
-    let Ok(plan) = std::fs::read_to_string(&plan) else { return };
+    let plan = std::fs::read_to_string(&plan).expect("crates/attn-kernels/src/cuda/plan.rs (moved? update this check)");
     let listed: std::collections::BTreeSet<String> = plan
         .lines()
         .filter_map(|l| l.trim().strip_prefix("Kern::")?.split_once("=> \"lssa_").map(|(_, n)| n.to_string()))
@@ -454,9 +454,6 @@ fn no_crate_has_a_cycle_between_its_top_level_modules() {
     for krate in ["attn-core", "attn-kernels", "gpt-model", "trainer", "experiments"] {
         let src = PathBuf::from(format!("crates/{krate}/src"));
         let mine: Vec<(PathBuf, String)> = files.iter().filter(|(p, _)| p.starts_with(&src)).cloned().collect();
-        if mine.is_empty() && tracked().is_none() {
-            return;
-        }
         assert!(!mine.is_empty(), "no sources under {}", src.display());
         cycles.extend(on_cycles(&module_edges(&mine, &src)).into_iter().map(|c| format!("{krate}: {c}")));
     }

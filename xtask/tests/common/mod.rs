@@ -9,22 +9,45 @@ pub fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask sits in the workspace").to_path_buf()
 }
 
-/// The tracked files (relative paths), or `None` outside a git checkout (a source tarball).
-pub fn tracked() -> Option<Vec<PathBuf>> {
-    let out = Command::new("git").arg("-C").arg(root()).args(["ls-files", "-z"]).output().ok()?;
-    if !out.status.success() {
-        return None;
+/// The source files (relative paths): those git tracks, or outside a git checkout (a source
+/// tarball) every file under the root but build outputs, data and hidden directories, so that no
+/// check passes for want of files.
+pub fn tracked() -> Vec<PathBuf> {
+    let out = Command::new("git").arg("-C").arg(root()).args(["ls-files", "-z"]).output();
+    match out {
+        Ok(out) if out.status.success() => {
+            let list = String::from_utf8(out.stdout).expect("git prints UTF-8 paths here");
+            list.split('\0').filter(|p| !p.is_empty()).map(PathBuf::from).collect()
+        }
+        _ => {
+            let mut files = Vec::new();
+            walk(&root(), Path::new(""), &mut files);
+            files
+        }
     }
-    let list = String::from_utf8(out.stdout).expect("git prints UTF-8 paths here");
-    Some(list.split('\0').filter(|p| !p.is_empty()).map(PathBuf::from).collect())
+}
+
+/// The files under `root/dir`, skipping build outputs (`target`), caches, hidden directories and the
+/// root's `runs` and `data` (what the reproduction and the set-up write).
+fn walk(root: &Path, dir: &Path, files: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(root.join(dir)) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let path = dir.join(&name);
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            let output = ["target", "__pycache__"].contains(&name.as_str())
+                || (dir.as_os_str().is_empty() && ["runs", "data"].contains(&name.as_str()));
+            if !(name.starts_with('.') || output) {
+                walk(root, &path, files);
+            }
+        } else {
+            files.push(path);
+        }
+    }
 }
 
 pub fn text_files(ext: &[&str]) -> Vec<(PathBuf, String)> {
-    let Some(files) = tracked() else {
-        eprintln!("tidy: not a git checkout, nothing to check");
-        return Vec::new();
-    };
-    files
+    tracked()
         .into_iter()
         .filter(|p| p.extension().and_then(|e| e.to_str()).is_some_and(|e| ext.contains(&e)))
         .filter_map(|p| std::fs::read_to_string(root().join(&p)).ok().map(|t| (p, t)))
