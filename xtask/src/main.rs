@@ -4,7 +4,7 @@
 //! cargo xtask setup [--force]          install PyTorch 2.11.0 for tch into the per-user cache (idempotent)
 //! cargo xtask test [ARGS...]           set-up if needed, then the whole workspace test suite (doc tests too;
 //!                                      without ARGS first `cargo fmt --check` and clippy with warnings as
-//!                                      errors, after the tests `cargo doc` with warnings as errors and the
+//!                                      errors, on the workspace and on crates/lssa-py, after the tests `cargo doc` with warnings as errors and the
 //!                                      Python package's tests: its wheel built, installed into the torch
 //!                                      venv, pytest)
 //! cargo xtask pytest [ARGS...]         set-up if needed, then only the Python package's tests (pytest ARGS...;
@@ -39,7 +39,7 @@ commands:
                           at .torch/libtorch; a second run does nothing. --force reinstalls.
   test [ARGS...]          set-up if needed, then `cargo test --workspace --all-features ARGS...`
                           (without ARGS, first `cargo fmt --all --check` and `cargo clippy --workspace
-                          --all-targets -- -D warnings`; after the tests `cargo doc`, warnings as errors, and
+                          --all-targets -- -D warnings`, the same two on crates/lssa-py; after the tests `cargo doc`, warnings as errors, and
                           the Python package: crates/lssa-py's wheel built and installed into the torch
                           venv, then its pytest suite)
   pytest [ARGS...]        set-up if needed, then only the Python package: build, install, `pytest ARGS...`
@@ -142,6 +142,20 @@ fn test(workspace: &Path, extra: &[String]) -> Result<()> {
         let mut clippy = cargo(workspace);
         clippy.args(["clippy", "--workspace", "--all-targets", "--all-features", "--quiet", "--", "-D", "warnings"]);
         run_cmd(&mut clippy).context("clippy found warnings (they are errors here)")?;
+        // The Python extension is a workspace of its own (crates/lssa-py, its own lock file and
+        // target/): the same two rules.
+        let lssa_py = workspace.join("crates").join("lssa-py").join("Cargo.toml");
+        let mut fmt = cargo(workspace);
+        fmt.args(["fmt", "--check", "--manifest-path"]).arg(&lssa_py);
+        run_cmd(&mut fmt).context("crates/lssa-py has unformatted files: run `cargo fmt` in crates/lssa-py")?;
+        let mut clippy = cargo(workspace);
+        clippy.args(["clippy", "--manifest-path"]).arg(&lssa_py);
+        clippy.args(["--all-targets", "--all-features", "--quiet", "--", "-D", "warnings"]);
+        if let Some(python) = &torch.python {
+            // The interpreter the wheel is built for (pyo3's build script looks for one).
+            clippy.env("PYO3_PYTHON", python);
+        }
+        run_cmd(&mut clippy).context("clippy found warnings in crates/lssa-py (they are errors here)")?;
         // attn-kernels as the trainer and the wheel build it, without the kernel lab: its lints and
         // its unit tests (the refusal of lab kernel requests among them) and its doc examples.
         let mut production = cargo(workspace);
