@@ -496,7 +496,7 @@ impl OrderingVerdict {
             (Some(t), Verdict::Contradicted) => t.p_disagree,
             (Some(t), _) => t.p_agree,
         };
-        (p, 0.05)
+        (p, crate::stats::LEVEL)
     }
 }
 
@@ -546,11 +546,11 @@ pub fn judge_orderings(claims: &Claims, experiments: &[Experiment], runs: &Runs)
                     claims.ordering.paper_noise
                 ),
             ),
-            Some(t) if t.p_agree < 0.05 => (
+            Some(t) if t.p_agree < crate::stats::LEVEL => (
                 Verdict::Reproduced,
                 format!("{} of {} separated pairs agree; exact permutation p = {:.3}", t.agree, t.pairs, t.p_agree),
             ),
-            Some(t) if t.p_disagree < 0.05 => (
+            Some(t) if t.p_disagree < crate::stats::LEVEL => (
                 Verdict::Contradicted,
                 format!(
                     "only {} of {} separated pairs agree; exact permutation p = {:.3} for so few",

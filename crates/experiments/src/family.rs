@@ -34,9 +34,6 @@ pub struct Family {
     pub adjusted: Vec<f64>,
 }
 
-/// The family-wise level.
-pub const FAMILY_LEVEL: f64 = 0.05;
-
 impl Family {
     /// Adjusts `counted` together.
     pub fn new(counted: Vec<Counted>) -> Family {
@@ -45,10 +42,10 @@ impl Family {
     }
 
     /// The verdict of `counted[i]` at the family-wise level: its own where its adjusted p-value is
-    /// below [`FAMILY_LEVEL`], inconclusive otherwise.
+    /// below [`stats::LEVEL`], inconclusive otherwise.
     pub fn adjusted_verdict(&self, i: usize) -> Verdict {
         let v = self.counted[i].judgement.verdict;
-        if v.decided() && self.adjusted[i] < FAMILY_LEVEL { v } else { Verdict::Inconclusive }
+        if v.decided() && self.adjusted[i] < stats::LEVEL { v } else { Verdict::Inconclusive }
     }
 
     /// `(decided, of which hold at the family-wise level)`.

@@ -146,7 +146,7 @@ fn resolution(e: &Experiment, results: &Runs, n: SeedNoise) -> Option<String> {
         .filter(|&k| k > 0)
         .collect();
     let (&few, &most) = (seeds.iter().min()?, seeds.iter().max()?);
-    let t = crate::stats::t_quantile(0.975, n.df as f64);
+    let t = crate::stats::t_quantile(1.0 - crate::stats::TAIL, n.df as f64);
     // Two rows on the same seeds: the shared part of the seed noise cancels in the difference.
     let half = |k: usize| t * (n.variance(&[1.0, -1.0]) / k as f64).sqrt();
     let paper: Vec<f64> = e.rows.iter().filter_map(|r| r.paper.first().copied()).collect();

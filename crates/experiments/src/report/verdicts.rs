@@ -10,7 +10,7 @@ use trainer::eval::Rope;
 
 use crate::claims::{Claim, ContextFact, Judged, Measure, OrderingVerdict};
 use crate::doc::{Align, Block, Item, Section, Table};
-use crate::family::{Counted, FAMILY_LEVEL, Family};
+use crate::family::{Counted, Family};
 use crate::runner::Runs;
 use crate::spec::EvalKey;
 use crate::stats::{Interval, Rule, SeedNoise, Verdict};
@@ -199,7 +199,7 @@ pub(super) fn summary_section(
         "Family-wise: {} verdicts are counted (every headline reading, ordering and retrieval reading in the tables below; the Newton's-law line is an observation and is not counted); {decided} decide their claim, and {hold} of those still do after Holm-Bonferroni over all {} at the {:.0}% level.",
         family.counted.len(),
         family.counted.len(),
-        100.0 * FAMILY_LEVEL
+        100.0 * crate::stats::LEVEL
     ));
     items.push(format!(
         "Independent findings: the {reading} verdicts that read numbers are linear contrasts spanning {rank} independent quantities (the rest are combinations of those); readings of the same trained models are correlated besides (\"Shared readings\" below)."

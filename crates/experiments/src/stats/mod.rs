@@ -90,6 +90,13 @@ pub use student::{t_cdf, t_quantile};
 /// take the seed noise out of every difference between single-seed rows.
 pub const MAX_RHO: f64 = 0.95;
 
+/// The level of the report's tests: 5%. Its intervals are the `1 - LEVEL` (95%) ones, each end read
+/// as a one-sided test at [`TAIL`]; an equivalence reads a `1 - 2 LEVEL` (90%) interval, two one-sided
+/// tests at `LEVEL`; the family of verdicts is held at `LEVEL` after Holm's adjustment.
+pub const LEVEL: f64 = 0.05;
+/// One end of a `1 - LEVEL` interval: `LEVEL / 2`.
+pub const TAIL: f64 = LEVEL / 2.0;
+
 /// One term of a contrast: a coefficient and the row's per-span losses, by seed index.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Term {
@@ -365,7 +372,7 @@ pub fn contrast(terms: &[Term], single_seed: Option<SeedNoise>) -> Result<Contra
     let v: f64 = parts.iter().map(|p| p.2 * p.0).sum();
     let (df, half) = if v > 0.0 {
         let df = v * v / parts.iter().map(|&(vi, dfi, _)| vi * vi / dfi).sum::<f64>();
-        (df, t_quantile(0.975, df) * v.sqrt())
+        (df, t_quantile(1.0 - TAIL, df) * v.sqrt())
     } else {
         (f64::INFINITY, 0.0)
     };
@@ -556,7 +563,7 @@ pub struct Judgement {
 impl Rule {
     /// The verdict on `e` and why, with its p-value (see [`Judgement`]).
     pub fn judge(&self, e: &Evidence) -> Judgement {
-        let i = e.interval(0.95);
+        let i = e.interval(1.0 - LEVEL);
         let j = |verdict, why: String, p, alpha| Judgement { verdict, why, p, alpha };
         match *self {
             Rule::Effect { delta } => {
@@ -565,14 +572,14 @@ impl Rule {
                         Verdict::Contradicted,
                         "the interval lies below 0: the effect goes the other way".into(),
                         e.p_below(0.0),
-                        0.025,
+                        TAIL,
                     )
                 } else if i.lo > 0.0 && i.estimate >= delta {
                     j(
                         Verdict::Reproduced,
                         format!("the interval lies above 0 and the estimate reaches {delta}"),
                         e.p_above(0.0),
-                        0.025,
+                        TAIL,
                     )
                 } else if i.hi < delta {
                     let zero = if i.lo > 0.0 {
@@ -584,42 +591,42 @@ impl Rule {
                         Verdict::SmallerThanClaimed,
                         format!("the whole interval lies below the {delta} claimed {zero}"),
                         e.p_below(delta),
-                        0.025,
+                        TAIL,
                     )
                 } else if i.lo > 0.0 {
                     j(
                         Verdict::Inconclusive,
                         format!("an effect in the claimed direction, whose interval holds the {delta} claimed"),
                         e.p_above(0.0),
-                        0.025,
+                        TAIL,
                     )
                 } else {
-                    j(Verdict::Inconclusive, format!("the interval holds 0 and {delta}"), e.p_above(0.0), 0.025)
+                    j(Verdict::Inconclusive, format!("the interval holds 0 and {delta}"), e.p_above(0.0), TAIL)
                 }
             }
             Rule::AtMost { delta } => {
                 if i.hi < delta {
-                    j(Verdict::Reproduced, format!("the interval lies below {delta}"), e.p_below(delta), 0.025)
+                    j(Verdict::Reproduced, format!("the interval lies below {delta}"), e.p_below(delta), TAIL)
                 } else if i.lo > delta {
-                    j(Verdict::Contradicted, format!("the interval lies above {delta}"), e.p_above(delta), 0.025)
+                    j(Verdict::Contradicted, format!("the interval lies above {delta}"), e.p_above(delta), TAIL)
                 } else {
-                    j(Verdict::Inconclusive, format!("the interval holds {delta}"), e.p_below(delta), 0.025)
+                    j(Verdict::Inconclusive, format!("the interval holds {delta}"), e.p_below(delta), TAIL)
                 }
             }
             Rule::Equivalent { margin } => {
-                let ninety = e.interval(0.90);
+                let ninety = e.interval(1.0 - 2.0 * LEVEL);
                 let tost = e.p_above(-margin).max(e.p_below(margin));
                 if ninety.lo > -margin && ninety.hi < margin {
                     j(
                         Verdict::Reproduced,
                         format!("the 90% interval [{:+.3}, {:+.3}] lies inside ±{margin}", ninety.lo, ninety.hi),
                         tost,
-                        0.05,
+                        LEVEL,
                     )
                 } else if i.lo > margin {
-                    j(Verdict::Contradicted, format!("the interval lies above +{margin}"), e.p_above(margin), 0.025)
+                    j(Verdict::Contradicted, format!("the interval lies above +{margin}"), e.p_above(margin), TAIL)
                 } else if i.hi < -margin {
-                    j(Verdict::Contradicted, format!("the interval lies below -{margin}"), e.p_below(-margin), 0.025)
+                    j(Verdict::Contradicted, format!("the interval lies below -{margin}"), e.p_below(-margin), TAIL)
                 } else {
                     j(
                         Verdict::Inconclusive,
@@ -630,7 +637,7 @@ impl Rule {
                             e.equivalence_resolution()
                         ),
                         tost,
-                        0.05,
+                        LEVEL,
                     )
                 }
             }
@@ -651,14 +658,14 @@ impl Evidence {
     /// The smallest margin within which these data would show equivalence: the larger end of the 90%
     /// interval in absolute value.
     pub fn equivalence_resolution(&self) -> f64 {
-        let i = self.interval(0.90);
+        let i = self.interval(1.0 - 2.0 * LEVEL);
         i.lo.abs().max(i.hi.abs())
     }
 
     /// The narrowest margin an equivalence test on data this noisy could show if the true difference
     /// were 0: the half-width of the 90% interval. What a scale can resolve, whatever its estimate.
     pub fn equivalence_reach(&self) -> f64 {
-        let i = self.interval(0.90);
+        let i = self.interval(1.0 - 2.0 * LEVEL);
         (i.hi - i.lo) / 2.0
     }
 }
@@ -671,7 +678,7 @@ impl Evidence {
 /// adjusted value is below 0.05.
 pub fn holm(family: &[(f64, f64)]) -> Vec<f64> {
     let m = family.len();
-    let scaled: Vec<f64> = family.iter().map(|&(p, alpha)| (p * 0.05 / alpha).min(1.0)).collect();
+    let scaled: Vec<f64> = family.iter().map(|&(p, alpha)| (p * LEVEL / alpha).min(1.0)).collect();
     let mut order: Vec<usize> = (0..m).collect();
     order.sort_by(|&a, &b| scaled[a].total_cmp(&scaled[b]));
     let mut out = vec![0.0; m];
