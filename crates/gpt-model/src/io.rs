@@ -62,22 +62,30 @@ pub fn write_atomic_with(
     result
 }
 
-/// The variable of the fault-injection hook of [`write_atomic_with`]: with `LSSA_FAULT_WRITE_AFTER_BYTES=N`,
-/// a write whose temporary file grew past `N` bytes fails as a full disk does (for tests).
-pub const FAULT_ENV: &str = "LSSA_FAULT_WRITE_AFTER_BYTES";
-
-/// A test hook: with `LSSA_FAULT_WRITE_AFTER_BYTES=N` in the environment, a write whose temporary
+/// The fail point of [`write_atomic_with`] (the `fail` crate's; compiled in only with the
+/// `failpoints` feature, which the tests enable): configured `return(N)`, a write whose temporary
 /// file grew past `N` bytes is cut to `N` bytes and fails as a full disk does (`StorageFull`), so
 /// tests see what a full disk does to a checkpoint (the partial temporary is removed, the
-/// destination and the older files stay) without filling one. Unset, it does nothing.
+/// destination and the older files stay) without filling one. The `trainer` binary built with the
+/// feature reads it from `FAILPOINTS=gpt_model::io::write=return(N)`.
+pub const WRITE_FAILPOINT: &str = "gpt_model::io::write";
+
+#[cfg(feature = "failpoints")]
 fn injected_fault(tmp: &Path) -> std::io::Result<()> {
-    let Some(limit) = std::env::var(FAULT_ENV).ok().and_then(|v| v.parse::<u64>().ok()) else {
-        return Ok(());
-    };
-    if std::fs::metadata(tmp)?.len() > limit {
-        std::fs::OpenOptions::new().write(true).open(tmp)?.set_len(limit)?;
-        return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "No space left on device (injected)"));
-    }
+    fail::fail_point!(WRITE_FAILPOINT, |limit: Option<String>| {
+        let limit: u64 = limit.and_then(|v| v.parse().ok()).expect("gpt_model::io::write=return(BYTES)");
+        if std::fs::metadata(tmp)?.len() > limit {
+            std::fs::OpenOptions::new().write(true).open(tmp)?.set_len(limit)?;
+            return Err(std::io::Error::new(std::io::ErrorKind::StorageFull, "No space left on device (injected)"));
+        }
+        Ok(())
+    });
+    Ok(())
+}
+
+/// Without the `failpoints` feature, no fail point.
+#[cfg(not(feature = "failpoints"))]
+fn injected_fault(_tmp: &Path) -> std::io::Result<()> {
     Ok(())
 }
 

@@ -330,6 +330,7 @@ fn sigterm_saves_at_the_next_step_and_resume_latest_ends_with_the_uninterrupted_
 /// run stops with an error naming the file and the bytes it needs, the partial file is gone, the
 /// earlier checkpoints are byte-identical, and `--resume latest` continues from the last of them.
 #[test]
+#[cfg_attr(not(feature = "failpoints"), ignore = "needs the `failpoints` feature, which `cargo xtask test` enables")]
 fn a_full_disk_while_saving_loses_nothing_and_says_what_it_needs() {
     let root = tempfile::tempdir().unwrap();
     let cfg = finished_run(root.path(), 20);
@@ -339,7 +340,7 @@ fn a_full_disk_while_saving_loses_nothing_and_says_what_it_needs() {
         |d: &Path| -> Vec<(String, Vec<u8>)> { files(d).into_iter().filter(|(n, _)| n.starts_with("ckpt_")).collect() };
     let before = ckpts(&dir);
     let full = trainer(&cfg, &["--resume", "latest", "--set", "max_steps=30"])
-        .env(gpt_model::io::FAULT_ENV, (size / 2).to_string())
+        .env("FAILPOINTS", format!("{}=return({})", gpt_model::io::WRITE_FAILPOINT, size / 2))
         .output()
         .unwrap();
     assert!(!full.status.success());

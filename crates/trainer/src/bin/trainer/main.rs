@@ -101,6 +101,9 @@ enum Cmd {
 fn main() {
     // Before anything else: it may run this program again with libgomp's spin count set.
     trainer::process::limit_openmp_spinning();
+    // Test builds only: the fail points FAILPOINTS configures (gpt_model::io::WRITE_FAILPOINT).
+    #[cfg(feature = "failpoints")]
+    let _failpoints = fail::FailScenario::setup();
     // The process's settings belong here, not to the library's `train` (which leaves the process as
     // it found it): the allocator keeps freed tensor memory.
     trainer::process::keep_freed_memory();
