@@ -1,0 +1,113 @@
+//! The micro-kernels against naive products, on every ISA this CPU has.
+
+use super::*;
+
+fn naive_nt(a: &[f32], b: &[f32], m: usize, n: usize, k: usize) -> Vec<f64> {
+    let mut c = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            c[i * n + j] = (0..k).map(|t| a[i * k + t] as f64 * b[j * k + t] as f64).sum();
+        }
+    }
+    c
+}
+
+fn data(len: usize, seed: u32) -> Vec<f32> {
+    (0..len).map(|i| (((i as u32).wrapping_mul(2654435761) ^ seed) % 1000) as f32 / 500.0 - 1.0).collect()
+}
+
+#[test]
+fn matmul_nt_matches_naive_on_awkward_sizes() {
+    for &(m, n, k) in
+        &[(1, 1, 1), (4, 32, 64), (7, 33, 40), (64, 64, 72), (5, 100, 128), (3, 31, 1), (9, 64, 64), (17, 5, 8)]
+    {
+        let a = data(m * k, 1);
+        let b = data(n * k, 2);
+        let n_pad = pad_nr(n);
+        let mut bt = vec![f32::NAN; k * n_pad];
+        pack_transposed(&b, k, n, k, &mut bt);
+        let mut c = vec![0.0; m * n_pad];
+        for isa in Isa::all_supported() {
+            let fma = isa != Isa::Scalar;
+            if fma {
+                matmul_nt::<true>(isa, &a, k, &bt, n_pad, k, m, &mut c, n_pad);
+            } else {
+                matmul_nt::<false>(isa, &a, k, &bt, n_pad, k, m, &mut c, n_pad);
+            }
+            let want = naive_nt(&a, &b, m, n, k);
+            for i in 0..m {
+                for j in 0..n {
+                    let err = (c[i * n_pad + j] as f64 - want[i * n + j]).abs();
+                    assert!(err < 1e-4, "({m},{n},{k}) {isa} [{i},{j}] err {err}");
+                }
+                assert!(c[i * n_pad + n..(i + 1) * n_pad].iter().all(|&x| x == 0.0), "padding must be zero");
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_tn_acc_matches_naive() {
+    for &(m, n, k) in &[(1, 1, 1), (64, 64, 64), (9, 17, 40), (13, 5, 72), (6, 4, 27)] {
+        let at = data(n * m, 6); // A^T, n x m
+        let b = data(n * k, 7);
+        let init = data(m * k, 8);
+        for isa in Isa::all_supported() {
+            let mut c = init.clone();
+            if isa == Isa::Scalar {
+                matmul_tn_acc::<false>(isa, &at, m, &b, k, m, n, k, &mut c, k);
+            } else {
+                matmul_tn_acc::<true>(isa, &at, m, &b, k, m, n, k, &mut c, k);
+            }
+            for i in 0..m {
+                for col in 0..k {
+                    let want: f64 = init[i * k + col] as f64
+                        + (0..n).map(|t| at[t * m + i] as f64 * b[t * k + col] as f64).sum::<f64>();
+                    assert!((c[i * k + col] as f64 - want).abs() < 1e-4, "({m},{n},{k}) {isa}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_acc_matches_naive_on_awkward_sizes() {
+    for &(m, n, k) in &[
+        (1, 1, 1),
+        (4, 64, 64),
+        (9, 17, 40),
+        (64, 64, 72),
+        (6, 5, 128),
+        (2, 3, 33),
+        (17, 24, 100),
+        (8, 8, 16),
+        (5, 7, 13),
+        (9, 3, 27),
+    ] {
+        // C's rows are k wide in rows of ldc > k: the gap (after the last row too) holds a
+        // sentinel that no write may touch, so masked tails that spill show up.
+        let ldc = k + 5;
+        let a = data(m * n, 3);
+        let b = data(n * k, 4);
+        let init: Vec<f32> =
+            data(m * ldc, 5).iter().enumerate().map(|(x, &v)| if x % ldc < k { v } else { 7.5 }).collect();
+        for isa in Isa::all_supported() {
+            let fma = isa != Isa::Scalar;
+            let mut c = init.clone();
+            if fma {
+                matmul_acc::<true>(isa, &a, n, &b, k, m, n, k, &mut c, ldc);
+            } else {
+                matmul_acc::<false>(isa, &a, n, &b, k, m, n, k, &mut c, ldc);
+            }
+            for i in 0..m {
+                for col in 0..k {
+                    let want: f64 = init[i * ldc + col] as f64
+                        + (0..n).map(|t| a[i * n + t] as f64 * b[t * k + col] as f64).sum::<f64>();
+                    let err = (c[i * ldc + col] as f64 - want).abs();
+                    assert!(err < 1e-4, "({m},{n},{k}) {isa} [{i},{col}] err {err}");
+                }
+                assert!(c[i * ldc + k..(i + 1) * ldc].iter().all(|&x| x == 7.5), "({m},{n},{k}) {isa}: wrote past k");
+            }
+        }
+    }
+}
