@@ -458,11 +458,8 @@ mod x86 {
         unsafe {
             let mut col = 0;
             while col + 4 * L::W <= k {
-                let mut even = [L::zero(); 4];
+                let mut even: [L::V; 4] = std::array::from_fn(|q| L::load(c.add(col + q * L::W)));
                 let mut odd = [L::zero(); 4];
-                for (q, e) in even.iter_mut().enumerate() {
-                    *e = L::load(c.add(col + q * L::W));
-                }
                 let mut t = 0;
                 while t + 2 <= n {
                     let (x0, x1) = (L::splat(*a.add(t * a_cs)), L::splat(*a.add((t + 1) * a_cs)));

@@ -83,6 +83,9 @@ fn matmul_acc_matches_naive_on_awkward_sizes() {
         (8, 8, 16),
         (5, 7, 13),
         (9, 3, 27),
+        // One row alone (`acc_row`), an odd key count, one or more whole 4W-column blocks.
+        (1, 5, 64),
+        (9, 9, 136),
     ] {
         // C's rows are k wide in rows of ldc > k: the gap (after the last row too) holds a
         // sentinel that no write may touch, so masked tails that spill show up.
