@@ -589,3 +589,42 @@ fn the_draw_finder_sees_bare_draws_only() {
     let text = "let a = Tensor::randn([2], o);\nlet b = with_seed(1, || {\n    let o = 1;\n    Tensor::randn([2], o)\n});\n// Tensor::randn( in a comment\nlet c = x.multinomial(1, false);\n";
     assert_eq!(unseeded_draws(text), vec![1, 7]);
 }
+
+/// The lines of `text` (comments and test modules aside, trimmed) that declare a `static` item or a
+/// thread-local.
+fn static_items(text: &str) -> Vec<String> {
+    code_of(text)
+        .lines()
+        .map(|l| l.split("//").next().unwrap_or("").trim())
+        .filter(|code| {
+            let item = code.strip_prefix("pub ").or_else(|| code.strip_prefix("pub(crate) ")).unwrap_or(code);
+            item.starts_with("static ") || item.contains("thread_local!")
+        })
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn the_python_extension_keeps_no_process_wide_state() {
+    // Issue 64: lssa-py's state (variants by name with their prepared kernels, thread pools, the CUDA
+    // kernel choice) belongs to the module object (`State`), like every other crate's to its owner.
+    let files: Vec<_> = text_files(&["rs"]).into_iter().filter(|(p, _)| p.starts_with("crates/lssa-py/src")).collect();
+    assert!(!files.is_empty(), "crates/lssa-py/src has no Rust file: the check would pass on nothing");
+    let offenders: Vec<String> = files
+        .iter()
+        .flat_map(|(p, text)| static_items(text).into_iter().map(move |l| format!("{}: {l}", p.display())))
+        .collect();
+    assert!(offenders.is_empty(), "static items in lssa-py (keep them in the module's `State`): {offenders:?}");
+}
+
+#[test]
+fn the_static_finder_sees_statics_in_functions_and_not_in_comments_or_tests() {
+    let text = "fn f() {\n    static KNOWN: OnceLock<u8> = OnceLock::new();\n}\n// static in a comment\npub static X: u8 = 1;\nthread_local! { static Y: u8 = 1; }\nconst Z: &str = \"static \";\n#[cfg(test)]\nmod tests {\n    static T: u8 = 0;\n}\n";
+    let found = static_items(text);
+    assert_eq!(found.len(), 3, "{found:?}");
+    assert!(
+        found[0].starts_with("static KNOWN")
+            && found[1].starts_with("pub static X")
+            && found[2].starts_with("thread_local!")
+    );
+}

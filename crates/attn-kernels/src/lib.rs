@@ -10,8 +10,8 @@
 //!   CUDA; calls there return [`Error::Cuda`]).
 //! - [`Prepared::forward_raw`] / [`Prepared::backward_raw`]: the one entry point on raw pointers
 //!   ([`Params`]) for callers that own their tensors (the model's autograd bridge, the Python
-//!   extension): a [`Target`] says where the call runs, and [`Target::prepare`] derives a variant's
-//!   kernel plan for it once ([`Prepared`], what a model keeps per target).
+//!   extension): a [`Target`] says where the call runs, and [`Kernels`] (a variant with its plan)
+//!   prepares the kernels once per target and head dimension ([`Prepared`]).
 //!
 //! The ground truth is `attn_core`: every kernel is tested against its f64 reference, forward and
 //! backward, and reuses its definitions (variant names, per-row scales and biases, re-weighting
@@ -42,10 +42,10 @@ mod params;
 mod target;
 
 pub use params::{Dtype, Params, RawTensor, null_input, null_output};
-pub use target::{Prepared, Target};
+pub use target::{Device, Kernels, Prepared, Target};
 
 /// Everything the kernels can refuse.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// Bad input, reported exactly as attn-core reports it (shapes, sizes, non-finite values, `p`).

@@ -24,6 +24,15 @@ impl Dtype {
         self as u32
     }
 
+    /// The name PyTorch gives it: `"float32"`, `"float16"`, `"bfloat16"`.
+    pub fn torch_name(self) -> &'static str {
+        match self {
+            Dtype::F32 => "float32",
+            Dtype::F16 => "float16",
+            Dtype::Bf16 => "bfloat16",
+        }
+    }
+
     /// Bytes per element.
     pub fn size(self) -> usize {
         if self == Dtype::F32 { 4 } else { 2 }

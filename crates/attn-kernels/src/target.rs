@@ -1,19 +1,32 @@
 //! The one typed entry point of the raw kernels: a [`Target`] says where a call runs (the CPU with
-//! its options, or CUDA with a dtype and a kernel choice), [`Target::prepare`] derives a variant's
-//! kernel plan for it once ([`Prepared`]), and [`Prepared::forward_raw`] / [`Prepared::backward_raw`]
-//! run it. Consumers (the model's
-//! autograd bridge, the Python extension) build a [`Params`] and a `Target` and keep no CPU/CUDA
-//! branching of their own; adding a backend is a `Target` variant and its arm in [`Prepared`].
+//! its options, or CUDA with a dtype and a kernel choice), [`Kernels`] holds a variant with its plan
+//! derived once and prepares it for each target and head dimension a caller meets ([`Prepared`],
+//! cached by `(Target, head_dim)`), and [`Prepared::forward_raw`] / [`Prepared::backward_raw`] run
+//! it. Consumers (the model's autograd bridge, the Python extension) build a [`Params`] and a
+//! `Target` and keep no CPU/CUDA branching and no cache of their own; adding a backend is a `Target`
+//! variant and its arm in [`Prepared`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use attn_core::{Plan, Variant};
 
-use crate::Params;
 use crate::cpu;
 use crate::cuda;
+use crate::{Dtype, Params};
 use crate::{Error, Result};
 
+/// The device of a call's tensors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// Host memory.
+    Cpu,
+    /// An NVIDIA GPU's memory.
+    Cuda,
+}
+
 /// Where a raw call runs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Target {
     /// The fused CPU kernels: `f32` host memory, on the calling thread's rayon pool.
     Cpu(cpu::Options),
@@ -27,22 +40,41 @@ pub enum Target {
 }
 
 impl Target {
-    /// The target of tensors on `device` (`"cpu"` or `"cuda"`) with elements `dtype` (`"float32"`,
-    /// `"float16"`, `"bfloat16"`, as PyTorch names them), with default options; the error says what
-    /// the kernels take instead.
-    pub fn for_tensors(device: &str, dtype: &str) -> std::result::Result<Target, String> {
-        let cuda = |dtype| Ok(Target::Cuda { dtype, kernel: cuda::Kernel::Auto });
+    /// The target of tensors on `device` with elements `dtype`, with default options
+    /// ([`cpu::Options::default`], [`cuda::Kernel::Auto`]); the error says what the kernels take
+    /// instead.
+    pub fn new(device: Device, dtype: Dtype) -> std::result::Result<Target, String> {
         match (device, dtype) {
-            ("cpu", "float32") => Ok(Target::Cpu(cpu::Options::default())),
-            ("cpu", other) => Err(format!("the fused CPU kernels take float32 tensors, got {other}")),
-            ("cuda", "float32") => cuda(cuda::Dtype::F32),
-            ("cuda", "float16") => cuda(cuda::Dtype::F16),
-            ("cuda", "bfloat16") => cuda(cuda::Dtype::Bf16),
-            ("cuda", other) => {
-                Err(format!("the fused CUDA kernels take float32, float16 or bfloat16 tensors, got {other}"))
+            (Device::Cpu, Dtype::F32) => Ok(Target::Cpu(cpu::Options::default())),
+            (Device::Cpu, other) => {
+                Err(format!("the fused CPU kernels take float32 tensors, got {}", other.torch_name()))
             }
-            (other, _) => Err(format!("no fused kernels for device `{other}` (only cpu and cuda)")),
+            (Device::Cuda, dtype) => Ok(Target::Cuda { dtype, kernel: cuda::Kernel::Auto }),
         }
+    }
+
+    /// [`Target::new`] for a device (`"cpu"` or `"cuda"`) and a dtype (`"float32"`, `"float16"`,
+    /// `"bfloat16"`) named as PyTorch names them.
+    pub fn for_tensors(device: &str, dtype: &str) -> std::result::Result<Target, String> {
+        let device = match device {
+            "cpu" => Device::Cpu,
+            "cuda" => Device::Cuda,
+            other => return Err(format!("no fused kernels for device `{other}` (only cpu and cuda)")),
+        };
+        let dtype = match dtype {
+            "float32" => Dtype::F32,
+            "float16" => Dtype::F16,
+            "bfloat16" => Dtype::Bf16,
+            other => {
+                return Err(match device {
+                    Device::Cpu => format!("the fused CPU kernels take float32 tensors, got {other}"),
+                    Device::Cuda => {
+                        format!("the fused CUDA kernels take float32, float16 or bfloat16 tensors, got {other}")
+                    }
+                });
+            }
+        };
+        Target::new(device, dtype)
     }
 
     /// This target running the CUDA kernels `kernel` (a CPU target is returned unchanged).
@@ -54,55 +86,21 @@ impl Target {
     }
 
     /// The element type of the tensors this target runs on ([`Params::dtype`]).
-    pub fn dtype(&self) -> crate::Dtype {
+    pub fn dtype(&self) -> Dtype {
         match self {
-            Target::Cpu(_) => crate::Dtype::F32,
+            Target::Cpu(_) => Dtype::F32,
             Target::Cuda { dtype, .. } => *dtype,
         }
     }
 
-    /// Why `variant` at head dimension `head_dim` has no fused kernel on this target, or `None`
-    /// when it has one ([`Target::prepare`]'s refusal as a sentence; whether the GPU can run it is
-    /// [`cuda::is_available`]'s question).
-    pub fn not_fused_reason(&self, variant: &Variant, head_dim: usize) -> Option<String> {
-        let device = match self {
-            Target::Cpu(_) => "CPU",
-            Target::Cuda { .. } => "CUDA",
-        };
-        match self.prepare(variant, head_dim) {
-            Ok(_) => None,
-            Err(Error::NotFused { reason, .. }) => Some(format!("no fused {device} kernel: {reason}")),
-            Err(e) => Some(e.to_string()),
-        }
-    }
-}
-
-/// A variant prepared for one [`Target`] ([`Target::prepare`]): the kernels' plan derived once (the
-/// CPU engine's [`Plan`], or the CUDA kernels' [`cuda::Config`] at one head dimension), so its calls
-/// neither parse nor re-plan. Cheap to clone (the plan holds a user's activation by `Arc`).
-#[derive(Clone, Debug)]
-pub struct Prepared {
-    variant: Variant,
-    kernels: Kernels,
-}
-
-/// What a prepared variant's calls run, with the rest of their target.
-#[derive(Clone, Debug)]
-enum Kernels {
-    /// The CPU engine's plan, and the CPU's options.
-    Cpu(Plan, cpu::Options),
-    /// The CUDA kernels' configuration, the head dimension it was resolved for, and the tensors'
-    /// dtype and the kernel choice.
-    Cuda { cfg: cuda::Config, head_dim: usize, dtype: cuda::Dtype, kernel: cuda::Kernel },
-}
-
-impl Target {
-    /// `variant` prepared for this target at head dimension `head_dim` (the CPU kernels take any),
-    /// or [`Error::NotFused`] with the reason it has no kernel here ([`Target::not_fused_reason`]
-    /// says the same as a sentence). Whether a GPU can run it is [`cuda::is_available`]'s question.
-    pub fn prepare(&self, variant: &Variant, head_dim: usize) -> Result<Prepared> {
-        let kernels = match *self {
-            Target::Cpu(options) => Kernels::Cpu(cpu::plan(variant)?, options),
+    /// `variant` (whose plan is `plan`) prepared for this target at head dimension `head_dim` (the
+    /// CPU kernels take any), or [`Error::NotFused`] with the reason it has no kernel here.
+    fn prepare(&self, variant: &Variant, plan: &Plan, head_dim: usize) -> Result<Prepared> {
+        let backend = match *self {
+            Target::Cpu(options) => {
+                cpu::check_fused(variant, plan)?;
+                Backend::Cpu(plan.clone(), options)
+            }
             Target::Cuda { dtype, kernel } => {
                 if head_dim > cuda::MAX_HEAD_DIM {
                     return Err(Error::NotFused {
@@ -114,11 +112,88 @@ impl Target {
                         .into(),
                     });
                 }
-                Kernels::Cuda { cfg: cuda::Config::new(variant, head_dim.max(1))?, head_dim, dtype, kernel }
+                Backend::Cuda { cfg: cuda::Config::planned(variant, plan, head_dim.max(1))?, dtype, kernel }
             }
         };
-        Ok(Prepared { variant: variant.clone(), kernels })
+        Ok(Prepared { variant: variant.clone(), head_dim, backend })
     }
+}
+
+/// A variant with its [`Plan`] derived once and its kernels prepared once per target and head
+/// dimension: the one cache of prepared kernels (a model keeps one per attention variant, the
+/// Python extension one per variant name). Refusals are kept too, so a variant without a fused
+/// kernel on a target is not re-examined at every call. Shared across threads.
+#[derive(Debug)]
+pub struct Kernels {
+    variant: Variant,
+    plan: Plan,
+    prepared: Mutex<HashMap<(Target, usize), Preparation>>,
+}
+
+/// One (target, head dimension)'s outcome: the prepared kernels, or why there are none.
+type Preparation = Result<Arc<Prepared>>;
+
+impl Kernels {
+    /// `variant` with its plan derived (its parameters checked: attn-core's errors).
+    pub fn new(variant: Variant) -> std::result::Result<Self, attn_core::Error> {
+        let plan = variant.plan()?;
+        Ok(Self { variant, plan, prepared: Mutex::default() })
+    }
+
+    /// The variant.
+    pub fn variant(&self) -> &Variant {
+        &self.variant
+    }
+
+    /// Its backend-neutral plan, derived once.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The variant prepared for `target` at head dimension `head_dim` (the CPU kernels take any), or
+    /// [`Error::NotFused`] with the reason it has no kernel there ([`Kernels::not_fused_reason`] says
+    /// the same as a sentence). Prepared at the first call for that pair; whether a GPU can run it
+    /// is [`cuda::is_available`]'s question.
+    pub fn prepared(&self, target: Target, head_dim: usize) -> Result<Arc<Prepared>> {
+        let mut prepared = self.prepared.lock().unwrap_or_else(|e| e.into_inner());
+        prepared
+            .entry((target, head_dim))
+            .or_insert_with(|| target.prepare(&self.variant, &self.plan, head_dim).map(Arc::new))
+            .clone()
+    }
+
+    /// Why the variant at head dimension `head_dim` has no fused kernel on `target`, or `None` when
+    /// it has one ([`Kernels::prepared`]'s refusal as a sentence).
+    pub fn not_fused_reason(&self, target: Target, head_dim: usize) -> Option<String> {
+        let device = match target {
+            Target::Cpu(_) => "CPU",
+            Target::Cuda { .. } => "CUDA",
+        };
+        match self.prepared(target, head_dim) {
+            Ok(_) => None,
+            Err(Error::NotFused { reason, .. }) => Some(format!("no fused {device} kernel: {reason}")),
+            Err(e) => Some(e.to_string()),
+        }
+    }
+}
+
+/// A variant prepared for one [`Target`] and head dimension ([`Kernels::prepared`]): the kernels'
+/// plan derived once (the CPU engine's [`Plan`], or the CUDA kernels' [`cuda::Config`]), so its
+/// calls neither parse nor re-plan, and the layout of the buffers its calls take beside the tensors.
+#[derive(Clone, Debug)]
+pub struct Prepared {
+    variant: Variant,
+    head_dim: usize,
+    backend: Backend,
+}
+
+/// What a prepared variant's calls run, with the rest of their target.
+#[derive(Clone, Debug)]
+enum Backend {
+    /// The CPU engine's plan, and the CPU's options.
+    Cpu(Plan, cpu::Options),
+    /// The CUDA kernels' configuration, and the tensors' dtype and the kernel choice.
+    Cuda { cfg: cuda::Config, dtype: cuda::Dtype, kernel: cuda::Kernel },
 }
 
 impl Prepared {
@@ -129,9 +204,33 @@ impl Prepared {
 
     /// The target it was prepared for.
     pub fn target(&self) -> Target {
-        match self.kernels {
-            Kernels::Cpu(_, options) => Target::Cpu(options),
-            Kernels::Cuda { dtype, kernel, .. } => Target::Cuda { dtype, kernel },
+        match self.backend {
+            Backend::Cpu(_, options) => Target::Cpu(options),
+            Backend::Cuda { dtype, kernel, .. } => Target::Cuda { dtype, kernel },
+        }
+    }
+
+    /// The head dimension it was prepared for.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
+    /// Floats per row of the row statistics a forward writes and its backward reads
+    /// ([`Params::stats`]): [`cpu::STATS_PER_ROW`] on every target.
+    pub fn stats_per_row(&self) -> usize {
+        cpu::STATS_PER_ROW
+    }
+
+    /// Floats per row of re-weighting's backward helper ([`Params::rw_aux`]) that a forward keeps
+    /// when its output will be `differentiable`: `d + 1` for a re-weighted variant on the CPU, where
+    /// it spares the backward one sweep over the keys; 0 otherwise (no helper: leave the pointer
+    /// null). The one place the helper's layout is decided.
+    pub fn aux_per_row(&self, differentiable: bool) -> usize {
+        match self.backend {
+            Backend::Cpu(ref plan, _) if differentiable && plan.reweight.is_some() => {
+                cpu::rw_aux_per_row(self.head_dim)
+            }
+            Backend::Cpu(..) | Backend::Cuda { .. } => 0,
         }
     }
 
@@ -165,10 +264,10 @@ impl Prepared {
     unsafe fn run(&self, p: &Params, on_cpu: CpuEntry, on_cuda: CudaEntry) -> Result<()> {
         // SAFETY: forwarded from the caller.
         unsafe {
-            match &self.kernels {
-                Kernels::Cpu(plan, options) => on_cpu(plan, p, options),
-                Kernels::Cuda { cfg, head_dim, dtype, kernel } => {
-                    same_head_dim(p, *head_dim)?;
+            match &self.backend {
+                Backend::Cpu(plan, options) => on_cpu(plan, p, options),
+                Backend::Cuda { cfg, dtype, kernel } => {
+                    same_head_dim(p, self.head_dim)?;
                     on_cuda(cfg, p, *dtype, *kernel)
                 }
             }
@@ -206,14 +305,35 @@ mod tests {
         ));
         assert!(Target::for_tensors("cpu", "float16").unwrap_err().contains("float32"));
         assert!(Target::for_tensors("mps", "float32").unwrap_err().contains("`mps`"));
-        let cpu = Target::for_tensors("cpu", "float32").unwrap();
-        let gpu = Target::for_tensors("cuda", "float32").unwrap();
-        let v = |s: &str| s.parse::<Variant>().unwrap();
-        assert_eq!(cpu.not_fused_reason(&v("lssa+rw15"), 64), None);
-        assert!(cpu.not_fused_reason(&v("recentered"), 64).unwrap().starts_with("no fused CPU kernel"));
-        assert_eq!(gpu.not_fused_reason(&v("lssa"), 64), None);
-        assert!(gpu.not_fused_reason(&v("lssa"), 512).unwrap().contains("up to 256"));
-        assert!(gpu.not_fused_reason(&v("relu-seqlen"), 64).unwrap().starts_with("no fused CUDA kernel"));
+        assert_eq!(Target::new(Device::Cuda, Dtype::F16), Target::for_tensors("cuda", "float16"));
+        assert!(Target::new(Device::Cpu, Dtype::Bf16).unwrap_err().contains("bfloat16"));
+        let cpu = Target::new(Device::Cpu, Dtype::F32).unwrap();
+        let gpu = Target::new(Device::Cuda, Dtype::F32).unwrap();
+        let k = |s: &str| Kernels::new(s.parse::<Variant>().unwrap()).unwrap();
+        assert_eq!(k("lssa+rw15").not_fused_reason(cpu, 64), None);
+        assert!(k("recentered").not_fused_reason(cpu, 64).unwrap().starts_with("no fused CPU kernel"));
+        assert_eq!(k("lssa").not_fused_reason(gpu, 64), None);
+        assert!(k("lssa").not_fused_reason(gpu, 512).unwrap().contains("up to 256"));
+        assert!(k("relu-seqlen").not_fused_reason(gpu, 64).unwrap().starts_with("no fused CUDA kernel"));
+    }
+
+    #[test]
+    fn kernels_are_prepared_once_per_target_and_head_dimension_and_decide_the_helper() {
+        let lssar = Kernels::new("lssa+rw15".parse().unwrap()).unwrap();
+        let cpu = Target::new(Device::Cpu, Dtype::F32).unwrap();
+        let gpu = Target::new(Device::Cuda, Dtype::Bf16).unwrap();
+        let a = lssar.prepared(cpu, 64).unwrap();
+        assert!(Arc::ptr_eq(&a, &lssar.prepared(cpu, 64).unwrap()), "a second call prepares again");
+        let b = lssar.prepared(cpu, 32).unwrap();
+        assert!(!Arc::ptr_eq(&a, &b));
+        assert_eq!((a.head_dim(), b.head_dim()), (64, 32));
+        // The helper: d + 1 floats on the CPU for a differentiated re-weighted forward, else none.
+        assert_eq!((a.aux_per_row(true), a.aux_per_row(false)), (65, 0));
+        assert_eq!(lssar.prepared(gpu, 64).unwrap().aux_per_row(true), 0);
+        let lssa = Kernels::new("lssa".parse().unwrap()).unwrap();
+        assert_eq!(lssa.prepared(cpu, 64).unwrap().aux_per_row(true), 0);
+        assert_eq!(a.stats_per_row(), cpu::STATS_PER_ROW);
+        assert_eq!(lssar.prepared(gpu, 64).unwrap().target(), gpu);
     }
 
     #[test]
@@ -251,7 +371,7 @@ mod tests {
         // Another dtype is refused before anything is read.
         p.dtype = crate::Dtype::Bf16;
         // SAFETY: refused before any pointer is read.
-        let kernels = Target::Cpu(cpu::Options::default()).prepare(&v, p.head_dim).unwrap();
+        let kernels = Kernels::new(v).unwrap().prepared(Target::Cpu(cpu::Options::default()), p.head_dim).unwrap();
         let err = unsafe { kernels.forward_raw(&p) }.unwrap_err();
         assert!(err.to_string().contains("f32"), "{err}");
         p.dtype = crate::Dtype::F32;

@@ -11,18 +11,20 @@
 //! - each tensor as `(data pointer, batch stride, head stride, row stride)`, strides in elements; the
 //!   last axis must be contiguous (the Python side guarantees it), any other stride is read as given,
 //!   so `q, k, v` sliced out of a fused `qkv` projection cross without a copy;
-//! - the row statistics (`(B, H, T, STATS_PER_ROW)` f32, contiguous) and, for re-weighted variants on
-//!   the CPU that will be differentiated, re-weighting's backward helper (`(B, H, T, d + 1)` f32,
-//!   contiguous; 0 when not kept) as bare pointers;
+//! - the row statistics (`(B, H, T, STATS_PER_ROW)` f32, contiguous) and re-weighting's backward
+//!   helper (`(B, H, T, aux)` f32, contiguous; 0 when not kept) as bare pointers, laid out as
+//!   [`layout`] says: the prepared kernels decide both ([`Prepared::aux_per_row`]), the Python side
+//!   allocates them;
 //! - on CUDA, the stream the caller ordered the work on (see [`forward`]), and on the CPU the number
 //!   of threads (torch's `get_num_threads()`, so `torch.set_num_threads` governs the kernels too). A
 //!   decoding step runs on the calling thread's OpenMP team, libtorch's own intra-op threads, where
 //!   the process has libgomp (PyTorch's Linux wheels), so that it shares one set of threads with the
 //!   model's other operations; longer calls run on a rayon pool of that many threads.
 //!
-//! These are exactly the fields of [`attn_kernels::Params`], which the raw entry points
-//! [`attn_kernels::cpu::forward_raw`] / [`attn_kernels::cuda::forward_raw`] (and `backward_raw`)
-//! take: the same struct the libtorch bridge of `gpt-model` fills from C++.
+//! These are exactly the fields of [`attn_kernels::Params`], which [`Prepared::forward_raw`] /
+//! [`Prepared::backward_raw`] take: the same struct the libtorch bridge of `gpt-model` fills from
+//! C++. The variant's kernels come from attn-kernels' [`Kernels`] cache, one per variant name, kept
+//! in the module's state (`State`), not in a Rust static.
 //!
 //! Memory: torch allocates and owns every tensor; Rust reads and writes through the pointers only
 //! while a call runs, with the GIL released (the Python caller keeps the tensors alive for the
@@ -38,12 +40,12 @@
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use attn_core::{Bias, Norm, OutputNorm, Scale, Scores, Transform, Variant};
 use attn_kernels::cpu;
 use attn_kernels::{Dtype, Params, RawTensor};
-use attn_kernels::{Error, Prepared, Target, cuda};
+use attn_kernels::{Error, Kernels, Prepared, Target, cuda};
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -52,64 +54,86 @@ use pyo3::types::PyDict;
 /// stride)`, strides in elements; the last axis is contiguous.
 type PyTensor = (usize, usize, usize, usize);
 
-/// The kernels for `device` and `dtype` ([`Target::for_tensors`]), the CUDA kernel choice applied.
-fn target(device: &str, dtype: &str) -> Result<Target, String> {
-    match Target::for_tensors(device, dtype)? {
-        Target::Cuda { dtype, .. } => Ok(Target::Cuda { dtype, kernel: cuda_kernel().map_err(|e| e.to_string())? }),
-        cpu => Ok(cpu),
-    }
+/// What the extension keeps between calls, owned by the module object (its `_state` attribute, a
+/// module's state as PEP 489 means it) rather than by Rust statics: it lives and dies with the
+/// module, and a second interpreter's module has its own. Every function that needs it takes the
+/// module (`pass_module`).
+#[pyclass(frozen)]
+struct State {
+    /// The variants by name: each parsed once, with its plan and its kernels prepared once per
+    /// target and head dimension (attn-kernels' [`Kernels`]; a decoding step passes the same name
+    /// every call, and parsing took a few microseconds of a step's fixed cost).
+    known: Mutex<HashMap<String, Arc<Kernels>>>,
+    /// Rayon thread pools by thread count, built at first use (a model uses one or two counts).
+    pools: Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>,
+    /// The CUDA kernels to run, read from `LSSA_CUDA_KERNEL` at import ([`cuda::Kernel::from_env`],
+    /// as bench-cuda's model check reads it): `auto` when unset; why it is refused otherwise.
+    cuda_kernel: Result<cuda::Kernel, String>,
 }
 
-/// What the extension knows of a variant name: the parsed variant and its kernels prepared per
-/// (target, head dimension) ([`Target::prepare`]).
-struct Known {
-    variant: Variant,
-    prepared: Vec<(Target, usize, Arc<Prepared>)>,
-}
+/// A bound on the names the state keeps: names come from code, but a caller looping over generated
+/// names must not grow it forever.
+const MAX_NAMES: usize = 256;
 
-/// The names seen so far. Parsed once per name and prepared once per target: a decoding step passes
-/// the same name every call, and parsing it took a few microseconds of a step's fixed cost.
-fn known() -> std::sync::MutexGuard<'static, HashMap<String, Known>> {
-    static KNOWN: OnceLock<Mutex<HashMap<String, Known>>> = OnceLock::new();
-    KNOWN.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner())
-}
+impl State {
+    fn new() -> Self {
+        let cuda_kernel = cuda::Kernel::from_env().map_err(|e| e.to_string());
+        Self { known: Mutex::default(), pools: Mutex::default(), cuda_kernel }
+    }
 
-/// The variant of a name, with its parameters checked (attn-core's messages as `ValueError`).
-fn parse(name: &str) -> PyResult<Variant> {
-    if let Some(k) = known().get(name) {
-        return Ok(k.variant.clone());
+    /// The module's state.
+    fn of<'py>(module: &Bound<'py, PyModule>) -> PyResult<Bound<'py, State>> {
+        Ok(module.getattr("_state")?.cast_into::<State>()?)
     }
-    let variant: Variant = name.parse().map_err(|e: attn_core::Error| PyValueError::new_err(e.to_string()))?;
-    variant.validate().map_err(|e| PyValueError::new_err(e.to_string()))?;
-    let mut known = known();
-    // A bounded cache: names come from code, but a caller looping over generated names must not grow it forever.
-    if known.len() >= 256 {
-        known.clear();
-    }
-    known.insert(name.to_string(), Known { variant: variant.clone(), prepared: Vec::new() });
-    Ok(variant)
-}
 
-/// The kernels of `name` on `target` at head dimension `head_dim`, prepared once (a decoding step's
-/// call takes one lock and one lookup).
-fn prepared(name: &str, target: &Target, head_dim: usize) -> PyResult<Arc<Prepared>> {
-    if let Some(k) = known().get(name)
-        && let Some((_, _, p)) = k.prepared.iter().find(|(t, d, _)| t == target && *d == head_dim)
-    {
-        return Ok(p.clone());
+    /// The kernels for `device` and `dtype` ([`Target::for_tensors`]), the CUDA kernel choice applied.
+    fn target(&self, device: &str, dtype: &str) -> Result<Target, String> {
+        match Target::for_tensors(device, dtype)? {
+            gpu @ Target::Cuda { .. } => Ok(gpu.with_cuda_kernel(self.cuda_kernel.clone()?)),
+            cpu @ Target::Cpu(_) => Ok(cpu),
+        }
     }
-    let variant = parse(name)?;
-    let mut known = known();
-    let Some(k) = known.get_mut(name) else {
-        // Another thread cleared the cache in between: prepare without keeping it.
-        return Ok(Arc::new(target.prepare(&variant, head_dim).map_err(kernel_error)?));
-    };
-    if let Some((_, _, p)) = k.prepared.iter().find(|(t, d, _)| t == target && *d == head_dim) {
-        return Ok(p.clone());
+
+    /// The variant of `name`, its parameters checked (attn-core's messages as `ValueError`), with its
+    /// kernels' cache.
+    fn kernels(&self, name: &str) -> PyResult<Arc<Kernels>> {
+        let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = known.get(name) {
+            return Ok(Arc::clone(k));
+        }
+        let variant: Variant = name.parse().map_err(|e: attn_core::Error| PyValueError::new_err(e.to_string()))?;
+        variant.validate().map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let kernels = Arc::new(Kernels::new(variant).map_err(|e| PyValueError::new_err(e.to_string()))?);
+        if known.len() >= MAX_NAMES {
+            known.clear();
+        }
+        known.insert(name.to_string(), Arc::clone(&kernels));
+        Ok(kernels)
     }
-    let p = Arc::new(target.prepare(&k.variant, head_dim).map_err(kernel_error)?);
-    k.prepared.push((*target, head_dim, p.clone()));
-    Ok(p)
+
+    /// `name`'s kernels on `target` at head dimension `head_dim` (a kernel refusal as its exception).
+    fn prepared(&self, name: &str, target: Target, head_dim: usize) -> PyResult<Arc<Prepared>> {
+        self.kernels(name)?.prepared(target, head_dim).map_err(kernel_error)
+    }
+
+    /// The rayon pool of `threads` threads, built at its first use (`None` for 0: the caller's pool).
+    fn pool(&self, threads: usize) -> PyResult<Option<Arc<rayon::ThreadPool>>> {
+        if threads == 0 {
+            return Ok(None);
+        }
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(p) = pools.get(&threads) {
+            return Ok(Some(Arc::clone(p)));
+        }
+        let p = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("lssa-{i}"))
+            .build()
+            .map_err(|e| PyRuntimeError::new_err(format!("cannot start {threads} kernel threads: {e}")))?;
+        let p = Arc::new(p);
+        pools.insert(threads, Arc::clone(&p));
+        Ok(Some(p))
+    }
 }
 
 /// A kernel error as the Python exception of the module's contract.
@@ -139,55 +163,18 @@ fn run_detached(py: Python<'_>, f: impl FnOnce() -> attn_kernels::Result<()> + S
     }
 }
 
-/// Rayon pools by thread count, built once each (a model uses one or two counts).
-fn pool(threads: usize) -> PyResult<Option<Arc<rayon::ThreadPool>>> {
-    if threads == 0 {
-        return Ok(None);
-    }
-    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
-    let mut pools = POOLS.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(p) = pools.get(&threads) {
-        return Ok(Some(Arc::clone(p)));
-    }
-    let p = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .thread_name(|i| format!("lssa-{i}"))
-        .build()
-        .map_err(|e| PyRuntimeError::new_err(format!("cannot start {threads} kernel threads: {e}")))?;
-    let p = Arc::new(p);
-    pools.insert(threads, Arc::clone(&p));
-    Ok(Some(p))
-}
-
-/// The pool a decoding step of `threads` threads runs on: 0 (this thread, with helpers from rayon's
-/// global pool) when the global pool has `threads` threads, else `threads` (a pool of ours). The
-/// global pool is built at the first such call with that call's count (torch's thread count).
+/// The pool a decoding step of `threads` threads runs on without OpenMP: 0 (this thread, with
+/// helpers from rayon's global pool) when the global pool has `threads` threads (entering a pool
+/// would cost more than a step), else `threads` (a pool of the module's).
 fn short_call_threads(threads: usize) -> usize {
-    static GLOBAL: OnceLock<usize> = OnceLock::new();
-    let global = *GLOBAL.get_or_init(|| {
-        // Fails harmlessly if something else in the process built it first: its size is then read.
-        let _ = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads.max(1))
-            .thread_name(|i| format!("lssa-g{i}"))
-            .build_global();
-        rayon::current_num_threads()
-    });
-    if threads == 0 || threads == global { 0 } else { threads }
-}
-
-/// The CUDA kernel to run: `LSSA_CUDA_KERNEL` (`auto`, or `v1` to `v9` in a build with the `lab`
-/// feature), read once by [`cuda::Kernel::from_env`], as bench-cuda's model check reads it; `auto` when
-/// unset.
-fn cuda_kernel() -> PyResult<cuda::Kernel> {
-    static KERNEL: OnceLock<Result<cuda::Kernel, String>> = OnceLock::new();
-    KERNEL.get_or_init(|| cuda::Kernel::from_env().map_err(|e| e.to_string())).clone().map_err(PyValueError::new_err)
+    if threads == 0 || threads == rayon::current_num_threads() { 0 } else { threads }
 }
 
 /// The CUDA kernel request the extension runs (`auto`, or the lab version `LSSA_CUDA_KERNEL` names
 /// in a wheel built with the `lab` feature); a `ValueError` says why the variable is refused.
-#[pyfunction(name = "cuda_kernel")]
-fn cuda_kernel_name() -> PyResult<&'static str> {
-    Ok(cuda_kernel()?.name())
+#[pyfunction(name = "cuda_kernel", pass_module)]
+fn cuda_kernel_name(module: &Bound<'_, PyModule>) -> PyResult<&'static str> {
+    State::of(module)?.get().cuda_kernel.clone().map(|k| k.name()).map_err(PyValueError::new_err)
 }
 
 /// A `ValueError` naming the first of `pointers` that is null.
@@ -269,17 +256,19 @@ fn variants() -> Vec<&'static str> {
 
 /// The variant's canonical name (attn-core's `Display`: `"lssa+rw15"` stays `"lssa+rw15"`); a
 /// `ValueError` with attn-core's message for a name it does not accept.
-#[pyfunction]
-fn canonical(name: &str) -> PyResult<String> {
-    Ok(parse(name)?.to_string())
+#[pyfunction(pass_module)]
+fn canonical(module: &Bound<'_, PyModule>, name: &str) -> PyResult<String> {
+    Ok(State::of(module)?.get().kernels(name)?.variant().to_string())
 }
 
 /// The variant as the materialised PyTorch path needs it: a dict of its stage-1 parts
 /// (`activation`, `scores`, `scale`, `d_factor`, `bias`, `t_train`, `norm`, `transform`,
 /// `output_norm`, `running_max`) and stage 2's `reweight` (`p` or `None`).
-#[pyfunction]
-fn describe<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
-    let v = parse(name)?;
+#[pyfunction(pass_module)]
+fn describe<'py>(module: &Bound<'py, PyModule>, name: &str) -> PyResult<Bound<'py, PyDict>> {
+    let py = module.py();
+    let kernels = State::of(module)?.get().kernels(name)?;
+    let v = kernels.variant();
     let s = &v.stage1();
     let d = PyDict::new(py);
     d.set_item("name", v.to_string())?;
@@ -338,24 +327,26 @@ fn describe<'py>(py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyDict>> {
 /// Why `name` does not run fused on `device` in `dtype` at head dimension `head_dim` with values of
 /// dimension `value_dim`, or `None` when it does. A `ValueError` for a name attn-core does not accept
 /// (that is no reason to fall back: it is an error).
-#[pyfunction]
+#[pyfunction(pass_module)]
 #[pyo3(signature = (name, device, dtype, head_dim = 64, value_dim = None))]
 fn not_fused_reason(
+    module: &Bound<'_, PyModule>,
     name: &str,
     device: &str,
     dtype: &str,
     head_dim: usize,
     value_dim: Option<usize>,
 ) -> PyResult<Option<String>> {
-    let variant = parse(name)?;
-    let target = match target(device, dtype) {
+    let state = State::of(module)?;
+    let kernels = state.get().kernels(name)?;
+    let target = match state.get().target(device, dtype) {
         Ok(t) => t,
         Err(why) => return Ok(Some(why)),
     };
     if value_dim.is_some_and(|dv| dv != head_dim) {
         return Ok(Some("the fused kernels need v to have the head dimension of q and k".into()));
     }
-    match target.not_fused_reason(&variant, head_dim) {
+    match kernels.not_fused_reason(target, head_dim) {
         Some(why) => Ok(Some(why)),
         None if matches!(target, Target::Cuda { .. }) => Ok(cuda_unavailable_reason()),
         None => Ok(None),
@@ -374,10 +365,23 @@ fn cuda_unavailable_reason() -> Option<String> {
     None
 }
 
-/// Floats per row that re-weighting's backward helper takes at head dimension `head_dim` (`d + 1`).
-#[pyfunction]
-fn rw_aux_per_row(head_dim: usize) -> usize {
-    cpu::rw_aux_per_row(head_dim)
+/// The buffers a forward of `name` on `device` in `dtype` at head dimension `head_dim` writes beside
+/// its output, as floats per row: `(statistics, re-weighting's backward helper)`, the helper's 0
+/// when the forward keeps none (it keeps one only when its output will be `differentiable`). The
+/// prepared kernels decide ([`Prepared::aux_per_row`]); the Python side allocates what this says.
+#[pyfunction(pass_module)]
+fn layout(
+    module: &Bound<'_, PyModule>,
+    name: &str,
+    device: &str,
+    dtype: &str,
+    head_dim: usize,
+    differentiable: bool,
+) -> PyResult<(usize, usize)> {
+    let state = State::of(module)?;
+    let target = state.get().target(device, dtype).map_err(PyTypeError::new_err)?;
+    let kernels = state.get().prepared(name, target, head_dim)?;
+    Ok((kernels.stats_per_row(), kernels.aux_per_row(differentiable)))
 }
 
 /// Fused causal forward: writes `out` and the row statistics (and, on the CPU for a re-weighted
@@ -390,10 +394,10 @@ fn rw_aux_per_row(head_dim: usize) -> usize {
 /// Safety contract (the Python side keeps it; it cannot be checked here): every pointer addresses
 /// live memory of the given sizes and strides on `device` in `dtype` (statistics and helper f32,
 /// contiguous), `out`, `stats` and `aux` alias nothing else.
-#[pyfunction]
+#[pyfunction(pass_module)]
 #[pyo3(signature = (variant, device, dtype, shape, kv, q, k, v, out, stats, aux, stream, threads))]
 fn forward(
-    py: Python<'_>,
+    module: &Bound<'_, PyModule>,
     variant: &str,
     device: &str,
     dtype: &str,
@@ -408,7 +412,9 @@ fn forward(
     stream: usize,
     threads: usize,
 ) -> PyResult<()> {
-    let mut target = target(device, dtype).map_err(PyTypeError::new_err)?;
+    let state = State::of(module)?;
+    let state = state.get();
+    let mut target = state.target(device, dtype).map_err(PyTypeError::new_err)?;
     let p = params(shape, kv, q, k, v, out, stats, target.dtype())?;
     // A decoding step starts on this thread (0: no pool of ours): its helpers are the OpenMP team of
     // this thread, libtorch's intra-op pool, where torch has loaded libgomp (its Linux wheels);
@@ -424,18 +430,19 @@ fn forward(
         },
         _ => threads,
     };
-    let kernels = prepared(variant, &target, p.head_dim)?;
+    let kernels = state.prepared(variant, target, p.head_dim)?;
+    let pool = state.pool(threads)?;
     // SAFETY: the module's contract: live tensors of these sizes and strides (see above).
-    unsafe { launch(py, kernels, p, aux, stream, threads, Prepared::forward_raw) }
+    unsafe { launch(module.py(), kernels, p, aux, stream, pool, Prepared::forward_raw) }
 }
 
 /// Fused causal backward: reads `q`, `k`, `v`, `out`, the statistics (and the helper, when the
 /// forward kept it) and the upstream gradient `grad`; writes `dq`, `dk`, `dv`. Same stream and
 /// safety contract as [`forward`]; `dq`, `dk`, `dv` alias nothing else.
-#[pyfunction]
+#[pyfunction(pass_module)]
 #[pyo3(signature = (variant, device, dtype, shape, kv, q, k, v, out, stats, aux, grad, dq, dk, dv, stream, threads))]
 fn backward(
-    py: Python<'_>,
+    module: &Bound<'_, PyModule>,
     variant: &str,
     device: &str,
     dtype: &str,
@@ -454,24 +461,27 @@ fn backward(
     stream: usize,
     threads: usize,
 ) -> PyResult<()> {
-    let target = target(device, dtype).map_err(PyTypeError::new_err)?;
+    let state = State::of(module)?;
+    let state = state.get();
+    let target = state.target(device, dtype).map_err(PyTypeError::new_err)?;
     let mut p = params(shape, kv, q, k, v, out, stats, target.dtype())?;
-    let kernels = prepared(variant, &target, p.head_dim)?;
+    let kernels = state.prepared(variant, target, p.head_dim)?;
     non_null(&[("grad", grad.0), ("dq", dq.0), ("dk", dk.0), ("dv", dv.0)])?;
     p.d_out = raw(grad);
     p.dq = raw_mut(dq);
     p.dk = raw_mut(dk);
     p.dv = raw_mut(dv);
+    let pool = state.pool(threads)?;
     // SAFETY: the module's contract (see `forward`).
-    unsafe { launch(py, kernels, p, aux, stream, threads, Prepared::backward_raw) }
+    unsafe { launch(module.py(), kernels, p, aux, stream, pool, Prepared::backward_raw) }
 }
 
 /// The raw entry point of one direction: [`Prepared::forward_raw`] or [`Prepared::backward_raw`].
 type Entry = unsafe fn(&Prepared, &Params) -> attn_kernels::Result<()>;
 
-/// Runs `entry` on the prepared kernels with the GIL released: on the CPU in `threads` threads (0:
-/// rayon's global pool) with the re-weighting helper `aux` when the variant keeps one; on CUDA in the
-/// chosen kernel generation, after the stream check.
+/// Runs `entry` on the prepared kernels with the GIL released: on the CPU in `pool` (`None`: the
+/// calling thread, rayon's global pool for helpers) with the re-weighting helper `aux` when the
+/// prepared kernels keep one; on CUDA in the chosen kernel generation, after the stream check.
 ///
 /// # Safety
 ///
@@ -484,17 +494,17 @@ unsafe fn launch(
     mut p: Params,
     aux: usize,
     stream: usize,
-    threads: usize,
+    pool: Option<Arc<rayon::ThreadPool>>,
     entry: Entry,
 ) -> PyResult<()> {
     // Where the call runs (a thread pool on the CPU, the stream check on CUDA) is the caller's
     // business; which kernels run is `entry`'s, on the prepared target.
     let pool = match kernels.target() {
         Target::Cpu(_) => {
-            if aux != 0 && kernels.variant().reweight().is_some() {
+            if aux != 0 && kernels.aux_per_row(true) > 0 {
                 p.rw_aux = aux as *mut f32;
             }
-            pool(threads)?
+            pool
         }
         Target::Cuda { .. } => {
             check_stream(stream)?;
@@ -515,6 +525,7 @@ unsafe fn launch(
 /// strides; the Python package `lssa` is the interface.
 #[pymodule]
 fn _lssa(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("_state", State::new())?;
     m.add("STATS_PER_ROW", cpu::STATS_PER_ROW)?;
     m.add("GRAMMAR", attn_core::variant::GRAMMAR)?;
     m.add("MAX_REWEIGHT_POWER", attn_core::stage::MAX_REWEIGHT_POWER)?;
@@ -528,7 +539,7 @@ fn _lssa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(not_fused_reason, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_unavailable_reason, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_kernel_name, m)?)?;
-    m.add_function(wrap_pyfunction!(rw_aux_per_row, m)?)?;
+    m.add_function(wrap_pyfunction!(layout, m)?)?;
     m.add_function(wrap_pyfunction!(forward, m)?)?;
     m.add_function(wrap_pyfunction!(backward, m)?)?;
     Ok(())

@@ -42,6 +42,25 @@ def test_what_is_fused():
         lssa.is_fused("nonsense")
 
 
+def test_the_kernels_decide_the_buffers_beside_the_output_and_the_module_holds_the_state():
+    # Statistics: 4 floats a row (Z_i, max or sigma, m_i, W_i); re-weighting's helper, d + 1 floats,
+    # only for a differentiated re-weighted forward on the CPU (SPEC: the backward's E_i sweep).
+    assert _lssa.layout("lssa+rw15", "cpu", "float32", 64, True) == (4, 65)
+    assert _lssa.layout("lssa+rw15", "cpu", "float32", 32, False) == (4, 0)
+    assert _lssa.layout("lssa", "cpu", "float32", 64, True) == (4, 0)
+    assert _lssa.layout("lssa+rw15", "cuda", "bfloat16", 64, True) == (4, 0)
+    with pytest.raises(TypeError, match="float32"):
+        _lssa.layout("lssa", "cpu", "float16", 64, True)
+    with pytest.raises(ValueError, match="not fused"):
+        _lssa.layout("recentered", "cpu", "float32", 64, True)
+    # What the extension keeps between calls is the module's, not a process-wide static's.
+    assert type(_lssa._state).__name__ == "State"
+    q = torch.randn(1, 2, 5, 8, requires_grad=True)
+    out, stats, aux = torch.ops.lssa.attention_fwd(q, q, q, "lssa+rw15", True)
+    assert tuple(stats.shape) == (1, 2, 5, 4) and tuple(aux.shape) == (1, 2, 5, 9)
+    assert tuple(torch.ops.lssa.attention_fwd(q, q, q, "lssa", True)[2].shape) == (0,)
+
+
 @pytest.mark.parametrize(
     "name, message",
     [

@@ -23,7 +23,7 @@ use crate::cpu::short::{self, fold_lanes};
 use crate::cpu::tile::{self, pad_nr};
 
 /// Tile sizes and scratch budgets: tuning knobs, separate from the maths.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Tuning {
     /// Query rows per tile (and per forward task).
     pub block_q: usize,

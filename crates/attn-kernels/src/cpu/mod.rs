@@ -52,7 +52,7 @@ pub const fn rw_aux_per_row(head_dim: usize) -> usize {
 
 /// Execution options: tile sizes, the instruction set and where a decoding step's helpers come
 /// from. Defaults: [`Tuning::default`], [`Isa::detect`] and [`Helpers::Rayon`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Options {
     /// Tile sizes.
     pub tuning: Tuning,
@@ -144,6 +144,12 @@ fn not_fused(variant: &Variant, reason: &'static str) -> Error {
 /// in vector code, a user's through its own f64 methods.
 pub(crate) fn plan(variant: &Variant) -> Result<Plan> {
     let plan = variant.plan()?;
+    check_fused(variant, &plan)?;
+    Ok(plan)
+}
+
+/// `Ok` when the CPU kernels run `plan` (`variant`'s), else [`Error::NotFused`] with the reason.
+pub(crate) fn check_fused(variant: &Variant, plan: &Plan) -> Result<()> {
     match plan.transform {
         Transform::None => {}
         Transform::Inverse | Transform::Recentered | Transform::RecenteredL1 => {
@@ -154,7 +160,7 @@ pub(crate) fn plan(variant: &Variant) -> Result<Plan> {
         (OutputNorm::LayerNorm, Some(_)) => {
             Err(not_fused(variant, "re-weighting before an output layer norm is not fused"))
         }
-        (OutputNorm::LayerNorm, None) | (OutputNorm::None, _) => Ok(plan),
+        (OutputNorm::LayerNorm, None) | (OutputNorm::None, _) => Ok(()),
     }
 }
 
@@ -318,7 +324,7 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, opts: &Options) -> Resu
     unsafe { forward_f32(plan(variant)?, &F32Params::new(p)?, opts) }
 }
 
-/// [`forward_raw`] of a variant whose plan [`Target::prepare`](crate::Target::prepare) derived.
+/// [`forward_raw`] of a variant whose plan [`Kernels`](crate::Kernels) derived.
 ///
 /// # Safety
 /// As [`forward_raw`].
@@ -437,7 +443,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, opts: &Options) -> Res
     unsafe { backward_f32(plan(variant)?, &F32Params::new(p)?, opts) }
 }
 
-/// [`backward_raw`] of a variant whose plan [`Target::prepare`](crate::Target::prepare) derived.
+/// [`backward_raw`] of a variant whose plan [`Kernels`](crate::Kernels) derived.
 ///
 /// # Safety
 /// As [`backward_raw`].

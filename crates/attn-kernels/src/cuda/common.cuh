@@ -37,7 +37,7 @@ struct KParams {
     int B, H, T, D;
     Tensor4 q, k, v, o, g, dq, dk, dv;
     u64 stats;     // f32 (B, H, T, 4): Z, running max, m_i (u max), W_i
-    u64 inv_norms; // f32: 1 / max(||x||, 1e-12) of the (B*H, T) q rows, then the (B*Hkv, Tk) k rows (cosine only)
+    u64 inv_norms; // f32: 1 / max(||x||, L2_NORM_EPS) of the (B*H, T) q rows, then the (B*Hkv, Tk) k rows (cosine only)
     u64 rowgrad;   // f32 (B*H*T, 2): D'_i and C_i (backward v1 and v4; the lab's use rowk)
     u64 dq_acc;    // f32 (B*H*T, HD): dq before the projection and the dtype (backward v7 only)
     u64 rowk;      // RowK6 (B*H*T): each row's backward constants, written once by the lab's rows
@@ -234,7 +234,7 @@ __device__ __forceinline__ float row_scale(const KParams& p, int n) {
 __device__ __forceinline__ float row_bias(const KParams& p, int n) {
     return p.bias_log ? p.bias_c - __logf((float)n) : p.bias_c;
 }
-__device__ __forceinline__ float offset_of(int n) { return n <= 3 ? 0.f : 1.f; }
+__device__ __forceinline__ float offset_of(int n) { return n <= OFFSET_FREE_ROWS ? 0.f : 1.f; }
 
 // Stage-1 normalising factor: a_ij = f_ij * anorm.
 __device__ __forceinline__ float anorm(float z, int n) {
@@ -290,5 +290,5 @@ extern "C" __global__ void lssa_inv_norms(KParams p) {
         s += v * v;
     }
     s = warp_sum(s);
-    if (lane == 0) ((float*)p.inv_norms)[w] = 1.f / fmaxf(sqrtf(s), 1e-12f);
+    if (lane == 0) ((float*)p.inv_norms)[w] = 1.f / fmaxf(sqrtf(s), L2_NORM_EPS);
 }

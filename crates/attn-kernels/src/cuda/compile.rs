@@ -84,6 +84,12 @@ pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype, generation: Generatio
         dtype.code(),
         head_dim
     );
+    // attn-core's constants, by name: the CUDA sources write none of them again.
+    s.push_str(&format!(
+        "#define L2_NORM_EPS {:e}f\n#define OFFSET_FREE_ROWS {}\n",
+        attn_core::stage::L2_NORM_EPS as f32,
+        attn_core::stage::OFFSET_FREE_ROWS
+    ));
     s.push_str(COMMON_SRC);
     s.push_str(SIMT_SRC);
     if !has_tensor_core_forward(head_dim, dtype) {

@@ -2,7 +2,7 @@
 //! no CUDA kernel: what every compiled module is specialised on. It uses no other module of `cuda`
 //! (`compile` and `plan` use it), so the module graph has no cycle (`xtask/tests/tidy.rs`).
 
-use attn_core::{Bias, Builtin, Norm, OutputNorm, Phi, Scale, Transform, Variant};
+use attn_core::{Bias, Builtin, Norm, OutputNorm, Phi, Plan, Scale, Transform, Variant};
 
 use super::Dtype;
 use crate::{Error, Result};
@@ -29,7 +29,11 @@ pub(super) fn not_fused(variant: &Variant, reason: &'static str) -> Error {
 impl Config {
     /// Resolves `variant` for head dimension `head_dim`, or says why it has no CUDA kernel.
     pub fn new(variant: &Variant, head_dim: usize) -> Result<Self> {
-        let plan = variant.plan()?;
+        Self::planned(variant, &variant.plan()?, head_dim)
+    }
+
+    /// [`Config::new`] from `variant`'s plan, derived once by its owner ([`crate::Kernels`]).
+    pub(crate) fn planned(variant: &Variant, plan: &Plan, head_dim: usize) -> Result<Self> {
         match plan.transform {
             Transform::None => {}
             Transform::Inverse | Transform::Recentered | Transform::RecenteredL1 => {

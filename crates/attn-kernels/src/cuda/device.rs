@@ -304,7 +304,7 @@ pub unsafe fn forward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: K
     unsafe { on_gpu(&Config::new(variant, p.head_dim)?, p, dtype, kernel, forward_exec) }
 }
 
-/// [`forward_raw`] of a variant already resolved for `p.head_dim` ([`Target::prepare`](crate::Target::prepare)).
+/// [`forward_raw`] of a variant already resolved for `p.head_dim` ([`Kernels::prepared`](crate::Kernels::prepared)).
 ///
 /// # Safety
 /// As [`forward_raw`].
@@ -329,7 +329,7 @@ pub unsafe fn backward_raw(variant: &Variant, p: &Params, dtype: Dtype, kernel: 
     unsafe { on_gpu(&Config::new(variant, p.head_dim)?, p, dtype, kernel, backward_exec) }
 }
 
-/// [`backward_raw`] of a variant already resolved for `p.head_dim` ([`Target::prepare`](crate::Target::prepare)).
+/// [`backward_raw`] of a variant already resolved for `p.head_dim` ([`Kernels::prepared`](crate::Kernels::prepared)).
 ///
 /// # Safety
 /// As [`backward_raw`].

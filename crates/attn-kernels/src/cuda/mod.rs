@@ -109,7 +109,7 @@ pub const MAX_HEAD_DIM: usize = 256;
 
 /// Which kernels run: [`Kernel::Auto`], the measured default, or (with the `lab` feature) one
 /// version of the kernel lab by its number, for benchmarks and the emulator tests.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Kernel {
     /// The fastest measured kernels that apply: forward v5 at head dimension 64 and v3 at 128
     /// (16-byte aligned rows), else v2 (even strides), else v1; backward v7 where v3 or v5 is the

@@ -1,15 +1,15 @@
 //! Fused attention inside libtorch's autograd: whether a call runs fused, asked of attn-kernels'
 //! [`Target`], and the call itself through the crate's FFI (the crate's `ffi` module, `csrc/fused_attention.cpp`).
 //!
-//! The eligibility rules (which devices, dtypes, variants and head dimensions have kernels) are
-//! attn-kernels': [`Target::for_tensors`] and [`Target::prepare`], whose prepared kernels the model's
-//! [`Attention`] keeps per target. This module only names tch's devices and dtypes as those functions
-//! take them, checks the shapes, and chooses how many statistics per row the bridge allocates.
+//! The eligibility rules (which devices, dtypes, variants and head dimensions have kernels) and the
+//! layout of the statistics (with or without re-weighting's helper) are attn-kernels': [`Target::new`]
+//! and [`attn_kernels::Kernels::prepared`], whose cache the model's [`Attention`] holds. This module
+//! only maps tch's devices and dtypes onto attn-kernels' and checks the shapes.
 //!
 //! Errors: a kernel error (or a panic, caught) comes back as [`FusedError::Bridge`]; a failure in the
 //! backward surfaces where tch's `backward()` reports libtorch errors.
 
-use attn_kernels::{Target, cpu, cuda};
+use attn_kernels::{Dtype, Target, cuda};
 use tch::{Device, Kind, Tensor};
 
 use super::Attention;
@@ -41,21 +41,20 @@ pub enum FusedError {
     Bridge(String),
 }
 
-/// The kernels' target for tensors of `kind` on `device`: attn-kernels' [`Target::for_tensors`],
-/// with tch's device and dtype named as PyTorch names them.
+/// The kernels' target for tensors of `kind` on `device` ([`Target::new`]).
 fn target(device: Device, kind: Kind) -> Result<Target, FusedError> {
-    let device_name = match device {
-        Device::Cpu => "cpu",
-        Device::Cuda(_) => "cuda",
+    let device = match device {
+        Device::Cpu => attn_kernels::Device::Cpu,
+        Device::Cuda(_) => attn_kernels::Device::Cuda,
         other => return Err(FusedError::Cuda(format!("no fused kernels for {other:?}"))),
     };
-    let dtype_name = match kind {
-        Kind::Float => "float32",
-        Kind::Half => "float16",
-        Kind::BFloat16 => "bfloat16",
+    let dtype = match kind {
+        Kind::Float => Dtype::F32,
+        Kind::Half => Dtype::F16,
+        Kind::BFloat16 => Dtype::Bf16,
         _ => return Err(FusedError::Unsupported(kind)),
     };
-    Target::for_tensors(device_name, dtype_name).map_err(|_| FusedError::Unsupported(kind))
+    Target::new(device, dtype).map_err(|_| FusedError::Unsupported(kind))
 }
 
 /// Fused causal attention of `(B, H, T, d)` queries on `(B, H_kv, T_k, d)` keys and values,
@@ -76,19 +75,20 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, att: &Attention) -> Result<
             return Err(FusedError::Unsupported(x.kind()));
         }
     }
-    let qs = check_shapes(q, k, v)?;
-    // A re-weighted CPU forward that autograd will differentiate keeps the helper that spares the
-    // backward its E_i sweep: d + 1 more floats per row, in the same buffer as the statistics.
-    let cpu = matches!(target, Target::Cpu(_));
-    let aux = cpu && att.variant().reweight().is_some() && [q, k, v].iter().any(|x| x.requires_grad());
-    let per_row = cpu::STATS_PER_ROW + if aux { cpu::rw_aux_per_row(qs[3] as usize) } else { 0 };
+    check_shapes(q, k, v)?;
+    // A forward that autograd will differentiate keeps the helper the prepared kernels ask for (a
+    // re-weighted CPU forward's, which spares the backward its E_i sweep), in the same buffer as the
+    // statistics.
+    let aux_per_row = kernels.aux_per_row([q, k, v].iter().any(|x| x.requires_grad()));
+    let aux = aux_per_row > 0;
+    let per_row = kernels.stats_per_row() + aux_per_row;
     let call = FusedCall { kernels, aux };
     apply(q, k, v, call, per_row).map_err(FusedError::Bridge)
 }
 
-/// `q`'s sizes, once `q` is `(B, H, T, d)` and `k`, `v` are `(B, H_kv, T_k, d)` with `H` a multiple
-/// of `H_kv`, `T_k >= T` and no empty axis.
-fn check_shapes(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Vec<i64>, FusedError> {
+/// `Ok` when `q` is `(B, H, T, d)` and `k`, `v` are `(B, H_kv, T_k, d)` with `H` a multiple of
+/// `H_kv`, `T_k >= T` and no empty axis.
+fn check_shapes(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<(), FusedError> {
     let (qs, ks, vs) = (q.size(), k.size(), v.size());
     let fits = qs.len() == 4
         && ks.len() == 4
@@ -107,5 +107,5 @@ fn check_shapes(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Vec<i64>, FusedErr
     if qs.contains(&0) {
         return Err(FusedError::Shape(format!("every size must be >= 1, got {qs:?}")));
     }
-    Ok(qs)
+    Ok(())
 }

@@ -184,7 +184,8 @@ mod tests {
     #[test]
     fn a_node_owns_its_call_until_it_dies_and_an_inference_call_is_released_at_once() {
         let variant: attn_core::Variant = "lssa+rw15".parse().unwrap();
-        let kernels = Arc::new(attn_kernels::Target::Cpu(cpu::Options::default()).prepare(&variant, 8).unwrap());
+        let target = attn_kernels::Target::Cpu(cpu::Options::default());
+        let kernels = attn_kernels::Kernels::new(variant).unwrap().prepared(target, 8).unwrap();
         let x = crate::model::with_seed(3, || Tensor::randn([1, 2, 9, 8], (Kind::Float, Device::Cpu)));
         let per_row = cpu::STATS_PER_ROW;
         let call = |aux| FusedCall { kernels: kernels.clone(), aux };

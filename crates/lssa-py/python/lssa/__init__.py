@@ -284,8 +284,7 @@ def attention(
         # Inference in eager mode (a decoding step): the kernels straight away, without the custom op's
         # dispatch (which cost 25 us a call, more than a one-row step's work at a 1K cache).
         return _ops.attention_inference(q, k, v, variant)
-    keep_aux = q.device.type == "cpu" and Spec(*_spec(variant)).reweight is not None and differentiable
-    out, _stats, _aux = _ops.attention_fwd(q, k, v, variant, keep_aux)
+    out, _stats, _aux = _ops.attention_fwd(q, k, v, variant, differentiable)
     return out
 
 

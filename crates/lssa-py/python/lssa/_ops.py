@@ -29,6 +29,13 @@ from . import _lssa
 
 STATS_PER_ROW: int = _lssa.STATS_PER_ROW
 
+
+def _layout(variant: str, q: Tensor, keep_aux: bool) -> Tuple[int, int]:
+    """Floats per row of the statistics and of re-weighting's backward helper that the forward of
+    ``variant`` on ``q``'s device and dtype writes (the helper's 0 when it keeps none, or when
+    ``keep_aux`` is false): the prepared kernels decide, not this package."""
+    return _lssa.layout(variant, q.device.type, dtype_name(q.dtype), q.shape[-1], keep_aux)
+
 _DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
@@ -110,7 +117,8 @@ def attention_inference(q: Tensor, k: Tensor, v: Tensor, variant: str) -> Tensor
 @torch.library.custom_op("lssa::attention_fwd", mutates_args=())
 def attention_fwd(q: Tensor, k: Tensor, v: Tensor, variant: str, keep_aux: bool) -> Tuple[Tensor, Tensor, Tensor]:
     """Fused causal attention of ``(B, H, T, d)`` queries on ``(B, H_kv, T_k, d)`` keys and values:
-    ``(out, stats, aux)``."""
+    ``(out, stats, aux)``. ``keep_aux``: the output will be differentiated, so keep the backward's
+    helper where the kernels have one (``aux`` is empty otherwise)."""
     _check_same("lssa::attention_fwd", q, k, v)
     q, k, v = _rows(q), _rows(k), _rows(v)
     b, h, t, d = q.shape
@@ -118,9 +126,9 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, variant: str, keep_aux: bool)
     # Zeroed, not empty: the kernels leave the helper unwritten for variants without re-weighting and on
     # CUDA, and an op's outputs must not depend on stale memory (opcheck compares two runs). The
     # statistics (4 floats a row) are zeroed too, so nothing depends on which ones a kernel writes.
-    stats = torch.zeros((b, h, t, STATS_PER_ROW), dtype=torch.float32, device=q.device)
-    aux_shape = (b, h, t, _lssa.rw_aux_per_row(d)) if keep_aux else (0,)
-    aux = torch.zeros(aux_shape, dtype=torch.float32, device=q.device)
+    stats_per_row, aux_per_row = _layout(variant, q, keep_aux)
+    stats = torch.zeros((b, h, t, stats_per_row), dtype=torch.float32, device=q.device)
+    aux = torch.zeros((b, h, t, aux_per_row) if aux_per_row else (0,), dtype=torch.float32, device=q.device)
     with _kernel_stream(q) as stream:
         _lssa.forward(
             variant,
@@ -133,7 +141,7 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, variant: str, keep_aux: bool)
             _raw(v),
             _raw(out),
             stats.data_ptr(),
-            aux.data_ptr() if keep_aux else 0,
+            aux.data_ptr() if aux_per_row else 0,
             stream,
             _threads(q),
         )
@@ -143,9 +151,10 @@ def attention_fwd(q: Tensor, k: Tensor, v: Tensor, variant: str, keep_aux: bool)
 @attention_fwd.register_fake
 def _attention_fwd_fake(q: Tensor, k: Tensor, v: Tensor, variant: str, keep_aux: bool) -> Tuple[Tensor, Tensor, Tensor]:
     b, h, t, d = q.shape
+    stats_per_row, aux_per_row = _layout(variant, q, keep_aux)
     out = q.new_empty((b, h, t, d))
-    stats = q.new_empty((b, h, t, STATS_PER_ROW), dtype=torch.float32)
-    aux = q.new_empty((b, h, t, d + 1) if keep_aux else (0,), dtype=torch.float32)
+    stats = q.new_empty((b, h, t, stats_per_row), dtype=torch.float32)
+    aux = q.new_empty((b, h, t, aux_per_row) if aux_per_row else (0,), dtype=torch.float32)
     return out, stats, aux
 
 
@@ -160,8 +169,9 @@ def attention_bwd(
         raise ValueError(
             f"lssa::attention_bwd: grad must have the shape of q {tuple(q.shape)}, got {tuple(grad.shape)}"
         )
-    want_aux = [(0,), (b, h, t, _lssa.rw_aux_per_row(d))]
-    for name, x, shapes in (("stats", stats, [(b, h, t, STATS_PER_ROW)]), ("aux", aux, want_aux)):
+    stats_per_row, aux_per_row = _layout(variant, q, True)
+    want_aux = [(0,), (b, h, t, aux_per_row)] if aux_per_row else [(0,)]
+    for name, x, shapes in (("stats", stats, [(b, h, t, stats_per_row)]), ("aux", aux, want_aux)):
         if tuple(x.shape) not in shapes or x.dtype != torch.float32 or x.device != q.device:
             raise ValueError(
                 f"lssa::attention_bwd: {name} must be float32 of shape {' or '.join(map(str, shapes))} on {q.device} "
