@@ -460,24 +460,73 @@ fn no_crate_has_a_cycle_between_its_top_level_modules() {
     assert!(cycles.is_empty(), "modules that depend on each other (directly or through others): {cycles:?}");
 }
 
-/// The edges `module -> module` between the child modules of `dir/mod.rs` (files `dir/<m>.rs`): a
-/// `super::<m>::` path, or an item that `mod.rs` re-exports from `<m>` named through `super::`, outside
-/// comments and the `#[cfg(test)]` part.
+/// The items `text` defines itself at its top level (not what it re-exports): the names after
+/// `struct`, `enum`, `union`, `trait`, `type`, `fn`, `const` or `static` opening a line of its code,
+/// visibility and `const` / `unsafe` qualifiers aside.
+fn defined_items(text: &str) -> std::collections::BTreeSet<String> {
+    const KINDS: [&str; 8] = ["struct", "enum", "union", "trait", "type", "fn", "const", "static"];
+    const QUALIFIERS: [&str; 6] = ["pub", "pub(crate)", "pub(super)", "unsafe", "async", "extern"];
+    let code = code_of(text);
+    code.lines()
+        .filter(|l| !l.starts_with(char::is_whitespace))
+        .filter_map(|line| {
+            let words: Vec<&str> = line.split_whitespace().collect();
+            let mut i = 0;
+            // `const fn f` and `const unsafe fn f` are functions, `const X` a constant.
+            while i + 1 < words.len()
+                && (QUALIFIERS.contains(&words[i]) || (words[i] == "const" && matches!(words[i + 1], "fn" | "unsafe")))
+            {
+                i += 1;
+            }
+            let (kind, name) = (words.get(i)?, words.get(i + 1)?);
+            let name: String = name.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            (KINDS.contains(kind) && !name.is_empty()).then_some(name)
+        })
+        .collect()
+}
+
+/// The edges `module -> module` between `dir/mod.rs` (the node `mod`) and its child modules (files
+/// `dir/<m>.rs`), outside comments and the `#[cfg(test)]` part: a child names `super::<m>::`, or an
+/// item that `mod.rs` re-exports from `<m>` through `super::` (an edge to `<m>`), or an item that
+/// `mod.rs` defines itself (an edge to `mod`); `mod.rs` uses `<m>` in its own code or through a
+/// private `use` (an edge from `mod`). A face re-exports and defines nothing its children import.
 fn child_module_edges(mod_rs: &str, children: &[(String, String)]) -> std::collections::BTreeSet<(String, String)> {
     let names: Vec<&str> = children.iter().map(|(m, _)| m.as_str()).collect();
+    let defined = defined_items(mod_rs);
     // `[pub[(crate)]] use <m>::{a, b};` or `use <m>::a;` in mod.rs: item -> m.
     let mut owner = std::collections::BTreeMap::new();
-    let flat = mod_rs.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join(" ");
+    let mut edges = std::collections::BTreeSet::new();
+    let flat = code_of(mod_rs).lines().collect::<Vec<_>>().join(" ");
     for statement in flat.split(';') {
-        let Some((_, path)) = statement.split_once("use ") else { continue };
+        let Some((before, path)) = statement.split_once("use ") else { continue };
         let Some((m, items)) = path.trim().split_once("::") else { continue };
         if names.contains(&m) {
             for item in items.trim_matches(|c| c == '{' || c == '}' || c == ' ').split(',') {
                 owner.insert(item.trim().to_string(), m.to_string());
             }
+            if !before.contains("pub") {
+                edges.insert(("mod".to_string(), m.to_string())); // a private `use`: mod.rs's own code uses it
+            }
         }
     }
-    let mut edges = std::collections::BTreeSet::new();
+    // mod.rs's own code (not its `use` and `mod` items) naming `<m>::`.
+    for line in code_of(mod_rs).lines() {
+        let item = line.trim_start();
+        if ["use ", "pub use ", "pub(crate) use ", "mod ", "pub mod ", "pub(crate) mod ", "#["]
+            .iter()
+            .any(|p| item.starts_with(p))
+        {
+            continue;
+        }
+        for m in &names {
+            if line
+                .match_indices(&format!("{m}::"))
+                .any(|(i, _)| !line[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+            {
+                edges.insert(("mod".to_string(), m.to_string()));
+            }
+        }
+    }
     for (module, text) in children {
         for line in code_of(text).lines() {
             for (i, _) in line.match_indices("super::") {
@@ -488,7 +537,13 @@ fn child_module_edges(mod_rs: &str, children: &[(String, String)]) -> std::colle
                     vec![rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect()]
                 };
                 for w in words {
-                    let target = if names.contains(&w.as_str()) { Some(w.clone()) } else { owner.get(&w).cloned() };
+                    let target = if names.contains(&w.as_str()) {
+                        Some(w.clone())
+                    } else if defined.contains(&w) {
+                        Some("mod".to_string())
+                    } else {
+                        owner.get(&w).cloned()
+                    };
                     if let Some(t) = target.filter(|t| t != module) {
                         edges.insert((module.clone(), t));
                     }
@@ -517,6 +572,9 @@ fn the_cuda_modules_have_no_cycle() {
     assert!(edges.contains(&("device".into(), "compile".into())), "the reader lost an edge: {edges:?}");
     let cycles = on_cycles(&edges);
     assert!(cycles.is_empty(), "cuda modules that depend on each other: {cycles:?} (edges {edges:?})");
+    // Issue 64: mod.rs is a face: no child imports an item it defines (every import points down).
+    let up: Vec<_> = edges.iter().filter(|(_, to)| to == "mod").collect();
+    assert!(up.is_empty(), "cuda modules importing what mod.rs defines (move it into a leaf module): {up:?}");
 }
 
 #[test]
@@ -527,7 +585,42 @@ fn the_child_module_reader_follows_re_exports() {
         ("b".to_string(), "fn f() -> super::X { todo!() }\n#[cfg(test)]\nuse super::a::Y;\n".to_string()),
     ];
     let edges = child_module_edges(mod_rs, &children);
-    assert_eq!(edges, [("a".to_string(), "b".to_string()), ("b".to_string(), "a".to_string())].into());
+    let edge = |a: &str, b: &str| (a.to_string(), b.to_string());
+    assert_eq!(edges, [edge("a", "b"), edge("b", "a"), edge("mod", "b")].into());
+}
+
+#[test]
+fn the_child_module_reader_sees_what_the_parent_defines() {
+    // `Kernel` defined in mod.rs, which uses `plan::Version`, while `plan` imports `super::Kernel`:
+    // the mod.rs <-> plan cycle the reader missed before issue 64.
+    let mod_rs = "mod plan;
+mod leaf;
+use plan::Version;
+pub enum Kernel { Lab(Version) }
+pub(crate) const fn                   cap() -> usize { leaf::N }
+#[cfg(test)]
+mod tests { use plan::Z; }
+";
+    let children = [
+        (
+            "plan".to_string(),
+            "use super::Kernel;
+pub enum Version { V1 }
+"
+            .to_string(),
+        ),
+        (
+            "leaf".to_string(),
+            "pub const N: usize = 3;
+"
+            .to_string(),
+        ),
+    ];
+    let edges = child_module_edges(mod_rs, &children);
+    let edge = |a: &str, b: &str| (a.to_string(), b.to_string());
+    assert_eq!(edges, [edge("mod", "leaf"), edge("mod", "plan"), edge("plan", "mod")].into());
+    assert_eq!(on_cycles(&edges), ["mod <-> plan", "plan <-> mod"].map(String::from).to_vec());
+    assert_eq!(defined_items(mod_rs), ["Kernel", "cap"].map(String::from).into());
 }
 
 #[test]

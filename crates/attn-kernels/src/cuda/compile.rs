@@ -8,7 +8,8 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 #[cfg(feature = "lab")]
 use attn_core::Variant;
 
-use super::{Config, Dtype};
+use super::config::Config;
+use crate::params::Dtype;
 use crate::{Error, Result};
 
 /// The CUDA sources, in the order they are concatenated.

@@ -4,7 +4,7 @@
 
 use attn_core::{Bias, Builtin, Norm, OutputNorm, Phi, Plan, Scale, Transform, Variant};
 
-use super::Dtype;
+use crate::params::Dtype;
 use crate::{Error, Result};
 
 /// A variant resolved into the macros and constants of the kernels.

@@ -9,11 +9,14 @@ use attn_core::Variant;
 
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
 
+use super::compile::{Generation, has_tensor_core_forward};
 use super::compile::{arch_name, compile, has_wgmma};
+use super::config::Config;
+use super::kernel::Kernel;
 use super::launch::{Buf, Exec, backward_exec, check_params, forward_exec};
 use super::plan::{KParams, Kern, backward_version, forward_version, not_compiled};
-use super::{Config, Dtype, Generation, Kernel, has_tensor_core_forward};
 use crate::Params;
+use crate::params::Dtype;
 use crate::{Error, Result};
 
 /// One compiled specialisation on a GPU.

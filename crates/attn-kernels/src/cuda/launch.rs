@@ -2,12 +2,15 @@
 //! arguments prepared, and the forward and backward on an [`Exec`] (the GPU entry points that run
 //! them are in `device.rs`).
 
+use super::compile::has_tensor_core_forward;
+use super::config::Config;
+use super::kernel::{Kernel, MAX_HEAD_DIM, Version};
 use super::plan::{
     KParams, Kern, MMA_ROWS, MMA3_ROWS, MMA5_ROWS, ROWS_PER_BLOCK, aligned, backward_version, forward_version, kparams,
     pairs_aligned, rows_aligned16, t4, t4m,
 };
-use super::{Config, Dtype, Kernel, Version, has_tensor_core_forward};
 use crate::Params;
+use crate::params::Dtype;
 use crate::{Error, Result};
 
 /// Bytes of one row's backward constants (`RowK6` in `v6_bwd.cu`, which asserts the size).
@@ -21,12 +24,8 @@ pub(super) fn check_params(p: &Params) -> Result<()> {
         )));
     }
     p.check_kv()?;
-    if p.head_dim > super::MAX_HEAD_DIM {
-        return Err(Error::BadParams(format!(
-            "head dimension {} > {} has no CUDA kernel",
-            p.head_dim,
-            super::MAX_HEAD_DIM
-        )));
+    if p.head_dim > MAX_HEAD_DIM {
+        return Err(Error::BadParams(format!("head dimension {} > {} has no CUDA kernel", p.head_dim, MAX_HEAD_DIM)));
     }
     Ok(())
 }

@@ -3,9 +3,11 @@
 
 use cudarc::driver::DeviceRepr;
 
+use super::compile::{Generation, has_tensor_core_forward};
 use super::config::Config;
-use super::{Dtype, Generation, Kernel, has_tensor_core_forward};
+use super::kernel::{Kernel, Version};
 use crate::Params;
+use crate::params::Dtype;
 use crate::{Error, Result};
 
 /// A launch of a kernel its module does not hold (its generation, head dimension, dtype or
@@ -293,56 +295,6 @@ fn mma3_smem(head_dim: usize) -> usize {
 /// Dynamic shared memory of the v4 keys kernel: the block's K and V, then two stages of Q and G tiles.
 fn bwd_keys_smem(head_dim: usize) -> usize {
     6 * 64 * (head_dim + 8) * 2
-}
-
-/// A kernel version of the lab, by its number (`src/cuda/LAB.md`): forwards v1, v2, v3, v5 and v8,
-/// backwards v1, v4, v6, v7 and v9. What a launch resolves a [`Kernel`] to, and (with the `lab`
-/// feature) what a [`Kernel::Lab`] request names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Version {
-    /// `lssa_fwd_simt`; `lssa_bwd_rows` + `lssa_bwd_keys`.
-    V1,
-    /// `lssa_fwd_mma`.
-    V2,
-    /// `lssa_fwd_mma3`.
-    V3,
-    /// `lssa_bwd_rows_mma` + `lssa_bwd_keys_mma`.
-    V4,
-    /// `lssa_fwd_mma5` (with re-weighting `lssa_fwd_stats5` + `lssa_fwd_rw5`).
-    V5,
-    /// `lssa_bwd_rows_mma6` + `lssa_bwd_keys_mma6`.
-    V6,
-    /// `lssa_bwd_rowstats7` + `lssa_bwd_keys_mma7` + `lssa_bwd_dq7`.
-    V7,
-    /// `lssa_fwd_wg8` (with re-weighting `lssa_fwd_stats8` + `lssa_fwd_rw8`).
-    V8,
-    /// `lssa_bwd_rowstats9` + `lssa_bwd_keys_wg9` + `lssa_bwd_dq7`.
-    V9,
-}
-
-impl Version {
-    /// Every version, in order.
-    pub const ALL: [Version; 9] = [
-        Version::V1,
-        Version::V2,
-        Version::V3,
-        Version::V4,
-        Version::V5,
-        Version::V6,
-        Version::V7,
-        Version::V8,
-        Version::V9,
-    ];
-
-    /// The lab's version number.
-    pub const fn number(self) -> u32 {
-        self as u32 + 1
-    }
-
-    /// `v1` to `v9`.
-    pub const fn name(self) -> &'static str {
-        ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9"][self as usize]
-    }
 }
 
 /// The forward version `kernel` runs (1, 2, 3, 5 or 8) for inputs whose rows allow `[v2, v3]`

@@ -4,10 +4,12 @@ use half::bf16;
 
 use attn_core::Variant;
 
+use super::compile::Generation;
+use super::config::Config;
 use super::device::{GpuExec, cuda_err, module};
 use super::launch::Exec;
 use super::plan::{KParams, Kern};
-use super::{Config, Dtype, Generation};
+use crate::params::Dtype;
 use crate::{Error, Result};
 
 /// What the driver made of one kernel (after its JIT of the PTX): for reading timings.

@@ -5,12 +5,14 @@ use ndarray::{Array4, ArrayView4, AsArray, Ix4};
 
 use attn_core::Variant;
 
+use super::config::Config;
 use super::config::not_fused;
 use super::device::GpuExec;
+use super::kernel::Options;
 use super::launch::{Buf, Exec, backward_exec, forward_exec};
-use super::{Config, Dtype, Options};
 use crate::Params;
 use crate::cpu::STATS_PER_ROW;
+use crate::params::Dtype;
 use crate::{Error, Grads, Result};
 
 // ---------------------------------------------------------------------------------------------
