@@ -528,7 +528,8 @@ fn child_module_edges(mod_rs: &str, children: &[(String, String)]) -> std::colle
         }
     }
     for (module, text) in children {
-        for line in code_of(text).lines() {
+        // One line, so that a `use super::{...}` group over several lines is read whole.
+        for line in [code_of(text).lines().collect::<Vec<_>>().join(" ")] {
             for (i, _) in line.match_indices("super::") {
                 let rest = &line[i + 7..];
                 let words: Vec<String> = if let Some(group) = rest.strip_prefix('{') {
@@ -555,26 +556,30 @@ fn child_module_edges(mod_rs: &str, children: &[(String, String)]) -> std::colle
 }
 
 #[test]
-fn the_cuda_modules_have_no_cycle() {
-    // ARCHITECTURE.md: `config` and `compile` use no module that uses them back, and so on down.
-    let dir = root().join("crates/attn-kernels/src/cuda");
-    let read = |p: &Path| std::fs::read_to_string(p).expect("a cuda source");
-    let mod_rs = read(&dir.join("mod.rs"));
-    let mut children = Vec::new();
-    for entry in std::fs::read_dir(&dir).expect("the cuda directory") {
-        let p = entry.expect("an entry").path();
-        let name = p.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_string();
-        if p.extension().is_some_and(|e| e == "rs") && name != "mod" {
-            children.push((name, read(&p)));
+fn the_cuda_and_cpu_modules_have_no_cycle_and_import_only_downwards() {
+    // ARCHITECTURE.md: `config` and `compile` use no module that uses them back, and so on down;
+    // the CPU kernels' shared types live in `split`, below the modules that use them.
+    let read = |p: &Path| std::fs::read_to_string(p).expect("a kernel source");
+    for (dir, known_edge) in [("cuda", ("device", "compile")), ("cpu", ("bwd", "split"))] {
+        let dir = root().join("crates/attn-kernels/src").join(dir);
+        let mod_rs = read(&dir.join("mod.rs"));
+        let mut children = Vec::new();
+        for entry in std::fs::read_dir(&dir).expect("the kernels' directory") {
+            let p = entry.expect("an entry").path();
+            let name = p.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_string();
+            if p.extension().is_some_and(|e| e == "rs") && name != "mod" {
+                children.push((name, read(&p)));
+            }
         }
+        let edges = child_module_edges(&mod_rs, &children);
+        let known = (known_edge.0.to_string(), known_edge.1.to_string());
+        assert!(edges.contains(&known), "the reader lost an edge of {}: {edges:?}", dir.display());
+        let cycles = on_cycles(&edges);
+        assert!(cycles.is_empty(), "{} modules that depend on each other: {cycles:?} (edges {edges:?})", dir.display());
+        // Issue 64: mod.rs is a face: no child imports an item it defines (every import points down).
+        let up: Vec<_> = edges.iter().filter(|(_, to)| to == "mod").collect();
+        assert!(up.is_empty(), "{} modules importing what mod.rs defines (move it into a leaf): {up:?}", dir.display());
     }
-    let edges = child_module_edges(&mod_rs, &children);
-    assert!(edges.contains(&("device".into(), "compile".into())), "the reader lost an edge: {edges:?}");
-    let cycles = on_cycles(&edges);
-    assert!(cycles.is_empty(), "cuda modules that depend on each other: {cycles:?} (edges {edges:?})");
-    // Issue 64: mod.rs is a face: no child imports an item it defines (every import points down).
-    let up: Vec<_> = edges.iter().filter(|(_, to)| to == "mod").collect();
-    assert!(up.is_empty(), "cuda modules importing what mod.rs defines (move it into a leaf module): {up:?}");
 }
 
 #[test]

@@ -10,9 +10,10 @@ use rayon::prelude::*;
 use super::engine::{self, Dims, Head, STATS};
 use super::grad::{self, BwdScratch, RowGrad};
 use super::isa::Isa;
-use super::{
+use super::short;
+use super::split::{
     F32Params, KeyNorms, Options, QueryTask, SendPtr, dims, head, head_slice, inverse_norms, pack, rw_aux_per_row,
-    short, write_rows,
+    write_rows,
 };
 use crate::{RawTensor, Result};
 

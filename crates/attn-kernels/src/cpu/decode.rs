@@ -30,8 +30,8 @@ use rayon::prelude::*;
 use super::engine::{self, Dims, FOLD_TILES, Head, STATS};
 use super::fwd::{self, FwdScratch, Query, Stage1, Stage2, Sweeps};
 use super::isa::Isa;
+use super::split::{F32Params, SendPtr, head_slice, rw_aux_per_row};
 use super::team::Helpers;
-use super::{F32Params, SendPtr, head_slice, rw_aux_per_row};
 
 /// The most bytes of keys and values (`B H_kv T_k d` floats each) that a short call reads on the
 /// calling thread alone.

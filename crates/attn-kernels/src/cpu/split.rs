@@ -1,0 +1,290 @@
+//! What the CPU forward and backward share below the entry points: the call's options
+//! ([`Options`]), its pointers typed `f32` ([`F32Params`]), the tiles of a call ([`dims`]), the
+//! per-head views and packed copies of the inputs, the inverse norms, the tasks of the work split
+//! ([`QueryTask`]) and a scratch per worker thread ([`PerThread`]). A leaf below `mod.rs`: it uses
+//! `engine`, `isa`, `short` and `team` and nothing that uses it back (`xtask/tests/tidy.rs`).
+
+use rayon::prelude::*;
+
+use super::engine::{self, Dims, Head, Tuning};
+use super::isa::Isa;
+use super::short;
+use super::team::Helpers;
+use crate::params::{Dtype, Params, RawTensor};
+use crate::{Error, Result};
+
+/// Floats per row of [`Params::rw_aux`] at head dimension `head_dim`: `c_i` and `y_i`.
+pub const fn rw_aux_per_row(head_dim: usize) -> usize {
+    head_dim + 1
+}
+
+/// Execution options: tile sizes, the instruction set and where a decoding step's helpers come
+/// from. Defaults: [`Tuning::default`], [`Isa::detect`] and [`Helpers::Rayon`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Options {
+    /// Tile sizes.
+    pub tuning: Tuning,
+    /// The instruction set to run (tests force [`Isa::Scalar`] to cover the fallback).
+    pub isa: Isa,
+    /// The threads of a short call (a decoding step, at most 4 query rows);
+    /// longer calls run on the caller's rayon pool whatever this says.
+    pub helpers: Helpers,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { tuning: Tuning::default(), isa: Isa::detect(), helpers: Helpers::Rayon }
+    }
+}
+
+/// [`Params`] with its pointers typed `f32`, which is all the CPU kernels take: what every function
+/// below reads. Made once per call by [`F32Params::new`], which refuses another dtype.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct F32Params {
+    pub(crate) batch: usize,
+    pub(crate) heads: usize,
+    pub(crate) kv_heads: usize,
+    pub(crate) seq_len: usize,
+    pub(crate) kv_len: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) q: RawTensor<*const f32>,
+    pub(crate) k: RawTensor<*const f32>,
+    pub(crate) v: RawTensor<*const f32>,
+    pub(crate) o: RawTensor<*mut f32>,
+    pub(crate) stats: *mut f32,
+    pub(crate) rw_aux: *mut f32,
+    pub(crate) d_out: RawTensor<*const f32>,
+    pub(crate) dq: RawTensor<*mut f32>,
+    pub(crate) dk: RawTensor<*mut f32>,
+    pub(crate) dv: RawTensor<*mut f32>,
+}
+
+// SAFETY: plain data, as `Params`.
+unsafe impl Send for F32Params {}
+// SAFETY: as above.
+unsafe impl Sync for F32Params {}
+
+impl F32Params {
+    /// The key head that query head `h` reads.
+    pub(super) fn kv_head(&self, h: usize) -> usize {
+        h / (self.heads / self.kv_heads)
+    }
+
+    pub(super) fn new(p: &Params) -> Result<Self> {
+        if p.dtype != Dtype::F32 {
+            return Err(Error::BadParams(format!("the CPU kernels take f32 tensors, got {:?}", p.dtype)));
+        }
+        p.check_kv()?;
+        Ok(Self {
+            batch: p.batch,
+            heads: p.heads,
+            kv_heads: p.kv_heads,
+            seq_len: p.seq_len,
+            kv_len: p.kv_len,
+            head_dim: p.head_dim,
+            q: p.q.cast(),
+            k: p.k.cast(),
+            v: p.v.cast(),
+            o: p.o.cast_mut(),
+            stats: p.stats,
+            rw_aux: p.rw_aux,
+            d_out: p.d_out.cast(),
+            dq: p.dq.cast_mut(),
+            dk: p.dk.cast_mut(),
+            dv: p.dv.cast_mut(),
+        })
+    }
+}
+
+/// A raw pointer that may cross rayon tasks; every task touches disjoint rows.
+#[derive(Clone, Copy)]
+pub(super) struct SendPtr<P>(pub(super) P);
+// SAFETY: the raw entry points' contract makes every task write disjoint rows and only read inputs.
+unsafe impl<P> Send for SendPtr<P> {}
+// SAFETY: as above.
+unsafe impl<P> Sync for SendPtr<P> {}
+
+/// The tile sizes and instruction set of one call, its tiles checked.
+pub(super) fn dims(p: &F32Params, tuning: Tuning, isa: Isa) -> Result<Dims> {
+    if tuning.block_q == 0 || tuning.block_k == 0 {
+        return Err(Error::BadParams(format!("tile sizes must be >= 1, got {tuning:?}")));
+    }
+    Ok(Dims {
+        isa: isa.assert_supported(),
+        t: p.kv_len,
+        off: p.kv_len - p.seq_len,
+        d: p.head_dim,
+        group: 1,
+        bq: tuning.block_q,
+        bk: tuning.block_k,
+        cache_bytes: tuning.score_cache_bytes,
+        in_range: false, // set once the norms are known (`engine::scores_in_range`)
+    })
+}
+
+/// The `(b, h)` head of a raw tensor as a slice covering its `T` rows.
+///
+/// # Safety
+/// `x` must be valid for reads of `T` rows of `d` elements at the given strides.
+pub(super) unsafe fn head_slice<'a>(
+    x: RawTensor<*const f32>,
+    b: usize,
+    h: usize,
+    t: usize,
+    d: usize,
+) -> (&'a [f32], usize) {
+    let ld = x.strides[2];
+    // SAFETY: the caller guarantees the rows exist; the span covers rows 0..t.
+    let s = unsafe { std::slice::from_raw_parts(x.ptr.add(b * x.strides[0] + h * x.strides[1]), (t - 1) * ld + d) };
+    (s, ld)
+}
+
+/// Which key norms [`inverse_norms`] computes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum KeyNorms {
+    /// Every key's, as the packed scores take them.
+    Packed,
+    /// Every key's, as a short call's forward takes them with its dot products
+    /// ([`short::inv_norms_short`]): the backward of a short call.
+    Short,
+}
+
+/// Inverse L2 norms of every `q` and `k` row (cosine variants): `(B·H, T_q)` for the queries, then
+/// `(B·H_kv, T_k)` for the keys. (A short forward takes its keys' norms with its dot products.)
+pub(super) unsafe fn inverse_norms(p: &F32Params, isa: Isa, cosine: bool, keys: KeyNorms) -> Vec<f32> {
+    let (tq, tk, d) = (p.seq_len, p.kv_len, p.head_dim);
+    if !cosine {
+        return Vec::new();
+    }
+    let mut out = vec![0.0f32; p.batch * (p.heads * tq + p.kv_heads * tk)];
+    let (qn, kn) = out.split_at_mut(p.batch * p.heads * tq);
+    let one = |x: RawTensor<*const f32>, heads: usize, t: usize, dst: &mut [f32], short: bool| {
+        let x = SendPtr(x);
+        dst.par_chunks_mut(t).enumerate().for_each(|(i, buf)| {
+            // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+            #[allow(clippy::redundant_locals)]
+            let x = x;
+            // SAFETY: forwarded from the caller of the raw entry point.
+            let (xs, ld) = unsafe { head_slice(x.0, i / heads, i % heads, t, d) };
+            if short {
+                short::inv_norms_short(isa, xs, ld, t, d, buf);
+            } else {
+                engine::inv_norms(isa, xs, ld, t, d, buf);
+            }
+        });
+    };
+    one(p.q, p.heads, tq, qn, false);
+    one(p.k, p.kv_heads, tk, kn, keys == KeyNorms::Short);
+    out
+}
+
+/// Every key head's key tiles (when `keys`) and value tiles (when `values`) packed for the score
+/// products: `(B·H_kv, packed_len)` each. `O(B·H_kv·T_k·d)`, the size of the input.
+///
+/// # Safety
+/// As [`forward_raw`].
+pub(super) unsafe fn pack(p: &F32Params, dims: Dims, keys: bool, values: bool) -> (Vec<f32>, Vec<f32>) {
+    let (bh, t, d) = (p.batch * p.kv_heads, p.kv_len, p.head_dim);
+    let len = engine::packed_len(dims);
+    let one = |x: RawTensor<*const f32>| -> Vec<f32> {
+        let mut out = vec![0.0f32; bh * len];
+        let x = SendPtr(x);
+        out.par_chunks_mut(len).enumerate().for_each(|(i, dst)| {
+            // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+            #[allow(clippy::redundant_locals)]
+            let x = x;
+            // SAFETY: forwarded from the caller of the raw entry point.
+            let (src, ld) = unsafe { head_slice(x.0, i / p.kv_heads, i % p.kv_heads, t, d) };
+            engine::pack_head(src, ld, dims, dst);
+        });
+        out
+    };
+    (if keys { one(p.k) } else { Vec::new() }, if values { one(p.v) } else { Vec::new() })
+}
+
+/// # Safety
+/// As [`forward_raw`]; `packed` from [`pack`] for the same call.
+pub(super) unsafe fn head<'a>(
+    p: &F32Params,
+    norms: &'a [f32],
+    packed: &'a (Vec<f32>, Vec<f32>),
+    dims: Dims,
+    b: usize,
+    h: usize,
+) -> Head<'a> {
+    let (tq, tk, d, hk) = (p.seq_len, p.kv_len, p.head_dim, p.kv_head(h));
+    // SAFETY: forwarded.
+    let ((q, ldq), (k, ldk), (v, ldv)) =
+        unsafe { (head_slice(p.q, b, h, tq, d), head_slice(p.k, b, hk, tk, d), head_slice(p.v, b, hk, tk, d)) };
+    let (inq, ink) = if norms.is_empty() {
+        (&[][..], &[][..])
+    } else {
+        let xq = (b * p.heads + h) * tq;
+        let xk = p.batch * p.heads * tq + (b * p.kv_heads + hk) * tk;
+        // Empty key norms: the scores take them with their dot products (a short forward).
+        (&norms[xq..xq + tq], norms.get(xk..xk + tk).unwrap_or(&[]))
+    };
+    let len = engine::packed_len(dims);
+    let x = b * p.kv_heads + hk;
+    let kt = if packed.0.is_empty() { &[][..] } else { &packed.0[x * len..(x + 1) * len] };
+    let vt = if packed.1.is_empty() { &[][..] } else { &packed.1[x * len..(x + 1) * len] };
+    Head { q, k, v, ldq, ldk, ldv, inq, ink, kt, vt }
+}
+
+/// Writes `rows` (row-major, `d` wide) to rows `[i0, ..)` of head `(b, h)` of `x`.
+///
+/// # Safety
+/// `x` must be valid for writes there, and no other thread may write those rows.
+pub(super) unsafe fn write_rows(x: RawTensor<*mut f32>, b: usize, h: usize, i0: usize, d: usize, rows: &[f32]) {
+    for (r, row) in rows.chunks_exact(d).enumerate() {
+        // SAFETY: see the function contract.
+        unsafe {
+            let dst = x.ptr.add(b * x.strides[0] + h * x.strides[1] + (i0 + r) * x.strides[2]);
+            std::ptr::copy_nonoverlapping(row.as_ptr(), dst, d);
+        }
+    }
+}
+
+/// A task of the forward or of the backward's row phase: query tile `task % nqt` of head
+/// `x = task / nqt` (batch `b`, head `h`), rows `[i0, i0 + nq)`.
+pub(super) struct QueryTask {
+    pub(super) x: usize,
+    pub(super) b: usize,
+    pub(super) h: usize,
+    pub(super) i0: usize,
+    pub(super) nq: usize,
+}
+
+impl QueryTask {
+    pub(super) fn new(task: usize, p: &F32Params, dims: Dims) -> Self {
+        let nqt = p.seq_len.div_ceil(dims.bq);
+        let (x, qt) = (task / nqt, task % nqt);
+        let i0 = qt * dims.bq;
+        Self { x, b: x / p.heads, h: x % p.heads, i0, nq: dims.bq.min(p.seq_len - i0) }
+    }
+}
+
+/// One scratch per worker thread of the current rayon pool, made on first use and kept for the
+/// call. `for_each_init` makes one per rayon split instead, many per call, and re-weighting's
+/// scratch holds a score cache of up to 16 MiB: after the first such block is freed, glibc serves
+/// the later ones from its heap (its dynamic mmap threshold) and keeps them, so LSSAR's peak memory
+/// at T = 65536 rose from 50 to 75 MiB when faster kernels changed the splits (`bench-kernels memory`).
+pub(super) struct PerThread<S> {
+    slots: Vec<std::sync::Mutex<Option<S>>>,
+}
+
+impl<S> PerThread<S> {
+    pub(super) fn new() -> Self {
+        Self { slots: (0..rayon::current_num_threads()).map(|_| std::sync::Mutex::new(None)).collect() }
+    }
+
+    /// Runs `f` on this thread's scratch (made by `make` on first use). Off the pool, or should the
+    /// thread's slot be in use (a task that re-enters rayon), `f` gets a scratch of its own.
+    pub(super) fn with<R>(&self, make: impl FnOnce() -> S, f: impl FnOnce(&mut S) -> R) -> R {
+        let slot = rayon::current_thread_index().and_then(|i| self.slots.get(i)).and_then(|m| m.try_lock().ok());
+        match slot {
+            Some(mut held) => f(held.get_or_insert_with(make)),
+            None => f(&mut make()),
+        }
+    }
+}
