@@ -726,3 +726,74 @@ fn the_static_finder_sees_statics_in_functions_and_not_in_comments_or_tests() {
             && found[2].starts_with("thread_local!")
     );
 }
+
+/// The items `lib_rs` re-exports from its own modules (`pub use m::{A, B};`), each with its module.
+fn root_re_exports(lib_rs: &str) -> std::collections::BTreeMap<String, String> {
+    let mut owner = std::collections::BTreeMap::new();
+    for statement in code_of(lib_rs).lines().collect::<Vec<_>>().join(" ").split(';') {
+        let Some((_, path)) = statement.split_once("pub use ") else { continue };
+        let Some((m, items)) = path.trim().split_once("::") else { continue };
+        if ["crate", "self", "super"].contains(&m) || !m.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+            continue;
+        }
+        for item in items.trim_matches(|c| c == '{' || c == '}' || c == ' ').split(',') {
+            let name = item.rsplit(" as ").next().unwrap_or("").trim();
+            if !name.is_empty() {
+                owner.insert(name.to_string(), m.to_string());
+            }
+        }
+    }
+    owner
+}
+
+/// The names `text` (outside comments and tests) imports through the crate root's re-exports
+/// `owner`: `crate::X` or `crate::{X, ..}` where the root re-exports `X` from a module.
+fn through_the_root(text: &str, owner: &std::collections::BTreeMap<String, String>) -> Vec<String> {
+    let code = code_of(text).lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join(" ");
+    let mut names = Vec::new();
+    for (i, _) in code.match_indices("crate::") {
+        let rest = &code[i + 7..];
+        let words: Vec<&str> = match rest.strip_prefix('{') {
+            Some(group) => group.split('}').next().unwrap_or("").split(',').collect(),
+            None => vec![rest],
+        };
+        for w in words {
+            let w: String = w.trim().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
+            if owner.contains_key(&w) {
+                names.push(w);
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn modules_import_from_the_defining_module_not_through_the_crate_root() {
+    // Issue 64: lib.rs is a face for the crate's users; inside the crate every import names the
+    // module that defines the item (`crate::variant::Variant`, not `crate::Variant`).
+    let files = text_files(&["rs"]);
+    let mut offenders = Vec::new();
+    for krate in ["attn-core", "attn-kernels", "gpt-model", "trainer", "experiments"] {
+        let src = PathBuf::from(format!("crates/{krate}/src"));
+        let lib = files.iter().find(|(p, _)| *p == src.join("lib.rs")).map(|(_, t)| t.as_str());
+        let owner = root_re_exports(lib.unwrap_or_else(|| panic!("no {}/lib.rs", src.display())));
+        for (p, text) in files.iter().filter(|(p, _)| p.starts_with(&src) && *p != src.join("lib.rs")) {
+            if p.starts_with(src.join("bin")) || p.ends_with("main.rs") {
+                continue; // binaries are the crate's users
+            }
+            for name in through_the_root(text, &owner) {
+                offenders.push(format!("{}: crate::{name} (from `{}`)", p.display(), owner[&name]));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "imports through the crate root's re-exports: {offenders:?}");
+}
+
+#[test]
+fn the_root_re_export_reader_sees_groups_and_single_names() {
+    let lib = "mod a;\nmod b;\npub use a::{X, Y as Z};\npub use b::W;\npub use crate::a::V;\n// pub use b::U;\n";
+    let owner = root_re_exports(lib);
+    assert_eq!(owner.keys().map(String::as_str).collect::<Vec<_>>(), ["W", "X", "Z"]);
+    let text = "use crate::{W, a::X};\nuse crate::b::W as Q;\nfn f() -> crate::Z { todo!() } // crate::X\n#[cfg(test)]\nmod tests { use crate::X; }\n";
+    assert_eq!(through_the_root(text, &owner), ["W", "Z"]);
+}

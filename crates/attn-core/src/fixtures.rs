@@ -3,7 +3,7 @@
 
 use ndarray::{Array4, ArrayView, AsArray, Dimension, Ix4};
 
-use crate::Result;
+use crate::error::Result;
 use crate::real::Real;
 use crate::reference::{Grads, forward};
 use crate::variant::Variant;

@@ -12,8 +12,9 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::activation::{Activation, Builtin};
+use crate::error::Result;
 use crate::stage::{Bias, Norm, OutputNorm, Scale, Scores, Transform};
-use crate::{Result, Variant};
+use crate::variant::Variant;
 
 /// The activation `phi` as a backend sees it.
 #[derive(Clone)]

@@ -3,10 +3,10 @@
 
 use ndarray::{Array4, ArrayView4, AsArray, Ix4};
 
+use crate::error::{Error, Result};
 use crate::real::Real;
 use crate::stage::{L2_NORM_EPS, LAYER_NORM_EPS, OutputNorm, Row, Scores, row_backward, row_forward};
 use crate::variant::Variant;
-use crate::{Error, Result};
 
 /// Gradients of a scalar loss with respect to `q`, `k`, `v` (same shapes as the inputs).
 #[derive(Debug, Clone, PartialEq)]

@@ -2,8 +2,8 @@
 
 use ndarray::{Array4, ArrayViewMut4, AsArray, Ix4};
 
+use crate::error::{Error, Result};
 use crate::real::Real;
-use crate::{Error, Result};
 
 /// NTK-scaled RoPE base for evaluating at `scale = T_test / T_train`:
 /// `base * scale^(d / (d - 2))` for `scale > 1`, `base` unchanged for `scale <= 1` **\[choice\]**.

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::activation::Activation;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Epsilon of the L2 normalisation `x / max(||x||, L2_NORM_EPS)` of cosine scores.
 pub const L2_NORM_EPS: f64 = 1e-12;

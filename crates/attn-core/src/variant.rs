@@ -6,8 +6,8 @@ use std::str::FromStr;
 use std::sync::Arc;
 
 use crate::activation::{self, Activation};
+use crate::error::{Error, Result};
 use crate::stage::{Bias, MAX_REWEIGHT_POWER, Norm, OutputNorm, Scale, Scores, Stage1, Transform};
-use crate::{Error, Result};
 
 /// Every stage-1 preset name of SPEC section 4, in table order.
 pub const STAGE1_NAMES: [&str; 23] = [

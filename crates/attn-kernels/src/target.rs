@@ -13,7 +13,7 @@ use attn_core::{Plan, Variant};
 
 use crate::cpu;
 use crate::cuda;
-use crate::{Dtype, Params};
+use crate::params::{Dtype, Params};
 use crate::{Error, Result};
 
 /// The device of a call's tensors.
@@ -294,7 +294,7 @@ fn same_head_dim(p: &Params, prepared: usize) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RawTensor;
+    use crate::params::RawTensor;
 
     #[test]
     fn targets_are_named_as_frameworks_name_tensors_and_refusals_say_why() {
@@ -362,10 +362,10 @@ mod tests {
             o: RawTensor { ptr: o.as_mut_ptr().cast(), strides },
             stats: stats.as_mut_ptr(),
             rw_aux: std::ptr::null_mut(),
-            d_out: crate::null_input(),
-            dq: crate::null_output(),
-            dk: crate::null_output(),
-            dv: crate::null_output(),
+            d_out: crate::params::null_input(),
+            dq: crate::params::null_output(),
+            dk: crate::params::null_output(),
+            dv: crate::params::null_output(),
             dtype: crate::Dtype::F32,
         };
         // Another dtype is refused before anything is read.

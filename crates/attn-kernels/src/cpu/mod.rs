@@ -44,7 +44,8 @@ use split::{KeyNorms, PerThread, QueryTask, SendPtr, dims, head, inverse_norms, 
 pub use split::{Options, rw_aux_per_row};
 pub use team::Helpers;
 
-use crate::{Error, Grads, Params, RawTensor, Result};
+use crate::params::{Params, RawTensor};
+use crate::{Error, Grads, Result};
 
 /// Number of f32 statistics per row that [`forward_raw`] saves for [`backward_raw`].
 pub const STATS_PER_ROW: usize = STATS;
@@ -228,7 +229,7 @@ fn rows_contiguous<'a>(x: ArrayView4<'a, f32>) -> ndarray::CowArray<'a, f32, Ix4
 
 fn base_params(q: &ArrayView4<'_, f32>, k: &ArrayView4<'_, f32>, v: &ArrayView4<'_, f32>) -> F32Params {
     let sh = q.shape();
-    let (null_c, null_m) = (crate::null_input(), crate::null_output());
+    let (null_c, null_m) = (crate::params::null_input(), crate::params::null_output());
     F32Params {
         batch: sh[0],
         heads: sh[1],

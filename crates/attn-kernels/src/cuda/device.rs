@@ -15,8 +15,8 @@ use super::config::Config;
 use super::kernel::Kernel;
 use super::launch::{Buf, Exec, backward_exec, check_params, forward_exec};
 use super::plan::{KParams, Kern, backward_version, forward_version, not_compiled};
-use crate::Params;
 use crate::params::Dtype;
+use crate::params::Params;
 use crate::{Error, Result};
 
 /// One compiled specialisation on a GPU.

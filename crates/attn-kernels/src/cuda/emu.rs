@@ -41,8 +41,8 @@ use super::launch::{Buf, Exec, backward_exec, check_params, forward_exec};
 use super::plan::{KParams, Kern, not_compiled};
 use super::probe::wgmma_probe_on;
 use super::staging::{backward_on, checked, forward_on};
-use crate::Params;
 use crate::params::Dtype;
+use crate::params::Params;
 use crate::{Error, Grads, Result};
 
 /// The emulation layer, prepended to the kernel sources.

@@ -9,8 +9,8 @@ use super::plan::{
     KParams, Kern, MMA_ROWS, MMA3_ROWS, MMA5_ROWS, ROWS_PER_BLOCK, aligned, backward_version, forward_version, kparams,
     pairs_aligned, rows_aligned16, t4, t4m,
 };
-use crate::Params;
 use crate::params::Dtype;
+use crate::params::Params;
 use crate::{Error, Result};
 
 /// Bytes of one row's backward constants (`RowK6` in `v6_bwd.cu`, which asserts the size).

@@ -85,4 +85,4 @@ pub use plan::kernels_present;
 pub use probe::{KernelResources, WGMMA_PROBE_MODES, jit_info_log, kernel_resources, wgmma_probe};
 pub use staging::{backward, backward_with, forward, forward_with};
 
-pub use crate::Dtype;
+pub use crate::params::Dtype;

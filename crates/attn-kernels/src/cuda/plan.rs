@@ -6,8 +6,8 @@ use cudarc::driver::DeviceRepr;
 use super::compile::{Generation, has_tensor_core_forward};
 use super::config::Config;
 use super::kernel::{Kernel, Version};
-use crate::Params;
 use crate::params::Dtype;
+use crate::params::Params;
 use crate::{Error, Result};
 
 /// A launch of a kernel its module does not hold (its generation, head dimension, dtype or
@@ -227,10 +227,10 @@ pub(crate) struct KParams {
 // SAFETY: plain old data with the C layout the kernels declare.
 unsafe impl DeviceRepr for KParams {}
 
-pub(super) fn t4<P>(x: crate::RawTensor<*const P>) -> Tensor4 {
+pub(super) fn t4<P>(x: crate::params::RawTensor<*const P>) -> Tensor4 {
     Tensor4 { ptr: x.ptr as u64, sb: x.strides[0] as i64, sh: x.strides[1] as i64, st: x.strides[2] as i64 }
 }
-pub(super) fn t4m<P>(x: crate::RawTensor<*mut P>) -> Tensor4 {
+pub(super) fn t4m<P>(x: crate::params::RawTensor<*mut P>) -> Tensor4 {
     t4(x.as_const())
 }
 

@@ -10,9 +10,9 @@ use super::config::not_fused;
 use super::device::GpuExec;
 use super::kernel::Options;
 use super::launch::{Buf, Exec, backward_exec, forward_exec};
-use crate::Params;
 use crate::cpu::STATS_PER_ROW;
 use crate::params::Dtype;
+use crate::params::Params;
 use crate::{Error, Grads, Result};
 
 // ---------------------------------------------------------------------------------------------
@@ -56,9 +56,9 @@ pub(super) fn checked(
     Config::new(variant, q.shape()[3])
 }
 
-fn contiguous<P>(addr: u64, shape: (usize, usize, usize, usize)) -> crate::RawTensor<*mut P> {
+fn contiguous<P>(addr: u64, shape: (usize, usize, usize, usize)) -> crate::params::RawTensor<*mut P> {
     let (_, h, t, d) = shape;
-    crate::RawTensor { ptr: addr as *mut P, strides: [h * t * d, t * d, d] }
+    crate::params::RawTensor { ptr: addr as *mut P, strides: [h * t * d, t * d, d] }
 }
 
 fn shape4(x: &ArrayView4<'_, f32>) -> (usize, usize, usize, usize) {
@@ -84,7 +84,7 @@ fn staged_forward(x: &dyn Exec, cfg: &Config, [q, k, v]: [&ArrayView4<'_, f32>; 
         [x.upload(&to_bytes(q, opts.dtype))?, x.upload(&to_bytes(k, opts.dtype))?, x.upload(&to_bytes(v, opts.dtype))?];
     let o = x.zeros(n * opts.dtype.size())?;
     let stats = x.zeros(sh[0] * sh[1] * sh[2] * STATS_PER_ROW * 4)?;
-    let (null_c, null_m) = (crate::null_input(), crate::null_output());
+    let (null_c, null_m) = (crate::params::null_input(), crate::params::null_output());
     let params = Params {
         batch: sh[0],
         heads: sh[1],
