@@ -400,6 +400,41 @@ fn no_rust_file_is_longer_than_800_lines() {
     assert!(long.is_empty(), "over {MAX} lines: {long:?}");
 }
 
+/// The first identifier of each path `code` names after `prefix`: `prefix::a::B` gives `a`, a group
+/// `prefix::{a::B, C as D}` gives `a` and `C`.
+fn names_after(code: &str, prefix: &str) -> Vec<String> {
+    let ident =
+        |w: &str| -> String { w.trim().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect() };
+    code.match_indices(prefix)
+        .flat_map(|(i, _)| {
+            let rest = &code[i + prefix.len()..];
+            match rest.strip_prefix('{') {
+                Some(group) => group.split('}').next().unwrap_or("").split(',').map(ident).collect(),
+                None => vec![ident(rest)],
+            }
+        })
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// The `use` items of `text` (outside comments and tests) under a first path segment:
+/// `(public, segment, item)` for `[pub] use segment::{a, b as c}`, each item as the importing module
+/// names it (`a`, `c`).
+fn use_items(text: &str) -> Vec<(bool, String, String)> {
+    let mut out = Vec::new();
+    for statement in code_of(text).lines().collect::<Vec<_>>().join(" ").split(';') {
+        let Some((before, path)) = statement.split_once("use ") else { continue };
+        let Some((m, items)) = path.trim().split_once("::") else { continue };
+        for item in items.trim_matches(|c| c == '{' || c == '}' || c == ' ').split(',') {
+            let name = item.rsplit(" as ").next().unwrap_or("").trim();
+            if !name.is_empty() {
+                out.push((before.contains("pub"), m.to_string(), name.to_string()));
+            }
+        }
+    }
+    out
+}
+
 /// The edges `module -> module` between the top-level modules of one crate's library (`src/`, not
 /// `src/bin`): a file of module `m` (`m.rs` or anything under `m/`) that names `crate::n::`, outside
 /// comments and its `#[cfg(test)]` part.
@@ -412,13 +447,9 @@ fn module_edges(files: &[(PathBuf, String)], src: &Path) -> std::collections::BT
         if ["lib", "main", "bin"].contains(&module) {
             continue;
         }
-        for line in code_of(text).lines() {
-            for (i, _) in line.match_indices("crate::") {
-                let other: String =
-                    line[i + 7..].chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-                if !other.is_empty() && other != module {
-                    edges.insert((module.to_string(), other));
-                }
+        for other in names_after(&code_of(text), "crate::") {
+            if other != module {
+                edges.insert((module.to_string(), other));
             }
         }
     }
@@ -496,18 +527,11 @@ fn child_module_edges(mod_rs: &str, children: &[(String, String)]) -> std::colle
     // `[pub[(crate)]] use <m>::{a, b};` or `use <m>::a;` in mod.rs: item -> m.
     let mut owner = std::collections::BTreeMap::new();
     let mut edges = std::collections::BTreeSet::new();
-    let flat = code_of(mod_rs).lines().collect::<Vec<_>>().join(" ");
-    for statement in flat.split(';') {
-        let Some((before, path)) = statement.split_once("use ") else { continue };
-        let Some((m, items)) = path.trim().split_once("::") else { continue };
-        if names.contains(&m) {
-            for item in items.trim_matches(|c| c == '{' || c == '}' || c == ' ').split(',') {
-                owner.insert(item.trim().to_string(), m.to_string());
-            }
-            if !before.contains("pub") {
-                edges.insert(("mod".to_string(), m.to_string())); // a private `use`: mod.rs's own code uses it
-            }
+    for (public, m, item) in use_items(mod_rs).into_iter().filter(|(_, m, _)| names.contains(&m.as_str())) {
+        if !public {
+            edges.insert(("mod".to_string(), m.clone())); // a private `use`: mod.rs's own code uses it
         }
+        owner.insert(item, m);
     }
     // mod.rs's own code (not its `use` and `mod` items) naming `<m>::`.
     for line in code_of(mod_rs).lines() {
@@ -529,26 +553,17 @@ fn child_module_edges(mod_rs: &str, children: &[(String, String)]) -> std::colle
     }
     for (module, text) in children {
         // One line, so that a `use super::{...}` group over several lines is read whole.
-        for line in [code_of(text).lines().collect::<Vec<_>>().join(" ")] {
-            for (i, _) in line.match_indices("super::") {
-                let rest = &line[i + 7..];
-                let words: Vec<String> = if let Some(group) = rest.strip_prefix('{') {
-                    group.split('}').next().unwrap_or("").split(',').map(|w| w.trim().to_string()).collect()
-                } else {
-                    vec![rest.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect()]
-                };
-                for w in words {
-                    let target = if names.contains(&w.as_str()) {
-                        Some(w.clone())
-                    } else if defined.contains(&w) {
-                        Some("mod".to_string())
-                    } else {
-                        owner.get(&w).cloned()
-                    };
-                    if let Some(t) = target.filter(|t| t != module) {
-                        edges.insert((module.clone(), t));
-                    }
-                }
+        let code = code_of(text).lines().collect::<Vec<_>>().join(" ");
+        for w in names_after(&code, "super::") {
+            let target = if names.contains(&w.as_str()) {
+                Some(w)
+            } else if defined.contains(&w) {
+                Some("mod".to_string())
+            } else {
+                owner.get(&w).cloned()
+            };
+            if let Some(t) = target.filter(|t| t != module) {
+                edges.insert((module.clone(), t));
             }
         }
     }
@@ -729,42 +744,22 @@ fn the_static_finder_sees_statics_in_functions_and_not_in_comments_or_tests() {
 
 /// The items `lib_rs` re-exports from its own modules (`pub use m::{A, B};`), each with its module.
 fn root_re_exports(lib_rs: &str) -> std::collections::BTreeMap<String, String> {
-    let mut owner = std::collections::BTreeMap::new();
-    for statement in code_of(lib_rs).lines().collect::<Vec<_>>().join(" ").split(';') {
-        let Some((_, path)) = statement.split_once("pub use ") else { continue };
-        let Some((m, items)) = path.trim().split_once("::") else { continue };
-        if ["crate", "self", "super"].contains(&m) || !m.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
-            continue;
-        }
-        for item in items.trim_matches(|c| c == '{' || c == '}' || c == ' ').split(',') {
-            let name = item.rsplit(" as ").next().unwrap_or("").trim();
-            if !name.is_empty() {
-                owner.insert(name.to_string(), m.to_string());
-            }
-        }
-    }
-    owner
+    use_items(lib_rs)
+        .into_iter()
+        .filter(|(public, m, _)| {
+            *public
+                && !["crate", "self", "super"].contains(&m.as_str())
+                && m.chars().all(|c| c.is_ascii_lowercase() || c == '_')
+        })
+        .map(|(_, m, item)| (item, m))
+        .collect()
 }
 
 /// The names `text` (outside comments and tests) imports through the crate root's re-exports
 /// `owner`: `crate::X` or `crate::{X, ..}` where the root re-exports `X` from a module.
 fn through_the_root(text: &str, owner: &std::collections::BTreeMap<String, String>) -> Vec<String> {
     let code = code_of(text).lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join(" ");
-    let mut names = Vec::new();
-    for (i, _) in code.match_indices("crate::") {
-        let rest = &code[i + 7..];
-        let words: Vec<&str> = match rest.strip_prefix('{') {
-            Some(group) => group.split('}').next().unwrap_or("").split(',').collect(),
-            None => vec![rest],
-        };
-        for w in words {
-            let w: String = w.trim().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-            if owner.contains_key(&w) {
-                names.push(w);
-            }
-        }
-    }
-    names
+    names_after(&code, "crate::").into_iter().filter(|w| owner.contains_key(w)).collect()
 }
 
 #[test]
