@@ -18,11 +18,15 @@
 //! cargo xtask bench train [ARGS...]    set-up if needed, then the trainer's step against a PyTorch eager loop (bench-train ARGS...)
 //! cargo xtask bench cuda [ARGS...]     set-up if needed, build the CUDA kernel lab; run it where there is a GPU (bench-cuda ARGS...)
 //! cargo xtask data [ARGS...]           set-up if needed, then the token shards for training (lssa-data ARGS...)
+//! cargo xtask extension-counts         what the compiler demands of a new activation, kernel version and
+//!                                      experiment kind (a dummy added to a scratch copy), against ARCHITECTURE.md
 //! ```
 //!
 //! Everything here depends on std and anyhow only, so that it builds in seconds on a fresh machine, before libtorch exists.
 #![cfg_attr(not(test), warn(clippy::too_many_lines))] // clippy.toml: 120 lines; tests are exempt
 
+mod extension;
+mod json;
 mod setup;
 
 use std::path::{Path, PathBuf};
@@ -73,6 +77,10 @@ commands:
                           and write llm.c shards + manifest.json to data/default. --tokenizer gpt2,
                           --input FILES..., --out DIR, --verify DIR; `data --help` for every option
 
+  extension-counts        add a dummy built-in activation, CUDA kernel version and experiment kind to a
+                          scratch copy (target/extension-scratch), count the match arms `cargo check`
+                          demands and compare them with ARCHITECTURE.md (`test` runs it too)
+
 environment:
   LSSA_CACHE_DIR   where the torch venv and the corpus live (default $XDG_CACHE_HOME/lssa or ~/.cache/lssa)
   LSSA_PYTHON      the Python used to create the venv and to download the corpus (default python3)
@@ -122,6 +130,7 @@ fn run() -> Result<()> {
         Some("reproduce") => reproduce(&workspace, &args[1..]),
         Some("bench") => bench(&workspace, &args[1..]),
         Some("data") => data(&workspace, &args[1..]),
+        Some("extension-counts") => extension::run(&workspace),
         Some("-h" | "--help" | "help") | None => {
             print!("{USAGE}");
             Ok(())
@@ -167,6 +176,9 @@ fn test(workspace: &Path, extra: &[String]) -> Result<()> {
         let mut production = cargo(workspace);
         production.args(["test", "-p", "attn-kernels", "--doc", "--quiet"]);
         run_cmd(&mut production).context("attn-kernels' doc examples failed without the `lab` feature")?;
+        // ARCHITECTURE.md's counts of what an extension touches, measured by the compiler on a
+        // scratch copy with a dummy variant (after clippy, whose checked dependencies it reuses).
+        extension::run(workspace).context("the extension counts")?;
     }
     let mut cmd = cargo(workspace);
     // The set-up installed NVRTC with PyTorch: the CUDA compile test must run, never skip.

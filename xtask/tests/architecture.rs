@@ -300,48 +300,14 @@ fn extension_bullet(title: &str) -> String {
     rest[..rest.find("\n- ").unwrap_or(rest.len())].to_string()
 }
 
-/// The Rust files whose code (outside tests) contains `needle`.
-fn files_naming(needle: &str) -> Vec<String> {
-    checked_sources()
-        .into_iter()
-        .filter(|(_, t)| code_of(t).contains(needle))
-        .map(|(p, _)| p.display().to_string())
-        .collect()
-}
-
-/// Whether `bullet` names `file` (a backticked path that `file` ends with).
-fn names_file(bullet: &str, file: &str) -> bool {
-    bullet.split('`').skip(1).step_by(2).any(|n| n.ends_with(".rs") && file.ends_with(n))
-}
-
-#[test]
-fn a_new_activation_touches_the_files_architecture_lists() {
-    // Every exhaustive match on the built-ins names Softplus: the files that match are the files a
-    // new built-in touches, and ARCHITECTURE.md names each.
-    let bullet = extension_bullet("A new built-in activation");
-    let files = files_naming("Builtin::Softplus");
-    assert!(files.len() >= 4, "{files:?}");
-    let unnamed: Vec<&String> = files.iter().filter(|f| !names_file(&bullet, f)).collect();
-    assert!(unnamed.is_empty(), "files matching on the built-ins that ARCHITECTURE.md does not name: {unnamed:?}");
-    assert!(bullet.contains(&format!("in {} Rust files", files.len())), "the stated count is not {}", files.len());
-}
-
-#[test]
-fn a_new_kernel_version_touches_the_files_architecture_lists() {
-    let bullet = extension_bullet("A new CUDA kernel version");
-    let files = files_naming("Kern::FwdMma5");
-    assert!(!files.is_empty());
-    let unnamed: Vec<&String> = files.iter().filter(|f| !names_file(&bullet, f)).collect();
-    assert!(unnamed.is_empty(), "files naming kernels that ARCHITECTURE.md does not name: {unnamed:?}");
-}
-
 #[test]
 fn every_post_training_kind_is_wired_where_architecture_says() {
-    let bullet = extension_bullet("A new table or figure of an existing kind");
-    for f in ["spec.rs", "lib.rs", "bin/reproduce.rs", "build.rs", "status.rs"] {
+    // (The match arms a new kind needs are measured by `cargo xtask extension-counts`; this checks
+    // the wiring no compiler error points to.)
+    let bullet = extension_bullet("A new experiment kind");
+    for f in ["lib.rs", "bin/reproduce.rs", "build.rs", "status.rs"] {
         assert!(bullet.contains(&format!("`{f}`")), "ARCHITECTURE.md no longer names {f}");
     }
-    assert!(bullet.contains("touches 5 Rust files"));
     let read = |p: &str| std::fs::read_to_string(root().join(p)).expect("an experiments source");
     let (lib, reproduce) = (read("crates/experiments/src/lib.rs"), read("crates/experiments/src/bin/reproduce.rs"));
     // (Test modules implement no kind, so the whole text is searched: a kind may follow a `cfg(test)` item.)

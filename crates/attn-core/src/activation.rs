@@ -248,43 +248,33 @@ pub fn activation_by_name(name: &str) -> Option<Arc<dyn Activation>> {
     Builtin::from_name(name).map(Builtin::activation)
 }
 
-/// attn-core's built-in activations: every backend has its own code for each one.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Builtin {
-    /// [`Exp`].
-    Exp,
-    /// [`Softplus`].
-    Softplus,
-    /// [`Relu`].
-    Relu,
-    /// [`Relu2`].
-    Relu2,
-    /// [`Relu6`].
-    Relu6,
-    /// [`Gelu`].
-    Gelu,
-    /// [`Sigmoid`].
-    Sigmoid,
-    /// [`Mish`].
-    Mish,
-    /// [`Identity`].
-    Identity,
+crate::listed_enum! {
+    /// attn-core's built-in activations: every backend has its own code for each one. Declared
+    /// with its names and [`Builtin::ALL`] in one list: a new built-in is one line here.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+    pub enum Builtin {
+        /// [`Exp`].
+        Exp => "exp",
+        /// [`Softplus`].
+        Softplus => "softplus",
+        /// [`Relu`].
+        Relu => "relu",
+        /// [`Relu2`].
+        Relu2 => "relu2",
+        /// [`Relu6`].
+        Relu6 => "relu6",
+        /// [`Gelu`].
+        Gelu => "gelu",
+        /// [`Sigmoid`].
+        Sigmoid => "sigmoid",
+        /// [`Mish`].
+        Mish => "mish",
+        /// [`Identity`].
+        Identity => "identity",
+    }
 }
 
 impl Builtin {
-    /// Every built-in, in the fixed order of [`builtin_activations`].
-    pub const ALL: [Builtin; 9] = [
-        Builtin::Exp,
-        Builtin::Softplus,
-        Builtin::Relu,
-        Builtin::Relu2,
-        Builtin::Relu6,
-        Builtin::Gelu,
-        Builtin::Sigmoid,
-        Builtin::Mish,
-        Builtin::Identity,
-    ];
-
     /// attn-core's implementation (the f64 ground truth every kernel is tested against).
     pub fn activation(self) -> Arc<dyn Activation> {
         match self {
@@ -297,21 +287,6 @@ impl Builtin {
             Builtin::Sigmoid => Arc::new(Sigmoid),
             Builtin::Mish => Arc::new(Mish),
             Builtin::Identity => Arc::new(Identity),
-        }
-    }
-
-    /// The stable name ([`Activation::name`] of [`Builtin::activation`]).
-    pub fn name(self) -> &'static str {
-        match self {
-            Builtin::Exp => "exp",
-            Builtin::Softplus => "softplus",
-            Builtin::Relu => "relu",
-            Builtin::Relu2 => "relu2",
-            Builtin::Relu6 => "relu6",
-            Builtin::Gelu => "gelu",
-            Builtin::Sigmoid => "sigmoid",
-            Builtin::Mish => "mish",
-            Builtin::Identity => "identity",
         }
     }
 

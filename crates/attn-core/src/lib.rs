@@ -201,6 +201,7 @@
 pub mod activation;
 mod error;
 pub mod fixtures;
+mod listed;
 pub mod math;
 mod plan;
 mod real;

@@ -9,32 +9,63 @@ use crate::activation::{self, Activation};
 use crate::error::{Error, Result};
 use crate::stage::{Bias, MAX_REWEIGHT_POWER, Norm, OutputNorm, Scale, Scores, Stage1, Transform};
 
+/// Stage 1 of softmax: exp, l1 normalisation, raw scores over sqrt(d).
+fn softmax() -> Stage1 {
+    Stage1::new(Arc::new(activation::Exp))
+}
+
+/// Stage 1 of activation `a` with normaliser `norm` and softmax's other parts.
+fn act(a: Arc<dyn Activation>, norm: Norm) -> Stage1 {
+    Stage1 { norm, ..Stage1::new(a) }
+}
+
+/// Every stage-1 preset of SPEC section 4, in table order, with its parameters unset: one list,
+/// from which [`STAGE1_NAMES`] and [`Stage1::preset`] are derived, so a new preset is one line.
+const PRESETS: [(&str, fn() -> Stage1); 23] = {
+    use activation::*;
+    [
+        ("softmax", softmax),
+        ("inverse", || Stage1 { transform: Transform::Inverse, ..softmax() }),
+        ("recentered", || Stage1 { transform: Transform::Recentered, ..softmax() }),
+        ("recentered-l1", || Stage1 { transform: Transform::RecenteredL1, ..softmax() }),
+        ("linear", || act(Arc::new(Identity), Norm::None)),
+        ("exp-nonorm", || act(Arc::new(Exp), Norm::None)),
+        ("linear-l1", || act(Arc::new(Identity), Norm::L1)),
+        ("relu-l1", || act(Arc::new(Relu), Norm::L1)),
+        ("relu2-l1", || act(Arc::new(Relu2), Norm::L1)),
+        ("relu6-l1", || act(Arc::new(Relu6), Norm::L1)),
+        ("gelu-l1", || act(Arc::new(Gelu), Norm::L1)),
+        ("sigmoid-l1", || act(Arc::new(Sigmoid), Norm::L1)),
+        ("softplus-l1", || act(Arc::new(Softplus), Norm::L1)),
+        ("mish-l1", || act(Arc::new(Mish), Norm::L1)),
+        ("sigmoid-bias", || Stage1 { bias: Bias::LogTrainLen { t_train: None }, ..act(Arc::new(Sigmoid), Norm::None) }),
+        ("sigmoid-rowbias", || Stage1 { bias: Bias::LogRowLen, ..act(Arc::new(Sigmoid), Norm::None) }),
+        ("sigmoid-rowbias-l1", || Stage1 { bias: Bias::LogRowLen, ..act(Arc::new(Sigmoid), Norm::L1) }),
+        ("relu-seqlen", || act(Arc::new(Relu), Norm::DivLen)),
+        ("relu-rowlen", || act(Arc::new(Relu), Norm::DivN)),
+        ("relu-ln", || Stage1 { output_norm: OutputNorm::LayerNorm, ..act(Arc::new(Relu), Norm::None) }),
+        ("lssa", || Stage1 {
+            scores: Scores::Cosine,
+            scale: Scale::LssaLog { d_factor: None },
+            ..act(Arc::new(Softplus), Norm::L1)
+        }),
+        // The ablations of LSSA's ingredients: its scores with exp in place of softplus, and
+        // softmax with only the length scale (Chiang & Cholak; Scalable-Softmax).
+        ("lssa-exp", || Stage1 { scores: Scores::Cosine, scale: Scale::LssaLog { d_factor: None }, ..softmax() }),
+        ("softmax-logn", || Stage1 { scale: Scale::LogNOverSqrtD, ..softmax() }),
+    ]
+};
+
 /// Every stage-1 preset name of SPEC section 4, in table order.
-pub const STAGE1_NAMES: [&str; 23] = [
-    "softmax",
-    "inverse",
-    "recentered",
-    "recentered-l1",
-    "linear",
-    "exp-nonorm",
-    "linear-l1",
-    "relu-l1",
-    "relu2-l1",
-    "relu6-l1",
-    "gelu-l1",
-    "sigmoid-l1",
-    "softplus-l1",
-    "mish-l1",
-    "sigmoid-bias",
-    "sigmoid-rowbias",
-    "sigmoid-rowbias-l1",
-    "relu-seqlen",
-    "relu-rowlen",
-    "relu-ln",
-    "lssa",
-    "lssa-exp",
-    "softmax-logn",
-];
+pub const STAGE1_NAMES: [&str; PRESETS.len()] = {
+    let mut names = [""; PRESETS.len()];
+    let mut i = 0;
+    while i < PRESETS.len() {
+        names[i] = PRESETS[i].0;
+        i += 1;
+    }
+    names
+};
 
 /// The variant-name grammar, as shown in error messages.
 pub const GRAMMAR: &str = "<stage1>[:<key>=<value>[,<key>=<value>]...][+rw<p>] with keys d_factor=<f64> (lssa) and t_train=<usize> (sigmoid-bias), 1 <= p <= 1024";
@@ -42,43 +73,7 @@ pub const GRAMMAR: &str = "<stage1>[:<key>=<value>[,<key>=<value>]...][+rw<p>] w
 impl Stage1 {
     /// The stage 1 of a preset name of SPEC section 4 (parameters unset), or `None`.
     pub fn preset(name: &str) -> Option<Stage1> {
-        use activation::*;
-        let act = |a: Arc<dyn Activation>, norm: Norm| Stage1 { norm, ..Stage1::new(a) };
-        let softmax = Stage1::new(Arc::new(Exp));
-        Some(match name {
-            "softmax" => softmax,
-            "inverse" => Stage1 { transform: Transform::Inverse, ..softmax },
-            "recentered" => Stage1 { transform: Transform::Recentered, ..softmax },
-            "recentered-l1" => Stage1 { transform: Transform::RecenteredL1, ..softmax },
-            "linear" => act(Arc::new(Identity), Norm::None),
-            "exp-nonorm" => act(Arc::new(Exp), Norm::None),
-            "linear-l1" => act(Arc::new(Identity), Norm::L1),
-            "relu-l1" => act(Arc::new(Relu), Norm::L1),
-            "relu2-l1" => act(Arc::new(Relu2), Norm::L1),
-            "relu6-l1" => act(Arc::new(Relu6), Norm::L1),
-            "gelu-l1" => act(Arc::new(Gelu), Norm::L1),
-            "sigmoid-l1" => act(Arc::new(Sigmoid), Norm::L1),
-            "softplus-l1" => act(Arc::new(Softplus), Norm::L1),
-            "mish-l1" => act(Arc::new(Mish), Norm::L1),
-            "sigmoid-bias" => {
-                Stage1 { bias: Bias::LogTrainLen { t_train: None }, ..act(Arc::new(Sigmoid), Norm::None) }
-            }
-            "sigmoid-rowbias" => Stage1 { bias: Bias::LogRowLen, ..act(Arc::new(Sigmoid), Norm::None) },
-            "sigmoid-rowbias-l1" => Stage1 { bias: Bias::LogRowLen, ..act(Arc::new(Sigmoid), Norm::L1) },
-            "relu-seqlen" => act(Arc::new(Relu), Norm::DivLen),
-            "relu-rowlen" => act(Arc::new(Relu), Norm::DivN),
-            "relu-ln" => Stage1 { output_norm: OutputNorm::LayerNorm, ..act(Arc::new(Relu), Norm::None) },
-            "lssa" => Stage1 {
-                scores: Scores::Cosine,
-                scale: Scale::LssaLog { d_factor: None },
-                ..act(Arc::new(Softplus), Norm::L1)
-            },
-            // The ablations of LSSA's ingredients: its scores with exp in place of softplus, and
-            // softmax with only the length scale (Chiang & Cholak; Scalable-Softmax).
-            "lssa-exp" => Stage1 { scores: Scores::Cosine, scale: Scale::LssaLog { d_factor: None }, ..softmax },
-            "softmax-logn" => Stage1 { scale: Scale::LogNOverSqrtD, ..softmax },
-            _ => return None,
-        })
+        PRESETS.iter().find(|(n, _)| *n == name).map(|(_, make)| make())
     }
 
     /// The preset name this stage 1 is (ignoring its `d_factor`/`t_train` values), if any.

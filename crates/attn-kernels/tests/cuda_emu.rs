@@ -590,7 +590,7 @@ fn reversed_thread_order_finds_a_missing_barrier() {
     let to = "                anyFallback = 0;\n            }";
     let edit = move |s: String| {
         assert_eq!(s.matches(from).count(), 3, "v2, v3 and v5 each reset the threshold once");
-        // The last occurrence is v5's (v5_v8_fwd.cu follows v2_fwd.cu and v3_fwd.cu).
+        // The last occurrence is v5's (v5_fwd.cu follows v2_fwd.cu and v3_fwd.cu).
         let at = s.rfind(from).unwrap();
         format!("{}{}{}", &s[..at], to, &s[at + from.len()..])
     };

@@ -28,6 +28,25 @@ pub enum Kind {
     Downstream,
 }
 
+impl Kind {
+    /// Whether the experiment trains small models of its own (no language-model runs).
+    pub fn trains_own_models(self) -> bool {
+        match self {
+            Kind::Physics | Kind::Retrieval => true,
+            Kind::Table | Kind::LengthCurve | Kind::PSweep | Kind::Sinks | Kind::Downstream => false,
+        }
+    }
+
+    /// Whether the default reproduction runs it (else only `reproduce --all`): Figure 2's p sweep and
+    /// Newton's law are left to `--all`.
+    pub fn in_default_run(self) -> bool {
+        match self {
+            Kind::PSweep | Kind::Physics => false,
+            Kind::Table | Kind::LengthCurve | Kind::Sinks | Kind::Retrieval | Kind::Downstream => true,
+        }
+    }
+}
+
 /// A trained variant of the definitions: parsed when a definition is read (a name that does not parse
 /// is a TOML error naming its key), and known by its name as written there, which keys the run
 /// directories, the results and the report. Equal, ordered and hashed by that name; it reads as a
@@ -253,11 +272,11 @@ pub fn headline(
     skip: &[String],
 ) -> Vec<Experiment> {
     all.into_iter()
-        .filter(|e| !matches!(e.kind, Kind::PSweep | Kind::Physics) && !skip.contains(&e.name))
+        .filter(|e| e.kind.in_default_run() && !skip.contains(&e.name))
         .filter_map(|mut e| {
             // The retrieval benchmark's rows are its own small models: it runs every row, its ablations
             // only in the regimes marked for them.
-            if e.kind != Kind::Retrieval {
+            if !e.kind.trains_own_models() {
                 e.rows.retain(|r| headline.contains(r.train.as_str()) && r.posthoc.is_none_or(|p| powers.contains(&p)));
             }
             e.scope = Scope::Headline;
@@ -294,7 +313,7 @@ impl EvalKey {
 pub fn plan(experiments: &[Experiment]) -> BTreeMap<TrainedVariant, Vec<EvalKey>> {
     let mut out: BTreeMap<TrainedVariant, Vec<EvalKey>> = BTreeMap::new();
     // Physics and retrieval train small models of their own: no language-model runs.
-    for e in experiments.iter().filter(|e| !matches!(e.kind, Kind::Physics | Kind::Retrieval)) {
+    for e in experiments.iter().filter(|e| !e.kind.trains_own_models()) {
         for r in &e.rows {
             let needs = out.entry(r.train.clone()).or_default();
             let mut add = |ntk: bool, posthoc: Option<u32>| {
@@ -387,7 +406,7 @@ mod tests {
             ]
         );
         // The physics and retrieval experiments train their own small models: no language-model runs.
-        let own: Vec<_> = all.iter().filter(|e| matches!(e.kind, Kind::Physics | Kind::Retrieval)).cloned().collect();
+        let own: Vec<_> = all.iter().filter(|e| e.kind.trains_own_models()).cloned().collect();
         assert_eq!(own.len(), 2);
         assert!(plan(&own).is_empty());
         let sinks = sink_plan(&all);

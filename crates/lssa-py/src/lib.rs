@@ -254,6 +254,13 @@ fn variants() -> Vec<&'static str> {
     attn_core::variant::STAGE1_NAMES.to_vec()
 }
 
+/// The built-in activations' names (attn-core's `Builtin::ALL`), in its order: the Python
+/// references (`lssa._reference`, the tests' formulas) are tested to cover each.
+#[pyfunction]
+fn activations() -> Vec<&'static str> {
+    attn_core::Builtin::ALL.into_iter().map(attn_core::Builtin::name).collect()
+}
+
 /// The variant's canonical name (attn-core's `Display`: `"lssa+rw15"` stays `"lssa+rw15"`); a
 /// `ValueError` with attn-core's message for a name it does not accept.
 #[pyfunction(pass_module)]
@@ -534,6 +541,7 @@ fn _lssa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("OFFSET_FREE_ROWS", attn_core::stage::OFFSET_FREE_ROWS)?;
     m.add("CUDA_MAX_HEAD_DIM", cuda::MAX_HEAD_DIM)?;
     m.add_function(wrap_pyfunction!(variants, m)?)?;
+    m.add_function(wrap_pyfunction!(activations, m)?)?;
     m.add_function(wrap_pyfunction!(canonical, m)?)?;
     m.add_function(wrap_pyfunction!(describe, m)?)?;
     m.add_function(wrap_pyfunction!(not_fused_reason, m)?)?;

@@ -17,6 +17,17 @@ def test_variants_are_the_stage1_presets_in_table_order():
     assert lssa.variants() == list(formulas.PRESETS)
 
 
+def test_both_python_references_define_every_built_in_activation():
+    # A new built-in in attn-core is listed by the extension; each reference must evaluate it.
+    from lssa import _reference
+
+    names = _lssa.activations()
+    assert names[:2] == ["exp", "softplus"] and "identity" in names
+    x = torch.linspace(-3, 3, 7, dtype=torch.float64)
+    for name in names:
+        assert torch.allclose(_reference._phi(name, x), formulas.phi(name, x), atol=1e-12), name
+
+
 def test_every_preset_and_its_reweighted_form_has_a_canonical_name():
     for name in lssa.variants():
         if name == "sigmoid-bias":

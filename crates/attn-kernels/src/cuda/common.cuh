@@ -1,8 +1,9 @@
 // Shared definitions of every CUDA kernel of attn-kernels. Compiled by NVRTC at run time, so it
 // includes no header: 16-bit floats are handled as raw bits with PTX conversions.
 //
-// The host (src/cuda/mod.rs) prepends the configuration of one variant as macros:
+// The host (compile.rs, from config.rs) prepends the configuration of one variant as macros:
 //   ACT          0 exp, 1 softplus, 2 relu, 3 relu2, 4 relu6, 5 gelu, 6 sigmoid, 7 mish, 8 identity
+//   ACT_BODY, ACT_GRAD_BODY  the bodies of act and act_grad (below) for that activation
 //   NORM         0 l1, 1 none, 2 divide by N_i
 //   RUNNING_MAX  1 for exp under l1 (softmax): subtract the running row maximum
 //   SIGNED       1 when phi may be negative (l1 sums |f|; its gradient carries sign(f))
@@ -164,55 +165,10 @@ __device__ __forceinline__ float tanh_softplus_f(float x) {
     return __fdividef(n, n + 2.f);
 }
 
-__device__ __forceinline__ float act(float x) {
-#if ACT == 0
-    return __expf(x);
-#elif ACT == 1
-    return softplus_f(x);
-#elif ACT == 2
-    return fmaxf(x, 0.f);
-#elif ACT == 3
-    return fmaxf(x, 0.f) * fmaxf(x, 0.f);
-#elif ACT == 4
-    return fminf(fmaxf(x, 0.f), 6.f);
-#elif ACT == 5
-    return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));
-#elif ACT == 6
-    return sigmoid_f(x);
-#elif ACT == 7
-    return x * tanh_softplus_f(x);
-#elif ACT == 8
-    return x;
-#else
-#error "unknown ACT: give the new built-in activation its device code here and in act_grad"
-#endif
-}
-
-// phi'(x), given f = phi(x).
-__device__ __forceinline__ float act_grad(float x, float f) {
-#if ACT == 0
-    return f;
-#elif ACT == 1
-    return sigmoid_f(x);
-#elif ACT == 2
-    return x > 0.f ? 1.f : 0.f;
-#elif ACT == 3
-    return 2.f * fmaxf(x, 0.f);
-#elif ACT == 4
-    return (x > 0.f && x < 6.f) ? 1.f : 0.f;
-#elif ACT == 5
-    return 0.5f * (1.f + erff(x * 0.70710678118654752f)) + x * 0.3989422804014327f * __expf(-0.5f * x * x);
-#elif ACT == 6
-    return f * (1.f - f);
-#elif ACT == 7
-    float t = tanh_softplus_f(x);
-    return t + x * (1.f - t * t) * sigmoid_f(x);
-#elif ACT == 8
-    return 1.f;
-#else
-#error "unknown ACT: give the new built-in activation its device code here and in act"
-#endif
-}
+// phi(x), and phi'(x) given f = phi(x): the bodies come from the host (`DeviceActivation` in
+// config.rs), the one definition of each built-in's device code.
+__device__ __forceinline__ float act(float x) { ACT_BODY }
+__device__ __forceinline__ float act_grad(float x, float f) { ACT_GRAD_BODY }
 
 // x^E for a compile-time E: repeated squaring, unrolled.
 template <int E> __device__ __forceinline__ float powi(float x) {

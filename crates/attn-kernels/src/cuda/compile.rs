@@ -12,29 +12,39 @@ use super::config::Config;
 use crate::params::Dtype;
 use crate::{Error, Result};
 
-/// The CUDA sources, in the order they are concatenated.
-pub const COMMON_SRC: &str = include_str!("common.cuh");
-/// SIMT kernels (lab v1).
-pub const SIMT_SRC: &str = include_str!("v1_simt.cu");
-/// Tensor-core forward (lab v2).
-pub const MMA_SRC: &str = include_str!("v2_fwd.cu");
-/// Tensor-core forward with cp.async and ldmatrix (lab v3).
-pub const MMA3_SRC: &str = include_str!("v3_fwd.cu");
-/// Tensor-core forward, 2 x 16 rows per warp, log2-domain activations (lab v5), its warpgroup
-/// (`wgmma`) form for sm_90 (lab v8) and the wgmma layout probe.
+/// The CUDA sources of the kernels `Kernel::Auto` can launch, in the order they are concatenated:
+/// the production files. The lab's kernels live in `lab/` ([`lab`]), compiled only with the `lab`
+/// feature.
+const COMMON_SRC: &str = include_str!("common.cuh");
+/// SIMT kernels (lab v1), Auto's fallback.
+const SIMT_SRC: &str = include_str!("v1_simt.cu");
+/// Tensor-core forward (lab v2), Auto's fallback for rows that are not 16-byte aligned.
+const MMA_SRC: &str = include_str!("v2_fwd.cu");
+/// Tensor-core forward with cp.async and ldmatrix (lab v3): Auto's forward at head dimension 128.
+const MMA3_SRC: &str = include_str!("v3_fwd.cu");
+/// The tensor-core backward's tile helpers (first written for lab v4).
+const BWD_TILES: &str = include_str!("bwd_tiles.cu");
+/// Tensor-core forward, 2 x 16 rows per warp, log2-domain activations (lab v5): Auto's forward at
+/// head dimension 64, its body shared with lab v8.
+const V5_FWD: &str = include_str!("v5_fwd.cu");
+/// Tensor-core backward, dq accumulated by the keys kernel (lab v7): Auto's backward, on the bodies
+/// it shares with lab v6 and v9.
+const V7_BWD: &str = include_str!("v7_bwd.cu");
+
+/// The lab's own files (`src/cuda/lab/`): the kernels no `Kernel::Auto` module holds.
 #[cfg(feature = "lab")]
-pub const MMA5_SRC: &str = V5_V8_FWD;
-const V5_V8_FWD: &str = include_str!("v5_v8_fwd.cu");
-/// Tensor-core backward (lab v4).
-pub const MMA_BWD_SRC: &str = include_str!("v4_bwd.cu");
-/// Tensor-core backward with log2-domain, branch-free entry maths (lab v6).
-#[cfg(feature = "lab")]
-pub const MMA_BWD6_SRC: &str = V6_BWD;
-const V6_BWD: &str = include_str!("v6_bwd.cu");
-/// v6 with dq accumulated by the keys kernel (lab v7), and its warpgroup form for sm_90 (lab v9).
-#[cfg(feature = "lab")]
-pub const MMA_BWD7_SRC: &str = V7_V9_BWD;
-const V7_V9_BWD: &str = include_str!("v7_v9_bwd.cu");
+pub mod lab {
+    /// The warpgroup (`wgmma`) helpers of v8 and v9, placed before `v5_fwd.cu`.
+    pub const WGMMA: &str = include_str!("lab/wgmma.cuh");
+    /// The entry points: v3 away from head dimension 128, v4, v6, v8 (and the wgmma probe), v9.
+    pub const KERNELS: [&str; 5] = [
+        include_str!("lab/v3_fwd.cu"),
+        include_str!("lab/v4_bwd.cu"),
+        include_str!("lab/v6_bwd.cu"),
+        include_str!("lab/v8_fwd.cu"),
+        include_str!("lab/v9_bwd.cu"),
+    ];
+}
 
 /// The kernel files one compiled module holds: each [`Kernel`](super::Kernel) request compiles only the generations
 /// it can select, so production (`Auto`) modules carry no lab kernel (see `LAB.md`). The generations
@@ -45,12 +55,13 @@ pub enum Generation {
     Simt,
     /// And `v2_fwd.cu`: lab v2.
     V2,
-    /// And what [`Kernel::Auto`](super::Kernel::Auto) runs of `v3_fwd.cu` (at head dimension 128),
-    /// `v5_v8_fwd.cu` (v5) and `v7_v9_bwd.cu` (v7), with the helpers of `v4_bwd.cu` and `v6_bwd.cu`
-    /// that v7 shares: lab v7.
+    /// And the rest of what [`Kernel::Auto`](super::Kernel::Auto) launches: `v3_fwd.cu` (v3's body;
+    /// its kernel at head dimension 128), `bwd_tiles.cu`, `v5_fwd.cu` (v5) and `v7_bwd.cu` (v7):
+    /// lab v7.
     First,
-    /// The same files with all their kernels (v3 at every head dimension, v4, v6, and where the PTX
-    /// is sm_90a's the warpgroup kernels): lab v3 to v6, v8 and v9, and the wgmma probe.
+    /// And, with the `lab` feature, the files of `lab/`: v3 at head dimension 64, v4, v6, and where
+    /// the PTX is sm_90a's (or emulated) the warpgroup helpers and kernels v8 and v9 and the wgmma
+    /// probe: lab v3 to v6, v8 and v9. (Without the feature no request selects it.)
     Lab,
 }
 
@@ -76,7 +87,7 @@ pub fn has_tensor_core_forward(head_dim: usize, dtype: Dtype) -> bool {
 pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype, generation: Generation) -> String {
     let mut s = format!(
         "#define ACT {}\n#define NORM {}\n#define RUNNING_MAX {}\n#define SIGNED {}\n#define COSINE {}\n#define P {}\n#define DTYPE {}\n#define HD {}\n",
-        cfg.act,
+        cfg.act.code,
         cfg.norm,
         cfg.running_max as u8,
         cfg.signed as u8,
@@ -85,6 +96,8 @@ pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype, generation: Generatio
         dtype.code(),
         head_dim
     );
+    // The activation's device code, from its one definition (`config.rs`).
+    s.push_str(&format!("#define ACT_BODY {}\n#define ACT_GRAD_BODY {}\n", cfg.act.body, cfg.act.grad_body));
     // attn-core's constants, by name: the CUDA sources write none of them again.
     s.push_str(&format!(
         "#define L2_NORM_EPS {:e}f\n#define OFFSET_FREE_ROWS {}\n",
@@ -100,20 +113,19 @@ pub fn source(cfg: &Config, head_dim: usize, dtype: Dtype, generation: Generatio
         s.push_str(MMA_SRC);
     }
     if generation >= Generation::First {
-        // Below the lab, a module holds what `Kernel::Auto` launches and no more: the kernels of v4
-        // and v6 (whose files v7 shares helpers with) and v3's at head dimension 64 are left out
-        // (`LSSA_AUTO_KERNELS`), and the feature macro by which the files see sm_90a's warpgroup
-        // instructions (`HAVE_WGMMA` in v5_v8_fwd.cu) is withdrawn, so v8 and v9 are not compiled.
-        // An Auto module compiles in about half the time of the whole first-to-seventh set. (The
-        // emulator, which defines `LSSA_EMU`, compiles the lab.)
-        if generation < Generation::Lab {
-            s.push_str("#define LSSA_AUTO_KERNELS 1\n#undef __CUDA_ARCH_FEAT_SM90_ALL\n");
-        }
+        // What `Kernel::Auto` launches, and no lab kernel: v3's forward at d = 128, v5's at 64, v7.
         s.push_str(MMA3_SRC);
-        s.push_str(MMA_BWD_SRC);
-        s.push_str(V5_V8_FWD);
-        s.push_str(V6_BWD);
-        s.push_str(V7_V9_BWD);
+        s.push_str(BWD_TILES);
+        #[cfg(feature = "lab")]
+        if generation == Generation::Lab {
+            s.push_str(lab::WGMMA);
+        }
+        s.push_str(V5_FWD);
+        s.push_str(V7_BWD);
+    }
+    #[cfg(feature = "lab")]
+    if generation == Generation::Lab {
+        lab::KERNELS.iter().for_each(|k| s.push_str(k));
     }
     s
 }

@@ -10,7 +10,7 @@ use crate::{Error, Result};
 /// A variant resolved into the macros and constants of the kernels.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Config {
-    pub(super) act: u32,
+    pub(super) act: DeviceActivation,
     pub(super) norm: u32,
     pub(super) running_max: bool,
     pub(super) signed: bool,
@@ -46,7 +46,7 @@ impl Config {
                 return Err(not_fused(variant, "the output layer norm (relu-ln) has no CUDA kernel"));
             }
         }
-        // The codes of `ACT` and `NORM` in common.cuh.
+        // The code of `NORM` in common.cuh.
         let norm = match plan.norm {
             Norm::L1 => 0,
             Norm::None => 1,
@@ -56,15 +56,7 @@ impl Config {
             }
         };
         let act = match plan.phi {
-            Phi::Builtin(Builtin::Exp) => 0,
-            Phi::Builtin(Builtin::Softplus) => 1,
-            Phi::Builtin(Builtin::Relu) => 2,
-            Phi::Builtin(Builtin::Relu2) => 3,
-            Phi::Builtin(Builtin::Relu6) => 4,
-            Phi::Builtin(Builtin::Gelu) => 5,
-            Phi::Builtin(Builtin::Sigmoid) => 6,
-            Phi::Builtin(Builtin::Mish) => 7,
-            Phi::Builtin(Builtin::Identity) => 8,
+            Phi::Builtin(b) => DeviceActivation::of(b),
             Phi::Custom(_) => return Err(not_fused(variant, "user-defined activations have no CUDA kernel")),
         };
         let d = head_dim as f64;
@@ -97,7 +89,7 @@ impl Config {
     pub(super) fn key(&self, head_dim: usize, dtype: Dtype, generation: &str) -> String {
         format!(
             "act{}-norm{}-max{}-signed{}-cos{}-p{}-hd{}-dt{}-{}",
-            self.act,
+            self.act.code,
             self.norm,
             self.running_max as u8,
             self.signed as u8,
@@ -107,5 +99,42 @@ impl Config {
             dtype.code(),
             generation
         )
+    }
+}
+
+/// A built-in activation in the kernels: the number `ACT` (which v5 and v7 read to work in log2
+/// units for exp and softplus, and a module's cache key) and the CUDA bodies of `act(x)` and
+/// `act_grad(x, f)` (f = act(x)) that `common.cuh` wraps (`ACT_BODY`, `ACT_GRAD_BODY`). The one
+/// place the kernels define an activation, an exhaustive `match`: a new built-in gets its device
+/// code here, where the compiler points.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct DeviceActivation {
+    pub(super) code: u32,
+    pub(super) body: &'static str,
+    pub(super) grad_body: &'static str,
+}
+
+impl DeviceActivation {
+    fn of(b: Builtin) -> Self {
+        let (code, body, grad_body) = match b {
+            Builtin::Exp => (0, "return __expf(x);", "return f;"),
+            Builtin::Softplus => (1, "return softplus_f(x);", "return sigmoid_f(x);"),
+            Builtin::Relu => (2, "return fmaxf(x, 0.f);", "return x > 0.f ? 1.f : 0.f;"),
+            Builtin::Relu2 => (3, "return fmaxf(x, 0.f) * fmaxf(x, 0.f);", "return 2.f * fmaxf(x, 0.f);"),
+            Builtin::Relu6 => (4, "return fminf(fmaxf(x, 0.f), 6.f);", "return (x > 0.f && x < 6.f) ? 1.f : 0.f;"),
+            Builtin::Gelu => (
+                5,
+                "return 0.5f * x * (1.f + erff(x * 0.70710678118654752f));",
+                "return 0.5f * (1.f + erff(x * 0.70710678118654752f)) + x * 0.3989422804014327f * __expf(-0.5f * x * x);",
+            ),
+            Builtin::Sigmoid => (6, "return sigmoid_f(x);", "return f * (1.f - f);"),
+            Builtin::Mish => (
+                7,
+                "return x * tanh_softplus_f(x);",
+                "float t = tanh_softplus_f(x); return t + x * (1.f - t * t) * sigmoid_f(x);",
+            ),
+            Builtin::Identity => (8, "return x;", "return 1.f;"),
+        };
+        DeviceActivation { code, body, grad_body }
     }
 }

@@ -150,53 +150,37 @@ impl Default for Options {
     }
 }
 
-/// A kernel version of the lab, by its number (`src/cuda/LAB.md`): forwards v1, v2, v3, v5 and v8,
-/// backwards v1, v4, v6, v7 and v9. What a launch resolves a [`Kernel`] to, and (with the `lab`
-/// feature) what a [`Kernel::Lab`] request names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Version {
-    /// `lssa_fwd_simt`; `lssa_bwd_rows` + `lssa_bwd_keys`.
-    V1,
-    /// `lssa_fwd_mma`.
-    V2,
-    /// `lssa_fwd_mma3`.
-    V3,
-    /// `lssa_bwd_rows_mma` + `lssa_bwd_keys_mma`.
-    V4,
-    /// `lssa_fwd_mma5` (with re-weighting `lssa_fwd_stats5` + `lssa_fwd_rw5`).
-    V5,
-    /// `lssa_bwd_rows_mma6` + `lssa_bwd_keys_mma6`.
-    V6,
-    /// `lssa_bwd_rowstats7` + `lssa_bwd_keys_mma7` + `lssa_bwd_dq7`.
-    V7,
-    /// `lssa_fwd_wg8` (with re-weighting `lssa_fwd_stats8` + `lssa_fwd_rw8`).
-    V8,
-    /// `lssa_bwd_rowstats9` + `lssa_bwd_keys_wg9` + `lssa_bwd_dq7`.
-    V9,
+attn_core::listed_enum! {
+    /// A kernel version of the lab, by its number (`src/cuda/LAB.md`): forwards v1, v2, v3, v5 and v8,
+    /// backwards v1, v4, v6, v7 and v9. What a launch resolves a [`Kernel`] to, and (with the `lab`
+    /// feature) what a [`Kernel::Lab`] request names. One list: a new version is one line here.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub enum Version {
+        /// `lssa_fwd_simt`; `lssa_bwd_rows` + `lssa_bwd_keys`.
+        V1 => "v1",
+        /// `lssa_fwd_mma`.
+        V2 => "v2",
+        /// `lssa_fwd_mma3`.
+        V3 => "v3",
+        /// `lssa_bwd_rows_mma` + `lssa_bwd_keys_mma`.
+        V4 => "v4",
+        /// `lssa_fwd_mma5` (with re-weighting `lssa_fwd_stats5` + `lssa_fwd_rw5`).
+        V5 => "v5",
+        /// `lssa_bwd_rows_mma6` + `lssa_bwd_keys_mma6`.
+        V6 => "v6",
+        /// `lssa_bwd_rowstats7` + `lssa_bwd_keys_mma7` + `lssa_bwd_dq7`.
+        V7 => "v7",
+        /// `lssa_fwd_wg8` (with re-weighting `lssa_fwd_stats8` + `lssa_fwd_rw8`).
+        V8 => "v8",
+        /// `lssa_bwd_rowstats9` + `lssa_bwd_keys_wg9` + `lssa_bwd_dq7`.
+        V9 => "v9",
+    }
 }
 
 impl Version {
-    /// Every version, in order.
-    pub const ALL: [Version; 9] = [
-        Version::V1,
-        Version::V2,
-        Version::V3,
-        Version::V4,
-        Version::V5,
-        Version::V6,
-        Version::V7,
-        Version::V8,
-        Version::V9,
-    ];
-
     /// The lab's version number.
     pub const fn number(self) -> u32 {
         self as u32 + 1
-    }
-
-    /// `v1` to `v9`.
-    pub const fn name(self) -> &'static str {
-        ["v1", "v2", "v3", "v4", "v5", "v6", "v7", "v8", "v9"][self as usize]
     }
 }
 

@@ -13,7 +13,7 @@ use crate::params::Dtype;
 use crate::params::Params;
 use crate::{Error, Result};
 
-/// Bytes of one row's backward constants (`RowK6` in `v6_bwd.cu`, which asserts the size).
+/// Bytes of one row's backward constants (`RowK6` in `v7_bwd.cu`, which asserts the size).
 const ROWK_BYTES: usize = 64;
 
 pub(super) fn check_params(p: &Params) -> Result<()> {
@@ -124,12 +124,12 @@ pub(super) unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype:
     }
 }
 
-/// The most key tiles whose maxima a v5/v8 block keeps (`MAX_TILES5` in `v5_v8_fwd.cu`).
+/// The most key tiles whose maxima a v5/v8 block keeps (`MAX_TILES5` in `v5_fwd.cu`).
 const MAX_TILES5: usize = 2048;
 
 /// Tile maxima the v5/v8 statistics kernel leaves per head at length `t`: query blocks of 128 rows,
 /// block `q` with `min(C, 2 q + 2)` causal tiles of 64 keys, `C = min(tiles, MAX_TILES5)`
-/// (`tilemax_before5` in `v5_v8_fwd.cu` counts the same way).
+/// (`tilemax_before5` in `v5_fwd.cu` counts the same way).
 fn tilemax_len(t: usize) -> usize {
     let (blocks, c) = (t.div_ceil(MMA5_ROWS as usize), t.div_ceil(64).min(MAX_TILES5));
     let m = blocks.min(c / 2);

@@ -1,9 +1,10 @@
 //! Fused attention on NVIDIA GPUs, with the API of [`crate::cpu`]: CUDA C++ kept in this crate as
-//! source (`common.cuh`, `v1_simt.cu`, `v2_fwd.cu`), specialised per variant with preprocessor macros,
+//! source (`common.cuh`, `v1_simt.cu`, `v2_fwd.cu`, `v3_fwd.cu`, `bwd_tiles.cu`, `v5_fwd.cu`,
+//! `v7_bwd.cu`; the lab's own kernels in `lab/`), specialised per variant with preprocessor macros,
 //! compiled by NVRTC at first use and cached per (variant configuration, head dimension, dtype,
 //! architecture, generation of kernel files): a module holds only the kernel files its [`Kernel`]
 //! request can select, so the default one carries only the kernels `Auto` launches (no v4, v6, v8 or
-//! v9, which only the `lab` feature can ask for). The driver and NVRTC are loaded at run time
+//! v9, whose files only the `lab` feature builds in). The driver and NVRTC are loaded at run time
 //! through `cudarc`, so this crate builds and its tests run on machines without CUDA; there every
 //! call returns [`Error::Cuda`](crate::Error::Cuda).
 //!
@@ -68,10 +69,7 @@ mod staging;
 pub use compile::nvrtc_location;
 // The lab: kernel sources, PTX and the probes (benches, the emulator tests).
 #[cfg(feature = "lab")]
-pub use compile::{
-    ARCHES, COMMON_SRC, Generation, MMA_BWD_SRC, MMA_BWD6_SRC, MMA_BWD7_SRC, MMA_SRC, MMA3_SRC, MMA5_SRC, SIMT_SRC,
-    compile_ptx, has_tensor_core_forward, source,
-};
+pub use compile::{ARCHES, Generation, compile_ptx, has_tensor_core_forward, source};
 pub use config::Config;
 pub(crate) use device::{backward_configured, forward_configured};
 pub use device::{backward_raw, forward_raw, versions};

@@ -16,93 +16,59 @@ pub(crate) fn not_compiled(k: Kern) -> Error {
     Error::Cuda(format!("{} is not compiled in this module (generation {})", k.name(), k.generation().name()))
 }
 
-/// The kernels of the sources, by their `extern "C"` names.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub(crate) enum Kern {
-    InvNorms,
-    FwdSimt,
-    FwdMma,
-    FwdMma3,
-    FwdMma5,
-    FwdStats5,
-    FwdRw5,
-    FwdWg8,
-    FwdStats8,
-    FwdRw8,
-    BwdRows,
-    BwdKeys,
-    BwdRowsMma,
-    BwdKeysMma,
-    BwdRowsMma6,
-    BwdKeysMma6,
-    BwdRowStats7,
-    BwdKeysMma7,
-    BwdRowStats9,
-    BwdKeysWg9,
-    WgProbe,
-    BwdDq7,
+attn_core::listed_enum! {
+    /// The kernels of the sources, by their `extern "C"` names: one list, so a new kernel is one
+    /// line here and the compiler points at each `match` that must place it.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+    pub(crate) enum Kern {
+        InvNorms => "lssa_inv_norms",
+        FwdSimt => "lssa_fwd_simt",
+        FwdMma => "lssa_fwd_mma",
+        FwdMma3 => "lssa_fwd_mma3",
+        FwdMma5 => "lssa_fwd_mma5",
+        FwdStats5 => "lssa_fwd_stats5",
+        FwdRw5 => "lssa_fwd_rw5",
+        FwdWg8 => "lssa_fwd_wg8",
+        FwdStats8 => "lssa_fwd_stats8",
+        FwdRw8 => "lssa_fwd_rw8",
+        BwdRows => "lssa_bwd_rows",
+        BwdKeys => "lssa_bwd_keys",
+        BwdRowsMma => "lssa_bwd_rows_mma",
+        BwdKeysMma => "lssa_bwd_keys_mma",
+        BwdRowsMma6 => "lssa_bwd_rows_mma6",
+        BwdKeysMma6 => "lssa_bwd_keys_mma6",
+        BwdRowStats7 => "lssa_bwd_rowstats7",
+        BwdKeysMma7 => "lssa_bwd_keys_mma7",
+        BwdRowStats9 => "lssa_bwd_rowstats9",
+        BwdKeysWg9 => "lssa_bwd_keys_wg9",
+        WgProbe => "lssa_wg_probe",
+        BwdDq7 => "lssa_bwd_dq7",
+    }
 }
 
 impl Kern {
-    pub(super) const ALL: [Kern; 22] = [
-        Kern::InvNorms,
-        Kern::FwdSimt,
-        Kern::FwdMma,
-        Kern::FwdMma3,
-        Kern::FwdMma5,
-        Kern::FwdStats5,
-        Kern::FwdRw5,
-        Kern::FwdWg8,
-        Kern::FwdStats8,
-        Kern::FwdRw8,
-        Kern::BwdRows,
-        Kern::BwdKeys,
-        Kern::BwdRowsMma,
-        Kern::BwdKeysMma,
-        Kern::BwdRowsMma6,
-        Kern::BwdKeysMma6,
-        Kern::BwdRowStats7,
-        Kern::BwdKeysMma7,
-        Kern::BwdRowStats9,
-        Kern::BwdKeysWg9,
-        Kern::WgProbe,
-        Kern::BwdDq7,
-    ];
-
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Kern::InvNorms => "lssa_inv_norms",
-            Kern::FwdSimt => "lssa_fwd_simt",
-            Kern::FwdMma => "lssa_fwd_mma",
-            Kern::FwdMma3 => "lssa_fwd_mma3",
-            Kern::FwdMma5 => "lssa_fwd_mma5",
-            Kern::FwdStats5 => "lssa_fwd_stats5",
-            Kern::FwdRw5 => "lssa_fwd_rw5",
-            Kern::FwdWg8 => "lssa_fwd_wg8",
-            Kern::FwdStats8 => "lssa_fwd_stats8",
-            Kern::FwdRw8 => "lssa_fwd_rw8",
-            Kern::BwdRows => "lssa_bwd_rows",
-            Kern::BwdKeys => "lssa_bwd_keys",
-            Kern::BwdRowsMma => "lssa_bwd_rows_mma",
-            Kern::BwdKeysMma => "lssa_bwd_keys_mma",
-            Kern::BwdRowsMma6 => "lssa_bwd_rows_mma6",
-            Kern::BwdKeysMma6 => "lssa_bwd_keys_mma6",
-            Kern::BwdRowStats7 => "lssa_bwd_rowstats7",
-            Kern::BwdKeysMma7 => "lssa_bwd_keys_mma7",
-            Kern::BwdRowStats9 => "lssa_bwd_rowstats9",
-            Kern::BwdKeysWg9 => "lssa_bwd_keys_wg9",
-            Kern::WgProbe => "lssa_wg_probe",
-            Kern::BwdDq7 => "lssa_bwd_dq7",
-        }
-    }
-
     /// Threads per block at `head_dim` (each kernel's `__launch_bounds__`).
     pub(crate) fn threads(self, head_dim: usize) -> u32 {
         match self {
             Kern::InvNorms | Kern::FwdMma3 => 256,
             Kern::FwdWg8 | Kern::FwdStats8 | Kern::FwdRw8 if head_dim == 128 => 256, // two warpgroups of one m64 half each
             Kern::FwdSimt | Kern::BwdRows | Kern::BwdKeys | Kern::BwdDq7 => 32 * ROWS_PER_BLOCK,
-            _ => 128,
+            Kern::FwdMma
+            | Kern::FwdMma5
+            | Kern::FwdStats5
+            | Kern::FwdRw5
+            | Kern::FwdWg8
+            | Kern::FwdStats8
+            | Kern::FwdRw8
+            | Kern::BwdRowsMma
+            | Kern::BwdKeysMma
+            | Kern::BwdRowsMma6
+            | Kern::BwdKeysMma6
+            | Kern::BwdRowStats7
+            | Kern::BwdKeysMma7
+            | Kern::BwdRowStats9
+            | Kern::BwdKeysWg9
+            | Kern::WgProbe => 128,
         }
     }
 
@@ -124,7 +90,7 @@ impl Kern {
             Kern::BwdKeysMma7 | Kern::BwdKeysWg9 => bwd_keys_smem(head_dim) / 6 * 7,
             // Room for the probe's misread operands (offsets swapped) too.
             Kern::WgProbe => 16 * 1024,
-            _ => 0,
+            Kern::InvNorms | Kern::FwdSimt | Kern::FwdMma | Kern::BwdRows | Kern::BwdKeys | Kern::BwdDq7 => 0,
         }
     }
 
@@ -284,7 +250,7 @@ pub(super) fn rows_aligned16(p: &Params) -> bool {
 pub(super) const ROWS_PER_BLOCK: u32 = 8; // ROWS in v1_simt.cu
 pub(super) const MMA_ROWS: u32 = 64; // BQ in v2_fwd.cu
 pub(super) const MMA3_ROWS: u32 = 128; // BQ3 in v3_fwd.cu
-pub(super) const MMA5_ROWS: u32 = 128; // BQ5 in v5_v8_fwd.cu
+pub(super) const MMA5_ROWS: u32 = 128; // BQ5 in v5_fwd.cu
 
 /// Dynamic shared memory of v3 and of the v4 rows kernel: two stages of two tiles (K and V), each
 /// 64 rows of `d + 8` 16-bit values.

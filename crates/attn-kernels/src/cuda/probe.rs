@@ -59,7 +59,7 @@ pub fn jit_info_log(variant: &Variant, head_dim: usize, dtype: Dtype) -> Result<
     super::device::jit_info_log(&cfg, head_dim, dtype, Generation::Lab)
 }
 
-/// The modes of the wgmma layout probe (`lssa_wg_probe` in `v5_v8_fwd.cu`), and whether each must
+/// The modes of the wgmma layout probe (`lssa_wg_probe` in `lab/v8_fwd.cu`), and whether each must
 /// match. Modes 0-4 are one m64n64k16 product in each operand layout v8 and v9 assume (and two
 /// misreadings); modes 5-9 are v8's own products on a 64 x 64 tile, each isolating one suspect for
 /// v8's fault on the hardware (LAB.md): chained k steps and scale-d, accumulating onto values,

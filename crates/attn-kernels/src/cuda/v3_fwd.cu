@@ -89,8 +89,9 @@ __device__ __forceinline__ void load_async(u16* s, const Tensor4& x, int b, int 
     }
 }
 
-#if !defined(LSSA_AUTO_KERNELS) || HD == 128 // Kernel::Auto runs v5 at d = 64 (compile.rs)
-extern "C" __global__ void __launch_bounds__(NW3 * 32) lssa_fwd_mma3(KParams p) {
+// The kernel's body: its entry point is Auto's forward at d = 128 (below) and a lab kernel at 64
+// (`lab/v3_fwd.cu`), where Auto runs v5.
+__device__ __forceinline__ void fwd3_body(const KParams& p) {
     DYN_SMEM(u16, smem3); // [stage][K | V] tiles
     __shared__ float inkS[2][BK3];
 #if P > 0
@@ -344,4 +345,7 @@ extern "C" __global__ void __launch_bounds__(NW3 * 32) lssa_fwd_mma3(KParams p) 
         }
     }
 }
+
+#if HD == 128
+extern "C" __global__ void __launch_bounds__(NW3 * 32) lssa_fwd_mma3(KParams p) { fwd3_body(p); }
 #endif

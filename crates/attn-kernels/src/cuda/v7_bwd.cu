@@ -1,5 +1,6 @@
-// Tensor-core backward, lab version 6: version 4's two kernels and data movement with cheaper
-// per-entry maths.
+// Tensor-core backward, Auto's: lab version 7 (its entry points at the end of this file), on the
+// bodies of lab version 6 (whose own entry points are in `lab/v6_bwd.cu`). Version 6 is version 4's
+// two kernels and data movement with cheaper per-entry maths.
 // - Scores in log2 units where the activation is exp or softplus (as v5): softplus and its
 //   derivative share one ex2, softplus's log is v5's polynomial and the sigmoid one approximate
 //   reciprocal, so an entry costs two special-function ops instead of four plus an IEEE division
@@ -12,7 +13,7 @@
 // - The keys' inverse norms arrive by cp.async with their tile (load_ink_async), and blocks run
 //   longest first across heads (longest_first); the sigmoid is 2^(y - softplus2(y)), one ex2.
 // f16 / bf16 at head dimension 64 or 128, 16-byte aligned rows (as v4). Uses v5's log2 helpers and
-// v4's tile helpers (a_frags, mma_rows_t, mma_acc_rows, project_rows, store_rows).
+// the tile helpers of bwd_tiles.cu (a_frags, mma_rows_t, mma_acc_rows, project_rows, store_rows).
 
 // Per-row constants of the backward (natural units unless noted).
 struct __align__(16) RowK6 {
@@ -141,7 +142,7 @@ __device__ __forceinline__ void a_frags_cm(u32 (*fr)[4], const u16* s, int warp,
     for (int kk = 0; kk < HD / 16; kk++) ldsm4(fr[kk], s + cm_index(warp * 16 + (lm & 1) * 8 + lr, kk * 16 + (lm >> 1) * 8));
 }
 
-static_assert(BB == BK5, "acc_to_a (v5_v8_fwd.cu) packs tiles of BK5 columns");
+static_assert(BB == BK5, "acc_to_a (v5_fwd.cu) packs tiles of BK5 columns");
 
 // Re-weighting's sharpening of one entry: rho = max(f n an - off, 0) / umax (computed as umax was),
 // and rp = rho^(P-1), the power whose derivative the gradient needs.
@@ -348,10 +349,6 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_rows6(co
     }
 }
 
-#ifndef LSSA_AUTO_KERNELS // a lab kernel: not in the modules of Kernel::Auto (compile.rs)
-extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rows_mma6(KParams p) { bwd_rows6<true>(p); }
-#endif
-
 // w and dS^T for one tile of the keys kernel, from the scores (st) and <g_i, v_j> (gvt) of this
 // warp's keys x the tile's rows (accumulator layout), rounded to the dtype as A fragments (wa, da:
 // acc_to_a's packing). Packing each entry as it is computed frees the f32 inputs as the loop goes,
@@ -494,6 +491,40 @@ template <bool DQ, bool WG = false> __device__ __forceinline__ void bwd_keys6(co
     store_rows(p.dv, b, h, keys, dv, p.T, t4);
 }
 
-#ifndef LSSA_AUTO_KERNELS // a lab kernel: not in the modules of Kernel::Auto (compile.rs)
-extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_keys_mma6(KParams p) { bwd_keys6<false>(p); }
-#endif
+// Tensor-core backward, lab version 7: v6's maths with FlashAttention-2's dq. v4 and v6 compute dq
+// in a rows kernel of their own, which recomputes S = Q K^T and G V^T and every entry's gradient a
+// second time (7 tile products per (query, key) tile pair, 9 with re-weighting). Here the keys
+// kernel also multiplies its dS by its keys and adds the result to an f32 accumulator with atomics
+// (5 products; 7 with re-weighting, whose C_i still needs the rows kernel's E_i sweep), and a last
+// kernel applies the cosine projection and converts dq to the dtype. Extra memory: the f32 dq
+// accumulator, (B, H, T, d). f16 / bf16 at head dimension 64 or 128, as v4 and v6.
+
+// D'_i, and C_i for re-weighting (v6's rows kernel without its dq sweep).
+extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_rowstats7(KParams p) { bwd_rows6<false>(p); }
+
+// dk and dv as v6, plus this block's share of dq into p.dq_acc.
+extern "C" __global__ void __launch_bounds__(NWB * 32) lssa_bwd_keys_mma7(KParams p) { bwd_keys6<true>(p); }
+
+// dq from its f32 accumulator: the L2-normalisation projection (cosine variants), then the dtype.
+// One warp per row.
+extern "C" __global__ void __launch_bounds__(ROWS * 32) lssa_bwd_dq7(KParams p) {
+    __shared__ float xs[ROWS][HD];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int bh = blockIdx.y, b = bh / p.H, h = bh % p.H;
+    const int i = blockIdx.x * ROWS + warp;
+    if (i >= p.T) return; // whole warps only
+    const float* acc = (const float*)p.dq_acc + ((long long)bh * p.T + i) * HD;
+    float y[NC];
+#pragma unroll
+    for (int m = 0; m < NC; m++) {
+        int c = lane + 32 * m;
+        y[m] = c < HD ? acc[c] : 0.f;
+        if (COSINE && c < HD) xs[warp][c] = ld(p.q, b, h, i, c); // read back by this lane only
+    }
+    if (COSINE) project_lanes(y, xs[warp], inv_norm(p, bh, 0, i), lane);
+#pragma unroll
+    for (int m = 0; m < NC; m++) {
+        int c = lane + 32 * m;
+        if (c < HD) st(p.dq, b, h, i, c, y[m]);
+    }
+}
