@@ -142,6 +142,19 @@ fn copy_sources(workspace: &Path, scratch: &Path) -> Result<()> {
             std::fs::copy(&from, &to).with_context(|| format!("copying {rel}"))?;
         }
     }
+    // The scratch's own versions: cargo names a path crate's artifacts by its name, version and path
+    // relative to the workspace, the same here as in the workspace, so without this the scratch's
+    // crates (dummy and all) would overwrite the workspace's in the shared target directory.
+    let manifest = scratch.join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest)?;
+    let version = text
+        .split("[workspace.package]")
+        .nth(1)
+        .and_then(|t| t.lines().find_map(|l| l.trim().strip_prefix("version = \"")?.strip_suffix('"')))
+        .context("Cargo.toml: no version in [workspace.package]")?;
+    let (from, to) = (format!("version = \"{version}\""), format!("version = \"{version}-extension-scratch\""));
+    ensure!(text.matches(&from).count() >= 2, "Cargo.toml: the internal crates do not use the workspace's version");
+    std::fs::write(&manifest, text.replace(&from, &to))?;
     for cpp in ["crates/gpt-model/build.rs", "crates/trainer/build.rs"] {
         std::fs::write(
             scratch.join(cpp),
@@ -227,7 +240,7 @@ fn check(workspace: &Path, scratch: &Path) -> Result<Vec<CheckError>> {
     let target: PathBuf = workspace.join("target");
     let mut cmd = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
     cmd.current_dir(scratch)
-        .args(["check", "--workspace", "--all-features", "--message-format=json", "--quiet"])
+        .args(["check", "--workspace", "--all-features", "--message-format=json", "--quiet", "--offline"])
         .env("CARGO_TARGET_DIR", &target)
         // As `.cargo/config.toml` resolves it for the workspace (the same value: no rebuild of torch-sys).
         .env(
