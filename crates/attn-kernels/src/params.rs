@@ -137,15 +137,15 @@ pub struct Params {
 
 impl Params {
     /// Whether `kv_heads` and `kv_len` fit `heads` and `seq_len`.
-    pub(crate) fn check_kv(&self) -> crate::Result<()> {
+    pub(crate) fn check_kv(&self) -> crate::error::Result<()> {
         if self.kv_heads == 0 || !self.heads.is_multiple_of(self.kv_heads) {
-            return Err(crate::Error::BadParams(format!(
+            return Err(crate::error::Error::BadParams(format!(
                 "{} query heads cannot share {} key heads: H must be a multiple of H_kv >= 1",
                 self.heads, self.kv_heads
             )));
         }
         if self.kv_len < self.seq_len {
-            return Err(crate::Error::BadParams(format!(
+            return Err(crate::error::Error::BadParams(format!(
                 "{} query rows continue a sequence of only {} keys: T_k must be >= T_q",
                 self.seq_len, self.kv_len
             )));

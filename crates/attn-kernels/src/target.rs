@@ -14,7 +14,7 @@ use attn_core::{Plan, Variant};
 use crate::cpu;
 use crate::cuda;
 use crate::params::{Dtype, Params};
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The device of a call's tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

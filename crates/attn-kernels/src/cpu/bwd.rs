@@ -15,7 +15,7 @@ use super::split::{
     F32Params, KeyNorms, Options, QueryTask, SendPtr, dims, head, head_slice, inverse_norms, pack, rw_aux_per_row,
     write_rows,
 };
-use crate::Result;
+use crate::error::Result;
 use crate::params::RawTensor;
 
 /// [`backward_raw`](super::backward_raw) on typed pointers.

@@ -45,7 +45,7 @@ pub use split::{Options, rw_aux_per_row};
 pub use team::Helpers;
 
 use crate::params::{Params, RawTensor};
-use crate::{Error, Grads, Result};
+use crate::error::{Error, Grads, Result};
 
 /// Number of f32 statistics per row that [`forward_raw`] saves for [`backward_raw`].
 pub const STATS_PER_ROW: usize = STATS;

@@ -10,7 +10,7 @@ use attn_core::Variant;
 
 use super::config::Config;
 use crate::params::Dtype;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The CUDA sources of the kernels `Kernel::Auto` can launch, in the order they are concatenated:
 /// the production files. The lab's kernels live in `lab/` ([`lab`]), compiled only with the `lab`

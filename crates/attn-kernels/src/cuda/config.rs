@@ -5,7 +5,7 @@
 use attn_core::{Bias, Builtin, Norm, OutputNorm, Phi, Plan, Scale, Transform, Variant};
 
 use crate::params::Dtype;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// A variant resolved into the macros and constants of the kernels.
 #[derive(Clone, Debug, PartialEq)]

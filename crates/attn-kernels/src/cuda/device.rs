@@ -17,7 +17,7 @@ use super::launch::{Buf, Exec, backward_exec, check_params, forward_exec};
 use super::plan::{KParams, Kern, backward_version, forward_version, not_compiled};
 use crate::params::Dtype;
 use crate::params::Params;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// One compiled specialisation on a GPU.
 pub(super) struct Module {

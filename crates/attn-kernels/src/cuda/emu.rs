@@ -43,7 +43,7 @@ use super::probe::wgmma_probe_on;
 use super::staging::{backward_on, checked, forward_on};
 use crate::params::Dtype;
 use crate::params::Params;
-use crate::{Error, Grads, Result};
+use crate::error::{Error, Grads, Result};
 
 /// The emulation layer, prepended to the kernel sources.
 pub const EMU_SRC: &str = include_str!("emu.h");

@@ -5,7 +5,7 @@
 
 use super::compile::Generation;
 use crate::params::Dtype;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// The largest head dimension the CUDA kernels take.
 pub const MAX_HEAD_DIM: usize = 256;

@@ -11,7 +11,7 @@ use super::plan::{
 };
 use crate::params::Dtype;
 use crate::params::Params;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// Bytes of one row's backward constants (`RowK6` in `v7_bwd.cu`, which asserts the size).
 const ROWK_BYTES: usize = 64;

@@ -8,7 +8,7 @@ use super::config::Config;
 use super::kernel::{Kernel, Version};
 use crate::params::Dtype;
 use crate::params::Params;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// A launch of a kernel its module does not hold (its generation, head dimension, dtype or
 /// architecture left it out): a bug of the host code, which picks kernels by those same rules.

@@ -10,7 +10,7 @@ use super::device::{GpuExec, cuda_err, module};
 use super::launch::Exec;
 use super::plan::{KParams, Kern};
 use crate::params::Dtype;
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// What the driver made of one kernel (after its JIT of the PTX): for reading timings.
 #[derive(Clone, Debug)]
