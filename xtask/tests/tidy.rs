@@ -4,14 +4,19 @@
 use std::path::{Path, PathBuf};
 
 mod common;
+mod readers;
 
 use common::{code_of, root, text_files};
+use readers::emu_guard::emu_compiled_lines;
+use readers::module_graph::{
+    child_module_edges, defined_items, module_edges, on_cycles, root_re_exports, through_the_root,
+};
 
-#[test]
-fn gpt_model_has_unsafe_code_only_in_its_ffi_module() {
-    // ARCHITECTURE.md invariant 6: only `src/ffi/` (and the C++ in `csrc/`) holds gpt-model's FFI.
-    let offenders: Vec<String> = text_files(&["rs"])
-        .into_iter()
+/// The lines (`path:line`) of gpt-model's library outside `src/ffi/` whose code (before any `//`)
+/// says `unsafe`.
+fn unsafe_outside_ffi(files: &[(PathBuf, String)]) -> Vec<String> {
+    files
+        .iter()
         .filter(|(p, _)| p.starts_with("crates/gpt-model/src") && !p.starts_with("crates/gpt-model/src/ffi/"))
         .flat_map(|(p, text)| {
             text.lines()
@@ -23,12 +28,35 @@ fn gpt_model_has_unsafe_code_only_in_its_ffi_module() {
                 .map(|(i, _)| format!("{}:{}", p.display(), i + 1))
                 .collect::<Vec<_>>()
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn gpt_model_has_unsafe_code_only_in_its_ffi_module() {
+    // ARCHITECTURE.md invariant 6: only `src/ffi/` (and the C++ in `csrc/`) holds gpt-model's FFI.
+    let files = text_files(&["rs"]);
+    let ffi = "crates/gpt-model/src/ffi/mod.rs";
+    assert!(files.iter().any(|(p, _)| p == Path::new(ffi)), "no {ffi}: the check would pass on nothing (moved?)");
+    let offenders = unsafe_outside_ffi(&files);
     assert!(offenders.is_empty(), "unsafe outside gpt-model's src/ffi/: {offenders:?}");
 }
 
 #[test]
-fn every_todo_names_its_issue() {
+fn the_unsafe_check_catches_unsafe_code_outside_the_ffi_module() {
+    let file = |p: &str, t: &str| (PathBuf::from(p), t.to_string());
+    let mut files = vec![
+        file("crates/gpt-model/src/ffi/mod.rs", "unsafe extern \"C\" { fn f(); }\n"),
+        file("crates/gpt-model/src/loss.rs", "// no unsafe here: it goes through ffi\nfn g() {}\n"),
+        file("crates/trainer/src/dist.rs", "unsafe { lssa_dist_barrier() };\n"),
+    ];
+    assert!(unsafe_outside_ffi(&files).is_empty(), "the FFI module, comments and other crates are allowed");
+    files.push(file("crates/gpt-model/src/model.rs", "fn h() {\n    let x = unsafe { f() };\n}\n"));
+    assert_eq!(unsafe_outside_ffi(&files), ["crates/gpt-model/src/model.rs:2"]);
+}
+
+/// The lines (`path:line`) that hold a TODO, FIXME or XXX marker without naming an issue
+/// (`TODO(issue 12)`, `FIXME #12`). tidy.rs itself names the markers and is left out.
+fn todos_without_an_issue(files: &[(PathBuf, String)]) -> Vec<String> {
     let marker = |l: &str| ["TODO", "FIXME", "XXX"].iter().any(|m| l.contains(m));
     let names_issue = |l: &str| {
         l.split(|c: char| !c.is_ascii_alphanumeric() && c != '#')
@@ -36,8 +64,8 @@ fn every_todo_names_its_issue() {
             .windows(2)
             .any(|w| (w[0].eq_ignore_ascii_case("issue") && w[1].parse::<u32>().is_ok()) || w[1].starts_with('#'))
     };
-    let offenders: Vec<String> = text_files(&["rs", "py", "md", "toml", "sh", "cu", "cuh", "cpp", "h"])
-        .into_iter()
+    files
+        .iter()
         .filter(|(p, _)| !p.ends_with("tidy.rs"))
         .flat_map(|(p, text)| {
             text.lines()
@@ -46,19 +74,39 @@ fn every_todo_names_its_issue() {
                 .map(|(i, _)| format!("{}:{}", p.display(), i + 1))
                 .collect::<Vec<_>>()
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn every_todo_names_its_issue() {
+    let files = text_files(&["rs", "py", "md", "toml", "sh", "cu", "cuh", "cpp", "h"]);
+    let offenders = todos_without_an_issue(&files);
     assert!(offenders.is_empty(), "TODO / FIXME / XXX without an issue (write `TODO(issue 12)`): {offenders:?}");
 }
 
 #[test]
-fn the_kernel_lab_is_public_only_behind_its_feature() {
+fn the_todo_check_catches_a_todo_without_an_issue() {
+    let file = |p: &str, t: &str| (PathBuf::from(p), t.to_string());
+    let mut files = vec![
+        file("crates/a/src/lib.rs", "// TODO(issue 12): split this\nfn f() {}\n"),
+        file("scripts/run.sh", "# FIXME #7 retry\n"),
+        file("xtask/tests/tidy.rs", "// TODO with no issue: this file names the markers\n"),
+    ];
+    assert!(todos_without_an_issue(&files).is_empty(), "markers that name their issue are allowed");
+    files.push(file("README.md", "Intro.\n\nXXX: say more\n"));
+    assert_eq!(todos_without_an_issue(&files), ["README.md:3"]);
+}
+
+/// The lines (`path:line`) of attn-kernels' library that make a lab item public without
+/// `#[cfg(feature = "lab")]` on the line above the `pub` item they belong to.
+fn ungated_lab_items(files: &[(PathBuf, String)]) -> Vec<String> {
     // ARCHITECTURE.md: the emulator, the kernel sources and PTX, the probes and the CPU special
     // functions are attn-kernels' lab; production callers see none of them (46 public items, not 99).
     // The lab's CUDA kernels too: their sources (`compile::lab`) and the `Version` a lab request names.
     let lab_exports =
         ["pub mod emu;", "pub mod math;", "pub use probe::", "compile_ptx,", "pub use plan::Version;", "pub mod lab"];
-    let offenders: Vec<String> = text_files(&["rs"])
-        .into_iter()
+    files
+        .iter()
         .filter(|(p, _)| p.starts_with("crates/attn-kernels/src"))
         .flat_map(|(p, text)| {
             let lines: Vec<&str> = text.lines().collect();
@@ -76,8 +124,32 @@ fn the_kernel_lab_is_public_only_behind_its_feature() {
             }
             bad
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn the_kernel_lab_is_public_only_behind_its_feature() {
+    let files = text_files(&["rs"]);
+    let lib = "crates/attn-kernels/src/lib.rs";
+    assert!(files.iter().any(|(p, _)| p == Path::new(lib)), "no {lib}: the check would pass on nothing (moved?)");
+    let offenders = ungated_lab_items(&files);
     assert!(offenders.is_empty(), "lab items public without `#[cfg(feature = \"lab\")]`: {offenders:?}");
+}
+
+#[test]
+fn the_lab_check_catches_a_lab_item_public_without_the_feature() {
+    let lib = |math_gate: &str| {
+        let text = format!(
+            "#[cfg(feature = \"lab\")]\npub mod emu;\n{math_gate}pub mod math;\n#[cfg(feature = \"lab\")]\n\
+             pub use cuda::{{\n    Kernel,\n    compile_ptx,\n}};\n"
+        );
+        vec![(PathBuf::from("crates/attn-kernels/src/lib.rs"), text)]
+    };
+    assert!(
+        ungated_lab_items(&lib("#[cfg(feature = \"lab\")]\n")).is_empty(),
+        "a gated multi-line `pub use` is allowed"
+    );
+    assert_eq!(ungated_lab_items(&lib("")), ["crates/attn-kernels/src/lib.rs:3"]);
 }
 
 /// The targets of the Markdown links `[text](target)` in `text` (images included).
@@ -129,153 +201,20 @@ fn the_link_reader_finds_links() {
     assert_eq!(link_targets("see [a](docs/A.md#x) and ![b](figures/b.png \"t\")."), ["docs/A.md#x", "figures/b.png"]);
 }
 
-/// A preprocessor condition: `defined(NAME)`, another atom (`DTYPE == 1`, `HAVE_WGMMA`) taken as an
-/// unknown boolean, or their combinations.
-#[derive(Clone, Debug)]
-enum Cond {
-    Atom(String),
-    Not(Box<Cond>),
-    And(Box<Cond>, Box<Cond>),
-    Or(Box<Cond>, Box<Cond>),
-}
-
-impl Cond {
-    fn parse(text: &str) -> Cond {
-        let mut toks = Vec::new();
-        let mut atom = String::new();
-        let flush = |atom: &mut String, toks: &mut Vec<String>| {
-            if !atom.trim().is_empty() {
-                toks.push(atom.split_whitespace().collect::<Vec<_>>().join(" "));
-            }
-            atom.clear();
-        };
-        let cs: Vec<char> = text.split("//").next().unwrap_or("").chars().collect();
-        let mut i = 0;
-        while i < cs.len() {
-            let rest: String = cs[i..].iter().collect();
-            if let Some(r) = rest.strip_prefix("defined") {
-                let name: String =
-                    r.trim_start_matches([' ', '(']).chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
-                let used = r.find(name.as_str()).unwrap_or(0) + name.len();
-                let used = used + r[used..].chars().take_while(|c| *c == ')' || *c == ' ').count().min(1);
-                flush(&mut atom, &mut toks);
-                toks.push(format!("defined({name})"));
-                i += "defined".len() + r[..used].chars().count();
-                continue;
-            }
-            let two = &rest[..rest.len().min(2)];
-            if two == "&&" || two == "||" {
-                flush(&mut atom, &mut toks);
-                toks.push(two.to_string());
-                i += 2;
-            } else if cs[i] == '(' || cs[i] == ')' || (cs[i] == '!' && cs.get(i + 1) != Some(&'=')) {
-                flush(&mut atom, &mut toks);
-                toks.push(cs[i].to_string());
-                i += 1;
-            } else {
-                atom.push(cs[i]);
-                i += 1;
-            }
-        }
-        flush(&mut atom, &mut toks);
-        let mut pos = 0;
-        Self::or(&toks, &mut pos)
-    }
-
-    fn or(t: &[String], pos: &mut usize) -> Cond {
-        let mut c = Self::and(t, pos);
-        while t.get(*pos).is_some_and(|x| x == "||") {
-            *pos += 1;
-            c = Cond::Or(Box::new(c), Box::new(Self::and(t, pos)));
-        }
-        c
-    }
-
-    fn and(t: &[String], pos: &mut usize) -> Cond {
-        let mut c = Self::unary(t, pos);
-        while t.get(*pos).is_some_and(|x| x == "&&") {
-            *pos += 1;
-            c = Cond::And(Box::new(c), Box::new(Self::unary(t, pos)));
-        }
-        c
-    }
-
-    fn unary(t: &[String], pos: &mut usize) -> Cond {
-        let tok = t.get(*pos).cloned().unwrap_or_default();
-        *pos += 1;
-        match tok.as_str() {
-            "!" => Cond::Not(Box::new(Self::unary(t, pos))),
-            "(" => {
-                let c = Self::or(t, pos);
-                *pos += 1; // ")"
-                c
-            }
-            _ => Cond::Atom(tok),
-        }
-    }
-
-    fn atoms(&self, out: &mut Vec<String>) {
-        match self {
-            Cond::Atom(a) if a != "defined(LSSA_EMU)" && !out.contains(a) => out.push(a.clone()),
-            Cond::Atom(_) => {}
-            Cond::Not(c) => c.atoms(out),
-            Cond::And(a, b) | Cond::Or(a, b) => {
-                a.atoms(out);
-                b.atoms(out);
+/// The lines (`path:line`) of CUDA sources that hold an `asm` statement the emulator's build
+/// compiles: no preprocessor group around it excludes `LSSA_EMU`.
+fn emu_visible_asm(sources: &[(PathBuf, String)]) -> Vec<String> {
+    let mut offenders = Vec::new();
+    for (p, text) in sources {
+        let compiled = emu_compiled_lines(text);
+        for (i, l) in text.lines().enumerate() {
+            let code = l.split("//").next().unwrap_or("");
+            if (code.contains("asm(") || code.contains("asm volatile")) && compiled[i] {
+                offenders.push(format!("{}:{}", p.display(), i + 1));
             }
         }
     }
-
-    /// The value with `LSSA_EMU` defined and the other atoms as `truth` says.
-    fn eval(&self, truth: &dyn Fn(&str) -> bool) -> bool {
-        match self {
-            Cond::Atom(a) if a == "defined(LSSA_EMU)" => true,
-            Cond::Atom(a) => truth(a),
-            Cond::Not(c) => !c.eval(truth),
-            Cond::And(a, b) => a.eval(truth) && b.eval(truth),
-            Cond::Or(a, b) => a.eval(truth) || b.eval(truth),
-        }
-    }
-}
-
-/// Whether each line of a CUDA source can be compiled in the emulator's build (`LSSA_EMU` defined):
-/// some value of the other conditions' atoms (each an unknown boolean) selects every branch around it.
-fn emu_compiled_lines(text: &str) -> Vec<bool> {
-    // Per open group: the conditions of its earlier branches, and that of the current one.
-    let mut groups: Vec<(Vec<Cond>, Cond)> = Vec::new();
-    let always = Cond::Atom("defined(LSSA_EMU)".into());
-    let mut out = Vec::new();
-    for line in text.lines() {
-        let t = line.trim_start();
-        if let Some(d) = t.strip_prefix('#').map(str::trim_start) {
-            let (word, rest) = d.split_once(char::is_whitespace).unwrap_or((d, ""));
-            match word {
-                "if" => groups.push((Vec::new(), Cond::parse(rest))),
-                "ifdef" => groups.push((Vec::new(), Cond::parse(&format!("defined({})", rest.trim())))),
-                "ifndef" => groups.push((Vec::new(), Cond::parse(&format!("!defined({})", rest.trim())))),
-                "elif" | "else" => {
-                    if let Some((before, cur)) = groups.last_mut() {
-                        let next = if word == "elif" { Cond::parse(rest) } else { always.clone() };
-                        before.push(std::mem::replace(cur, next));
-                    }
-                }
-                "endif" => {
-                    groups.pop();
-                }
-                _ => {}
-            }
-        }
-        let mut atoms = Vec::new();
-        for (before, cur) in &groups {
-            before.iter().chain([cur]).for_each(|c| c.atoms(&mut atoms));
-        }
-        let reachable = (0u64..1 << atoms.len().min(16)).any(|bits| {
-            let truth = |a: &str| atoms.iter().position(|x| x == a).is_some_and(|i| bits >> i & 1 == 1);
-            groups.iter().all(|(before, cur)| cur.eval(&truth) && before.iter().all(|c| !c.eval(&truth)))
-        });
-        out.push(reachable);
-    }
-    out
+    offenders
 }
 
 #[test]
@@ -285,17 +224,24 @@ fn every_inline_ptx_statement_is_hidden_from_the_emulator() {
     let sources: Vec<_> =
         text_files(&["cu", "cuh"]).into_iter().filter(|(p, _)| p.starts_with("crates/attn-kernels/src/cuda")).collect();
     assert!(sources.len() >= 7, "the CUDA sources moved? {}", sources.len());
-    let mut offenders = Vec::new();
-    for (p, text) in &sources {
-        let compiled = emu_compiled_lines(text);
-        for (i, l) in text.lines().enumerate() {
-            let code = l.split("//").next().unwrap_or("");
-            if (code.contains("asm(") || code.contains("asm volatile")) && compiled[i] {
-                offenders.push(format!("{}:{}", p.display(), i + 1));
-            }
-        }
-    }
+    let offenders = emu_visible_asm(&sources);
     assert!(offenders.is_empty(), "inline PTX the emulator would compile: {offenders:?}");
+}
+
+#[test]
+fn the_ptx_check_catches_an_asm_statement_the_emulator_compiles() {
+    let source = |tail: &str| {
+        let text = format!(
+            "#ifndef LSSA_EMU\nasm volatile(\"bar.sync 0;\");\n#else\n__syncthreads();\n#endif\n\
+             // asm(\"in a comment\");\n{tail}"
+        );
+        vec![(PathBuf::from("crates/attn-kernels/src/cuda/sync.cuh"), text)]
+    };
+    assert!(emu_visible_asm(&source("")).is_empty(), "a guarded statement and a comment are allowed");
+    assert_eq!(
+        emu_visible_asm(&source("asm(\"mov.u32 %0, %%laneid;\" : \"=r\"(l));\n")),
+        ["crates/attn-kernels/src/cuda/sync.cuh:7"]
+    );
 }
 
 #[test]
@@ -310,15 +256,10 @@ fn the_emulator_guard_reader_follows_nested_groups() {
     assert_eq!(got, [true, true, false, false, true, false, false, true, false, true, true]);
 }
 
-#[test]
-fn every_cuda_kernel_is_listed_in_kern_and_every_kern_exists() {
-    // The host launches kernels by `Kern::name`, and the emulator's table of kernels is built from
-    // `Kern`: a `__global__` kernel missing there is dead (or launched by a misspelt name).
+/// The names of the `extern "C" __global__` kernels that `sources` define.
+fn global_kernels(sources: &[(PathBuf, String)]) -> std::collections::BTreeSet<String> {
     let mut defined = std::collections::BTreeSet::new();
-    for (p, text) in text_files(&["cu", "cuh"]) {
-        if !p.starts_with("crates/attn-kernels/src/cuda") {
-            continue;
-        }
+    for (_, text) in sources {
         for l in text.lines().filter(|l| l.contains("__global__") && l.contains("extern \"C\"")) {
             // `extern "C" __global__ void [__launch_bounds__(N)] NAME(KParams p)`
             let after_void = l.split_once(" void ").map_or("", |(_, rest)| rest).trim_start();
@@ -329,31 +270,77 @@ fn every_cuda_kernel_is_listed_in_kern_and_every_kern_exists() {
             defined.insert(after_bounds.split('(').next().unwrap_or("").trim().to_string());
         }
     }
-    let plan = root().join("crates/attn-kernels/src/cuda/plan.rs");
-    let plan = std::fs::read_to_string(&plan).expect("crates/attn-kernels/src/cuda/plan.rs (moved? update this check)");
+    defined
+}
+
+/// What disagrees between the kernels `sources` define, the names `Kern` lists in `plan` (its
+/// `listed_enum!`: `Variant => "lssa_name",`) and the count ARCHITECTURE.md (`arch`) states.
+fn kernel_list_problems(sources: &[(PathBuf, String)], plan: &str, arch: &str) -> Vec<String> {
+    let defined = global_kernels(sources);
     let listed: std::collections::BTreeSet<String> = plan
         .lines()
-        // `Kern`'s list (`listed_enum!`): `Variant => "lssa_name",`.
         .filter_map(|l| l.trim().split_once(" => \"lssa_").map(|(_, n)| n.to_string()))
         .map(|n| format!("lssa_{}", n.trim_end_matches(['"', ','])))
         .collect();
-    assert_eq!(defined, listed, "`extern \"C\" __global__` kernels in cuda/ vs the names in `Kern::name`");
+    let mut problems: Vec<String> =
+        defined.difference(&listed).map(|k| format!("{k}: a `__global__` kernel missing from `Kern`")).collect();
+    problems.extend(listed.difference(&defined).map(|k| format!("{k}: named in `Kern`, defined by no source")));
     // ARCHITECTURE.md states the count (invariant 5); it must be the count.
-    let arch = std::fs::read_to_string(root().join("ARCHITECTURE.md")).expect("ARCHITECTURE.md");
-    let stated: usize = arch
+    let stated: Option<usize> = arch
         .split_once("every `__global__` kernel (")
         .and_then(|(_, rest)| rest.split_once(" today)"))
-        .and_then(|(n, _)| n.parse().ok())
-        .expect("ARCHITECTURE.md states `every `__global__` kernel (N today)`");
-    assert_eq!(stated, defined.len(), "ARCHITECTURE.md's kernel count vs the kernels: {defined:?}");
+        .and_then(|(n, _)| n.parse().ok());
+    match stated {
+        None => problems.push("ARCHITECTURE.md no longer states `every `__global__` kernel (N today)`".into()),
+        Some(n) if n != defined.len() => {
+            problems.push(format!("ARCHITECTURE.md states {n} kernels, the sources define {}", defined.len()))
+        }
+        Some(_) => {}
+    }
+    problems
 }
 
-/// The crate names in the `[dependencies]` table of a crate's `Cargo.toml` (not dev or build ones).
+#[test]
+fn every_cuda_kernel_is_listed_in_kern_and_every_kern_exists() {
+    // The host launches kernels by `Kern::name`, and the emulator's table of kernels is built from
+    // `Kern`: a `__global__` kernel missing there is dead (or launched by a misspelt name).
+    let sources: Vec<_> =
+        text_files(&["cu", "cuh"]).into_iter().filter(|(p, _)| p.starts_with("crates/attn-kernels/src/cuda")).collect();
+    let read = |p: &str| {
+        std::fs::read_to_string(root().join(p)).unwrap_or_else(|e| panic!("{p}: {e} (moved? update this check)"))
+    };
+    let (plan, arch) = (read("crates/attn-kernels/src/cuda/plan.rs"), read("ARCHITECTURE.md"));
+    let problems = kernel_list_problems(&sources, &plan, &arch);
+    assert!(
+        problems.is_empty(),
+        "`extern \"C\" __global__` kernels in cuda/ vs `Kern::name` and ARCHITECTURE.md: {problems:?}"
+    );
+}
+
+#[test]
+fn the_kernel_list_check_catches_an_unlisted_kernel_a_stale_name_and_a_wrong_count() {
+    let sources = [(
+        PathBuf::from("crates/attn-kernels/src/cuda/fwd.cu"),
+        "extern \"C\" __global__ void lssa_fwd(KParams p) {}\n\
+         extern \"C\" __global__ void __launch_bounds__(256) lssa_bwd(KParams p) {}\n"
+            .to_string(),
+    )];
+    let plan = |names: &[&str]| names.iter().map(|n| format!("    K{n} => \"lssa_{n}\",\n")).collect::<String>();
+    let arch = |n: usize| format!("Kern lists every `__global__` kernel ({n} today).");
+    assert!(kernel_list_problems(&sources, &plan(&["fwd", "bwd"]), &arch(2)).is_empty());
+    let unlisted = kernel_list_problems(&sources, &plan(&["fwd"]), &arch(2));
+    assert_eq!(unlisted, ["lssa_bwd: a `__global__` kernel missing from `Kern`"]);
+    let stale = kernel_list_problems(&sources, &plan(&["fwd", "bwd", "old"]), &arch(2));
+    assert_eq!(stale, ["lssa_old: named in `Kern`, defined by no source"]);
+    let count = kernel_list_problems(&sources, &plan(&["fwd", "bwd"]), &arch(3));
+    assert_eq!(count, ["ARCHITECTURE.md states 3 kernels, the sources define 2"]);
+}
+
+/// The crate names in the `[dependencies]` table of a crate's `Cargo.toml` text (not dev or build ones).
 fn dependencies(manifest: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(root().join(manifest)).expect("the crate's manifest");
     let mut in_deps = false;
     let mut out = Vec::new();
-    for l in text.lines().map(str::trim) {
+    for l in manifest.lines().map(str::trim) {
         if l.starts_with('[') {
             in_deps = l == "[dependencies]";
         } else if in_deps && !l.is_empty() && !l.starts_with('#') {
@@ -364,20 +351,57 @@ fn dependencies(manifest: &str) -> Vec<String> {
     out
 }
 
+/// The dependencies that break invariants 3 and 4, given the manifests of attn-core and
+/// attn-kernels: attn-core's beyond its short list, and libtorch's crates in attn-kernels.
+fn libtorch_and_foreign_dependencies(core_toml: &str, kernels_toml: &str) -> Vec<String> {
+    let allowed = ["ndarray", "num-traits", "thiserror", "proptest"];
+    let mut bad: Vec<String> = dependencies(core_toml)
+        .into_iter()
+        .filter(|d| !allowed.contains(&d.as_str()))
+        .map(|d| format!("attn-core depends on {d} (allowed: {allowed:?})"))
+        .collect();
+    let forbidden = ["tch", "torch-sys"];
+    bad.extend(
+        dependencies(kernels_toml)
+            .into_iter()
+            .filter(|d| forbidden.contains(&d.as_str()))
+            .map(|d| format!("attn-kernels depends on {d}")),
+    );
+    bad
+}
+
 #[test]
 fn attn_core_stands_alone_and_attn_kernels_never_links_libtorch() {
     // ARCHITECTURE.md invariants 3 and 4.
-    let core = dependencies("crates/attn-core/Cargo.toml");
-    let allowed = ["ndarray", "num-traits", "thiserror", "proptest"];
-    assert!(core.iter().all(|d| allowed.contains(&d.as_str())), "attn-core depends on {core:?}; allowed: {allowed:?}");
-    let kernels = dependencies("crates/attn-kernels/Cargo.toml");
-    assert!(
-        kernels.contains(&"cudarc".to_string()),
-        "the manifest reader lost attn-kernels' dependencies: {kernels:?}"
-    );
-    for forbidden in ["tch", "torch-sys"] {
-        assert!(!kernels.iter().any(|d| d == forbidden), "attn-kernels depends on {forbidden}");
-    }
+    let read = |p: &str| std::fs::read_to_string(root().join(p)).unwrap_or_else(|e| panic!("{p}: {e}"));
+    let (core, kernels) = (read("crates/attn-core/Cargo.toml"), read("crates/attn-kernels/Cargo.toml"));
+    let found = dependencies(&kernels);
+    assert!(found.contains(&"cudarc".to_string()), "the manifest reader lost attn-kernels' dependencies: {found:?}");
+    let bad = libtorch_and_foreign_dependencies(&core, &kernels);
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+#[test]
+fn the_dependency_check_catches_libtorch_in_attn_kernels_and_a_foreign_crate_in_attn_core() {
+    let core = "[package]\nname = \"attn-core\"\n\n[dependencies]\nndarray.workspace = true\n# serde = \"1\"\n\
+                thiserror = { workspace = true }\n\n[dev-dependencies]\ntch = \"0.17\"\n";
+    let kernels = "[dependencies]\ncudarc = { version = \"0.12\" }\n\n[build-dependencies]\ntorch-sys = \"0.17\"\n";
+    assert!(libtorch_and_foreign_dependencies(core, kernels).is_empty(), "dev and build tables are not linked");
+    let kernels_with_torch = kernels.replace("cudarc", "torch-sys = \"0.17\"\ncudarc");
+    assert_eq!(libtorch_and_foreign_dependencies(core, &kernels_with_torch), ["attn-kernels depends on torch-sys"]);
+    let core_with_rand = core.replace("# serde", "rand = \"0.8\"\n# serde");
+    let bad = libtorch_and_foreign_dependencies(&core_with_rand, kernels);
+    assert_eq!(bad.len(), 1, "{bad:?}");
+    assert!(bad[0].starts_with("attn-core depends on rand"), "{bad:?}");
+}
+
+/// The Rust files (with their length) of more than `max` lines.
+fn longer_than(files: &[(PathBuf, String)], max: usize) -> Vec<String> {
+    files
+        .iter()
+        .filter(|(_, text)| text.lines().count() > max)
+        .map(|(p, text)| format!("{} ({} lines)", p.display(), text.lines().count()))
+        .collect()
 }
 
 #[test]
@@ -385,90 +409,18 @@ fn no_rust_file_is_longer_than_800_lines() {
     // ARCHITECTURE.md: a file that grows past this is split by concern (kernel sources, `.cu`, `.cuh`
     // and the emulator's `emu.h`, are not Rust and are exempt).
     const MAX: usize = 800;
-    let long: Vec<String> = text_files(&["rs"])
-        .into_iter()
-        .filter(|(_, text)| text.lines().count() > MAX)
-        .map(|(p, text)| format!("{} ({} lines)", p.display(), text.lines().count()))
-        .collect();
+    let long = longer_than(&text_files(&["rs"]), MAX);
     assert!(long.is_empty(), "over {MAX} lines: {long:?}");
 }
 
-/// The first identifier of each path `code` names after `prefix`: `prefix::a::B` gives `a`, a group
-/// `prefix::{a::B, C as D}` gives `a` and `C`.
-fn names_after(code: &str, prefix: &str) -> Vec<String> {
-    let ident =
-        |w: &str| -> String { w.trim().chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect() };
-    code.match_indices(prefix)
-        .flat_map(|(i, _)| {
-            let rest = &code[i + prefix.len()..];
-            match rest.strip_prefix('{') {
-                Some(group) => group.split('}').next().unwrap_or("").split(',').map(ident).collect(),
-                None => vec![ident(rest)],
-            }
-        })
-        .filter(|w| !w.is_empty())
-        .collect()
-}
-
-/// The `use` items of `text` (outside comments and tests) under a first path segment:
-/// `(public, segment, item)` for `[pub] use segment::{a, b as c}`, each item as the importing module
-/// names it (`a`, `c`).
-fn use_items(text: &str) -> Vec<(bool, String, String)> {
-    let mut out = Vec::new();
-    for statement in code_of(text).lines().collect::<Vec<_>>().join(" ").split(';') {
-        let Some((before, path)) = statement.split_once("use ") else { continue };
-        let Some((m, items)) = path.trim().split_once("::") else { continue };
-        for item in items.trim_matches(|c| c == '{' || c == '}' || c == ' ').split(',') {
-            let name = item.rsplit(" as ").next().unwrap_or("").trim();
-            if !name.is_empty() {
-                out.push((before.contains("pub"), m.to_string(), name.to_string()));
-            }
-        }
-    }
-    out
-}
-
-/// The edges `module -> module` between the top-level modules of one crate's library (`src/`, not
-/// `src/bin`): a file of module `m` (`m.rs` or anything under `m/`) that names `crate::n::`, outside
-/// comments and its `#[cfg(test)]` part.
-fn module_edges(files: &[(PathBuf, String)], src: &Path) -> std::collections::BTreeSet<(String, String)> {
-    let mut edges = std::collections::BTreeSet::new();
-    for (p, text) in files {
-        let Ok(rel) = p.strip_prefix(src) else { continue };
-        let Some(first) = rel.components().next().and_then(|c| c.as_os_str().to_str()) else { continue };
-        let module = first.trim_end_matches(".rs");
-        if ["lib", "main", "bin"].contains(&module) {
-            continue;
-        }
-        for other in names_after(&code_of(text), "crate::") {
-            if other != module {
-                edges.insert((module.to_string(), other));
-            }
-        }
-    }
-    edges
-}
-
-/// The modules of `edges` that lie on a cycle.
-fn on_cycles(edges: &std::collections::BTreeSet<(String, String)>) -> Vec<String> {
-    let reaches = |from: &str, to: &str| {
-        let (mut seen, mut todo) = (std::collections::BTreeSet::new(), vec![from.to_string()]);
-        while let Some(m) = todo.pop() {
-            for (_, b) in edges.iter().filter(|(a, _)| *a == m) {
-                if b == to {
-                    return true;
-                }
-                if seen.insert(b.clone()) {
-                    todo.push(b.clone());
-                }
-            }
-        }
-        false
-    };
-    let mut out: Vec<String> =
-        edges.iter().filter(|(a, b)| reaches(b, a)).map(|(a, b)| format!("{a} <-> {b}")).collect();
-    out.dedup();
-    out
+#[test]
+fn the_length_check_catches_a_file_one_line_too_long() {
+    let files = [
+        (PathBuf::from("crates/a/src/full.rs"), "fn f() {}\n".repeat(800)),
+        (PathBuf::from("crates/a/src/over.rs"), "fn f() {}\n".repeat(801)),
+    ];
+    assert_eq!(longer_than(&files, 800), ["crates/a/src/over.rs (801 lines)"]);
+    assert!(longer_than(&files[..1], 800).is_empty(), "800 lines are allowed");
 }
 
 #[test]
@@ -484,95 +436,16 @@ fn no_crate_has_a_cycle_between_its_top_level_modules() {
     assert!(cycles.is_empty(), "modules that depend on each other (directly or through others): {cycles:?}");
 }
 
-/// The items `text` defines itself at its top level (not what it re-exports): the names after
-/// `struct`, `enum`, `union`, `trait`, `type`, `fn`, `const` or `static` opening a line of its code,
-/// visibility and `const` / `unsafe` qualifiers aside.
-fn defined_items(text: &str) -> std::collections::BTreeSet<String> {
-    const KINDS: [&str; 8] = ["struct", "enum", "union", "trait", "type", "fn", "const", "static"];
-    const QUALIFIERS: [&str; 6] = ["pub", "pub(crate)", "pub(super)", "unsafe", "async", "extern"];
-    let code = code_of(text);
-    code.lines()
-        .filter(|l| !l.starts_with(char::is_whitespace))
-        .filter_map(|line| {
-            let words: Vec<&str> = line.split_whitespace().collect();
-            let mut i = 0;
-            // `const fn f` and `const unsafe fn f` are functions, `const X` a constant.
-            while i + 1 < words.len()
-                && (QUALIFIERS.contains(&words[i]) || (words[i] == "const" && matches!(words[i + 1], "fn" | "unsafe")))
-            {
-                i += 1;
-            }
-            let (kind, name) = (words.get(i)?, words.get(i + 1)?);
-            let name: String = name.chars().take_while(|c| c.is_ascii_alphanumeric() || *c == '_').collect();
-            (KINDS.contains(kind) && !name.is_empty()).then_some(name)
-        })
-        .collect()
-}
-
-/// The edges `module -> module` between `dir/mod.rs` (the node `mod`) and its child modules (files
-/// `dir/<m>.rs`), outside comments and the `#[cfg(test)]` part: a child names `super::<m>::`, or an
-/// item that `mod.rs` re-exports from `<m>` through `super::` (an edge to `<m>`), or an item that
-/// `mod.rs` defines itself (an edge to `mod`); `mod.rs` uses `<m>` in its own code or through a
-/// private `use` (an edge from `mod`). A face re-exports and defines nothing its children import.
-fn child_module_edges(mod_rs: &str, children: &[(String, String)]) -> std::collections::BTreeSet<(String, String)> {
-    let names: Vec<&str> = children.iter().map(|(m, _)| m.as_str()).collect();
-    let defined = defined_items(mod_rs);
-    // `[pub[(crate)]] use <m>::{a, b};` or `use <m>::a;` in mod.rs: item -> m.
-    let mut owner = std::collections::BTreeMap::new();
-    let mut edges = std::collections::BTreeSet::new();
-    for (public, m, item) in use_items(mod_rs).into_iter().filter(|(_, m, _)| names.contains(&m.as_str())) {
-        if !public {
-            edges.insert(("mod".to_string(), m.clone())); // a private `use`: mod.rs's own code uses it
-        }
-        owner.insert(item, m);
-    }
-    // mod.rs's own code (not its `use` and `mod` items) naming `<m>::`.
-    for line in code_of(mod_rs).lines() {
-        let item = line.trim_start();
-        if ["use ", "pub use ", "pub(crate) use ", "mod ", "pub mod ", "pub(crate) mod ", "#["]
-            .iter()
-            .any(|p| item.starts_with(p))
-        {
-            continue;
-        }
-        for m in &names {
-            if line
-                .match_indices(&format!("{m}::"))
-                .any(|(i, _)| !line[..i].ends_with(|c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':'))
-            {
-                edges.insert(("mod".to_string(), m.to_string()));
-            }
-        }
-    }
-    for (module, text) in children {
-        // One line, so that a `use super::{...}` group over several lines is read whole.
-        let code = code_of(text).lines().collect::<Vec<_>>().join(" ");
-        for w in names_after(&code, "super::") {
-            let target = if names.contains(&w.as_str()) {
-                Some(w)
-            } else if defined.contains(&w) {
-                Some("mod".to_string())
-            } else {
-                owner.get(&w).cloned()
-            };
-            if let Some(t) = target.filter(|t| t != module) {
-                edges.insert((module.clone(), t));
-            }
-        }
-    }
-    edges
-}
-
 #[test]
 fn the_cuda_and_cpu_modules_have_no_cycle_and_import_only_downwards() {
     // ARCHITECTURE.md: `config` and `compile` use no module that uses them back, and so on down;
     // the CPU kernels' shared types live in `split`, below the modules that use them.
-    let read = |p: &Path| std::fs::read_to_string(p).expect("a kernel source");
+    let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
     for (dir, known_edge) in [("cuda", ("device", "compile")), ("cpu", ("bwd", "split"))] {
         let dir = root().join("crates/attn-kernels/src").join(dir);
         let mod_rs = read(&dir.join("mod.rs"));
         let mut children = Vec::new();
-        for entry in std::fs::read_dir(&dir).expect("the kernels' directory") {
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
             let p = entry.expect("an entry").path();
             let name = p.file_stem().and_then(|s| s.to_str()).unwrap_or("").to_string();
             if p.extension().is_some_and(|e| e == "rs") && name != "mod" {
@@ -710,17 +583,42 @@ fn static_items(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// The static items (`path: line`) of lssa-py's library, the Python extension.
+fn process_wide_state(files: &[(PathBuf, String)]) -> Vec<String> {
+    files
+        .iter()
+        .filter(|(p, _)| p.starts_with("crates/lssa-py/src"))
+        .flat_map(|(p, text)| static_items(text).into_iter().map(move |l| format!("{}: {l}", p.display())))
+        .collect()
+}
+
 #[test]
 fn the_python_extension_keeps_no_process_wide_state() {
     // Issue 64: lssa-py's state (variants by name with their prepared kernels, thread pools, the CUDA
     // kernel choice) belongs to the module object (`State`), like every other crate's to its owner.
-    let files: Vec<_> = text_files(&["rs"]).into_iter().filter(|(p, _)| p.starts_with("crates/lssa-py/src")).collect();
-    assert!(!files.is_empty(), "crates/lssa-py/src has no Rust file: the check would pass on nothing");
-    let offenders: Vec<String> = files
-        .iter()
-        .flat_map(|(p, text)| static_items(text).into_iter().map(move |l| format!("{}: {l}", p.display())))
-        .collect();
+    let files = text_files(&["rs"]);
+    assert!(
+        files.iter().any(|(p, _)| p.starts_with("crates/lssa-py/src")),
+        "crates/lssa-py/src has no Rust file: the check would pass on nothing"
+    );
+    let offenders = process_wide_state(&files);
     assert!(offenders.is_empty(), "static items in lssa-py (keep them in the module's `State`): {offenders:?}");
+}
+
+#[test]
+fn the_state_check_catches_a_static_in_the_python_extension_only() {
+    let file = |p: &str, t: &str| (PathBuf::from(p), t.to_string());
+    let mut files = vec![
+        file("crates/lssa-py/src/lib.rs", "struct State { pools: Vec<u8> }\n"),
+        file("crates/attn-kernels/src/cuda/device.rs", "static DEVICES: OnceLock<u8> = OnceLock::new();\n"),
+    ];
+    assert!(process_wide_state(&files).is_empty(), "other crates' statics are not this check's");
+    files
+        .push(file("crates/lssa-py/src/ops.rs", "fn f() {}\nstatic POOLS: Mutex<Vec<u8>> = Mutex::new(Vec::new());\n"));
+    assert_eq!(
+        process_wide_state(&files),
+        ["crates/lssa-py/src/ops.rs: static POOLS: Mutex<Vec<u8>> = Mutex::new(Vec::new());"]
+    );
 }
 
 #[test]
@@ -735,46 +633,55 @@ fn the_static_finder_sees_statics_in_functions_and_not_in_comments_or_tests() {
     );
 }
 
-/// The items `lib_rs` re-exports from its own modules (`pub use m::{A, B};`), each with its module.
-fn root_re_exports(lib_rs: &str) -> std::collections::BTreeMap<String, String> {
-    use_items(lib_rs)
-        .into_iter()
-        .filter(|(public, m, _)| {
-            *public
-                && !["crate", "self", "super"].contains(&m.as_str())
-                && m.chars().all(|c| c.is_ascii_lowercase() || c == '_')
-        })
-        .map(|(_, m, item)| (item, m))
-        .collect()
-}
-
-/// The names `text` (outside comments and tests) imports through the crate root's re-exports
-/// `owner`: `crate::X` or `crate::{X, ..}` where the root re-exports `X` from a module.
-fn through_the_root(text: &str, owner: &std::collections::BTreeMap<String, String>) -> Vec<String> {
-    let code = code_of(text).lines().map(|l| l.split("//").next().unwrap_or("")).collect::<Vec<_>>().join(" ");
-    names_after(&code, "crate::").into_iter().filter(|w| owner.contains_key(w)).collect()
-}
-
-#[test]
-fn modules_import_from_the_defining_module_not_through_the_crate_root() {
-    // Issue 64: lib.rs is a face for the crate's users; inside the crate every import names the
-    // module that defines the item (`crate::variant::Variant`, not `crate::Variant`).
-    let files = text_files(&["rs"]);
+/// The imports (`path: crate::Name (from `module`)`) that the library modules of `crates` make
+/// through their crate root's re-exports. Binaries (`src/bin`, `main.rs`) are the crate's users and
+/// may; a crate without `src/lib.rs` among `files` is an error, not a pass.
+fn imports_through_the_root(files: &[(PathBuf, String)], crates: &[&str]) -> Vec<String> {
     let mut offenders = Vec::new();
-    for krate in ["attn-core", "attn-kernels", "gpt-model", "trainer", "experiments"] {
+    for krate in crates {
         let src = PathBuf::from(format!("crates/{krate}/src"));
         let lib = files.iter().find(|(p, _)| *p == src.join("lib.rs")).map(|(_, t)| t.as_str());
         let owner = root_re_exports(lib.unwrap_or_else(|| panic!("no {}/lib.rs", src.display())));
         for (p, text) in files.iter().filter(|(p, _)| p.starts_with(&src) && *p != src.join("lib.rs")) {
             if p.starts_with(src.join("bin")) || p.ends_with("main.rs") {
-                continue; // binaries are the crate's users
+                continue;
             }
             for name in through_the_root(text, &owner) {
                 offenders.push(format!("{}: crate::{name} (from `{}`)", p.display(), owner[&name]));
             }
         }
     }
+    offenders
+}
+
+#[test]
+fn modules_import_from_the_defining_module_not_through_the_crate_root() {
+    // Issue 64: lib.rs is a face for the crate's users; inside the crate every import names the
+    // module that defines the item (`crate::variant::Variant`, not `crate::Variant`).
+    let crates = ["attn-core", "attn-kernels", "gpt-model", "trainer", "experiments"];
+    let offenders = imports_through_the_root(&text_files(&["rs"]), &crates);
     assert!(offenders.is_empty(), "imports through the crate root's re-exports: {offenders:?}");
+}
+
+#[test]
+fn the_import_check_catches_a_module_importing_through_the_crate_root() {
+    let file = |p: &str, t: &str| (PathBuf::from(p), t.to_string());
+    let mut files = vec![
+        file("crates/k/src/lib.rs", "mod a;\nmod b;\npub use a::X;\n"),
+        file("crates/k/src/a.rs", "pub struct X;\n"),
+        file("crates/k/src/b.rs", "use crate::a::X;\n"),
+        file("crates/k/src/bin/tool.rs", "use crate::X;\n"),
+        file("crates/other/src/c.rs", "use crate::X;\n"),
+    ];
+    assert!(imports_through_the_root(&files, &["k"]).is_empty(), "binaries and other crates may");
+    files.push(file("crates/k/src/c/mod.rs", "fn f() -> crate::X { crate::a::X }\n"));
+    assert_eq!(imports_through_the_root(&files, &["k"]), ["crates/k/src/c/mod.rs: crate::X (from `a`)"]);
+}
+
+#[test]
+#[should_panic(expected = "no crates/gone/src/lib.rs")]
+fn the_import_check_fails_when_a_crate_root_is_missing() {
+    imports_through_the_root(&[(PathBuf::from("crates/gone/src/a.rs"), "use crate::X;\n".to_string())], &["gone"]);
 }
 
 #[test]
