@@ -165,27 +165,28 @@ fn link_targets(text: &str) -> Vec<&str> {
     out
 }
 
-#[test]
-fn no_link_leaves_the_repository_and_every_local_link_resolves() {
-    let root = root().canonicalize().unwrap();
+/// What leaves the repository at `root`: any file that names the sessions' reference directory
+/// beside the clone, and each Markdown link to a local path that does not exist or resolves outside
+/// `root` (the paths of `files` are relative to it).
+fn link_problems(root: &Path, files: &[(PathBuf, String)]) -> Vec<String> {
     let mut offenders = Vec::new();
     // The sessions' reference directory beside the clone, spelt so this file does not name it.
     let shared = ["..", "shared", ""].join("/");
-    for (p, text) in text_files(&["md", "rs", "py", "toml"]) {
+    for (p, text) in files {
         if text.contains(&shared) {
             offenders.push(format!("{}: names {shared}, which users never see", p.display()));
         }
         if p.extension().is_none_or(|e| e != "md") {
             continue;
         }
-        for target in link_targets(&text) {
+        for target in link_targets(text) {
             let path = target.split('#').next().unwrap_or("");
             if path.is_empty() || target.contains("://") || target.starts_with("mailto:") {
                 continue;
             }
-            let dir = root.join(&p).parent().unwrap().to_path_buf();
+            let dir = root.join(p).parent().unwrap().to_path_buf();
             match dir.join(path).canonicalize() {
-                Ok(abs) if abs.starts_with(&root) => {}
+                Ok(abs) if abs.starts_with(root) => {}
                 Ok(abs) => {
                     offenders.push(format!("{}: {target} leaves the repository ({})", p.display(), abs.display()))
                 }
@@ -193,7 +194,39 @@ fn no_link_leaves_the_repository_and_every_local_link_resolves() {
             }
         }
     }
+    offenders
+}
+
+#[test]
+fn no_link_leaves_the_repository_and_every_local_link_resolves() {
+    let root = root().canonicalize().unwrap();
+    let offenders = link_problems(&root, &text_files(&["md", "rs", "py", "toml"]));
     assert!(offenders.is_empty(), "{offenders:#?}");
+}
+
+#[test]
+fn the_link_check_catches_a_dead_link_a_link_out_and_the_reference_directory() {
+    // A small tree on disk: links resolve against real paths.
+    let base = std::env::temp_dir().join(format!("lssa-link-check-{}", std::process::id()));
+    let root = base.join("repo");
+    std::fs::create_dir_all(root.join("docs")).unwrap();
+    std::fs::write(root.join("docs/A.md"), "# A\n").unwrap();
+    std::fs::write(base.join("outside.md"), "# outside\n").unwrap();
+    let root = root.canonicalize().unwrap();
+    let file = |p: &str, t: &str| (PathBuf::from(p), t.to_string());
+    let clean = vec![file("README.md", "[a](docs/A.md#x), [web](https://example.org), [here](#top)\n")];
+    assert!(link_problems(&root, &clean).is_empty(), "{:?}", link_problems(&root, &clean));
+    let shared = ["..", "shared", "SPEC.md"].join("/");
+    let planted = vec![
+        file("README.md", "[gone](docs/B.md) and [out](../outside.md)\n"),
+        file("src/lib.rs", &format!("// see {shared}\n")),
+    ];
+    let found = link_problems(&root, &planted);
+    std::fs::remove_dir_all(&base).unwrap();
+    assert_eq!(found.len(), 3, "{found:#?}");
+    assert!(found[0].contains("docs/B.md does not exist"), "{found:#?}");
+    assert!(found[1].contains("../outside.md leaves the repository"), "{found:#?}");
+    assert!(found[2].starts_with("src/lib.rs: names"), "{found:#?}");
 }
 
 #[test]
