@@ -13,8 +13,8 @@ use attn_core::{Plan, Variant};
 
 use crate::cpu;
 use crate::cuda;
-use crate::params::{Dtype, Params};
 use crate::error::{Error, Result};
+use crate::params::{Dtype, Params};
 
 /// The device of a call's tensors.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -44,8 +44,8 @@ use split::{KeyNorms, PerThread, QueryTask, SendPtr, dims, head, inverse_norms, 
 pub use split::{Options, rw_aux_per_row};
 pub use team::Helpers;
 
-use crate::params::{Params, RawTensor};
 use crate::error::{Error, Grads, Result};
+use crate::params::{Params, RawTensor};
 
 /// Number of f32 statistics per row that [`forward_raw`] saves for [`backward_raw`].
 pub const STATS_PER_ROW: usize = STATS;

@@ -10,8 +10,8 @@ use super::engine::{self, Dims, Head, Tuning};
 use super::isa::Isa;
 use super::short;
 use super::team::Helpers;
-use crate::params::{Dtype, Params, RawTensor};
 use crate::error::{Error, Result};
+use crate::params::{Dtype, Params, RawTensor};
 
 /// Floats per row of [`Params::rw_aux`] at head dimension `head_dim`: `c_i` and `y_i`.
 pub const fn rw_aux_per_row(head_dim: usize) -> usize {

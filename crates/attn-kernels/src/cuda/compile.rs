@@ -9,8 +9,8 @@ use cudarc::nvrtc::{CompileOptions, Ptx};
 use attn_core::Variant;
 
 use super::config::Config;
-use crate::params::Dtype;
 use crate::error::{Error, Result};
+use crate::params::Dtype;
 
 /// The CUDA sources of the kernels `Kernel::Auto` can launch, in the order they are concatenated:
 /// the production files. The lab's kernels live in `lab/` ([`lab`]), compiled only with the `lab`

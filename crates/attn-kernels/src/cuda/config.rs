@@ -4,8 +4,8 @@
 
 use attn_core::{Bias, Builtin, Norm, OutputNorm, Phi, Plan, Scale, Transform, Variant};
 
-use crate::params::Dtype;
 use crate::error::{Error, Result};
+use crate::params::Dtype;
 
 /// A variant resolved into the macros and constants of the kernels.
 #[derive(Clone, Debug, PartialEq)]

@@ -15,9 +15,9 @@ use super::config::Config;
 use super::kernel::Kernel;
 use super::launch::{Buf, Exec, backward_exec, check_params, forward_exec};
 use super::plan::{KParams, Kern, backward_version, forward_version, not_compiled};
+use crate::error::{Error, Result};
 use crate::params::Dtype;
 use crate::params::Params;
-use crate::error::{Error, Result};
 
 /// One compiled specialisation on a GPU.
 pub(super) struct Module {

@@ -41,9 +41,9 @@ use super::launch::{Buf, Exec, backward_exec, check_params, forward_exec};
 use super::plan::{KParams, Kern, not_compiled};
 use super::probe::wgmma_probe_on;
 use super::staging::{backward_on, checked, forward_on};
+use crate::error::{Error, Grads, Result};
 use crate::params::Dtype;
 use crate::params::Params;
-use crate::error::{Error, Grads, Result};
 
 /// The emulation layer, prepended to the kernel sources.
 pub const EMU_SRC: &str = include_str!("emu.h");

@@ -4,8 +4,8 @@
 //! uses it back (`xtask/tests/tidy.rs`).
 
 use super::compile::Generation;
-use crate::params::Dtype;
 use crate::error::{Error, Result};
+use crate::params::Dtype;
 
 /// The largest head dimension the CUDA kernels take.
 pub const MAX_HEAD_DIM: usize = 256;

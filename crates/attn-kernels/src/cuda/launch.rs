@@ -9,9 +9,9 @@ use super::plan::{
     KParams, Kern, MMA_ROWS, MMA3_ROWS, MMA5_ROWS, ROWS_PER_BLOCK, aligned, backward_version, forward_version, kparams,
     pairs_aligned, rows_aligned16, t4, t4m,
 };
+use crate::error::{Error, Result};
 use crate::params::Dtype;
 use crate::params::Params;
-use crate::error::{Error, Result};
 
 /// Bytes of one row's backward constants (`RowK6` in `v7_bwd.cu`, which asserts the size).
 const ROWK_BYTES: usize = 64;

@@ -6,9 +6,9 @@ use cudarc::driver::DeviceRepr;
 use super::compile::{Generation, has_tensor_core_forward};
 use super::config::Config;
 use super::kernel::{Kernel, Version};
+use crate::error::{Error, Result};
 use crate::params::Dtype;
 use crate::params::Params;
-use crate::error::{Error, Result};
 
 /// A launch of a kernel its module does not hold (its generation, head dimension, dtype or
 /// architecture left it out): a bug of the host code, which picks kernels by those same rules.

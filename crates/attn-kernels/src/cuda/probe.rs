@@ -9,8 +9,8 @@ use super::config::Config;
 use super::device::{GpuExec, cuda_err, module};
 use super::launch::Exec;
 use super::plan::{KParams, Kern};
-use crate::params::Dtype;
 use crate::error::{Error, Result};
+use crate::params::Dtype;
 
 /// What the driver made of one kernel (after its JIT of the PTX): for reading timings.
 #[derive(Clone, Debug)]

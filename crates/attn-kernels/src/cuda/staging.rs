@@ -11,9 +11,9 @@ use super::device::GpuExec;
 use super::kernel::Options;
 use super::launch::{Buf, Exec, backward_exec, forward_exec};
 use crate::cpu::STATS_PER_ROW;
+use crate::error::{Error, Grads, Result};
 use crate::params::Dtype;
 use crate::params::Params;
-use crate::error::{Error, Grads, Result};
 
 // ---------------------------------------------------------------------------------------------
 // ndarray entry points: upload, run, download (for tests, the kernel lab and small users), written
