@@ -19,9 +19,12 @@ fn act(a: Arc<dyn Activation>, norm: Norm) -> Stage1 {
     Stage1 { norm, ..Stage1::new(a) }
 }
 
+/// A preset: its name and its stage 1.
+type Preset = (&'static str, fn() -> Stage1);
+
 /// Every stage-1 preset of SPEC section 4, in table order, with its parameters unset: one list,
 /// from which [`STAGE1_NAMES`] and [`Stage1::preset`] are derived, so a new preset is one line.
-const PRESETS: [(&str, fn() -> Stage1); 23] = {
+const PRESETS: [Preset; 23] = {
     use activation::*;
     [
         ("softmax", softmax),
