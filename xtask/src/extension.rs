@@ -137,16 +137,28 @@ fn copy_sources(workspace: &Path, scratch: &Path) -> Result<()> {
         if !from.is_file() {
             continue; // listed but deleted in the work tree
         }
-        std::fs::create_dir_all(to.parent().expect("a file has a parent"))?;
-        if std::fs::read(&to).ok() != Some(std::fs::read(&from)?) {
-            std::fs::copy(&from, &to).with_context(|| format!("copying {rel}"))?;
+        let bytes = match rel {
+            "Cargo.toml" => scratch_manifest(&std::fs::read_to_string(&from)?)?.into_bytes(),
+            "crates/gpt-model/build.rs" | "crates/trainer/build.rs" => {
+                b"// Emptied by `cargo xtask extension-counts`: checking needs no C++.\nfn main() {}\n".to_vec()
+            }
+            _ => std::fs::read(&from)?,
+        };
+        // Written only when it differs, so that a second plant leaves cargo's fingerprints (and the
+        // build scripts' outputs) of the untouched files fresh.
+        if std::fs::read(&to).ok().as_ref() != Some(&bytes) {
+            std::fs::create_dir_all(to.parent().expect("a file has a parent"))?;
+            std::fs::write(&to, bytes).with_context(|| format!("copying {rel}"))?;
         }
     }
-    // The scratch's own versions: cargo names a path crate's artifacts by its name, version and path
-    // relative to the workspace, the same here as in the workspace, so without this the scratch's
-    // crates (dummy and all) would overwrite the workspace's in the shared target directory.
-    let manifest = scratch.join("Cargo.toml");
-    let text = std::fs::read_to_string(&manifest)?;
+    Ok(())
+}
+
+/// The workspace manifest with the scratch's own version of the internal crates: cargo names a
+/// path crate's artifacts by its name, version and path relative to the workspace, the same in a
+/// copy, so without this the scratch's crates (dummy and all) would overwrite the workspace's in the
+/// shared target directory.
+fn scratch_manifest(text: &str) -> Result<String> {
     let version = text
         .split("[workspace.package]")
         .nth(1)
@@ -154,14 +166,7 @@ fn copy_sources(workspace: &Path, scratch: &Path) -> Result<()> {
         .context("Cargo.toml: no version in [workspace.package]")?;
     let (from, to) = (format!("version = \"{version}\""), format!("version = \"{version}-extension-scratch\""));
     ensure!(text.matches(&from).count() >= 2, "Cargo.toml: the internal crates do not use the workspace's version");
-    std::fs::write(&manifest, text.replace(&from, &to))?;
-    for cpp in ["crates/gpt-model/build.rs", "crates/trainer/build.rs"] {
-        std::fs::write(
-            scratch.join(cpp),
-            "// Emptied by `cargo xtask extension-counts`: checking needs no C++.\nfn main() {}\n",
-        )?;
-    }
-    Ok(())
+    Ok(text.replace(&from, &to))
 }
 
 /// Plants `plant` in `scratch` and runs `cargo check` until it passes, filling the matches it
