@@ -417,22 +417,44 @@ pub fn run_all(
     Ok(by_variant)
 }
 
-/// How many runs to train at once when `--jobs` is not given: one on a GPU or a single core; on a
-/// CPU one per 4 cores, at least 2 and at most 4.
+/// How many language-model runs to train at once when `--jobs` is not given: one on a GPU or on
+/// fewer than 4 cores; from 4 cores, one per 4 cores, at least 2 and at most 4.
 ///
-/// Two at once even on 2 cores: the CPU scales' models are small, so one run leaves cores idle
-/// between and inside its short matrix products and evaluation passes, which a second run fills.
-/// Measured on 2 cores (`reproduce --only lssa,softmax --set max_steps=150`, `small` scale): 191-198
-/// s with 2 jobs against 236-238 s with 1, with identical losses (each run still uses every core,
-/// so its arithmetic, and every number in the report, is the same as with one job). Giving each of
-/// the two runs one thread instead was slower (211 s) and changed the numbers.
+/// Each run uses every core whatever the count (libtorch's intra-op threads), so its arithmetic,
+/// and every number in the report, is the same for any count: only the wall time changes. On 2
+/// cores one at a time is faster once the trainings are long: two runs side by side contend for the
+/// cores (each with its own OpenMP team, both spinning), while a lone run's team has them. Measured
+/// on a 2-core Intel Xeon at the `small` scale (`reproduce --claims-only --only lssa+rw15,softmax`,
+/// the release binary of 92ee767, otherwise idle; 2026-11-29, 300 steps, two alternations):
+/// training ran at 19.8K (LSSAR) and 24.5K (softmax) tokens/s alone against 18.2K and 22.2K for the
+/// pair side by side, and the evaluations took as long either way (13-15 s each alone, 25-27 s for
+/// two at once); whole runs, 4 of them: 110-114 s one at a time, 114-115 s two at once, with the
+/// same losses to the bit. An
+/// 8000-step run is about 95% training, so one at a time saves about 8% of the default run's
+/// trainings. Two at once had won at 150 steps (191-198 s against 236-238 s, an earlier revision),
+/// where evaluation was most of a run. Giving each of two runs one thread instead changes the
+/// numbers (libtorch's reductions split by thread count), so it is not an option.
 pub fn default_jobs(cuda: bool) -> usize {
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    jobs_for(cores, cuda)
+    jobs_for(cores(), cuda)
+}
+
+/// How many small models (the retrieval benchmark's) to train at once when nothing says: one on a
+/// GPU or a lone core, else one per 4 cores, at least 2 and at most 4, each on its share of the
+/// cores (`retrieval::run`): these models are too small to keep 2 cores busy alone.
+pub fn small_model_jobs(cuda: bool) -> usize {
+    small_model_jobs_for(cores(), cuda)
+}
+
+fn small_model_jobs_for(cores: usize, cuda: bool) -> usize {
+    if cuda || cores < 2 { 1 } else { (cores / 4).clamp(2, 4) }
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 fn jobs_for(cores: usize, cuda: bool) -> usize {
-    if cuda || cores < 2 { 1 } else { (cores / 4).clamp(2, 4) }
+    if cuda || cores < 4 { 1 } else { (cores / 4).clamp(2, 4) }
 }
 
 #[cfg(test)]
@@ -444,9 +466,14 @@ mod tests {
         // One GPU trains one run at a time; a lone core too.
         assert_eq!(jobs_for(64, true), 1);
         assert_eq!(jobs_for(1, false), 1);
-        // Two runs from 2 cores up to 11, then one per 4 cores, at most 4.
-        assert_eq!([2, 4, 8, 11].map(|c| jobs_for(c, false)), [2; 4]);
+        // One below 4 cores (2 and 3: one run has them all); two from 4 up to 11, then one per 4
+        // cores, at most 4.
+        assert_eq!([2, 3].map(|c| jobs_for(c, false)), [1; 2]);
+        assert_eq!([4, 8, 11].map(|c| jobs_for(c, false)), [2; 3]);
         assert_eq!([12, 15, 16, 64].map(|c| jobs_for(c, false)), [3, 3, 4, 4]);
+        // Small models: two at once from 2 cores, each on its share of them.
+        assert_eq!([1, 2, 3, 8, 16].map(|c| small_model_jobs_for(c, false)), [1, 2, 2, 2, 4]);
+        assert_eq!(small_model_jobs_for(64, true), 1);
     }
 
     /// A second runner on a run directory that another holds (a runner or a trainer: both take

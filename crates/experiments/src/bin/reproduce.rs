@@ -66,7 +66,8 @@ struct Cli {
     /// Only these trained variants (comma-separated attn-core names).
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
-    /// Runs trained at once [default: 1 on a GPU, else one per 4 cores, at least 2, at most 4].
+    /// Language-model runs trained at once [default: 1 on a GPU or under 4 cores, else one per 4
+    /// cores, at least 2, at most 4]; the retrieval benchmark's small models run 2 at once from 2 cores.
     #[arg(long)]
     jobs: Option<usize>,
     /// Seeds (initialisation and data order) of every variant a headline claim reads

@@ -679,7 +679,7 @@ impl PostTraining for Experiments {
 
     fn run(&mut self, e: &Experiment, inputs: &Inputs<'_>) -> Result<()> {
         let plans = plans(e, inputs.scale.name)?;
-        let jobs = crate::runner::default_jobs(tch::Cuda::is_available());
+        let jobs = crate::runner::small_model_jobs(tch::Cuda::is_available());
         let results =
             run(&plans, &inputs.out.join("retrieval"), jobs, inputs.stop).context("the retrieval benchmark")?;
         self.results = Some(results);
