@@ -402,7 +402,8 @@ fn recipe_text(groups: &[RegimeRuns]) -> String {
     )
 }
 
-/// The regimes: placement, distractor density, whether the ablation rows ran there, what it is.
+/// The regimes: placement, distractor density, whether the ablation rows ran there (or run only
+/// with `--all`, or nowhere in that cell), what it is.
 fn regimes_table(e: &Experiment, groups: &[RegimeRuns]) -> Table {
     let mut t = Table::new([
         ("regime", Align::Left),
@@ -418,7 +419,14 @@ fn regimes_table(e: &Experiment, groups: &[RegimeRuns]) -> Table {
             g.regime.placement.name().to_string(),
             // Per mille to a whole percent, rounded half up (every regime's is a multiple of 10).
             format!("{}%", (g.regime.distractors_permille + 5) / 10),
-            (if ablations { "run" } else { "`--all` only" }).to_string(),
+            // The ablation rows run in GPT-2's cells only (`retrieval::plans`): elsewhere `--all`
+            // does not run them either.
+            match (ablations, g.regime.init()) {
+                (true, _) => "run",
+                (false, super::Init::Gpt2) => "`--all` only",
+                (false, _) => "not run (GPT-2's initialisation only)",
+            }
+            .to_string(),
             g.regime.about.clone(),
         ]);
     }
@@ -774,6 +782,26 @@ mod tests {
         assert!(text.contains(&format!("betas ({}, {})", t.beta1, t.beta2)), "{text}");
         let section = across_section(&split, &judged);
         crate::report::tests::golden("retrieval_recipes.md", &crate::doc::to_markdown(&section, 2));
+    }
+
+    /// The regimes table says where the ablation rows ran, where only `--all` runs them, and that
+    /// no run trains them in a cell of another initialisation.
+    #[test]
+    fn the_regimes_table_tells_where_the_ablation_rows_run() {
+        let e = crate::spec::all().unwrap().into_iter().find(|e| e.kind == crate::spec::Kind::Retrieval).unwrap();
+        let ablation = e.rows.iter().find(|r| r.ablation).expect("an ablation row").train.to_string();
+        let mut with = rows(better, worse);
+        let softmax = with["softmax"].clone();
+        with.extend(e.rows.iter().filter(|r| r.ablation).map(|r| (r.train.to_string(), softmax.clone())));
+        assert!(with.contains_key(&ablation));
+        let groups = [
+            cell("ran", Init::Gpt2, with),
+            cell("default", Init::Gpt2, rows(better, worse)),
+            cell("default@torch-default", Init::TorchDefault, rows(better, worse)),
+        ];
+        let t = regimes_table(&e, &groups);
+        let said: Vec<&str> = t.rows.iter().map(|r| r[3].as_str()).collect();
+        assert_eq!(said, ["run", "`--all` only", "not run (GPT-2's initialisation only)"]);
     }
 
     #[test]
