@@ -23,8 +23,10 @@
 // rejects every program whose result could depend on that timing (see "Warpgroup collectives"
 // below): accumulators in flight hold a poison NaN and must not be written; registers a wgmma reads
 // must not be written after the thread's last wgmma.fence; shared memory it reads must not change
-// before its wait and must have been fenced (fence.proxy.async) by its writer. Threads run from the
-// first to the last between barriers, or (Lab::reverse on the Rust side) from the last to the first.
+// before its wait and must have been fenced (fence.proxy.async) by its writer. Hopper's pipeline
+// machinery (TMA copies, mbarriers, named barriers, setmaxnreg) has its own section and rules below.
+// Threads run from the first to the last between barriers, or (Lab::reverse on the Rust side) from
+// the last to the first.
 // Arithmetic: f32 as on the GPU (no fused multiply-add contraction guarantees); mma.sync multiplies
 // the 16-bit operands exactly and accumulates in f32; 16-bit conversions round to nearest even.
 
@@ -57,7 +59,7 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 typedef unsigned long long u64;
 
-enum State { READY, AT_BLOCK, AT_WARP, AT_WG, DONE, FAILED };
+enum State { READY, AT_BLOCK, AT_WARP, AT_WG, AT_MBAR, AT_NAMED, AT_NREG, DONE, FAILED };
 
 struct Copy {
     void* dst;
@@ -154,6 +156,11 @@ struct Thread {
     // stack's top (the emulated kernel's locals are its registers). Empty before the first fence.
     std::vector<unsigned char> regs;
     uintptr_t regs_lo;
+    // mbarrier waits: the barrier and phase index this thread waits for (AT_MBAR), and for every
+    // barrier the last phase index it has waited for (-2: none yet).
+    const void* wait_bar;
+    long long wait_phase;
+    std::vector<std::pair<const void*, long long>> observed;
 };
 
 // One warp's exchange area for collectives: 64 bytes per lane.
@@ -164,9 +171,10 @@ struct WarpX {
 // What a launch did, for comparing kernel versions without a GPU (a deterministic work count, not
 // a timing): warp-level tensor-core and shared-memory operations, shuffles, block barriers (once per
 // block), cp.async bytes, and special-function calls (ex2 / lg2 / rcp: __expf, __logf, the v5-v7
-// ex2, __fdividef) per thread. Must match `Profile` in emu.rs.
+// ex2, __fdividef) per thread; bytes copied by TMA, and mbarrier waits (per thread, blocking or not).
+// Must match `Profile` in emu.rs.
 struct Counts {
-    unsigned long long mma, ldmatrix, shfl, barriers, cp_async_bytes, special;
+    unsigned long long mma, ldmatrix, shfl, barriers, cp_async_bytes, special, tma_bytes, mbar_waits;
 };
 static Counts counts;
 
@@ -290,7 +298,7 @@ static void wg_barrier(int op) {
     to_scheduler();
 }
 
-enum Op { OP_SHFL = 1, OP_MMA, OP_LDSM, OP_LDSMT, OP_WGMMA, OP_WGFENCE, OP_WGCOMMIT, OP_WGWAIT };
+enum Op { OP_SHFL = 1, OP_MMA, OP_LDSM, OP_LDSMT, OP_WGMMA, OP_WGFENCE, OP_WGCOMMIT, OP_WGWAIT, OP_NREG };
 
 static const char* op_name(int op) {
     switch (op) {
@@ -302,8 +310,232 @@ static const char* op_name(int op) {
     case OP_WGFENCE: return "wgmma.fence";
     case OP_WGCOMMIT: return "wgmma.commit_group";
     case OP_WGWAIT: return "wgmma.wait_group";
+    case OP_NREG: return "setmaxnreg";
     }
     return "?";
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hopper's asynchronous machinery, as the scheduler sees it (the kernels' entry points are further
+// down): mbarriers, TMA copies in flight, named barriers and the register file that setmaxnreg moves
+// between warpgroups.
+//
+// mbarrier (PTX ISA, "Parallel synchronization and communication instructions: mbarrier"): a phase
+// completes when its pending arrivals reach 0 and its transaction count is 0; then the next phase
+// begins with the arrival count of its init. Phases are numbered 0, 1, 2, ...; `try_wait.parity p`
+// succeeds once the phase of parity p that is current or just before has completed, so a wait names
+// a phase: the current one when its parity is p, else the one before it (index -1 before the first
+// completes: the "producer start" idiom). A thread that waits for a phase it has already waited
+// for (its parity bit not flipped) is refused: on the GPU it would return at once and read a stage
+// whose next fill it did not wait for.
+struct MBar {
+    const void* addr;
+    int count;            // arrivals per phase (init)
+    int pending;          // arrivals still missing in the current phase
+    long long tx;         // transaction bytes expected minus delivered in the current phase
+    long long phase;      // index of the current (incomplete) phase
+};
+static std::vector<MBar> mbars;
+
+// A TMA tensor map as the emulator holds it (the GPU's is an opaque CUtensorMap made on the host by
+// cuTensorMapEncodeTiled): a 2-D tiled map of 16-bit elements.
+struct TensorMap {
+    const void* base;
+    u64 dim[2];      // elements: [0] the contiguous dimension, [1] rows
+    u64 row_bytes;   // stride between rows in global memory
+    u32 box[2];      // the box a copy moves
+    u32 swizzle;     // bytes of the swizzle pattern: 0 (none), 32, 64 or 128
+};
+
+// A TMA copy in flight: lands when the copy engine runs (when no thread can move), completes its
+// bytes on its mbarrier's phase `phase`.
+struct TmaCopy {
+    size_t dst;      // offset in the dynamic shared memory
+    TensorMap map;
+    long long x, y;  // the box's first element and row (may lie outside: zeros there)
+    const void* bar;
+    long long phase;
+};
+static std::vector<TmaCopy> tma_flight;
+
+// Per 16-byte chunk of the dynamic shared memory: what TMA last did to it, for the rules a wgmma's
+// read checks (a stage read before its phase, or overwritten before its readers were done, or read
+// with another swizzle than it was written with).
+struct ChunkTag {
+    unsigned char state;     // 0 never written by TMA, 1 a copy in flight, 2 landed
+    unsigned char swizzle;   // the writing map's swizzle (bytes / 16: 0, 2, 4, 8)
+    const void* bar;         // the copy's mbarrier and phase
+    long long phase;
+    const void* prev_bar;    // the landing before it (state 1 over a landed chunk)
+    long long prev_phase;
+};
+static std::vector<ChunkTag> tma_tags;
+
+// Named barriers (bar.sync / bar.arrive with an id and a thread count); id 0 is __syncthreads'.
+struct Named {
+    int expected; // 0: idle
+    int arrived;
+};
+static Named named[16];
+
+// Registers per thread of each warpgroup (setmaxnreg), from the launch's even split of the 64K.
+static std::vector<int> wg_regs;
+static const int REGISTER_FILE = 65536;
+
+static MBar* mbar_find(const void* bar) {
+    for (auto& b : mbars)
+        if (b.addr == bar) return &b;
+    return nullptr;
+}
+
+// The phase of `b` completes if nothing is missing; an over-delivery (more TMA bytes than expect_tx)
+// is refused once the arrivals are in. Returns false with `error` set.
+static bool mbar_settle(MBar& b) {
+    if (b.pending > 0) return true;
+    if (b.tx < 0) {
+        char m[200];
+        snprintf(m, sizeof m, "mbarrier at shared offset %ld, phase %lld: TMA copies delivered %lld bytes more than its expect_tx",
+                 (long)((const unsigned char*)b.addr - dyn.data()), b.phase, -b.tx);
+        if (error.empty()) error = m;
+        return false;
+    }
+    if (b.tx > 0) return true;
+    b.phase++;
+    b.pending = b.count;
+    b.tx = 0;
+    return true;
+}
+
+// Byte offset (in the dynamic shared memory) of byte `o` of a region written or read with a swizzle
+// of `swz` bytes (0: none): the 16-byte chunk index within each swz-byte row is XORed with the row
+// index mod swz / 16 (bits 4.. of the address with bits 7..), the pattern TMA writes and a wgmma
+// descriptor of the same mode reads (on the absolute shared address).
+static size_t swizzled(size_t o, u32 swz) {
+    if (swz == 0) return o;
+    const size_t mask = swz / 16 - 1; // 1, 3 or 7
+    return o ^ (((o >> 7) & mask) << 4);
+}
+
+static void tma_land_one(const TmaCopy& c) {
+    const TensorMap& m = c.map;
+    for (u32 j = 0; j < m.box[1]; j++)
+        for (u32 i = 0; i < m.box[0]; i++) {
+            const long long gx = c.x + i, gy = c.y + j;
+            u16 v = 0;
+            if (gx >= 0 && gy >= 0 && (u64)gx < m.dim[0] && (u64)gy < m.dim[1])
+                memcpy(&v, (const unsigned char*)m.base + (u64)gy * m.row_bytes + (u64)gx * 2, 2);
+            const size_t off = swizzled(c.dst + ((size_t)j * m.box[0] + i) * 2, m.swizzle);
+            memcpy(dyn.data() + off, &v, 2);
+            ChunkTag& t = tma_tags[off / 16];
+            t.state = 2;
+        }
+}
+
+// The copy engine: lands every copy in flight and completes its bytes. True when it moved anything.
+static bool tma_land() {
+    if (tma_flight.empty()) return false;
+    std::vector<TmaCopy> now;
+    now.swap(tma_flight);
+    for (auto& c : now) {
+        tma_land_one(c);
+        MBar* b = mbar_find(c.bar);
+        if (!b) {
+            error = "a TMA copy completes on an mbarrier that is not initialised";
+            return true;
+        }
+        b->tx -= (long long)c.map.box[0] * c.map.box[1] * 2;
+        if (!mbar_settle(*b)) return true;
+    }
+    return true;
+}
+
+static long long& observed_phase(Thread& t, const void* bar) {
+    for (auto& o : t.observed)
+        if (o.first == bar) return o.second;
+    t.observed.push_back({bar, -2});
+    return t.observed.back().second;
+}
+
+static long long block_registers(int except_wg, int with_regs) {
+    long long total = 0;
+    for (size_t w = 0; w < wg_regs.size(); w++) total += 128LL * ((int)w == except_wg ? with_regs : wg_regs[w]);
+    return total;
+}
+
+static void hopper_reset(int nthreads) {
+    mbars.clear();
+    tma_flight.clear();
+    tma_tags.assign(dyn.size() / 16 + 1, ChunkTag{0, 0, nullptr, 0, nullptr, 0});
+    for (auto& n : named) n = Named{0, 0};
+    int split = REGISTER_FILE / (nthreads > 0 ? nthreads : 1);
+    split = split > 255 ? 255 : split;
+    wg_regs.assign((size_t)(nthreads + 127) / 128, split & ~7);
+    for (int i = 0; i < nthreads; i++) {
+        threads[i].wait_bar = nullptr;
+        threads[i].wait_phase = 0;
+        threads[i].observed.clear();
+    }
+}
+
+// Wakes the threads whose mbarrier phase completed and the setmaxnreg.inc the register file can now
+// give (a named barrier wakes its waiters at its last arrival). True when any thread moved.
+static bool hopper_release(int nthreads) {
+    bool moved = false;
+    for (int i = 0; i < nthreads; i++) {
+        Thread& t = threads[i];
+        if (t.state != AT_MBAR) continue;
+        const MBar* b = mbar_find(t.wait_bar);
+        if (b && b->phase > t.wait_phase) {
+            t.state = READY;
+            moved = true;
+        }
+    }
+    for (int i = 0; i < nthreads; i++) {
+        Thread& t = threads[i];
+        if (t.state != AT_NREG) continue;
+        const int w = i / 128;
+        if (wg_regs[w] != t.op && block_registers(w, t.op) > REGISTER_FILE) continue;
+        wg_regs[w] = t.op;
+        t.state = READY;
+        moved = true;
+    }
+    return moved;
+}
+
+// Why no thread can move, when one waits at a Hopper barrier (empty when none does): the root cause
+// first (a warpgroup the register file cannot serve, then an mbarrier phase that has all its
+// arrivals but misses transaction bytes), else the first thread that waits.
+static std::string hopper_deadlock(int nthreads) {
+    char m[320];
+    for (int i = 0; i < nthreads; i++) {
+        const Thread& t = threads[i];
+        if (t.state != AT_NREG) continue;
+        snprintf(m, sizeof m,
+                 "deadlock: setmaxnreg.inc to %d registers in warpgroup %d: the block's warpgroups would hold %lld "
+                 "registers, more than the %d of the register file",
+                 t.op, i / 128, block_registers(i / 128, t.op), REGISTER_FILE);
+        return m;
+    }
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < nthreads; i++) {
+            const Thread& t = threads[i];
+            if (t.state == AT_NAMED && pass == 1) {
+                snprintf(m, sizeof m, "deadlock: thread %d waits at named barrier %d: %d of %d threads arrived", i, t.op,
+                         named[t.op].arrived, named[t.op].expected);
+                return m;
+            }
+            if (t.state != AT_MBAR) continue;
+            const MBar* b = mbar_find(t.wait_bar);
+            if (pass == 0 && !(b && b->pending == 0 && b->tx > 0)) continue;
+            snprintf(m, sizeof m,
+                     "deadlock: thread %d waits for phase %lld of the mbarrier at shared offset %ld, whose phase %lld "
+                     "misses %d arrivals and %lld transaction bytes (an expect_tx larger than its copies, or an arrival "
+                     "that never comes)",
+                     i, t.wait_phase, (long)((const unsigned char*)t.wait_bar - dyn.data()), b ? b->phase : -1,
+                     b ? b->pending : 0, b ? b->tx : 0);
+            return m;
+        }
+    return "";
 }
 
 // Runs one block to completion; false (with `error` set) on a deadlock or a failed check.
@@ -323,6 +555,7 @@ static bool run_block(int nthreads) {
     }
     memset(dyn.data(), 0xff, dyn.size()); // NaN in f32, f16 and bf16
     unfenced.assign(dyn.size() / 16 + 1, 0);
+    hopper_reset(nthreads);
     const int nwarps = (nthreads + 31) / 32;
     for (;;) {
         for (int k = 0; k < nthreads; k++) {
@@ -373,6 +606,10 @@ static bool run_block(int nthreads) {
                 released = true;
             }
         }
+        released = hopper_release(nthreads) || released;
+        // A named barrier's last arrival wakes its waiters from inside a fiber: those the loop above
+        // had already passed run in the next round.
+        for (int i = 0; i < nthreads; i++) released = released || threads[i].state == READY;
         for (int i = 0; i < nthreads; i++) {
             if (threads[i].state != DONE) live++;
             if (threads[i].state == AT_BLOCK) at_block++;
@@ -383,6 +620,19 @@ static bool run_block(int nthreads) {
             for (int i = 0; i < nthreads; i++)
                 if (threads[i].state == AT_BLOCK) threads[i].state = READY;
             continue;
+        }
+        // The copy engine runs last, when no thread can move: the latest a TMA copy may land, so a
+        // stage read before its phase completes reads the poison its copy left at issue.
+        if (tma_land()) {
+            if (!error.empty()) return false;
+            continue;
+        }
+        {
+            const std::string why = hopper_deadlock(nthreads);
+            if (!why.empty()) {
+                error = why;
+                return false;
+            }
         }
         // Nothing can move: describe the first warp that waits at a collective.
         for (int w = 0; w < nwarps; w++) {
@@ -642,16 +892,60 @@ static void check_fenced(const void* p, size_t bytes, const char* what) {
                  "write and the wgmma that reads it)");
 }
 
+// The rules of a wgmma's read of shared memory that TMA wrote (checked at its issue): the stage's
+// copy has landed and this thread has waited for the mbarrier phase it completed; a copy issued over
+// it since is a producer that did not wait for its readers; and the read uses the copy's swizzle.
+static void check_tma_read(size_t off, u32 swz) {
+    const ChunkTag& c = tma_tags[off / 16];
+    if (c.state == 0) return;
+    Thread& t = threads[cur];
+    if (c.state == 1) {
+        if (c.prev_bar && observed_phase(t, c.prev_bar) >= c.prev_phase)
+            fail("a TMA copy overwrote a stage this thread still reads (the producer did not wait for the stage's "
+                 "release)");
+        fail("wgmma reads a stage before the mbarrier phase its TMA copy completes (no wait, or a wait for another "
+             "phase)");
+    }
+    if (observed_phase(t, c.bar) < c.phase)
+        fail("wgmma reads a TMA-written stage before this thread waited for the mbarrier phase that completed it");
+    if ((u32)c.swizzle * 16 != swz) {
+        char m[160];
+        snprintf(m, sizeof m, "swizzle mismatch: TMA wrote the stage with a %u-byte swizzle, the wgmma descriptor reads it "
+                 "with %u", (unsigned)c.swizzle * 16, swz);
+        fail(m);
+    }
+}
+
 // The 16-bit value of element (mn, k) of an operand in shared memory, by its descriptor; `issue`:
-// read at the wgmma's issue, when its writer must have fenced it for the async proxy.
+// read at the wgmma's issue, when its writer must have fenced it for the async proxy (or, written by
+// TMA, published by its mbarrier).
+//
+// Layouts (PTX ISA, "Shared memory matrix layout", as read here; `wgmma_probe` and the TMA probe
+// check them on a GPU). No swizzle: core matrices of 8 rows x 16 bytes, contiguous; the leading byte
+// offset steps between core matrices along K, the stride byte offset along M/N. Swizzled (bits 62-63:
+// 1 = 128-byte, 2 = 64-byte, 3 = 32-byte): rows of S bytes (S the swizzle), 8 rows an atom; K-major:
+// a row is one M/N index with S / 2 values of K, the stride byte offset steps between atoms of 8
+// rows; MN-major: a row is one K index with S / 2 values of M/N, the stride byte offset steps between
+// atoms of 8 K and the leading byte offset between atoms along M/N. The address is then swizzled as
+// TMA writes it (`swizzled`).
 static u16 desc_bits(u64 desc, bool tnsp, int k, int mn, bool issue) {
-    if ((desc >> 62) != 0 || ((desc >> 49) & 7) != 0) fail("only no-swizzle wgmma descriptors with base offset 0 are emulated");
+    if (((desc >> 49) & 7) != 0) fail("only wgmma descriptors with base offset 0 are emulated");
+    const u32 mode = (u32)(desc >> 62), swz = mode == 0 ? 0 : mode == 1 ? 128 : mode == 2 ? 64 : 32;
     const size_t start = (size_t)(desc & 0x3fff) << 4, lbo = (size_t)((desc >> 16) & 0x3fff) << 4,
                  sbo = (size_t)((desc >> 32) & 0x3fff) << 4;
-    size_t off = tnsp ? start + (k / 8) * lbo + (mn / 8) * sbo + (k % 8) * 16 + (mn % 8) * 2
-                      : start + (mn / 8) * sbo + (k / 8) * lbo + (mn % 8) * 16 + (k % 8) * 2;
+    size_t off;
+    if (swz == 0) {
+        off = tnsp ? start + (k / 8) * lbo + (mn / 8) * sbo + (k % 8) * 16 + (mn % 8) * 2
+                   : start + (mn / 8) * sbo + (k / 8) * lbo + (mn % 8) * 16 + (k % 8) * 2;
+    } else {
+        const size_t per_row = swz / 2;
+        const size_t logical = tnsp ? start + (k % 8) * swz + (mn % per_row) * 2 + (mn / per_row) * lbo + (k / 8) * sbo
+                                    : start + (mn % 8) * swz + (k % per_row) * 2 + (k / per_row) * lbo + (mn / 8) * sbo;
+        off = swizzled(logical, swz);
+    }
     if (off + 2 > dyn.size()) fail("wgmma operand past the end of the dynamic shared memory");
     if (issue && unfenced[off / 16]) fail("wgmma reads shared memory written since the writer's last fence.proxy.async");
+    if (issue) check_tma_read(off, swz);
     u16 v;
     memcpy(&v, dyn.data() + off, 2);
     return v;
@@ -823,6 +1117,139 @@ static void wg_wait(int n) {
         for (auto& op : t.wg_groups.front()) wg_complete(op);
         t.wg_groups.erase(t.wg_groups.begin());
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Hopper's asynchronous machinery, the kernels' side (see "Hopper's asynchronous machinery" above).
+
+static MBar& mbar_of(const void* bar, const char* what) {
+    MBar* b = mbar_find(bar);
+    if (!b) fail(std::string(what) + " on an mbarrier that is not initialised (mbarrier.init)");
+    return *b;
+}
+
+// mbarrier.init: `count` arrivals a phase.
+static void mbar_init(void* bar, int count) {
+    if (count < 1) fail("mbarrier.init with a count below 1");
+    if (mbar_find(bar)) fail("mbarrier.init of an mbarrier already initialised in this block");
+    mbars.push_back(MBar{bar, count, count, 0, 0});
+}
+
+static void mbar_arrive_tx(void* bar, long long bytes) {
+    MBar& b = mbar_of(bar, "mbarrier.arrive");
+    if (b.pending == 0) fail("mbarrier.arrive on a phase whose arrivals are all in (more arrivals than its count)");
+    b.tx += bytes;
+    b.pending--;
+    if (!mbar_settle(b)) fail(error);
+}
+// mbarrier.arrive.
+static void mbar_arrive(void* bar) { mbar_arrive_tx(bar, 0); }
+// mbarrier.arrive.expect_tx: this phase also waits for `bytes` of TMA transactions.
+static void mbar_arrive_expect_tx(void* bar, u32 bytes) { mbar_arrive_tx(bar, bytes); }
+
+// mbarrier.try_wait.parity in a loop: returns once the phase of parity `parity` that is current or
+// just before has completed. Blocks the fiber meanwhile.
+static void mbar_wait(void* bar, int parity) {
+    MBar& b = mbar_of(bar, "mbarrier.try_wait");
+    counts.mbar_waits++;
+    const long long target = (b.phase & 1) == (parity & 1) ? b.phase : b.phase - 1;
+    Thread& t = threads[cur];
+    long long& seen = observed_phase(t, bar);
+    if (target <= seen) {
+        char m[200];
+        snprintf(m, sizeof m, "mbarrier wait for phase %lld (parity %d), which this thread has already waited for: its "
+                 "phase bit was not flipped after the last wait", target, parity & 1);
+        fail(m);
+    }
+    seen = target;
+    if (b.phase > target) return;
+    t.wait_bar = bar;
+    t.wait_phase = target;
+    t.state = AT_MBAR;
+    to_scheduler();
+}
+
+// cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes: the box at element
+// (x, y) of `map` into `dst` (zeros outside the tensor), completing its bytes on `bar`. In flight
+// until the copy engine runs; the destination holds poison (NaN) meanwhile.
+static void tma_load_2d(void* dst, const TensorMap* map, int x, int y, void* bar) {
+    const unsigned char* d = (const unsigned char*)dst;
+    if (d < dyn.data() || d >= dyn.data() + dyn.size()) fail("TMA destination outside the dynamic shared memory");
+    const size_t off = (size_t)(d - dyn.data());
+    const u32 swz = map->swizzle;
+    if (swz != 0 && swz != 32 && swz != 64 && swz != 128) fail("TMA tensor map with a swizzle other than 0, 32, 64, 128");
+    if (off % (swz ? (size_t)swz * 8 : 128))
+        fail("TMA destination not aligned to its swizzle's repeat (128 bytes unswizzled, 8 rows of the swizzle)");
+    if (swz && map->box[0] * 2 != swz) fail("TMA box rows of another width than the swizzle (not emulated)");
+    MBar& b = mbar_of(bar, "a TMA copy");
+    const size_t bytes = (size_t)map->box[0] * map->box[1] * 2;
+    if (off + bytes > dyn.size()) fail("TMA destination past the end of the dynamic shared memory");
+    for (size_t o = 0; o < bytes; o += 16) {
+        ChunkTag& c = tma_tags[(off + o) / 16];
+        if (c.state == 2) {
+            c.prev_bar = c.bar;
+            c.prev_phase = c.phase;
+        }
+        c.state = 1;
+        c.swizzle = (unsigned char)(swz / 16);
+        c.bar = bar;
+        c.phase = b.phase;
+    }
+    memset(dyn.data() + off, 0xff, bytes);
+    counts.tma_bytes += bytes;
+    tma_flight.push_back(TmaCopy{off, *map, x, y, bar, b.phase});
+}
+
+static void named_arrival(int id, int count, bool wait) {
+    if (id < 1 || id > 15) fail("named barrier id outside 1..15 (0 is __syncthreads')");
+    if (count < 32 || count % 32 || count > (int)g_bdim.x) fail("named barrier thread count not a multiple of 32 within the block");
+    Named& n = named[id];
+    if (n.expected && n.expected != count) fail("named barrier " + std::to_string(id) + ": threads arrive with different counts");
+    n.expected = count;
+    if (++n.arrived < count) {
+        if (!wait) return;
+        threads[cur].state = AT_NAMED;
+        threads[cur].op = id;
+        to_scheduler();
+        return;
+    }
+    // The last arrival completes the barrier: its waiters go on, and the next arrival starts anew.
+    for (size_t i = 0; i < threads.size(); i++)
+        if (threads[i].state == AT_NAMED && threads[i].op == id) threads[i].state = READY;
+    n = Named{0, 0};
+}
+// bar.sync id, count.
+static void named_sync(int id, int count) { named_arrival(id, count, true); }
+// bar.arrive id, count.
+static void named_arrive(int id, int count) { named_arrival(id, count, false); }
+
+// setmaxnreg.{inc,dec}.sync.aligned.u32 n: the warpgroup's registers per thread. A decrease returns
+// registers to the block's file at once; an increase waits until the file has them.
+static void setmaxnreg(int n, bool inc) {
+    wg_check_shape();
+    if (n < 24 || n > 256 || n % 8) fail("setmaxnreg: the count must be a multiple of 8 in [24, 256]");
+    memcpy(wx().slot[lane()], &n, 4);
+    wg_barrier(OP_NREG);
+    for (int w = 0; w < 4; w++) {
+        int theirs;
+        memcpy(&theirs, warpx[((cur >> 5) & ~3) + w].slot[0], 4);
+        if (theirs != n) fail("the threads of a warpgroup give setmaxnreg different counts");
+    }
+    wg_barrier(OP_NREG);
+    const int w = cur / 128;
+    if (!inc) {
+        if (n > wg_regs[w]) fail("setmaxnreg.dec to more registers than the warpgroup holds");
+        wg_regs[w] = n;
+        return;
+    }
+    if (n < wg_regs[w]) fail("setmaxnreg.inc to fewer registers than the warpgroup holds");
+    if (wg_regs[w] == n || block_registers(w, n) <= REGISTER_FILE) {
+        wg_regs[w] = n;
+        return;
+    }
+    threads[cur].state = AT_NREG;
+    threads[cur].op = n;
+    to_scheduler();
 }
 
 static std::mutex launch_mutex;

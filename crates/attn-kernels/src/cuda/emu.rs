@@ -100,6 +100,10 @@ pub struct Profile {
     /// Special-function calls (ex2, lg2, rcp: `__expf`, `__logf`, the log2-domain ex2,
     /// `__fdividef`), per thread.
     pub special: u64,
+    /// Bytes copied by TMA (`cp.async.bulk.tensor`).
+    pub tma_bytes: u64,
+    /// `mbarrier` waits, per thread (whether or not the phase had completed).
+    pub mbar_waits: u64,
 }
 
 impl std::ops::AddAssign for Profile {
@@ -110,6 +114,8 @@ impl std::ops::AddAssign for Profile {
         self.barriers += o.barriers;
         self.cp_async_bytes += o.cp_async_bytes;
         self.special += o.special;
+        self.tma_bytes += o.tma_bytes;
+        self.mbar_waits += o.mbar_waits;
     }
 }
 
@@ -184,6 +190,65 @@ fn build(src: &str, stem: &str, cxx: &str) -> std::result::Result<Library, Strin
     // SAFETY: `emu_launch` is defined in emu.h with exactly this signature.
     let launch = unsafe { lib.get::<LaunchFn>(b"emu_launch\0") }.map_err(|e| e.to_string())?;
     Ok(Library { launch: *launch, _lib: lib })
+}
+
+/// Runs `kernel`, a function `void kernel(const void* params)` of `src` (C++ written against
+/// `emu.h`'s `emu::` functions, which is put in front of it with `LSSA_EMU` defined), on a grid of
+/// `grid` blocks of `block` threads with `smem` bytes of dynamic shared memory and the parameter block
+/// `params`: the emulator's own tests of its primitives (TMA, `mbarrier`, named barriers,
+/// `setmaxnreg`, swizzled descriptors) on small kernels, and probes. `kernels` names every kernel of
+/// `src`. The library is cached on disk by the source's hash, as a specialisation's.
+#[allow(clippy::too_many_arguments)]
+pub fn run_standalone(
+    src: &str,
+    kernels: &[&str],
+    kernel: &str,
+    grid: (u32, u32),
+    block: u32,
+    smem: usize,
+    params: &[u8],
+    reverse: bool,
+) -> std::result::Result<Profile, String> {
+    let mut full = String::from("#define LSSA_EMU 1\n");
+    full.push_str(EMU_SRC);
+    full.push_str(src);
+    full.push_str("\nextern \"C\" EMU_EXPORT void* emu_kernel(const char* name) {\n");
+    for k in kernels {
+        full.push_str(&format!("    if (!strcmp(name, \"{k}\")) return (void*)&{k};\n"));
+    }
+    full.push_str("    return nullptr;\n}\n");
+    let cxx = compiler();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (&full, &cxx, CXX_FLAGS).hash(&mut h);
+    let lib = build(&full, &format!("standalone-{:016x}", h.finish()), &cxx)?;
+    let name = CString::new(kernel).map_err(|e| e.to_string())?;
+    let mut err = vec![0u8; 1024];
+    let mut counts = Profile::default();
+    // The parameter block, 16-byte aligned as a kernel's.
+    let mut block_params = vec![0u128; params.len().div_ceil(16).max(1)];
+    // SAFETY: `block_params` has at least `params.len()` bytes.
+    unsafe { std::ptr::copy_nonoverlapping(params.as_ptr(), block_params.as_mut_ptr().cast::<u8>(), params.len()) };
+    // SAFETY: the kernel reads its parameter block as the caller laid it out, and the pointers in it
+    // (the caller's buffers) outlive this synchronous call; `err` has the length passed.
+    let r = unsafe {
+        (lib.launch)(
+            name.as_ptr(),
+            grid.0,
+            grid.1,
+            block,
+            smem,
+            block_params.as_ptr().cast(),
+            reverse as c_int,
+            &mut counts,
+            err.as_mut_ptr().cast(),
+            err.len(),
+        )
+    };
+    if r == 0 {
+        return Ok(counts);
+    }
+    let end = err.iter().position(|&b| b == 0).unwrap_or(err.len());
+    Err(String::from_utf8_lossy(&err[..end]).into_owned())
 }
 
 /// The library of one specialisation (edited by `edit`), built at first use: once per process and
