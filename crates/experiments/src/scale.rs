@@ -144,9 +144,10 @@ impl Scale {
                 val_targets: 1 << 16,
                 eval_batch_tokens: 16_384,
                 meaningful: true,
-                // Two runs at a time on 2 cores: about 0.11 s per step each (the 2000-step report of
-                // 8aef09b: 28 models, evaluation included, in 62.5 minutes).
-                est_step_s: 0.056,
+                // One run at a time on 2 cores (`runner::default_jobs`): 0.050 s a step for the fused
+                // rows (20.5K tokens/s) and 0.042 s for softmax (24.5K), measured 2026-11-29 on an idle
+                // 2-core Xeon; 0.048 over the default's 12 fused and 4 softmax runs.
+                est_step_s: 0.048,
                 // The power calculation of docs/PILOT.md (issue 58).
                 headline_seeds: SMALL_SEEDS,
                 history: Some(
