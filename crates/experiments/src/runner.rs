@@ -429,32 +429,34 @@ pub fn run_all(
 /// training ran at 19.8K (LSSAR) and 24.5K (softmax) tokens/s alone against 18.2K and 22.2K for the
 /// pair side by side, and the evaluations took as long either way (13-15 s each alone, 25-27 s for
 /// two at once); whole runs, 4 of them: 110-114 s one at a time, 114-115 s two at once, with the
-/// same losses to the bit. An
-/// 8000-step run is about 95% training, so one at a time saves about 8% of the default run's
-/// trainings. Two at once had won at 150 steps (191-198 s against 236-238 s, an earlier revision),
+/// same losses to the bit. An 8000-step run is about 95% training, so one at a time saves about 8%
+/// of the default run's trainings. Two at once had won at 150 steps (191-198 s against 236-238 s, an earlier revision),
 /// where evaluation was most of a run. Giving each of two runs one thread instead changes the
 /// numbers (libtorch's reductions split by thread count), so it is not an option.
 pub fn default_jobs(cuda: bool) -> usize {
-    jobs_for(cores(), cuda)
+    jobs_for(cores(), cuda, RUNS_ALONE_BELOW)
 }
 
 /// How many small models (the retrieval benchmark's) to train at once when nothing says: one on a
 /// GPU or a lone core, else one per 4 cores, at least 2 and at most 4, each on its share of the
 /// cores (`retrieval::run`): these models are too small to keep 2 cores busy alone.
 pub fn small_model_jobs(cuda: bool) -> usize {
-    small_model_jobs_for(cores(), cuda)
-}
-
-fn small_model_jobs_for(cores: usize, cuda: bool) -> usize {
-    if cuda || cores < 2 { 1 } else { (cores / 4).clamp(2, 4) }
+    jobs_for(cores(), cuda, SMALL_MODELS_ALONE_BELOW)
 }
 
 fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
-fn jobs_for(cores: usize, cuda: bool) -> usize {
-    if cuda || cores < 4 { 1 } else { (cores / 4).clamp(2, 4) }
+/// Below this many cores language-model runs train one at a time ([`default_jobs`]).
+const RUNS_ALONE_BELOW: usize = 4;
+/// Below this many cores the retrieval benchmark's small models train one at a time
+/// ([`small_model_jobs`]).
+const SMALL_MODELS_ALONE_BELOW: usize = 2;
+
+/// One job on a GPU or below `alone_below` cores, else one per 4 cores, at least 2 and at most 4.
+fn jobs_for(cores: usize, cuda: bool, alone_below: usize) -> usize {
+    if cuda || cores < alone_below { 1 } else { (cores / 4).clamp(2, 4) }
 }
 
 #[cfg(test)]
@@ -464,16 +466,16 @@ mod tests {
     #[test]
     fn default_jobs_by_machine() {
         // One GPU trains one run at a time; a lone core too.
-        assert_eq!(jobs_for(64, true), 1);
-        assert_eq!(jobs_for(1, false), 1);
-        // One below 4 cores (2 and 3: one run has them all); two from 4 up to 11, then one per 4
-        // cores, at most 4.
-        assert_eq!([2, 3].map(|c| jobs_for(c, false)), [1; 2]);
-        assert_eq!([4, 8, 11].map(|c| jobs_for(c, false)), [2; 3]);
-        assert_eq!([12, 15, 16, 64].map(|c| jobs_for(c, false)), [3, 3, 4, 4]);
+        assert_eq!(jobs_for(64, true, RUNS_ALONE_BELOW), 1);
+        assert_eq!(jobs_for(1, false, RUNS_ALONE_BELOW), 1);
+        // Language models: one below 4 cores (2 and 3: one run has them all); two from 4 up to 11,
+        // then one per 4 cores, at most 4.
+        assert_eq!([2, 3].map(|c| jobs_for(c, false, RUNS_ALONE_BELOW)), [1; 2]);
+        assert_eq!([4, 8, 11].map(|c| jobs_for(c, false, RUNS_ALONE_BELOW)), [2; 3]);
+        assert_eq!([12, 15, 16, 64].map(|c| jobs_for(c, false, RUNS_ALONE_BELOW)), [3, 3, 4, 4]);
         // Small models: two at once from 2 cores, each on its share of them.
-        assert_eq!([1, 2, 3, 8, 16].map(|c| small_model_jobs_for(c, false)), [1, 2, 2, 2, 4]);
-        assert_eq!(small_model_jobs_for(64, true), 1);
+        assert_eq!([1, 2, 3, 8, 16].map(|c| jobs_for(c, false, SMALL_MODELS_ALONE_BELOW)), [1, 2, 2, 2, 4]);
+        assert_eq!(jobs_for(64, true, SMALL_MODELS_ALONE_BELOW), 1);
     }
 
     /// A second runner on a run directory that another holds (a runner or a trainer: both take

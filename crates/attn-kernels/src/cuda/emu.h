@@ -348,13 +348,12 @@ struct TensorMap {
 };
 
 // A TMA copy in flight: lands when the copy engine runs (when no thread can move), completes its
-// bytes on its mbarrier's phase `phase`.
+// bytes on its mbarrier's current phase (the chunks it writes record which: ChunkTag).
 struct TmaCopy {
     size_t dst;      // offset in the dynamic shared memory
     TensorMap map;
     long long x, y;  // the box's first element and row (may lie outside: zeros there)
     const void* bar;
-    long long phase;
 };
 static std::vector<TmaCopy> tma_flight;
 
@@ -438,13 +437,10 @@ static bool tma_land() {
     now.swap(tma_flight);
     for (auto& c : now) {
         tma_land_one(c);
-        MBar* b = mbar_find(c.bar);
-        if (!b) {
-            error = "a TMA copy completes on an mbarrier that is not initialised";
-            return true;
-        }
-        b->tx -= (long long)c.map.box[0] * c.map.box[1] * 2;
-        if (!mbar_settle(*b)) return true;
+        // Its issue found the barrier initialised, and a block's barriers stay until it ends.
+        MBar& b = *mbar_find(c.bar);
+        b.tx -= (long long)c.map.box[0] * c.map.box[1] * 2;
+        if (!mbar_settle(b)) return true;
     }
     return true;
 }
@@ -1197,7 +1193,7 @@ static void tma_load_2d(void* dst, const TensorMap* map, int x, int y, void* bar
     }
     memset(dyn.data() + off, 0xff, bytes);
     counts.tma_bytes += bytes;
-    tma_flight.push_back(TmaCopy{off, *map, x, y, bar, b.phase});
+    tma_flight.push_back(TmaCopy{off, *map, x, y, bar});
 }
 
 static void named_arrival(int id, int count, bool wait) {
