@@ -7,8 +7,10 @@
 //! `fma` target feature is a libm call).
 //!
 //! The explicit kernels are written once over a small `Lanes` trait (load, store, splat, fma, masked
-//! first-`w`-lanes load/store) and instantiated per ISA: AVX-512 `8 x 32` blocks, AVX2 `4 x 16`
-//! blocks, column tails by masked loads/stores on both ISAs.
+//! first-`w`-lanes load/store) and instantiated per ISA: AVX-512 `6 x 64` blocks, AVX2 `4 x 16`
+//! blocks, column tails by masked loads/stores on both ISAs. Every entry is one chain of fused
+//! multiply-adds over the inner index in order, whatever the block: the same bits as the portable
+//! kernels, so a block shape can change without changing a trained model's numbers.
 //! Lab history (versions, GFLOP/s, what was rejected): `docs/bench/kernels-cpu-notes.md`.
 
 /// Rows per register block of the portable kernels.
@@ -142,6 +144,9 @@ mod x86 {
     trait Lanes {
         /// f32 lanes per register.
         const W: usize;
+        /// Whether blocks of `4W` columns fit the register file (an `R x 4` block of accumulators
+        /// plus 4 registers of `B`); else blocks are `2W` wide.
+        const WIDE: bool;
         type V: Copy;
         unsafe fn zero() -> Self::V;
         unsafe fn splat(x: f32) -> Self::V;
@@ -155,10 +160,10 @@ mod x86 {
         unsafe fn store_first(p: *mut f32, w: usize, v: Self::V);
     }
 
-    /// AVX-512F: 16 lanes, `8 x 32` blocks (16 zmm accumulators + 2 for `B`, of 32 registers).
+    /// AVX-512F: 16 lanes, `6 x 64` blocks (24 zmm accumulators + 4 for `B`, of 32 registers).
     struct Avx512;
     /// Rows of an AVX-512 block.
-    const MR512: usize = 8;
+    const MR512: usize = 6;
     /// AVX2 + FMA: 8 lanes, `4 x 16` blocks (8 ymm accumulators + 2 for `B`, of 16 registers). On
     /// a tile in cache they run at 93-98 GFLOP/s of the 102 an FMA loop reaches on one Zen 3 core
     /// (a probe repeating each product on one 64 x 64 tile, `d = 64`); `6 x 16` (12 accumulators,
@@ -170,6 +175,7 @@ mod x86 {
 
     impl Lanes for Avx512 {
         const W: usize = 16;
+        const WIDE: bool = true;
         type V = __m512;
         #[inline(always)]
         unsafe fn zero() -> __m512 {
@@ -215,6 +221,7 @@ mod x86 {
 
     impl Lanes for Avx2 {
         const W: usize = 8;
+        const WIDE: bool = false;
         type V = __m256;
         #[inline(always)]
         unsafe fn zero() -> __m256 {
@@ -260,8 +267,42 @@ mod x86 {
         unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(w.min(8) as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
     }
 
-    /// `C[0..R][j..n_pad] = A[0..R] · Bᵀ` in blocks of `2W` columns (`n_pad` is a multiple of `NR`,
-    /// hence of `2W`).
+    /// `C[0..R][j..j + V W] = A[0..R] · Bᵀ[.., j..j + V W]`, in `R x V` accumulators.
+    #[inline(always)]
+    unsafe fn nt_panel<L: Lanes, const R: usize, const V: usize>(
+        a: *const f32,
+        lda: usize,
+        bt: *const f32,
+        n_pad: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+        j: usize,
+    ) {
+        // SAFETY (whole body): pointers stay inside the extents the dispatcher checked.
+        unsafe {
+            let mut acc = [[L::zero(); V]; R];
+            for t in 0..k {
+                let row = bt.add(t * n_pad + j);
+                let b: [L::V; V] = std::array::from_fn(|q| L::load(row.add(q * L::W)));
+                for r in 0..R {
+                    let x = L::splat(*a.add(r * lda + t));
+                    for q in 0..V {
+                        acc[r][q] = L::fma(x, b[q], acc[r][q]);
+                    }
+                }
+            }
+            for r in 0..R {
+                for q in 0..V {
+                    L::store(c.add(r * ldc + j + q * L::W), acc[r][q]);
+                }
+            }
+        }
+    }
+
+    /// `C[0..R] = A[0..R] · Bᵀ` over all `n_pad` columns: panels of `4W` where the ISA holds
+    /// `R x 4` accumulators ([`Lanes::WIDE`]), then of `2W` (`n_pad` is a multiple of `NR`, hence
+    /// of `2W`). Every entry sums over `t` in the same order whatever the panel.
     #[inline(always)]
     unsafe fn nt_block<L: Lanes, const R: usize>(
         a: *const f32,
@@ -272,24 +313,17 @@ mod x86 {
         c: *mut f32,
         ldc: usize,
     ) {
-        // SAFETY (whole body): pointers stay inside the extents the dispatcher checked.
+        // SAFETY: the panels split [0, n_pad) exactly.
         unsafe {
             let mut j = 0;
+            if L::WIDE {
+                while j + 4 * L::W <= n_pad {
+                    nt_panel::<L, R, 4>(a, lda, bt, n_pad, k, c, ldc, j);
+                    j += 4 * L::W;
+                }
+            }
             while j < n_pad {
-                let mut acc = [[L::zero(); 2]; R];
-                for t in 0..k {
-                    let b0 = L::load(bt.add(t * n_pad + j));
-                    let b1 = L::load(bt.add(t * n_pad + j + L::W));
-                    for r in 0..R {
-                        let x = L::splat(*a.add(r * lda + t));
-                        acc[r][0] = L::fma(x, b0, acc[r][0]);
-                        acc[r][1] = L::fma(x, b1, acc[r][1]);
-                    }
-                }
-                for r in 0..R {
-                    L::store(c.add(r * ldc + j), acc[r][0]);
-                    L::store(c.add(r * ldc + j + L::W), acc[r][1]);
-                }
+                nt_panel::<L, R, 2>(a, lda, bt, n_pad, k, c, ldc, j);
                 j += 2 * L::W;
             }
         }
@@ -331,10 +365,10 @@ mod x86 {
         }
     }
 
-    /// One `2W`-column block of `C[0..R][col..] += A · B[.., col..]`: all `2W` columns when `FULL`,
-    /// else the last `k - col < 2W`, by masked loads and stores.
+    /// One `V W`-column block of `C[0..R][col..] += A · B[.., col..]`: all `V W` columns when
+    /// `FULL`, else the last `k - col < V W`, by masked loads and stores.
     #[inline(always)]
-    unsafe fn acc_cols<L: Lanes, const R: usize, const FULL: bool>(
+    unsafe fn acc_cols<L: Lanes, const R: usize, const V: usize, const FULL: bool>(
         a: *const f32,
         a_rs: usize,
         a_cs: usize,
@@ -346,38 +380,42 @@ mod x86 {
         c: *mut f32,
         ldc: usize,
     ) {
-        let (w0, w1) = ((k - col).min(L::W), (k - col).saturating_sub(L::W));
+        let w: [usize; V] = std::array::from_fn(|q| (k - col).saturating_sub(q * L::W).min(L::W));
         // SAFETY (whole body): full blocks lie inside the checked extents; a partial block touches
-        // only the first w0 + w1 = k - col columns.
+        // only the first k - col columns.
         unsafe {
             let ld = |p: *const f32, w: usize| if FULL { L::load(p) } else { L::load_first(p, w) };
-            let mut acc = [[L::zero(); 2]; R];
+            let mut acc = [[L::zero(); V]; R];
             for r in 0..R {
-                acc[r][0] = ld(c.add(r * ldc + col), w0);
-                acc[r][1] = ld(c.add(r * ldc + col + L::W), w1);
+                for q in 0..V {
+                    acc[r][q] = ld(c.add(r * ldc + col + q * L::W), w[q]);
+                }
             }
             for t in 0..n {
-                let b0 = ld(b.add(t * ldb + col), w0);
-                let b1 = ld(b.add(t * ldb + col + L::W), w1);
+                let row = b.add(t * ldb + col);
+                let bv: [L::V; V] = std::array::from_fn(|q| ld(row.add(q * L::W), w[q]));
                 for r in 0..R {
                     let x = L::splat(*a.add(r * a_rs + t * a_cs));
-                    acc[r][0] = L::fma(x, b0, acc[r][0]);
-                    acc[r][1] = L::fma(x, b1, acc[r][1]);
+                    for q in 0..V {
+                        acc[r][q] = L::fma(x, bv[q], acc[r][q]);
+                    }
                 }
             }
             for r in 0..R {
-                if FULL {
-                    L::store(c.add(r * ldc + col), acc[r][0]);
-                    L::store(c.add(r * ldc + col + L::W), acc[r][1]);
-                } else {
-                    L::store_first(c.add(r * ldc + col), w0, acc[r][0]);
-                    L::store_first(c.add(r * ldc + col + L::W), w1, acc[r][1]);
+                for q in 0..V {
+                    let p = c.add(r * ldc + col + q * L::W);
+                    if FULL {
+                        L::store(p, acc[r][q]);
+                    } else {
+                        L::store_first(p, w[q], acc[r][q]);
+                    }
                 }
             }
         }
     }
 
-    /// `C[0..R] += A[0..R] · B` over all `k` columns: full `2W` blocks, then one masked tail block.
+    /// `C[0..R] += A[0..R] · B` over all `k` columns: full `4W` blocks where the ISA holds `R x 4`
+    /// accumulators ([`Lanes::WIDE`]), full `2W` blocks, then one masked tail block.
     #[inline(always)]
     unsafe fn acc_block<L: Lanes, const R: usize>(
         a: *const f32,
@@ -393,12 +431,18 @@ mod x86 {
         // SAFETY: the column blocks split [0, k) exactly.
         unsafe {
             let mut col = 0;
+            if L::WIDE {
+                while col + 4 * L::W <= k {
+                    acc_cols::<L, R, 4, true>(a, a_rs, a_cs, b, ldb, n, col, k, c, ldc);
+                    col += 4 * L::W;
+                }
+            }
             while col + 2 * L::W <= k {
-                acc_cols::<L, R, true>(a, a_rs, a_cs, b, ldb, n, col, k, c, ldc);
+                acc_cols::<L, R, 2, true>(a, a_rs, a_cs, b, ldb, n, col, k, c, ldc);
                 col += 2 * L::W;
             }
             if col < k {
-                acc_cols::<L, R, false>(a, a_rs, a_cs, b, ldb, n, col, k, c, ldc);
+                acc_cols::<L, R, 2, false>(a, a_rs, a_cs, b, ldb, n, col, k, c, ldc);
             }
         }
     }

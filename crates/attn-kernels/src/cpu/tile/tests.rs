@@ -114,3 +114,38 @@ fn matmul_acc_matches_naive_on_awkward_sizes() {
         }
     }
 }
+
+/// The register blocks (their rows and column widths differ by ISA: `6 x 64` on AVX-512, `4 x 16`
+/// on AVX2) may not change any result: every entry is one chain of fused multiply-adds over `t` in
+/// order, exactly what the portable kernels compute with `FMA`, so a change of block shape leaves a
+/// trained model's numbers the same to the bit. The one exception is `C += A B`'s single-row tail
+/// (`acc_row`, an odd `m`'s last row), which adds two keys' partial sums at the end.
+#[test]
+fn micro_kernels_sum_in_the_portable_order_bit_for_bit() {
+    for &(m, n, k) in &[(64, 64, 64), (6, 64, 64), (10, 64, 64), (12, 33, 72), (4, 17, 128), (7, 64, 96), (13, 5, 40)] {
+        let a = data(m * k, 11);
+        let b = data(n * k, 12);
+        let n_pad = pad_nr(n);
+        let mut bt = vec![0.0; k * n_pad];
+        pack_transposed(&b, k, n, k, &mut bt);
+        let mut want = vec![0.0; m * n_pad];
+        portable_nt::<true>(&a, k, &bt, n_pad, k, m, &mut want, n_pad);
+        // C += A B with A m x n (the scores) and B n x k (the values).
+        let (p, v) = (data(m * n, 13), data(n * k, 14));
+        let init = data(m * k, 15);
+        let mut want_acc = init.clone();
+        portable_acc::<true>(&p, n, 1, &v, k, m, n, k, &mut want_acc, k);
+        let exact_rows = if m % 2 == 1 { m - 1 } else { m };
+        for isa in Isa::all_supported().into_iter().filter(|&isa| isa != Isa::Scalar) {
+            let mut c = vec![f32::NAN; m * n_pad];
+            matmul_nt::<true>(isa, &a, k, &bt, n_pad, k, m, &mut c, n_pad);
+            let differ = c.iter().zip(&want).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+            assert_eq!(differ, 0, "A Bt ({m},{n},{k}) {isa}: {differ} entries differ from the portable order");
+            let mut c = init.clone();
+            matmul_acc::<true>(isa, &p, n, &v, k, m, n, k, &mut c, k);
+            let rows = exact_rows * k;
+            let differ = c[..rows].iter().zip(&want_acc[..rows]).filter(|(x, y)| x.to_bits() != y.to_bits()).count();
+            assert_eq!(differ, 0, "A B ({m},{n},{k}) {isa}: {differ} entries differ from the portable order");
+        }
+    }
+}
