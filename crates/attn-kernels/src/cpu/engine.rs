@@ -385,9 +385,9 @@ fn subnormal_below(p: u32) -> f32 {
 /// `1.2e-38`) is 0, computed without a subnormal intermediate: Intel cores take a microcode assist
 /// of about a hundred cycles for each subnormal result, and `rho^15` is subnormal for every `rho`
 /// under 0.003 (avoiding them took the LSSAR forward on an Intel Xeon from 378-408 to 303-320
-/// ms, `cpu_lab`, T = 4096). Such a weight is under `2^-126` where a row's largest is exactly 1: the row sums
-/// it joins (f64) do not move, and a weighted sum of values moves only where it cancels to within
-/// a few ulps of `2^-126`. Checked: LSSAR's outputs and gradients (p = 2, 4, 15; T = 200 to 4096,
+/// ms, `cpu_lab`, T = 4096). Such a weight is under `2^-126` where a row's largest is exactly 1:
+/// the row sums it joins (f64) do not move, and a weighted sum of values moves only where it
+/// cancels to within a few ulps of `2^-126`. Checked: LSSAR's outputs and gradients (p = 2, 4, 15; T = 200 to 4096,
 /// random inputs; 11.5M values) came out the same bit for bit before and after this flush.
 #[inline(always)]
 pub(super) fn map_pow(xs: &mut [f32], p: u32, tmp: &mut [f32], g: impl Fn(f32) -> f32) {

@@ -198,9 +198,9 @@ pub fn log1p_unit<const FMA: bool>(y: f32) -> f32 {
     // microcode assist of about a hundred cycles for each subnormal result, and softplus's
     // `e = e^(-|x|)` falls below 2^-16 for every score beyond 11, where `e^8` is subnormal
     // (avoiding them took the LSSA forward on an Intel Xeon from 305 to 270 ms, `cpu_lab`,
-    // T = 4096). Below `POW_FLOOR` Estrin's terms in `y^2`, `y^4`, `y^8` add under 2^-32 to partial sums of magnitude
-    // at least 1/8, under half their ulp, whether computed from `y` or from the floor: the sums
-    // round the same. Below `SQ_FLOOR`, `|y^2 q| <= y^2 / 2 < y 2^-41`, under half of `y`'s ulp:
+    // T = 4096). Below `POW_FLOOR` Estrin's terms in `y^2`, `y^4`, `y^8` add under 2^-32 to
+    // partial sums of magnitude at least 1/8, under half their ulp, whether computed from `y` or
+    // from the floor: the sums round the same. Below `SQ_FLOOR`, `|y^2 q| <= y^2 / 2 < y 2^-41`, under half of `y`'s ulp:
     // the result is `y` either way.
     const POW_FLOOR: f32 = 1.0 / 32768.0; // 2^-15: (2^-15)^8 = 2^-120, normal
     const SQ_FLOOR: f32 = 1.0 / 1_099_511_627_776.0; // 2^-40
