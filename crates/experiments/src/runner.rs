@@ -430,8 +430,8 @@ pub fn run_all(
 /// pair side by side, and the evaluations took as long either way (13-15 s each alone, 25-27 s for
 /// two at once); whole runs, 4 of them: 110-114 s one at a time, 114-115 s two at once, with the
 /// same losses to the bit. An 8000-step run is about 95% training, so one at a time saves about 8%
-/// of the default run's trainings. Two at once had won at 150 steps (191-198 s against 236-238 s, an earlier revision),
-/// where evaluation was most of a run. Giving each of two runs one thread instead changes the
+/// of the default run's trainings. Two at once had won at 150 steps (191-198 s against 236-238 s,
+/// an earlier revision), where evaluation was most of a run. Giving each of two runs one thread instead changes the
 /// numbers (libtorch's reductions split by thread count), so it is not an option.
 pub fn default_jobs(cuda: bool) -> usize {
     jobs_for(cores(), cuda, RUNS_ALONE_BELOW)

@@ -302,9 +302,7 @@ mod x86 {
 
     /// `C[0..R] = A[0..R] · Bᵀ` over all `n_pad` columns: panels of `4W` where the ISA holds
     /// `R x 4` accumulators ([`Lanes::WIDE`]), then of `2W` (`n_pad` is a multiple of `NR`, hence
-    /// of `2W`). Every entry sums over `t` in the same order whatever the panel. (`acc_block` walks
-    /// its columns the same way; one walker taking a closure measured 48x slower: a closure does
-    /// not inherit its caller's `#[target_feature]`s, so the intrinsics it reached ran out of line.)
+    /// of `2W`). Every entry sums over `t` in the same order whatever the panel.
     #[inline(always)]
     unsafe fn nt_block<L: Lanes, const R: usize>(
         a: *const f32,
@@ -315,20 +313,25 @@ mod x86 {
         c: *mut f32,
         ldc: usize,
     ) {
+        let wide = wide_cols::<L>(n_pad);
         // SAFETY: the panels split [0, n_pad) exactly.
         unsafe {
-            let mut j = 0;
-            if L::WIDE {
-                while j + 4 * L::W <= n_pad {
-                    nt_panel::<L, R, 4>(a, lda, bt, n_pad, k, c, ldc, j);
-                    j += 4 * L::W;
-                }
+            for j in (0..wide).step_by(4 * L::W) {
+                nt_panel::<L, R, 4>(a, lda, bt, n_pad, k, c, ldc, j);
             }
-            while j < n_pad {
+            for j in (wide..n_pad).step_by(2 * L::W) {
                 nt_panel::<L, R, 2>(a, lda, bt, n_pad, k, c, ldc, j);
-                j += 2 * L::W;
             }
         }
+    }
+
+    /// How many of `n` columns both micro-kernels take in blocks of `4W`: the whole blocks that fit
+    /// where the ISA holds `R x 4` accumulators ([`Lanes::WIDE`]), else none; the rest go in blocks
+    /// of `2W`. (A plain count, not a walker taking a closure: a closure does not inherit its
+    /// caller's `#[target_feature]`s, and one measured 48x slower, its intrinsics out of line.)
+    #[inline(always)]
+    fn wide_cols<L: Lanes>(n: usize) -> usize {
+        if L::WIDE { n / (4 * L::W) * (4 * L::W) } else { 0 }
     }
 
     /// `C = A · Bᵀ` for all `m` rows: blocks of `MR` rows, then of 4, 2 and 1.
@@ -432,13 +435,11 @@ mod x86 {
     ) {
         // SAFETY: the column blocks split [0, k) exactly.
         unsafe {
-            let mut col = 0;
-            if L::WIDE {
-                while col + 4 * L::W <= k {
-                    acc_cols::<L, R, 4, true>(a, a_rs, a_cs, b, ldb, n, col, k, c, ldc);
-                    col += 4 * L::W;
-                }
+            let wide = wide_cols::<L>(k);
+            for col in (0..wide).step_by(4 * L::W) {
+                acc_cols::<L, R, 4, true>(a, a_rs, a_cs, b, ldb, n, col, k, c, ldc);
             }
+            let mut col = wide;
             while col + 2 * L::W <= k {
                 acc_cols::<L, R, 2, true>(a, a_rs, a_cs, b, ldb, n, col, k, c, ldc);
                 col += 2 * L::W;
