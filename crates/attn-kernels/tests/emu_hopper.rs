@@ -6,14 +6,15 @@
 
 use attn_kernels::cuda::emu;
 
-/// The emulator's TMA tensor map (`emu::TensorMap` in emu.h): a 2-D tiled map of 16-bit elements.
+/// The emulator's TMA tensor map (`emu::TensorMap` in emu.h): a tiled map of 16-bit elements of up
+/// to 4 dimensions, used here in 2.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct TensorMap {
     base: *const u16,
-    dim: [u64; 2],
-    row_bytes: u64,
-    r#box: [u32; 2],
+    dim: [u64; 4],
+    stride: [u64; 3],
+    r#box: [u32; 4],
     swizzle: u32,
 }
 
@@ -135,7 +136,13 @@ fn run_ring(src: &str, reverse: bool) -> Result<(Vec<f32>, Vec<f32>, emu::Profil
     let (m, sums) = matrix(rows, tiles);
     let mut out = vec![f32::NAN; tiles * 64];
     let params = RingParams {
-        map: TensorMap { base: m.as_ptr(), dim: [64, rows as u64], row_bytes: 128, r#box: [64, 64], swizzle: 128 },
+        map: TensorMap {
+            base: m.as_ptr(),
+            dim: [64, rows as u64, 1, 1],
+            stride: [128, 128 * rows as u64, 128 * rows as u64],
+            r#box: [64, 64, 1, 1],
+            swizzle: 128,
+        },
         out: out.as_mut_ptr(),
         tiles: tiles as i32,
         stages: stages as i32,

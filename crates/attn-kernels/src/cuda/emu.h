@@ -338,21 +338,22 @@ struct MBar {
 static std::vector<MBar> mbars;
 
 // A TMA tensor map as the emulator holds it (the GPU's is an opaque CUtensorMap made on the host by
-// cuTensorMapEncodeTiled): a 2-D tiled map of 16-bit elements.
+// cuTensorMapEncodeTiled): a tiled map of 16-bit elements of up to 4 dimensions (1 in the unused
+// ones), which a kernel keeps in the 128 bytes of a CUtensorMap (`TmaDesc`, lab/hopper.cuh).
 struct TensorMap {
     const void* base;
-    u64 dim[2];      // elements: [0] the contiguous dimension, [1] rows
-    u64 row_bytes;   // stride between rows in global memory
-    u32 box[2];      // the box a copy moves
+    u64 dim[4];      // elements: [0] the contiguous dimension, then rows, ...
+    u64 stride[3];   // bytes between consecutive indices of dimensions 1, 2, 3 in global memory
+    u32 box[4];      // the box a copy moves
     u32 swizzle;     // bytes of the swizzle pattern: 0 (none), 32, 64 or 128
 };
 
 // A TMA copy in flight: lands when the copy engine runs (when no thread can move), completes its
 // bytes on its mbarrier's current phase (the chunks it writes record which: ChunkTag).
 struct TmaCopy {
-    size_t dst;      // offset in the dynamic shared memory
+    size_t dst;       // offset in the dynamic shared memory
     TensorMap map;
-    long long x, y;  // the box's first element and row (may lie outside: zeros there)
+    long long at[4];  // the box's first index in each dimension (may lie outside: zeros there)
     const void* bar;
 };
 static std::vector<TmaCopy> tma_flight;
@@ -415,19 +416,29 @@ static size_t swizzled(size_t o, u32 swz) {
     return o ^ (((o >> 7) & mask) << 4);
 }
 
+static size_t box_bytes(const TensorMap& m) { return (size_t)m.box[0] * m.box[1] * m.box[2] * m.box[3] * 2; }
+
+// Writes the box row by row (the contiguous dimension first), each element at its swizzled offset.
 static void tma_land_one(const TmaCopy& c) {
     const TensorMap& m = c.map;
-    for (u32 j = 0; j < m.box[1]; j++)
-        for (u32 i = 0; i < m.box[0]; i++) {
-            const long long gx = c.x + i, gy = c.y + j;
-            u16 v = 0;
-            if (gx >= 0 && gy >= 0 && (u64)gx < m.dim[0] && (u64)gy < m.dim[1])
-                memcpy(&v, (const unsigned char*)m.base + (u64)gy * m.row_bytes + (u64)gx * 2, 2);
-            const size_t off = swizzled(c.dst + ((size_t)j * m.box[0] + i) * 2, m.swizzle);
-            memcpy(dyn.data() + off, &v, 2);
-            ChunkTag& t = tma_tags[off / 16];
-            t.state = 2;
-        }
+    size_t e = 0; // the element's index within the box
+    for (u32 w = 0; w < m.box[3]; w++)
+        for (u32 z = 0; z < m.box[2]; z++)
+            for (u32 y = 0; y < m.box[1]; y++)
+                for (u32 x = 0; x < m.box[0]; x++, e++) {
+                    const long long g[4] = {c.at[0] + x, c.at[1] + y, c.at[2] + z, c.at[3] + w};
+                    bool inside = true;
+                    u64 src = 0;
+                    for (int k = 0; k < 4; k++) {
+                        inside = inside && g[k] >= 0 && (u64)g[k] < m.dim[k];
+                        if (inside) src += k == 0 ? (u64)g[0] * 2 : (u64)g[k] * m.stride[k - 1];
+                    }
+                    u16 v = 0;
+                    if (inside) memcpy(&v, (const unsigned char*)m.base + src, 2);
+                    const size_t off = swizzled(c.dst + e * 2, m.swizzle);
+                    memcpy(dyn.data() + off, &v, 2);
+                    tma_tags[off / 16].state = 2;
+                }
 }
 
 // The copy engine: lands every copy in flight and completes its bytes. True when it moved anything.
@@ -439,7 +450,7 @@ static bool tma_land() {
         tma_land_one(c);
         // Its issue found the barrier initialised, and a block's barriers stay until it ends.
         MBar& b = *mbar_find(c.bar);
-        b.tx -= (long long)c.map.box[0] * c.map.box[1] * 2;
+        b.tx -= (long long)box_bytes(c.map);
         if (!mbar_settle(b)) return true;
     }
     return true;
@@ -1165,10 +1176,10 @@ static void mbar_wait(void* bar, int parity) {
     to_scheduler();
 }
 
-// cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes: the box at element
-// (x, y) of `map` into `dst` (zeros outside the tensor), completing its bytes on `bar`. In flight
-// until the copy engine runs; the destination holds poison (NaN) meanwhile.
-static void tma_load_2d(void* dst, const TensorMap* map, int x, int y, void* bar) {
+// cp.async.bulk.tensor.Nd.shared::cluster.global.mbarrier::complete_tx::bytes: the box at index `at`
+// of `map` into `dst` (zeros outside the tensor), completing its bytes on `bar`. In flight until the
+// copy engine runs; the destination holds poison (NaN) meanwhile.
+static void tma_load(void* dst, const TensorMap* map, const long long* at, void* bar) {
     const unsigned char* d = (const unsigned char*)dst;
     if (d < dyn.data() || d >= dyn.data() + dyn.size()) fail("TMA destination outside the dynamic shared memory");
     const size_t off = (size_t)(d - dyn.data());
@@ -1177,8 +1188,10 @@ static void tma_load_2d(void* dst, const TensorMap* map, int x, int y, void* bar
     if (off % (swz ? (size_t)swz * 8 : 128))
         fail("TMA destination not aligned to its swizzle's repeat (128 bytes unswizzled, 8 rows of the swizzle)");
     if (swz && map->box[0] * 2 != swz) fail("TMA box rows of another width than the swizzle (not emulated)");
+    for (int k = 0; k < 4; k++)
+        if (map->box[k] < 1 || map->box[k] > 256 || map->dim[k] < 1) fail("TMA tensor map with an empty or oversized box");
     MBar& b = mbar_of(bar, "a TMA copy");
-    const size_t bytes = (size_t)map->box[0] * map->box[1] * 2;
+    const size_t bytes = box_bytes(*map);
     if (off + bytes > dyn.size()) fail("TMA destination past the end of the dynamic shared memory");
     for (size_t o = 0; o < bytes; o += 16) {
         ChunkTag& c = tma_tags[(off + o) / 16];
@@ -1193,7 +1206,13 @@ static void tma_load_2d(void* dst, const TensorMap* map, int x, int y, void* bar
     }
     memset(dyn.data() + off, 0xff, bytes);
     counts.tma_bytes += bytes;
-    tma_flight.push_back(TmaCopy{off, *map, x, y, bar});
+    TmaCopy c{off, *map, {at[0], at[1], at[2], at[3]}, bar};
+    tma_flight.push_back(c);
+}
+// The 2-D form: the box at element x of row y.
+static void tma_load_2d(void* dst, const TensorMap* map, int x, int y, void* bar) {
+    const long long at[4] = {x, y, 0, 0};
+    tma_load(dst, map, at, bar);
 }
 
 static void named_arrival(int id, int count, bool wait) {
