@@ -741,3 +741,97 @@ fn the_wgmma_probe_tells_the_layouts_apart() {
         }
     }
 }
+
+/// Lab v10 (warp-specialised: a TMA producer warp, two consumer warpgroups in a ping-pong) against
+/// the reference on the check cases of v5 and v8 (the variants, dtypes, lengths with a partial last
+/// tile and blocks of one row, two batch entries of two heads), in both thread orders, every rule of
+/// the emulator on.
+#[test]
+fn v10_matches_the_reference() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    let v10 = [Kernel::Lab(Version::V10)];
+    let both = [false, true];
+    let mut jobs = Vec::new();
+    for name in ["lssa", "lssa+rw15", "softmax+rw15"] {
+        jobs.extend(kernel_jobs_b(name, 1, 200, 64, Dtype::Bf16, &v10, &[], &both));
+    }
+    jobs.extend(kernel_jobs_b("softmax", 1, 130, 64, Dtype::F16, &v10, &[], &both));
+    jobs.extend(kernel_jobs_b("lssa+rw64", 1, 77, 64, Dtype::Bf16, &v10, &[], &both));
+    jobs.extend(kernel_jobs_b("lssa+rw1", 1, 77, 64, Dtype::F16, &v10, &[], &both));
+    jobs.extend(kernel_jobs_b("lssa+rw15", 2, 70, 64, Dtype::Bf16, &v10, &[], &both));
+    for t in [1, 5, 129] {
+        jobs.extend(kernel_jobs_b("lssa+rw15", 1, t, 64, Dtype::Bf16, &v10, &[], &both));
+    }
+    run_all(jobs);
+}
+
+/// Each of Hopper's pipeline rules, broken once in v10 itself, is reported by name (LSSA and
+/// LSSAR, bf16, T = 600, d = 64: ten key tiles, so the ring of four stages wraps): the emulator's
+/// rules (LAB.md) hold for the kernel they were built for, not only for their own small ring.
+#[test]
+fn v10s_broken_pipelines_are_reported_by_name() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    for name in ["lssa", "lssa+rw15"] {
+        let c = case(name, 600, 64, Dtype::Bf16, 31);
+        let opts = Options { dtype: c.dt, kernel: Kernel::Lab(Version::V10) };
+        let run = |edit: &dyn Fn(String) -> String| {
+            emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { edit: Some(edit), ..Lab::default() })
+        };
+        assert!(rel_err(&run(&|s| s).unwrap(), &c.o) < bounds(&c).0, "{name}: v10 as written passes every rule");
+        let planted: [(&str, &str, &str, &str); 5] = [
+            (
+                "        mbar_wait(&full[s], (it / NS10) & 1);\n",
+                "",
+                "a consumer that does not wait for its stage",
+                "reads a stage before the mbarrier phase its TMA copy completes|reads a TMA-written stage before this \
+                 thread waited for the mbarrier phase",
+            ),
+            (
+                "        mbar_wait(&full[s], (it / NS10) & 1);\n",
+                "        mbar_wait(&full[s], 0);\n",
+                "a consumer whose phase bit never flips",
+                "which this thread has already waited for",
+            ),
+            (
+                "mbar_arrive_expect_tx(&full[s], (want_v ? 2 : 1) * TILE10 * 2);",
+                "mbar_arrive_expect_tx(&full[s], (want_v ? 2 : 1) * TILE10 * 2 + 16);",
+                "expect_tx over the tile's bytes",
+                "misses 0 arrivals and 16 transaction bytes",
+            ),
+            (
+                "| (1ull << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);",
+                "| (1ull << 16) | ((u64)(1024 >> 4) << 32) | (2ull << 62);",
+                "descriptors of the 64-byte swizzle",
+                "swizzle mismatch: TMA wrote the stage with a 128-byte swizzle, the wgmma descriptor reads it with 64",
+            ),
+            (
+                "setmaxnreg_inc<240>();",
+                "setmaxnreg_inc<248>();",
+                "consumers asking for more registers than the file has",
+                "setmaxnreg.inc to 248 registers",
+            ),
+        ];
+        for (from, to, what, message) in planted {
+            match run(&replace_first(from, to)) {
+                Err(e) => assert!(message.split('|').any(|m| e.to_string().contains(m)), "{name}, {what}: {e}"),
+                Ok(o) => panic!("{name}, {what}: not reported (error {:.2e})", rel_err(&o, &c.o)),
+            }
+        }
+    }
+    // A consumer that releases its stage as soon as it has waited for it (before its products): the
+    // producer refills a stage of the ring under a product that still reads it.
+    let c = case("lssa", 600, 64, Dtype::Bf16, 37);
+    let opts = Options { dtype: c.dt, kernel: Kernel::Lab(Version::V10) };
+    let early = |s: String| {
+        let s = replace_first("        mbar_arrive(&empty[s]); // this warpgroup is done with the stage\n", "")(s);
+        replace_first(
+            "        mbar_wait(&full[s], (it / NS10) & 1);\n",
+            "        mbar_wait(&full[s], (it / NS10) & 1);\n        mbar_arrive(&empty[s]);\n",
+        )(s)
+    };
+    let e = emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { edit: Some(&early), ..Lab::default() });
+    match e {
+        Err(e) => assert!(e.to_string().contains("a TMA copy overwrote a stage this thread still reads"), "{e}"),
+        Ok(o) => panic!("an early release: not reported (error {:.2e})", rel_err(&o, &c.o)),
+    }
+}

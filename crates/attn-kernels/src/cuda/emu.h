@@ -48,6 +48,7 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
+#define __grid_constant__
 
 struct emu_dim3 {
     unsigned x, y, z;

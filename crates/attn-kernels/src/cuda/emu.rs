@@ -38,7 +38,7 @@ use super::compile::Generation;
 use super::config::Config;
 use super::kernel::{Kernel, Options};
 use super::launch::{Buf, Exec, backward_exec, check_params, forward_exec};
-use super::plan::{KParams, Kern, not_compiled};
+use super::plan::{KParams, Kern, Tensor4, TmaDesc, not_compiled};
 use super::probe::wgmma_probe_on;
 use super::staging::{backward_on, checked, forward_on};
 use crate::error::{Error, Grads, Result};
@@ -369,6 +369,36 @@ impl Exec for EmuExec<'_> {
 
     fn wgmma(&self) -> bool {
         true
+    }
+
+    fn tensor_map(&self, t: &Tensor4, dims: [u64; 4]) -> Result<TmaDesc> {
+        /// `emu::TensorMap` in emu.h, kept in a CUtensorMap's bytes.
+        #[repr(C)]
+        struct TensorMap {
+            base: u64,
+            dim: [u64; 4],
+            stride: [u64; 3],
+            r#box: [u32; 4],
+            swizzle: u32,
+        }
+        const { assert!(std::mem::size_of::<TensorMap>() <= std::mem::size_of::<TmaDesc>()) };
+        let map = TensorMap {
+            base: t.ptr,
+            dim: dims,
+            stride: [t.st, t.sh, t.sb].map(|s| s as u64 * 2),
+            r#box: [64, 64, 1, 1],
+            swizzle: 128,
+        };
+        let mut desc = TmaDesc::default();
+        // SAFETY: both are plain data; the map's bytes fit the descriptor's (asserted above).
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&map as *const TensorMap).cast::<u8>(),
+                desc.0.as_mut_ptr().cast::<u8>(),
+                std::mem::size_of::<TensorMap>(),
+            )
+        };
+        Ok(desc)
     }
 }
 

@@ -30,9 +30,10 @@ pub enum Kernel {
     /// | v5, v6 | v5 (v3 at d = 128) | v6 |
     /// | v7 | v5 (v3 at d = 128) | v7 |
     /// | v8, v9 | v8 on sm_90, else as v7 | v9 at d = 64 on sm_90, else v7 |
+    /// | v10 | v10 at d = 64 on sm_90, else as v7 | v7 |
     ///
-    /// Versions 5 to 9 pass the emulator; on the GPU (`docs/bench/cuda.md`) v5 to v7 pass every check
-    /// case and v8 failed at d = 64 (its fix is not yet re-run there).
+    /// Versions 5 to 10 pass the emulator; on the GPU (`docs/bench/cuda.md`) v5 to v7 pass every check
+    /// case and v8 failed at d = 64 (its fix is not yet re-run there); v10 has not run on a GPU yet.
     #[cfg(feature = "lab")]
     Lab(Version),
 }
@@ -40,7 +41,7 @@ pub enum Kernel {
 #[cfg(feature = "lab")]
 impl Kernel {
     /// Every distinct request: [`Kernel::Auto`], then one per pair of the lab, in order.
-    pub const ALL: [Kernel; 7] = [
+    pub const ALL: [Kernel; 8] = [
         Kernel::Auto,
         Kernel::Lab(Version::V1),
         Kernel::Lab(Version::V2),
@@ -48,12 +49,13 @@ impl Kernel {
         Kernel::Lab(Version::V5),
         Kernel::Lab(Version::V7),
         Kernel::Lab(Version::V8),
+        Kernel::Lab(Version::V10),
     ];
 }
 
 impl Kernel {
     /// The request's name as [`FromStr`](std::str::FromStr) reads it (and [`Kernel::ENV`]):
-    /// `auto`, or the lab version `v1` to `v9`.
+    /// `auto`, or the lab version `v1` to `v10`.
     pub const fn name(self) -> &'static str {
         match self {
             Kernel::Auto => "auto",
@@ -70,7 +72,9 @@ impl Kernel {
             None | Some(Version::V7) => Generation::First,
             Some(Version::V1) => Generation::Simt,
             Some(Version::V2) => Generation::V2,
-            Some(Version::V3 | Version::V4 | Version::V5 | Version::V6 | Version::V8 | Version::V9) => Generation::Lab,
+            Some(Version::V3 | Version::V4 | Version::V5 | Version::V6 | Version::V8 | Version::V9 | Version::V10) => {
+                Generation::Lab
+            }
         }
     }
 
@@ -112,7 +116,7 @@ impl Kernel {
 impl std::str::FromStr for Kernel {
     type Err = Error;
 
-    /// `auto`, or `v1` (also `simt`) to `v9`, case-insensitive; a version needs the `lab` feature.
+    /// `auto`, or `v1` (also `simt`) to `v10`, case-insensitive; a version needs the `lab` feature.
     fn from_str(s: &str) -> Result<Self> {
         let name = s.trim().to_ascii_lowercase();
         if name == "auto" {
@@ -130,7 +134,7 @@ impl std::str::FromStr for Kernel {
                 "CUDA kernel {}: the lab's versions need attn-kernels' `lab` feature; this build runs `auto`",
                 v.name()
             ))),
-            None => Err(Error::BadParams(format!("unknown CUDA kernel {s:?}: auto or v1 to v9"))),
+            None => Err(Error::BadParams(format!("unknown CUDA kernel {s:?}: auto or v1 to v10"))),
         }
     }
 }
@@ -151,7 +155,7 @@ impl Default for Options {
 }
 
 attn_core::listed_enum! {
-    /// A kernel version of the lab, by its number (`src/cuda/LAB.md`): forwards v1, v2, v3, v5 and v8,
+    /// A kernel version of the lab, by its number (`src/cuda/LAB.md`): forwards v1, v2, v3, v5, v8 and v10,
     /// backwards v1, v4, v6, v7 and v9. What a launch resolves a [`Kernel`] to, and (with the `lab`
     /// feature) what a [`Kernel::Lab`] request names. One list: a new version is one line here.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -174,6 +178,9 @@ attn_core::listed_enum! {
         V8 => "v8",
         /// `lssa_bwd_rowstats9` + `lssa_bwd_keys_wg9` + `lssa_bwd_dq7`.
         V9 => "v9",
+        /// `lssa_fwd_ws10` (with re-weighting `lssa_fwd_stats10` + `lssa_fwd_rw10`): warp-specialised,
+        /// TMA and mbarriers, sm_90a.
+        V10 => "v10",
     }
 }
 

@@ -6,8 +6,8 @@ use super::compile::has_tensor_core_forward;
 use super::config::Config;
 use super::kernel::{Kernel, MAX_HEAD_DIM, Version};
 use super::plan::{
-    KParams, Kern, MMA_ROWS, MMA3_ROWS, MMA5_ROWS, ROWS_PER_BLOCK, aligned, backward_version, forward_version, kparams,
-    pairs_aligned, rows_aligned16, t4, t4m,
+    KParams, Kern, MMA_ROWS, MMA3_ROWS, MMA5_ROWS, ROWS_PER_BLOCK, Tensor4, TmaDesc, aligned, backward_version,
+    forward_version, kparams, pairs_aligned, rows_aligned16, t4, t4m,
 };
 use crate::error::{Error, Result};
 use crate::params::Dtype;
@@ -68,6 +68,9 @@ pub(crate) trait Exec {
     fn download(&self, b: &Buf) -> Result<Vec<u8>>;
     /// Whether the warpgroup kernels (lab v8) are there.
     fn wgmma(&self) -> bool;
+    /// The TMA tensor map lab v10 reads `t` (16-bit values) through: dimensions `dims` = (d, T, H,
+    /// B) with `t`'s strides, boxes of 64 values x 64 rows, the 128-byte swizzle, zeros outside.
+    fn tensor_map(&self, t: &Tensor4, dims: [u64; 4]) -> Result<TmaDesc>;
 }
 
 /// Kernel arguments ready for launches: the inverse norms of cosine variants computed (their buffer
@@ -107,13 +110,23 @@ pub(super) unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype:
     let t = p.seq_len as u32;
     match version {
         // Re-weighting in the lab: the first sweep as a statistics kernel of its own, then the second.
-        Version::V8 | Version::V5 if cfg.p > 0 => {
-            let (stats, rw) =
-                if version == Version::V8 { (Kern::FwdStats8, Kern::FwdRw8) } else { (Kern::FwdStats5, Kern::FwdRw5) };
+        Version::V10 | Version::V8 | Version::V5 if cfg.p > 0 => {
+            if version == Version::V10 {
+                set_tensor_maps(x, &mut kp, p)?;
+            }
+            let (stats, rw) = match version {
+                Version::V10 => (Kern::FwdStats10, Kern::FwdRw10),
+                Version::V8 => (Kern::FwdStats8, Kern::FwdRw8),
+                _ => (Kern::FwdStats5, Kern::FwdRw5),
+            };
             let tilemax = x.scratch(p.batch * p.heads * tilemax_len(p.seq_len) * 4)?;
             kp.tilemax = tilemax.addr();
             x.launch(stats, (t.div_ceil(MMA5_ROWS), bh), &kp)?;
             x.launch(rw, (t.div_ceil(MMA5_ROWS), bh), &kp)
+        }
+        Version::V10 => {
+            set_tensor_maps(x, &mut kp, p)?;
+            x.launch(Kern::FwdWs10, (t.div_ceil(MMA5_ROWS), bh), &kp)
         }
         Version::V8 => x.launch(Kern::FwdWg8, (t.div_ceil(MMA5_ROWS), bh), &kp),
         Version::V5 => x.launch(Kern::FwdMma5, (t.div_ceil(MMA5_ROWS), bh), &kp),
@@ -122,6 +135,14 @@ pub(super) unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype:
         Version::V1 => x.launch(Kern::FwdSimt, (t.div_ceil(ROWS_PER_BLOCK), bh), &kp),
         Version::V4 | Version::V6 | Version::V7 | Version::V9 => Err(not_a(version, "forward")),
     }
+}
+
+/// Lab v10's tensor maps of q, k and v: (d, T, H, B) of plain shapes (`p.is_plain()`: the key and
+/// value heads and lengths are the queries').
+fn set_tensor_maps(x: &dyn Exec, kp: &mut KParams, p: &Params) -> Result<()> {
+    let dims = [p.head_dim, p.seq_len, p.heads, p.batch].map(|n| n as u64);
+    kp.tmap = [x.tensor_map(&kp.q, dims)?, x.tensor_map(&kp.k, dims)?, x.tensor_map(&kp.v, dims)?];
+    Ok(())
 }
 
 /// The most key tiles whose maxima a v5/v8 block keeps (`MAX_TILES5` in `v5_fwd.cu`).
@@ -162,7 +183,7 @@ pub(super) unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype
             kp.rowgrad = buf.addr();
             buf
         }
-        Version::V2 | Version::V3 | Version::V5 | Version::V8 => return Err(not_a(version, "backward")),
+        Version::V2 | Version::V3 | Version::V5 | Version::V8 | Version::V10 => return Err(not_a(version, "backward")),
     };
     match version {
         Version::V7 | Version::V9 => {
@@ -191,7 +212,7 @@ pub(super) unsafe fn backward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype
             let kv = u32::try_from(p.batch * p.kv_heads).map_err(|_| Error::BadParams("B*H_kv too large".into()))?;
             x.launch(Kern::BwdKeys, ((p.kv_len as u32).div_ceil(ROWS_PER_BLOCK), kv), &kp)
         }
-        Version::V2 | Version::V3 | Version::V5 | Version::V8 => Err(not_a(version, "backward")),
+        Version::V2 | Version::V3 | Version::V5 | Version::V8 | Version::V10 => Err(not_a(version, "backward")),
     }
 }
 

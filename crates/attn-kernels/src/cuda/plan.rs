@@ -31,6 +31,9 @@ attn_core::listed_enum! {
         FwdWg8 => "lssa_fwd_wg8",
         FwdStats8 => "lssa_fwd_stats8",
         FwdRw8 => "lssa_fwd_rw8",
+        FwdWs10 => "lssa_fwd_ws10",
+        FwdStats10 => "lssa_fwd_stats10",
+        FwdRw10 => "lssa_fwd_rw10",
         BwdRows => "lssa_bwd_rows",
         BwdKeys => "lssa_bwd_keys",
         BwdRowsMma => "lssa_bwd_rows_mma",
@@ -51,6 +54,8 @@ impl Kern {
     pub(crate) fn threads(self, head_dim: usize) -> u32 {
         match self {
             Kern::InvNorms | Kern::FwdMma3 => 256,
+            // A producer warpgroup and two consumers.
+            Kern::FwdWs10 | Kern::FwdStats10 | Kern::FwdRw10 => 384,
             Kern::FwdWg8 | Kern::FwdStats8 | Kern::FwdRw8 if head_dim == 128 => 256, // two warpgroups of one m64 half each
             Kern::FwdSimt | Kern::BwdRows | Kern::BwdKeys | Kern::BwdDq7 => 32 * ROWS_PER_BLOCK,
             Kern::FwdMma
@@ -88,6 +93,8 @@ impl Kern {
             Kern::BwdKeysMma | Kern::BwdKeysMma6 => bwd_keys_smem(head_dim),
             // One more tile: dS on its way to the dq product.
             Kern::BwdKeysMma7 | Kern::BwdKeysWg9 => bwd_keys_smem(head_dim) / 6 * 7,
+            // Q's 128 rows and 4 stages of K and V (64 rows each), aligned to 1 KiB for the swizzle.
+            Kern::FwdWs10 | Kern::FwdStats10 | Kern::FwdRw10 => 1024 + (2 + 4 * 2) * 64 * head_dim * 2,
             // Room for the probe's misread operands (offsets swapped) too.
             Kern::WgProbe => 16 * 1024,
             Kern::InvNorms | Kern::FwdSimt | Kern::FwdMma | Kern::BwdRows | Kern::BwdKeys | Kern::BwdDq7 => 0,
@@ -116,7 +123,10 @@ impl Kern {
             | Kern::FwdRw8
             | Kern::BwdRowStats9
             | Kern::BwdKeysWg9
-            | Kern::WgProbe => Generation::Lab,
+            | Kern::WgProbe
+            | Kern::FwdWs10
+            | Kern::FwdStats10
+            | Kern::FwdRw10 => Generation::Lab,
         }
     }
 
@@ -133,6 +143,7 @@ impl Kern {
             Kern::FwdMma5 | Kern::FwdStats5 | Kern::FwdRw5 => tc && head_dim == 64,
             Kern::FwdWg8 | Kern::FwdStats8 | Kern::FwdRw8 => tc && wgmma,
             Kern::BwdRowStats9 | Kern::BwdKeysWg9 | Kern::WgProbe => tc && head_dim == 64 && wgmma,
+            Kern::FwdWs10 | Kern::FwdStats10 | Kern::FwdRw10 => tc && head_dim == 64 && wgmma,
             // Auto's modules hold v3 only at head dimension 128, where it is their forward.
             Kern::FwdMma3 => tc && (head_dim == 128 || generation >= Generation::Lab),
             Kern::FwdMma | Kern::BwdRowsMma | Kern::BwdKeysMma => tc,
@@ -188,6 +199,20 @@ pub(crate) struct KParams {
     pub(super) bias_log: i32,
     pub(super) h_kv: i32,
     pub(super) t_k: i32,
+    /// Lab v10's TMA tensor maps of q, k and v (zeros where no kernel reads them).
+    pub(super) tmap: [TmaDesc; 3],
+}
+
+/// A TMA tensor map's bytes (must match `TmaDesc` in `common.cuh`: a CUtensorMap, 128-byte aligned
+/// as CUDA 13 declares it).
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(128))]
+pub(crate) struct TmaDesc(pub(super) [u64; 16]);
+
+impl Default for TmaDesc {
+    fn default() -> Self {
+        Self([0; 16])
+    }
 }
 
 // SAFETY: plain old data with the C layout the kernels declare.
@@ -228,6 +253,7 @@ pub(super) fn kparams(cfg: &Config, p: &Params) -> Result<KParams> {
         bias_log: cfg.bias_log as i32,
         h_kv: fits(p.kv_heads)?,
         t_k: fits(p.kv_len)?,
+        tmap: Default::default(),
     })
 }
 
@@ -263,7 +289,7 @@ fn bwd_keys_smem(head_dim: usize) -> usize {
     6 * 64 * (head_dim + 8) * 2
 }
 
-/// The forward version `kernel` runs (1, 2, 3, 5 or 8) for inputs whose rows allow `[v2, v3]`
+/// The forward version `kernel` runs (1, 2, 3, 5, 8 or 10) for inputs whose rows allow `[v2, v3]`
 /// (even strides; 16-byte aligned rows) on a module with (`wgmma`) or without the sm_90 kernels.
 pub(super) fn forward_version(
     kernel: Kernel,
@@ -298,10 +324,14 @@ pub(super) fn forward_version(
         Version::V3 | Version::V4 if v3 => Version::V3,
         Version::V3 | Version::V4 => return refuse("v3"),
         Version::V8 | Version::V9 if v3 && wgmma => Version::V8,
-        Version::V5 | Version::V6 | Version::V7 | Version::V8 | Version::V9 if v3 && head_dim == 64 => Version::V5,
-        // v5 exists at head dimension 64 only, v8 on sm_90 only.
-        Version::V5 | Version::V6 | Version::V7 | Version::V8 | Version::V9 if v3 => Version::V3,
-        Version::V5 | Version::V6 | Version::V7 | Version::V8 | Version::V9 => return refuse("v5"),
+        // v10 reads its tiles by TMA, whose strides must be multiples of 16 bytes (16-byte aligned rows).
+        Version::V10 if v3 && wgmma && head_dim == 64 => Version::V10,
+        Version::V5 | Version::V6 | Version::V7 | Version::V8 | Version::V9 | Version::V10 if v3 && head_dim == 64 => {
+            Version::V5
+        }
+        // v5 exists at head dimension 64 only, v8 on sm_90 only, v10 at both.
+        Version::V5 | Version::V6 | Version::V7 | Version::V8 | Version::V9 | Version::V10 if v3 => Version::V3,
+        Version::V5 | Version::V6 | Version::V7 | Version::V8 | Version::V9 | Version::V10 => return refuse("v5"),
     })
 }
 
@@ -328,7 +358,7 @@ pub(super) fn backward_version(
         Version::V3 | Version::V4 => Version::V4,
         Version::V5 | Version::V6 => Version::V6,
         Version::V8 | Version::V9 if head_dim == 64 && wgmma => Version::V9,
-        Version::V7 | Version::V8 | Version::V9 => Version::V7,
+        Version::V7 | Version::V8 | Version::V9 | Version::V10 => Version::V7,
     })
 }
 
@@ -349,11 +379,15 @@ mod tests {
                         let f = forward_version(kernel, hd, dt, [true, true], wgmma).unwrap();
                         let b = backward_version(kernel, hd, dt, true, wgmma).unwrap();
                         // Forwards and backwards are the lab's, each in its own list.
-                        assert!(matches!(f, Version::V1 | Version::V2 | Version::V3 | Version::V5 | Version::V8));
+                        assert!(matches!(
+                            f,
+                            Version::V1 | Version::V2 | Version::V3 | Version::V5 | Version::V8 | Version::V10
+                        ));
                         assert!(matches!(b, Version::V1 | Version::V4 | Version::V6 | Version::V7 | Version::V9));
                         // The warpgroup kernels run only where the module has them, and only when asked.
                         assert_eq!(f == Version::V8, kernel == lab(Version::V8) && wgmma, "{kernel:?} {hd} {wgmma}");
                         assert_eq!(b == Version::V9, kernel == lab(Version::V8) && wgmma && hd == 64);
+                        assert_eq!(f == Version::V10, kernel == lab(Version::V10) && wgmma && hd == 64);
                         // v5 (and its backwards v6, v7) exist at head dimension 64; v7 also at 128.
                         assert!(f != Version::V5 || hd == 64);
                         assert!(b != Version::V6 || hd == 64 || kernel == lab(Version::V5));

@@ -283,6 +283,128 @@ __device__ __forceinline__ void tile_f5(int m0, int m1, float (*s)[BK5 / 8][4], 
             }
 }
 
+// The element-wise step of row tiles [m0, m1) of one key tile (v5, v8 and v10): scores to y =
+// scale_i * cos_ij + bias_i (times log2 e where LOG2D), the running maximum (softmax, with the
+// rescaling of what was accumulated), the activation, the row sums and maxima (tile_f5). [m0, m1)
+// are constants at every call; the loops run over both row tiles and skip the others, so that they
+// unroll with constant indices. `diag`: some key of the tile is masked for some row.
+__device__ __forceinline__ void elementwise5(int m0, int m1, float (*s)[BK5 / 8][4], float (*oacc)[HD / 8][4],
+                                             const float* fac, const float* bias, const float* ink, const int* rows,
+                                             int j0, int T, bool diag, int t4, int pass, float* mx, float* z,
+                                             float* fmx, float* tile_fmax, const float* ra, const float* rb,
+                                             const float* rc, const bool* fallback, float* wsum) {
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nn = 0; nn < BK5 / 8; nn++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int r = 2 * mt + (e >> 1), cl = nn * 8 + 2 * t4 + (e & 1);
+                if (mt >= m0 && mt < m1) s[mt][nn][e] = fmaf(s[mt][nn][e] * fac[r], ink_of(ink, cl), bias[r]);
+            }
+#if RUNNING_MAX
+    if (pass == 0) {
+        // The running maximum of y per row, and the rescaling of what was accumulated.
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            if ((r >> 1) < m0 || (r >> 1) >= m1) continue;
+            float tm = -INFINITY;
+#pragma unroll
+            for (int nn = 0; nn < BK5 / 8; nn++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    int cl = nn * 8 + 2 * t4 + c;
+                    bool in = !diag || (j0 + cl <= rows[r] && j0 + cl < T);
+                    tm = in ? fmaxf(tm, s[r >> 1][nn][2 * (r & 1) + c]) : tm;
+                }
+            tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 1));
+            tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 2));
+            if (tm > mx[r]) {
+                float sc = mx[r] == -INFINITY ? 0.f : ex2_fast(mx[r] - tm);
+                z[r] *= sc;
+#pragma unroll
+                for (int nn = 0; nn < HD / 8; nn++) {
+                    oacc[r >> 1][nn][2 * (r & 1)] *= sc;
+                    oacc[r >> 1][nn][2 * (r & 1) + 1] *= sc;
+                }
+                mx[r] = tm;
+            }
+        }
+    }
+#endif
+    if (diag)
+        tile_f5<true>(m0, m1, s, rows, j0, T, t4, pass, mx, z, fmx, tile_fmax, ra, rb, rc, fallback, wsum);
+    else
+        tile_f5<false>(m0, m1, s, rows, j0, T, t4, pass, mx, z, fmx, tile_fmax, ra, rb, rc, fallback, wsum);
+}
+
+// The end of a sweep for one thread's 4 rows (v5, v8 and v10): the row sums and maxima over the
+// quad, the first sweep's statistics for the second kernel (MODE 1), and after the last sweep the
+// output rows and their statistics.
+template <int MODE>
+__device__ __forceinline__ void finish_rows5(const KParams& p, int b, int h, int bh, int t4, int pass, const int* rows,
+                                             float (*oacc)[HD / 8][4], float* z, const float* mx, float* fmx,
+                                             float* wsum, const bool* fallback) {
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        if (pass == 0) {
+            z[r] += __shfl_xor_sync(0xffffffffu, z[r], 1);
+            z[r] += __shfl_xor_sync(0xffffffffu, z[r], 2);
+            fmx[r] = fmaxf(fmx[r], __shfl_xor_sync(0xffffffffu, fmx[r], 1));
+            fmx[r] = fmaxf(fmx[r], __shfl_xor_sync(0xffffffffu, fmx[r], 2));
+        } else {
+            wsum[r] += __shfl_xor_sync(0xffffffffu, wsum[r], 1);
+            wsum[r] += __shfl_xor_sync(0xffffffffu, wsum[r], 2);
+        }
+    }
+#if P > 0
+    if (MODE == 1) {
+        // Hand the first sweep to the second kernel, which overwrites these slots of p.stats.
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            if (rows[r] >= p.T || t4 != 0) continue;
+            float* stt = (float*)p.stats + ((long long)bh * p.T + rows[r]) * STATS;
+            stt[ST_Z] = z[r];
+            stt[ST_MAX] = mx[r];
+            stt[ST_W] = fmx[r];
+        }
+    }
+#endif
+    if (pass == (P > 0 ? 1 : 0)) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+            const int row = rows[r], mt = r >> 1, q = r & 1;
+            if (row >= p.T) continue;
+#if P > 0
+            float sc = fallback[r] ? 1.f : rcp_fast(wsum[r]);
+#else
+            float sc = anorm(z[r] * F_UNIT, row + 1) * F_UNIT;
+#endif
+            u16* o = (u16*)p.o.ptr + b * p.o.sb + h * p.o.sh + (long long)row * p.o.st;
+#pragma unroll
+            for (int nn = 0; nn < HD / 8; nn++)
+                *(u32*)(o + nn * 8 + 2 * t4) = pack2(oacc[mt][nn][2 * q] * sc, oacc[mt][nn][2 * q + 1] * sc);
+            if (t4 == 0) {
+                float* stt = (float*)p.stats + ((long long)bh * p.T + row) * STATS;
+#if P > 0
+                // The second kernel (MODE 2) reads the first sweep's z and largest f again from
+                // the slots it overwrites here, rather than holding them in registers through
+                // its sweep.
+                const float z1 = MODE == 2 ? stt[ST_Z] : z[r], fmx1 = MODE == 2 ? stt[ST_W] : fmx[r];
+                stt[ST_Z] = z1 * F_UNIT;
+                stt[ST_UMAX] = rw_row5(z1, fmx1, row + 1).umax; // as in the pass-1 set-up
+                stt[ST_W] = wsum[r];
+#else
+                stt[ST_Z] = z[r] * F_UNIT;
+                stt[ST_UMAX] = 0.f;
+                stt[ST_W] = 0.f;
+#endif
+                stt[ST_MAX] = RUNNING_MAX ? mx[r] * LN2_F : 0.f;
+            }
+        }
+    }
+}
+
 // The forward of versions 5 (GEN 5: mma.sync, 2 x 16 consecutive rows per warp) and 8 (GEN 8:
 // wgmma; at d = 64 warp w has rows 16w.. and 64 + 16w.. of the block, the two m64 halves of one
 // warpgroup; at d = 128 warp w has rows 64 (w / 4) + 16 (w % 4).., warpgroup w / 4 one m64 half).
@@ -454,56 +576,9 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
             float s[2][BK5 / 8][4]; // [MT] used
             const bool diag = j0 + BK5 > w0 + 1 || j0 + BK5 > p.T; // some key of the tile is masked for some row
             float tile_fmax = -INFINITY;
-            // The element-wise step of row tiles [M0, M1): scores to y = scale_i * cos_ij + bias_i
-            // (times log2 e where LOG2D), the running maximum (softmax), the activation.
-            // [m0, m1) are constants at every call; the loops below run over both row tiles and
-            // skip the others, so that they unroll with constant indices.
             auto elementwise = [&](int m0, int m1) {
-#pragma unroll
-                for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-                    for (int nn = 0; nn < BK5 / 8; nn++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int r = 2 * mt + (e >> 1), cl = nn * 8 + 2 * t4 + (e & 1);
-                            if (mt >= m0 && mt < m1) s[mt][nn][e] = fmaf(s[mt][nn][e] * fac[r], ink_of(ink, cl), bias[r]);
-                        }
-#if RUNNING_MAX
-                if (pass == 0) {
-                    // The running maximum of y per row, and the rescaling of what was accumulated.
-#pragma unroll
-                    for (int r = 0; r < 4; r++) {
-                        if ((r >> 1) < m0 || (r >> 1) >= m1) continue;
-                        float tm = -INFINITY;
-#pragma unroll
-                        for (int nn = 0; nn < BK5 / 8; nn++)
-#pragma unroll
-                            for (int c = 0; c < 2; c++) {
-                                int cl = nn * 8 + 2 * t4 + c;
-                                bool in = !diag || (j0 + cl <= rows[r] && j0 + cl < p.T);
-                                tm = in ? fmaxf(tm, s[r >> 1][nn][2 * (r & 1) + c]) : tm;
-                            }
-                        tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 1));
-                        tm = fmaxf(tm, __shfl_xor_sync(0xffffffffu, tm, 2));
-                        if (tm > mx[r]) {
-                            float sc = mx[r] == -INFINITY ? 0.f : ex2_fast(mx[r] - tm);
-                            z[r] *= sc;
-#pragma unroll
-                            for (int nn = 0; nn < HD / 8; nn++) {
-                                oacc[r >> 1][nn][2 * (r & 1)] *= sc;
-                                oacc[r >> 1][nn][2 * (r & 1) + 1] *= sc;
-                            }
-                            mx[r] = tm;
-                        }
-                    }
-                }
-#endif
-                if (diag)
-                    tile_f5<true>(m0, m1, s, rows, j0, p.T, t4, pass, mx, z, fmx, &tile_fmax, ra, rb, rc, fallback,
-                                  wsum);
-                else
-                    tile_f5<false>(m0, m1, s, rows, j0, p.T, t4, pass, mx, z, fmx, &tile_fmax, ra, rb, rc, fallback,
-                                   wsum);
+                elementwise5(m0, m1, s, oacc, fac, bias, ink, rows, j0, p.T, diag, t4, pass, mx, z, fmx, &tile_fmax,
+                             ra, rb, rc, fallback, wsum);
             };
             if constexpr (WG) {
                 // Two commit groups, one per 64-row half, so the tensor cores work on one half
@@ -620,66 +695,13 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
             kt = nxt;
             stage ^= 1;
         }
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            if (pass == 0) {
-                z[r] += __shfl_xor_sync(0xffffffffu, z[r], 1);
-                z[r] += __shfl_xor_sync(0xffffffffu, z[r], 2);
-                fmx[r] = fmaxf(fmx[r], __shfl_xor_sync(0xffffffffu, fmx[r], 1));
-                fmx[r] = fmaxf(fmx[r], __shfl_xor_sync(0xffffffffu, fmx[r], 2));
-            } else {
-                wsum[r] += __shfl_xor_sync(0xffffffffu, wsum[r], 1);
-                wsum[r] += __shfl_xor_sync(0xffffffffu, wsum[r], 2);
-            }
-        }
+        finish_rows5<MODE>(p, b, h, bh, t4, pass, rows, oacc, z, mx, fmx, wsum, fallback);
 #if P > 0
         if (MODE == 1) {
-            // Hand the first sweep to the second kernel, which overwrites these slots of p.stats.
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                if (rows[r] >= p.T || t4 != 0) continue;
-                float* stt = (float*)p.stats + ((long long)bh * p.T + rows[r]) * STATS;
-                stt[ST_Z] = z[r];
-                stt[ST_MAX] = mx[r];
-                stt[ST_W] = fmx[r];
-            }
             __syncthreads(); // every warp's tile maxima are in
             for (int t = threadIdx.x; t < min(nkt, MAX_TILES5); t += blockDim.x) tilemax[t] = tmaxS[t];
         }
 #endif
-        if (pass == (P > 0 ? 1 : 0)) {
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int row = rows[r], mt = r >> 1, q = r & 1;
-                if (row >= p.T) continue;
-#if P > 0
-                float sc = fallback[r] ? 1.f : rcp_fast(wsum[r]);
-#else
-                float sc = anorm(z[r] * F_UNIT, row + 1) * F_UNIT;
-#endif
-                u16* o = (u16*)p.o.ptr + b * p.o.sb + h * p.o.sh + (long long)row * p.o.st;
-#pragma unroll
-                for (int nn = 0; nn < HD / 8; nn++)
-                    *(u32*)(o + nn * 8 + 2 * t4) = pack2(oacc[mt][nn][2 * q] * sc, oacc[mt][nn][2 * q + 1] * sc);
-                if (t4 == 0) {
-                    float* stt = (float*)p.stats + ((long long)bh * p.T + row) * STATS;
-#if P > 0
-                    // The second kernel (MODE 2) reads the first sweep's z and largest f again from
-                    // the slots it overwrites here, rather than holding them in registers through
-                    // its sweep.
-                    const float z1 = MODE == 2 ? stt[ST_Z] : z[r], fmx1 = MODE == 2 ? stt[ST_W] : fmx[r];
-                    stt[ST_Z] = z1 * F_UNIT;
-                    stt[ST_UMAX] = rw_row5(z1, fmx1, row + 1).umax; // as in the pass-1 set-up
-                    stt[ST_W] = wsum[r];
-#else
-                    stt[ST_Z] = z[r] * F_UNIT;
-                    stt[ST_UMAX] = 0.f;
-                    stt[ST_W] = 0.f;
-#endif
-                    stt[ST_MAX] = RUNNING_MAX ? mx[r] * LN2_F : 0.f;
-                }
-            }
-        }
     }
 }
 
