@@ -205,15 +205,9 @@ pub(crate) struct KParams {
 
 /// A TMA tensor map's bytes (must match `TmaDesc` in `common.cuh`: a CUtensorMap, 128-byte aligned
 /// as CUDA 13 declares it).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 #[repr(C, align(128))]
 pub(crate) struct TmaDesc(pub(super) [u64; 16]);
-
-impl Default for TmaDesc {
-    fn default() -> Self {
-        Self([0; 16])
-    }
-}
 
 // SAFETY: plain old data with the C layout the kernels declare.
 unsafe impl DeviceRepr for KParams {}
