@@ -193,7 +193,7 @@ fn each_generation_compiles_alone_and_holds_only_its_kernels() {
     for k in [Kernel::Auto, Kernel::Lab(Version::V7)] {
         assert_eq!(k.generation(), Generation::First, "{k:?}");
     }
-    for v in [Version::V3, Version::V4, Version::V5, Version::V6, Version::V8, Version::V9] {
+    for v in [Version::V3, Version::V4, Version::V5, Version::V6, Version::V8, Version::V9, Version::V10] {
         assert_eq!(Kernel::Lab(v).generation(), Generation::Lab, "{v:?}");
     }
 }
@@ -317,7 +317,7 @@ fn labelled<'a>(rows: &[(&PtxasJob, &'a [Usage])]) -> Vec<(String, &'a [Usage])>
 /// - that `Kernel::Auto` can launch (`Generation::First`), for every fused variant at head
 ///   dimensions 64 and 128, bf16 on sm_90a and f16 on sm_80: any spill beyond
 ///   [`KNOWN_AUTO_SPILLS`] fails;
-/// - of the whole lab at a few specialisations: the v9 backward, and v8 without re-weighting, must
+/// - of the whole lab at a few specialisations: the v9 backward, v8 without re-weighting and v10 must
 ///   not spill at head dimension 64 beyond [`KNOWN_LAB_SPILLS`], and ptxas must not serialise their
 ///   wgmma (it does, with a warning, when registers an in-flight wgmma uses are touched; or injects
 ///   waits, with a note).
@@ -449,8 +449,13 @@ fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
     let lab: Vec<(&PtxasJob, &[Usage])> = done.iter().filter(|(j, _)| j.role == Role::Lab).copied().collect();
     eprintln!("{}", table(&format!("ptxas -v of Generation::Lab {legend}:"), &labelled(&lab), &|_, _| true));
     for (j, us) in &lab {
-        let gated: &[&str] =
-            if j.reweighted() { &["lssa_bwd_keys_wg9"] } else { &["lssa_fwd_wg8", "lssa_bwd_keys_wg9"] };
+        // v10 at every specialisation: its consumers hold 240 registers after setmaxnreg, its
+        // producer 24 (ptxas reports the kernel's count at launch; the split is v10's own).
+        let gated: &[&str] = if j.reweighted() {
+            &["lssa_bwd_keys_wg9", "lssa_fwd_stats10", "lssa_fwd_rw10"]
+        } else {
+            &["lssa_fwd_wg8", "lssa_bwd_keys_wg9", "lssa_fwd_ws10"]
+        };
         for u in us.iter().filter(|u| gated.contains(&u.kernel.as_str())) {
             match KNOWN_LAB_SPILLS.iter().find(|(k, what, _, _)| *k == u.kernel && *what == j.what()) {
                 Some(_) if !u.spills() => failures.push(format!(
@@ -468,9 +473,9 @@ fn the_inline_ptx_assembles_for_sm80_and_sm90a() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
-/// The warpgroup kernels (v8, v9) as ptxas assembles them for sm_90a: no `wgmma` in a loop reads a
-/// register operand that the loop overwrites after it (`ptxas::sass`; the fault that made v8 wrong on
-/// the H100 and H200 at d = 64). Needs ptxas and cuobjdump (the torch venv's torch and Triton).
+/// The warpgroup kernels (v8, v9, v10) as ptxas assembles them for sm_90a: no `wgmma` in a loop reads
+/// a register operand that the loop overwrites after it (`ptxas::sass`; the fault that made v8 wrong
+/// on the H100 and H200 at d = 64). Needs ptxas and cuobjdump (the torch venv's torch and Triton).
 #[test]
 fn the_wgmma_register_operands_survive_their_loops() {
     let Some(ptxas) = ptxas_or_skip() else { return };
@@ -492,8 +497,12 @@ fn the_wgmma_register_operands_survive_their_loops() {
             let what = format!("{v} d={hd} Bf16 sm_90a");
             let ptx = cuda::compile_ptx(&v.parse().unwrap(), *hd, Dtype::Bf16, "compute_90a", Generation::Lab)
                 .map_err(|e| format!("{what}: {e}"))?;
-            // v8's kernels (its forward, and the re-weighting's statistics and second sweep) and v9's.
-            let wg: Vec<String> = entries(&ptx).into_iter().filter(|e| e.ends_with('8') || e.ends_with('9')).collect();
+            // v8's kernels (its forward, and the re-weighting's statistics and second sweep), v9's and
+            // v10's (at d = 64).
+            let wg: Vec<String> = entries(&ptx)
+                .into_iter()
+                .filter(|e| e.ends_with('8') || e.ends_with('9') || e.ends_with("10"))
+                .collect();
             let (src, cubin) = (dir.join(format!("{i}.ptx")), dir.join(format!("{i}.cubin")));
             std::fs::write(&src, ptx).unwrap();
             let run = |cmd: &mut std::process::Command| {
@@ -512,6 +521,9 @@ fn the_wgmma_register_operands_survive_their_loops() {
                 .arg("-e")
                 .arg(wg.join(",")))?;
             let sass = run(std::process::Command::new(&cuobjdump).arg("-sass").arg(&cubin))?;
+            if *hd == 64 && !sass.contains("Function : lssa_fwd_ws10") {
+                return Err(format!("{what}: no v10 forward in the SASS"));
+            }
             let found = ptxas::sass::clobbered_loop_operands(&sass);
             if !found.is_empty() {
                 return Err(format!("{what}:\n  {}", found.join("\n  ")));
@@ -522,6 +534,6 @@ fn the_wgmma_register_operands_survive_their_loops() {
     std::fs::remove_dir_all(&dir).ok();
     let failures: Vec<String> = results.iter().filter_map(|r| r.as_ref().err().cloned()).collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
-    // The check read real warpgroup code in every case.
+    // The check read real warpgroup code in every case (v10's at d = 64: checked above).
     assert!(results.iter().all(|r| matches!(r, Ok(n) if *n > 0)), "a case assembled no wgmma: {results:?}");
 }

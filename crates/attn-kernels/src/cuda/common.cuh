@@ -34,13 +34,6 @@ struct Tensor4 {
     long long sb, sh, st; // element strides of batch, head and row; the last axis is contiguous
 };
 
-// A TMA tensor map: a CUtensorMap's 128 bytes, encoded on the host (cuTensorMapEncodeTiled; the
-// emulator keeps its own `emu::TensorMap` in them). Lab v10 loads q, k and v through KParams::tmap,
-// taking the kernel's argument as `const __grid_constant__`; every other kernel ignores them.
-struct __align__(128) TmaDesc {
-    u64 bits[16];
-};
-
 struct KParams {
     int B, H, T, D;
     Tensor4 q, k, v, o, g, dq, dk, dv;
@@ -59,7 +52,6 @@ struct KParams {
     // Tk rows, so query row i is row Tk - T + i of the sequence. Only the SIMT kernels (v1) take
     // Hkv != H or Tk != T; the host runs them there.
     int Hkv, Tk;
-    TmaDesc tmap[3]; // q, k, v as (d, T, H, B) maps with boxes of 64 x 64 (lab v10 only; else unset)
 };
 
 // The key head of query head bh = b * H + h, as b * Hkv + h / (H / Hkv).

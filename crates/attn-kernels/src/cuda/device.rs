@@ -7,14 +7,14 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use attn_core::Variant;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::compile::{Generation, has_tensor_core_forward};
 use super::compile::{arch_name, compile, has_wgmma};
 use super::config::Config;
 use super::kernel::Kernel;
 use super::launch::{Buf, Exec, backward_exec, check_params, forward_exec};
-use super::plan::{KParams, Kern, Tensor4, TmaDesc, backward_version, forward_version, not_compiled};
+use super::plan::{KParams, KParams10, Kern, Tensor4, TmaDesc, backward_version, forward_version, not_compiled};
 use crate::error::{Error, Result};
 use crate::params::Dtype;
 use crate::params::Params;
@@ -248,8 +248,9 @@ impl GpuExec {
     }
 }
 
-impl Exec for GpuExec {
-    fn launch(&self, k: Kern, grid: (u32, u32), kp: &KParams) -> Result<()> {
+impl GpuExec {
+    /// Queues kernel `k` with its one argument `args`.
+    fn launch_with<T: DeviceRepr>(&self, k: Kern, grid: (u32, u32), args: &T) -> Result<()> {
         let f = self.module.functions.get(&k).ok_or_else(|| not_compiled(k))?;
         let smem = k.smem(self.head_dim) as u32;
         let cfg = LaunchConfig {
@@ -258,11 +259,21 @@ impl Exec for GpuExec {
             shared_mem_bytes: smem,
         };
         let mut b = self.gpu.stream.launch_builder(f);
-        b.arg(kp);
-        // SAFETY: the kernel reads and writes only through the pointers in `kp`, whose validity the raw
-        // entry points' callers guarantee; `kp` is copied at launch.
+        b.arg(args);
+        // SAFETY: the kernel reads and writes only through the pointers in `args`, whose validity the
+        // raw entry points' callers guarantee; `args` is copied at launch.
         unsafe { b.launch(cfg) }.map_err(cuda_err)?;
         Ok(())
+    }
+}
+
+impl Exec for GpuExec {
+    fn launch(&self, k: Kern, grid: (u32, u32), kp: &KParams) -> Result<()> {
+        self.launch_with(k, grid, kp)
+    }
+
+    fn launch_tma(&self, k: Kern, grid: (u32, u32), args: &KParams10) -> Result<()> {
+        self.launch_with(k, grid, args)
     }
 
     fn zeros(&self, bytes: usize) -> Result<Buf> {

@@ -38,7 +38,7 @@ use super::compile::Generation;
 use super::config::Config;
 use super::kernel::{Kernel, Options};
 use super::launch::{Buf, Exec, backward_exec, check_params, forward_exec};
-use super::plan::{KParams, Kern, Tensor4, TmaDesc, not_compiled};
+use super::plan::{KParams, KParams10, Kern, Tensor4, TmaDesc, not_compiled};
 use super::probe::wgmma_probe_on;
 use super::staging::{backward_on, checked, forward_on};
 use crate::error::{Error, Grads, Result};
@@ -315,22 +315,17 @@ impl<'a> EmuExec<'a> {
     }
 }
 
-impl Exec for EmuExec<'_> {
-    fn launch(&self, k: Kern, grid: (u32, u32), kp: &KParams) -> Result<()> {
+impl EmuExec<'_> {
+    /// Runs kernel `k` on its argument at `params` (a `KParams` or `KParams10`, which outlives the
+    /// synchronous call), adding its counts to the profile.
+    fn run(&self, k: Kern, grid: (u32, u32), params: *const c_void) -> Result<()> {
         if k.generation() > self.generation {
             return Err(not_compiled(k));
         }
-        // SAFETY: `kp` outlives the (synchronous) call; its pointers are host buffers whose validity
-        // the entry points' callers guarantee.
+        // SAFETY: the argument outlives the call; its pointers are host buffers whose validity the
+        // entry points' callers guarantee.
         let run = unsafe {
-            self.lib.run(
-                k.name(),
-                grid,
-                k.threads(self.head_dim),
-                k.smem(self.head_dim),
-                (kp as *const KParams).cast(),
-                self.reverse,
-            )
+            self.lib.run(k.name(), grid, k.threads(self.head_dim), k.smem(self.head_dim), params, self.reverse)
         };
         let counts = run.map_err(|e| Error::Cuda(format!("emulated {}: {e}", k.name())))?;
         if let Some(p) = self.profile {
@@ -339,6 +334,16 @@ impl Exec for EmuExec<'_> {
             p.set(total);
         }
         Ok(())
+    }
+}
+
+impl Exec for EmuExec<'_> {
+    fn launch(&self, k: Kern, grid: (u32, u32), kp: &KParams) -> Result<()> {
+        self.run(k, grid, (kp as *const KParams).cast())
+    }
+
+    fn launch_tma(&self, k: Kern, grid: (u32, u32), args: &KParams10) -> Result<()> {
+        self.run(k, grid, (args as *const KParams10).cast())
     }
 
     fn zeros(&self, bytes: usize) -> Result<Buf> {

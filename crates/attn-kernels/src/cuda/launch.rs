@@ -6,8 +6,8 @@ use super::compile::has_tensor_core_forward;
 use super::config::Config;
 use super::kernel::{Kernel, MAX_HEAD_DIM, Version};
 use super::plan::{
-    KParams, Kern, MMA_ROWS, MMA3_ROWS, MMA5_ROWS, ROWS_PER_BLOCK, Tensor4, TmaDesc, aligned, backward_version,
-    forward_version, kparams, pairs_aligned, rows_aligned16, t4, t4m,
+    KParams, KParams10, Kern, MMA_ROWS, MMA3_ROWS, MMA5_ROWS, ROWS_PER_BLOCK, Tensor4, TmaDesc, aligned,
+    backward_version, forward_version, kparams, pairs_aligned, rows_aligned16, t4, t4m,
 };
 use crate::error::{Error, Result};
 use crate::params::Dtype;
@@ -57,6 +57,8 @@ impl Buf {
 pub(crate) trait Exec {
     /// Queues kernel `k` on a `grid` of blocks of [`Kern::threads`], with `k`'s dynamic shared memory.
     fn launch(&self, k: Kern, grid: (u32, u32), kp: &KParams) -> Result<()>;
+    /// [`Exec::launch`] of lab v10, whose argument carries TMA tensor maps too.
+    fn launch_tma(&self, k: Kern, grid: (u32, u32), args: &KParams10) -> Result<()>;
     /// `bytes` zeroed bytes.
     fn zeros(&self, bytes: usize) -> Result<Buf>;
     /// `bytes` bytes that the kernels write before they read them: not zeroed on a GPU (one memset
@@ -110,23 +112,21 @@ pub(super) unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype:
     let t = p.seq_len as u32;
     match version {
         // Re-weighting in the lab: the first sweep as a statistics kernel of its own, then the second.
-        Version::V10 | Version::V8 | Version::V5 if cfg.p > 0 => {
-            if version == Version::V10 {
-                set_tensor_maps(x, &mut kp, p)?;
-            }
-            let (stats, rw) = match version {
-                Version::V10 => (Kern::FwdStats10, Kern::FwdRw10),
-                Version::V8 => (Kern::FwdStats8, Kern::FwdRw8),
-                _ => (Kern::FwdStats5, Kern::FwdRw5),
-            };
+        Version::V10 if cfg.p > 0 => {
+            let tilemax = x.scratch(p.batch * p.heads * tilemax_len(p.seq_len) * 4)?;
+            kp.tilemax = tilemax.addr();
+            let args = with_tensor_maps(x, kp, p)?;
+            x.launch_tma(Kern::FwdStats10, (t.div_ceil(MMA5_ROWS), bh), &args)?;
+            x.launch_tma(Kern::FwdRw10, (t.div_ceil(MMA5_ROWS), bh), &args)
+        }
+        Version::V10 => x.launch_tma(Kern::FwdWs10, (t.div_ceil(MMA5_ROWS), bh), &with_tensor_maps(x, kp, p)?),
+        Version::V8 | Version::V5 if cfg.p > 0 => {
+            let (stats, rw) =
+                if version == Version::V8 { (Kern::FwdStats8, Kern::FwdRw8) } else { (Kern::FwdStats5, Kern::FwdRw5) };
             let tilemax = x.scratch(p.batch * p.heads * tilemax_len(p.seq_len) * 4)?;
             kp.tilemax = tilemax.addr();
             x.launch(stats, (t.div_ceil(MMA5_ROWS), bh), &kp)?;
             x.launch(rw, (t.div_ceil(MMA5_ROWS), bh), &kp)
-        }
-        Version::V10 => {
-            set_tensor_maps(x, &mut kp, p)?;
-            x.launch(Kern::FwdWs10, (t.div_ceil(MMA5_ROWS), bh), &kp)
         }
         Version::V8 => x.launch(Kern::FwdWg8, (t.div_ceil(MMA5_ROWS), bh), &kp),
         Version::V5 => x.launch(Kern::FwdMma5, (t.div_ceil(MMA5_ROWS), bh), &kp),
@@ -137,12 +137,11 @@ pub(super) unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype:
     }
 }
 
-/// Lab v10's tensor maps of q, k and v: (d, T, H, B) of plain shapes (`p.is_plain()`: the key and
-/// value heads and lengths are the queries').
-fn set_tensor_maps(x: &dyn Exec, kp: &mut KParams, p: &Params) -> Result<()> {
+/// Lab v10's argument: `kp` and the tensor maps of q, k and v, (d, T, H, B) of plain shapes
+/// (`p.is_plain()`: the key and value heads and lengths are the queries').
+fn with_tensor_maps(x: &dyn Exec, kp: KParams, p: &Params) -> Result<KParams10> {
     let dims = [p.head_dim, p.seq_len, p.heads, p.batch].map(|n| n as u64);
-    kp.tmap = [x.tensor_map(&kp.q, dims)?, x.tensor_map(&kp.k, dims)?, x.tensor_map(&kp.v, dims)?];
-    Ok(())
+    Ok(KParams10 { kp, tmap: [x.tensor_map(&kp.q, dims)?, x.tensor_map(&kp.k, dims)?, x.tensor_map(&kp.v, dims)?] })
 }
 
 /// The most key tiles whose maxima a v5/v8 block keeps (`MAX_TILES5` in `v5_fwd.cu`).

@@ -199,15 +199,25 @@ pub(crate) struct KParams {
     pub(super) bias_log: i32,
     pub(super) h_kv: i32,
     pub(super) t_k: i32,
-    /// Lab v10's TMA tensor maps of q, k and v (zeros where no kernel reads them).
-    pub(super) tmap: [TmaDesc; 3],
 }
 
-/// A TMA tensor map's bytes (must match `TmaDesc` in `common.cuh`: a CUtensorMap, 128-byte aligned
-/// as CUDA 13 declares it).
+/// A TMA tensor map's bytes (must match `TmaDesc` in `lab/v10_fwd.cu`: a CUtensorMap, 128-byte
+/// aligned as CUDA 13 declares it).
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C, align(128))]
 pub(crate) struct TmaDesc(pub(super) [u64; 16]);
+
+/// Lab v10's argument (must match `KParams10` in `lab/v10_fwd.cu`): the kernels' usual one and the
+/// TMA tensor maps of q, k and v. The other kernels keep their smaller argument.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+pub(crate) struct KParams10 {
+    pub(super) kp: KParams,
+    pub(super) tmap: [TmaDesc; 3],
+}
+
+// SAFETY: plain old data with the C layout the kernels declare.
+unsafe impl DeviceRepr for KParams10 {}
 
 // SAFETY: plain old data with the C layout the kernels declare.
 unsafe impl DeviceRepr for KParams {}
@@ -247,7 +257,6 @@ pub(super) fn kparams(cfg: &Config, p: &Params) -> Result<KParams> {
         bias_log: cfg.bias_log as i32,
         h_kv: fits(p.kv_heads)?,
         t_k: fits(p.kv_len)?,
-        tmap: Default::default(),
     })
 }
 

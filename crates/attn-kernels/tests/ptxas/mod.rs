@@ -112,7 +112,7 @@ ptxas info    : Used 26 registers, 400 bytes cmem[0]
 }
 
 /// The kernels of a table in the lab's order (`Kern::ALL`), for its columns.
-pub const KERNEL_ORDER: [&str; 22] = [
+pub const KERNEL_ORDER: [&str; 25] = [
     "lssa_inv_norms",
     "lssa_fwd_simt",
     "lssa_fwd_mma",
@@ -123,6 +123,9 @@ pub const KERNEL_ORDER: [&str; 22] = [
     "lssa_fwd_wg8",
     "lssa_fwd_stats8",
     "lssa_fwd_rw8",
+    "lssa_fwd_ws10",
+    "lssa_fwd_stats10",
+    "lssa_fwd_rw10",
     "lssa_bwd_rows",
     "lssa_bwd_keys",
     "lssa_bwd_rows_mma",

@@ -23,6 +23,18 @@
 
 #if HAVE_WGMMA && HD == 64
 
+// A TMA tensor map: a CUtensorMap's 128 bytes (128-byte aligned, as CUDA 13 declares it), encoded on
+// the host (cuTensorMapEncodeTiled; the emulator keeps its own `emu::TensorMap` in them).
+struct __align__(128) TmaDesc {
+    u64 bits[16];
+};
+// v10's argument: the kernels' usual one, and q, k, v as (d, T, H, B) maps with boxes of 64 x 64
+// (taken `const __grid_constant__`, so that TMA can read the maps where the launch put them).
+struct KParams10 {
+    KParams p;
+    TmaDesc tmap[3];
+};
+
 // ---------------------------------------------------------------------------------------------
 // Hopper's pipeline instructions: mbarrier, TMA, named barriers, setmaxnreg (emulated in emu.h,
 // "Hopper's asynchronous machinery").
@@ -106,7 +118,8 @@ struct Skip10 {
     float thr_min;
 };
 
-template <int MODE> __device__ __forceinline__ void fwd10_body(const KParams& p) {
+template <int MODE> __device__ __forceinline__ void fwd10_body(const KParams10& a) {
+    const KParams& p = a.p;
     // (Re-weighting runs as two kernels, MODE 1 and 2: the host never launches MODE 0 with P > 0, whose
     // single sweep would leave the outputs unweighted.)
     DYN_SMEM(u16, dyn10);
@@ -176,8 +189,8 @@ template <int MODE> __device__ __forceinline__ void fwd10_body(const KParams& p)
         }
         if (lane == 0) {
             mbar_arrive_expect_tx(&qbar, 2 * TILE10 * 2);
-            tma_load4(Qs, &p.tmap[0], 0, i0, h, b, &qbar);
-            tma_load4(Qs + TILE10, &p.tmap[0], 0, i0 + 64, h, b, &qbar);
+            tma_load4(Qs, &a.tmap[0], 0, i0, h, b, &qbar);
+            tma_load4(Qs + TILE10, &a.tmap[0], 0, i0 + 64, h, b, &qbar);
         }
         // The key rows' inverse norms follow the (B*H, T) query rows' (plain shapes: key head bh).
         const float* norms = (const float*)p.inv_norms + (long long)p.B * p.H * p.T + (long long)bh * p.T;
@@ -188,8 +201,8 @@ template <int MODE> __device__ __forceinline__ void fwd10_body(const KParams& p)
             u16* ks = ring + s * 2 * TILE10;
             if (lane == 0) {
                 mbar_arrive_expect_tx(&full[s], (want_v ? 2 : 1) * TILE10 * 2);
-                tma_load4(ks, &p.tmap[1], 0, kt * BK5, h, b, &full[s]);
-                if (want_v) tma_load4(ks + TILE10, &p.tmap[2], 0, kt * BK5, h, b, &full[s]);
+                tma_load4(ks, &a.tmap[1], 0, kt * BK5, h, b, &full[s]);
+                if (want_v) tma_load4(ks + TILE10, &a.tmap[2], 0, kt * BK5, h, b, &full[s]);
             }
             if (COSINE)
                 for (int c = lane; c < BK5; c += 32) {
@@ -333,14 +346,14 @@ template <int MODE> __device__ __forceinline__ void fwd10_body(const KParams& p)
 #endif
 }
 
-extern "C" __global__ void __launch_bounds__(384, 1) lssa_fwd_ws10(const __grid_constant__ KParams p) {
-    fwd10_body<0>(p);
+extern "C" __global__ void __launch_bounds__(384, 1) lssa_fwd_ws10(const __grid_constant__ KParams10 a) {
+    fwd10_body<0>(a);
 }
 // Re-weighting in two kernels (compiled for every P, as v5's: the host launches them where P > 0).
-extern "C" __global__ void __launch_bounds__(384, 1) lssa_fwd_stats10(const __grid_constant__ KParams p) {
-    fwd10_body<1>(p);
+extern "C" __global__ void __launch_bounds__(384, 1) lssa_fwd_stats10(const __grid_constant__ KParams10 a) {
+    fwd10_body<1>(a);
 }
-extern "C" __global__ void __launch_bounds__(384, 1) lssa_fwd_rw10(const __grid_constant__ KParams p) {
-    fwd10_body<2>(p);
+extern "C" __global__ void __launch_bounds__(384, 1) lssa_fwd_rw10(const __grid_constant__ KParams10 a) {
+    fwd10_body<2>(a);
 }
 #endif // HAVE_WGMMA && HD == 64
