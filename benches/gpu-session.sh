@@ -35,6 +35,11 @@
 #                                    # Auto in the order that matters; then the verdict (about 4 minutes)
 #   benches/gpu-session.sh ship2     # the speed table with SDPA and FlexAttention beside it at d = 64 (T = 4K,
 #                                    # 16K), then d = 128 without FlexAttention
+#   benches/gpu-session.sh v10       # lab v10 (issue 63) in one call of under 6 minutes: the wgmma and TMA layout
+#                                    # probes and v10 + v7 against attn-core (`check --kernels v10`, T = 77 and 300),
+#                                    # then its speed beside SDPA, Auto (v5) and v5 at d = 64, T = 4K and 16K; the
+#                                    # PTX cache first where the build machine compiled it:
+#                                    #   bench-cuda warm --arch compute_90a --kernels v5,v10 --only-t 77,300
 #   benches/gpu-session.sh first     # the key facts in one call, for a session with little GPU time: the wgmma
 #                                    # layout probe and every kernel version vs attn-core at T = 77 and 300, then
 #                                    # every version's TFLOP/s at d = 64, T = 4096 (and memory at 16K, 64K)
@@ -74,11 +79,11 @@ DRY=${DRY_RUN:-0}
 PY=${PYTHON:-python3}
 NVIDIA_SMI=${NVIDIA_SMI:-nvidia-smi}
 stage=${1:-check}
-STAGES="science, ship, ship1, ship2, first, check, lab, model, full64, full128, flex, pytest, all"
+STAGES="science, ship, ship1, ship2, v10, first, check, lab, model, full64, full128, flex, pytest, all"
 if [ "$stage" = science ]; then BIN=${BIN:-.gpu/reproduce}; else BIN=${BIN:-.gpu/bench-cuda}; fi
 
 case "$stage" in
-science | ship | ship1 | ship2 | first | check | lab | model | full64 | full128 | flex | pytest | all) ;;
+science | ship | ship1 | ship2 | v10 | first | check | lab | model | full64 | full128 | flex | pytest | all) ;;
 *) echo "unknown stage $stage ($STAGES)" >&2; exit 2 ;;
 esac
 # The science stage and the data check.
@@ -166,6 +171,8 @@ SHIP_CHECK_S=150    # ship1: check, with the CUDA tests beside it (two processes
 SHIP_PYTEST_S=150   # ship1: the CUDA tests under Auto, ordered (benches/pytest_auto_first.py)
 SHIP_SPEED64_S=220  # ship2: d = 64 with FlexAttention, then
 SHIP_SPEED128_S=130 # ship2: d = 128
+V10_CHECK_S=170     # v10: both probes, then v10 + v7 on the check's cases at T = 77 and 300
+V10_SPEED_S=170     # v10: SDPA, Auto, v5 + v6 and v10 + v7 at d = 64, T = 4096 and 16384
 verdict_line() { # what a verdict of ship1 means
     case "$1" in
     PASS) echo "Kernel::Auto's kernels (v5 + v7 at d = 64, v3 + v7 at 128) hold on this GPU." ;;
@@ -292,6 +299,32 @@ ship2)
     echo "ship2: speed64 exit $rc64, speed128 exit $rc128 (124 = timed out)" | tee "$OUT/ship2-verdict.txt"
     [ -f "$OUT/ship1-verdict.txt" ] && cat "$OUT/ship1-verdict.txt"
     [ "$rc64" -eq 0 ] && [ "$rc128" -eq 0 ] ;;
+v10)
+    # Lab v10 (issue 63): the probes and the check decide whether v10 is right on this GPU; the speed
+    # table whether it beats v5 (its `v10+v7` row against `v5+v6`'s and Auto's, SDPA beside them).
+    echo "v10: the layout probes and v10 + v7 against attn-core (at most $V10_CHECK_S s), then the speed at d = 64 (at most $V10_SPEED_S s)"
+    ptx_unpack
+    run v10-check "$V10_CHECK_S" check --kernels v10 --only-t 77,300
+    check_rc=$?
+    run v10-speed "$V10_SPEED_S" speed --head-dims 64 --lengths 4096,16384 --kernels v5,v10
+    speed_rc=$?
+    if [ "$DRY" = 1 ]; then
+        echo "then: $OUT/v10-verdict.txt: PASS when both probes and every v10 row passed in a check that ran to its end"
+        exit 0
+    fi
+    probe_failed=$(grep -cE '^  .* FAIL$' "$OUT/v10-check.txt")
+    rows_failed=$(grep -cE 'v10\+v7.*FAIL *$' "$OUT/v10-check.txt")
+    if [ "$probe_failed" -gt 0 ] || [ "$rows_failed" -gt 0 ]; then
+        verdict=FAIL
+    elif [ "$check_rc" -eq 0 ] && grep -q '^wrote ' "$OUT/v10-check.txt"; then
+        verdict=PASS
+    else
+        verdict=INCOMPLETE
+    fi
+    echo "v10: $verdict (probe modes failed: $probe_failed, v10 rows failed: $rows_failed; check exit $check_rc, speed exit $speed_rc; 124 = timed out)" |
+        tee "$OUT/v10-verdict.txt"
+    grep -E '^ *64 .*\| *(v5|v10|auto) ' "$OUT/v10-speed.txt" | tee -a "$OUT/v10-verdict.txt"
+    [ "$verdict" = PASS ] && [ "$speed_rc" -eq 0 ] ;;
 first)
     run first-check 300 check --only-t 77,300
     rc=$?

@@ -83,6 +83,15 @@ fn the_gpu_session_dry_run_prints_every_stage_and_runs_nothing() {
     assert!(ship2_text.contains("would run (ship-speed64, at most 220 s)"), "{ship2_text}");
     assert!(ship2_text.contains("--head-dims 64 --lengths 4096,16384 --flex"), "{ship2_text}");
     assert!(ship2_text.contains("would run (ship-speed128, at most 130 s)"), "{ship2_text}");
+    // Lab v10's call: the probes and the check, then the speed beside v5, each within its limit.
+    let v10 = session(root(), "v10", &dry);
+    let v10_text = text(&v10);
+    assert!(v10.status.success(), "{v10_text}");
+    let check = v10_text.find("would run (v10-check, at most 170 s)").expect(&v10_text);
+    let speed = v10_text.find("would run (v10-speed, at most 170 s)").expect(&v10_text);
+    assert!(check < speed, "{v10_text}");
+    assert!(v10_text.contains("check --kernels v10 --only-t 77,300"), "{v10_text}");
+    assert!(v10_text.contains("speed --head-dims 64 --lengths 4096,16384 --kernels v5,v10"), "{v10_text}");
     assert!(!out.exists(), "a dry run wrote {}", out.display());
     // An unknown stage is refused, naming the stages.
     let bad = session(root(), "everything", &[("DRY_RUN", Path::new("1"))]);
@@ -181,6 +190,16 @@ echo "bench-cuda $*"; echo '{"partial": false}' > "$out"
     assert_eq!(cut.status.code(), Some(1), "{}", text(&cut));
     assert!(read("ship1-verdict.txt").starts_with("ship1: INCOMPLETE (Auto's check rows failed: 0"), "{}", text(&cut));
     assert!(text(&cut).contains("what ran passed"), "{}", text(&cut));
+    // The v10 call: PASS on a clean check, FAIL on a failing v10 row, the speed rows of v5 and v10 in
+    // its verdict.
+    let o = session(&dir, "v10", &env);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(read("v10-check.txt").contains("bench-cuda check --kernels v10 --only-t 77,300 --out"));
+    assert!(read("v10-speed.txt").contains("bench-cuda speed --head-dims 64 --lengths 4096,16384 --kernels v5,v10"));
+    assert!(read("v10-verdict.txt").starts_with("v10: PASS (probe modes failed: 0, v10 rows failed: 0"));
+    let o = session(&dir, "v10", &[env.as_slice(), &[("FAIL_CHECK", Path::new("v10+v7"))]].concat());
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(read("v10-verdict.txt").starts_with("v10: FAIL (probe modes failed: 0, v10 rows failed: 1"));
     let failed = session(&dir, "ship1", &[env.as_slice(), &[("FAIL_CHECK", Path::new("v3+v7"))]].concat());
     let failed_text = text(&failed);
     assert_eq!(failed.status.code(), Some(1), "{failed_text}");

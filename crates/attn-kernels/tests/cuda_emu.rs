@@ -799,8 +799,8 @@ fn v10s_broken_pipelines_are_reported_by_name() {
                 "misses 0 arrivals and 16 transaction bytes",
             ),
             (
-                "| (1ull << 16) | ((u64)(1024 >> 4) << 32) | (1ull << 62);",
-                "| (1ull << 16) | ((u64)(1024 >> 4) << 32) | (2ull << 62);",
+                "| (1ull << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);",
+                "| (1ull << 16) | ((u64)(sbo >> 4) << 32) | (2ull << 62);",
                 "descriptors of the 64-byte swizzle",
                 "swizzle mismatch: TMA wrote the stage with a 128-byte swizzle, the wgmma descriptor reads it with 64",
             ),
@@ -834,4 +834,70 @@ fn v10s_broken_pipelines_are_reported_by_name() {
         Err(e) => assert!(e.to_string().contains("a TMA copy overwrote a stage this thread still reads"), "{e}"),
         Ok(o) => panic!("an early release: not reported (error {:.2e})", rel_err(&o, &c.o)),
     }
+}
+
+/// The probe that a first GPU run uses to check v10's TMA and swizzled-descriptor layouts tells
+/// them from their likeliest misreadings in the emulator (whose TMA and wgmma follow the PTX ISA as
+/// read in LAB.md).
+#[test]
+fn the_tma_probe_tells_the_layouts_apart() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    let errs = emu::tma_probe().unwrap();
+    assert_eq!(errs.len(), attn_kernels::cuda::TMA_PROBE_MODES.len());
+    for ((what, assumed), e) in attn_kernels::cuda::TMA_PROBE_MODES.iter().zip(errs) {
+        if *assumed {
+            assert!(e < 1e-5, "{what}: error {e:.2e}");
+        } else {
+            assert!(e > 0.1, "{what}: a misreading matches (error {e:.2e})");
+        }
+    }
+}
+
+/// Lab v10's work beside v5's (LAB.md's profile table, printed with `--nocapture`), LSSA and LSSAR,
+/// bf16, one head of T = 512 at d = 64 (two heads: `case_b` makes B x 2): the same products but for
+/// the key tile past each block's first 64 rows (its consumer warpgroup skips it), no ldmatrix, every
+/// tile by TMA, and a known number of mbarrier waits.
+#[test]
+fn v10s_work_beside_v5s() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    let forward = |c: &Case, kernel: Kernel| {
+        let p = std::cell::Cell::new(emu::Profile::default());
+        let opts = Options { dtype: c.dt, kernel };
+        emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &Lab { profile: Some(&p), ..Lab::default() }).unwrap();
+        p.get()
+    };
+    // Key tiles per 128-row block up to the diagonal: 2, 4, 6, 8.
+    let tiles: u64 = (0..4u64).map(|qb| 2 * qb + 2).sum();
+    let mut table = String::from(
+        "variant    version  mma.sync-eq  ldmatrix  TMA KiB  mbar waits  MUFU/score  (per 2 heads, T = 512)\n",
+    );
+    for name in ["lssa", "lssa+rw15"] {
+        let c = case_b(name, 1, 512, 64, Dtype::Bf16, 17);
+        let (f5, f10) = (forward(&c, Kernel::Lab(Version::V5)), forward(&c, Kernel::Lab(Version::V10)));
+        // Scores computed: v5 all 128 rows of every tile, v10 64 rows fewer in each block's last tile.
+        let (s5, s10) = ((tiles * 128 * 64 * 2) as f64, ((tiles * 128 - 4 * 64) * 64 * 2) as f64);
+        let sweeps = if name.contains("+rw") { 2.0 } else { 1.0 };
+        for (label, f, s) in [("v5", f5, s5), ("v10", f10, s10)] {
+            table += &format!(
+                "{name:<10} {label:<8} {:>11} {:>9} {:>8} {:>11} {:>11.3}\n",
+                f.mma,
+                f.ldmatrix,
+                f.tma_bytes / 1024,
+                f.mbar_waits,
+                f.special as f64 / (s * sweeps)
+            );
+        }
+        assert_eq!(f10.ldmatrix, 0, "{name}: v10 reads every operand by wgmma from shared memory");
+        if name == "lssa" {
+            assert_eq!(f10.mma * 10, f5.mma * 9, "v10 skips 4 of v5's 40 half-tiles of products");
+            // Q (16 KiB) once per block, K and V (8 KiB each) per tile; two heads.
+            assert_eq!(f10.tma_bytes, (2 * 4 + 2 * tiles) * 8192 * 2);
+            // Per tile the producer's 32 lanes wait for its stage, the 256 consumers for its landing;
+            // per block the consumers for Q.
+            assert_eq!(f10.mbar_waits, ((32 + 256) * tiles + 256 * 4) * 2);
+            let (m5, m10) = (f5.special as f64 / s5, f10.special as f64 / s10);
+            assert!((m10 / m5 - 1.0).abs() < 0.03, "MUFU per computed score: v5 {m5:.3}, v10 {m10:.3}");
+        }
+    }
+    eprintln!("{table}");
 }

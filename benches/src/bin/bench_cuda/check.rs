@@ -157,7 +157,8 @@ pub(crate) fn check(args: &Args, rows: &mut Vec<Value>, progress: &mut dyn FnMut
         let names: Vec<&str> = args.kernels.iter().map(|k| k.name()).collect();
         say!("kernel requests: {} ({} cases)", names.join(", "), all.len());
     }
-    let mut ok = wgmma_probe(rows);
+    let mut ok = layout_probe("wgmma", cuda::wgmma_probe(), &cuda::WGMMA_PROBE_MODES, rows);
+    ok &= layout_probe("tma", cuda::tma_probe(), &cuda::TMA_PROBE_MODES, rows);
     progress(rows);
     compile_ahead(&ahead, args.compile_threads);
     say_header();
@@ -201,24 +202,31 @@ pub(crate) fn cases(args: &Args) -> Result<Vec<Case>> {
     Ok(all)
 }
 
-/// The warpgroup operand layouts v8 and v9 assume, one product each, before the kernels that use
-/// them: printed, and a row in `rows` when the probe ran; whether every mode came out as assumed
-/// (true when the probe could not run).
-fn wgmma_probe(rows: &mut Vec<Value>) -> bool {
+/// The layouts a lab kernel assumes, checked by its probe before the kernels that use them: the
+/// `wgmma` operand layouts of v8 and v9, and v10's TMA copies with their swizzle and the swizzled
+/// descriptors that read them (`cuda::wgmma_probe`, `cuda::tma_probe`, one result per mode of
+/// `modes`). Printed, and a row `<name>_probe` in `rows` when the probe ran; whether every mode came
+/// out as assumed (true when the probe could not run).
+fn layout_probe(
+    name: &str,
+    result: attn_kernels::Result<Vec<f64>>,
+    modes: &[(&str, bool)],
+    rows: &mut Vec<Value>,
+) -> bool {
     let mut ok = true;
-    match cuda::wgmma_probe() {
+    match result {
         Ok(errs) => {
-            say!("wgmma layout probe (error relative to the largest entry; assumed layouts must match):");
+            say!("{name} layout probe (error relative to the largest entry; assumed layouts must match):");
             let mut probe = Vec::new();
-            for ((what, assumed), e) in cuda::WGMMA_PROBE_MODES.iter().zip(errs) {
+            for ((what, assumed), e) in modes.iter().zip(errs) {
                 let pass = if *assumed { e < 1e-5 } else { e > 0.1 };
                 ok &= pass;
-                say!("  {what:<46} {e:>9.2e}  {}", if pass { "ok" } else { "FAIL" });
+                say!("  {what:<56} {e:>9.2e}  {}", if pass { "ok" } else { "FAIL" });
                 probe.push(json!({"mode": what, "assumed": assumed, "rel_err": e, "pass": pass}));
             }
-            rows.push(json!({"wgmma_probe": probe}));
+            rows.push(json!({format!("{name}_probe"): probe}));
         }
-        Err(e) => say!("wgmma layout probe not run: {e}"),
+        Err(e) => say!("{name} layout probe not run: {e}"),
     }
     ok
 }

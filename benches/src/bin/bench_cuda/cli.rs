@@ -27,10 +27,11 @@ pub(crate) struct Args {
     /// `check`: only cases of these lengths (default: all).
     #[arg(long, value_delimiter = ',')]
     pub(crate) only_t: Vec<usize>,
-    /// `check`: only these kernel requests (`auto`, `v1` to `v9`; default: every lab pair), and the
+    /// `check`: only these kernel requests (`auto`, `v1` to `v10`; default: every lab pair), and the
     /// model check's bf16 fused runs with each; a case none of them runs (f32, d = 48 for the
     /// tensor-core versions) is skipped. `--kernels v7,v8` checks v5 + v7 and v8 + v9, what
-    /// `benches/gpu-session.sh ship1` confirms before `Auto` switches.
+    /// `benches/gpu-session.sh ship1` confirms before `Auto` switches. `speed`: only these requests'
+    /// rows of the lab table (SDPA and `Auto` are always timed).
     #[arg(long, value_delimiter = ',')]
     pub(crate) kernels: Vec<attn_kernels::cuda::Kernel>,
     /// `check`: threads that compile the cases' kernel modules ahead of the cases (NVRTC and the

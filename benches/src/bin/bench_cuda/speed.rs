@@ -297,7 +297,7 @@ fn time_length(
     let mut fused = Fused { reps: args.reps, d: d as usize, p: &p, fwd_memo: HashMap::new(), fb_memo: HashMap::new() };
     let (l, lr) = (fused.fwd(lssa, Kernel::Auto)?.1, fused.fwd(lssar, Kernel::Auto)?.1);
     let (lfb, lrfb) = (fused.fb(lssa, Kernel::Auto)?.1, fused.fb(lssar, Kernel::Auto)?.1);
-    let lab_json = lab(&mut fused, variants, (d, t), flops, tables.lab)?;
+    let lab_json = lab(&mut fused, &args.kernels, variants, (d, t), flops, tables.lab)?;
     let Torch { ol, olr, sdpa_fb, ops_fb } = torch_timings(args, &bufs, t);
     say!(
         "{:>4} {:>6} {:>3} | {:>8} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>8} {:>8} | {:>7} {:>7}",
@@ -367,11 +367,12 @@ impl Fused<'_> {
     }
 }
 
-/// The lab at one (d, T): every kernel request, labelled with the versions it ran on this device
+/// The lab at one (d, T): every kernel request (those of `requests` when it is not empty), labelled with the versions it ran on this device
 /// (off sm_90 `v8` runs v5 or v3 + v7; at d = 128 `v5` runs v3 + v6); a repeated pair is printed
 /// once. A line of `lines` per pair; returns their rows.
 fn lab(
     fused: &mut Fused<'_>,
+    requests: &[Kernel],
     variants: &Variants,
     (d, t): (i64, i64),
     flops: f64,
@@ -380,7 +381,7 @@ fn lab(
     let tf = |s: Option<f64>, mult: f64| tf_cell(flops, s, mult);
     let mut ran = Vec::new();
     let mut lab_json = Vec::new();
-    for k in Kernel::ALL[1..].iter().copied() {
+    for k in Kernel::ALL[1..].iter().copied().filter(|k| requests.is_empty() || requests.contains(k)) {
         let request = k.name();
         let slow = matches!(k, Kernel::Lab(Version::V1) | Kernel::Lab(Version::V2));
         if slow && t > 16384 {

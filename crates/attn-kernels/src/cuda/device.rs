@@ -269,10 +269,12 @@ impl GpuExec {
 
 impl Exec for GpuExec {
     fn launch(&self, k: Kern, grid: (u32, u32), kp: &KParams) -> Result<()> {
+        k.check_argument(false)?;
         self.launch_with(k, grid, kp)
     }
 
     fn launch_tma(&self, k: Kern, grid: (u32, u32), args: &KParams10) -> Result<()> {
+        k.check_argument(true)?;
         self.launch_with(k, grid, args)
     }
 

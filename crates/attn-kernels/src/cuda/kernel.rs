@@ -78,7 +78,7 @@ impl Kernel {
         }
     }
 
-    /// The environment variable that names the kernel request of a process: `auto`, or `v1` to `v9`
+    /// The environment variable that names the kernel request of a process: `auto`, or `v1` to `v10`
     /// (as [`FromStr`](std::str::FromStr) reads them) in a build with the `lab` feature.
     pub const ENV: &'static str = "LSSA_CUDA_KERNEL";
 

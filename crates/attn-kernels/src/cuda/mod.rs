@@ -80,7 +80,9 @@ pub use kernel::{Kernel, MAX_HEAD_DIM, Options};
 #[cfg(feature = "lab")]
 pub use plan::kernels_present;
 #[cfg(feature = "lab")]
-pub use probe::{KernelResources, WGMMA_PROBE_MODES, jit_info_log, kernel_resources, wgmma_probe};
+pub use probe::{
+    KernelResources, TMA_PROBE_MODES, WGMMA_PROBE_MODES, jit_info_log, kernel_resources, tma_probe, wgmma_probe,
+};
 pub use staging::{backward, backward_with, forward, forward_with};
 
 pub use crate::params::Dtype;

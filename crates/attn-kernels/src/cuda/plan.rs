@@ -34,6 +34,7 @@ attn_core::listed_enum! {
         FwdWs10 => "lssa_fwd_ws10",
         FwdStats10 => "lssa_fwd_stats10",
         FwdRw10 => "lssa_fwd_rw10",
+        TmaProbe => "lssa_tma_probe",
         BwdRows => "lssa_bwd_rows",
         BwdKeys => "lssa_bwd_keys",
         BwdRowsMma => "lssa_bwd_rows_mma",
@@ -73,7 +74,8 @@ impl Kern {
             | Kern::BwdKeysMma7
             | Kern::BwdRowStats9
             | Kern::BwdKeysWg9
-            | Kern::WgProbe => 128,
+            | Kern::WgProbe
+            | Kern::TmaProbe => 128,
         }
     }
 
@@ -95,9 +97,29 @@ impl Kern {
             Kern::BwdKeysMma7 | Kern::BwdKeysWg9 => bwd_keys_smem(head_dim) / 6 * 7,
             // Q's 128 rows and 4 stages of K and V (64 rows each), aligned to 1 KiB for the swizzle.
             Kern::FwdWs10 | Kern::FwdStats10 | Kern::FwdRw10 => 1024 + (2 + 4 * 2) * 64 * head_dim * 2,
+            // Its two tiles, aligned to 1 KiB.
+            Kern::TmaProbe => 1024 + 2 * 64 * head_dim * 2,
             // Room for the probe's misread operands (offsets swapped) too.
             Kern::WgProbe => 16 * 1024,
             Kern::InvNorms | Kern::FwdSimt | Kern::FwdMma | Kern::BwdRows | Kern::BwdKeys | Kern::BwdDq7 => 0,
+        }
+    }
+
+    /// The C type of the kernel's one argument: `KParams10` (with TMA tensor maps) for lab v10 and
+    /// its probe, else `KParams`.
+    pub(crate) const fn argument(self) -> &'static str {
+        match self {
+            Kern::FwdWs10 | Kern::FwdStats10 | Kern::FwdRw10 | Kern::TmaProbe => "KParams10",
+            _ => "KParams",
+        }
+    }
+
+    /// An error unless the kernel takes the argument a launch gives it (`KParams10` when `tma`): a
+    /// bug of the host code.
+    pub(crate) fn check_argument(self, tma: bool) -> Result<()> {
+        match (self.argument() == "KParams10", tma) {
+            (a, b) if a == b => Ok(()),
+            _ => Err(Error::Cuda(format!("{} takes a {}, not what its launch gave", self.name(), self.argument()))),
         }
     }
 
@@ -126,7 +148,8 @@ impl Kern {
             | Kern::WgProbe
             | Kern::FwdWs10
             | Kern::FwdStats10
-            | Kern::FwdRw10 => Generation::Lab,
+            | Kern::FwdRw10
+            | Kern::TmaProbe => Generation::Lab,
         }
     }
 
@@ -143,7 +166,7 @@ impl Kern {
             Kern::FwdMma5 | Kern::FwdStats5 | Kern::FwdRw5 => tc && head_dim == 64,
             Kern::FwdWg8 | Kern::FwdStats8 | Kern::FwdRw8 => tc && wgmma,
             Kern::BwdRowStats9 | Kern::BwdKeysWg9 | Kern::WgProbe => tc && head_dim == 64 && wgmma,
-            Kern::FwdWs10 | Kern::FwdStats10 | Kern::FwdRw10 => tc && head_dim == 64 && wgmma,
+            Kern::FwdWs10 | Kern::FwdStats10 | Kern::FwdRw10 | Kern::TmaProbe => tc && head_dim == 64 && wgmma,
             // Auto's modules hold v3 only at head dimension 128, where it is their forward.
             Kern::FwdMma3 => tc && (head_dim == 128 || generation >= Generation::Lab),
             Kern::FwdMma | Kern::BwdRowsMma | Kern::BwdKeysMma => tc,

@@ -1,4 +1,4 @@
-//! Probes: what the driver made of each kernel, and the wgmma layout probe.
+//! Probes: what the driver made of each kernel, and the wgmma and TMA layout probes.
 
 use half::bf16;
 
@@ -8,7 +8,7 @@ use super::compile::Generation;
 use super::config::Config;
 use super::device::{GpuExec, cuda_err, module};
 use super::launch::Exec;
-use super::plan::{KParams, Kern};
+use super::plan::{KParams, KParams10, Kern, Tensor4, TmaDesc};
 use crate::error::{Error, Result};
 use crate::params::Dtype;
 
@@ -140,4 +140,84 @@ pub(super) fn wgmma_probe_on(x: &dyn Exec) -> Result<Vec<f64>> {
 pub fn wgmma_probe() -> Result<Vec<f64>> {
     let cfg = Config::new(&"lssa".parse().expect("a stage-1 name"), 64)?;
     wgmma_probe_on(&GpuExec::new(&cfg, 64, Dtype::Bf16, Generation::Lab)?)
+}
+
+/// The modes of the TMA layout probe (`lssa_tma_probe` in `lab/v10_fwd.cu`), and whether each must
+/// match: what lab v10 assumes of a TMA copy with the 128-byte swizzle from a (d, T, H, B) map, and
+/// of `wgmma` reading such tiles through swizzled descriptors, each beside a likely misreading.
+pub const TMA_PROBE_MODES: [(&str, bool); 6] = [
+    ("TMA box of a 4-D map, 128-byte swizzle, rows past T zero", true),
+    ("  the same bytes read as unswizzled", false),
+    ("Q K^T through swizzled K-major descriptors (v10)", true),
+    ("  the same, stride byte offset 512", false),
+    ("P V, V MN-major through a swizzled descriptor (v10)", true),
+    ("  the same, blocks of 16 keys 1024 bytes apart", false),
+];
+
+/// Runs the TMA layout probe on `x`: for each of [`TMA_PROBE_MODES`], the largest error against
+/// the exact result, relative to its largest entry.
+pub(super) fn tma_probe_on(x: &dyn Exec) -> Result<Vec<f64>> {
+    if !x.wgmma() {
+        return Err(Error::Cuda("no TMA here (needs sm_90)".into()));
+    }
+    let mut rng = attn_core::fixtures::Rng::new(7);
+    let mut rand = |n: usize| -> Vec<bf16> { (0..n).map(|_| bf16::from_f32(rng.normal() as f32)).collect() };
+    // A (d, T, H, B) = (64, 80, 2, 1) tensor, one 64 x 64 tile, and P (64 x 64, row-major).
+    let (big, tile, pm) = (rand(2 * 80 * 64), rand(64 * 64), rand(64 * 64));
+    let bytes = |v: &[bf16]| v.iter().flat_map(|x| x.to_bits().to_le_bytes()).collect::<Vec<u8>>();
+    let (dbig, dtile, dpm) = (x.upload(&bytes(&big))?, x.upload(&bytes(&tile))?, x.upload(&bytes(&pm))?);
+    let f = |v: &[bf16], i: usize| v[i].to_f64();
+    // The box at row 32 of head 1: rows 32..96, zeros from row 80 (past T).
+    let boxed = |r: usize, c: usize| if r + 32 < 80 { f(&big, (80 + r + 32) * 64 + c) } else { 0.0 };
+    let map_big = Tensor4 { ptr: dbig.addr(), sb: 2 * 80 * 64, sh: 80 * 64, st: 64 };
+    let map_tile = Tensor4 { ptr: dtile.addr(), sb: 64 * 64, sh: 64 * 64, st: 64 };
+    let tmap = [TmaDesc::default(), x.tensor_map(&map_big, [64, 80, 2, 1])?, x.tensor_map(&map_tile, [64, 64, 1, 1])?];
+    let mut errs = Vec::new();
+    for mode in 0..TMA_PROBE_MODES.len() {
+        let mut exact = vec![0f64; 64 * 64];
+        for (e, x) in exact.iter_mut().enumerate() {
+            let (m, n) = (e / 64, e % 64);
+            *x = match mode {
+                // The plain layout: element (row m, column n) at m * 64 + n.
+                1 => boxed(m, n),
+                2 | 3 => (0..64).map(|k| boxed(m, k) * f(&tile, n * 64 + k)).sum(),
+                4 | 5 => {
+                    (m as f64 - n as f64) / 64.0
+                        + (0..64).map(|k| f(&pm, m * 64 + k) * f(&tile, k * 64 + n)).sum::<f64>()
+                }
+                _ => 0.0,
+            };
+        }
+        if mode == 0 {
+            // TMA's 128-byte swizzle: the 16-byte chunk c of row r (128 bytes) lands at chunk c ^ (r % 8).
+            for r in 0..64 {
+                for c in 0..64 {
+                    let byte = r * 128 + c * 2;
+                    exact[(byte ^ (((byte >> 7) & 7) << 4)) / 2] = boxed(r, c);
+                }
+            }
+        }
+        let scale = exact.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let out = x.upload(&vec![0xffu8; 64 * 64 * 4])?; // NaN where nothing is written
+        let mut kp = KParams { b: mode as i32, ..KParams::default() };
+        kp.q.ptr = dpm.addr();
+        kp.o.ptr = out.addr();
+        x.launch_tma(Kern::TmaProbe, (1, 1), &KParams10 { kp, tmap })?;
+        let got = x.download(&out)?;
+        let err = exact
+            .iter()
+            .zip(got.chunks_exact(4))
+            .map(|(e, g)| (f32::from_le_bytes(g.try_into().unwrap()) as f64 - e).abs())
+            .fold(0f64, |m, d| if d.is_nan() { f64::INFINITY } else { m.max(d) });
+        errs.push(err / scale);
+    }
+    Ok(errs)
+}
+
+/// The TMA layout probe on this thread's GPU (needs sm_90): the relative error of each of
+/// [`TMA_PROBE_MODES`]. The modes marked `true` are what lab v10 assumes (about 1e-7, or 0 for the
+/// copied bytes, where the assumption holds), the others their likeliest misreadings (order 1).
+pub fn tma_probe() -> Result<Vec<f64>> {
+    let cfg = Config::new(&"lssa".parse().expect("a stage-1 name"), 64)?;
+    tma_probe_on(&GpuExec::new(&cfg, 64, Dtype::Bf16, Generation::Lab)?)
 }
