@@ -17,9 +17,10 @@
 // - The consumers' element-wise step, masking, statistics and output are v5's (`elementwise5`,
 //   `finish_rows5`); LSSA and softmax in one kernel (MODE 0), re-weighting as v5's statistics and
 //   second-sweep kernels (MODE 1, 2).
-// - Overlap between the consumers: a named-barrier ping-pong, each warpgroup issuing its S = Q K^T
-//   only after the other has issued its P V, so that one warpgroup's element-wise step runs while
-//   the other's products occupy the tensor cores.
+// - Overlap between the consumers: a named-barrier ping-pong, each warpgroup issuing its products for
+//   a tile (S = Q K^T of the tile, P V of the tile before) only after the other has issued its own, so
+//   that one warpgroup's element-wise step runs while the other's products occupy the tensor cores;
+//   and within a consumer, the element-wise step of tile j runs while the P V of tile j - 1 does.
 
 #if HAVE_WGMMA && HD == 64
 
@@ -109,6 +110,14 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
 // offset steps nowhere (1 by convention).
 __device__ __forceinline__ u64 wg_desc_sw128(const void* p, unsigned sbo = 1024) {
     return (u64)((wg_smem_addr(p) >> 4) & 0x3fff) | (1ull << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// O += P V for one tile: P (64 rows x 64 keys) from registers as A fragments, V (64 keys x HD)
+// MN-major from its stage, 2048 bytes per 16 keys.
+__device__ __forceinline__ void pv_issue10(float (*oacc)[HD / 8][4], const u32 (*pa)[4], const u16* Vs) {
+#pragma unroll
+    for (int kb = 0; kb < BK5 / 16; kb++) wgmma64<1>(&oacc[0][0][0], pa[kb], wg_desc_sw128(Vs + kb * 16 * HD), 1);
+    wg_commit();
 }
 
 // Whether this sweep visits key tile kt: all of them, except re-weighting's second sweep where no
@@ -219,7 +228,6 @@ template <int MODE> __device__ __forceinline__ void fwd10_body(const KParams10& 
     const int c = wg - 1, ct = threadIdx.x - 128;
     const int warp = ct >> 5, lane = ct & 31, g = lane >> 2, t4 = lane & 3;
     const int w0 = i0 + 64 * c + 16 * (warp & 3); // the warp's smallest row
-    const int last = i0 + 64 * c + 63;            // the warpgroup's largest
     // Row r of this thread: w0 + g + 8 r for r < 2 (one m64 half: v5's row tile 0); none for r >= 2.
     int rows[4];
     float fac[4], bias[4];
@@ -282,60 +290,108 @@ template <int MODE> __device__ __forceinline__ void fwd10_body(const KParams10& 
         named_sync(BAR_CONSUMERS10, 256); // tmaxS initialised before any warp's atomicMax
     }
 #endif
-    // The ping-pong: consumer 0 takes the first turn; each turn ends with an arrival for the other's
-    // next one (consumer 1's last turn has no next of consumer 0's to open, so every arrival is waited
-    // for and no barrier is left half full when the block ends).
-    if (c == 1 && next_tile(0) < nkt) named_arrive(BAR_TURN10 + 0, 256);
+    // The sweep's tiles are the same for both consumers (and the producer); warpgroup c computes the
+    // first n[c] of them, those whose keys start at or before its last row (consumer 0 leaves each
+    // block's last tile, past its 64 rows, to consumer 1), and still waits for and releases the rest.
+    int n_all = 0, n[2] = {0, 0};
+    for (int t = next_tile(0); t < nkt; t = next_tile(t + 1)) {
+        n_all++;
+        n[0] += t * BK5 <= i0 + 63;
+        n[1] += t * BK5 <= i0 + 127;
+    }
+    const int nc = n[c];
     mbar_wait(&qbar, 0);
     const u16* Qc = Qs + 64 * c * HD; // this warpgroup's 64 rows
-    int it = 0;
-    for (int kt = next_tile(0); kt < nkt; it++) {
-        const int nxt = next_tile(kt + 1);
-        const int s = it % NS10;
-        mbar_wait(&full[s], (it / NS10) & 1);
-        const u16* Ks = ring + s * 2 * TILE10;
-        const u16* Vs = Ks + TILE10;
+    // The ping-pong: a turn is the issue of this warpgroup's products for one tile (S of tile i, and
+    // P V of tile i - 1); consumer 0 takes the first. Turn i of consumer 1 waits for consumer 0's turn
+    // i, turn i + 1 of consumer 0 for consumer 1's turn i; consumer 1's extra last tile (past
+    // consumer 0's rows) waits for nothing. So every arrival is waited for and no barrier is left
+    // half full when the block ends.
+    if (c == 1 && n[0] > 0) named_arrive(BAR_TURN10 + 0, 256);
+    // Within the warpgroup: tile i's S goes with tile i - 1's P V, and is waited for while that
+    // product runs (`wait_group 1`), so the element-wise step of tile i overlaps it; tile i - 1's
+    // activations stay in `sacc` until the next turn packs them into P's A fragments just before its
+    // fence (a register operand written in the loop trip that reads it, which the SASS check of issue
+    // 47 tells from a clobbered loop-invariant one). Softmax rescales O in its element-wise step, so
+    // there the product is waited for first. The first and last tiles are peeled off the loop, so that
+    // no `wgmma` is issued under a condition ptxas cannot prove uniform (it serialises every one then).
+    float sacc[2][BK5 / 8][4]; // [0] used: S, then its activations
+    int kt = next_tile(0);     // tile i of the sweep
+    auto stage = [&](int i) { return ring + (i % NS10) * 2 * TILE10; };
+    auto release = [&](int i) { mbar_arrive(&empty[i % NS10]); };
+    // Waits for tile i, then takes the turn: S = Q K^T issued (after the P V of `pa`, if given).
+    auto turn = [&](int i, u32 (*pa)[4]) {
+        mbar_wait(&full[i % NS10], (i / NS10) & 1);
+#pragma unroll
+        for (int nn = 0; nn < BK5 / 8; nn++) sacc[0][nn][0] = sacc[0][nn][1] = sacc[0][nn][2] = sacc[0][nn][3] = 0.f;
+        if (c == 0 || i < n[0]) named_sync(BAR_TURN10 + c, 256); // (consumer 1's extra tile: no turn to wait for)
+        wg_keep(sacc[0]);
+        wg_keep(oacc[0]);
+        wg_fence();
+        const u16* Ks = stage(i);
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+            wgmma64_ss<0, 0>(&sacc[0][0][0], wg_desc_sw128(Qc + kk * 16), wg_desc_sw128(Ks + kk * 16), kk);
+        wg_commit();
+        if (pa) pv_issue10(oacc, pa, stage(i - 1) + TILE10);
+        if (c == 0 || i + 1 < n[0]) named_arrive(BAR_TURN10 + (c ^ 1), 256); // the other's turn
+    };
+    // The element-wise step of tile i (its S waited for).
+    auto activations = [&](int i) {
+        wg_keep(sacc[0]);
         const int j0 = kt * BK5;
-        named_sync(BAR_TURN10 + c, 256); // this warpgroup's turn to issue
-        if (j0 <= last) {
-            // S = Q K^T: the warpgroup's 64 rows x 64 keys.
-            float sacc[2][BK5 / 8][4]; // [0] used
-#pragma unroll
-            for (int nn = 0; nn < BK5 / 8; nn++) sacc[0][nn][0] = sacc[0][nn][1] = sacc[0][nn][2] = sacc[0][nn][3] = 0.f;
-            wg_keep(sacc[0]);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++)
-                wgmma64_ss<0, 0>(&sacc[0][0][0], wg_desc_sw128(Qc + kk * 16), wg_desc_sw128(Ks + kk * 16), kk);
-            wg_commit();
-            wg_wait<0>();
-            wg_keep(sacc[0]);
-            const bool diag = j0 + BK5 > w0 + 1 || j0 + BK5 > p.T; // some key of the tile is masked for some row
-            float tile_fmax = -INFINITY;
-            elementwise5(0, 1, sacc, oacc, fac, bias, inkS[s], rows, j0, p.T, diag, t4, pass, mx, z, fmx, &tile_fmax,
-                         ra, rb, rc, fallback, wsum);
+        const bool diag = j0 + BK5 > w0 + 1 || j0 + BK5 > p.T; // some key of the tile is masked for some row
+        float tile_fmax = -INFINITY;
+        elementwise5(0, 1, sacc, oacc, fac, bias, inkS[i % NS10], rows, j0, p.T, diag, t4, pass, mx, z, fmx,
+                     &tile_fmax, ra, rb, rc, fallback, wsum);
 #if P > 0
-            if (MODE == 1) {
-                tile_fmax = warp_max(tile_fmax);
-                if (lane == 0 && kt < MAX_TILES5) atomicMax(&tmaxS[kt], ordered(tile_fmax));
-            }
-#endif
-            if (want_v) {
-                // O += P V: P packed into A fragments before the fence, V MN-major from the stage.
-                wg_keep(oacc[0]);
-                u32 pa[BK5 / 16][4];
-                acc_to_a(pa, sacc[0]);
-                wg_fence();
-#pragma unroll
-                for (int kb = 0; kb < BK5 / 16; kb++) wgmma64<1>(&oacc[0][0][0], pa[kb], wg_desc_sw128(Vs + kb * 16 * HD), 1);
-                wg_commit();
-            }
+        if (MODE == 1) {
+            tile_fmax = warp_max(tile_fmax);
+            if (lane == 0 && kt < MAX_TILES5) atomicMax(&tmaxS[kt], ordered(tile_fmax));
         }
-        if (c == 0 || nxt < nkt) named_arrive(BAR_TURN10 + (c ^ 1), 256); // the other warpgroup's turn
+#endif
+        kt = next_tile(kt + 1);
+    };
+    if (nc > 0) {
+        turn(0, nullptr);
+        wg_wait<0>();
+        activations(0);
+        if (!want_v) release(0);
+    }
+    for (int i = 1; i < nc; i++) {
+        u32 pa[BK5 / 16][4];
+        if (want_v) acc_to_a(pa, sacc[0]); // P of tile i - 1
+        turn(i, want_v ? pa : nullptr);
+        if (want_v && !RUNNING_MAX) {
+            wg_wait<1>(); // S (P V of tile i - 1 may still run)
+        } else {
+            wg_wait<0>();
+            wg_keep(oacc[0]);
+        }
+        activations(i);
+        if (want_v) {
+            wg_wait<0>();
+            wg_keep(oacc[0]);
+            release(i - 1);
+        } else {
+            release(i);
+        }
+    }
+    if (want_v && nc > 0) {
+        // The last tile's P V.
+        u32 pa[BK5 / 16][4];
+        acc_to_a(pa, sacc[0]);
+        wg_keep(oacc[0]);
+        wg_fence();
+        pv_issue10(oacc, pa, stage(nc - 1) + TILE10);
         wg_wait<0>();
         wg_keep(oacc[0]);
-        mbar_arrive(&empty[s]); // this warpgroup is done with the stage
-        kt = nxt;
+        release(nc - 1);
+    }
+    for (int i = nc; i < n_all; i++) {
+        // Tiles past this warpgroup's rows: every phase waited for, every stage released.
+        mbar_wait(&full[i % NS10], (i / NS10) & 1);
+        release(i);
     }
     finish_rows5<MODE>(p, b, h, bh, t4, pass, rows, oacc, z, mx, fmx, wsum, fallback);
 #if P > 0
