@@ -36,14 +36,16 @@ const V7_BWD: &str = include_str!("v7_bwd.cu");
 pub mod lab {
     /// The warpgroup (`wgmma`) helpers of v8 and v9, placed before `v5_fwd.cu`.
     pub const WGMMA: &str = include_str!("lab/wgmma.cuh");
-    /// The entry points: v3 away from head dimension 128, v4, v6, v8 (and the wgmma probe), v9, v10.
-    pub const KERNELS: [&str; 6] = [
+    /// The entry points: v3 away from head dimension 128, v4, v6, v8 (and the wgmma probe), v9, v10
+    /// and its TMA probe.
+    pub const KERNELS: [&str; 7] = [
         include_str!("lab/v3_fwd.cu"),
         include_str!("lab/v4_bwd.cu"),
         include_str!("lab/v6_bwd.cu"),
         include_str!("lab/v8_fwd.cu"),
         include_str!("lab/v9_bwd.cu"),
         include_str!("lab/v10_fwd.cu"),
+        include_str!("lab/v10_probe.cu"),
     ];
 }
 
