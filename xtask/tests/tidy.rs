@@ -127,6 +127,41 @@ fn ungated_lab_items(files: &[(PathBuf, String)]) -> Vec<String> {
         .collect()
 }
 
+/// The prepared switch of `Kernel::Auto` to lab v10 at head dimension 64 on sm_90.
+const AUTO_V10_PATCH: &str = "benches/ship/auto-v10.patch";
+
+#[test]
+fn the_prepared_kernel_switch_still_applies() {
+    // benches/ship/auto-v10.patch makes `Kernel::Auto` run v10 + v7 at head dimension 64 on sm_90 once
+    // a GPU has passed and timed v10 (`benches/gpu-session.sh v10`): it must apply to the tree as it
+    // is, so that it cannot rot unseen.
+    let root = root();
+    if !root.join(".git").exists() {
+        eprintln!("SKIPPED: no .git here (a source tarball), so no `git apply --check`");
+        return;
+    }
+    let out = match std::process::Command::new("git")
+        .arg("-C")
+        .arg(&root)
+        .args(["apply", "--check", AUTO_V10_PATCH])
+        .output()
+    {
+        Ok(out) => out,
+        Err(e) => {
+            eprintln!("SKIPPED: cannot run git ({e})");
+            return;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "{AUTO_V10_PATCH} no longer applies; make the change again on a branch of this tree (Auto's forward \
+         at d = 64 on sm_90 is v10: compile.rs puts wgmma.cuh and v10_fwd.cu in Generation::First, plan.rs \
+         their kernels and `forward_version`, the tests and docs that name Auto's kernels) and regenerate it \
+         with `git diff`:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn the_kernel_lab_is_public_only_behind_its_feature() {
     let files = text_files(&["rs"]);

@@ -1,10 +1,14 @@
 //! The problems the emulator tests run: seeded inputs rounded to a dtype, attn-core's f64
-//! reference, and the error bounds of each storage dtype.
+//! reference, and the error bounds of each storage dtype; and the checks of a kernel request
+//! against them, run as named jobs (shared by `cuda_emu.rs` and `emu_v10.rs`).
+#![allow(dead_code)] // each test binary uses its own part
 
 use attn_core::Variant;
-use attn_kernels::cuda::Dtype;
+use attn_kernels::cuda::emu::{self, Lab};
+use attn_kernels::cuda::{Dtype, Kernel, Options};
 use half::{bf16, f16};
 use ndarray::Array4;
+use rayon::prelude::*;
 
 /// A fixed xorshift stream of standard normals.
 pub struct Rng(pub u64);
@@ -102,5 +106,77 @@ pub fn bounds(c: &Case) -> (f64, f64) {
     match c.dt {
         Dtype::F32 => (1e-4, 1e-4),
         dt => (1.5 * unit(dt), if ill { 6.0 } else { 3.0 } * unit(dt)),
+    }
+}
+
+pub fn check_forward(c: &Case, kernel: Kernel, reverse: bool) -> Result<(), String> {
+    let (opts, lab) = (Options { dtype: c.dt, kernel }, Lab { reverse, ..Lab::default() });
+    let o = emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &lab).map_err(|e| e.to_string())?;
+    let e = rel_err(&o, &c.o);
+    if e <= bounds(c).0 { Ok(()) } else { Err(format!("output error {e:.2e} > {:.2e}", bounds(c).0)) }
+}
+
+pub fn check_backward(c: &Case, kernel: Kernel, reverse: bool) -> Result<(), String> {
+    let (opts, lab) = (Options { dtype: c.dt, kernel }, Lab { reverse, ..Lab::default() });
+    let gr = emu::backward_lab(&c.v, &c.q, &c.k, &c.vv, &c.g, &opts, &lab).map_err(|e| e.to_string())?;
+    let errs = [
+        ("dq", rel_err(&gr.dq, &c.grads.dq)),
+        ("dk", rel_err(&gr.dk, &c.grads.dk)),
+        ("dv", rel_err(&gr.dv, &c.grads.dv)),
+    ];
+    let bad: Vec<String> =
+        errs.iter().filter(|(_, e)| *e > bounds(c).1).map(|(n, e)| format!("{n} error {e:.2e}")).collect();
+    if bad.is_empty() { Ok(()) } else { Err(format!("{} > {:.2e}", bad.join(", "), bounds(c).1)) }
+}
+
+/// A named check.
+pub type Job = (String, Box<dyn Fn() -> Result<(), String> + Send + Sync>);
+
+/// Runs every job (in parallel; the emulator serialises launches of one library) and reports all
+/// failures at once.
+pub fn run_all(jobs: Vec<Job>) {
+    let failures: Vec<String> =
+        jobs.par_iter().filter_map(|(name, job)| job().err().map(|e| format!("{name}: {e}"))).collect();
+    assert!(failures.is_empty(), "{} of {} failed:\n{}", failures.len(), jobs.len(), failures.join("\n"));
+}
+
+pub fn kernel_jobs(name: &str, t: usize, d: usize, dt: Dtype, fwd: &[Kernel], bwd: &[Kernel]) -> Vec<Job> {
+    kernel_jobs_b(name, 1, t, d, dt, fwd, bwd, &[false])
+}
+
+/// Jobs for `b` batch entries, each kernel once per thread order in `orders` (`true`: reversed).
+#[allow(clippy::too_many_arguments)]
+pub fn kernel_jobs_b(
+    name: &str,
+    b: usize,
+    t: usize,
+    d: usize,
+    dt: Dtype,
+    fwd: &[Kernel],
+    bwd: &[Kernel],
+    orders: &[bool],
+) -> Vec<Job> {
+    let c = std::sync::Arc::new(case_b(name, b, t, d, dt, (b * 100_000 + t * 1000 + d) as u64));
+    let mut jobs: Vec<Job> = Vec::new();
+    for &rev in orders {
+        let order = if rev { ", threads reversed" } else { "" };
+        for &k in fwd {
+            let c = c.clone();
+            let what = format!("{name} B={b} T={t} d={d} {dt:?} forward {k:?}{order}");
+            jobs.push((what, Box::new(move || check_forward(&c, k, rev))));
+        }
+        for &k in bwd {
+            let c = c.clone();
+            let what = format!("{name} B={b} T={t} d={d} {dt:?} backward {k:?}{order}");
+            jobs.push((what, Box::new(move || check_backward(&c, k, rev))));
+        }
+    }
+    jobs
+}
+
+pub fn replace_first(from: &'static str, to: &'static str) -> impl Fn(String) -> String {
+    move |s: String| {
+        assert!(s.contains(from), "the source no longer contains {from:?}");
+        s.replacen(from, to, 1)
     }
 }
