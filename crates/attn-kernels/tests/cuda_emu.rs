@@ -501,7 +501,7 @@ fn degenerate_rows_on_every_forward_kernel() {
     let mut jobs: Vec<Job> = Vec::new();
     for name in ["lssa", "lssa+rw15", "lssa+rw1", "softmax+rw15"] {
         let c = std::sync::Arc::new(degenerate(name, Dtype::Bf16));
-        for k in ALL_FWD {
+        for k in ALL_FWD.into_iter().chain([Kernel::Lab(Version::V10)]) {
             let c = c.clone();
             jobs.push((format!("degenerate {name} forward {k:?}"), Box::new(move || check_forward(&c, k, false))));
         }

@@ -156,3 +156,39 @@ fn v10s_work_beside_v5s() {
     }
     eprintln!("{table}");
 }
+
+/// Re-weighting's second sweep skips the key tiles where no row of a block can have a weight (v5's
+/// skip, which v10's producer and consumers must agree on tile by tile): queries along one direction
+/// u, the first 64 keys along u and the rest along -u (bf16, T = 512, d = 64), so every row from 64
+/// on puts its weight on the first tile. Right against the reference, and the skip is real: the
+/// second kernel's TMA copies fewer tiles than the sweep has (block 0's rows are exactly uniform and
+/// fall back, so that block needs every tile). Both thread orders.
+#[test]
+fn v10s_second_sweep_skips_the_tiles_no_row_needs() {
+    assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
+    let (t, d, dt) = (512, 64, Dtype::Bf16);
+    let mut rng = emu_cases::Rng(19);
+    let u: Vec<f32> = (0..d).map(|_| rng.normal() as f32).collect();
+    let q = ndarray::Array4::from_shape_fn((1, 1, t, d), |(_, _, _, c)| emu_cases::round(dt, u[c]));
+    let k = ndarray::Array4::from_shape_fn((1, 1, t, d), |(_, _, j, c)| {
+        emu_cases::round(dt, if j < 64 { u[c] } else { -u[c] })
+    });
+    let (vv, g) = (rng.array((1, 1, t, d), 1.0, dt), rng.array((1, 1, t, d), 1.0, dt));
+    let c = emu_cases::case_of("lssa+rw15".parse().unwrap(), dt, q, k, vv, g);
+    let opts = Options { dtype: dt, kernel: Kernel::Lab(Version::V10) };
+    let mut profiles = Vec::new();
+    for reverse in [false, true] {
+        let profile = std::cell::Cell::new(emu::Profile::default());
+        let lab = Lab { profile: Some(&profile), reverse, ..Lab::default() };
+        let o = emu::forward_lab(&c.v, &c.q, &c.k, &c.vv, &opts, &lab).unwrap();
+        assert!(rel_err(&o, &c.o) < bounds(&c).0, "reverse {reverse}: error {:.2e}", rel_err(&o, &c.o));
+        profiles.push(profile.get().tma_bytes);
+    }
+    // Without a skip: per block Q (16 KiB) in each kernel, K (8 KiB) per tile in the first, K and V
+    // in the second; tiles 2, 4, 6, 8 per block. With it, the second kernel copies block 0's two tiles
+    // and only the first tile of each other block.
+    let tiles = 2 + 4 + 6 + 8;
+    let first = 4 * 16 + tiles * 8;
+    let (unskipped, skipped) = (first + 4 * 16 + tiles * 16, first + 4 * 16 + (2 + 1 + 1 + 1) * 16);
+    assert_eq!(profiles, [skipped * 1024; 2], "bytes by TMA (without the skip: {unskipped} KiB)");
+}

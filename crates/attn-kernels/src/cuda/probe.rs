@@ -114,7 +114,6 @@ pub(super) fn wgmma_probe_on(x: &dyn Exec) -> Result<Vec<f64>> {
                 }
             })
             .collect();
-        let scale = exact.iter().fold(0f64, |m, v| m.max(v.abs()));
         let out = x.upload(&vec![0xffu8; 128 * 64 * 4])?; // NaN where nothing is written
         let mut kp = KParams { b: mode as i32, ..KParams::default() };
         kp.q.ptr = da.addr();
@@ -123,15 +122,21 @@ pub(super) fn wgmma_probe_on(x: &dyn Exec) -> Result<Vec<f64>> {
         kp.g.ptr = dt.addr();
         kp.o.ptr = out.addr();
         x.launch(Kern::WgProbe, (1, 1), &kp)?;
-        let got = x.download(&out)?;
-        let err = exact
-            .iter()
-            .zip(got.chunks_exact(4))
-            .map(|(e, g)| (f32::from_le_bytes(g.try_into().unwrap()) as f64 - e).abs())
-            .fold(0f64, |m, d| if d.is_nan() { f64::INFINITY } else { m.max(d) });
-        errs.push(err / scale);
+        errs.push(rel_err_of(&exact, &x.download(&out)?));
     }
     Ok(errs)
+}
+
+/// A probe's largest error against `exact`, relative to `exact`'s largest entry: `got` holds the f32
+/// results as bytes (NaN, where nothing was written, counts as infinite).
+fn rel_err_of(exact: &[f64], got: &[u8]) -> f64 {
+    let scale = exact.iter().fold(0f64, |m, v| m.max(v.abs()));
+    let err = exact
+        .iter()
+        .zip(got.chunks_exact(4))
+        .map(|(e, g)| (f32::from_le_bytes(g.try_into().unwrap()) as f64 - e).abs())
+        .fold(0f64, |m, d| if d.is_nan() { f64::INFINITY } else { m.max(d) });
+    err / scale
 }
 
 /// The wgmma layout probe on this thread's GPU (needs sm_90): the relative error of each of
@@ -197,19 +202,12 @@ pub(super) fn tma_probe_on(x: &dyn Exec) -> Result<Vec<f64>> {
                 }
             }
         }
-        let scale = exact.iter().fold(0f64, |m, v| m.max(v.abs()));
         let out = x.upload(&vec![0xffu8; 64 * 64 * 4])?; // NaN where nothing is written
         let mut kp = KParams { b: mode as i32, ..KParams::default() };
         kp.q.ptr = dpm.addr();
         kp.o.ptr = out.addr();
         x.launch_tma(Kern::TmaProbe, (1, 1), &KParams10 { kp, tmap })?;
-        let got = x.download(&out)?;
-        let err = exact
-            .iter()
-            .zip(got.chunks_exact(4))
-            .map(|(e, g)| (f32::from_le_bytes(g.try_into().unwrap()) as f64 - e).abs())
-            .fold(0f64, |m, d| if d.is_nan() { f64::INFINITY } else { m.max(d) });
-        errs.push(err / scale);
+        errs.push(rel_err_of(&exact, &x.download(&out)?));
     }
     Ok(errs)
 }

@@ -283,6 +283,39 @@ __device__ __forceinline__ void tile_f5(int m0, int m1, float (*s)[BK5 / 8][4], 
             }
 }
 
+// The second kernel's start (MODE 2, v5, v8 and v10): each of a thread's rows' first-sweep sum,
+// maximum and largest activation, from the statistics kernel's slots of p.stats.
+__device__ __forceinline__ void read_first_sweep5(const KParams& p, int bh, const int* rows, float* z, float* mx,
+                                                  float* fmx) {
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        if (rows[r] >= p.T) continue;
+        const float* stt = (const float*)p.stats + ((long long)bh * p.T + rows[r]) * STATS;
+        z[r] = stt[ST_Z];
+        mx[r] = stt[ST_MAX];
+        fmx[r] = stt[ST_W];
+    }
+}
+
+// Re-weighting's second sweep for a thread's rows (v5, v8 and v10): each row's constants (ra, rb,
+// rc; the fallback rows keep a_ij) and the block's skip inputs, `anyFallback` and the least
+// threshold `thrMin` (shared, set beforehand; the caller's barrier publishes them).
+__device__ __forceinline__ void rw_setup5(const int* rows, int T, const float* z, const float* fmx, float* ra,
+                                          float* rb, float* rc, bool* fallback, int* anyFallback, int* thrMin) {
+#pragma unroll
+    for (int r = 0; r < 4; r++) {
+        const Rw5 c = rw_row5(z[r], fmx[r], rows[r] + 1);
+        fallback[r] = c.umax <= 0.f;
+        ra[r] = fallback[r] ? c.an2 : c.na2;
+        rb[r] = fallback[r] ? 0.f : -c.off;
+        rc[r] = fallback[r] ? 1.f : rcp_fast(c.umax);
+        if (rows[r] < T) {
+            if (fallback[r]) atomicOr(anyFallback, 1);
+            atomicMin(thrMin, ordered(c.an2 > 0.f ? c.off / c.na2 : INFINITY));
+        }
+    }
+}
+
 // The element-wise step of row tiles [m0, m1) of one key tile (v5, v8 and v10): scores to y =
 // scale_i * cos_ij + bias_i (times log2 e where LOG2D), the running maximum (softmax, with the
 // rescaling of what was accumulated), the activation, the row sums and maxima (tile_f5). [m0, m1)
@@ -493,14 +526,7 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
     if (MODE == 2) {
         // The statistics kernel's results (each thread reads the entries it initialised above).
         for (int t = threadIdx.x; t < min(nkt, MAX_TILES5); t += blockDim.x) tmaxS[t] = tilemax[t];
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            if (rows[r] >= p.T) continue;
-            const float* stt = (const float*)p.stats + ((long long)bh * p.T + rows[r]) * STATS;
-            z[r] = stt[ST_Z];
-            mx[r] = stt[ST_MAX];
-            fmx[r] = stt[ST_W];
-        }
+        read_first_sweep5(p, bh, rows, z, mx, fmx);
     }
 #endif
 
@@ -520,18 +546,7 @@ template <int GEN, int MODE = 0> __device__ __forceinline__ void fwd5_body(const
                 anyFallback = 0;
             }
             __syncthreads();
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const Rw5 c = rw_row5(z[r], fmx[r], rows[r] + 1);
-                fallback[r] = c.umax <= 0.f;
-                ra[r] = fallback[r] ? c.an2 : c.na2;
-                rb[r] = fallback[r] ? 0.f : -c.off;
-                rc[r] = fallback[r] ? 1.f : rcp_fast(c.umax);
-                if (rows[r] < p.T) {
-                    if (fallback[r]) atomicOr(&anyFallback, 1);
-                    atomicMin(&thrMin, ordered(c.an2 > 0.f ? c.off / c.na2 : INFINITY));
-                }
-            }
+            rw_setup5(rows, p.T, z, fmx, ra, rb, rc, fallback, &anyFallback, &thrMin);
             __syncthreads();
             skipping = !RUNNING_MAX && anyFallback == 0 && nkt <= MAX_TILES5;
             thr_min = unordered(thrMin);

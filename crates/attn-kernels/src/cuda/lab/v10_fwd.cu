@@ -259,31 +259,13 @@ template <int MODE> __device__ __forceinline__ void fwd10_body(const KParams10& 
     if (MODE == 2) {
         // The statistics kernel's results (each thread reads the entries it initialised above).
         for (int t = ct; t < min(nkt, MAX_TILES5); t += 256) tmaxS[t] = tilemax[t];
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            if (rows[r] >= p.T) continue;
-            const float* stt = (const float*)p.stats + ((long long)bh * p.T + rows[r]) * STATS;
-            z[r] = stt[ST_Z];
-            mx[r] = stt[ST_MAX];
-            fmx[r] = stt[ST_W];
-        }
+        read_first_sweep5(p, bh, rows, z, mx, fmx);
         if (ct == 0) {
             thrMin = ordered(INFINITY);
             anyFallback = 0;
         }
         named_sync(BAR_CONSUMERS10, 256);
-#pragma unroll
-        for (int r = 0; r < 4; r++) {
-            const Rw5 k = rw_row5(z[r], fmx[r], rows[r] + 1);
-            fallback[r] = k.umax <= 0.f;
-            ra[r] = fallback[r] ? k.an2 : k.na2;
-            rb[r] = fallback[r] ? 0.f : -k.off;
-            rc[r] = fallback[r] ? 1.f : rcp_fast(k.umax);
-            if (rows[r] < p.T) {
-                if (fallback[r]) atomicOr(&anyFallback, 1);
-                atomicMin(&thrMin, ordered(k.an2 > 0.f ? k.off / k.na2 : INFINITY));
-            }
-        }
+        rw_setup5(rows, p.T, z, fmx, ra, rb, rc, fallback, &anyFallback, &thrMin);
         named_sync(BAR_SETUP10, 256 + 32);
         read_skip();
     } else {
