@@ -11,25 +11,42 @@ mod emu_cases;
 use emu_cases::{Case, bounds, case, case_b, kernel_jobs_b, rel_err, replace_first, run_all};
 
 /// Lab v10 (warp-specialised: a TMA producer warp, two consumer warpgroups in a ping-pong) against
-/// the reference on the check cases of v5 and v8 (the variants, dtypes, lengths with a partial last
-/// tile and blocks of one row, two batch entries of two heads), in both thread orders, every rule of
-/// the emulator on.
+/// the reference on every case of `bench-cuda check`'s table it runs (16-bit, d = 64): each fused
+/// stage-1 activation at T = 77 in bf16, and LSSA, LSSAR (p = 1, 3, 15, 64), softmax, softmax + rw15
+/// and sigmoid-rowbias-l1 + rw15 at T = 1, 5, 130 and 300 in f16 and bf16, in both thread orders;
+/// plus two batch entries of two heads (every stride of the tensor maps), every rule of the
+/// emulator on.
 #[test]
 fn v10_matches_the_reference() {
     assert!(emu::is_available(), "the CUDA emulator needs a C++ compiler ($CXX or c++)");
     let v10 = [Kernel::Lab(Version::V10)];
     let both = [false, true];
     let mut jobs = Vec::new();
-    for name in ["lssa", "lssa+rw15", "softmax+rw15"] {
-        jobs.extend(kernel_jobs_b(name, 1, 200, 64, Dtype::Bf16, &v10, &[], &both));
+    for name in attn_core::variant::STAGE1_NAMES {
+        let name = if name.starts_with("sigmoid-bias") { format!("{name}:t_train=64") } else { name.to_string() };
+        if attn_kernels::cuda::Config::new(&name.parse().unwrap(), 64).is_ok() {
+            jobs.extend(kernel_jobs_b(&name, 1, 77, 64, Dtype::Bf16, &v10, &[], &[false]));
+        }
     }
-    jobs.extend(kernel_jobs_b("softmax", 1, 130, 64, Dtype::F16, &v10, &[], &both));
-    jobs.extend(kernel_jobs_b("lssa+rw64", 1, 77, 64, Dtype::Bf16, &v10, &[], &both));
-    jobs.extend(kernel_jobs_b("lssa+rw1", 1, 77, 64, Dtype::F16, &v10, &[], &both));
+    let named = [
+        "lssa",
+        "lssa+rw1",
+        "lssa+rw3",
+        "lssa+rw15",
+        "lssa+rw64",
+        "softmax",
+        "softmax+rw15",
+        "sigmoid-rowbias-l1+rw15",
+    ];
+    for name in named {
+        for dt in [Dtype::F16, Dtype::Bf16] {
+            for t in [1, 5, 130, 300] {
+                jobs.extend(kernel_jobs_b(name, 1, t, 64, dt, &v10, &[], &both));
+            }
+        }
+    }
     jobs.extend(kernel_jobs_b("lssa+rw15", 2, 70, 64, Dtype::Bf16, &v10, &[], &both));
-    for t in [1, 5, 129] {
-        jobs.extend(kernel_jobs_b("lssa+rw15", 1, t, 64, Dtype::Bf16, &v10, &[], &both));
-    }
+    assert!(jobs.len() >= 18 + 8 * 2 * 4 * 2, "{} jobs", jobs.len());
     run_all(jobs);
 }
 
