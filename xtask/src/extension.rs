@@ -36,8 +36,8 @@ pub const PLANTS: [Plant; 3] = [
         edits: &[
             (
                 "crates/attn-kernels/src/cuda/kernel.rs",
-                "        V9 => \"v9\",\n",
-                "        V9 => \"v9\",\n        /// A dummy.\n        V10 => \"v10\",\n",
+                "        V10 => \"v10\",\n",
+                "        V10 => \"v10\",\n        /// A dummy.\n        V11 => \"v11\",\n",
             ),
             (
                 "crates/attn-kernels/src/cuda/plan.rs",
