@@ -84,8 +84,8 @@ fn v10s_broken_pipelines_are_reported_by_name() {
                 "misses 0 arrivals and 16 transaction bytes",
             ),
             (
-                "| (1ull << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);",
-                "| (1ull << 16) | ((u64)(sbo >> 4) << 32) | (2ull << 62);",
+                "| ((u64)(sbo >> 4) << 32) |\n           (1ull << 62);",
+                "| ((u64)(sbo >> 4) << 32) |\n           (2ull << 62);",
                 "descriptors of the 64-byte swizzle",
                 "swizzle mismatch: TMA wrote the stage with a 128-byte swizzle, the wgmma descriptor reads it with 64",
             ),

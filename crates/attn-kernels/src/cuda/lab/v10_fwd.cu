@@ -107,16 +107,20 @@ template <int N> __device__ __forceinline__ void setmaxnreg_dec() {
 // 8 rows an atom, atoms 1024 bytes apart (the stride byte offset). K-major (Q, K: a row is one M or
 // N index), a 16-wide slice of K starts 32 bytes further on; MN-major (V: a row is one key, the K
 // index), a block of 16 keys starts 2048 bytes further on. With 64 values a row the leading byte
-// offset steps nowhere (1 by convention).
-__device__ __forceinline__ u64 wg_desc_sw128(const void* p, unsigned sbo = 1024) {
-    return (u64)((wg_smem_addr(p) >> 4) & 0x3fff) | (1ull << 16) | ((u64)(sbo >> 4) << 32) | (1ull << 62);
+// offset steps nowhere as the PTX ISA reads (16 by convention); V's descriptor sets it to the atoms'
+// 1024 too, which is the same product as read there and the right one should the hardware step the
+// K atoms of an MN-major operand by it instead (the TMA probe's P V mode tells on the first GPU).
+__device__ __forceinline__ u64 wg_desc_sw128(const void* p, unsigned sbo = 1024, unsigned lbo = 16) {
+    return (u64)((wg_smem_addr(p) >> 4) & 0x3fff) | ((u64)(lbo >> 4) << 16) | ((u64)(sbo >> 4) << 32) |
+           (1ull << 62);
 }
 
 // O += P V for one tile: P (64 rows x 64 keys) from registers as A fragments, V (64 keys x HD)
 // MN-major from its stage, 2048 bytes per 16 keys.
 __device__ __forceinline__ void pv_issue10(float (*oacc)[HD / 8][4], const u32 (*pa)[4], const u16* Vs) {
 #pragma unroll
-    for (int kb = 0; kb < BK5 / 16; kb++) wgmma64<1>(&oacc[0][0][0], pa[kb], wg_desc_sw128(Vs + kb * 16 * HD), 1);
+    for (int kb = 0; kb < BK5 / 16; kb++)
+        wgmma64<1>(&oacc[0][0][0], pa[kb], wg_desc_sw128(Vs + kb * 16 * HD, 1024, 1024), 1);
     wg_commit();
 }
 

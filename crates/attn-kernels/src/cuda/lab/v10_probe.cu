@@ -58,7 +58,7 @@ extern "C" __global__ void __launch_bounds__(128) lssa_tma_probe(const __grid_co
                              kk);
     } else {
         for (int kb = 0; kb < BK5 / 16; kb++)
-            wgmma64<1>(&d[0][0], pa[kb], wg_desc_sw128(tile + kb * (mode == 5 ? 8 : 16) * HD), 1);
+            wgmma64<1>(&d[0][0], pa[kb], wg_desc_sw128(tile + kb * (mode == 5 ? 8 : 16) * HD, 1024, 1024), 1);
     }
     wg_commit();
     wg_wait<0>();
