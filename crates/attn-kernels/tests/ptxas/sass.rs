@@ -144,6 +144,43 @@ fn clobbered_in(sass: &str, kernel: &str) -> Vec<String> {
     found
 }
 
+/// Every register a warp names after it gave registers back with `setmaxnreg.dec` (SASS
+/// `USETMAXREG.DEALLOC.CTAPOOL n`) beyond the `n` it kept, up to the region's unconditional `EXIT`
+/// (v10's producer: 24 registers, the consumers taking the rest). A register past the budget is
+/// not the warp's any more on the hardware; ptxas is expected to allocate within it. One line per
+/// instruction that names one, each kernel of the dump on its own.
+pub fn registers_past_dealloc(sass: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for k in sass.split("Function : ").skip(1) {
+        let name = k.lines().next().unwrap_or("").trim();
+        let mut budget: Option<u32> = None;
+        for l in k.lines() {
+            let Some(text) = l.trim_start().strip_prefix("/*").and_then(|r| r.split_once("*/")).map(|(_, t)| t) else {
+                continue;
+            };
+            let text = text.trim().split(';').next().unwrap_or("").trim();
+            if let Some(n) = text.strip_prefix("USETMAXREG.DEALLOC.CTAPOOL ") {
+                budget = u32::from_str_radix(n.trim().trim_start_matches("0x"), 16).ok();
+                continue;
+            }
+            let Some(n) = budget else { continue };
+            if text == "EXIT" {
+                budget = None;
+                continue;
+            }
+            let over: Vec<u32> = text
+                .split(|c: char| !c.is_ascii_alphanumeric())
+                .filter_map(|w| w.strip_prefix('R').and_then(|d| d.parse::<u32>().ok()))
+                .filter(|&r| r >= n)
+                .collect();
+            if !over.is_empty() {
+                found.push(format!("{name}: `{text}` names R{} after setmaxnreg.dec to {n}", over[0]));
+            }
+        }
+    }
+    found
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,6 +192,25 @@ mod tests {
         /*0140*/                   F2FP.BF16.F32.PACK_AB R180, R57, R56 ;
         /*0150*/                   HGMMA.64x64x16.F32.BF16 R88, R180, gdesc[UR12].tnspB, R88, gsb0 ;
         /*0160*/              @!P5 BRA 0x110 ;";
+
+    #[test]
+    fn a_register_past_a_warps_setmaxnreg_dec_is_found() {
+        let producer = "Function : k
+        /*0100*/                   USETMAXREG.DEALLOC.CTAPOOL 0x18 ;
+        /*0110*/               @P0 EXIT ;
+        /*0120*/                   IMAD.MOV.U32 R4, RZ, RZ, 0x4000 ;
+        /*0130*/                   SYNCS.ARRIVE.TRANS64 RZ, [UR9], R4 ;
+        /*0140*/                   EXIT ;
+        /*0150*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [R52+URZ], R31 ;";
+        // Within 24 registers up to its EXIT; what follows (other warps' code) is not counted, nor
+        // are uniform registers (UR9) or RZ.
+        assert!(registers_past_dealloc(producer).is_empty());
+        let over = registers_past_dealloc(&producer.replace("R4, RZ, RZ", "R24, RZ, RZ"));
+        assert_eq!(over.len(), 1, "{over:?}");
+        assert!(
+            over[0].starts_with("k: `IMAD.MOV.U32 R24") && over[0].ends_with("names R24 after setmaxnreg.dec to 24")
+        );
+    }
 
     #[test]
     fn each_kernel_of_a_dump_is_read_on_its_own() {
