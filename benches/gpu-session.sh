@@ -38,8 +38,10 @@
 #   benches/gpu-session.sh v10       # lab v10 (issue 63) in one call of under 6 minutes: the wgmma and TMA layout
 #                                    # probes and v10 + v7 against attn-core (`check --kernels v10`, T = 77 and 300),
 #                                    # then its speed beside SDPA, Auto (v5) and v5 at d = 64, T = 4K and 16K; the
-#                                    # PTX cache first where the build machine compiled it:
-#                                    #   bench-cuda warm --arch compute_90a --kernels v5,v10 --only-t 77,300
+#                                    # PTX cache first where the build machine compiled it (32 lab modules in 72 s on
+#                                    # 2 cores, 112 MB before xz; with speed's Auto modules):
+#                                    #   bench-cuda warm --arch compute_90a --kernels v5,v10 --only-t 77,300 \
+#                                    #       --variants lssa,lssa+rw15,linear-l1 --head-dims 64
 #   benches/gpu-session.sh first     # the key facts in one call, for a session with little GPU time: the wgmma
 #                                    # layout probe and every kernel version vs attn-core at T = 77 and 300, then
 #                                    # every version's TFLOP/s at d = 64, T = 4096 (and memory at 16K, 64K)
