@@ -14,7 +14,7 @@ use super::compile::{arch_name, compile, has_wgmma};
 use super::config::Config;
 use super::kernel::Kernel;
 use super::launch::{Buf, Exec, backward_exec, check_params, forward_exec};
-use super::plan::{KParams, KParams10, Kern, Tensor4, TmaDesc, backward_version, forward_version, not_compiled};
+use super::plan::{KParams, KParams10, Kern, TmaDesc, TmaSpec, backward_version, forward_version, not_compiled};
 use crate::error::{Error, Result};
 use crate::params::Dtype;
 use crate::params::Params;
@@ -302,16 +302,19 @@ impl Exec for GpuExec {
         self.module.wgmma
     }
 
-    fn tensor_map(&self, t: &Tensor4, dims: [u64; 4]) -> Result<TmaDesc> {
+    fn tensor_map(&self, spec: &TmaSpec) -> Result<TmaDesc> {
         use cudarc::driver::sys;
         let data_type = match self.dtype {
             Dtype::Bf16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
             Dtype::F16 => sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
             Dtype::F32 => return Err(Error::Cuda("lab v10 reads 16-bit values only".into())),
         };
-        // Byte strides of the row, head and batch dimensions (multiples of 16: rows_aligned16).
-        let strides = [t.st, t.sh, t.sb].map(|s| s as u64 * 2);
-        let (boxes, ones) = ([64u32, 64, 1, 1], [1u32; 4]);
+        let swizzle = match spec.swizzle {
+            128 => sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            s => return Err(Error::Cuda(format!("lab v10's tiles use the 128-byte swizzle, not {s}"))),
+        };
+        // (The strides are multiples of 16 bytes: rows_aligned16.)
+        let ones = [1u32; 4];
         let mut map = sys::CUtensorMap { opaque: [0; 16] };
         // SAFETY: every pointer addresses a live local of the length the rank (4) implies; the
         // driver only reads them and writes `map`.
@@ -320,13 +323,13 @@ impl Exec for GpuExec {
                 &mut map,
                 data_type,
                 4,
-                t.ptr as *mut std::ffi::c_void,
-                dims.as_ptr(),
-                strides.as_ptr(),
-                boxes.as_ptr(),
+                spec.base as *mut std::ffi::c_void,
+                spec.dims.as_ptr(),
+                spec.strides.as_ptr(),
+                spec.boxes.as_ptr(),
                 ones.as_ptr(),
                 sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                swizzle,
                 sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
                 sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
             )

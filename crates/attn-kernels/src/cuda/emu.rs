@@ -38,7 +38,7 @@ use super::compile::Generation;
 use super::config::Config;
 use super::kernel::{Kernel, Options};
 use super::launch::{Buf, Exec, backward_exec, check_params, forward_exec};
-use super::plan::{KParams, KParams10, Kern, Tensor4, TmaDesc, not_compiled};
+use super::plan::{KParams, KParams10, Kern, TmaDesc, TmaSpec, not_compiled};
 use super::probe::{tma_probe_on, wgmma_probe_on};
 use super::staging::{backward_on, checked, forward_on};
 use crate::error::{Error, Grads, Result};
@@ -378,7 +378,7 @@ impl Exec for EmuExec<'_> {
         true
     }
 
-    fn tensor_map(&self, t: &Tensor4, dims: [u64; 4]) -> Result<TmaDesc> {
+    fn tensor_map(&self, spec: &TmaSpec) -> Result<TmaDesc> {
         /// `emu::TensorMap` in emu.h, kept in a CUtensorMap's bytes.
         #[repr(C)]
         struct TensorMap {
@@ -390,11 +390,11 @@ impl Exec for EmuExec<'_> {
         }
         const { assert!(std::mem::size_of::<TensorMap>() <= std::mem::size_of::<TmaDesc>()) };
         let map = TensorMap {
-            base: t.ptr,
-            dim: dims,
-            stride: [t.st, t.sh, t.sb].map(|s| s as u64 * 2),
-            r#box: [64, 64, 1, 1],
-            swizzle: 128,
+            base: spec.base,
+            dim: spec.dims,
+            stride: spec.strides,
+            r#box: spec.boxes,
+            swizzle: spec.swizzle,
         };
         let mut desc = TmaDesc::default();
         // SAFETY: both are plain data; the map's bytes fit the descriptor's (asserted above).

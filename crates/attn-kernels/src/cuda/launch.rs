@@ -6,7 +6,7 @@ use super::compile::has_tensor_core_forward;
 use super::config::Config;
 use super::kernel::{Kernel, MAX_HEAD_DIM, Version};
 use super::plan::{
-    KParams, KParams10, Kern, MMA_ROWS, MMA3_ROWS, MMA5_ROWS, ROWS_PER_BLOCK, Tensor4, TmaDesc, aligned,
+    KParams, KParams10, Kern, MMA_ROWS, MMA3_ROWS, MMA5_ROWS, ROWS_PER_BLOCK, Tensor4, TmaDesc, TmaSpec, aligned,
     backward_version, forward_version, kparams, pairs_aligned, rows_aligned16, t4, t4m,
 };
 use crate::error::{Error, Result};
@@ -70,9 +70,8 @@ pub(crate) trait Exec {
     fn download(&self, b: &Buf) -> Result<Vec<u8>>;
     /// Whether the warpgroup kernels (lab v8) are there.
     fn wgmma(&self) -> bool;
-    /// The TMA tensor map lab v10 reads `t` (16-bit values) through: dimensions `dims` = (d, T, H,
-    /// B) with `t`'s strides, boxes of 64 values x 64 rows, the 128-byte swizzle, zeros outside.
-    fn tensor_map(&self, t: &Tensor4, dims: [u64; 4]) -> Result<TmaDesc>;
+    /// The TMA tensor map lab v10 reads through, as `spec` describes it.
+    fn tensor_map(&self, spec: &TmaSpec) -> Result<TmaDesc>;
 }
 
 /// Kernel arguments ready for launches: the inverse norms of cosine variants computed (their buffer
@@ -141,7 +140,8 @@ pub(super) unsafe fn forward_exec(x: &dyn Exec, cfg: &Config, p: &Params, dtype:
 /// (`p.is_plain()`: the key and value heads and lengths are the queries').
 fn with_tensor_maps(x: &dyn Exec, kp: KParams, p: &Params) -> Result<KParams10> {
     let dims = [p.head_dim, p.seq_len, p.heads, p.batch].map(|n| n as u64);
-    Ok(KParams10 { kp, tmap: [x.tensor_map(&kp.q, dims)?, x.tensor_map(&kp.k, dims)?, x.tensor_map(&kp.v, dims)?] })
+    let map = |t: &Tensor4| x.tensor_map(&TmaSpec::of(t, dims));
+    Ok(KParams10 { kp, tmap: [map(&kp.q)?, map(&kp.k)?, map(&kp.v)?] })
 }
 
 /// The most key tiles whose maxima a v5/v8 block keeps (`MAX_TILES5` in `v5_fwd.cu`).

@@ -105,22 +105,24 @@ impl Kern {
         }
     }
 
-    /// The C type of the kernel's one argument: `KParams10` (with TMA tensor maps) for lab v10 and
-    /// its probe, else `KParams`.
+    /// Whether the kernel's one argument is a `KParams10` (with TMA tensor maps: lab v10 and its
+    /// probe) rather than a `KParams`.
+    pub(crate) const fn takes_tma(self) -> bool {
+        matches!(self, Kern::FwdWs10 | Kern::FwdStats10 | Kern::FwdRw10 | Kern::TmaProbe)
+    }
+
+    /// The C type of the kernel's one argument.
     pub(crate) const fn argument(self) -> &'static str {
-        match self {
-            Kern::FwdWs10 | Kern::FwdStats10 | Kern::FwdRw10 | Kern::TmaProbe => "KParams10",
-            _ => "KParams",
-        }
+        if self.takes_tma() { "KParams10" } else { "KParams" }
     }
 
     /// An error unless the kernel takes the argument a launch gives it (`KParams10` when `tma`): a
     /// bug of the host code.
     pub(crate) fn check_argument(self, tma: bool) -> Result<()> {
-        match (self.argument() == "KParams10", tma) {
-            (a, b) if a == b => Ok(()),
-            _ => Err(Error::Cuda(format!("{} takes a {}, not what its launch gave", self.name(), self.argument()))),
+        if self.takes_tma() == tma {
+            return Ok(());
         }
+        Err(Error::Cuda(format!("{} takes a {}, not what its launch gave", self.name(), self.argument())))
     }
 
     /// The generation whose files define this kernel.
@@ -229,6 +231,33 @@ pub(crate) struct KParams {
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C, align(128))]
 pub(crate) struct TmaDesc(pub(super) [u64; 16]);
+
+/// What one TMA tensor map of lab v10 describes, for both executors to encode alike: a tensor of
+/// 16-bit values at `base` with dimensions `dims` = (d, T, H, B), the byte strides of its row, head
+/// and batch dimensions, copied in boxes of 64 values x 64 rows with the 128-byte swizzle, zeros
+/// outside (the GPU encodes it with `cuTensorMapEncodeTiled`, the emulator keeps it as its own map).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct TmaSpec {
+    pub(super) base: u64,
+    pub(super) dims: [u64; 4],
+    pub(super) strides: [u64; 3],
+    pub(super) boxes: [u32; 4],
+    /// Bytes of the swizzle pattern (`wg_desc_sw128` in `lab/v10_fwd.cu` reads tiles with 128).
+    pub(super) swizzle: u32,
+}
+
+impl TmaSpec {
+    /// The map of `t` (16-bit values) with dimensions `dims`.
+    pub(super) fn of(t: &Tensor4, dims: [u64; 4]) -> Self {
+        Self {
+            base: t.ptr,
+            dims,
+            strides: [t.st, t.sh, t.sb].map(|s| s as u64 * 2),
+            boxes: [64, 64, 1, 1],
+            swizzle: 128,
+        }
+    }
+}
 
 /// Lab v10's argument (must match `KParams10` in `lab/v10_fwd.cu`): the kernels' usual one and the
 /// TMA tensor maps of q, k and v. The other kernels keep their smaller argument.

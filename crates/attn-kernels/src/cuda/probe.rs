@@ -8,7 +8,7 @@ use super::compile::Generation;
 use super::config::Config;
 use super::device::{GpuExec, cuda_err, module};
 use super::launch::Exec;
-use super::plan::{KParams, KParams10, Kern, Tensor4, TmaDesc};
+use super::plan::{KParams, KParams10, Kern, Tensor4, TmaDesc, TmaSpec};
 use crate::error::{Error, Result};
 use crate::params::Dtype;
 
@@ -176,7 +176,11 @@ pub(super) fn tma_probe_on(x: &dyn Exec) -> Result<Vec<f64>> {
     let boxed = |r: usize, c: usize| if r + 32 < 80 { f(&big, (80 + r + 32) * 64 + c) } else { 0.0 };
     let map_big = Tensor4 { ptr: dbig.addr(), sb: 2 * 80 * 64, sh: 80 * 64, st: 64 };
     let map_tile = Tensor4 { ptr: dtile.addr(), sb: 64 * 64, sh: 64 * 64, st: 64 };
-    let tmap = [TmaDesc::default(), x.tensor_map(&map_big, [64, 80, 2, 1])?, x.tensor_map(&map_tile, [64, 64, 1, 1])?];
+    let tmap = [
+        TmaDesc::default(),
+        x.tensor_map(&TmaSpec::of(&map_big, [64, 80, 2, 1]))?,
+        x.tensor_map(&TmaSpec::of(&map_tile, [64, 64, 1, 1]))?,
+    ];
     let mut errs = Vec::new();
     for mode in 0..TMA_PROBE_MODES.len() {
         let mut exact = vec![0f64; 64 * 64];
