@@ -133,6 +133,11 @@ pub(crate) fn dots_and_sq_norms<const FMA: bool>(
         Isa::Avx512 => unsafe {
             x86::dots_sq_avx512(q.as_ptr(), k.as_ptr(), ldk, n, d, out.as_mut_ptr(), sq.as_mut_ptr())
         },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma => unsafe {
+            x86::dots_sq_avx2(q.as_ptr(), k.as_ptr(), ldk, n, d, out.as_mut_ptr(), sq.as_mut_ptr())
+        },
         _ => {
             row_dots::<FMA, false>(isa, q, k, ldk, n, d, out);
             row_dots::<FMA, true>(isa, q, k, ldk, n, d, sq);
@@ -376,6 +381,56 @@ mod x86 {
                 _mm256_storeu_ps(sums.as_mut_ptr(), sum8(&acc));
                 std::ptr::copy_nonoverlapping(sums.as_ptr(), out.add(j0), m);
                 j0 += 8;
+            }
+        }
+    }
+
+    /// [`dots_avx2`] of `q` and of each key with itself at once, 4 keys at a time (8 accumulators,
+    /// 4 key chunks and `q`'s in 13 of the 16 registers): slot `s` holds item `SLOTS8[s]`, the dot
+    /// product of key `item` (`item < 4`) or the squared norm of key `item - 4`, so [`sum8`] leaves
+    /// the 4 dot products in lanes 0-3 and the 4 squared norms in lanes 4-7. Each key chunk is loaded
+    /// once for both, where the two passes of [`dots_avx2`] read every key twice. Every slot's chain
+    /// and [`sum8`]'s tree are those of [`dots_avx2`] (the tree adds a register's lanes in one order,
+    /// whichever slot it has), so the values are its values bit for bit.
+    ///
+    /// # Safety
+    /// As [`dots_avx2`], and `sq` valid for `n` writes.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn dots_sq_avx2(
+        q: *const f32,
+        k: *const f32,
+        ldk: usize,
+        n: usize,
+        d: usize,
+        out: *mut f32,
+        sq: *mut f32,
+    ) {
+        // SAFETY (whole body): as dots_avx2.
+        unsafe {
+            let mut j0 = 0;
+            while j0 < n {
+                let m = (n - j0).min(4);
+                let mut acc = [_mm256_setzero_ps(); 8];
+                let mut c0 = 0;
+                while c0 < d {
+                    let w = (d - c0).min(8);
+                    let qc = load8(q.add(c0), w);
+                    let mut kc = [_mm256_setzero_ps(); 4];
+                    for (j, x) in kc.iter_mut().enumerate().take(m) {
+                        *x = load8(k.add((j0 + j) * ldk + c0), w);
+                    }
+                    for (s, a) in acc.iter_mut().enumerate() {
+                        let item = SLOTS8[s];
+                        let x = kc[item % 4];
+                        *a = _mm256_fmadd_ps(if item < 4 { qc } else { x }, x, *a);
+                    }
+                    c0 += 8;
+                }
+                let mut sums = [0.0f32; 8];
+                _mm256_storeu_ps(sums.as_mut_ptr(), sum8(&acc));
+                std::ptr::copy_nonoverlapping(sums.as_ptr(), out.add(j0), m);
+                std::ptr::copy_nonoverlapping(sums.as_ptr().add(4), sq.add(j0), m);
+                j0 += 4;
             }
         }
     }
