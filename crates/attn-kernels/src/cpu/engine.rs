@@ -323,9 +323,7 @@ pub(super) fn scores<const FMA: bool>(
                 let part = &keys[c0 * ldk..];
                 let dots = &mut s[last * lds + c0..];
                 short::dots_and_sq_norms::<FMA>(isa, q_row(last), part, ldk, m, d, dots, &mut kn);
-                for (j, x) in kn[..m].iter_mut().enumerate() {
-                    *x = short::inv_norm_from(*x, &part[j * ldk..j * ldk + d]);
-                }
+                short::inv_norms_from(&mut kn[..m], part, ldk, d);
                 for r in 0..nq {
                     let vis = dims.visible(i0 + r, j0, nk).saturating_sub(c0).min(m);
                     let (a, b) = (rows.fac[r], rows.bias[r]);
