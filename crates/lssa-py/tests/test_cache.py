@@ -3,6 +3,8 @@ grouped-query attention (``H`` query heads on ``H_kv`` key heads), on every back
 against the float64 formulas of ``_formulas.py`` evaluated on the whole sequence with repeated key heads:
 an independent check, since those formulas know neither."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -116,7 +118,16 @@ def test_eager_inference_skips_the_custom_op_and_gives_its_output(name, monkeypa
         monkeypatch.setattr(lssa._ops, "attention_fwd", lambda *a: ops.append(a[3]) or real(*a))
         with torch.no_grad():
             got = lssa.attention(q, k, v, name)
-        assert ops == [] and torch.equal(got, want), f"T_k = {t_k}"
+            # The second call of a signature takes the short way (`lssa._INFERENCE`): the same output.
+            assert (name, "auto", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride()) in lssa._INFERENCE
+            again = lssa.attention(q, k, v, name)
+            # What the signature leaves out still decides: another dtype, or the reference backend.
+            reference = lssa.attention(q, k, v, name, backend="reference")
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", lssa.LssaFallbackWarning)  # once per process: maybe seen already
+                wide = lssa.attention(q.double(), k.double(), v.double(), name)
+        assert ops == [] and torch.equal(got, want) and torch.equal(again, want), f"T_k = {t_k}"
+        assert wide.dtype == torch.float64 and (wide - want).abs().max() < 1e-4 and not torch.equal(reference, want)
         qg = q.clone().requires_grad_()
         assert torch.equal(lssa.attention(qg, k, v, name).detach(), want) and ops == [name]
         monkeypatch.undo()

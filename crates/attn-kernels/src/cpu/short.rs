@@ -501,7 +501,11 @@ mod tests {
                 }
                 let mut got = k2.clone();
                 group(isa, &mut got, &k, d);
-                assert_eq!(got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), "{isa:?}, huge key {huge}");
+                assert_eq!(
+                    got.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                    "{isa:?}, huge key {huge}"
+                );
             }
         }
     }

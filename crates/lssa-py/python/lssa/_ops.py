@@ -104,15 +104,16 @@ def plain_tensors(*xs: Tensor) -> bool:
 def attention_inference(q: Tensor, k: Tensor, v: Tensor, variant: str) -> Tensor:
     """The fused forward's output for CPU tensors that need no gradient, called without the custom op
     (eager inference: ``lssa.attention`` has checked the arguments, and each row's last axis is
-    contiguous). The statistics are written by the kernels and dropped."""
+    contiguous). The statistics are dropped: ``stats`` 0 asks the extension to keep them in a buffer
+    of its own, which costs less than a tensor (5 us a call on a Zen 1 EPYC)."""
     b, h, t, d = q.shape
-    # `empty_like` and `new_empty` skip the dtype and device arguments' parsing: 1.3 us fewer a call
-    # than `torch.empty` each (q is a CPU float32 tensor here).
+    # `empty_like` skips the dtype and device arguments' parsing: 1.3 us fewer a call than
+    # `torch.empty` (q is a CPU float32 tensor here). `out` is contiguous: its strides are known.
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
-    stats = q.new_empty((b, h, t, STATS_PER_ROW))
+    ks = k.shape
     _lssa.forward(
-        variant, "cpu", "float32", (b, h, t, d), (k.shape[1], k.shape[2]),
-        _raw(q), _raw(k), _raw(v), _raw(out), stats.data_ptr(), 0, 0, torch.get_num_threads(),
+        variant, "cpu", "float32", (b, h, t, d), (ks[1], ks[2]),
+        _raw(q), _raw(k), _raw(v), (out.data_ptr(), h * t * d, t * d, d), 0, 0, 0, torch.get_num_threads(),
     )
     return out
 
