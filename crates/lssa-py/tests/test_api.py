@@ -243,3 +243,11 @@ def test_argument_checks_run_once_per_signature_and_still_refuse_what_they_refus
             lssa.attention(q, k.transpose(2, 3).contiguous().transpose(2, 3), k, "lssa")
         with pytest.raises(TypeError, match="variant must be a str"):
             lssa.attention(q, k, k, ["lssa"])
+        # The short way of a known inference signature leaves the cache's length out: keys shorter than
+        # the queries, or values of another length, are still refused after good calls.
+        with pytest.raises(ValueError, match="T_k >= T"):
+            lssa.attention(q, k[:, :, :2], k[:, :, :2], "lssa")
+        with pytest.raises(ValueError, match="v must have the"):
+            lssa.attention(q, k, torch.randn(1, 2, 4, 8), "lssa")
+        with pytest.raises(ValueError, match="k must be"):
+            lssa.attention(q, torch.randn(1, 2, 3, 4), torch.randn(1, 2, 3, 4), "lssa")

@@ -118,9 +118,15 @@ def test_eager_inference_skips_the_custom_op_and_gives_its_output(name, monkeypa
         monkeypatch.setattr(lssa._ops, "attention_fwd", lambda *a: ops.append(a[3]) or real(*a))
         with torch.no_grad():
             got = lssa.attention(q, k, v, name)
-            # The second call of a signature takes the short way (`lssa._INFERENCE`): the same output.
-            assert (name, "auto", q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride()) in lssa._INFERENCE
+            # The second call of a signature takes the short way (`lssa._INFERENCE`): the same output; and
+            # so does a cache a token longer or shorter (the signature leaves out T_k).
+            assert (name, "auto", q.shape, q.stride(), 1, 2, 64, 1, 1) in lssa._INFERENCE
             again = lssa.attention(q, k, v, name)
+            size = len(lssa._INFERENCE)
+            for grown in (k.shape[2] + 1, k.shape[2] - 1):
+                kg, vg = (torch.randn(1, 2, grown, 64, generator=gen) for _ in range(2))
+                want_g = torch.ops.lssa.attention_fwd(q, kg, vg, name, False)[0]
+                assert torch.equal(lssa.attention(q, kg, vg, name), want_g) and len(lssa._INFERENCE) == size
             # What the signature leaves out still decides: another dtype, or the reference backend.
             reference = lssa.attention(q, k, v, name, backend="reference")
             with warnings.catch_warnings():

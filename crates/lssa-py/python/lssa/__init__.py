@@ -207,11 +207,14 @@ _CHECKED: set = set()
 
 _F32 = torch.float32
 
-#: Signatures ``(variant, backend, shapes, strides)`` of CPU float32 calls in eager inference that ran
-#: the kernels through ``_ops.attention_inference``: checked, with a fused kernel, on CPU float32
-#: tensors. :func:`attention` sends such a call there before anything else: a decoding step repeats
-#: one signature per layer and cache length, and the general path's checks and dispatch took 25 of
-#: its 55 us a call on a Zen 1 EPYC (SDPA's whole call: 18 us).
+#: Signatures of CPU float32 calls in eager inference that ran the kernels through
+#: ``_ops.attention_inference``: checked, with a fused kernel. :func:`attention` sends a call of such a
+#: signature there before anything else. A signature is everything the general path decides on but
+#: the cache's length: the variant, the backend, ``q``'s shape and strides, ``k``'s batch, key heads
+#: and head dimension, and the last strides of ``k`` and ``v``, for ``v`` of ``k``'s shape and ``T_k >=
+#: T`` (checked each call). So a decoding step whose cache grew by a token keeps the short way, where
+#: the general path's checks and dispatch took 25 of its 55 us a call on a Zen 1 EPYC (SDPA's whole
+#: call: 18 us).
 _INFERENCE: set = set()
 
 
@@ -277,9 +280,11 @@ def attention(
         and not torch.compiler.is_compiling()
     ):
         # Eager CPU inference: a signature that ran the kernels before runs them straight away.
-        sig = (variant, backend, q.shape, k.shape, v.shape, q.stride(), k.stride(), v.stride())
-        if sig in _INFERENCE:
-            return _ops.attention_inference(q, k, v, variant)
+        qs, ks = q.shape, k.shape
+        if len(qs) == 4 and len(ks) == 4 and v.shape == ks and ks[2] >= qs[2]:
+            sig = (variant, backend, qs, q.stride(), ks[0], ks[1], ks[3], k.stride()[3], v.stride()[3])
+            if sig in _INFERENCE:
+                return _ops.attention_inference(q, k, v, variant)
     if backend not in BACKENDS:
         raise ValueError(f"lssa.attention: backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
     _check_once(q, k, v, variant, causal, rows_contiguous=backend in ("auto", "fused"))
