@@ -322,7 +322,8 @@ pub(super) fn scores<const FMA: bool>(
                 let m = (most - c0).min(64);
                 let part = &keys[c0 * ldk..];
                 let dots = &mut s[last * lds + c0..];
-                short::dots_and_sq_norms::<FMA>(isa, q_row(last), part, ldk, m, d, dots, &mut kn);
+                // With one row, its pass is the first over these keys (see `first`).
+                short::dots_and_sq_norms::<FMA>(isa, q_row(last), part, ldk, m, d, dots, &mut kn, last == 0);
                 short::inv_norms_from(&mut kn[..m], part, ldk, d);
                 for r in 0..nq {
                     let vis = dims.visible(i0 + r, j0, nk).saturating_sub(c0).min(m);
