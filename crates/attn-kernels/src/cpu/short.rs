@@ -206,9 +206,10 @@ mod x86 {
     /// A decoding step at 12 heads on a Zen 1 EPYC, lssa over SDPA, 16 alternations of the two wheels
     /// (median of the processes' medians [range]): 8K keys 0.97x [0.92, 1.00] without, 0.88x [0.76,
     /// 0.92] with; 1K 1.16x [0.98, 1.43] without, 1.02x [0.80, 1.37] with. The hardware prefetchers
-    /// there did not keep the key stream ahead of the FMAs. With grouped-query attention the first pass is `dots_avx2`'s; the
-    /// same prefetch there made a 12/4-head 1K step 2-3% slower (its 2 MB of keys and values mostly
-    /// in cache), so it has none. AVX-512 machines were not measured: their kernels do not prefetch.
+    /// there did not keep the key stream ahead of the FMAs. With grouped-query attention the first
+    /// pass is `dots_avx2`'s; the same prefetch there made a 12/4-head 1K step 2-3% slower (its 2 MB
+    /// of keys and values mostly in cache), so it has none. AVX-512 machines were not measured: their
+    /// kernels do not prefetch.
     const AHEAD: usize = 16;
 
     /// Which key each accumulator slot of a 16-key group holds: the transpose tree of [`sum16`] leaves
@@ -389,11 +390,12 @@ mod x86 {
     }
 
     /// The 8 accumulators of [`dots_avx2`]'s group of `m` keys at `k` (slot `s` holds key
-    /// `SLOTS8[s]`; slots of keys past `m` stay zero). `FULL` (`m == 8`) drops the per-slot test.
-    /// One loop over every chunk, with the test and `load8` in it, kept the accumulators in memory
-    /// (a store after every FMA): 2.4 cycles a 256-bit FMA on a Zen 1 EPYC, against 1.1 for
-    /// [`dots_sq_avx2`] (`perf`, a 12/4-head decoding step at 1K keys). Every slot's chain is the
-    /// same, so the same bits.
+    /// `SLOTS8[s]`; slots of keys past `m` stay zero). `FULL` (`m == 8`) drops the per-slot test, and
+    /// whole 8-column chunks take plain loads, `load8`'s copy (a call) only the column tail. One loop
+    /// over every chunk with the test and `load8` in it kept the accumulators in memory (a store
+    /// after every FMA): 2.4 cycles a 256-bit FMA on a Zen 1 EPYC, against 1.1 for [`dots_sq_avx2`]
+    /// (`perf`, a 12/4-head decoding step at 1K keys). Every slot's chain is the same, so the same
+    /// bits.
     ///
     /// # Safety
     /// As [`dots_avx2`], for the `m` keys at `k`.
@@ -408,32 +410,49 @@ mod x86 {
         // SAFETY (whole body): as dots_avx2.
         unsafe {
             let mut acc = [_mm256_setzero_ps(); 8];
-            // Whole chunks with plain loads (a loop with `load8`'s copy, a call, in it kept the
-            // accumulators in memory too), then the column tail.
             let mut c0 = 0;
             while c0 + 8 <= d {
-                let qc = if SQ { _mm256_setzero_ps() } else { _mm256_loadu_ps(q.add(c0)) };
-                for (s, a) in acc.iter_mut().enumerate() {
-                    let j = SLOTS8[s];
-                    if FULL || j < m {
-                        let kc = _mm256_loadu_ps(k.add(j * ldk + c0));
-                        *a = _mm256_fmadd_ps(if SQ { kc } else { qc }, kc, *a);
-                    }
-                }
+                chunk8::<SQ, FULL, true>(&mut acc, q, k, ldk, m, c0, 8);
                 c0 += 8;
             }
             if c0 < d {
-                let w = d - c0;
-                let qc = if SQ { _mm256_setzero_ps() } else { load8(q.add(c0), w) };
-                for (s, a) in acc.iter_mut().enumerate() {
-                    let j = SLOTS8[s];
-                    if FULL || j < m {
-                        let kc = load8(k.add(j * ldk + c0), w);
-                        *a = _mm256_fmadd_ps(if SQ { kc } else { qc }, kc, *a);
-                    }
-                }
+                chunk8::<SQ, FULL, false>(&mut acc, q, k, ldk, m, c0, d - c0);
             }
             acc
+        }
+    }
+
+    /// One column chunk of [`group8`]: columns `[c0, c0 + w)`, all 8 with plain loads where `WHOLE`.
+    ///
+    /// # Safety
+    /// As [`group8`], and `w` columns readable from `c0` in `q` and every key.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn chunk8<const SQ: bool, const FULL: bool, const WHOLE: bool>(
+        acc: &mut [__m256; 8],
+        q: *const f32,
+        k: *const f32,
+        ldk: usize,
+        m: usize,
+        c0: usize,
+        w: usize,
+    ) {
+        // SAFETY (whole body): as the caller's.
+        unsafe {
+            // A function, not a closure (see `load8`).
+            #[inline(always)]
+            unsafe fn ld<const WHOLE: bool>(p: *const f32, w: usize) -> __m256 {
+                // SAFETY: as `load8`.
+                unsafe { if WHOLE { _mm256_loadu_ps(p) } else { load8(p, w) } }
+            }
+            let qc = if SQ { _mm256_setzero_ps() } else { ld::<WHOLE>(q.add(c0), w) };
+            for (s, a) in acc.iter_mut().enumerate() {
+                let j = SLOTS8[s];
+                if FULL || j < m {
+                    let kc = ld::<WHOLE>(k.add(j * ldk + c0), w);
+                    *a = _mm256_fmadd_ps(if SQ { kc } else { qc }, kc, *a);
+                }
+            }
         }
     }
 
