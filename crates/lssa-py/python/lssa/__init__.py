@@ -231,10 +231,16 @@ def _check_once(q: Tensor, k: Tensor, v: Tensor, variant: str, causal: bool, row
     if key in _CHECKED:
         return None
     _check(q, k, v, variant, causal, rows_contiguous)
-    if len(_CHECKED) >= 4096:  # bounded: shapes that never repeat must not grow it forever
-        _CHECKED.clear()
-    _CHECKED.add(key)
+    _remember(_CHECKED, key)
     return None
+
+
+def _remember(seen: set, key) -> None:
+    """Adds ``key`` to ``seen`` (``_CHECKED``, ``_INFERENCE``), which is bounded: shapes that never
+    repeat must not grow it forever."""
+    if len(seen) >= 4096:
+        seen.clear()
+    seen.add(key)
 
 
 def backend_for(variant: str, device="cpu", dtype: torch.dtype = torch.float32, head_dim: int = 64) -> str:
@@ -310,9 +316,7 @@ def attention(
         # Inference in eager mode (a decoding step): the kernels straight away, without the custom op's
         # dispatch (which cost 25 us a call, more than a one-row step's work at a 1K cache).
         if sig is not None:
-            if len(_INFERENCE) >= 4096:  # bounded, as `_CHECKED`
-                _INFERENCE.clear()
-            _INFERENCE.add(sig)
+            _remember(_INFERENCE, sig)
         return _ops.attention_inference(q, k, v, variant)
     out, _stats, _aux = _ops.attention_fwd(q, k, v, variant, differentiable)
     return out
