@@ -304,26 +304,41 @@ pub(super) fn scores<const FMA: bool>(
     lds: usize,
 ) {
     if head.kt.is_empty() {
-        // Unpacked keys (a short call). With cosine scores and no precomputed key norms, the last row
-        // (which sees the most keys) takes the tile's key norms in the pass of its own dot products,
-        // the same bits as the backward's `inv_norms_short`, and the scale is applied here.
+        // Unpacked keys (a short call). With cosine scores and no precomputed key norms, the tile's key
+        // norms come from the pass of the rows' dot products (`short::dots_and_sq_norms`), the same
+        // bits as the backward's `inv_norms_short`, and the scale is applied here.
         let (d, isa, ldk) = (dims.d, dims.isa, head.ldk);
         let keys = &head.k[j0 * ldk..];
         let q_row = |r: usize| &head.q[(i0 + r) * head.ldq..(i0 + r) * head.ldq + d];
         let fused_norms = plan.cosine() && head.ink.is_empty();
-        for r in 0..nq - usize::from(fused_norms) {
-            short::dots::<FMA>(isa, q_row(r), keys, ldk, dims.visible(i0 + r, j0, nk), d, &mut s[r * lds..]);
-        }
-        if fused_norms {
-            let last = nq - 1;
-            let most = dims.visible(i0 + last, j0, nk);
+        if !fused_norms {
+            for r in 0..nq {
+                short::dots::<FMA>(isa, q_row(r), keys, ldk, dims.visible(i0 + r, j0, nk), d, &mut s[r * lds..]);
+            }
+        } else {
+            // Every row over the keys the last one sees (the others' extra entries are beyond their
+            // visible keys).
+            let most = dims.visible(i0 + nq - 1, j0, nk);
+            let q = &head.q[i0 * head.ldq..];
             let mut kn = [0.0f32; 64];
             for c0 in (0..most).step_by(64) {
                 let m = (most - c0).min(64);
                 let part = &keys[c0 * ldk..];
-                let dots = &mut s[last * lds + c0..];
                 // With one row, its pass is the first over these keys (see `first`).
-                short::dots_and_sq_norms::<FMA>(isa, q_row(last), part, ldk, m, d, dots, &mut kn, last == 0);
+                short::dots_and_sq_norms::<FMA>(
+                    isa,
+                    q,
+                    head.ldq,
+                    nq,
+                    part,
+                    ldk,
+                    m,
+                    d,
+                    &mut s[c0..],
+                    lds,
+                    &mut kn,
+                    nq == 1,
+                );
                 short::inv_norms_from(&mut kn[..m], part, ldk, d);
                 for r in 0..nq {
                     let vis = dims.visible(i0 + r, j0, nk).saturating_sub(c0).min(m);

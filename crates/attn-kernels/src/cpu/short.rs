@@ -122,40 +122,67 @@ pub(crate) fn inv_norms_from(k2: &mut [f32], k: &[f32], ldk: usize, d: usize) {
     }
 }
 
-/// [`dots`] of `q` with the `n` keys into `out`, and each key's squared norm into `sq`, in one pass
-/// over the keys: the squared norms are the bits [`key_inv_norms`] starts from (the reduction tree
-/// adds every register's lanes in the same order whichever slot it has), so a short call's forward,
-/// which takes its key norms here, and its backward, which takes them from [`key_inv_norms`], see the
-/// same scores. `first`: the call's first pass over these keys, which are likely not in cache (a
-/// decoding step's one query row): the AVX2 kernel then prefetches the keys it will read next
-/// (`x86::AHEAD`); the values are the same either way.
+/// [`dots`] of each of the `rows` query rows (row `r` at `q[r ldq..][..d]`) with the `n` keys into
+/// `out[r lds..][..n]`, and each key's squared norm into `sq`, in one pass over the keys: the squared
+/// norms are the bits [`key_inv_norms`] starts from (the reduction tree adds every register's lanes in
+/// the same order whichever slot it has), so a short call's forward, which takes its key norms here,
+/// and its backward, which takes them from [`key_inv_norms`], see the same scores; and each row's dot
+/// products are [`dots`]' bits. `first`: the call's first pass over these keys, which are likely not
+/// in cache (a decoding step's one query row): the AVX2 kernel then prefetches the keys it will read
+/// next (`x86::AHEAD`); the values are the same either way.
+///
+/// On AVX2 the last [`FUSED_ROWS`] rows (at most) share the pass with the norms, each key chunk
+/// loaded once for all of them (the rows of a grouped-query step); rows before those, and every row
+/// but the last on the other ISAs, take [`dots`] first.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn dots_and_sq_norms<const FMA: bool>(
     isa: Isa,
     q: &[f32],
+    ldq: usize,
+    rows: usize,
     k: &[f32],
     ldk: usize,
     n: usize,
     d: usize,
     out: &mut [f32],
+    lds: usize,
     sq: &mut [f32],
     first: bool,
 ) {
-    if n == 0 {
+    if n == 0 || rows == 0 {
         return;
     }
-    assert!(out.len() >= n && sq.len() >= n && q.len() >= d && k.len() >= (n - 1) * ldk + d);
+    let last = rows - 1;
+    assert!(
+        out.len() >= last * lds + n
+            && sq.len() >= n
+            && q.len() >= last * ldq + d
+            && k.len() >= (n - 1) * ldk + d
+            && (rows == 1 || lds >= n)
+    );
+    let fused = if isa == Isa::Avx2Fma { rows.min(FUSED_ROWS) } else { 1 };
+    // Row `r` as a slice of `d`: the portable kernel's `dot` runs over the whole of `q`.
+    for r in 0..rows - fused {
+        row_dots::<FMA, false>(isa, &q[r * ldq..r * ldq + d], k, ldk, n, d, &mut out[r * lds..]);
+    }
+    let r0 = rows - fused;
+    let (q, out) = (&q[r0 * ldq..r0 * ldq + (fused - 1) * ldq + d], &mut out[r0 * lds..]);
     match isa {
         // SAFETY: extents checked above; the caller's dispatch checked the ISA is supported.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
             x86::dots_sq_avx512(q.as_ptr(), k.as_ptr(), ldk, n, d, out.as_mut_ptr(), sq.as_mut_ptr())
         },
-        // SAFETY: as above.
+        // SAFETY: as above, for the `fused` rows from here.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2Fma => unsafe {
-            x86::dots_sq_avx2(q.as_ptr(), k.as_ptr(), ldk, n, d, out.as_mut_ptr(), sq.as_mut_ptr(), first)
+            let (q, k, o, s) = (q.as_ptr(), k.as_ptr(), out.as_mut_ptr(), sq.as_mut_ptr());
+            match fused {
+                1 => x86::dots_sq_avx2(q, k, ldk, n, d, o, s, first),
+                2 => x86::rows_dots_sq_avx2::<2>(q, ldq, k, ldk, n, d, o, lds, s),
+                _ => x86::rows_dots_sq_avx2::<3>(q, ldq, k, ldk, n, d, o, lds, s),
+            }
         },
         _ => {
             row_dots::<FMA, false>(isa, q, k, ldk, n, d, out);
@@ -163,6 +190,12 @@ pub(crate) fn dots_and_sq_norms<const FMA: bool>(
         }
     }
 }
+
+/// The most query rows [`dots_and_sq_norms`] takes through one pass with the key norms (AVX2): 3 rows
+/// and the norms of 2 keys fill 8 accumulators, beside 3 query chunks and 2 key chunks (13 of the
+/// 16 registers). A 12/4-head decoding step on a Zen 1 EPYC spent a third of its time in the three
+/// passes over every key tile that its three rows took before (`perf`).
+pub(crate) const FUSED_ROWS: usize = 3;
 
 /// [`dots`] of `q` (`SQ = false`) or of each key with itself (`SQ = true`, `q` unused).
 #[inline(always)]
@@ -389,6 +422,14 @@ mod x86 {
         }
     }
 
+    /// 8 floats from `p` with a plain load where `WHOLE`, else `w` through [`load8`] (a function, not
+    /// a closure: see `load8`).
+    #[inline(always)]
+    unsafe fn ld<const WHOLE: bool>(p: *const f32, w: usize) -> __m256 {
+        // SAFETY: as `load8`.
+        unsafe { if WHOLE { _mm256_loadu_ps(p) } else { load8(p, w) } }
+    }
+
     /// The 8 accumulators of [`dots_avx2`]'s group of `m` keys at `k` (slot `s` holds key
     /// `SLOTS8[s]`; slots of keys past `m` stay zero). `FULL` (`m == 8`) drops the per-slot test, and
     /// whole 8-column chunks take plain loads, `load8`'s copy (a call) only the column tail. One loop
@@ -439,12 +480,6 @@ mod x86 {
     ) {
         // SAFETY (whole body): as the caller's.
         unsafe {
-            // A function, not a closure (see `load8`).
-            #[inline(always)]
-            unsafe fn ld<const WHOLE: bool>(p: *const f32, w: usize) -> __m256 {
-                // SAFETY: as `load8`.
-                unsafe { if WHOLE { _mm256_loadu_ps(p) } else { load8(p, w) } }
-            }
             let qc = if SQ { _mm256_setzero_ps() } else { ld::<WHOLE>(q.add(c0), w) };
             for (s, a) in acc.iter_mut().enumerate() {
                 let j = SLOTS8[s];
@@ -539,6 +574,120 @@ mod x86 {
             }
         }
     }
+
+    /// [`dots_sq_avx2`] for `R` (2 or 3) query rows at stride `ldq`, 2 keys at a time: slot `s`
+    /// holds item `SLOTS8[s]`, the dot product of row `item / 2` with key `item % 2` (`item < 2 R`),
+    /// or the squared norm of key `item - 2 R` (`item < 2 R + 2`; with `R = 2` the last two slots stay
+    /// zero). Each key chunk is loaded once for every row and the norm. Every slot's chain and
+    /// [`sum8`]'s tree are those of [`dots_avx2`], so each row's values are its values bit for bit.
+    ///
+    /// # Safety
+    /// As [`dots_sq_avx2`], for `R` rows of `q` at stride `ldq` and of `out` at stride `lds`.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn rows_dots_sq_avx2<const R: usize>(
+        q: *const f32,
+        ldq: usize,
+        k: *const f32,
+        ldk: usize,
+        n: usize,
+        d: usize,
+        out: *mut f32,
+        lds: usize,
+        sq: *mut f32,
+    ) {
+        const { assert!(R == 2 || R == 3) };
+        // SAFETY (whole body): as dots_avx2; `R` rows of `q` and `out` by the caller.
+        unsafe {
+            let mut j0 = 0;
+            while j0 < n {
+                let m = (n - j0).min(2);
+                let kg = k.add(j0 * ldk);
+                let acc = if m == 2 {
+                    rows_group::<R, true>(q, ldq, kg, ldk, 2, d)
+                } else {
+                    rows_group::<R, false>(q, ldq, kg, ldk, m, d)
+                };
+                let mut sums = [0.0f32; 8];
+                _mm256_storeu_ps(sums.as_mut_ptr(), sum8(&acc));
+                for r in 0..R {
+                    std::ptr::copy_nonoverlapping(sums.as_ptr().add(2 * r), out.add(r * lds + j0), m);
+                }
+                std::ptr::copy_nonoverlapping(sums.as_ptr().add(2 * R), sq.add(j0), m);
+                j0 += 2;
+            }
+        }
+    }
+
+    /// The 8 accumulators of [`rows_dots_sq_avx2`]'s group of `m` (1 or 2) keys at `k`: whole
+    /// 8-column chunks with plain loads, the column tail through `load8`, and with `FULL` (`m == 2`)
+    /// no test of the second key (as [`group8`], to keep the accumulators in registers).
+    ///
+    /// # Safety
+    /// As [`rows_dots_sq_avx2`], for the `m` keys at `k`.
+    #[inline(always)]
+    unsafe fn rows_group<const R: usize, const FULL: bool>(
+        q: *const f32,
+        ldq: usize,
+        k: *const f32,
+        ldk: usize,
+        m: usize,
+        d: usize,
+    ) -> [__m256; 8] {
+        // SAFETY (whole body): as the caller's.
+        unsafe {
+            let mut acc = [_mm256_setzero_ps(); 8];
+            let mut c0 = 0;
+            while c0 + 8 <= d {
+                rows_chunk::<R, FULL, true>(&mut acc, q, ldq, k, ldk, m, c0, 8);
+                c0 += 8;
+            }
+            if c0 < d {
+                rows_chunk::<R, FULL, false>(&mut acc, q, ldq, k, ldk, m, c0, d - c0);
+            }
+            acc
+        }
+    }
+
+    /// One column chunk of [`rows_group`]: columns `[c0, c0 + w)`, all 8 with plain loads where
+    /// `WHOLE`.
+    ///
+    /// # Safety
+    /// As [`rows_group`], and `w` columns readable from `c0` in every row of `q` and every key.
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn rows_chunk<const R: usize, const FULL: bool, const WHOLE: bool>(
+        acc: &mut [__m256; 8],
+        q: *const f32,
+        ldq: usize,
+        k: *const f32,
+        ldk: usize,
+        m: usize,
+        c0: usize,
+        w: usize,
+    ) {
+        // SAFETY (whole body): as the caller's.
+        unsafe {
+            let mut qc = [_mm256_setzero_ps(); R];
+            for (r, x) in qc.iter_mut().enumerate() {
+                *x = ld::<WHOLE>(q.add(r * ldq + c0), w);
+            }
+            let mut kc = [_mm256_setzero_ps(); 2];
+            for (j, x) in kc.iter_mut().enumerate() {
+                if FULL || j < m {
+                    *x = ld::<WHOLE>(k.add(j * ldk + c0), w);
+                }
+            }
+            for (s, a) in acc.iter_mut().enumerate() {
+                let (row, key) = (SLOTS8[s] / 2, SLOTS8[s] % 2);
+                if row < R {
+                    *a = _mm256_fmadd_ps(qc[row], kc[key], *a);
+                } else if row == R {
+                    *a = _mm256_fmadd_ps(kc[key], kc[key], *a);
+                }
+            }
+        }
+    }
 }
 
 /// [`key_inv_norms`] of every key of a head: what the backward of a short call reads, the values its
@@ -619,7 +768,7 @@ mod tests {
                 // One pass for both: the same dot products, and the squared norms `key_inv_norms` starts from.
                 crate::multiversion! {
                     fn fused<const FMA: bool>(isa: Isa, which: Isa, q: &[f32], k: &[f32], ldk: usize, n: usize, d: usize, o: &mut [f32], kn: &mut [f32]) {
-                        dots_and_sq_norms::<FMA>(which, q, k, ldk, n, d, o, kn, true);
+                        dots_and_sq_norms::<FMA>(which, q, d, 1, k, ldk, n, d, o, n, kn, true);
                         for (j, x) in kn[..n].iter_mut().enumerate() {
                             *x = inv_norm_from(*x, &k[j * ldk..j * ldk + d]);
                         }
@@ -648,6 +797,56 @@ mod tests {
                     both(isa, isa, &q, &k[j0 * ldk..], ldk, n - j0, d, &mut part, &mut pn);
                     assert_eq!(part, got[j0..], "{isa:?} d={d}: dots from key {j0}");
                     assert_eq!(pn, norms[j0..], "{isa:?} d={d}: norms from key {j0}");
+                }
+            }
+        }
+    }
+
+    /// Several query rows through one pass with the key norms (a grouped-query step's rows): each
+    /// row's dot products are [`dots`]' bits and the squared norms those of one row's pass, on every
+    /// ISA, for 1 to 5 rows (beyond [`FUSED_ROWS`] the first rows take [`dots`]), partial key groups
+    /// and column tails included.
+    #[test]
+    fn rows_in_one_pass_with_the_norms_are_each_rows_dots() {
+        crate::multiversion! {
+            #[allow(clippy::too_many_arguments)]
+            fn rows_pass<const FMA: bool>(isa: Isa, which: Isa, q: &[f32], ldq: usize, rows: usize, k: &[f32], ldk: usize, n: usize, d: usize, o: &mut [f32], lds: usize, sq: &mut [f32]) {
+                dots_and_sq_norms::<FMA>(which, q, ldq, rows, k, ldk, n, d, o, lds, sq, false);
+            }
+        }
+        crate::multiversion! {
+            fn one_row<const FMA: bool>(isa: Isa, which: Isa, q: &[f32], k: &[f32], ldk: usize, n: usize, d: usize, o: &mut [f32], sq: &mut [f32]) {
+                dots::<FMA>(which, q, k, ldk, n, d, o);
+                row_dots::<FMA, true>(which, q, k, ldk, n, d, sq);
+            }
+        }
+        for isa in Isa::all_supported() {
+            for d in [1, 7, 8, 13, 64, 72] {
+                for n in [1, 2, 3, 9, 64] {
+                    let (ldq, ldk, lds) = (d + 5, d + 3, n + 2);
+                    let (q, k) = (data(5 * ldq, 11 + d as u64), data(n * ldk, 3 + n as u64));
+                    let mut want_sq = vec![0.0f32; n];
+                    let mut want = vec![vec![0.0f32; n]; 5];
+                    for (r, w) in want.iter_mut().enumerate() {
+                        one_row(isa, isa, &q[r * ldq..r * ldq + d], &k, ldk, n, d, w, &mut want_sq);
+                    }
+                    for rows in 1..=5 {
+                        let (mut got, mut sq) = (vec![f32::NAN; rows * lds], vec![f32::NAN; n]);
+                        rows_pass(isa, isa, &q, ldq, rows, &k, ldk, n, d, &mut got, lds, &mut sq);
+                        for (r, w) in want.iter().enumerate().take(rows) {
+                            let row = &got[r * lds..r * lds + n];
+                            assert_eq!(
+                                row.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                w.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                                "{isa:?} d={d} n={n} rows={rows}: row {r}"
+                            );
+                            assert!(
+                                got[r * lds + n..(r + 1) * lds].iter().all(|x| x.is_nan()),
+                                "{isa:?} d={d} n={n} rows={rows}: row {r} wrote past its keys"
+                            );
+                        }
+                        assert_eq!(sq, want_sq, "{isa:?} d={d} n={n} rows={rows}: squared norms");
+                    }
                 }
             }
         }
