@@ -471,10 +471,17 @@ mod x86 {
                 acc_block::<L, MR>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
                 i += MR;
             }
-            // The rest in blocks of 4, 2 and 1 rows, as in `nt`.
+            // The rest in blocks of 4, 2 and 1 rows, as in `nt`; 3 rows (a 12/4-head decoding step's
+            // group) in one block, which reads `B` once where a block of 2 and a row read it twice
+            // (and a block of 2 keeps only 4 AVX2 accumulator chains, fewer than the FMA's latency
+            // needs).
             if MR > 4 && i + 4 <= m {
                 acc_block::<L, 4>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
                 i += 4;
+            }
+            if MR > 3 && i + 3 == m {
+                acc_block::<L, 3>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
+                i += 3;
             }
             if MR > 2 && i + 2 <= m {
                 acc_block::<L, 2>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
