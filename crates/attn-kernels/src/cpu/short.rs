@@ -430,62 +430,63 @@ mod x86 {
         unsafe { if WHOLE { _mm256_loadu_ps(p) } else { load8(p, w) } }
     }
 
-    /// The 8 accumulators of [`dots_avx2`]'s group of `m` keys at `k` (slot `s` holds key
-    /// `SLOTS8[s]`; slots of keys past `m` stay zero). `FULL` (`m == 8`) drops the per-slot test, and
-    /// whole 8-column chunks take plain loads, `load8`'s copy (a call) only the column tail. One loop
-    /// over every chunk with the test and `load8` in it kept the accumulators in memory (a store
-    /// after every FMA): 2.4 cycles a 256-bit FMA on a Zen 1 EPYC, against 1.1 for [`dots_sq_avx2`]
-    /// (`perf`, a 12/4-head decoding step at 1K keys). Every slot's chain is the same, so the same
-    /// bits.
+    /// One column chunk of a group's dot products into its 8 accumulators: columns `[c0, c0 + w)`,
+    /// all 8 with plain loads where `WHOLE`. A trait with a const-generic method, not a closure:
+    /// a closure is compiled without the caller's target features (see `load8`).
+    trait Chunk {
+        /// # Safety
+        /// `w` columns readable from `c0` in every query row and key the group reads; AVX2 + FMA.
+        unsafe fn chunk<const WHOLE: bool>(&self, acc: &mut [__m256; 8], c0: usize, w: usize);
+    }
+
+    /// A group's 8 accumulators over `d` columns: whole 8-column chunks with plain loads, `load8`'s
+    /// copy (a call) only for the column tail. One loop over every chunk with `load8` (and, in
+    /// [`dots_avx2`], a per-slot test of a partial group) in it kept the accumulators in memory (a
+    /// store after every FMA): 2.4 cycles a 256-bit FMA on a Zen 1 EPYC, against 1.1 for
+    /// [`dots_sq_avx2`] (`perf`, a 12/4-head decoding step at 1K keys).
     ///
     /// # Safety
-    /// As [`dots_avx2`], for the `m` keys at `k`.
+    /// As [`Chunk::chunk`] for every chunk of `d` columns.
     #[inline(always)]
-    unsafe fn group8<const SQ: bool, const FULL: bool>(
-        q: *const f32,
-        k: *const f32,
-        ldk: usize,
-        m: usize,
-        d: usize,
-    ) -> [__m256; 8] {
-        // SAFETY (whole body): as dots_avx2.
+    unsafe fn columns<C: Chunk>(group: &C, d: usize) -> [__m256; 8] {
+        // SAFETY (whole body): as the caller's.
         unsafe {
             let mut acc = [_mm256_setzero_ps(); 8];
             let mut c0 = 0;
             while c0 + 8 <= d {
-                chunk8::<SQ, FULL, true>(&mut acc, q, k, ldk, m, c0, 8);
+                group.chunk::<true>(&mut acc, c0, 8);
                 c0 += 8;
             }
             if c0 < d {
-                chunk8::<SQ, FULL, false>(&mut acc, q, k, ldk, m, c0, d - c0);
+                group.chunk::<false>(&mut acc, c0, d - c0);
             }
             acc
         }
     }
 
-    /// One column chunk of [`group8`]: columns `[c0, c0 + w)`, all 8 with plain loads where `WHOLE`.
-    ///
-    /// # Safety
-    /// As [`group8`], and `w` columns readable from `c0` in `q` and every key.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn chunk8<const SQ: bool, const FULL: bool, const WHOLE: bool>(
-        acc: &mut [__m256; 8],
+    /// [`dots_avx2`]'s group of `m` keys at `k` (slot `s` holds key `SLOTS8[s]`; slots of keys past
+    /// `m` stay zero): `FULL` (`m == 8`) drops the per-slot test. Every slot's chain is the same
+    /// whichever group a key falls in, so the same bits.
+    struct Keys8<const SQ: bool, const FULL: bool> {
         q: *const f32,
         k: *const f32,
         ldk: usize,
         m: usize,
-        c0: usize,
-        w: usize,
-    ) {
-        // SAFETY (whole body): as the caller's.
-        unsafe {
-            let qc = if SQ { _mm256_setzero_ps() } else { ld::<WHOLE>(q.add(c0), w) };
-            for (s, a) in acc.iter_mut().enumerate() {
-                let j = SLOTS8[s];
-                if FULL || j < m {
-                    let kc = ld::<WHOLE>(k.add(j * ldk + c0), w);
-                    *a = _mm256_fmadd_ps(if SQ { kc } else { qc }, kc, *a);
+    }
+
+    impl<const SQ: bool, const FULL: bool> Chunk for Keys8<SQ, FULL> {
+        #[inline(always)]
+        unsafe fn chunk<const WHOLE: bool>(&self, acc: &mut [__m256; 8], c0: usize, w: usize) {
+            let Self { q, k, ldk, m } = *self;
+            // SAFETY (whole body): as the trait's.
+            unsafe {
+                let qc = if SQ { _mm256_setzero_ps() } else { ld::<WHOLE>(q.add(c0), w) };
+                for (s, a) in acc.iter_mut().enumerate() {
+                    let j = SLOTS8[s];
+                    if FULL || j < m {
+                        let kc = ld::<WHOLE>(k.add(j * ldk + c0), w);
+                        *a = _mm256_fmadd_ps(if SQ { kc } else { qc }, kc, *a);
+                    }
                 }
             }
         }
@@ -510,8 +511,11 @@ mod x86 {
             while j0 < n {
                 let m = (n - j0).min(8);
                 let kg = k.add(j0 * ldk);
-                let acc =
-                    if m == 8 { group8::<SQ, true>(q, kg, ldk, 8, d) } else { group8::<SQ, false>(q, kg, ldk, m, d) };
+                let acc = if m == 8 {
+                    columns(&Keys8::<SQ, true> { q, k: kg, ldk, m: 8 }, d)
+                } else {
+                    columns(&Keys8::<SQ, false> { q, k: kg, ldk, m }, d)
+                };
                 let mut sums = [0.0f32; 8];
                 _mm256_storeu_ps(sums.as_mut_ptr(), sum8(&acc));
                 std::ptr::copy_nonoverlapping(sums.as_ptr(), out.add(j0), m);
@@ -604,9 +608,9 @@ mod x86 {
                 let m = (n - j0).min(2);
                 let kg = k.add(j0 * ldk);
                 let acc = if m == 2 {
-                    rows_group::<R, true>(q, ldq, kg, ldk, 2, d)
+                    columns(&Rows::<R, true> { q, ldq, k: kg, ldk, m: 2 }, d)
                 } else {
-                    rows_group::<R, false>(q, ldq, kg, ldk, m, d)
+                    columns(&Rows::<R, false> { q, ldq, k: kg, ldk, m }, d)
                 };
                 let mut sums = [0.0f32; 8];
                 _mm256_storeu_ps(sums.as_mut_ptr(), sum8(&acc));
@@ -619,71 +623,39 @@ mod x86 {
         }
     }
 
-    /// The 8 accumulators of [`rows_dots_sq_avx2`]'s group of `m` (1 or 2) keys at `k`: whole
-    /// 8-column chunks with plain loads, the column tail through `load8`, and with `FULL` (`m == 2`)
-    /// no test of the second key (as [`group8`], to keep the accumulators in registers).
-    ///
-    /// # Safety
-    /// As [`rows_dots_sq_avx2`], for the `m` keys at `k`.
-    #[inline(always)]
-    unsafe fn rows_group<const R: usize, const FULL: bool>(
+    /// [`rows_dots_sq_avx2`]'s group of `m` (1 or 2) keys at `k` and `R` query rows at stride `ldq`:
+    /// `FULL` (`m == 2`) drops the test of the second key.
+    struct Rows<const R: usize, const FULL: bool> {
         q: *const f32,
         ldq: usize,
         k: *const f32,
         ldk: usize,
         m: usize,
-        d: usize,
-    ) -> [__m256; 8] {
-        // SAFETY (whole body): as the caller's.
-        unsafe {
-            let mut acc = [_mm256_setzero_ps(); 8];
-            let mut c0 = 0;
-            while c0 + 8 <= d {
-                rows_chunk::<R, FULL, true>(&mut acc, q, ldq, k, ldk, m, c0, 8);
-                c0 += 8;
-            }
-            if c0 < d {
-                rows_chunk::<R, FULL, false>(&mut acc, q, ldq, k, ldk, m, c0, d - c0);
-            }
-            acc
-        }
     }
 
-    /// One column chunk of [`rows_group`]: columns `[c0, c0 + w)`, all 8 with plain loads where
-    /// `WHOLE`.
-    ///
-    /// # Safety
-    /// As [`rows_group`], and `w` columns readable from `c0` in every row of `q` and every key.
-    #[inline(always)]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn rows_chunk<const R: usize, const FULL: bool, const WHOLE: bool>(
-        acc: &mut [__m256; 8],
-        q: *const f32,
-        ldq: usize,
-        k: *const f32,
-        ldk: usize,
-        m: usize,
-        c0: usize,
-        w: usize,
-    ) {
-        // SAFETY (whole body): as the caller's.
-        unsafe {
-            let mut qc = [_mm256_setzero_ps(); R];
-            for (r, x) in qc.iter_mut().enumerate() {
-                *x = ld::<WHOLE>(q.add(r * ldq + c0), w);
-            }
-            let mut kc = [_mm256_setzero_ps(); 2];
-            for (j, x) in kc.iter_mut().enumerate() {
-                if FULL || j < m {
-                    *x = ld::<WHOLE>(k.add(j * ldk + c0), w);
+    impl<const R: usize, const FULL: bool> Chunk for Rows<R, FULL> {
+        #[inline(always)]
+        unsafe fn chunk<const WHOLE: bool>(&self, acc: &mut [__m256; 8], c0: usize, w: usize) {
+            let Self { q, ldq, k, ldk, m } = *self;
+            // SAFETY (whole body): as the trait's.
+            unsafe {
+                let mut qc = [_mm256_setzero_ps(); R];
+                for (r, x) in qc.iter_mut().enumerate() {
+                    *x = ld::<WHOLE>(q.add(r * ldq + c0), w);
                 }
-            }
-            for (s, a) in acc.iter_mut().enumerate() {
-                let (row, key) = (SLOTS8[s] / 2, SLOTS8[s] % 2);
-                if row < R {
-                    *a = _mm256_fmadd_ps(qc[row], kc[key], *a);
-                } else if row == R {
-                    *a = _mm256_fmadd_ps(kc[key], kc[key], *a);
+                let mut kc = [_mm256_setzero_ps(); 2];
+                for (j, x) in kc.iter_mut().enumerate() {
+                    if FULL || j < m {
+                        *x = ld::<WHOLE>(k.add(j * ldk + c0), w);
+                    }
+                }
+                for (s, a) in acc.iter_mut().enumerate() {
+                    let (row, key) = (SLOTS8[s] / 2, SLOTS8[s] % 2);
+                    if row < R {
+                        *a = _mm256_fmadd_ps(qc[row], kc[key], *a);
+                    } else if row == R {
+                        *a = _mm256_fmadd_ps(kc[key], kc[key], *a);
+                    }
                 }
             }
         }
