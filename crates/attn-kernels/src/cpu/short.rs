@@ -179,9 +179,9 @@ pub(crate) fn dots_and_sq_norms<const FMA: bool>(
         Isa::Avx2Fma => unsafe {
             let (q, k, o, s) = (q.as_ptr(), k.as_ptr(), out.as_mut_ptr(), sq.as_mut_ptr());
             match fused {
-                1 => x86::dots_sq_avx2(q, k, ldk, n, d, o, s, first),
-                2 => x86::rows_dots_sq_avx2::<2>(q, ldq, k, ldk, n, d, o, lds, s),
-                _ => x86::rows_dots_sq_avx2::<3>(q, ldq, k, ldk, n, d, o, lds, s),
+                1 => x86::rows_dots_sq_avx2::<1>(q, ldq, k, ldk, n, d, o, lds, s, first),
+                2 => x86::rows_dots_sq_avx2::<2>(q, ldq, k, ldk, n, d, o, lds, s, first),
+                _ => x86::rows_dots_sq_avx2::<3>(q, ldq, k, ldk, n, d, o, lds, s, first),
             }
         },
         _ => {
@@ -235,7 +235,8 @@ mod x86 {
     #[allow(clippy::wildcard_imports)]
     use std::arch::x86_64::*;
 
-    /// How far ahead (in keys, 4 KiB at d = 64) [`dots_sq_avx2`] prefetches the keys of a first pass.
+    /// How far ahead (in keys, 4 KiB at d = 64) [`rows_dots_sq_avx2`] prefetches the keys of a first
+    /// pass.
     /// A decoding step at 12 heads on a Zen 1 EPYC, lssa over SDPA, 16 alternations of the two wheels
     /// (median of the processes' medians [range]): 8K keys 0.97x [0.92, 1.00] without, 0.88x [0.76,
     /// 0.92] with; 1K 1.16x [0.98, 1.43] without, 1.02x [0.80, 1.37] with. The hardware prefetchers
@@ -442,8 +443,8 @@ mod x86 {
     /// A group's 8 accumulators over `d` columns: whole 8-column chunks with plain loads, `load8`'s
     /// copy (a call) only for the column tail. One loop over every chunk with `load8` (and, in
     /// [`dots_avx2`], a per-slot test of a partial group) in it kept the accumulators in memory (a
-    /// store after every FMA): 2.4 cycles a 256-bit FMA on a Zen 1 EPYC, against 1.1 for
-    /// [`dots_sq_avx2`] (`perf`, a 12/4-head decoding step at 1K keys).
+    /// store after every FMA): 2.4 cycles a 256-bit FMA on a Zen 1 EPYC, against 1.1 for the one-row
+    /// [`rows_dots_sq_avx2`] (`perf`, a 12/4-head decoding step at 1K keys).
     ///
     /// # Safety
     /// As [`Chunk::chunk`] for every chunk of `d` columns.
@@ -524,69 +525,20 @@ mod x86 {
         }
     }
 
-    /// [`dots_avx2`] of `q` and of each key with itself at once, 4 keys at a time (8 accumulators,
-    /// 4 key chunks and `q`'s in 13 of the 16 registers): slot `s` holds item `SLOTS8[s]`, the dot
-    /// product of key `item` (`item < 4`) or the squared norm of key `item - 4`, so [`sum8`] leaves
-    /// the 4 dot products in lanes 0-3 and the 4 squared norms in lanes 4-7. Each key chunk is loaded
-    /// once for both, where the two passes of [`dots_avx2`] read every key twice. Every slot's chain
-    /// and [`sum8`]'s tree are those of [`dots_avx2`] (the tree adds a register's lanes in one order,
-    /// whichever slot it has), so the values are its values bit for bit.
+    /// [`dots_avx2`] of `R` (1 to 3) query rows at stride `ldq` and of each key with itself at once,
+    /// [`Rows::KEYS`] keys at a time (4 with one row, 2 with two or three): slot `s` holds item
+    /// `SLOTS8[s]`, the dot product of row `item / KEYS` with key `item % KEYS` (`item < R KEYS`) or the
+    /// squared norm of key `item - R KEYS` (with `R = 2` the last two slots stay zero), so [`sum8`]
+    /// leaves each row's dot products and then the squared norms in consecutive lanes. Each key chunk
+    /// is loaded once for every row and the norm, where [`dots_avx2`] would read every key once a row
+    /// and once more for the norms. Every slot's chain and [`sum8`]'s tree are those of [`dots_avx2`]
+    /// (the tree adds a register's lanes in one order, whichever slot it has), so each row's values
+    /// are its values bit for bit. `first`: the keys' first pass in the call, which prefetches them
+    /// [`AHEAD`] keys ahead.
     ///
     /// # Safety
-    /// As [`dots_avx2`], and `sq` valid for `n` writes.
-    #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn dots_sq_avx2(
-        q: *const f32,
-        k: *const f32,
-        ldk: usize,
-        n: usize,
-        d: usize,
-        out: *mut f32,
-        sq: *mut f32,
-        first: bool,
-    ) {
-        // SAFETY (whole body): as dots_avx2.
-        unsafe {
-            let mut j0 = 0;
-            while j0 < n {
-                let m = (n - j0).min(4);
-                if first {
-                    prefetch_keys(k, ldk, j0 + AHEAD, 4, n);
-                }
-                let mut acc = [_mm256_setzero_ps(); 8];
-                let mut c0 = 0;
-                while c0 < d {
-                    let w = (d - c0).min(8);
-                    let qc = load8(q.add(c0), w);
-                    let mut kc = [_mm256_setzero_ps(); 4];
-                    for (j, x) in kc.iter_mut().enumerate().take(m) {
-                        *x = load8(k.add((j0 + j) * ldk + c0), w);
-                    }
-                    for (s, a) in acc.iter_mut().enumerate() {
-                        let item = SLOTS8[s];
-                        let x = kc[item % 4];
-                        *a = _mm256_fmadd_ps(if item < 4 { qc } else { x }, x, *a);
-                    }
-                    c0 += 8;
-                }
-                let mut sums = [0.0f32; 8];
-                _mm256_storeu_ps(sums.as_mut_ptr(), sum8(&acc));
-                std::ptr::copy_nonoverlapping(sums.as_ptr(), out.add(j0), m);
-                std::ptr::copy_nonoverlapping(sums.as_ptr().add(4), sq.add(j0), m);
-                j0 += 4;
-            }
-        }
-    }
-
-    /// [`dots_sq_avx2`] for `R` (2 or 3) query rows at stride `ldq`, 2 keys at a time: slot `s`
-    /// holds item `SLOTS8[s]`, the dot product of row `item / 2` with key `item % 2` (`item < 2 R`),
-    /// or the squared norm of key `item - 2 R` (`item < 2 R + 2`; with `R = 2` the last two slots stay
-    /// zero). Each key chunk is loaded once for every row and the norm. Every slot's chain and
-    /// [`sum8`]'s tree are those of [`dots_avx2`], so each row's values are its values bit for bit.
-    ///
-    /// # Safety
-    /// As [`dots_sq_avx2`], for `R` rows of `q` at stride `ldq` and of `out` at stride `lds`.
+    /// As [`dots_avx2`], for `R` rows of `q` at stride `ldq` and of `out` at stride `lds`, and `sq`
+    /// valid for `n` writes.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn rows_dots_sq_avx2<const R: usize>(
@@ -599,38 +551,49 @@ mod x86 {
         out: *mut f32,
         lds: usize,
         sq: *mut f32,
+        first: bool,
     ) {
-        const { assert!(R == 2 || R == 3) };
+        const { assert!(R >= 1 && R <= 3) };
+        let keys = Rows::<R, true>::KEYS;
         // SAFETY (whole body): as dots_avx2; `R` rows of `q` and `out` by the caller.
         unsafe {
             let mut j0 = 0;
             while j0 < n {
-                let m = (n - j0).min(2);
+                let m = (n - j0).min(keys);
+                if first {
+                    prefetch_keys(k, ldk, j0 + AHEAD, keys, n);
+                }
                 let kg = k.add(j0 * ldk);
-                let acc = if m == 2 {
-                    columns(&Rows::<R, true> { q, ldq, k: kg, ldk, m: 2 }, d)
+                let acc = if m == keys {
+                    columns(&Rows::<R, true> { q, ldq, k: kg, ldk, m }, d)
                 } else {
                     columns(&Rows::<R, false> { q, ldq, k: kg, ldk, m }, d)
                 };
                 let mut sums = [0.0f32; 8];
                 _mm256_storeu_ps(sums.as_mut_ptr(), sum8(&acc));
                 for r in 0..R {
-                    std::ptr::copy_nonoverlapping(sums.as_ptr().add(2 * r), out.add(r * lds + j0), m);
+                    std::ptr::copy_nonoverlapping(sums.as_ptr().add(keys * r), out.add(r * lds + j0), m);
                 }
-                std::ptr::copy_nonoverlapping(sums.as_ptr().add(2 * R), sq.add(j0), m);
-                j0 += 2;
+                std::ptr::copy_nonoverlapping(sums.as_ptr().add(keys * R), sq.add(j0), m);
+                j0 += keys;
             }
         }
     }
 
-    /// [`rows_dots_sq_avx2`]'s group of `m` (1 or 2) keys at `k` and `R` query rows at stride `ldq`:
-    /// `FULL` (`m == 2`) drops the test of the second key.
+    /// [`rows_dots_sq_avx2`]'s group of `m <= KEYS` keys at `k` and `R` query rows at stride `ldq`:
+    /// `FULL` (`m == KEYS`) drops the test of each key.
     struct Rows<const R: usize, const FULL: bool> {
         q: *const f32,
         ldq: usize,
         k: *const f32,
         ldk: usize,
         m: usize,
+    }
+
+    impl<const R: usize, const FULL: bool> Rows<R, FULL> {
+        /// Keys a group: the `R + 1` items of a key (its dot products and its norm) fill the 8
+        /// accumulators that many times over.
+        const KEYS: usize = 8 / (R + 1);
     }
 
     impl<const R: usize, const FULL: bool> Chunk for Rows<R, FULL> {
@@ -643,14 +606,14 @@ mod x86 {
                 for (r, x) in qc.iter_mut().enumerate() {
                     *x = ld::<WHOLE>(q.add(r * ldq + c0), w);
                 }
-                let mut kc = [_mm256_setzero_ps(); 2];
-                for (j, x) in kc.iter_mut().enumerate() {
+                let mut kc = [_mm256_setzero_ps(); 4];
+                for (j, x) in kc.iter_mut().enumerate().take(Self::KEYS) {
                     if FULL || j < m {
                         *x = ld::<WHOLE>(k.add(j * ldk + c0), w);
                     }
                 }
                 for (s, a) in acc.iter_mut().enumerate() {
-                    let (row, key) = (SLOTS8[s] / 2, SLOTS8[s] % 2);
+                    let (row, key) = (SLOTS8[s] / Self::KEYS, SLOTS8[s] % Self::KEYS);
                     if row < R {
                         *a = _mm256_fmadd_ps(qc[row], kc[key], *a);
                     } else if row == R {
