@@ -25,8 +25,8 @@
 //! | function | domain of the bound | bound | measured, FMA (AVX2/AVX-512) | measured, no FMA (portable) |
 //! |---|---|---|---|---|
 //! | [`exp`] | `EXP_MIN <= x <= EXP_MAX` | [`EXP_MAX_ULPS`] = 1.1 ulp | 1.077 ulp | 1.049 ulp |
-//! | [`log1p_unit`] | `0 <= y <= 1` | [`LOG1P_UNIT_MAX_ULPS`] = 2 ulp | 1.757 ulp | 1.845 ulp |
-//! | [`softplus`] | `x >= EXP_MIN` (normal results) | [`SOFTPLUS_MAX_ULPS`] = 2.6 ulp | 2.457 ulp | 2.476 ulp |
+//! | [`log1p_unit`] | `0 <= y <= 1` | [`LOG1P_UNIT_MAX_ULPS`] = 2 ulp | 1.427 ulp | 1.845 ulp |
+//! | [`softplus`] | `x >= EXP_MIN` (normal results) | [`SOFTPLUS_MAX_ULPS`] = 2.6 ulp | 2.126 ulp | 2.476 ulp |
 //! | [`softplus`] | all finite `x` | [`SOFTPLUS_MAX_ABS`] = 5e-7 abs | 4.77e-7 | 4.77e-7 |
 //! | [`sigmoid`] | `x >= EXP_MIN` | [`SIGMOID_MAX_ULPS`] = 2.5 ulp | 2.402 ulp | 2.402 ulp |
 //! | [`sigmoid`] | all `x` | [`SIGMOID_MAX_ABS`] = 1e-7 abs | 8.93e-8 | 8.93e-8 |
@@ -34,9 +34,9 @@
 //!
 //! (The absolute softplus error is the rounding of results near 8, half an ulp of 8.)
 //!
-//! With FMA, `log1p_unit` evaluates its polynomial by Estrin's scheme (dependency chain 4 deep
-//! instead of Horner's 8); that moved its measured maximum from 1.427 to 1.757 ulp and softplus's
-//! from 2.126 to 2.457, inside the same bounds. [`softplus_in_range`] and [`sigmoid_in_range`] are
+//! `log1p_unit` evaluates its polynomial by Horner's scheme with and without FMA (Estrin's, used
+//! under FMA from 2026-11-24 to 2026-12-01, took 3 operations more a vector and measured 1.757 ulp
+//! for `log1p_unit`, 2.457 for softplus). [`softplus_in_range`] and [`sigmoid_in_range`] are
 //! bit-for-bit [`softplus`] and [`sigmoid`] on `|x| <= IN_RANGE_MAX`, so the same bounds hold there.
 //!
 //! Special values: `exp(x) = 0` for `x < EXP_MIN` (results that would be subnormal are flushed to
@@ -84,27 +84,6 @@ fn horner<const FMA: bool, const N: usize>(x: f32, c: &[f32; N]) -> f32 {
         acc = fmadd::<FMA>(acc, x, ci);
     }
     acc
-}
-
-/// Estrin evaluation of a degree-8 polynomial (the same coefficients as [`horner`], highest power
-/// first): pairs of coefficients, then pairs of pairs with `x^2`, then `x^4`, `x^8`, so the chain of
-/// dependent operations is 4 long instead of Horner's 8 (a kernel's loop over a row is bound by
-/// that chain's latency, not by the count of operations). The powers `x^2`, `x^4`, `x^8` are those
-/// of `xp`, which callers set to `x` or to `x` raised to a floor where those powers cannot change
-/// the result ([`log1p_unit`]).
-#[inline(always)]
-fn estrin9<const FMA: bool>(x: f32, xp: f32, c: &[f32; 9]) -> f32 {
-    let x2 = xp * xp;
-    let x4 = x2 * x2;
-    let x8 = x4 * x4;
-    let p01 = fmadd::<FMA>(c[7], x, c[8]);
-    let p23 = fmadd::<FMA>(c[5], x, c[6]);
-    let p45 = fmadd::<FMA>(c[3], x, c[4]);
-    let p67 = fmadd::<FMA>(c[1], x, c[2]);
-    let p03 = fmadd::<FMA>(p23, x2, p01);
-    let p47 = fmadd::<FMA>(p67, x2, p45);
-    let p07 = fmadd::<FMA>(p47, x4, p03);
-    fmadd::<FMA>(c[0], x8, p07)
 }
 
 /// `ln 2` split as `LN2_HI + LN2_LO` with `LN2_HI` having 9 significant bits, so `n * LN2_HI` is
@@ -191,21 +170,19 @@ const _: () = assert!(-IN_RANGE_MAX >= EXP_MIN, "the in-range forms need exp's a
 /// Method: `y + y^2 Q(y)` with a degree-8 `Q`, no range reduction.
 #[inline(always)]
 pub fn log1p_unit<const FMA: bool>(y: f32) -> f32 {
-    // Without FMA, Estrin's extra roundings cost 0.07 ulp beyond the bound; that path is not the
-    // fast one anyway.
+    // Horner's scheme under FMA too: 8 dependent FMAs, where Estrin's (a chain 4 deep, kept from
+    // 2026-11-24 to 2026-12-01) took 11 operations and the powers `y^2`, `y^4`, `y^8` (subnormal for
+    // small `y`, which needed a floor). The softplus loop is bound by the FMA pipes' throughput, not
+    // the chain's latency, on the Zen 1 EPYC: Horner took the one-thread LSSA forward from 1105 to
+    // 1069 ms (median of 7 alternations, `cpu_lab 4096 1 3`), and it is the more accurate form
+    // (1.427 ulp against 1.757, the table above).
     //
-    // No subnormal intermediates, and the same bits as without the floors: Intel cores take a
-    // microcode assist of about a hundred cycles for each subnormal result, and softplus's
-    // `e = e^(-|x|)` falls below 2^-16 for every score beyond 11, where `e^8` is subnormal
-    // (avoiding them took the LSSA forward on an Intel Xeon from 305 to 270 ms, `cpu_lab`,
-    // T = 4096). Below `POW_FLOOR` Estrin's terms in `y^2`, `y^4`, `y^8` add under 2^-32 to
-    // partial sums of magnitude at least 1/8, under half their ulp, whether computed from `y` or
-    // from the floor: the sums round the same. Below `SQ_FLOOR`, `|y^2 q| <= y^2 / 2 < y 2^-41`, under half of `y`'s ulp:
-    // the result is `y` either way.
-    const POW_FLOOR: f32 = 1.0 / 32768.0; // 2^-15: (2^-15)^8 = 2^-120, normal
+    // No subnormal intermediates: each FMA's result is within a factor 2 of a coefficient, and
+    // `y^2` is not formed below `SQ_FLOOR` (Intel cores take a microcode assist of about a hundred
+    // cycles for each subnormal result). Below `SQ_FLOOR`, `|y^2 q| <= y^2 / 2 < y 2^-41`, under
+    // half of `y`'s ulp: the result is `y` either way.
     const SQ_FLOOR: f32 = 1.0 / 1_099_511_627_776.0; // 2^-40
-    let q =
-        if FMA { estrin9::<FMA>(y, y.max(POW_FLOOR), &LOG1P_UNIT_POLY) } else { horner::<FMA, 9>(y, &LOG1P_UNIT_POLY) };
+    let q = horner::<FMA, 9>(y, &LOG1P_UNIT_POLY);
     let ys = y.max(SQ_FLOOR);
     let r = fmadd::<FMA>(ys * ys, q, y);
     if y < SQ_FLOOR { y } else { r }
@@ -643,21 +620,18 @@ mod tests {
         }
     }
 
-    /// `log1p_unit`'s floors (which keep subnormals out of its intermediates) change no result: the
-    /// same bits as Estrin's scheme and the final FMA on `y` itself, over every 257th f32 from 0 to
-    /// 2^-12 and the values around both floors, FMA on and off.
+    /// `log1p_unit`'s floor on `y^2` (which keeps subnormals out of its intermediates) changes no
+    /// result: the same bits as the final FMA on `y^2` itself, over every 257th f32 from 0 to 2^-12
+    /// and the values around the floor, FMA on and off.
     #[test]
-    fn log1p_unit_floors_change_no_bit() {
+    fn log1p_unit_floor_changes_no_bit() {
         fn unfloored<const FMA: bool>(y: f32) -> f32 {
-            let q = if FMA { estrin9::<FMA>(y, y, &LOG1P_UNIT_POLY) } else { horner::<FMA, 9>(y, &LOG1P_UNIT_POLY) };
-            fmadd::<FMA>(y * y, q, y)
+            fmadd::<FMA>(y * y, horner::<FMA, 9>(y, &LOG1P_UNIT_POLY), y)
         }
         let top = (1.0f32 / 4096.0).to_bits();
         let mut ys: Vec<f32> = (0..=top).step_by(257).map(f32::from_bits).collect();
-        for floor in [1.0f32 / 32768.0, 1.0 / 1_099_511_627_776.0] {
-            let b = floor.to_bits();
-            ys.extend((b - 64..=b + 64).map(f32::from_bits));
-        }
+        let b = (1.0f32 / 1_099_511_627_776.0).to_bits();
+        ys.extend((b - 64..=b + 64).map(f32::from_bits));
         ys.extend([f32::MIN_POSITIVE, 1e-38, 0.5, 1.0]);
         for &y in &ys {
             assert_eq!(log1p_unit::<true>(y).to_bits(), unfloored::<true>(y).to_bits(), "log1p_unit({y:e}), FMA");
