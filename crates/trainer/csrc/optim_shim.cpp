@@ -24,6 +24,7 @@ char* lssa_optim_adamw(const void* const* params, const void* const* grads, cons
 char* lssa_optim_grad_norm(const void* const* grads, size_t n, double* out);
 char* lssa_optim_scale(const void* const* tensors, size_t n, double factor);
 char* lssa_optim_clear_grads(const void* const* params, size_t n);
+char* lssa_optim_gather_grads(const void* const* params, size_t n, const void* const* sources, size_t shards);
 void lssa_optim_free_error(char* msg);
 }  // extern "C"
 
@@ -87,6 +88,32 @@ char* lssa_optim_clear_grads(const void* const* params, size_t n) {
     for (size_t i = 0; i < n; ++i) {
       at::Tensor p = *static_cast<const at::Tensor*>(params[i]);
       p.mutable_grad().reset();
+    }
+  });
+}
+
+// Sets parameter i's gradient (of `n`) to the sum of the gradients of `sources[s * n + i]` over the
+// shards s = 0, 1, ..., added in that order (a fixed order: the same bits every time), and drops
+// the sources' gradients. An undefined source gradient adds nothing; none defined leaves the
+// parameter without one. The sum is made in the first defined source gradient's memory, which
+// becomes the parameter's: no copy.
+char* lssa_optim_gather_grads(const void* const* params, size_t n, const void* const* sources, size_t shards) {
+  return guarded([&] {
+    for (size_t i = 0; i < n; ++i) {
+      at::Tensor p = *static_cast<const at::Tensor*>(params[i]);
+      at::Tensor sum;
+      for (size_t s = 0; s < shards; ++s) {
+        at::Tensor src = *static_cast<const at::Tensor*>(sources[s * n + i]);
+        at::Tensor g = src.grad();
+        if (!g.defined()) continue;
+        if (sum.defined()) {
+          sum.add_(g);
+        } else {
+          sum = g;
+        }
+        src.mutable_grad().reset();
+      }
+      p.mutable_grad() = sum;
     }
   });
 }

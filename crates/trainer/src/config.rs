@@ -82,6 +82,14 @@ pub struct TrainConfig {
     pub bf16: bool,
     /// CPU threads for libtorch and the fused kernels (0: all cores).
     pub threads: usize,
+    /// On the CPU, each micro-batch's sequences split into this many shards, each shard's forward
+    /// and backward on a thread of its own with a replica of the model (`train::shards`; the
+    /// gradients summed in shard order, deterministic): 0 (the default) as many as `threads` where
+    /// that divides `batch_size` (else the largest count below it that does), 1 one forward and
+    /// backward of the whole micro-batch on libtorch's intra-op threads, `n` exactly `n` (must divide
+    /// `batch_size`). Ignored on a GPU. Omitted from the TOML when 0.
+    #[serde(skip_serializing_if = "is_zero_count")]
+    pub shards: usize,
     /// Peak FLOP/s of one device, for MFU in the metrics (0: unknown, MFU not reported).
     pub peak_flops: f64,
     /// Share of training windows replaced by associative-recall sequences on their own text
@@ -93,6 +101,10 @@ pub struct TrainConfig {
 
 fn is_zero(x: &f64) -> bool {
     *x == 0.0
+}
+
+fn is_zero_count(x: &usize) -> bool {
+    *x == 0
 }
 
 impl Default for TrainConfig {
@@ -122,6 +134,7 @@ impl Default for TrainConfig {
             device: DeviceChoice::Auto,
             bf16: true,
             threads: 0,
+            shards: 0,
             peak_flops: 0.0,
             recall_share: 0.0,
         }
@@ -250,6 +263,9 @@ impl TrainConfig {
         if self.keep_last == 0 {
             return bad("keep_last", "0".into(), "must keep at least one checkpoint");
         }
+        if self.shards > 1 && !self.batch_size.is_multiple_of(self.shards) {
+            return bad("shards", self.shards.to_string(), &format!("must divide batch_size ({})", self.batch_size));
+        }
         if !(0.0..1.0).contains(&self.recall_share) {
             return bad("recall_share", self.recall_share.to_string(), "must be in [0, 1)");
         }
@@ -350,6 +366,12 @@ mod tests {
         assert!(err.to_string().contains("n_heads"), "{err}");
         let err = TrainConfig::from_toml_with_overrides("tokens_per_step = 1000\n", "t.toml", &[]).unwrap_err();
         assert!(err.to_string().contains("tokens_per_step"), "{err}");
+        // `shards`: omitted when automatic, printed when set, a divisor of the batch.
+        assert!(!TrainConfig::default().to_toml().contains("shards"));
+        let c = TrainConfig::from_toml_with_overrides("", "t.toml", &["shards=4".into()]).unwrap();
+        assert_eq!(TrainConfig::from_toml_with_overrides(&c.to_toml(), "x", &[]).unwrap().shards, 4);
+        let err = TrainConfig::from_toml_with_overrides("batch_size = 8\nshards = 3\n", "t.toml", &[]).unwrap_err();
+        assert!(err.to_string().contains("shards") && err.to_string().contains("must divide batch_size (8)"), "{err}");
         // A preset with overrides on top.
         let c =
             TrainConfig::from_toml_with_overrides("[model]\npreset = \"tiny\"\nn_layer = 3\n", "t.toml", &[]).unwrap();

@@ -97,6 +97,12 @@ mod shim {
         pub fn lssa_optim_grad_norm(grads: *const *const c_void, n: usize, out: *mut f64) -> *mut c_char;
         pub fn lssa_optim_scale(tensors: *const *const c_void, n: usize, factor: f64) -> *mut c_char;
         pub fn lssa_optim_clear_grads(params: *const *const c_void, n: usize) -> *mut c_char;
+        pub fn lssa_optim_gather_grads(
+            params: *const *const c_void,
+            n: usize,
+            sources: *const *const c_void,
+            shards: usize,
+        ) -> *mut c_char;
         pub fn lssa_optim_free_error(msg: *mut c_char);
     }
 
@@ -236,6 +242,20 @@ impl AdamW {
     pub fn zero_grad(&mut self) -> Result<(), String> {
         let params: Vec<Tensor> = self.slots.iter().map(|s| s.param.shallow_clone()).collect();
         shim::check(unsafe { shim::lssa_optim_clear_grads(shim::ptrs(&params).as_ptr(), params.len()) })
+    }
+
+    /// Sets every parameter's gradient to the sum of the gradients of `shards[s][i]` (each shard's
+    /// tensors in slot order) over the shards in order, and drops theirs: the step of one
+    /// process's shards (`train::shards`). A shard's undefined gradient adds nothing.
+    pub fn gather_grads(&self, shards: &[Vec<Tensor>]) -> Result<(), String> {
+        let params: Vec<Tensor> = self.slots.iter().map(|s| s.param.shallow_clone()).collect();
+        let n = params.len();
+        if let Some(bad) = shards.iter().find(|s| s.len() != n) {
+            return Err(format!("a shard has {} tensors for {n} parameters", bad.len()));
+        }
+        let sources: Vec<Tensor> = shards.iter().flatten().map(Tensor::shallow_clone).collect();
+        let (pp, sp) = (shim::ptrs(&params), shim::ptrs(&sources));
+        shim::check(unsafe { shim::lssa_optim_gather_grads(pp.as_ptr(), n, sp.as_ptr(), shards.len()) })
     }
 
     /// The moments as named tensors (`optim.m.<name>`, `optim.v.<name>`) for a checkpoint.

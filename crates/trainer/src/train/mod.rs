@@ -27,6 +27,7 @@ pub use crate::state::{CKPT_KIND, METRICS_FILE, checkpoint_path, latest_checkpoi
 use crate::state::{check_resume, truncate_metrics};
 
 mod run;
+mod shards;
 
 /// Written to `out_dir` by rank 0 when training diverges (`{"step": N, "loss": "NaN"}`), removed when
 /// a training starts, so a parent process can tell a divergence from a crash.
@@ -293,6 +294,9 @@ pub fn train(
     // libtorch's process-wide settings, held for this training and restored when the last training
     // of the process that holds them returns (the allocator's and the signal handlers belong to the
     // binaries' `main`).
+    // On the CPU the batch's sequences split over the threads (`shards`), each shard on one libtorch
+    // thread of its own.
+    let shard_count = shards::count(device, cfg.threads, cfg.batch_size, cfg.shards);
     let _threads = crate::process::claim_threads(cfg.threads)?;
     let autocast = cfg.bf16 && device.is_cuda();
     let _bf16 = autocast.then(gpt_model::runtime::Bf16Autocast::hold);
@@ -326,10 +330,21 @@ pub fn train(
     }
     // Every rank starts from rank 0's weights (identical anyway with the same seed; this makes it certain).
     coll.broadcast_(&opt.slots.iter().map(|s| s.param.shallow_clone()).collect::<Vec<_>>())?;
+    let shards =
+        (shard_count > 1).then(|| shards::Shards::new(&cfg.model, &opt, cfg.seed as i64, shard_count)).transpose()?;
     let tokenizer = data.tokenizer_id();
     let metrics = if rank == 0 { Some(open_metrics(&cfg.out_dir, step)?) } else { None };
     let bar = progress_bar(cfg, opts, rank, step);
-    tracing::info!(rank, world, accum, ?device, params = cfg.model.n_params(), start_step = step, "training");
+    tracing::info!(
+        rank,
+        world,
+        accum,
+        shards = shard_count,
+        ?device,
+        params = cfg.model.n_params(),
+        start_step = step,
+        "training"
+    );
     let run = run::Run {
         cfg,
         opts,
@@ -338,6 +353,7 @@ pub fn train(
         vs: &vs,
         model: &model,
         opt,
+        shards,
         rank,
         world,
         accum,

@@ -28,6 +28,8 @@ pub(super) struct Run<'a> {
     pub(super) vs: &'a VarStore,
     pub(super) model: &'a Gpt,
     pub(super) opt: AdamW,
+    /// The CPU shards of each micro-batch (`None`: one forward and backward of the whole batch).
+    pub(super) shards: Option<super::shards::Shards>,
     pub(super) rank: usize,
     pub(super) world: usize,
     pub(super) accum: usize,
@@ -101,12 +103,19 @@ impl Run<'_> {
         let mut loss_sum = 0.0;
         for _ in 0..self.accum {
             let (x, y) = self.data.next_batch()?;
+            if let Some(shards) = &mut self.shards {
+                loss_sum += shards.micro_batch(&x, &y, b as usize, t as usize, 1.0 / self.accum as f64)?;
+                continue;
+            }
             let to = |v: Vec<i64>| Tensor::from_slice(&v).view([b, t]).to_device(self.device);
             let (x, y) = (to(x), to(y));
             let loss = tch::autocast(self.autocast, || self.model.loss(&x, &y, &ForwardOptions::default()))?;
             let scaled = &loss / self.accum as f64;
             scaled.backward();
             loss_sum += loss.to_kind(Kind::Double).double_value(&[]);
+        }
+        if let Some(shards) = &self.shards {
+            shards.gather(&self.opt)?;
         }
         self.coll.all_reduce_mean_(&self.opt.grads())?;
         let grad_norm = self.opt.clip_grad_norm(self.cfg.grad_clip).map_err(anyhow::Error::msg)?;
