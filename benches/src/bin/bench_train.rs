@@ -14,7 +14,8 @@
 //!
 //! - the trainer: [`trainer::train::train`] itself (the loop `trainer train` runs: data, forward,
 //!   backward, clipping, AdamW, the metrics line) on `configs/small.toml`'s model and recipe, fed random
-//!   token ids; its tokens/s is the median of the per-step rates after the warm-up steps;
+//!   token ids, with its default `shards` (the batch split over the threads); its tokens/s is the
+//!   median of the per-step rates after the warm-up steps;
 //! - PyTorch: `benches/python/train_eager.py` (nanoGPT-style: the same model, `torch.optim.AdamW` and
 //!   `clip_grad_norm_` with their defaults, `F.scaled_dot_product_attention` for softmax and the
 //!   project's `lssa.attention` for the others, so both sides run the same attention kernels), in the
@@ -31,7 +32,7 @@
 //!   PyTorch user without this project's kernels writes (issue 36's baseline).
 //!
 //! The ratios are the medians over rounds of the trainer's tokens/s over PyTorch's in the same round.
-//! The profile (`--profile`, on by default) times the phases of one step as the trainer runs them
+//! The profile (`--profile`, on by default) times the phases of one unsharded step (`shards = 1`)
 //! (zeroing the gradients, the batch, forward, backward, clipping, AdamW), once with the optimiser the
 //! trainer uses and once with the per-tensor AdamW it replaced.
 #![cfg_attr(not(test), warn(clippy::too_many_lines))] // clippy.toml: 120 lines; tests are exempt
@@ -579,7 +580,10 @@ fn markdown(r: &Report, warmup: usize) -> String {
     if !r.profiles.is_empty() {
         let _ = writeln!(
             s,
-            "\n## Where the trainer's step goes (T = 64, ms per step, mean over {} steps)\n",
+            "\n## Where the trainer's step goes (T = 64, ms per step, mean over {} steps)\n\n\
+             The step unsharded: one forward and backward of the whole batch on libtorch's threads \
+             (`shards = 1`); on the CPU the trainer splits it over its threads by default \
+             (`trainer::train::shards`).\n",
             r.profiles[0].steps
         );
         let names: Vec<&str> = r.profiles[0].phases.iter().map(|p| p.phase).collect();
