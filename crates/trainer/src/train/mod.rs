@@ -291,12 +291,12 @@ pub fn train(
     // anything below deletes or writes.
     let _lock = take_lock(cfg, &opts.lock, rank)?;
     let device = pick_device(cfg.device, coll.local_rank())?;
-    // libtorch's process-wide settings, held for this training and restored when the last training
-    // of the process that holds them returns (the allocator's and the signal handlers belong to the
-    // binaries' `main`).
     // On the CPU the batch's sequences split over the threads (`shards`), each shard on one libtorch
     // thread of its own.
     let shard_count = shards::count(device, cfg.threads, cfg.batch_size, cfg.shards);
+    // libtorch's process-wide settings, held for this training and restored when the last training
+    // of the process that holds them returns (the allocator's and the signal handlers belong to the
+    // binaries' `main`).
     let _threads = crate::process::claim_threads(cfg.threads)?;
     let autocast = cfg.bf16 && device.is_cuda();
     let _bf16 = autocast.then(gpt_model::runtime::Bf16Autocast::hold);

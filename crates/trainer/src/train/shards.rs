@@ -16,7 +16,7 @@
 //! optimiser's in-place update is every replica's. The step is deterministic: the same shards, the
 //! same sums in the same order, the same bits every time (a resumed run continues to the numbers of
 //! an uninterrupted one). It is not bit for bit the unsharded step's: a sum over a batch's rows
-//! is made in two parts and added.
+//! is made in one part per shard, and the parts added.
 
 use anyhow::{Context, Result, ensure};
 use gpt_model::config::ModelConfig;
