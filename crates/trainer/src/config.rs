@@ -84,8 +84,9 @@ pub struct TrainConfig {
     pub threads: usize,
     /// On the CPU, each micro-batch's sequences split into this many shards, each shard's forward
     /// and backward on a thread of its own with a replica of the model (`train::shards`; the
-    /// gradients summed in shard order, deterministic): 0 (the default) as many as `threads` where
-    /// that divides `batch_size` (else the largest count below it that does), 1 one forward and
+    /// gradients summed in shard order, deterministic): 0 (the default) as many as the training's
+    /// libtorch threads (`threads`, or the process's count when that is 0) where that divides
+    /// `batch_size` (else the largest count below it that does), 1 one forward and
     /// backward of the whole micro-batch on libtorch's intra-op threads, `n` exactly `n` (must divide
     /// `batch_size`). Ignored on a GPU. Omitted from the TOML when 0.
     #[serde(skip_serializing_if = "is_zero_count")]

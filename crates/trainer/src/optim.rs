@@ -247,14 +247,14 @@ impl AdamW {
     /// Sets every parameter's gradient to the sum of the gradients of `shards[s][i]` (each shard's
     /// tensors in slot order) over the shards in order, and drops theirs: the step of one
     /// process's shards (`train::shards`). A shard's undefined gradient adds nothing.
-    pub fn gather_grads(&self, shards: &[Vec<Tensor>]) -> Result<(), String> {
+    pub fn gather_grads(&self, shards: &[&[Tensor]]) -> Result<(), String> {
         let params: Vec<Tensor> = self.slots.iter().map(|s| s.param.shallow_clone()).collect();
         let n = params.len();
         if let Some(bad) = shards.iter().find(|s| s.len() != n) {
             return Err(format!("a shard has {} tensors for {n} parameters", bad.len()));
         }
-        let sources: Vec<Tensor> = shards.iter().flatten().map(Tensor::shallow_clone).collect();
-        let (pp, sp) = (shim::ptrs(&params), shim::ptrs(&sources));
+        let pp = shim::ptrs(&params);
+        let sp: Vec<_> = shards.iter().flat_map(|s| shim::ptrs(s)).collect();
         shim::check(unsafe { shim::lssa_optim_gather_grads(pp.as_ptr(), n, sp.as_ptr(), shards.len()) })
     }
 

@@ -291,13 +291,13 @@ pub fn train(
     // anything below deletes or writes.
     let _lock = take_lock(cfg, &opts.lock, rank)?;
     let device = pick_device(cfg.device, coll.local_rank())?;
-    // On the CPU the batch's sequences split over the threads (`shards`), each shard on one libtorch
-    // thread of its own.
-    let shard_count = shards::count(device, cfg.threads, cfg.batch_size, cfg.shards);
     // libtorch's process-wide settings, held for this training and restored when the last training
     // of the process that holds them returns (the allocator's and the signal handlers belong to the
     // binaries' `main`).
     let _threads = crate::process::claim_threads(cfg.threads)?;
+    // On the CPU the batch's sequences split over the threads the training runs on (the count just
+    // claimed, or the process's), each shard on one libtorch thread of its own (`shards`).
+    let shard_count = shards::count(device, tch::get_num_threads().max(1) as usize, cfg.batch_size, cfg.shards);
     let autocast = cfg.bf16 && device.is_cuda();
     let _bf16 = autocast.then(gpt_model::runtime::Bf16Autocast::hold);
     // Every rank refuses (so none waits on a rank 0 that stopped); rank 0 alone deletes, below.

@@ -26,10 +26,10 @@ use tch::{Device, Kind, Tensor};
 
 use crate::optim::AdamW;
 
-/// The shard count of a training on `device` with `threads` threads (0: every core), batches of
-/// `batch` sequences and the configuration's `shards` (0: automatic): `shards` where given, else the
-/// threads where they divide the batch, the largest count below that does otherwise; 1 (no shards)
-/// on a GPU.
+/// The shard count of a training on `device` with `threads` threads (libtorch's count for it),
+/// batches of `batch` sequences and the configuration's `shards` (0: automatic): `shards` where
+/// given, else the threads where they divide the batch, the largest count below that does
+/// otherwise; 1 (no shards) on a GPU.
 pub(crate) fn count(device: Device, threads: usize, batch: usize, shards: usize) -> usize {
     if device != Device::Cpu {
         return 1;
@@ -37,7 +37,6 @@ pub(crate) fn count(device: Device, threads: usize, batch: usize, shards: usize)
     if shards > 0 {
         return shards;
     }
-    let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
     (1..=threads.min(batch)).rev().find(|n| batch.is_multiple_of(*n)).unwrap_or(1)
 }
 
@@ -152,8 +151,7 @@ impl Shards {
 
     /// The model's gradients: the sum of the replicas' in shard order (theirs dropped).
     pub(crate) fn gather(&self, opt: &AdamW) -> Result<()> {
-        let params: Vec<Vec<Tensor>> =
-            self.replicas.iter().map(|r| r.params.iter().map(Tensor::shallow_clone).collect()).collect();
+        let params: Vec<&[Tensor]> = self.replicas.iter().map(|r| r.params.as_slice()).collect();
         opt.gather_grads(&params).map_err(anyhow::Error::msg)
     }
 }
