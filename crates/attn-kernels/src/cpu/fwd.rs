@@ -461,9 +461,11 @@ pub(crate) fn sweep2<const FMA: bool>(
             }
         }
         let v = &head.v[j0 * head.ldv..];
-        tile::matmul_acc::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, &mut s2.acc, d);
+        // Most weights are zero (every key at or below its row's mean activation): the products
+        // run over each row's nonzero ones.
+        tile::matmul_acc_nonzero::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, &mut s2.acc, d);
         if keep_aux {
-            tile::matmul_acc::<FMA>(dims.isa, &sc.aux_w, lds, v, head.ldv, nq, nk, d, &mut s2.aux_acc, d);
+            tile::matmul_acc_nonzero::<FMA>(dims.isa, &sc.aux_w, lds, v, head.ldv, nq, nk, d, &mut s2.aux_acc, d);
         }
     }
 }

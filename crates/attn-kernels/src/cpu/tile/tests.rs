@@ -149,3 +149,36 @@ fn micro_kernels_sum_in_the_portable_order_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn matmul_acc_nonzero_is_matmul_acc_without_the_zero_terms() {
+    // Rows with no, some, most and all entries zero; rows longer than one list of keys (256); column
+    // counts that take every block width and a masked tail.
+    for &(m, n, k) in &[(1, 1, 1), (64, 64, 64), (5, 300, 72), (3, 17, 27), (7, 64, 40), (2, 513, 8)] {
+        let mut a = data(m * n, 11);
+        for (i, x) in a.iter_mut().enumerate() {
+            let (row, col) = (i / n, i % n);
+            if row % 4 == 0 || (row % 4 != 3 && (col * 7 + row) % (row % 4 + 2) != 0) {
+                *x = 0.0;
+            }
+        }
+        let b = data(n * k, 12);
+        let init = data(m * k, 13);
+        for isa in Isa::all_supported() {
+            let (mut dense, mut sparse) = (init.clone(), init.clone());
+            if isa == Isa::Scalar {
+                matmul_acc::<false>(isa, &a, n, &b, k, m, n, k, &mut dense, k);
+                matmul_acc_nonzero::<false>(isa, &a, n, &b, k, m, n, k, &mut sparse, k);
+            } else {
+                matmul_acc::<true>(isa, &a, n, &b, k, m, n, k, &mut dense, k);
+                matmul_acc_nonzero::<true>(isa, &a, n, &b, k, m, n, k, &mut sparse, k);
+            }
+            for (i, (x, y)) in sparse.iter().zip(&dense).enumerate() {
+                assert_eq!(x.to_bits(), y.to_bits(), "({m},{n},{k}) {isa} entry {i}: {x} against {y}");
+            }
+            if a.iter().any(|&x| x != 0.0) {
+                assert_ne!(sparse, init, "({m},{n},{k}) {isa}: nothing was added");
+            }
+        }
+    }
+}

@@ -1,0 +1,646 @@
+//! The intrinsics kernels, written once over [`Lanes`] and instantiated per ISA by the
+//! `#[target_feature]` entry points at the bottom. Every function requires the extents checked
+//! by its dispatcher.
+//!
+//! The generic bodies are `#[inline(always)]`: they must be compiled inside a `#[target_feature]`
+//! function, where the intrinsics behind [`Lanes`] inline to single instructions; compiled on
+//! their own they would call the intrinsics out of line.
+use std::arch::x86_64::*;
+
+/// One SIMD register of `W` f32 lanes: the handful of operations the two micro-kernels use.
+///
+/// # Safety
+///
+/// Every method needs the implementing ISA to be available, and the pointer ones need `W`
+/// (for `load_first`/`store_first`: the first `w`) valid f32s behind the pointer.
+trait Lanes {
+    /// f32 lanes per register.
+    const W: usize;
+    /// Whether blocks of `4W` columns fit the register file (an `R x 4` block of accumulators
+    /// plus 4 registers of `B`); else blocks are `2W` wide.
+    const WIDE: bool;
+    type V: Copy;
+    unsafe fn zero() -> Self::V;
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    /// `a * b + c`, fused.
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// Lanes `[0, w)` from `p`, zeros above; `w <= W` (`w = 0` reads nothing).
+    unsafe fn load_first(p: *const f32, w: usize) -> Self::V;
+    /// Writes lanes `[0, w)` of `v` to `p` and nothing else.
+    unsafe fn store_first(p: *mut f32, w: usize, v: Self::V);
+}
+
+/// AVX-512F: 16 lanes, `6 x 64` blocks (24 zmm accumulators + 4 for `B`, of 32 registers).
+struct Avx512;
+/// Rows of an AVX-512 block.
+const MR512: usize = 6;
+/// AVX2 + FMA: 8 lanes, `4 x 16` blocks (8 ymm accumulators + 2 for `B`, of 16 registers). On
+/// a tile in cache they run at 93-98 GFLOP/s of the 102 an FMA loop reaches on one Zen 3 core
+/// (a probe repeating each product on one 64 x 64 tile, `d = 64`); `6 x 16` (12 accumulators,
+/// the FMA latency hidden twice over) measured the same for `C = A Bᵀ` and 5% slower for
+/// `C += A B`.
+struct Avx2;
+/// Rows of an AVX2 block.
+const MR256: usize = 4;
+
+impl Lanes for Avx512 {
+    const W: usize = 16;
+    const WIDE: bool = true;
+    type V = __m512;
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        // SAFETY: the trait's contract (the ISA is enabled).
+        unsafe { _mm512_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m512 {
+        // SAFETY: the trait's contract (the ISA is enabled).
+        unsafe { _mm512_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        // SAFETY: the trait's contract.
+        unsafe { _mm512_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        // SAFETY: the trait's contract.
+        unsafe { _mm512_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m512, b: __m512, c: __m512) -> __m512 {
+        // SAFETY: the trait's contract (the ISA is enabled).
+        unsafe { _mm512_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn load_first(p: *const f32, w: usize) -> __m512 {
+        // SAFETY: masked-off lanes are not read (no fault past the end).
+        unsafe { _mm512_maskz_loadu_ps(mask16(w), p) }
+    }
+    #[inline(always)]
+    unsafe fn store_first(p: *mut f32, w: usize, v: __m512) {
+        // SAFETY: masked-off lanes are not written.
+        unsafe { _mm512_mask_storeu_ps(p, mask16(w), v) }
+    }
+}
+
+#[inline(always)]
+fn mask16(w: usize) -> __mmask16 {
+    if w >= 16 { 0xFFFF } else { (1u16 << w) - 1 }
+}
+
+impl Lanes for Avx2 {
+    const W: usize = 8;
+    const WIDE: bool = false;
+    type V = __m256;
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        // SAFETY: the trait's contract (the ISA is enabled).
+        unsafe { _mm256_setzero_ps() }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m256 {
+        // SAFETY: the trait's contract (the ISA is enabled).
+        unsafe { _mm256_set1_ps(x) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        // SAFETY: the trait's contract.
+        unsafe { _mm256_loadu_ps(p) }
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        // SAFETY: the trait's contract.
+        unsafe { _mm256_storeu_ps(p, v) }
+    }
+    #[inline(always)]
+    unsafe fn fma(a: __m256, b: __m256, c: __m256) -> __m256 {
+        // SAFETY: the trait's contract (the ISA is enabled).
+        unsafe { _mm256_fmadd_ps(a, b, c) }
+    }
+    #[inline(always)]
+    unsafe fn load_first(p: *const f32, w: usize) -> __m256 {
+        // SAFETY: masked-off lanes are not read (no fault past the end).
+        unsafe { _mm256_maskload_ps(p, mask8(w)) }
+    }
+    #[inline(always)]
+    unsafe fn store_first(p: *mut f32, w: usize, v: __m256) {
+        // SAFETY: masked-off lanes are not written.
+        unsafe { _mm256_maskstore_ps(p, mask8(w), v) }
+    }
+}
+
+/// All-ones in lanes `[0, w)`: the sign bits `maskload`/`maskstore` read.
+#[inline(always)]
+fn mask8(w: usize) -> __m256i {
+    // SAFETY: AVX2 is enabled wherever this inlines (only Avx2's methods call it).
+    unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(w.min(8) as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
+}
+
+/// `C[0..R][j..j + V W] = A[0..R] · Bᵀ[.., j..j + V W]`, in `R x V` accumulators.
+#[inline(always)]
+unsafe fn nt_panel<L: Lanes, const R: usize, const V: usize>(
+    a: *const f32,
+    lda: usize,
+    bt: *const f32,
+    n_pad: usize,
+    k: usize,
+    c: *mut f32,
+    ldc: usize,
+    j: usize,
+) {
+    // SAFETY (whole body): pointers stay inside the extents the dispatcher checked.
+    unsafe {
+        let mut acc = [[L::zero(); V]; R];
+        for t in 0..k {
+            let row = bt.add(t * n_pad + j);
+            let b: [L::V; V] = std::array::from_fn(|q| L::load(row.add(q * L::W)));
+            for r in 0..R {
+                let x = L::splat(*a.add(r * lda + t));
+                for q in 0..V {
+                    acc[r][q] = L::fma(x, b[q], acc[r][q]);
+                }
+            }
+        }
+        for r in 0..R {
+            for q in 0..V {
+                L::store(c.add(r * ldc + j + q * L::W), acc[r][q]);
+            }
+        }
+    }
+}
+
+/// `C[0..R] = A[0..R] · Bᵀ` over all `n_pad` columns: panels of `4W` where the ISA holds
+/// `R x 4` accumulators ([`Lanes::WIDE`]), then of `2W` (`n_pad` is a multiple of `NR`, hence
+/// of `2W`). Every entry sums over `t` in the same order whatever the panel.
+#[inline(always)]
+unsafe fn nt_block<L: Lanes, const R: usize>(
+    a: *const f32,
+    lda: usize,
+    bt: *const f32,
+    n_pad: usize,
+    k: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let wide = wide_cols::<L>(n_pad);
+    // SAFETY: the panels split [0, n_pad) exactly.
+    unsafe {
+        for j in (0..wide).step_by(4 * L::W) {
+            nt_panel::<L, R, 4>(a, lda, bt, n_pad, k, c, ldc, j);
+        }
+        for j in (wide..n_pad).step_by(2 * L::W) {
+            nt_panel::<L, R, 2>(a, lda, bt, n_pad, k, c, ldc, j);
+        }
+    }
+}
+
+/// How many of `n` columns both micro-kernels take in blocks of `4W`: the whole blocks that fit
+/// where the ISA holds `R x 4` accumulators ([`Lanes::WIDE`]), else none; the rest go in blocks
+/// of `2W`. (A plain count, not a walker taking a closure: a closure does not inherit its
+/// caller's `#[target_feature]`s, and one measured 48x slower, its intrinsics out of line.)
+#[inline(always)]
+fn wide_cols<L: Lanes>(n: usize) -> usize {
+    if L::WIDE { n / (4 * L::W) * (4 * L::W) } else { 0 }
+}
+
+/// `C = A · Bᵀ` for all `m` rows: blocks of `MR` rows, then of 4, 2 and 1.
+#[inline(always)]
+unsafe fn nt<L: Lanes, const MR: usize>(
+    a: *const f32,
+    lda: usize,
+    bt: *const f32,
+    n_pad: usize,
+    k: usize,
+    m: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    // SAFETY: row blocks stay below m.
+    unsafe {
+        let mut i = 0;
+        while i + MR <= m {
+            nt_block::<L, MR>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
+            i += MR;
+        }
+        // The rest in blocks of 4, 2 and 1 rows: a single row keeps only two accumulator chains
+        // in flight, a quarter of what the FMA pipes need to stay busy.
+        if MR > 4 && i + 4 <= m {
+            nt_block::<L, 4>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
+            i += 4;
+        }
+        if MR > 2 && i + 2 <= m {
+            nt_block::<L, 2>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
+            i += 2;
+        }
+        while i < m {
+            nt_block::<L, 1>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
+            i += 1;
+        }
+    }
+}
+
+/// One `V W`-column block of `C[0..R][col..] += A · B[.., col..]`: all `V W` columns when
+/// `FULL`, else the last `k - col < V W`, by masked loads and stores.
+#[inline(always)]
+unsafe fn acc_cols<L: Lanes, const R: usize, const V: usize, const FULL: bool>(
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const f32,
+    ldb: usize,
+    n: usize,
+    col: usize,
+    k: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let w: [usize; V] = std::array::from_fn(|q| (k - col).saturating_sub(q * L::W).min(L::W));
+    // SAFETY (whole body): full blocks lie inside the checked extents; a partial block touches
+    // only the first k - col columns.
+    unsafe {
+        let ld = |p: *const f32, w: usize| if FULL { L::load(p) } else { L::load_first(p, w) };
+        let mut acc = [[L::zero(); V]; R];
+        for r in 0..R {
+            for q in 0..V {
+                acc[r][q] = ld(c.add(r * ldc + col + q * L::W), w[q]);
+            }
+        }
+        for t in 0..n {
+            let row = b.add(t * ldb + col);
+            let bv: [L::V; V] = std::array::from_fn(|q| ld(row.add(q * L::W), w[q]));
+            for r in 0..R {
+                let x = L::splat(*a.add(r * a_rs + t * a_cs));
+                for q in 0..V {
+                    acc[r][q] = L::fma(x, bv[q], acc[r][q]);
+                }
+            }
+        }
+        for r in 0..R {
+            for q in 0..V {
+                let p = c.add(r * ldc + col + q * L::W);
+                if FULL {
+                    L::store(p, acc[r][q]);
+                } else {
+                    L::store_first(p, w[q], acc[r][q]);
+                }
+            }
+        }
+    }
+}
+
+/// `C[0..R] += A[0..R] · B` over all `k` columns: full `4W` blocks where the ISA holds `R x 4`
+/// accumulators ([`Lanes::WIDE`]), full `2W` blocks, then one masked tail block.
+#[inline(always)]
+unsafe fn acc_block<L: Lanes, const R: usize>(
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const f32,
+    ldb: usize,
+    n: usize,
+    k: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    // SAFETY: the column blocks split [0, k) exactly.
+    unsafe {
+        let wide = wide_cols::<L>(k);
+        for col in (0..wide).step_by(4 * L::W) {
+            acc_cols::<L, R, 4, true>(a, a_rs, a_cs, b, ldb, n, col, k, c, ldc);
+        }
+        let mut col = wide;
+        while col + 2 * L::W <= k {
+            acc_cols::<L, R, 2, true>(a, a_rs, a_cs, b, ldb, n, col, k, c, ldc);
+            col += 2 * L::W;
+        }
+        if col < k {
+            acc_cols::<L, R, 2, false>(a, a_rs, a_cs, b, ldb, n, col, k, c, ldc);
+        }
+    }
+}
+
+/// `C += A · B` for all `m` rows: blocks of `MR` rows, then of 4, 2 and 1.
+#[inline(always)]
+unsafe fn acc<L: Lanes, const MR: usize>(
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const f32,
+    ldb: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    // SAFETY: row blocks stay below m.
+    unsafe {
+        let mut i = 0;
+        while i + MR <= m {
+            acc_block::<L, MR>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
+            i += MR;
+        }
+        // The rest in blocks of 4, 2 and 1 rows, as in `nt`; 3 rows (a 12/4-head decoding step's
+        // group) in one block, which reads `B` once where a block of 2 and a row read it twice
+        // (and a block of 2 keeps only 4 AVX2 accumulator chains, fewer than the FMA's latency
+        // needs).
+        if MR > 4 && i + 4 <= m {
+            acc_block::<L, 4>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
+            i += 4;
+        }
+        if MR > 3 && i + 3 == m {
+            acc_block::<L, 3>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
+            i += 3;
+        }
+        if MR > 2 && i + 2 <= m {
+            acc_block::<L, 2>(a.add(i * a_rs), a_rs, a_cs, b, ldb, n, k, c.add(i * ldc), ldc);
+            i += 2;
+        }
+        while i < m {
+            acc_row::<L>(a.add(i * a_rs), a_cs, b, ldb, n, k, c.add(i * ldc));
+            i += 1;
+        }
+    }
+}
+
+/// `C[0] += A[0] · B` for one row (a decoding step's value product): `4W` columns at a time with
+/// two keys in flight (8 accumulator chains, where `acc_block::<L, 1>` keeps 2 and waits on each
+/// FMA's latency), the two keys' partial sums added at the end; the last `< 4W` columns as
+/// `acc_block` does them.
+#[inline(always)]
+unsafe fn acc_row<L: Lanes>(a: *const f32, a_cs: usize, b: *const f32, ldb: usize, n: usize, k: usize, c: *mut f32) {
+    // SAFETY (whole body): full blocks lie inside the checked extents; the tail is acc_block's.
+    unsafe {
+        let mut col = 0;
+        while col + 4 * L::W <= k {
+            let mut even: [L::V; 4] = std::array::from_fn(|q| L::load(c.add(col + q * L::W)));
+            let mut odd = [L::zero(); 4];
+            let mut t = 0;
+            while t + 2 <= n {
+                let (x0, x1) = (L::splat(*a.add(t * a_cs)), L::splat(*a.add((t + 1) * a_cs)));
+                let (b0, b1) = (b.add(t * ldb + col), b.add((t + 1) * ldb + col));
+                for q in 0..4 {
+                    even[q] = L::fma(x0, L::load(b0.add(q * L::W)), even[q]);
+                    odd[q] = L::fma(x1, L::load(b1.add(q * L::W)), odd[q]);
+                }
+                t += 2;
+            }
+            if t < n {
+                let (x, bt) = (L::splat(*a.add(t * a_cs)), b.add(t * ldb + col));
+                for (q, e) in even.iter_mut().enumerate() {
+                    *e = L::fma(x, L::load(bt.add(q * L::W)), *e);
+                }
+            }
+            let one = L::splat(1.0);
+            for q in 0..4 {
+                L::store(c.add(col + q * L::W), L::fma(one, odd[q], even[q]));
+            }
+            col += 4 * L::W;
+        }
+        if col < k {
+            acc_block::<L, 1>(a, 0, a_cs, b.add(col), ldb, n, k - col, c.add(col), 0);
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn nt_avx512(
+    a: *const f32,
+    lda: usize,
+    bt: *const f32,
+    n_pad: usize,
+    k: usize,
+    m: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    // SAFETY: the dispatcher checked the extents and the ISA.
+    unsafe { nt::<Avx512, MR512>(a, lda, bt, n_pad, k, m, c, ldc) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn nt_avx2(
+    a: *const f32,
+    lda: usize,
+    bt: *const f32,
+    n_pad: usize,
+    k: usize,
+    m: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    // SAFETY: as above.
+    unsafe { nt::<Avx2, MR256>(a, lda, bt, n_pad, k, m, c, ldc) }
+}
+
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn acc_avx512(
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const f32,
+    ldb: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    // SAFETY: the dispatcher checked the extents and the ISA.
+    unsafe { acc::<Avx512, MR512>(a, a_rs, a_cs, b, ldb, m, n, k, c, ldc) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn acc_avx2(
+    a: *const f32,
+    a_rs: usize,
+    a_cs: usize,
+    b: *const f32,
+    ldb: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    // SAFETY: as above.
+    unsafe { acc::<Avx2, MR256>(a, a_rs, a_cs, b, ldb, m, n, k, c, ldc) }
+}
+
+/// Keys a row's list holds at once in [`acc_nonzero`]: a byte each.
+const KEYS: usize = 256;
+
+/// The positions of the set bits of each byte, packed one a byte from the lowest (zeros above).
+const SET_BITS: [u64; 256] = {
+    let mut table = [0u64; 256];
+    let mut m = 0;
+    while m < 256 {
+        let (mut packed, mut count, mut bit) = (0u64, 0, 0);
+        while bit < 8 {
+            if (m >> bit) & 1 == 1 {
+                packed |= (bit as u64) << (8 * count);
+                count += 1;
+            }
+            bit += 1;
+        }
+        table[m] = packed;
+        m += 1;
+    }
+    table
+};
+
+/// Writes the positions of `row`'s nonzero entries (NaN included; at most [`KEYS`] entries) to
+/// `keys`, a byte each, in order; returns their count. Eight entries at a time without a branch: a
+/// compare, its mask's positions from [`SET_BITS`] stored as one 8-byte word, the count moved on by
+/// the mask's bits.
+#[inline(always)]
+unsafe fn nonzero_keys(row: &[f32], keys: &mut [u8; KEYS + 8]) -> usize {
+    debug_assert!(row.len() <= KEYS);
+    let (n, mut len, mut t) = (row.len(), 0, 0);
+    // SAFETY: t + 8 <= n entries are read; each 8-byte store starts at len <= t <= KEYS - 8.
+    unsafe {
+        while t + 8 <= n {
+            let x = _mm256_loadu_ps(row.as_ptr().add(t));
+            let mask = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NEQ_UQ>(x, _mm256_setzero_ps())) as usize;
+            let at = SET_BITS[mask] + t as u64 * 0x0101_0101_0101_0101;
+            keys.as_mut_ptr().add(len).cast::<u64>().write_unaligned(at);
+            len += mask.count_ones() as usize;
+            t += 8;
+        }
+    }
+    for (t, &x) in row.iter().enumerate().skip(t) {
+        keys[len] = t as u8;
+        len += usize::from(x != 0.0);
+    }
+    len
+}
+
+/// `C += A · B` over the nonzero entries of each row of `A` (`a` row-major with row stride `lda`):
+/// each row's nonzero keys listed [`KEYS`] at a time, then [`acc_keys`] over them.
+#[inline(always)]
+unsafe fn acc_nonzero<L: Lanes>(
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let mut keys = [0u8; KEYS + 8];
+    // SAFETY: rows below m, keys below n, columns below k: the dispatcher's extents.
+    unsafe {
+        for i in 0..m {
+            for start in (0..n).step_by(KEYS) {
+                let row = std::slice::from_raw_parts(a.add(i * lda + start), KEYS.min(n - start));
+                let len = nonzero_keys(row, &mut keys);
+                if len > 0 {
+                    acc_keys::<L>(row.as_ptr(), &keys[..len], b.add(start * ldb), ldb, k, c.add(i * ldc));
+                }
+            }
+        }
+    }
+}
+
+/// `C[0][col..col + V W] += sum over t in keys of A[0][t] B[t][col..]`, in `V` accumulators: all
+/// `V W` columns when `FULL`, else the last `k - col < V W` by masked loads and stores. One chain
+/// per column in the order of `keys`.
+#[inline(always)]
+unsafe fn keys_cols<L: Lanes, const V: usize, const FULL: bool>(
+    a: *const f32,
+    keys: &[u8],
+    b: *const f32,
+    ldb: usize,
+    col: usize,
+    k: usize,
+    c: *mut f32,
+) {
+    let w: [usize; V] = std::array::from_fn(|q| (k - col).saturating_sub(q * L::W).min(L::W));
+    // SAFETY (whole body): every key indexes a row of `a` and `b` inside the checked extents; a
+    // partial block touches only the first k - col columns.
+    unsafe {
+        let ld = |p: *const f32, w: usize| if FULL { L::load(p) } else { L::load_first(p, w) };
+        let mut acc: [L::V; V] = std::array::from_fn(|q| ld(c.add(col + q * L::W), w[q]));
+        for &t in keys {
+            let t = t as usize;
+            let x = L::splat(*a.add(t));
+            let row = b.add(t * ldb + col);
+            for q in 0..V {
+                acc[q] = L::fma(x, ld(row.add(q * L::W), w[q]), acc[q]);
+            }
+        }
+        for q in 0..V {
+            let p = c.add(col + q * L::W);
+            if FULL {
+                L::store(p, acc[q]);
+            } else {
+                L::store_first(p, w[q], acc[q]);
+            }
+        }
+    }
+}
+
+/// `C[0] += sum over t in keys of A[0][t] B[t]` for one row over `k` columns: blocks of `8W` columns
+/// on AVX2 (8 accumulator chains, what the FMA's latency needs; each key's values loaded once),
+/// of `4W` on AVX-512, then `2W` and one masked tail block.
+#[inline(always)]
+unsafe fn acc_keys<L: Lanes>(a: *const f32, keys: &[u8], b: *const f32, ldb: usize, k: usize, c: *mut f32) {
+    // SAFETY: the column blocks split [0, k) exactly.
+    unsafe {
+        let mut col = 0;
+        if !L::WIDE {
+            while col + 8 * L::W <= k {
+                keys_cols::<L, 8, true>(a, keys, b, ldb, col, k, c);
+                col += 8 * L::W;
+            }
+        }
+        while col + 4 * L::W <= k {
+            keys_cols::<L, 4, true>(a, keys, b, ldb, col, k, c);
+            col += 4 * L::W;
+        }
+        while col + 2 * L::W <= k {
+            keys_cols::<L, 2, true>(a, keys, b, ldb, col, k, c);
+            col += 2 * L::W;
+        }
+        if col < k {
+            keys_cols::<L, 2, false>(a, keys, b, ldb, col, k, c);
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn acc_nonzero_avx512(
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    // SAFETY: the dispatcher checked the extents and the ISA.
+    unsafe { acc_nonzero::<Avx512>(a, lda, b, ldb, m, n, k, c, ldc) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn acc_nonzero_avx2(
+    a: *const f32,
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    // SAFETY: as above.
+    unsafe { acc_nonzero::<Avx2>(a, lda, b, ldb, m, n, k, c, ldc) }
+}
