@@ -10,12 +10,14 @@
 //! first-`w`-lanes load/store) and instantiated per ISA: AVX-512 `6 x 64` blocks, AVX2 `4 x 16`
 //! blocks, column tails by masked loads/stores on both ISAs. Every entry is one chain of fused
 //! multiply-adds over the inner index in order, whatever the block: the same bits as the portable
-//! kernels, so a block shape can change without changing a trained model's numbers.
+//! kernels, so a block shape can change without changing a trained model's numbers. (The exception:
+//! a lone row of `C += A · B`, a decoding step's, keeps two chains, even and odd keys, added at the
+//! end.)
 //!
 //! [`matmul_acc_nonzero`] is `C += A · B` over only the nonzero entries of each row of `A`
 //! (re-weighting's weights, two thirds of them zero with random inputs): each row alone, one chain
-//! per entry over its nonzero keys in order, so the same values as [`matmul_acc`] for finite `B`.
-//! The intrinsics live in `tile/x86.rs`.
+//! per output entry over its nonzero terms in order, the dense blocks' sums less their `+0 · b`
+//! terms. The intrinsics live in `tile/x86.rs`.
 //! Lab history (versions, GFLOP/s, what was rejected): `docs/bench/kernels-cpu-notes.md`.
 
 /// Rows per register block of the portable kernels.
@@ -131,8 +133,9 @@ fn matmul_acc_strided<const FMA: bool>(
 /// `C += A · B` as [`matmul_acc`] (`A` row-major, row stride `lda`), over only the nonzero entries of
 /// each row of `A`: re-weighting's weights, zero for every key at or below a row's mean activation
 /// (SPEC section 3), which is most of a row's keys. Each row runs alone over the list of its nonzero
-/// keys, one chain of fused multiply-adds per output entry in key order, so the sums are
-/// [`matmul_acc`]'s less its `+0 · b` terms: the same values for finite `B` (a zero's sign aside).
+/// keys, one chain of fused multiply-adds per output entry in key order: the sums of [`matmul_acc`]'s
+/// blocks of rows less their `+0 · b` terms, so the same values for finite `B` (a zero's sign
+/// aside; a lone row there splits its chain in two).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_acc_nonzero<const FMA: bool>(
