@@ -1,7 +1,8 @@
-//! A decoding step on the OpenMP team (`cpu::Helpers::OpenMp`, what lssa-py runs under PyTorch)
-//! computes what the same step on a rayon pool of as many threads computes, bit for bit: the split of
-//! the work (whole key heads, or a long cache's key ranges merged in order) depends only on the thread
-//! count, never on which threads run it. The rayon path's own accuracy against the f64 reference is
+//! A call on the OpenMP team (`cpu::Helpers::OpenMp`, what lssa-py runs under PyTorch) computes what
+//! the same call on a rayon pool of as many threads computes, bit for bit: the split of the work
+//! (a decoding step's whole key heads, or a long cache's key ranges merged in order; a longer call's
+//! query tiles, the backward's key-tile chunks) depends only on the thread count, never on which
+//! threads run it. The rayon path's own accuracy against the f64 reference is
 //! `cached_and_grouped.rs`'s subject. Its own test binary, so that loading libgomp here (as
 //! libtorch's wheels load theirs into the global scope) happens before the kernels look for it.
 
@@ -12,8 +13,9 @@ use attn_core::fixtures::random_array;
 use attn_kernels::cpu;
 use ndarray::s;
 
-#[test]
-fn a_decoding_step_on_the_openmp_team_equals_the_rayon_one_bit_for_bit() {
+/// libgomp loaded into the global scope, as libtorch's wheels load theirs: kept for the process
+/// (the runtime's threads live on, so it is never unloaded).
+fn load_libgomp() {
     // SAFETY: libgomp runs no initialiser that depends on anything but the C library.
     let lib = unsafe {
         libloading::os::unix::Library::open(
@@ -22,6 +24,12 @@ fn a_decoding_step_on_the_openmp_team_equals_the_rayon_one_bit_for_bit() {
         )
     }
     .expect("libgomp.so.1 (GCC's OpenMP runtime, which the C compiler of the build brings)");
+    std::mem::forget(lib);
+}
+
+#[test]
+fn a_decoding_step_on_the_openmp_team_equals_the_rayon_one_bit_for_bit() {
+    load_libgomp();
     let threads = 3;
     let openmp = cpu::Helpers::openmp(threads).expect("GOMP_parallel once libgomp is loaded");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
@@ -44,5 +52,34 @@ fn a_decoding_step_on_the_openmp_team_equals_the_rayon_one_bit_for_bit() {
             }
         }
     }
-    std::mem::forget(lib);
+}
+
+/// Training calls: the forward of every query tile and the backward's phases (row gradients, key
+/// tiles in chunks, the `dq` sums, the grouped heads' sums) on the team, against the rayon pool.
+/// Fewer heads than threads makes the backward split key tiles into chunks.
+#[test]
+fn a_training_call_on_the_openmp_team_equals_the_rayon_one_bit_for_bit() {
+    load_libgomp();
+    let threads = 3;
+    let openmp = cpu::Helpers::openmp(threads).expect("GOMP_parallel once libgomp is loaded");
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    for (batch, heads, kv_heads, t) in [(2, 2, 2, 150), (1, 2, 2, 300), (1, 4, 2, 150)] {
+        let d = 32;
+        let q = random_array::<f32>([batch, heads, t, d], 81);
+        let k = random_array::<f32>([batch, kv_heads, t, d], 82);
+        let v = random_array::<f32>([batch, kv_heads, t, d], 83);
+        let g = random_array::<f32>([batch, heads, t, d], 84);
+        let rayon_opts = cpu::Options::default();
+        let openmp_opts = cpu::Options { helpers: openmp, ..rayon_opts };
+        for name in FUSED {
+            let var: attn_core::Variant = name.parse().unwrap();
+            let shape = format!("{name}, B = {batch}, {heads}/{kv_heads} heads, T = {t}");
+            let want = pool.install(|| cpu::forward_with(&var, &q, &k, &v, &rayon_opts).unwrap());
+            let got = cpu::forward_with(&var, &q, &k, &v, &openmp_opts).unwrap();
+            assert!(got == want, "{shape}: the forwards differ");
+            let want = pool.install(|| cpu::backward_with(&var, &q, &k, &v, &g, &rayon_opts).unwrap());
+            let got = cpu::backward_with(&var, &q, &k, &v, &g, &openmp_opts).unwrap();
+            assert!(got == want, "{shape}: the gradients differ");
+        }
+    }
 }

@@ -163,11 +163,27 @@ fn run_detached(py: Python<'_>, f: impl FnOnce() -> attn_kernels::Result<()> + S
     }
 }
 
-/// The pool a decoding step of `threads` threads runs on without OpenMP: 0 (this thread, with
-/// helpers from rayon's global pool) when the global pool has `threads` threads (entering a pool
-/// would cost more than a step), else `threads` (a pool of the module's).
-fn short_call_threads(threads: usize) -> usize {
-    if threads == 0 || threads == rayon::current_num_threads() { 0 } else { threads }
+/// Where a CPU call of `threads` threads runs, set in `target`'s options; returns the module's
+/// pool to enter (0: none, the calling thread).
+///
+/// With libgomp loaded (PyTorch's Linux wheels) every call runs on the OpenMP team of this thread,
+/// libtorch's intra-op pool, the threads torch's own operations have just used: a pool of the
+/// module's beside it took the cores from libtorch's spinning workers and the other way round (from
+/// Python on 2 cores, B = 16, H = 2, T = 64: forward + backward at 2.8x SDPA's time, against 2.0x
+/// with libgomp's spinning cut, `docs/bench/python-cpu.md`). Without it, a short call (a decoding
+/// step, `short`) starts on this thread with helpers from rayon's global pool when that has
+/// `threads` threads (entering a pool would cost more than a step); a longer call runs in a pool
+/// of the module's.
+fn cpu_threads(target: &mut Target, threads: usize, short: bool) -> usize {
+    let Target::Cpu(opts) = target else { return threads };
+    match cpu::Helpers::openmp(threads) {
+        Some(helpers) => {
+            opts.helpers = helpers;
+            0
+        }
+        None if short && (threads == 0 || threads == rayon::current_num_threads()) => 0,
+        None => threads,
+    }
 }
 
 /// The CUDA kernel request the extension runs (`auto`, or the lab version `LSSA_CUDA_KERNEL` names
@@ -438,20 +454,7 @@ fn forward(
         _ => stats,
     };
     let p = params(shape, kv, q, k, v, out, stats, target.dtype())?;
-    // A decoding step starts on this thread (0: no pool of ours): its helpers are the OpenMP team of
-    // this thread, libtorch's intra-op pool, where torch has loaded libgomp (its Linux wheels);
-    // else tasks spawned into rayon's global pool, when that has the requested thread count
-    // (entering a pool would cost more than a step).
-    let threads = match &mut target {
-        Target::Cpu(opts) if cpu::forward_starts_on_caller(&p) => match cpu::Helpers::openmp(threads) {
-            Some(helpers) => {
-                opts.helpers = helpers;
-                0
-            }
-            None => short_call_threads(threads),
-        },
-        _ => threads,
-    };
+    let threads = cpu_threads(&mut target, threads, cpu::forward_starts_on_caller(&p));
     let kernels = state.prepared(variant, target, p.head_dim)?;
     let pool = state.pool(threads)?;
     // SAFETY: the module's contract: live tensors of these sizes and strides (see above); `dropped`,
@@ -488,8 +491,9 @@ fn backward(
 ) -> PyResult<()> {
     let state = State::of(module)?;
     let state = state.get();
-    let target = state.target(device, dtype).map_err(PyTypeError::new_err)?;
+    let mut target = state.target(device, dtype).map_err(PyTypeError::new_err)?;
     let mut p = params(shape, kv, q, k, v, out, stats, target.dtype())?;
+    let threads = cpu_threads(&mut target, threads, false);
     let kernels = state.prepared(variant, target, p.head_dim)?;
     non_null(&[("grad", grad.0), ("dq", dq.0), ("dk", dk.0), ("dv", dv.0)])?;
     p.d_out = raw(grad);
@@ -505,7 +509,7 @@ fn backward(
 type Entry = unsafe fn(&Prepared, &Params) -> attn_kernels::Result<()>;
 
 /// Runs `entry` on the prepared kernels with the GIL released: on the CPU in `pool` (`None`: the
-/// calling thread, rayon's global pool for helpers) with the re-weighting helper `aux` when the
+/// calling thread, with the threads its options name, see [`cpu_threads`]) with the re-weighting helper `aux` when the
 /// prepared kernels keep one; on CUDA in the chosen kernel generation, after the stream check.
 ///
 /// # Safety

@@ -1,20 +1,20 @@
-//! The fused backward's driver ([`backward_f32`]) on the caller's rayon pool: the upstream gradient
-//! the attention weights see ([`Backward::layer_norm_grad`] for relu-ln), then three phases whose
-//! maths is in `grad`: A, every row's `D'_i` and `C_i` ([`Backward::row_grads`]); B, the key tiles'
-//! `dk` and `dv` with per-chunk `dq` partials ([`Backward::key_tiles`]); C, `dq` as the sum of its
-//! partials ([`Backward::write_dq`]).
+//! The fused backward's driver ([`backward_f32`]) on the call's threads ([`Options::helpers`]): the
+//! upstream gradient the attention weights see ([`Backward::layer_norm_grad`] for relu-ln), then
+//! three phases whose maths is in `grad`: A, every row's `D'_i` and `C_i` ([`Backward::row_grads`]);
+//! B, the key tiles' `dk` and `dv` with per-chunk `dq` partials ([`Backward::key_tiles`]); C, `dq` as
+//! the sum of its partials ([`Backward::write_dq`]).
 
 use attn_core::{OutputNorm, Plan};
-use rayon::prelude::*;
 
 use super::engine::{self, Dims, Head, STATS};
 use super::grad::{self, BwdScratch, RowGrad};
 use super::isa::Isa;
 use super::short;
 use super::split::{
-    F32Params, KeyNorms, Options, QueryTask, SendPtr, dims, head, head_slice, inverse_norms, pack, rw_aux_per_row,
-    write_rows,
+    F32Params, KeyNorms, Options, PerThread, QueryTask, SendPtr, dims, head, head_slice, inverse_norms, pack,
+    rw_aux_per_row, write_rows,
 };
+use super::team::Helpers;
 use crate::error::Result;
 use crate::params::RawTensor;
 
@@ -28,15 +28,16 @@ pub(super) unsafe fn backward_f32(plan: Plan, p: &F32Params, opts: &Options) -> 
     // A short call recomputes the scores exactly as its forward computed them: from `k` unpacked,
     // with the forward's key norms and activation path.
     let direct = p.seq_len <= short::DIRECT_MAX_ROWS;
+    let helpers = opts.helpers;
+    let keys = if direct { KeyNorms::Short } else { KeyNorms::Packed };
     // SAFETY: forwarded from our caller.
-    let norms =
-        unsafe { inverse_norms(p, isa, plan.cosine(), if direct { KeyNorms::Short } else { KeyNorms::Packed }) };
+    let norms = unsafe { inverse_norms(p, isa, helpers, plan.cosine(), keys) };
     dims.in_range = !direct && engine::scores_in_range(&plan, &norms, p.kv_len, p.head_dim);
     // SAFETY: forwarded.
-    let packed = unsafe { pack(p, dims, !direct, true) };
+    let packed = unsafe { pack(p, dims, helpers, !direct, true) };
     // SAFETY: forwarded.
-    let g_ln = unsafe { Backward::layer_norm_grad(p, &plan) };
-    let call = Backward { p, plan, dims, isa, norms, packed, g_ln };
+    let g_ln = unsafe { Backward::layer_norm_grad(p, &plan, helpers) };
+    let call = Backward { p, plan, dims, isa, helpers, norms, packed, g_ln };
     // SAFETY: forwarded, for each phase.
     unsafe {
         let rg = call.row_grads();
@@ -52,6 +53,8 @@ struct Backward<'a> {
     plan: Plan,
     dims: Dims,
     isa: Isa,
+    /// The threads of the call's phases.
+    helpers: Helpers,
     /// From [`inverse_norms`].
     norms: Vec<f32>,
     /// From [`pack`].
@@ -67,14 +70,14 @@ impl Backward<'_> {
     ///
     /// # Safety
     /// As [`backward_raw`](super::backward_raw).
-    unsafe fn layer_norm_grad(p: &F32Params, plan: &Plan) -> Vec<f32> {
+    unsafe fn layer_norm_grad(p: &F32Params, plan: &Plan, helpers: Helpers) -> Vec<f32> {
         if plan.output_norm != OutputNorm::LayerNorm {
             return Vec::new();
         }
         let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
         let mut buf = vec![0.0f32; bh * t * d];
         let (g, o, stats_all) = (SendPtr(p.d_out), SendPtr(p.o.as_const()), SendPtr(p.stats as *const f32));
-        buf.par_chunks_mut(t * d).enumerate().for_each(|(x, dst)| {
+        helpers.chunks_mut(&mut buf, t * d, &|x, dst| {
             // Capture the whole SendPtr (not its raw-pointer field) in the closure.
             #[allow(clippy::redundant_locals)]
             let (g, o, stats_all) = (g, o, stats_all);
@@ -140,27 +143,30 @@ impl Backward<'_> {
         let aux = SendPtr(p.rw_aux as *const f32);
         // Query tiles per head (T need not be a multiple of bq): one task per (head, query tile).
         let rg_ptr = SendPtr(rg.as_mut_ptr());
-        (0..bh * t.div_ceil(dims.bq)).into_par_iter().for_each_init(
-            || BwdScratch::new(dims),
-            |sc, task| {
-                // Capture the whole SendPtr (not its raw-pointer field) in the closure.
-                #[allow(clippy::redundant_locals)]
-                let (o, rg_ptr, aux) = (o, rg_ptr, aux);
-                let QueryTask { x, b, h, i0, nq } = QueryTask::new(task, p, dims);
-                // SAFETY: forwarded; rows [i0, i0+nq) of head x of `rg` belong to this task alone.
-                unsafe {
-                    let hd = self.head(b, h);
-                    let (os, ldo) = head_slice(o.0, b, h, t, d);
-                    let st = self.stats(x);
-                    let rgt = std::slice::from_raw_parts_mut(rg_ptr.0.add(x * t + i0), nq);
-                    let (g, ldg) = self.g_of(b, h);
-                    let w = rw_aux_per_row(d);
-                    let ax =
-                        (!aux.0.is_null()).then(|| std::slice::from_raw_parts(aux.0.add((x * t + i0) * w), nq * w));
-                    grad::backward_rows(self.isa, &self.plan, &hd, g, ldg, os, ldo, st, dims, i0, nq, sc, rgt, ax);
-                }
-            },
-        );
+        let scratch = PerThread::new(self.helpers.threads());
+        self.helpers.tasks(bh * t.div_ceil(dims.bq), &|task| {
+            scratch.with(
+                || BwdScratch::new(dims),
+                |sc| {
+                    // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+                    #[allow(clippy::redundant_locals)]
+                    let (o, rg_ptr, aux) = (o, rg_ptr, aux);
+                    let QueryTask { x, b, h, i0, nq } = QueryTask::new(task, p, dims);
+                    // SAFETY: forwarded; rows [i0, i0+nq) of head x of `rg` belong to this task alone.
+                    unsafe {
+                        let hd = self.head(b, h);
+                        let (os, ldo) = head_slice(o.0, b, h, t, d);
+                        let st = self.stats(x);
+                        let rgt = std::slice::from_raw_parts_mut(rg_ptr.0.add(x * t + i0), nq);
+                        let (g, ldg) = self.g_of(b, h);
+                        let w = rw_aux_per_row(d);
+                        let ax =
+                            (!aux.0.is_null()).then(|| std::slice::from_raw_parts(aux.0.add((x * t + i0) * w), nq * w));
+                        grad::backward_rows(self.isa, &self.plan, &hd, g, ldg, os, ldo, st, dims, i0, nq, sc, rgt, ax);
+                    }
+                },
+            )
+        });
         rg
     }
 
@@ -175,7 +181,7 @@ impl Backward<'_> {
         let (p, dims) = (self.p, self.dims);
         let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
         let nkt = p.kv_len.div_ceil(dims.bk);
-        let threads = rayon::current_num_threads();
+        let threads = self.helpers.threads();
         let chunks = if bh >= threads { 1 } else { (2 * threads).div_ceil(bh).min(nkt) };
         let mut partials = vec![0.0f32; bh * chunks * t * d];
         let tk = p.kv_len;
@@ -188,47 +194,50 @@ impl Backward<'_> {
         } else {
             (SendPtr(p.dk), SendPtr(p.dv))
         };
-        partials.par_chunks_mut(t * d).enumerate().for_each_init(
-            || BwdScratch::new(dims),
-            |sc, (task, dq_part)| {
-                // Capture the whole SendPtr (not its raw-pointer field) in the closure.
-                #[allow(clippy::redundant_locals)]
-                let (dk_out, dv_out) = (dk_out, dv_out);
-                let (x, chunk) = (task / chunks, task % chunks);
-                let (b, h) = (x / p.heads, x % p.heads);
-                let kts: Vec<usize> = (chunk..nkt).step_by(chunks).collect();
-                // SAFETY: forwarded; this task alone writes the dk, dv rows of its key tiles.
-                unsafe {
-                    let hd = self.head(b, h);
-                    let st = self.stats(x);
-                    let (g, ldg) = self.g_of(b, h);
-                    let mut write_kv = |j0: usize, _nk: usize, dk: &[f32], dv: &[f32]| {
-                        write_rows(dk_out.0, b, h, j0, d, dk);
-                        write_rows(dv_out.0, b, h, j0, d, dv);
-                    };
-                    let rgx = &rg[x * t..(x + 1) * t];
-                    grad::backward_keys(
-                        self.isa,
-                        &self.plan,
-                        &hd,
-                        g,
-                        ldg,
-                        st,
-                        rgx,
-                        dims,
-                        &kts,
-                        sc,
-                        dq_part,
-                        &mut write_kv,
-                    );
-                }
-            },
-        );
+        let scratch = PerThread::new(threads);
+        self.helpers.chunks_mut(&mut partials, t * d, &|task, dq_part| {
+            scratch.with(
+                || BwdScratch::new(dims),
+                |sc| {
+                    // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+                    #[allow(clippy::redundant_locals)]
+                    let (dk_out, dv_out) = (dk_out, dv_out);
+                    let (x, chunk) = (task / chunks, task % chunks);
+                    let (b, h) = (x / p.heads, x % p.heads);
+                    let kts: Vec<usize> = (chunk..nkt).step_by(chunks).collect();
+                    // SAFETY: forwarded; this task alone writes the dk, dv rows of its key tiles.
+                    unsafe {
+                        let hd = self.head(b, h);
+                        let st = self.stats(x);
+                        let (g, ldg) = self.g_of(b, h);
+                        let mut write_kv = |j0: usize, _nk: usize, dk: &[f32], dv: &[f32]| {
+                            write_rows(dk_out.0, b, h, j0, d, dk);
+                            write_rows(dv_out.0, b, h, j0, d, dv);
+                        };
+                        let rgx = &rg[x * t..(x + 1) * t];
+                        grad::backward_keys(
+                            self.isa,
+                            &self.plan,
+                            &hd,
+                            g,
+                            ldg,
+                            st,
+                            rgx,
+                            dims,
+                            &kts,
+                            sc,
+                            dq_part,
+                            &mut write_kv,
+                        );
+                    }
+                },
+            )
+        });
         if grouped {
             // SAFETY: forwarded; `per_head` holds every query head's rows.
-            unsafe { sum_groups(p, &per_head[..bh * tk * d], p.dk) };
+            unsafe { sum_groups(p, self.helpers, &per_head[..bh * tk * d], p.dk) };
             // SAFETY: as above.
-            unsafe { sum_groups(p, &per_head[bh * tk * d..], p.dv) };
+            unsafe { sum_groups(p, self.helpers, &per_head[bh * tk * d..], p.dv) };
         }
         (partials, chunks)
     }
@@ -242,7 +251,7 @@ impl Backward<'_> {
         let p = self.p;
         let (t, d) = (p.seq_len, p.head_dim);
         let dq_out = SendPtr(p.dq);
-        partials.par_chunks_mut(chunks * t * d).enumerate().for_each(|(x, parts)| {
+        self.helpers.chunks_mut(partials, chunks * t * d, &|x, parts| {
             // Capture the whole SendPtr (not its raw-pointer field) in the closure.
             #[allow(clippy::redundant_locals)]
             let dq_out = dq_out;
@@ -269,10 +278,10 @@ impl Backward<'_> {
 ///
 /// # Safety
 /// `out` must be valid for writes of every row, and alias nothing else.
-unsafe fn sum_groups(p: &F32Params, per_head: &[f32], out: RawTensor<*mut f32>) {
+unsafe fn sum_groups(p: &F32Params, helpers: Helpers, per_head: &[f32], out: RawTensor<*mut f32>) {
     let (tk, d, group) = (p.kv_len, p.head_dim, p.heads / p.kv_heads);
     let out = SendPtr(out);
-    (0..p.batch * p.kv_heads).into_par_iter().for_each(|x| {
+    helpers.tasks(p.batch * p.kv_heads, &|x| {
         // Capture the whole SendPtr (not its raw-pointer field) in the closure.
         #[allow(clippy::redundant_locals)]
         let out = out;

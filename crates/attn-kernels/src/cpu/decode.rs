@@ -25,7 +25,6 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use attn_core::Plan;
-use rayon::prelude::*;
 
 use super::engine::{self, Dims, FOLD_TILES, Head, STATS};
 use super::fwd::{self, FwdScratch, Query, Stage1, Stage2, Sweeps};
@@ -289,6 +288,7 @@ pub(super) unsafe fn forward_grouped(
     plan: &Plan,
     p: &F32Params,
     dims: Dims,
+    helpers: Helpers,
     norms: &[f32],
     packed: &[f32],
     aux: *mut f32,
@@ -301,9 +301,9 @@ pub(super) unsafe fn forward_grouped(
         let at = p.batch * p.heads * tq + x * tk;
         norms.get(at..at + tk).unwrap_or(&[])
     };
-    let scratch = super::PerThread::new();
+    let scratch = super::PerThread::new(helpers.threads());
     let aux = SendPtr(aux);
-    (0..p.batch * p.kv_heads * tiles).into_par_iter().for_each(|task| {
+    helpers.tasks(p.batch * p.kv_heads * tiles, &|task| {
         // Capture the whole SendPtr (not its raw-pointer field) in the closure.
         #[allow(clippy::redundant_locals)]
         let aux = aux;

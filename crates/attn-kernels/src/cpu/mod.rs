@@ -1,9 +1,10 @@
 //! Fused CPU attention: the public entry points (ndarray and raw pointers), input checks, the
-//! rayon work split (the backward's in `bwd`); the streaming maths is in [`engine`](self) (its
+//! work split (the backward's in `bwd`); the streaming maths is in [`engine`](self) (its
 //! backward in `grad`) and the vector code in `tile`, `act` and `math`.
 //!
-//! Thread count: the kernels run on the caller's rayon pool (`pool.install(|| forward(..))`);
-//! they spawn no threads of their own. Scratch: per task, a few tiles (`O(block · d)`), and for
+//! Thread count: the kernels run on the caller's rayon pool (`pool.install(|| forward(..))`), or on
+//! the OpenMP team of the calling thread where [`Options::helpers`] says so (the PyTorch
+//! extension's choice: libtorch's intra-op threads); they spawn no threads of their own. Scratch: per task, a few tiles (`O(block · d)`), and for
 //! re-weighting's two sweeps a `block_q x T` stripe of activations within
 //! [`Tuning::score_cache_bytes`]; per call,
 //! `B·H·T` row statistics, `2·B·H·T` inverse norms for cosine variants, and in the backward one
@@ -30,7 +31,6 @@ pub(crate) mod team;
 pub(crate) mod tile;
 
 use ndarray::{Array4, ArrayView4, AsArray, Ix4};
-use rayon::prelude::*;
 
 use attn_core::{OutputNorm, Plan, Transform, Variant};
 
@@ -131,20 +131,20 @@ unsafe fn forward_f32(plan: Plan, p: &F32Params, opts: &Options) -> Result<()> {
         return Ok(());
     }
     // SAFETY: forwarded from our caller.
-    let norms = unsafe { inverse_norms(p, isa, plan.cosine(), KeyNorms::Packed) };
+    let norms = unsafe { inverse_norms(p, isa, opts.helpers, plan.cosine(), KeyNorms::Packed) };
     dims.in_range = engine::scores_in_range(&plan, &norms, p.kv_len, d);
     // SAFETY: forwarded.
-    let packed = unsafe { pack(p, dims, true, false) };
+    let packed = unsafe { pack(p, dims, opts.helpers, true, false) };
     if p.kv_heads < p.heads {
         // SAFETY: forwarded.
-        unsafe { decode::forward_grouped(&plan, p, dims, &norms, &packed.0, aux) };
+        unsafe { decode::forward_grouped(&plan, p, dims, opts.helpers, &norms, &packed.0, aux) };
         return Ok(());
     }
     let nqt = t.div_ceil(dims.bq);
     let (o, stats) = (SendPtr(p.o), SendPtr(p.stats));
     let aux = SendPtr(aux);
-    let scratch = PerThread::new();
-    (0..bh * nqt).into_par_iter().for_each(|task| {
+    let scratch = PerThread::new(opts.helpers.threads());
+    opts.helpers.tasks(bh * nqt, &|task| {
         scratch.with(
             || (FwdScratch::new(dims, dims.bq), fwd::Sweeps::new(), vec![0.0f32; dims.bq * d]),
             |(sc, sweeps, out)| {

@@ -4,8 +4,6 @@
 //! ([`QueryTask`]) and a scratch per worker thread ([`PerThread`]). A leaf below `mod.rs`: it uses
 //! `engine`, `isa`, `short` and `team` and nothing that uses it back (`xtask/tests/tidy.rs`).
 
-use rayon::prelude::*;
-
 use super::engine::{self, Dims, Head, Tuning};
 use super::isa::Isa;
 use super::short;
@@ -18,16 +16,16 @@ pub const fn rw_aux_per_row(head_dim: usize) -> usize {
     head_dim + 1
 }
 
-/// Execution options: tile sizes, the instruction set and where a decoding step's helpers come
-/// from. Defaults: [`Tuning::default`], [`Isa::detect`] and [`Helpers::Rayon`].
+/// Execution options: tile sizes, the instruction set and the threads a call runs on. Defaults: [`Tuning::default`], [`Isa::detect`] and [`Helpers::Rayon`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Options {
     /// Tile sizes.
     pub tuning: Tuning,
     /// The instruction set to run (tests force [`Isa::Scalar`] to cover the fallback).
     pub isa: Isa,
-    /// The threads of a short call (a decoding step, at most 4 query rows);
-    /// longer calls run on the caller's rayon pool whatever this says.
+    /// The threads a call runs on: the caller's rayon pool, or the OpenMP team of the calling
+    /// thread (what a PyTorch extension picks, so that the kernels run on libtorch's intra-op threads
+    /// instead of beside them). A short call (a decoding step) starts on the calling thread either way.
     pub helpers: Helpers,
 }
 
@@ -151,7 +149,13 @@ pub(super) enum KeyNorms {
 
 /// Inverse L2 norms of every `q` and `k` row (cosine variants): `(B·H, T_q)` for the queries, then
 /// `(B·H_kv, T_k)` for the keys. (A short forward takes its keys' norms with its dot products.)
-pub(super) unsafe fn inverse_norms(p: &F32Params, isa: Isa, cosine: bool, keys: KeyNorms) -> Vec<f32> {
+pub(super) unsafe fn inverse_norms(
+    p: &F32Params,
+    isa: Isa,
+    helpers: Helpers,
+    cosine: bool,
+    keys: KeyNorms,
+) -> Vec<f32> {
     let (tq, tk, d) = (p.seq_len, p.kv_len, p.head_dim);
     if !cosine {
         return Vec::new();
@@ -160,7 +164,7 @@ pub(super) unsafe fn inverse_norms(p: &F32Params, isa: Isa, cosine: bool, keys: 
     let (qn, kn) = out.split_at_mut(p.batch * p.heads * tq);
     let one = |x: RawTensor<*const f32>, heads: usize, t: usize, dst: &mut [f32], short: bool| {
         let x = SendPtr(x);
-        dst.par_chunks_mut(t).enumerate().for_each(|(i, buf)| {
+        helpers.chunks_mut(dst, t, &|i, buf| {
             // Capture the whole SendPtr (not its raw-pointer field) in the closure.
             #[allow(clippy::redundant_locals)]
             let x = x;
@@ -183,13 +187,19 @@ pub(super) unsafe fn inverse_norms(p: &F32Params, isa: Isa, cosine: bool, keys: 
 ///
 /// # Safety
 /// As [`forward_raw`].
-pub(super) unsafe fn pack(p: &F32Params, dims: Dims, keys: bool, values: bool) -> (Vec<f32>, Vec<f32>) {
+pub(super) unsafe fn pack(
+    p: &F32Params,
+    dims: Dims,
+    helpers: Helpers,
+    keys: bool,
+    values: bool,
+) -> (Vec<f32>, Vec<f32>) {
     let (bh, t, d) = (p.batch * p.kv_heads, p.kv_len, p.head_dim);
     let len = engine::packed_len(dims);
     let one = |x: RawTensor<*const f32>| -> Vec<f32> {
         let mut out = vec![0.0f32; bh * len];
         let x = SendPtr(x);
-        out.par_chunks_mut(len).enumerate().for_each(|(i, dst)| {
+        helpers.chunks_mut(&mut out, len, &|i, dst| {
             // Capture the whole SendPtr (not its raw-pointer field) in the closure.
             #[allow(clippy::redundant_locals)]
             let x = x;
@@ -264,8 +274,8 @@ impl QueryTask {
     }
 }
 
-/// One scratch per worker thread of the current rayon pool, made on first use and kept for the
-/// call. `for_each_init` makes one per rayon split instead, many per call, and re-weighting's
+/// One scratch per thread of a call's team ([`Helpers::threads`]), made on first use and kept for
+/// the call. `for_each_init` makes one per rayon split instead, many per call, and re-weighting's
 /// scratch holds a score cache of up to 16 MiB: after the first such block is freed, glibc serves
 /// the later ones from its heap (its dynamic mmap threshold) and keeps them, so LSSAR's peak memory
 /// at T = 65536 rose from 50 to 75 MiB when faster kernels changed the splits (`bench-kernels memory`).
@@ -274,14 +284,19 @@ pub(super) struct PerThread<S> {
 }
 
 impl<S> PerThread<S> {
-    pub(super) fn new() -> Self {
-        Self { slots: (0..rayon::current_num_threads()).map(|_| std::sync::Mutex::new(None)).collect() }
+    /// Slots for the `threads` threads of a team.
+    pub(super) fn new(threads: usize) -> Self {
+        Self { slots: (0..threads.max(1)).map(|_| std::sync::Mutex::new(None)).collect() }
     }
 
-    /// Runs `f` on this thread's scratch (made by `make` on first use). Off the pool, or should the
-    /// thread's slot be in use (a task that re-enters rayon), `f` gets a scratch of its own.
+    /// Runs `f` on a scratch of this call's (made by `make` on first use): a rayon worker's own slot,
+    /// else (an OpenMP thread, or a rayon task that re-entered the pool) the first free one; `f` gets
+    /// a scratch of its own only when every slot is in use.
     pub(super) fn with<R>(&self, make: impl FnOnce() -> S, f: impl FnOnce(&mut S) -> R) -> R {
-        let slot = rayon::current_thread_index().and_then(|i| self.slots.get(i)).and_then(|m| m.try_lock().ok());
+        let slot = rayon::current_thread_index()
+            .and_then(|i| self.slots.get(i))
+            .and_then(|m| m.try_lock().ok())
+            .or_else(|| self.slots.iter().find_map(|m| m.try_lock().ok()));
         match slot {
             Some(mut held) => f(held.get_or_insert_with(make)),
             None => f(&mut make()),

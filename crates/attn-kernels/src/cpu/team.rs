@@ -1,6 +1,7 @@
 //! Runs `n` tasks on the calling thread, with helpers joining as they wake up: the work split of a
-//! decoding step ([`super::decode`]). The helpers come from the calling thread's rayon pool or from
-//! the OpenMP runtime the process has loaded ([`Helpers`]).
+//! decoding step ([`super::decode`]), and on the OpenMP team that of every phase of a longer call
+//! ([`Helpers::tasks`]). The helpers come from the calling thread's rayon pool or from the OpenMP
+//! runtime the process has loaded ([`Helpers`]).
 //!
 //! A rayon `par_iter` from a thread outside the pool, or `install`, hands the whole job to the pool
 //! and blocks the caller; a pool worker that must be woken wakes another for the second half, and the
@@ -23,7 +24,10 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
-/// Where the helpers of a short call (a decoding step) come from.
+use rayon::prelude::*;
+
+/// The threads a call runs on: where a short call's (a decoding step's) helpers come from, and
+/// what splits the phases of a longer one ([`Helpers::tasks`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Helpers {
     /// Tasks spawned into the calling thread's rayon pool (the global one off any pool), as many
@@ -86,14 +90,40 @@ impl Helpers {
 
     /// `f(i, &mut items[i])` for every `i`, as [`Helpers::run`] runs tasks.
     pub(crate) fn for_each_mut<T: Send>(self, items: &mut [T], f: &(dyn Fn(usize, &mut T) + Sync)) {
-        struct Base<T>(*mut T);
-        // SAFETY: each index is handed to one task only (`run` runs every task once), so the `&mut`
-        // made from it below is unique; `T: Send` moves the access across threads.
-        unsafe impl<T: Send> Sync for Base<T> {}
         let base = Base(items.as_mut_ptr());
         let base = &base;
         // SAFETY: `i < items.len()` and task `i` runs once (see `Base`).
         self.run(items.len(), &|i| f(i, unsafe { &mut *base.0.add(i) }));
+    }
+
+    /// Tasks `0..n` of one phase of a longer call (the forward's query tiles, the backward's
+    /// phases): split by rayon's work stealing on the current pool ([`Helpers::Rayon`], what
+    /// `par_iter` does), or taken from a shared counter by the OpenMP team ([`Helpers::OpenMp`]:
+    /// under PyTorch, libtorch's intra-op threads, so that no second pool competes with them).
+    pub(crate) fn tasks(self, n: usize, f: &(dyn Fn(usize) + Sync)) {
+        match self {
+            Helpers::Rayon => (0..n).into_par_iter().for_each(f),
+            Helpers::OpenMp { .. } => self.run(n, f),
+        }
+    }
+
+    /// `f(i, chunk)` for chunk `i` of `items` in chunks of `len` (the last may be shorter; `len >= 1`),
+    /// the chunks run as [`Helpers::tasks`] runs tasks.
+    pub(crate) fn chunks_mut<T: Send>(self, items: &mut [T], len: usize, f: &(dyn Fn(usize, &mut [T]) + Sync)) {
+        match self {
+            Helpers::Rayon => items.par_chunks_mut(len).enumerate().for_each(|(i, c)| f(i, c)),
+            Helpers::OpenMp { .. } => {
+                let total = items.len();
+                let base = Base(items.as_mut_ptr());
+                let base = &base;
+                self.run(total.div_ceil(len), &|i| {
+                    let start = i * len;
+                    // SAFETY: the chunks of distinct tasks are disjoint ranges inside `items`, and task
+                    // `i` runs once (see `Base`).
+                    f(i, unsafe { std::slice::from_raw_parts_mut(base.0.add(start), len.min(total - start)) })
+                });
+            }
+        }
     }
 
     /// `(0..n).map(f)` collected, the calls made as [`Helpers::run`] runs tasks.
@@ -103,6 +133,12 @@ impl Helpers {
         out.into_iter().map(|x| x.expect("every task ran")).collect()
     }
 }
+
+/// The start of a slice whose disjoint parts tasks take.
+struct Base<T>(*mut T);
+// SAFETY: each element (or chunk) is handed to one task only (`run` runs every task once), so the
+// `&mut` made from it is unique; `T: Send` moves the access across threads.
+unsafe impl<T: Send> Sync for Base<T> {}
 
 /// What the caller and its helpers share; kept alive by the helpers' `Arc`s after the caller returns.
 struct Shared {
