@@ -128,8 +128,8 @@ def boundary_overhead(t, heads, d, reps):
         "lssa.attention": lambda: lssa.attention(q, k, v, "lssa+rw15"),
         "torch.ops.lssa.attention_fwd": lambda: torch.ops.lssa.attention_fwd(q, k, v, "lssa+rw15", False),
         "_lssa.forward (raw kernel call)": lambda: _lssa.forward(
-            "lssa+rw15", "cpu", "float32", (1, heads, t, d), raw(q), raw(k), raw(v), raw(out), stats.data_ptr(), 0, 0,
-            threads,
+            "lssa+rw15", "cpu", "float32", (1, heads, t, d), (heads, t), raw(q), raw(k), raw(v), raw(out),
+            stats.data_ptr(), 0, 0, threads,
         ),
         "SDPA": lambda: sdpa(q, k, v),
     }
@@ -249,7 +249,8 @@ def main():
         "Median of batches of 50 calls, variant `lssa+rw15`, B=1, H=12, d=64. `lssa.attention` is the public "
         "call (checks, variant look-up, the custom op); `torch.ops.lssa.attention_fwd` the op alone (dispatcher, "
         "output allocation, pointers); `_lssa.forward` the raw Rust entry on preallocated tensors (variant "
-        "parse, GIL release, the kernel, which itself packs the keys of every head and runs a rayon pool). "
+        "parse, GIL release, the kernel, which itself packs the keys of every head and runs on libtorch's "
+        "OpenMP team). "
         "The boundary costs the difference between the first and the third row.",
         "",
         "| call | " + " | ".join(f"T={t}" for t in overhead) + " |",

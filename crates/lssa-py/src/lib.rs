@@ -169,11 +169,11 @@ fn run_detached(py: Python<'_>, f: impl FnOnce() -> attn_kernels::Result<()> + S
 /// With libgomp loaded (PyTorch's Linux wheels) every call runs on the OpenMP team of this thread,
 /// libtorch's intra-op pool, the threads torch's own operations have just used: a pool of the
 /// module's beside it took the cores from libtorch's spinning workers and the other way round (from
-/// Python on 2 cores, B = 16, H = 2, T = 64: forward + backward at 2.8x SDPA's time, against 2.0x
-/// with libgomp's spinning cut, `docs/bench/python-cpu.md`). Without it, a short call (a decoding
-/// step, `short`) starts on this thread with helpers from rayon's global pool when that has
-/// `threads` threads (entering a pool would cost more than a step); a longer call runs in a pool
-/// of the module's.
+/// Python on 2 cores, B = 16, H = 2, T = 64: forward + backward at 2.8x SDPA's time, 2.0x with
+/// libgomp's spinning cut, 1.4-1.6x on the team; `docs/bench/python-cpu-notes.md`). Without it, a
+/// short call (a decoding step, `short`) starts on this thread with helpers from rayon's global pool
+/// when that has `threads` threads (entering a pool would cost more than a step); a longer call runs
+/// in a pool of the module's.
 fn cpu_threads(target: &mut Target, threads: usize, short: bool) -> usize {
     let Target::Cpu(opts) = target else { return threads };
     match cpu::Helpers::openmp(threads) {
