@@ -4,7 +4,8 @@
 //!
 //! Thread count: the kernels run on the caller's rayon pool (`pool.install(|| forward(..))`), or on
 //! the OpenMP team of the calling thread where [`Options::helpers`] says so (the PyTorch
-//! extension's choice: libtorch's intra-op threads); they spawn no threads of their own. Scratch: per task, a few tiles (`O(block · d)`), and for
+//! extension's choice: libtorch's intra-op threads); they spawn no threads of their own.
+//! Scratch: per task, a few tiles (`O(block · d)`), and for
 //! re-weighting's two sweeps a `block_q x T` stripe of activations within
 //! [`Tuning::score_cache_bytes`]; per call,
 //! `B·H·T` row statistics, `2·B·H·T` inverse norms for cosine variants, and in the backward one

@@ -16,7 +16,8 @@ pub const fn rw_aux_per_row(head_dim: usize) -> usize {
     head_dim + 1
 }
 
-/// Execution options: tile sizes, the instruction set and the threads a call runs on. Defaults: [`Tuning::default`], [`Isa::detect`] and [`Helpers::Rayon`].
+/// Execution options: tile sizes, the instruction set and the threads a call runs on. Defaults:
+/// [`Tuning::default`], [`Isa::detect`] and [`Helpers::Rayon`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Options {
     /// Tile sizes.

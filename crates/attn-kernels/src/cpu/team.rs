@@ -27,7 +27,7 @@ use std::sync::{Arc, OnceLock};
 use rayon::prelude::*;
 
 /// The threads a call runs on: where a short call's (a decoding step's) helpers come from, and
-/// what splits the phases of a longer one ([`Helpers::tasks`]).
+/// what splits the phases of a longer one (`Helpers::tasks`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum Helpers {
     /// Tasks spawned into the calling thread's rayon pool (the global one off any pool), as many
