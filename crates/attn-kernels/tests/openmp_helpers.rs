@@ -13,9 +13,10 @@ use attn_core::fixtures::random_array;
 use attn_kernels::cpu;
 use ndarray::s;
 
-/// libgomp loaded into the global scope, as libtorch's wheels load theirs: kept for the process
-/// (the runtime's threads live on, so it is never unloaded).
-fn load_libgomp() {
+/// libgomp loaded into the global scope, as libtorch's wheels load theirs (kept for the process:
+/// the runtime's threads live on, so it is never unloaded); then its team of `threads` threads and a
+/// rayon pool of as many.
+fn openmp_and_rayon(threads: usize) -> (cpu::Helpers, rayon::ThreadPool) {
     // SAFETY: libgomp runs no initialiser that depends on anything but the C library.
     let lib = unsafe {
         libloading::os::unix::Library::open(
@@ -25,14 +26,13 @@ fn load_libgomp() {
     }
     .expect("libgomp.so.1 (GCC's OpenMP runtime, which the C compiler of the build brings)");
     std::mem::forget(lib);
+    let openmp = cpu::Helpers::openmp(threads).expect("GOMP_parallel once libgomp is loaded");
+    (openmp, rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap())
 }
 
 #[test]
 fn a_decoding_step_on_the_openmp_team_equals_the_rayon_one_bit_for_bit() {
-    load_libgomp();
-    let threads = 3;
-    let openmp = cpu::Helpers::openmp(threads).expect("GOMP_parallel once libgomp is loaded");
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    let (openmp, pool) = openmp_and_rayon(3);
     // 6 key heads of 2100 keys (whole heads, 2 a thread) and 1 key head (its cache split in 6 ranges).
     for (heads, kv_heads) in [(6, 6), (3, 1)] {
         let (t, d) = (2100, 64);
@@ -59,10 +59,7 @@ fn a_decoding_step_on_the_openmp_team_equals_the_rayon_one_bit_for_bit() {
 /// Fewer heads than threads makes the backward split key tiles into chunks.
 #[test]
 fn a_training_call_on_the_openmp_team_equals_the_rayon_one_bit_for_bit() {
-    load_libgomp();
-    let threads = 3;
-    let openmp = cpu::Helpers::openmp(threads).expect("GOMP_parallel once libgomp is loaded");
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+    let (openmp, pool) = openmp_and_rayon(3);
     for (batch, heads, kv_heads, t) in [(2, 2, 2, 150), (1, 2, 2, 300), (1, 4, 2, 150)] {
         let d = 32;
         let q = random_array::<f32>([batch, heads, t, d], 81);

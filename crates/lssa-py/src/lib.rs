@@ -509,8 +509,9 @@ fn backward(
 type Entry = unsafe fn(&Prepared, &Params) -> attn_kernels::Result<()>;
 
 /// Runs `entry` on the prepared kernels with the GIL released: on the CPU in `pool` (`None`: the
-/// calling thread, with the threads its options name, see [`cpu_threads`]) with the re-weighting helper `aux` when the
-/// prepared kernels keep one; on CUDA in the chosen kernel generation, after the stream check.
+/// calling thread, with the threads its options name, see [`cpu_threads`]) with the re-weighting
+/// helper `aux` when the prepared kernels keep one; on CUDA in the chosen kernel generation, after
+/// the stream check.
 ///
 /// # Safety
 ///
