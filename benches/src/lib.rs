@@ -17,6 +17,7 @@
 
 pub mod env;
 pub mod flex;
+pub mod fma;
 pub mod measure;
 pub mod memory;
 pub mod sections;

@@ -25,6 +25,10 @@
 //!   skipped where its estimated memory exceeds `--torch-ops-max-gib`;
 //! - `attn-core-f64`: the f64 reference, at `T <= --reference-max-t` only.
 //!
+//! Beside them: the CPU's FMA peak (`lssa_benches::fma`), each GFLOP/s cell's share of it, and a
+//! fused `floor` row (`--floor`, default `linear-l1`: the products and tile loop without an
+//! activation's work), from which the summary gives each variant's time over the floor at T = 4096.
+//!
 //! Each cell: a warm-up, then the median of up to `--max-reps` repetitions within `--cell-secs`. SDPA
 //! and the fused rows of one (T, pass) run in rounds (`measure::time_rounds`: one repetition of each
 //! per round), so a burst of load on a shared machine hits every one of them rather than all samples
@@ -43,7 +47,7 @@ use lssa_benches::flops;
 use lssa_benches::measure::{self, Policy};
 use lssa_benches::memory;
 use lssa_benches::workload::{Implementation, Pass, VariantSpec, Workload};
-use lssa_benches::{env, flex};
+use lssa_benches::{env, flex, fma};
 
 use peak::{ChildArgs, MemoryArgs};
 use report::{FLOP_CONVENTION, FORMAT, FORMAT_VERSION, Report, Row, Skip};
@@ -80,6 +84,11 @@ struct TimingArgs {
     /// Variants of the fused / torch-ops / reference rows (attn-core names). SDPA always runs (softmax).
     #[arg(long, value_delimiter = ',', default_value = "lssa,lssa+rw15,softmax")]
     variants: Vec<String>,
+    /// A fused row beside the variants with no activation's work: the same products and tile loop
+    /// (default `linear-l1`, the identity on dot scores, l1-normalised), so its time is the floor
+    /// any activation adds to. Empty: none.
+    #[arg(long, default_value = "linear-l1")]
+    floor: String,
     /// Implementations to run (fused, sdpa, flex-attention, torch-ops, attn-core-f64).
     #[arg(long, value_delimiter = ',', default_value = "fused,sdpa,flex-attention,torch-ops,attn-core-f64")]
     implementations: Vec<String>,
@@ -157,6 +166,8 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
     };
     let variants: Vec<VariantSpec> = args.variants.iter().map(|v| v.parse()).collect::<Result<_>>()?;
     let sdpa_variant: VariantSpec = "softmax".parse()?;
+    let floor: Option<VariantSpec> =
+        if args.floor.is_empty() || args.variants.contains(&args.floor) { None } else { Some(args.floor.parse()?) };
     let imps = parse_implementations(&args.implementations)?;
     let policy = Policy { max_reps: args.max_reps, cell_budget_s: args.cell_secs, ..Policy::default() };
     let round_policy = Policy { min_reps: args.min_round_reps, ..policy };
@@ -167,6 +178,11 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
         .unwrap_or_default();
     let cpu = format!("{}; fused kernels' ISA: {}{aten}", env::cpu_model(), attn_kernels::cpu::Isa::detect());
     eprintln!("bench-kernels: {cpu}; {threads} thread(s); B={b} H={h} d={d}; T = {lengths:?}");
+    let fma_peak = fma::peak(threads);
+    match fma_peak {
+        Some(p) => eprintln!("  FMA peak: {:.1} GFLOP/s ({} threads, {} lanes)", p.gflops, p.threads, p.lanes),
+        None => eprintln!("  FMA peak: not measured (no vector FMA kernel for this ISA)"),
+    }
 
     let start = Instant::now();
     // FlexAttention first, every length in one child process (it compiles once per shape).
@@ -184,11 +200,11 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
                 Pass::Forward => flops::forward(b, h, t, d),
                 Pass::ForwardBackward => flops::forward_backward(b, h, t, d),
             };
-            bench.time_pass(&work, pass, flop, cells(&imps, &variants, &sdpa_variant, pass));
+            bench.time_pass(&work, pass, flop, cells(&imps, &variants, floor.as_ref(), &sdpa_variant, pass));
         }
     }
     eprintln!("bench-kernels: done in {:.0} s", start.elapsed().as_secs_f64());
-    bench.write_report(&lengths, cpu, threads)
+    bench.write_report(&lengths, cpu, threads, fma_peak)
 }
 
 /// The FlexAttention baseline's request for the child process (CPU, f32, forward only) and its
@@ -222,10 +238,12 @@ fn flex_baseline(
 }
 
 /// The cells of one pass at one length that `--implementations` asks for: SDPA first (every other
-/// row of this (T, pass) is reported relative to it), then each implementation's variants.
+/// row of this (T, pass) is reported relative to it), then each implementation's variants, the
+/// fused kernels' `floor` after theirs.
 fn cells<'v>(
     imps: &[Implementation],
     variants: &'v [VariantSpec],
+    floor: Option<&'v VariantSpec>,
     sdpa_variant: &'v VariantSpec,
     pass: Pass,
 ) -> Vec<(Implementation, &'v VariantSpec)> {
@@ -238,6 +256,9 @@ fn cells<'v>(
             // The FlexAttention baseline is written for LSSA and LSSAR only.
             let ours = |v: &&VariantSpec| imp != Implementation::Flex || flex_cell(&v.name, pass).is_some();
             cells.extend(variants.iter().filter(ours).map(|v| (imp, v)));
+            if imp == Implementation::Fused {
+                cells.extend(floor.map(|v| (imp, v)));
+            }
         }
     }
     cells
@@ -367,9 +388,16 @@ impl Bench<'_> {
 
     /// The report of the rows and skipped cells: printed as Markdown, and unless `--no-write`
     /// written with its JSON to `--out-dir`.
-    fn write_report(self, lengths: &[usize], cpu: String, threads: usize) -> Result<()> {
+    fn write_report(
+        self,
+        lengths: &[usize],
+        cpu: String,
+        threads: usize,
+        fma_peak: Option<fma::FmaPeak>,
+    ) -> Result<()> {
         let (args, policy, round_policy) = (self.args, self.policy, self.round_policy);
-        let summary = report::summarise(&self.rows);
+        let floor = (!args.floor.is_empty()).then(|| args.floor.clone());
+        let summary = report::summarise(&self.rows, floor.as_deref());
         let report = Report {
             format: FORMAT,
             version: FORMAT_VERSION,
@@ -378,6 +406,8 @@ impl Bench<'_> {
             date: env::utc_now(),
             cpu,
             threads,
+            fma_peak,
+            floor,
             batch: args.batch,
             heads: args.heads,
             head_dim: args.head_dim,
