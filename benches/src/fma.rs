@@ -5,7 +5,7 @@
 //! Each thread runs independent chains of vector FMAs (`acc = acc * a + b`, enough chains to cover
 //! the instruction's latency on every core seen: 12 on AVX2, 16 on AVX-512) on registers only, no
 //! memory traffic; all threads start together and the rate is the FLOP of all of them over the
-//! slowest one's time, best of [`ROUNDS`]. Counted as two FLOP per lane per FMA, the convention
+//! slowest one's time, best of `ROUNDS` (5). Counted as two FLOP per lane per FMA, the convention
 //! of the tables' FlashAttention count (whose FLOP are the products' multiply-adds).
 //!
 //! Measured at the ISA the fused kernels run (`attn_kernels::cpu::Isa::detect`, which
