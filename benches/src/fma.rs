@@ -129,49 +129,46 @@ mod x86 {
     const A: f32 = 0.999_999;
     const B: f32 = 1e-6;
 
-    /// # Safety
-    ///
-    /// The CPU has AVX2 and FMA.
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn chains_256(iters: u64) -> f32 {
-        // Opaque to the compiler, which would otherwise fold the chains at their fixed point.
-        let (a, b, one) = (black_box(A), black_box(B), black_box(1.0f32));
-        let (a, b) = (_mm256_set1_ps(a), _mm256_set1_ps(b));
-        let mut acc = [_mm256_set1_ps(one); CHAINS_256];
-        for _ in 0..iters {
-            for x in acc.iter_mut() {
-                *x = _mm256_fmadd_ps(*x, a, b);
+    /// `unsafe fn $name(iters: u64) -> f32`: `$chains` chains of `$lanes`-lane vectors, `iters` FMAs
+    /// each, and the sum of their lanes at the end.
+    macro_rules! chains {
+        ($(#[$doc:meta])* $name:ident, $feature:literal, $chains:expr, $lanes:literal, $set1:ident, $fmadd:ident, $store:ident) => {
+            $(#[$doc])*
+            #[target_feature(enable = $feature)]
+            pub(super) unsafe fn $name(iters: u64) -> f32 {
+                // Opaque to the compiler, which would otherwise fold the chains at their fixed point.
+                let (a, b, one) = (black_box(A), black_box(B), black_box(1.0f32));
+                let (a, b) = ($set1(a), $set1(b));
+                let mut acc = [$set1(one); $chains];
+                for _ in 0..iters {
+                    for x in acc.iter_mut() {
+                        *x = $fmadd(*x, a, b);
+                    }
+                }
+                let mut lanes = [0.0f32; $lanes];
+                let mut total = 0.0;
+                for x in acc {
+                    // SAFETY: `lanes` holds one vector's f32s.
+                    unsafe { $store(lanes.as_mut_ptr(), x) };
+                    total += lanes.iter().sum::<f32>();
+                }
+                total
             }
-        }
-        let mut sum = _mm256_setzero_ps();
-        for x in acc {
-            sum = _mm256_add_ps(sum, x);
-        }
-        let mut lanes = [0.0f32; 8];
-        // SAFETY: `lanes` holds 8 f32s.
-        unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sum) };
-        lanes.iter().sum()
+        };
     }
 
-    /// # Safety
-    ///
-    /// The CPU has AVX-512F.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn chains_512(iters: u64) -> f32 {
-        let (a, b, one) = (black_box(A), black_box(B), black_box(1.0f32));
-        let (a, b) = (_mm512_set1_ps(a), _mm512_set1_ps(b));
-        let mut acc = [_mm512_set1_ps(one); CHAINS_512];
-        for _ in 0..iters {
-            for x in acc.iter_mut() {
-                *x = _mm512_fmadd_ps(*x, a, b);
-            }
-        }
-        let mut sum = _mm512_setzero_ps();
-        for x in acc {
-            sum = _mm512_add_ps(sum, x);
-        }
-        _mm512_reduce_add_ps(sum)
-    }
+    chains!(
+        /// # Safety
+        ///
+        /// The CPU has AVX2 and FMA.
+        chains_256, "avx2,fma", CHAINS_256, 8, _mm256_set1_ps, _mm256_fmadd_ps, _mm256_storeu_ps
+    );
+    chains!(
+        /// # Safety
+        ///
+        /// The CPU has AVX-512F.
+        chains_512, "avx512f", CHAINS_512, 16, _mm512_set1_ps, _mm512_fmadd_ps, _mm512_storeu_ps
+    );
 }
 
 #[cfg(test)]
