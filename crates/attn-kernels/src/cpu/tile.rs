@@ -185,15 +185,45 @@ pub(crate) const fn pad_nr(n: usize) -> usize {
 
 /// [`pack_transposed`] into a block of fixed width `n_pad >= pad_nr(n)` (zero padding up to it).
 #[inline(always)]
-pub(crate) fn pack_transposed_padded(b: &[f32], ldb: usize, n: usize, k: usize, n_pad: usize, bt: &mut [f32]) {
-    debug_assert!(n_pad >= pad_nr(n) && n_pad.is_multiple_of(NR) && bt.len() >= k * n_pad);
+pub(crate) fn pack_transposed_padded(
+    isa: Isa,
+    b: &[f32],
+    ldb: usize,
+    n: usize,
+    k: usize,
+    n_pad: usize,
+    bt: &mut [f32],
+) {
+    assert!(n_pad >= pad_nr(n) && n_pad.is_multiple_of(NR) && bt.len() >= k * n_pad);
     for c in 0..k {
         bt[c * n_pad + n..c * n_pad + n_pad].fill(0.0);
     }
-    for j in 0..n {
-        let row = &b[j * ldb..j * ldb + k];
-        for (c, &x) in row.iter().enumerate() {
-            bt[c * n_pad + j] = x;
+    if n == 0 || k == 0 {
+        return;
+    }
+    assert!(b.len() >= (n - 1) * ldb + k);
+    match isa {
+        // SAFETY: extents checked above; AVX-512 CPUs have AVX2, and the ISA was checked supported
+        // by the caller's dispatch.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Avx2Fma => unsafe { x86::transpose_avx2(b.as_ptr(), ldb, n, k, bt.as_mut_ptr(), n_pad) },
+        _ => transpose_rows(b, ldb, 0..n, 0..k, bt, n_pad),
+    }
+}
+
+/// `bt[c * n_pad + j] = b[j * ldb + c]` for `j` in `rows`, `c` in `cols`: the scalar transpose.
+pub(crate) fn transpose_rows(
+    b: &[f32],
+    ldb: usize,
+    rows: std::ops::Range<usize>,
+    cols: std::ops::Range<usize>,
+    bt: &mut [f32],
+    n_pad: usize,
+) {
+    for j in rows {
+        let row = &b[j * ldb..];
+        for c in cols.clone() {
+            bt[c * n_pad + j] = row[c];
         }
     }
 }
@@ -202,7 +232,7 @@ pub(crate) fn pack_transposed_padded(b: &[f32], ldb: usize, n: usize, k: usize, 
 /// row-major matrix with zero padding.
 #[cfg(test)]
 pub(crate) fn pack_transposed(b: &[f32], ldb: usize, n: usize, k: usize, bt: &mut [f32]) {
-    pack_transposed_padded(b, ldb, n, k, pad_nr(n), bt);
+    pack_transposed_padded(Isa::Scalar, b, ldb, n, k, pad_nr(n), bt);
 }
 
 /// `c[i][j] = sum_t a[i][t] * bt[t][j]` for `i < m`, `j < n_pad`: `a` has row stride `lda`, `bt` is

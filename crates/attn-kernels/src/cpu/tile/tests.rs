@@ -192,3 +192,25 @@ fn matmul_acc_nonzero_is_one_chain_over_the_nonzero_terms() {
         }
     }
 }
+
+#[test]
+fn packing_transposes_every_entry_and_zeroes_the_padding_on_every_isa() {
+    // Sizes around the 8 x 8 blocks of the AVX2 transpose, a row stride wider than a row, and a
+    // destination full of NaN, so an entry left unwritten shows.
+    for &(n, k) in &[(1, 1), (7, 8), (8, 8), (9, 13), (63, 64), (64, 64), (70, 65), (33, 3)] {
+        let ldb = k + 5;
+        let b = data(n * ldb, 3);
+        let n_pad = pad_nr(n);
+        for isa in Isa::all_supported() {
+            let mut bt = vec![f32::NAN; k * n_pad];
+            pack_transposed_padded(isa, &b, ldb, n, k, n_pad, &mut bt);
+            for c in 0..k {
+                for j in 0..n_pad {
+                    let want = if j < n { b[j * ldb + c] } else { 0.0 };
+                    let got = bt[c * n_pad + j];
+                    assert_eq!(got.to_bits(), want.to_bits(), "{isa:?}, n = {n}, k = {k}: entry ({c}, {j})");
+                }
+            }
+        }
+    }
+}

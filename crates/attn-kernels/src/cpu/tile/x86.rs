@@ -644,3 +644,47 @@ pub(super) unsafe fn acc_nonzero_avx2(
     // SAFETY: as above.
     unsafe { acc_nonzero::<Avx2>(a, lda, b, ldb, m, n, k, c, ldc) }
 }
+
+/// `bt[c * n_pad + j] = b[j * ldb + c]` for `j < n`, `c < k`: 8 x 8 blocks transposed in registers
+/// (unpack, shuffle, then swap 128-bit halves), the edges by [`super::transpose_rows`]. A copy:
+/// the same values as the scalar transpose.
+///
+/// # Safety
+///
+/// The CPU has AVX2; `b` holds `n` rows of `k` at stride `ldb`, `bt` holds `k` rows of `n_pad >= n`.
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn transpose_avx2(b: *const f32, ldb: usize, n: usize, k: usize, bt: *mut f32, n_pad: usize) {
+    let (n8, k8) = (n / 8 * 8, k / 8 * 8);
+    // SAFETY (whole body): every access is at row < n, column < k of `b` and row < k, column < n of
+    // `bt`, inside the extents of the contract.
+    unsafe {
+        for j in (0..n8).step_by(8) {
+            for c in (0..k8).step_by(8) {
+                let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(b.add((j + i) * ldb + c)));
+                let t: [__m256; 8] = std::array::from_fn(|i| {
+                    let (x, y) = (r[i / 2 * 2], r[i / 2 * 2 + 1]);
+                    if i % 2 == 0 { _mm256_unpacklo_ps(x, y) } else { _mm256_unpackhi_ps(x, y) }
+                });
+                // s[q]: rows 0-3 (q < 4) or 4-7 of columns (q % 4 order: 0, 1, 2, 3) | (4, 5, 6, 7).
+                let s: [__m256; 8] = [
+                    _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                    _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                    _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                    _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                    _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                    _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                    _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                    _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+                ];
+                for q in 0..4 {
+                    _mm256_storeu_ps(bt.add((c + q) * n_pad + j), _mm256_permute2f128_ps::<0x20>(s[q], s[q + 4]));
+                    _mm256_storeu_ps(bt.add((c + q + 4) * n_pad + j), _mm256_permute2f128_ps::<0x31>(s[q], s[q + 4]));
+                }
+            }
+        }
+        let b = std::slice::from_raw_parts(b, if n == 0 { 0 } else { (n - 1) * ldb + k });
+        let bt = std::slice::from_raw_parts_mut(bt, k * n_pad);
+        super::transpose_rows(b, ldb, 0..n8, k8..k, bt, n_pad);
+        super::transpose_rows(b, ldb, n8..n, 0..k, bt, n_pad);
+    }
+}
