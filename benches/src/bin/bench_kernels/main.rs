@@ -144,6 +144,13 @@ fn main() -> Result<()> {
 // Timing
 // ---------------------------------------------------------------------------------------------------
 
+impl TimingArgs {
+    /// The `--floor` variant's name, unless it is empty.
+    fn floor(&self) -> Option<&str> {
+        (!self.floor.is_empty()).then_some(self.floor.as_str())
+    }
+}
+
 fn parse_implementations(names: &[String]) -> Result<Vec<Implementation>> {
     names
         .iter()
@@ -166,8 +173,9 @@ fn run_timing(args: &TimingArgs, threads: usize, pool: &rayon::ThreadPool) -> Re
     };
     let variants: Vec<VariantSpec> = args.variants.iter().map(|v| v.parse()).collect::<Result<_>>()?;
     let sdpa_variant: VariantSpec = "softmax".parse()?;
+    // A floor already among the variants runs as one of them.
     let floor: Option<VariantSpec> =
-        if args.floor.is_empty() || args.variants.contains(&args.floor) { None } else { Some(args.floor.parse()?) };
+        args.floor().filter(|f| !args.variants.iter().any(|v| v == f)).map(str::parse).transpose()?;
     let imps = parse_implementations(&args.implementations)?;
     let policy = Policy { max_reps: args.max_reps, cell_budget_s: args.cell_secs, ..Policy::default() };
     let round_policy = Policy { min_reps: args.min_round_reps, ..policy };
@@ -396,7 +404,7 @@ impl Bench<'_> {
         fma_peak: Option<fma::FmaPeak>,
     ) -> Result<()> {
         let (args, policy, round_policy) = (self.args, self.policy, self.round_policy);
-        let floor = (!args.floor.is_empty()).then(|| args.floor.clone());
+        let floor = args.floor().map(str::to_owned);
         let summary = report::summarise(&self.rows, floor.as_deref());
         let report = Report {
             format: FORMAT,

@@ -212,7 +212,7 @@ pub(crate) fn pack_transposed_padded(
 }
 
 /// `bt[c * n_pad + j] = b[j * ldb + c]` for `j` in `rows`, `c` in `cols`: the scalar transpose.
-pub(crate) fn transpose_rows(
+fn transpose_rows(
     b: &[f32],
     ldb: usize,
     rows: std::ops::Range<usize>,
