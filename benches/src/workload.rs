@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use anyhow::{Context, Result, anyhow, bail};
 use attn_core::Variant;
 use gpt_model::attention::torch_ops;
-use ndarray::Array4;
+use ndarray::{Array4, ArrayView4};
 use serde::Serialize;
 use tch::{Kind, Tensor};
 
@@ -182,6 +182,14 @@ pub fn to_tensor(a: &Array4<f32>) -> Tensor {
     }
 }
 
+/// A view of a contiguous f32 tensor's memory, `shape` its shape.
+fn tensor_view(t: &Tensor, shape: (usize, usize, usize, usize)) -> ArrayView4<'_, f32> {
+    assert!(t.kind() == Kind::Float && t.is_contiguous() && t.numel() == shape.0 * shape.1 * shape.2 * shape.3);
+    // SAFETY: `t` holds that many contiguous f32s (checked above) and outlives the view, which
+    // borrows it; nothing writes to it while the view lives (every run only reads its inputs).
+    unsafe { ArrayView4::from_shape_ptr(shape, t.data_ptr() as *const f32) }
+}
+
 /// Causal attention inputs of one shape, `(B, H, T, d)`, f32, in the forms each implementation takes.
 pub struct Workload {
     /// Batch size.
@@ -220,9 +228,14 @@ impl Workload {
     pub fn run(&self, imp: Implementation, variant: &VariantSpec, pass: Pass, pool: &rayon::ThreadPool) -> Result<()> {
         match imp {
             Implementation::Fused => {
-                // `Tensor` is not `Sync`, so only the arrays cross into the pool.
-                let (q, k, v, g) = (&self.q, &self.k, &self.v, &self.g);
-                pool.install(|| run_fused(variant, pass, [q, k, v, g]))
+                // The fused kernels read the tensors SDPA reads, in place: the same bytes at the same
+                // addresses, 64-byte aligned by libtorch's allocator as a PyTorch user's tensors are
+                // (an `Array4`'s buffer from malloc sits 16 bytes off a cache line, so every 64-byte
+                // load of a value row straddles two lines: the re-weighted forward took 1.07x the
+                // time there on an Intel Xeon). `Tensor` is not `Sync`, so only the views cross
+                // into the pool.
+                let views = self.tensors.each_ref().map(|t| tensor_view(t, self.q.dim()));
+                pool.install(|| run_fused(variant, pass, views))
             }
             Implementation::Sdpa => self.run_sdpa(variant, pass),
             Implementation::TorchOps => self.run_torch_ops(variant, pass),
@@ -287,8 +300,7 @@ impl Workload {
 /// that function), so forward+backward is one `backward` call: calling `forward` first would count the
 /// forward twice, which SDPA (it saves its statistics) does not pay. When the kernels grow a
 /// forward-with-statistics / backward-from-statistics pair, time that pair here instead.
-fn run_fused(variant: &VariantSpec, pass: Pass, [q, k, v, g]: [&Array4<f32>; 4]) -> Result<()> {
-    let (q, k, v) = (q.view(), k.view(), v.view());
+fn run_fused(variant: &VariantSpec, pass: Pass, [q, k, v, g]: [ArrayView4<'_, f32>; 4]) -> Result<()> {
     match pass {
         Pass::Forward => {
             let out = attn_kernels::cpu::forward(&variant.variant, q, k, v)
@@ -296,7 +308,7 @@ fn run_fused(variant: &VariantSpec, pass: Pass, [q, k, v, g]: [&Array4<f32>; 4])
             black_box(&out);
         }
         Pass::ForwardBackward => {
-            let grads = attn_kernels::cpu::backward(&variant.variant, q, k, v, g.view())
+            let grads = attn_kernels::cpu::backward(&variant.variant, q, k, v, g)
                 .map_err(|e| anyhow!("fused backward `{}`: {e}", variant.name))?;
             black_box((&grads.dq, &grads.dk, &grads.dv));
         }

@@ -8,7 +8,8 @@
 //! other processes do not inflate, so kernel changes can be compared on a busy machine; otherwise it
 //! is wall time. It needs no libtorch; the SDPA comparison is `bench-kernels`' job. The environment
 //! variables `CPU_LAB_BQ` and `CPU_LAB_BK` override the tile sizes of [`Tuning`]'s default, and
-//! `CPU_LAB_CACHE` its score cache (bytes; 0 recomputes re-weighting's second sweep).
+//! `CPU_LAB_CACHE` its score cache (bytes; 0 recomputes re-weighting's second sweep). The inputs
+//! start on a 64-byte boundary as PyTorch's tensors do, or `CPU_LAB_OFFSET` floats past one.
 //!
 //! [`Tuning`]: attn_kernels::cpu::Tuning
 use std::time::Instant;
@@ -27,6 +28,15 @@ fn main() {
     assert!(!variants.is_empty(), "{usage}");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
     let (q, k, v) = attn_core::fixtures::random_qkv::<f32>([1, 12, t, 64], 1);
+    // The inputs start 64-byte aligned, as PyTorch's CPU allocator places tensors, plus
+    // `CPU_LAB_OFFSET` floats (4: the 16-byte alignment of a large `Vec` from glibc's malloc).
+    let offset = std::env::var("CPU_LAB_OFFSET").map_or(0, |s| s.parse::<usize>().expect("a float offset"));
+    let placed: Vec<(Vec<f32>, usize)> = [&q, &k, &v].iter().map(|x| placed(x.as_slice().unwrap(), offset)).collect();
+    let view = |x: usize| {
+        let (buf, at) = &placed[x];
+        ndarray::ArrayView4::from_shape([1, 12, t, 64], &buf[*at..*at + 12 * t * 64]).unwrap()
+    };
+    let (q, k, v) = (view(0), view(1), view(2));
     let mut opts = attn_kernels::cpu::Options::default();
     let env = |name: &str| std::env::var(name).ok().map(|s| s.parse::<usize>().expect("a tile size"));
     opts.tuning.block_q = env("CPU_LAB_BQ").unwrap_or(opts.tuning.block_q);
@@ -38,9 +48,9 @@ fn main() {
         pool.install(|| {
             let (wall, cpu) = (Instant::now(), thread_cpu_s());
             if backward {
-                drop(attn_kernels::cpu::backward_with(var, &q, &k, &v, &v, &opts).unwrap());
+                drop(attn_kernels::cpu::backward_with(var, q, k, v, v, &opts).unwrap());
             } else {
-                drop(attn_kernels::cpu::forward_with(var, &q, &k, &v, &opts).unwrap());
+                drop(attn_kernels::cpu::forward_with(var, q, k, v, &opts).unwrap());
             }
             match (cpu_time, cpu, thread_cpu_s()) {
                 (true, Some(a), Some(b)) => b - a,
@@ -66,6 +76,14 @@ fn main() {
         let ratio = median(ts.iter().zip(&times[0]).map(|(a, b)| a / b).collect());
         println!("{var:>16}: median {:8.1} ms, {ratio:.3}x {}", median(ts.clone()) * 1e3, variants[0]);
     }
+}
+
+/// A copy of `x` in a buffer, and where it starts there: `offset` floats past a 64-byte boundary.
+fn placed(x: &[f32], offset: usize) -> (Vec<f32>, usize) {
+    let mut buf = vec![0.0f32; x.len() + 16 + offset];
+    let at = (16 - (buf.as_ptr() as usize / 4) % 16) % 16 + offset;
+    buf[at..at + x.len()].copy_from_slice(x);
+    (buf, at)
 }
 
 /// This thread's CPU time in seconds (Linux: the first field of `/proc/thread-self/schedstat`, ns).

@@ -519,7 +519,8 @@ unsafe fn nonzero_keys(row: &[f32], keys: &mut [u8; KEYS + 8]) -> usize {
 }
 
 /// `C += A · B` over the nonzero entries of each row of `A` (`a` row-major with row stride `lda`):
-/// each row's nonzero keys listed [`KEYS`] at a time, then [`acc_keys`] over them.
+/// each row's nonzero keys listed [`KEYS`] at a time, then [`acc_keys`] over them, two rows at once
+/// where the ISA holds both rows' accumulators beside its operands ([`Lanes::WIDE`]).
 #[inline(always)]
 unsafe fn acc_nonzero<L: Lanes>(
     a: *const f32,
@@ -532,83 +533,130 @@ unsafe fn acc_nonzero<L: Lanes>(
     c: *mut f32,
     ldc: usize,
 ) {
-    let mut keys = [0u8; KEYS + 8];
+    let mut keys = [[0u8; KEYS + 8]; 2];
     // SAFETY: rows below m, keys below n, columns below k: the dispatcher's extents.
     unsafe {
-        for i in 0..m {
+        let mut i = 0;
+        // Pairs of rows on AVX-512: one row at d = 64 is 4 chains, each waiting on the FMA's latency,
+        // where two rows are 8. A 64 x 64 tile of weights a third nonzero, values in L1, on an Intel
+        // Xeon with AVX-512 (the CI's machine): 2.30 us a row at a time, 1.93 us in pairs, 2.6 us dense; the
+        // one-thread LSSAR forward at T = 4096 from 272-290 to 256-267 ms (`cpu_lab`, three
+        // alternations). AVX2's one row already fills 8 chains and most of its 16 registers.
+        while L::WIDE && i + 2 <= m {
+            for start in (0..n).step_by(KEYS) {
+                let w = KEYS.min(n - start);
+                let rows: [&[f32]; 2] =
+                    std::array::from_fn(|r| std::slice::from_raw_parts(a.add((i + r) * lda + start), w));
+                let [k0, k1] = &mut keys;
+                let lens = [nonzero_keys(rows[0], k0), nonzero_keys(rows[1], k1)];
+                acc_keys::<L, 2>(
+                    [rows[0].as_ptr(), rows[1].as_ptr()],
+                    [&k0[..lens[0]], &k1[..lens[1]]],
+                    b.add(start * ldb),
+                    ldb,
+                    k,
+                    [c.add(i * ldc), c.add((i + 1) * ldc)],
+                );
+            }
+            i += 2;
+        }
+        while i < m {
             for start in (0..n).step_by(KEYS) {
                 let row = std::slice::from_raw_parts(a.add(i * lda + start), KEYS.min(n - start));
-                let len = nonzero_keys(row, &mut keys);
+                let len = nonzero_keys(row, &mut keys[0]);
                 if len > 0 {
-                    acc_keys::<L>(row.as_ptr(), &keys[..len], b.add(start * ldb), ldb, k, c.add(i * ldc));
+                    acc_keys::<L, 1>([row.as_ptr()], [&keys[0][..len]], b.add(start * ldb), ldb, k, [c.add(i * ldc)]);
                 }
             }
+            i += 1;
         }
     }
 }
 
-/// `C[0][col..col + V W] += sum over t in keys of A[0][t] B[t][col..]`, in `V` accumulators: all
-/// `V W` columns when `FULL`, else the last `k - col < V W` by masked loads and stores. One chain
-/// per column in the order of `keys`.
+/// `C[r][col..col + V W] += sum over t in keys[r] of A[r][t] B[t][col..]` for each of `R` rows, in
+/// `R x V` accumulators: all `V W` columns when `FULL`, else the last `k - col < V W` by masked loads
+/// and stores. One chain per entry in the order of its row's keys; the rows step through their
+/// lists together while both have keys, then each finishes its own.
 #[inline(always)]
-unsafe fn keys_cols<L: Lanes, const V: usize, const FULL: bool>(
-    a: *const f32,
-    keys: &[u8],
+unsafe fn keys_cols<L: Lanes, const R: usize, const V: usize, const FULL: bool>(
+    a: [*const f32; R],
+    keys: [&[u8]; R],
     b: *const f32,
     ldb: usize,
     col: usize,
     k: usize,
-    c: *mut f32,
+    c: [*mut f32; R],
 ) {
     let w: [usize; V] = std::array::from_fn(|q| (k - col).saturating_sub(q * L::W).min(L::W));
     // SAFETY (whole body): every key indexes a row of `a` and `b` inside the checked extents; a
     // partial block touches only the first k - col columns.
     unsafe {
         let ld = |p: *const f32, w: usize| if FULL { L::load(p) } else { L::load_first(p, w) };
-        let mut acc: [L::V; V] = std::array::from_fn(|q| ld(c.add(col + q * L::W), w[q]));
-        for &t in keys {
+        let mut acc: [[L::V; V]; R] =
+            std::array::from_fn(|r| std::array::from_fn(|q| ld(c[r].add(col + q * L::W), w[q])));
+        let step = |acc: &mut [L::V; V], a: *const f32, t: u8| {
             let t = t as usize;
             let x = L::splat(*a.add(t));
             let row = b.add(t * ldb + col);
             for q in 0..V {
                 acc[q] = L::fma(x, ld(row.add(q * L::W), w[q]), acc[q]);
             }
+        };
+        let common = keys.iter().map(|k| k.len()).min().unwrap_or(0);
+        for x in 0..common {
+            for r in 0..R {
+                step(&mut acc[r], a[r], *keys[r].get_unchecked(x));
+            }
         }
-        for q in 0..V {
-            let p = c.add(col + q * L::W);
-            if FULL {
-                L::store(p, acc[q]);
-            } else {
-                L::store_first(p, w[q], acc[q]);
+        for r in 0..R {
+            for &t in &keys[r][common..] {
+                step(&mut acc[r], a[r], t);
+            }
+        }
+        for r in 0..R {
+            for q in 0..V {
+                let p = c[r].add(col + q * L::W);
+                if FULL {
+                    L::store(p, acc[r][q]);
+                } else {
+                    L::store_first(p, w[q], acc[r][q]);
+                }
             }
         }
     }
 }
 
-/// `C[0] += sum over t in keys of A[0][t] B[t]` for one row over `k` columns: blocks of `8W` columns
-/// on AVX2 (8 accumulator chains, what the FMA's latency needs; each key's values loaded once),
-/// of `4W` on AVX-512, then `2W` and one masked tail block.
+/// `C[r] += sum over t in keys[r] of A[r][t] B[t]` for `R` rows over `k` columns: blocks of `8W`
+/// columns on AVX2 (8 accumulator chains, what the FMA's latency needs; each key's values loaded
+/// once), of `4W` on AVX-512, then `2W` and one masked tail block.
 #[inline(always)]
-unsafe fn acc_keys<L: Lanes>(a: *const f32, keys: &[u8], b: *const f32, ldb: usize, k: usize, c: *mut f32) {
+unsafe fn acc_keys<L: Lanes, const R: usize>(
+    a: [*const f32; R],
+    keys: [&[u8]; R],
+    b: *const f32,
+    ldb: usize,
+    k: usize,
+    c: [*mut f32; R],
+) {
     // SAFETY: the column blocks split [0, k) exactly.
     unsafe {
         let mut col = 0;
         if !L::WIDE {
             while col + 8 * L::W <= k {
-                keys_cols::<L, 8, true>(a, keys, b, ldb, col, k, c);
+                keys_cols::<L, R, 8, true>(a, keys, b, ldb, col, k, c);
                 col += 8 * L::W;
             }
         }
         while col + 4 * L::W <= k {
-            keys_cols::<L, 4, true>(a, keys, b, ldb, col, k, c);
+            keys_cols::<L, R, 4, true>(a, keys, b, ldb, col, k, c);
             col += 4 * L::W;
         }
         while col + 2 * L::W <= k {
-            keys_cols::<L, 2, true>(a, keys, b, ldb, col, k, c);
+            keys_cols::<L, R, 2, true>(a, keys, b, ldb, col, k, c);
             col += 2 * L::W;
         }
         if col < k {
-            keys_cols::<L, 2, false>(a, keys, b, ldb, col, k, c);
+            keys_cols::<L, R, 2, false>(a, keys, b, ldb, col, k, c);
         }
     }
 }
