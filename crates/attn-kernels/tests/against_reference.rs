@@ -415,6 +415,18 @@ fn every_fused_variant_matches_the_reference_on_every_isa() {
 }
 
 #[test]
+fn the_default_tiles_of_every_isa_match_the_reference() {
+    // The tiles `Options::default` picks for each ISA (`Tuning::for_isa`: 128 keys a tile on AVX-512),
+    // over sequences of several such tiles with a partial last one, each ISA forced in turn.
+    for isa in Isa::all_supported() {
+        let opts = Options { tuning: Tuning::for_isa(isa), isa, ..Default::default() };
+        for name in ["lssa", "lssa+rw15", "softmax", "relu-l1+rw15"] {
+            check_case(name, (1, 2, 300, 64), 300, 1.0, &opts);
+        }
+    }
+}
+
+#[test]
 fn head_dims_and_lengths_that_do_not_fit_the_tiles() {
     let isa = Isa::detect();
     for &(t, d) in &[(1, 64), (2, 8), (65, 64), (31, 72), (17, 128), (100, 40)] {

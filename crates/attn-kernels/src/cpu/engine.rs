@@ -49,10 +49,25 @@ pub struct Tuning {
 
 impl Default for Tuning {
     /// 64 x 64: at d = 64 a tile's `q`, `k`, `v` and scores (64 KiB in all) stay in L2 of any x86
-    /// core; 128-key tiles measured no faster and waste more of the diagonal tile. A 16 MiB score
-    /// cache per task covers `T` up to 64K at 64 query rows.
+    /// core; 128-key tiles measured no faster on AVX2 (Zen 1 and Zen 3 EPYCs) and waste more of the
+    /// diagonal tile. A 16 MiB score cache per task covers `T` up to 64K at 64 query rows.
+    /// [`Options::default`](super::Options::default) takes [`Tuning::for_isa`] of the detected ISA.
     fn default() -> Self {
         Self { block_q: 64, block_k: 64, score_cache_bytes: 16 << 20, reweight_helper: true, split_keys: 2048 }
+    }
+}
+
+impl Tuning {
+    /// The default tiles for kernels that run `isa`: 64 x 128 on AVX-512, else [`Tuning::default`]'s
+    /// 64 x 64. On AVX-512 a key tile's row of scores is 4 or 8 registers, and what every tile pays
+    /// once (the per-row loops and lane sums, re-weighting's key lists and its check for key groups
+    /// without an above-mean key) weighs more against that than on AVX2. On an Intel Xeon with
+    /// AVX-512 (2 MiB of L2 a core; `cpu_lab 4096 1 5`, four alternations), 128-key tiles took the
+    /// one-thread LSSAR forward from 1.18-1.21x LSSA's time to 1.13-1.14x and its forward + backward
+    /// from 1.35-1.36x to 1.26x, LSSA's own within the runs' spread either way.
+    pub fn for_isa(isa: Isa) -> Self {
+        let block_k = if isa == Isa::Avx512 { 128 } else { 64 };
+        Self { block_k, ..Self::default() }
     }
 }
 
@@ -113,7 +128,7 @@ pub(crate) fn packed_len(dims: Dims) -> usize {
 /// fold into the row's f64 normaliser. A fold of 16 lanes costs about as much as summing a 64-key
 /// row itself (LLVM extracts the lanes one by one): folding once per tile took 9% of the LSSA
 /// forward and 14% of LSSAR's (T = 4096, AVX-512, measured by leaving the fold out). Each lane
-/// adds at most `FOLD_TILES * block_k / 16` terms in f32 (32 at the default tiles) before its f64
+/// adds at most `FOLD_TILES * block_k / 16` terms in f32 (32 at 64-key tiles, 64 at 128) before its f64
 /// fold.
 pub(super) const FOLD_TILES: usize = 8;
 

@@ -17,7 +17,7 @@ pub const fn rw_aux_per_row(head_dim: usize) -> usize {
 }
 
 /// Execution options: tile sizes, the instruction set and the threads a call runs on. Defaults:
-/// [`Tuning::default`], [`Isa::detect`] and [`Helpers::Rayon`].
+/// [`Isa::detect`], that ISA's tiles ([`Tuning::for_isa`]) and [`Helpers::Rayon`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct Options {
     /// Tile sizes.
@@ -32,7 +32,8 @@ pub struct Options {
 
 impl Default for Options {
     fn default() -> Self {
-        Self { tuning: Tuning::default(), isa: Isa::detect(), helpers: Helpers::Rayon }
+        let isa = Isa::detect();
+        Self { tuning: Tuning::for_isa(isa), isa, helpers: Helpers::Rayon }
     }
 }
 
