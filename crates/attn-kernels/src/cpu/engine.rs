@@ -62,7 +62,7 @@ impl Tuning {
     /// 64 x 64. On AVX-512 a key tile's row of scores is 4 or 8 registers, and what every tile pays
     /// once (the per-row loops and lane sums, re-weighting's key lists and its check for key groups
     /// without an above-mean key) weighs more against that than on AVX2. On an Intel Xeon with
-    /// AVX-512 (2 MiB of L2 a core; `cpu_lab 4096 1 5`, four alternations), 128-key tiles took the
+    /// AVX-512 (2 MiB of L2 a core; `cpu_lab 4096 1 5`, two alternations), 128-key tiles took the
     /// one-thread LSSAR forward from 1.18-1.21x LSSA's time to 1.13-1.14x and its forward + backward
     /// from 1.35-1.36x to 1.26x, LSSA's own within the runs' spread either way.
     pub fn for_isa(isa: Isa) -> Self {

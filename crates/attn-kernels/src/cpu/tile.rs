@@ -133,9 +133,10 @@ fn matmul_acc_strided<const FMA: bool>(
 /// `C += A · B` as [`matmul_acc`] (`A` row-major, row stride `lda`), over only the nonzero entries of
 /// each row of `A`: re-weighting's weights, zero for every key at or below a row's mean activation
 /// (SPEC section 3), which is most of a row's keys. Each row runs over the list of its nonzero keys
-/// (on AVX-512 two rows step through their lists together), one chain of fused multiply-adds per output entry in key order: the sums of [`matmul_acc`]'s
-/// blocks of rows less their `+0 · b` terms, so the same values for finite `B` (a zero's sign
-/// aside; a lone row there splits its chain in two).
+/// (on AVX-512 two rows step through their lists together), one chain of fused multiply-adds per
+/// output entry in key order: the sums of [`matmul_acc`]'s blocks of rows less their `+0 · b` terms,
+/// so the same values for finite `B` (a zero's sign aside; a lone row there splits its chain in
+/// two).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_acc_nonzero<const FMA: bool>(

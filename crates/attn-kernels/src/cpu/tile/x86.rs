@@ -539,9 +539,9 @@ unsafe fn acc_nonzero<L: Lanes>(
         let mut i = 0;
         // Pairs of rows on AVX-512: one row at d = 64 is 4 chains, each waiting on the FMA's latency,
         // where two rows are 8. A 64 x 64 tile of weights a third nonzero, values in L1, on an Intel
-        // Xeon with AVX-512 (the CI's machine): 2.30 us a row at a time, 1.93 us in pairs, 2.6 us dense; the
-        // one-thread LSSAR forward at T = 4096 from 272-290 to 256-267 ms (`cpu_lab`, three
-        // alternations). AVX2's one row already fills 8 chains and most of its 16 registers.
+        // Xeon with AVX-512: 2.30 us a row at a time, 1.93 us in pairs, 2.6 us dense; the one-thread
+        // LSSAR forward at T = 4096 from 272-290 to 256-267 ms (`cpu_lab`, three alternations).
+        // AVX2's one row already fills 8 chains and most of its 16 registers.
         while L::WIDE && i + 2 <= m {
             for start in (0..n).step_by(KEYS) {
                 let w = KEYS.min(n - start);
