@@ -104,7 +104,11 @@ unsafe impl<P> Send for SendPtr<P> {}
 // SAFETY: as above.
 unsafe impl<P> Sync for SendPtr<P> {}
 
-/// The tile sizes and instruction set of one call, its tiles checked.
+/// The tile sizes and instruction set of one call, its tiles checked. Tiles no larger than the call:
+/// a key tile of at most `T_k` keys and a query tile of at most `T_q` rows, so that a short sequence
+/// does not compute and zero a whole default tile's padding (at `T = 16` a 128-key tile is 8 times
+/// the scores, and its packed copies 8 times the memory to clear). The same values either way: a
+/// row's terms are the same, in the same order.
 pub(super) fn dims(p: &F32Params, tuning: Tuning, isa: Isa) -> Result<Dims> {
     if tuning.block_q == 0 || tuning.block_k == 0 {
         return Err(Error::BadParams(format!("tile sizes must be >= 1, got {tuning:?}")));
@@ -115,8 +119,8 @@ pub(super) fn dims(p: &F32Params, tuning: Tuning, isa: Isa) -> Result<Dims> {
         off: p.kv_len - p.seq_len,
         d: p.head_dim,
         group: 1,
-        bq: tuning.block_q,
-        bk: tuning.block_k,
+        bq: tuning.block_q.min(p.seq_len.max(1)),
+        bk: tuning.block_k.min(p.kv_len.max(1)),
         cache_bytes: tuning.score_cache_bytes,
         in_range: false, // set once the norms are known (`engine::scores_in_range`)
     })
