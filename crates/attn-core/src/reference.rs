@@ -88,7 +88,29 @@ pub fn check_inputs_cached<F: Real>(
     Ok(())
 }
 
+/// [`check_inputs_cached`] less its scan of every value for finiteness: for a caller that scans the
+/// values itself ([`all_finite`]; the fused CPU kernels, on all their threads) and, where one is not
+/// finite, calls [`check_inputs_cached`] for the error.
+pub fn check_shapes_cached<F: Real>(
+    variant: &Variant,
+    q: &ArrayView4<'_, F>,
+    k: &ArrayView4<'_, F>,
+    v: &ArrayView4<'_, F>,
+    d_out: Option<&ArrayView4<'_, F>>,
+) -> Result<()> {
+    let dims = check_shapes(variant, q, k, v)?;
+    if let Some(g) = d_out {
+        check_d_out_shape(dims, g)?;
+    }
+    Ok(())
+}
+
 fn check_d_out<F: Real>(dims: Dims, g: &ArrayView4<'_, F>) -> Result<()> {
+    check_d_out_shape(dims, g)?;
+    check_finite(g, "d_out")
+}
+
+fn check_d_out_shape<F: Real>(dims: Dims, g: &ArrayView4<'_, F>) -> Result<()> {
     let expected = [dims.b, dims.h, dims.t_q, dims.dv];
     if g.shape() != expected {
         return Err(Error::ShapeMismatch {
@@ -98,11 +120,25 @@ fn check_d_out<F: Real>(dims: Dims, g: &ArrayView4<'_, F>) -> Result<()> {
             expected_from: "the output (B, H, T_q, d_v)",
         });
     }
-    check_finite(g, "d_out")
+    Ok(())
 }
 
 /// Check shapes (see [`check_inputs_cached`]), finiteness and the variant's parameters.
 fn check<F: Real>(
+    variant: &Variant,
+    q: &ArrayView4<'_, F>,
+    k: &ArrayView4<'_, F>,
+    v: &ArrayView4<'_, F>,
+) -> Result<Dims> {
+    let dims = check_shapes(variant, q, k, v)?;
+    check_finite(q, "q")?;
+    check_finite(k, "k")?;
+    check_finite(v, "v")?;
+    Ok(dims)
+}
+
+/// [`check`] less the finiteness.
+fn check_shapes<F: Real>(
     variant: &Variant,
     q: &ArrayView4<'_, F>,
     k: &ArrayView4<'_, F>,
@@ -138,15 +174,26 @@ fn check<F: Real>(
     if vs[3] == 0 {
         return Err(Error::EmptyAxis { arg: "v", axis: "d", got: 0, min: 1 });
     }
-    check_finite(q, "q")?;
-    check_finite(k, "k")?;
-    check_finite(v, "v")?;
     Ok(Dims { b, h, h_kv, t_q, t, d, dv: vs[3] })
 }
 
+/// Whether every value of `x` is finite: over memory order where `x` is one block of memory, in
+/// chunks tested without an early exit (a plain `all` tests one value at a time; the fold compiles to
+/// vector compares).
+pub fn all_finite<F: Real>(x: &ArrayView4<'_, F>) -> bool {
+    match x.as_slice_memory_order() {
+        Some(s) => all_finite_slice(s),
+        None => x.iter().all(|v| v.is_finite()),
+    }
+}
+
+/// [`all_finite`] of a slice.
+pub fn all_finite_slice<F: Real>(s: &[F]) -> bool {
+    s.chunks(1024).all(|c| c.iter().fold(true, |ok, v| ok & v.is_finite()))
+}
+
 fn check_finite<F: Real>(x: &ArrayView4<'_, F>, arg: &'static str) -> Result<()> {
-    // Fast path over memory order; the indexed search only runs when something is wrong.
-    if x.iter().all(|v| v.is_finite()) {
+    if all_finite(x) {
         return Ok(());
     }
     match x.indexed_iter().find(|(_, v)| !v.is_finite()) {

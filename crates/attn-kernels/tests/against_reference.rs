@@ -575,6 +575,45 @@ fn bad_input_gives_attn_core_errors() {
     assert!(err.to_string().contains("attn_core::forward"));
 }
 
+/// The kernels scan the values on all their threads in chunks and ask attn-core for the error only
+/// when one is not finite: the same error as attn-core's for a value in any argument, in any chunk
+/// (these inputs span several), and in a strided view.
+#[test]
+fn a_value_that_is_not_finite_anywhere_gives_attn_core_error() {
+    let shape = (1, 3, 1100, 64); // 211,200 values: four chunks of the scan
+    let q = random(shape, 3, 1.0);
+    let var = variant("lssa+rw3");
+    for (arg, at, bad) in [
+        ("q", [0, 2, 1099, 63], f32::NAN),
+        ("k", [0, 0, 0, 0], f32::INFINITY),
+        ("v", [0, 1, 700, 5], f32::NEG_INFINITY),
+        ("d_out", [0, 2, 1024, 1], f32::NAN),
+    ] {
+        let mut x = q.clone();
+        x[at] = bad;
+        let inputs = |name: &str| if name == arg { &x } else { &q };
+        let want = attn_core::backward(&var, inputs("q"), inputs("k"), inputs("v"), inputs("d_out")).unwrap_err();
+        assert!(matches!(want, attn_core::Error::NonFinite { arg: a, index, .. } if a == arg && index == at));
+        let got = cpu::backward(&var, inputs("q"), inputs("k"), inputs("v"), inputs("d_out")).unwrap_err();
+        assert_eq!(got.to_string(), attn_kernels::Error::Input(want).to_string());
+        if arg != "d_out" {
+            let got = cpu::forward(&var, inputs("q"), inputs("k"), inputs("v")).unwrap_err();
+            assert!(
+                matches!(got, attn_kernels::Error::Input(attn_core::Error::NonFinite { arg: a, index, .. }) if a == arg && index == at)
+            );
+        }
+    }
+    // A strided view (heads and positions swapped) scans element by element.
+    let mut x = random((1, 1100, 3, 64), 4, 1.0);
+    x[[0, 17, 1, 9]] = f32::NAN;
+    let xt = x.view().permuted_axes([0, 2, 1, 3]);
+    let err = cpu::forward(&var, &q, &q, xt).unwrap_err();
+    assert!(
+        matches!(err, attn_kernels::Error::Input(attn_core::Error::NonFinite { arg: "v", index: [0, 1, 17, 9], .. })),
+        "{err}"
+    );
+}
+
 #[test]
 fn results_do_not_depend_on_thread_count() {
     let q = random((1, 3, 70, 32), 41, 1.0);

@@ -209,7 +209,11 @@ fn check(
     v: &ArrayView4<'_, f32>,
     d_out: Option<&ArrayView4<'_, f32>>,
 ) -> Result<()> {
-    attn_core::reference::check_inputs_cached(variant, q, k, v, d_out)?;
+    attn_core::reference::check_shapes_cached(variant, q, k, v, d_out)?;
+    if ![q.view(), k.view(), v.view()].iter().chain(d_out.map(|g| g.view()).as_ref()).all(all_finite) {
+        // The first value that is not finite, as attn-core reports it.
+        attn_core::reference::check_inputs_cached(variant, q, k, v, d_out)?;
+    }
     if v.shape()[3] != q.shape()[3] {
         return Err(Error::NotFused {
             variant: variant.to_string(),
@@ -217,6 +221,17 @@ fn check(
         });
     }
     Ok(())
+}
+
+/// Whether every value of `x` is finite, scanned in chunks on the current rayon pool: a long call's
+/// inputs are tens of MB (12.6 MB each at `B = 1, H = 12, T = 4096, d = 64`), which one thread
+/// scanned in 6-9 ms before a 2-thread forward of about 125 ms.
+fn all_finite(x: &ArrayView4<'_, f32>) -> bool {
+    use rayon::prelude::*;
+    match x.as_slice_memory_order() {
+        Some(s) => s.par_chunks(1 << 16).all(attn_core::reference::all_finite_slice),
+        None => attn_core::reference::all_finite(x),
+    }
 }
 
 /// Inputs in a layout the raw entry points take: non-negative strides, rows contiguous.
