@@ -485,13 +485,35 @@ pub(super) fn offset(n: usize) -> f32 {
     attn_core::stage::reweight_offset(n) as f32
 }
 
+/// `1 / max(||x||, 1e-12)` for every row of a head (`t` rows of `d` floats, row stride `ld`). The
+/// squares are summed in f64 in 8 independent lanes (lane `l` takes entries `l` and `l + 8 c` of the
+/// row's chunks of 8, the last `d % 8` entries first), the lanes added as
+/// `((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7))`: the same value under every [`Isa`] (a
+/// product of two f32 is exact in f64, so a fused multiply-add would give the same sums too). At
+/// T = 64 the norms took about as long as the score products (`docs/bench/train-cpu-notes.md`);
+/// LLVM vectorised the portable form two f64 at a time with shuffles between (63 cycles a row at
+/// `d = 64` on an Intel Xeon), so AVX-512 and AVX2 sum a row in whole registers
+/// (`kernels-cpu-notes.md`).
+pub(crate) fn inv_norms(isa: Isa, x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
+    if t == 0 {
+        return;
+    }
+    assert!(out.len() >= t && x.len() >= (t - 1) * ld + d);
+    match isa {
+        // SAFETY: extents checked above; the ISA was checked supported by the caller's dispatch.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => unsafe { norms_x86::inv_norms_avx512(x.as_ptr(), ld, t, d, out.as_mut_ptr()) },
+        // SAFETY: as above.
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2Fma => unsafe { norms_x86::inv_norms_avx2(x.as_ptr(), ld, t, d, out.as_mut_ptr()) },
+        _ => inv_norms_lanes(isa, x, ld, t, d, out),
+    }
+}
+
 crate::multiversion! {
-    /// `1 / max(||x||, 1e-12)` for every row of a head. The squares are summed in f64 in 8 independent
-    /// lanes (one add chain per lane instead of one per row), with plain multiplies and adds: the
-    /// same value under every [`Isa`]. Multiversioned because the portable build converts and adds
-    /// two f64 at a time: at T = 64 the norms took about as long as the score products
-    /// (`docs/bench/train-cpu-notes.md`).
-    pub(crate) fn inv_norms<const FMA: bool>(isa: Isa, x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
+    /// [`inv_norms`] in plain Rust over the 8 lanes: what the portable path runs, and what the
+    /// intrinsics are tested against.
+    pub(crate) fn inv_norms_lanes<const FMA: bool>(isa: Isa, x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
         let _ = FMA; // no fused multiply-adds here: the result must not depend on the ISA
         for (i, o) in out[..t].iter_mut().enumerate() {
             let row = &x[i * ld..i * ld + d];
@@ -507,7 +529,79 @@ crate::multiversion! {
                 }
             }
             let n2 = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-            *o = (1.0 / n2.sqrt().max(attn_core::stage::L2_NORM_EPS)) as f32;
+            *o = inv_norm(n2);
+        }
+    }
+}
+
+/// `1 / max(sqrt(n2), 1e-12)` in f64, rounded to f32.
+#[inline(always)]
+fn inv_norm(n2: f64) -> f32 {
+    (1.0 / n2.sqrt().max(attn_core::stage::L2_NORM_EPS)) as f32
+}
+
+#[cfg(target_arch = "x86_64")]
+mod norms_x86 {
+    //! [`inv_norms`](super::inv_norms) in AVX-512 and AVX2: the 8 lanes in one zmm (two ymm).
+    //! Every function requires the extents its dispatcher checked.
+    use std::arch::x86_64::*;
+
+    /// The lanes' sum `((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7))` from `lo = a0..a3` and
+    /// `hi = a4..a7`.
+    #[inline(always)]
+    unsafe fn lanes_sum(lo: __m256d, hi: __m256d) -> f64 {
+        // SAFETY: register operations only; AVX is enabled wherever this inlines.
+        unsafe {
+            let b = _mm256_add_pd(lo, hi); // a0 + a4, a1 + a5, a2 + a6, a3 + a7
+            let (b01, b23) = (_mm256_castpd256_pd128(b), _mm256_extractf128_pd::<1>(b));
+            let s01 = _mm_add_sd(b01, _mm_unpackhi_pd(b01, b01));
+            let s23 = _mm_add_sd(b23, _mm_unpackhi_pd(b23, b23));
+            _mm_cvtsd_f64(_mm_add_sd(s01, s23))
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")]
+    pub(super) unsafe fn inv_norms_avx512(x: *const f32, ld: usize, t: usize, d: usize, out: *mut f32) {
+        let body = d - d % 8;
+        let tail = ((1u32 << (d % 8)) - 1) as __mmask8;
+        // SAFETY (whole body): rows [0, t) of d floats at stride ld, and t outputs, were checked.
+        unsafe {
+            for i in 0..t {
+                let row = x.add(i * ld);
+                let v = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(tail, row.add(body)));
+                let mut acc = _mm512_mul_pd(v, v);
+                for c in (0..body).step_by(8) {
+                    let v = _mm512_cvtps_pd(_mm256_loadu_ps(row.add(c)));
+                    acc = _mm512_add_pd(acc, _mm512_mul_pd(v, v));
+                }
+                let n2 = lanes_sum(_mm512_castpd512_pd256(acc), _mm512_extractf64x4_pd::<1>(acc));
+                *out.add(i) = super::inv_norm(n2);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn inv_norms_avx2(x: *const f32, ld: usize, t: usize, d: usize, out: *mut f32) {
+        let body = d - d % 8;
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let tail = _mm256_cmpgt_epi32(_mm256_set1_epi32((d % 8) as i32), lanes);
+        // SAFETY (whole body): as inv_norms_avx512.
+        unsafe {
+            for i in 0..t {
+                let row = x.add(i * ld);
+                let v = _mm256_maskload_ps(row.add(body), tail);
+                let (lo, hi) =
+                    (_mm256_cvtps_pd(_mm256_castps256_ps128(v)), _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
+                let (mut a, mut b) = (_mm256_mul_pd(lo, lo), _mm256_mul_pd(hi, hi));
+                for c in (0..body).step_by(8) {
+                    let v = _mm256_loadu_ps(row.add(c));
+                    let (lo, hi) =
+                        (_mm256_cvtps_pd(_mm256_castps256_ps128(v)), _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
+                    a = _mm256_add_pd(a, _mm256_mul_pd(lo, lo));
+                    b = _mm256_add_pd(b, _mm256_mul_pd(hi, hi));
+                }
+                *out.add(i) = super::inv_norm(lanes_sum(a, b));
+            }
         }
     }
 }
@@ -518,6 +612,50 @@ mod tests {
 
     fn plan(name: &str) -> Plan {
         name.parse::<attn_core::Variant>().unwrap().plan().unwrap()
+    }
+
+    /// Every ISA's inverse norms are the lanes' sums in the documented order, bit for bit: lane `l`
+    /// starts from the square of entry `body + l` of the last `d % 8` (if any) and adds the squares of
+    /// entries `8 c + l` in order; the lanes add as `((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7))`.
+    /// Every `d` from 1 to 70 and two past 128, rows at a stride, magnitudes from 1e-3 to 1e3, and a
+    /// zero row (`1 / 1e-12`).
+    #[test]
+    fn inverse_norms_sum_the_documented_lanes_on_every_isa() {
+        let mut state = 0x2545_F491_4F6C_DD1Du64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let unit = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            unit * 10f32.powi((state % 7) as i32 - 3)
+        };
+        for d in (1..=70).chain([128, 131]) {
+            let (t, ld) = (6, d + 3);
+            let mut x: Vec<f32> = (0..t * ld).map(|_| next()).collect();
+            x[2 * ld..2 * ld + d].fill(0.0);
+            let body = d - d % 8;
+            let want: Vec<f32> = (0..t)
+                .map(|i| {
+                    let row = &x[i * ld..i * ld + d];
+                    let mut a = [0.0f64; 8];
+                    for (l, &v) in row[body..].iter().enumerate() {
+                        a[l] = f64::from(v) * f64::from(v);
+                    }
+                    for (j, &v) in row[..body].iter().enumerate() {
+                        a[j % 8] += f64::from(v) * f64::from(v);
+                    }
+                    let n2 = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+                    (1.0 / n2.sqrt().max(1e-12)) as f32
+                })
+                .collect();
+            assert_eq!(want[2], 1e12, "d = {d}: a zero row");
+            for isa in Isa::all_supported() {
+                let mut got = vec![f32::NAN; t];
+                inv_norms(isa, &x, ld, t, d, &mut got);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{isa:?}, d = {d}");
+            }
+        }
     }
 
     #[test]
