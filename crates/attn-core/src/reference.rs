@@ -81,16 +81,12 @@ pub fn check_inputs_cached<F: Real>(
     v: &ArrayView4<'_, F>,
     d_out: Option<&ArrayView4<'_, F>>,
 ) -> Result<()> {
-    let dims = check(variant, q, k, v)?;
-    if let Some(g) = d_out {
-        check_d_out(dims, g)?;
-    }
-    Ok(())
+    check_cached(variant, q, k, v, d_out, true)
 }
 
 /// [`check_inputs_cached`] less its scan of every value for finiteness: for a caller that scans the
 /// values itself ([`all_finite`]; the fused CPU kernels, on all their threads) and, where one is not
-/// finite, calls [`check_inputs_cached`] for the error.
+/// finite, calls [`check_inputs_cached`] for the error (in its order: an earlier shape error first).
 pub fn check_shapes_cached<F: Real>(
     variant: &Variant,
     q: &ArrayView4<'_, F>,
@@ -98,9 +94,24 @@ pub fn check_shapes_cached<F: Real>(
     v: &ArrayView4<'_, F>,
     d_out: Option<&ArrayView4<'_, F>>,
 ) -> Result<()> {
-    let dims = check_shapes(variant, q, k, v)?;
+    check_cached(variant, q, k, v, d_out, false)
+}
+
+/// [`check_inputs_cached`], the values' finiteness where `values`.
+fn check_cached<F: Real>(
+    variant: &Variant,
+    q: &ArrayView4<'_, F>,
+    k: &ArrayView4<'_, F>,
+    v: &ArrayView4<'_, F>,
+    d_out: Option<&ArrayView4<'_, F>>,
+    values: bool,
+) -> Result<()> {
+    let dims = if values { check(variant, q, k, v)? } else { check_shapes(variant, q, k, v)? };
     if let Some(g) = d_out {
         check_d_out_shape(dims, g)?;
+        if values {
+            check_finite(g, "d_out")?;
+        }
     }
     Ok(())
 }

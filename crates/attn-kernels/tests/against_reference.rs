@@ -603,6 +603,14 @@ fn a_value_that_is_not_finite_anywhere_gives_attn_core_error() {
             );
         }
     }
+    // Two faults at once: the error attn-core gives first (q's value before d_out's shape).
+    let mut x = q.clone();
+    x[[0, 0, 5, 5]] = f32::NAN;
+    let short = random((1, 3, 1099, 64), 5, 1.0);
+    let want = attn_core::backward(&var, &x, &q, &q, &short).unwrap_err();
+    assert!(matches!(want, attn_core::Error::NonFinite { arg: "q", .. }), "{want}");
+    let got = cpu::backward(&var, &x, &q, &q, &short).unwrap_err();
+    assert_eq!(got.to_string(), attn_kernels::Error::Input(want).to_string());
     // A strided view (heads and positions swapped) scans element by element.
     let mut x = random((1, 1100, 3, 64), 4, 1.0);
     x[[0, 17, 1, 9]] = f32::NAN;

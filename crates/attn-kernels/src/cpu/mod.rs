@@ -209,9 +209,11 @@ fn check(
     v: &ArrayView4<'_, f32>,
     d_out: Option<&ArrayView4<'_, f32>>,
 ) -> Result<()> {
-    attn_core::reference::check_shapes_cached(variant, q, k, v, d_out)?;
-    if ![q.view(), k.view(), v.view()].iter().chain(d_out.map(|g| g.view()).as_ref()).all(all_finite) {
-        // The first value that is not finite, as attn-core reports it.
+    if [q.view(), k.view(), v.view()].iter().chain(d_out.map(|g| g.view()).as_ref()).all(all_finite) {
+        attn_core::reference::check_shapes_cached(variant, q, k, v, d_out)?;
+    } else {
+        // The first error in attn-core's order: a shape it checks earlier, or the first value that
+        // is not finite.
         attn_core::reference::check_inputs_cached(variant, q, k, v, d_out)?;
     }
     if v.shape()[3] != q.shape()[3] {
