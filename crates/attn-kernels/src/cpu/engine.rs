@@ -486,8 +486,9 @@ pub(super) fn offset(n: usize) -> f32 {
 }
 
 /// `1 / max(||x||, 1e-12)` for every row of a head (`t` rows of `d` floats, row stride `ld`). The
-/// squares are summed in f64 in 8 independent lanes (lane `l` takes entries `l` and `l + 8 c` of the
-/// row's chunks of 8, the last `d % 8` entries first), the lanes added as
+/// squares are summed in f64 in 8 independent lanes (lane `l` starts from the square of entry
+/// `l` of the row's last `d % 8` entries, if there is one, and adds the squares of entries `8 c + l`
+/// in order), the lanes added as
 /// `((a0 + a4) + (a1 + a5)) + ((a2 + a6) + (a3 + a7))`: the same value under every [`Isa`] (a
 /// product of two f32 is exact in f64, so a fused multiply-add would give the same sums too). At
 /// T = 64 the norms took about as long as the score products (`docs/bench/train-cpu-notes.md`);
