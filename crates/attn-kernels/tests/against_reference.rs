@@ -575,9 +575,8 @@ fn bad_input_gives_attn_core_errors() {
     assert!(err.to_string().contains("attn_core::forward"));
 }
 
-/// The kernels scan the values on all their threads in chunks and ask attn-core for the error only
-/// when one is not finite: the same error as attn-core's for a value in any argument, in any chunk
-/// (these inputs span several), and in a strided view.
+/// The kernels scan the values in chunks on their threads and ask attn-core for the error only when
+/// one is not finite: attn-core's error for a value in any argument, chunk (four here) or strided view.
 #[test]
 fn a_value_that_is_not_finite_anywhere_gives_attn_core_error() {
     let shape = (1, 3, 1100, 64); // 211,200 values: four chunks of the scan
