@@ -507,31 +507,28 @@ pub(crate) fn inv_norms(isa: Isa, x: &[f32], ld: usize, t: usize, d: usize, out:
         // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2Fma => unsafe { norms_x86::inv_norms_avx2(x.as_ptr(), ld, t, d, out.as_mut_ptr()) },
-        _ => inv_norms_lanes(isa, x, ld, t, d, out),
+        _ => inv_norms_lanes(x, ld, t, d, out),
     }
 }
 
-crate::multiversion! {
-    /// [`inv_norms`] in plain Rust over the 8 lanes: what the portable path runs, and what the
-    /// intrinsics are tested against.
-    pub(crate) fn inv_norms_lanes<const FMA: bool>(isa: Isa, x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
-        let _ = FMA; // no fused multiply-adds here: the result must not depend on the ISA
-        for (i, o) in out[..t].iter_mut().enumerate() {
-            let row = &x[i * ld..i * ld + d];
-            let mut acc = [0.0f64; 8];
-            let chunks = row.chunks_exact(8);
-            for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
-                *a = f64::from(v) * f64::from(v);
-            }
-            // Zipped iterators, not indexed lanes: LLVM vectorises the former.
-            for c in chunks {
-                for (a, &v) in acc.iter_mut().zip(c) {
-                    *a += f64::from(v) * f64::from(v);
-                }
-            }
-            let n2 = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-            *o = inv_norm(n2);
+/// [`inv_norms`] in plain Rust over the 8 lanes: the portable path's (AVX-512 and AVX2 have their
+/// own, so this is compiled for the baseline only).
+fn inv_norms_lanes(x: &[f32], ld: usize, t: usize, d: usize, out: &mut [f32]) {
+    for (i, o) in out[..t].iter_mut().enumerate() {
+        let row = &x[i * ld..i * ld + d];
+        let mut acc = [0.0f64; 8];
+        let chunks = row.chunks_exact(8);
+        for (a, &v) in acc.iter_mut().zip(chunks.remainder()) {
+            *a = f64::from(v) * f64::from(v);
         }
+        // Zipped iterators, not indexed lanes: LLVM vectorises the former.
+        for c in chunks {
+            for (a, &v) in acc.iter_mut().zip(c) {
+                *a += f64::from(v) * f64::from(v);
+            }
+        }
+        let n2 = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+        *o = inv_norm(n2);
     }
 }
 
