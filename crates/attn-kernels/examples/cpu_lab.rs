@@ -9,7 +9,11 @@
 //! is wall time. It needs no libtorch; the SDPA comparison is `bench-kernels`' job. The environment
 //! variables `CPU_LAB_BQ` and `CPU_LAB_BK` override the tile sizes of [`Tuning`]'s default, and
 //! `CPU_LAB_CACHE` its score cache (bytes; 0 recomputes re-weighting's second sweep). The inputs
-//! start on a 64-byte boundary as PyTorch's tensors do, or `CPU_LAB_OFFSET` floats past one.
+//! start on a 64-byte boundary as PyTorch's tensors do, or `CPU_LAB_OFFSET` floats past one. A
+//! variant named `fresh:NAME` empties the kernels' buffer shelf before each call
+//! ([`release_spare_buffers`]), so its calls take their large buffers fresh from the allocator.
+//!
+//! [`release_spare_buffers`]: attn_kernels::cpu::release_spare_buffers
 //!
 //! [`Tuning`]: attn_kernels::cpu::Tuning
 use std::time::Instant;
@@ -24,7 +28,15 @@ fn main() {
         Some("bwd") => true,
         _ => panic!("{usage}"),
     };
-    let variants: Vec<attn_core::Variant> = args[5..].iter().map(|s| s.parse().expect("variant name")).collect();
+    // `fresh:NAME` frees the buffers the kernels keep between calls before each call of NAME, so the
+    // call allocates them afresh (what every call did before `cpu::release_spare_buffers` existed).
+    let variants: Vec<(attn_core::Variant, bool)> = args[5..]
+        .iter()
+        .map(|s| {
+            let (name, fresh) = s.strip_prefix("fresh:").map_or((s.as_str(), false), |n| (n, true));
+            (name.parse().expect("variant name"), fresh)
+        })
+        .collect();
     assert!(!variants.is_empty(), "{usage}");
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
     let (q, k, v) = attn_core::fixtures::random_qkv::<f32>([1, 12, t, 64], 1);
@@ -44,7 +56,10 @@ fn main() {
     opts.tuning.score_cache_bytes = env("CPU_LAB_CACHE").unwrap_or(opts.tuning.score_cache_bytes);
     let cpu_time = threads == 1 && thread_cpu_s().is_some();
     // Seconds the call took: on the pool's only thread, its CPU time; else wall time.
-    let run = |var: &attn_core::Variant| -> f64 {
+    let run = |(var, fresh): &(attn_core::Variant, bool)| -> f64 {
+        if *fresh {
+            attn_kernels::cpu::release_spare_buffers();
+        }
         pool.install(|| {
             let (wall, cpu) = (Instant::now(), thread_cpu_s());
             if backward {
@@ -72,9 +87,10 @@ fn main() {
         xs.sort_by(f64::total_cmp);
         xs[xs.len() / 2]
     };
+    let name = |(var, fresh): &(attn_core::Variant, bool)| format!("{}{var}", if *fresh { "fresh:" } else { "" });
     for (var, ts) in variants.iter().zip(&times) {
         let ratio = median(ts.iter().zip(&times[0]).map(|(a, b)| a / b).collect());
-        println!("{var:>16}: median {:8.1} ms, {ratio:.3}x {}", median(ts.clone()) * 1e3, variants[0]);
+        println!("{:>22}: median {:8.1} ms, {ratio:.3}x {}", name(var), median(ts.clone()) * 1e3, name(&variants[0]));
     }
 }
 

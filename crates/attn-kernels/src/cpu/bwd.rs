@@ -10,6 +10,7 @@ use super::engine::{self, Dims, Head, STATS};
 use super::grad::{self, BwdScratch, RowGrad};
 use super::isa::Isa;
 use super::short;
+use super::spare::Spare;
 use super::split::{
     F32Params, KeyNorms, Options, PerThread, QueryTask, SendPtr, dims, head, head_slice, inverse_norms, pack,
     rw_aux_per_row, write_rows,
@@ -58,7 +59,7 @@ struct Backward<'a> {
     /// From [`inverse_norms`].
     norms: Vec<f32>,
     /// From [`pack`].
-    packed: (Vec<f32>, Vec<f32>),
+    packed: (Spare, Spare),
     /// [`Backward::layer_norm_grad`]'s gradient (empty without an output layer norm).
     g_ln: Vec<f32>,
 }
@@ -177,13 +178,14 @@ impl Backward<'_> {
     ///
     /// # Safety
     /// As [`backward_raw`](super::backward_raw); `rg` from [`Backward::row_grads`].
-    unsafe fn key_tiles(&self, rg: &[RowGrad]) -> (Vec<f32>, usize) {
+    unsafe fn key_tiles(&self, rg: &[RowGrad]) -> (Spare, usize) {
         let (p, dims) = (self.p, self.dims);
         let (bh, t, d) = (p.batch * p.heads, p.seq_len, p.head_dim);
         let nkt = p.kv_len.div_ceil(dims.bk);
         let threads = self.helpers.threads();
         let chunks = if bh >= threads { 1 } else { (2 * threads).div_ceil(bh).min(nkt) };
-        let mut partials = vec![0.0f32; bh * chunks * t * d];
+        // Each task zeroes its own partial first (warm in its cache, and in parallel).
+        let mut partials = Spare::take(bh * chunks * t * d);
         let tk = p.kv_len;
         let grouped = p.kv_heads != p.heads;
         let mut per_head = if grouped { vec![0.0f32; 2 * bh * tk * d] } else { Vec::new() };
@@ -205,6 +207,7 @@ impl Backward<'_> {
                     let (x, chunk) = (task / chunks, task % chunks);
                     let (b, h) = (x / p.heads, x % p.heads);
                     let kts: Vec<usize> = (chunk..nkt).step_by(chunks).collect();
+                    dq_part.fill(0.0);
                     // SAFETY: forwarded; this task alone writes the dk, dv rows of its key tiles.
                     unsafe {
                         let hd = self.head(b, h);

@@ -9,7 +9,9 @@
 //! re-weighting's two sweeps a `block_q x T` stripe of activations within
 //! [`Tuning::score_cache_bytes`]; per call,
 //! `B·H·T` row statistics, `2·B·H·T` inverse norms for cosine variants, and in the backward one
-//! `T x d` `dq` partial per (head, key chunk). Nothing is `T x T`.
+//! `T x d` `dq` partial per (head, key chunk). Nothing is `T x T`. The packed tiles and the partials
+//! are kept for the next call (at most 96 MiB; [`release_spare_buffers`] frees them), whose pages
+//! are then already mapped.
 
 pub(crate) mod act;
 mod bwd;
@@ -27,6 +29,7 @@ pub mod math;
 pub(crate) mod math;
 pub mod rows;
 pub(crate) mod short;
+mod spare;
 mod split;
 pub(crate) mod team;
 pub(crate) mod tile;
@@ -40,6 +43,7 @@ use engine::STATS;
 pub use engine::Tuning;
 use fwd::{FwdScratch, Query};
 pub use isa::Isa;
+pub use spare::release_spare_buffers;
 pub(crate) use split::F32Params;
 use split::{KeyNorms, PerThread, QueryTask, SendPtr, dims, head, inverse_norms, pack, write_rows};
 pub use split::{Options, rw_aux_per_row};

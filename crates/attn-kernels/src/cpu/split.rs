@@ -7,6 +7,7 @@
 use super::engine::{self, Dims, Head, Tuning};
 use super::isa::Isa;
 use super::short;
+use super::spare::Spare;
 use super::team::Helpers;
 use crate::error::{Error, Result};
 use crate::params::{Dtype, Params, RawTensor};
@@ -193,17 +194,12 @@ pub(super) unsafe fn inverse_norms(
 ///
 /// # Safety
 /// As [`forward_raw`].
-pub(super) unsafe fn pack(
-    p: &F32Params,
-    dims: Dims,
-    helpers: Helpers,
-    keys: bool,
-    values: bool,
-) -> (Vec<f32>, Vec<f32>) {
+pub(super) unsafe fn pack(p: &F32Params, dims: Dims, helpers: Helpers, keys: bool, values: bool) -> (Spare, Spare) {
     let (bh, t, d) = (p.batch * p.kv_heads, p.kv_len, p.head_dim);
     let len = engine::packed_len(dims);
-    let one = |x: RawTensor<*const f32>| -> Vec<f32> {
-        let mut out = vec![0.0f32; bh * len];
+    let one = |x: RawTensor<*const f32>| -> Spare {
+        // `pack_head` writes every value, its tiles' padding included.
+        let mut out = Spare::take(bh * len);
         let x = SendPtr(x);
         helpers.chunks_mut(&mut out, len, &|i, dst| {
             // Capture the whole SendPtr (not its raw-pointer field) in the closure.
@@ -215,7 +211,7 @@ pub(super) unsafe fn pack(
         });
         out
     };
-    (if keys { one(p.k) } else { Vec::new() }, if values { one(p.v) } else { Vec::new() })
+    (if keys { one(p.k) } else { Spare::none() }, if values { one(p.v) } else { Spare::none() })
 }
 
 /// # Safety
@@ -223,7 +219,7 @@ pub(super) unsafe fn pack(
 pub(super) unsafe fn head<'a>(
     p: &F32Params,
     norms: &'a [f32],
-    packed: &'a (Vec<f32>, Vec<f32>),
+    packed: &'a (Spare, Spare),
     dims: Dims,
     b: usize,
     h: usize,
