@@ -34,7 +34,7 @@ mod split;
 pub(crate) mod team;
 pub(crate) mod tile;
 
-use ndarray::{Array4, ArrayView4, AsArray, Ix4};
+use ndarray::{Array4, ArrayView4, ArrayViewMut4, AsArray, Ix4};
 
 use attn_core::{OutputNorm, Plan, Transform, Variant};
 
@@ -43,6 +43,7 @@ use engine::STATS;
 pub use engine::Tuning;
 use fwd::{FwdScratch, Query};
 pub use isa::Isa;
+use spare::Spare;
 pub use spare::release_spare_buffers;
 pub(crate) use split::F32Params;
 use split::{KeyNorms, PerThread, QueryTask, SendPtr, dims, head, inverse_norms, pack, write_rows};
@@ -198,7 +199,7 @@ fn raw<P>(ptr: P, x: &ArrayView4<'_, f32>) -> RawTensor<P> {
     RawTensor { ptr, strides: [s[0] as usize, s[1] as usize, s[2] as usize] }
 }
 
-fn raw_mut(x: &mut Array4<f32>) -> RawTensor<*mut f32> {
+fn raw_mut(x: &mut ArrayViewMut4<'_, f32>) -> RawTensor<*mut f32> {
     let s = x.strides().to_vec();
     RawTensor { ptr: x.as_mut_ptr(), strides: [s[0] as usize, s[1] as usize, s[2] as usize] }
 }
@@ -296,7 +297,10 @@ pub fn forward_with<'a>(
 ) -> Result<Array4<f32>> {
     let (q, k, v) = (q.into(), k.into(), v.into());
     check(variant, &q, &k, &v, None)?;
-    Ok(forward_stats(variant, &q, &k, &v, opts, false)?.0)
+    let sh = q.shape();
+    let mut o = Array4::<f32>::zeros((sh[0], sh[1], sh[2], sh[3]));
+    forward_stats(variant, &q, &k, &v, opts, false, o.view_mut())?;
+    Ok(o)
 }
 
 fn forward_stats(
@@ -306,11 +310,11 @@ fn forward_stats(
     v: &ArrayView4<'_, f32>,
     opts: &Options,
     keep_aux: bool,
-) -> Result<(Array4<f32>, Vec<f32>, Vec<f32>)> {
+    mut o: ArrayViewMut4<'_, f32>,
+) -> Result<(Vec<f32>, Vec<f32>)> {
     let (q, k, v) = (rows_contiguous(q.view()), rows_contiguous(k.view()), rows_contiguous(v.view()));
     let (q, k, v) = (q.view(), k.view(), v.view());
     let sh = q.shape();
-    let mut o = Array4::<f32>::zeros((sh[0], sh[1], sh[2], sh[3]));
     let mut stats = vec![0.0f32; sh[0] * sh[1] * sh[2] * STATS];
     let mut aux = if keep_aux { vec![0.0f32; sh[0] * sh[1] * sh[2] * rw_aux_per_row(sh[3])] } else { Vec::new() };
     let mut p = base_params(&q, &k, &v);
@@ -319,9 +323,10 @@ fn forward_stats(
     if keep_aux {
         p.rw_aux = aux.as_mut_ptr();
     }
-    // SAFETY: every pointer comes from a live array of the checked shape; o, stats, aux are fresh.
+    // SAFETY: every pointer comes from a live array of the checked shape (`o`: q's, standard layout,
+    // from our callers); stats and aux are fresh.
     unsafe { forward_f32(plan(variant)?, &p, opts)? };
-    Ok((o, stats, aux))
+    Ok((stats, aux))
 }
 
 /// Gradients of `sum(d_out * forward(q, k, v))` with respect to `q`, `k`, `v`, fused, with
@@ -351,8 +356,11 @@ pub fn backward_with<'a>(
     let (q, k, v, g) = (rows_contiguous(q), rows_contiguous(k), rows_contiguous(v), rows_contiguous(g));
     let (q, k, v, g) = (q.view(), k.view(), v.view(), g.view());
     let keep_aux = variant.reweight().is_some() && opts.tuning.reweight_helper;
-    let (mut o, mut stats, mut aux) = forward_stats(variant, &q, &k, &v, opts, keep_aux)?;
     let (sh, kv) = (q.shape(), k.shape());
+    // The forward's output only feeds the backward: off the shelf (written whole by the forward).
+    let mut o_buf = Spare::take(q.len());
+    let mut o = ArrayViewMut4::from_shape((sh[0], sh[1], sh[2], sh[3]), &mut o_buf[..]).expect("q's size");
+    let (mut stats, mut aux) = forward_stats(variant, &q, &k, &v, opts, keep_aux, o.view_mut())?;
     let (mut dq, mut dk, mut dv) = (
         Array4::zeros((sh[0], sh[1], sh[2], sh[3])),
         Array4::zeros((kv[0], kv[1], kv[2], kv[3])),
@@ -365,9 +373,9 @@ pub fn backward_with<'a>(
         p.rw_aux = aux.as_mut_ptr();
     }
     p.d_out = raw(g.as_ptr(), &g);
-    p.dq = raw_mut(&mut dq);
-    p.dk = raw_mut(&mut dk);
-    p.dv = raw_mut(&mut dv);
+    p.dq = raw_mut(&mut dq.view_mut());
+    p.dk = raw_mut(&mut dk.view_mut());
+    p.dv = raw_mut(&mut dv.view_mut());
     // SAFETY: as in forward_stats; dq, dk, dv are fresh arrays.
     unsafe { backward_f32(plan(variant)?, &p, opts)? };
     Ok(Grads { dq, dk, dv })
