@@ -376,6 +376,13 @@ fn not_fused_reason(
     }
 }
 
+/// Frees the buffers the CPU kernels keep between calls (packed key and value tiles, the backward's
+/// partials: at most 96 MiB, [`attn_kernels::cpu::release_spare_buffers`]); the bytes freed.
+#[pyfunction]
+fn release_cpu_buffers() -> usize {
+    attn_kernels::cpu::release_spare_buffers()
+}
+
 /// Why the CUDA kernels cannot run in this process (no NVRTC, no driver, no device), or `None`.
 #[pyfunction]
 fn cuda_unavailable_reason() -> Option<String> {
@@ -569,6 +576,7 @@ fn _lssa(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(describe, m)?)?;
     m.add_function(wrap_pyfunction!(not_fused_reason, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_unavailable_reason, m)?)?;
+    m.add_function(wrap_pyfunction!(release_cpu_buffers, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_kernel_name, m)?)?;
     m.add_function(wrap_pyfunction!(layout, m)?)?;
     m.add_function(wrap_pyfunction!(forward, m)?)?;

@@ -28,6 +28,15 @@ def test_both_python_references_define_every_built_in_activation():
         assert torch.allclose(_reference._phi(name, x), formulas.phi(name, x), atol=1e-12), name
 
 
+def test_the_cpu_buffers_a_long_call_keeps_can_be_freed():
+    # B = 1, H = 4, T = 1024, d = 64: packed keys of 1 MiB and a backward's keys, values and partials,
+    # each kept for the next call (from 256 KiB).
+    q, k, v = (t.requires_grad_() for t in qkv((1, 4, 1024, 64)))
+    lssa.attention(q, k, v, variant="lssa").sum().backward()
+    assert lssa.release_cpu_buffers() >= 3 * (1 << 20)
+    assert lssa.release_cpu_buffers() == 0
+
+
 def test_every_preset_and_its_reweighted_form_has_a_canonical_name():
     for name in lssa.variants():
         if name == "sigmoid-bias":

@@ -52,6 +52,7 @@ __all__ = [
     "attention",
     "reference_attention",
     "variants",
+    "release_cpu_buffers",
     "is_fused",
     "backend_for",
     "BACKENDS",
@@ -89,6 +90,14 @@ def variants() -> List[str]:
     ``1 <= p <= 1024``); ``lssa`` takes ``d_factor=<float>`` and ``sigmoid-bias`` needs
     ``t_train=<int>`` (see ``GRAMMAR``)."""
     return list(_lssa.variants())
+
+
+def release_cpu_buffers() -> int:
+    """Frees the buffers the CPU kernels keep from one call to the next and returns their size in
+    bytes. A long call's packed keys and values (and a backward's partial sums) are kept, at most
+    96 MiB in all, because a fresh block's pages are mapped in again by every call; the next call
+    after this allocates afresh."""
+    return int(_lssa.release_cpu_buffers())
 
 
 def canonical_name(variant: str) -> str:
