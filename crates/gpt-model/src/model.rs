@@ -262,7 +262,10 @@ impl Gpt {
     /// ([`crate::loss::cross_entropy`]); a target outside the vocabulary is an input error.
     pub fn loss_from_logits(&self, logits: &Tensor, targets: &Tensor) -> Result<Tensor, ModelError> {
         let v = self.cfg.vocab_size as i64;
-        let logits = logits.narrow(-1, 0, v); // drop the padding columns
+        // Drop the padding columns, if any: a narrow that keeps every column still costs its backward
+        // a zero-filled copy of the whole gradient (`slice_backward`; 16 MB a shard and step at the
+        // `small` shape, whose 2048 tokens need no padding).
+        let logits = if logits.size().last() == Some(&v) { logits.shallow_clone() } else { logits.narrow(-1, 0, v) };
         let logits = logits.reshape([-1, v]).to_kind(Kind::Float);
         crate::loss::cross_entropy(&logits, &targets.reshape([-1])).map_err(ModelError::Input)
     }
