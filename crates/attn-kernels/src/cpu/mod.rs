@@ -9,9 +9,9 @@
 //! re-weighting's two sweeps a `block_q x T` stripe of activations within
 //! [`Tuning::score_cache_bytes`]; per call,
 //! `B·H·T` row statistics, `2·B·H·T` inverse norms for cosine variants, and in the backward one
-//! `T x d` `dq` partial per (head, key chunk). Nothing is `T x T`. The packed tiles and the partials
-//! are kept for the next call (at most 96 MiB; [`release_spare_buffers`] frees them), whose pages
-//! are then already mapped.
+//! `T x d` `dq` partial per (head, key chunk). Nothing is `T x T`. The packed tiles, the partials and
+//! [`backward_with`]'s internal forward output are kept for the next call (at most 96 MiB;
+//! [`release_spare_buffers`] frees them), whose pages are then already mapped.
 
 pub(crate) mod act;
 mod bwd;

@@ -1,5 +1,6 @@
-//! Large per-call buffers kept between calls: the packed key and value tiles and the backward's
-//! `dq` partials, tens of MB at `T = 4096`, which a call otherwise takes fresh from the allocator.
+//! Large per-call buffers kept between calls: the packed key and value tiles, the backward's `dq`
+//! partials and `backward_with`'s internal forward output, tens of MB at `T = 4096`, which a call
+//! otherwise takes fresh from the allocator.
 //!
 //! Fresh means page faults. glibc serves a block this size from a thread's arena or from `mmap`,
 //! and gives the pages back to the kernel when the block is freed (`MADV_DONTNEED` when a rayon
@@ -11,8 +12,8 @@
 //!
 //! The shelf keeps what calls give back, up to [`KEEP_BYTES`] in all (the oldest go first), and
 //! [`release_spare_buffers`] empties it. A buffer comes back with its values unspecified: whoever
-//! takes one writes every value before reading it (the packing does; the partials are zeroed by
-//! their tasks).
+//! takes one writes every value before reading it (the packing and the forward do; the partials are
+//! zeroed by their tasks).
 use std::ops::{Deref, DerefMut};
 use std::sync::{Mutex, PoisonError};
 
