@@ -15,7 +15,7 @@ use attn_core::{OutputNorm, Plan};
 use crate::cpu::act;
 use crate::cpu::engine::{
     Dims, FOLD_TILES, Head, Lanes, Rows, ST_MAX, ST_UMAX, ST_W, ST_Z, STATS, anorm, fold_after, lane_add, lane_max,
-    lane_max_into, map_pow, offset, pow_slice, scores, take_max, take_sum,
+    lane_max_into, map_pow_from, negligible_below, offset, pow_slice, scores, take_max, take_sum,
 };
 use crate::cpu::isa::Isa;
 use crate::cpu::math;
@@ -397,6 +397,8 @@ pub(crate) fn sweep2<const FMA: bool>(
         sc.aux_row.resize(lds, 0.0);
     }
     let end = kts.end;
+    // Weights too small to move the output are dropped, so the value products skip their keys.
+    let low = negligible_below(p, dims.t);
     for kt in kts.clone() {
         // A group of key tiles where no row has an above-mean key (and no row falls back to w = a)
         // adds nothing.
@@ -452,7 +454,7 @@ pub(crate) fn sweep2<const FMA: bool>(
                     w.iter_mut().zip(rp.iter().zip(live.iter())).for_each(|(w, (&x, &f))| *w = x * f);
                     lane_add::<false>(w, &mut s2.cl[r]);
                 }
-                map_pow(live, p, &mut sc.tmp, |x| (math::fmadd::<FMA>(x, na, -off)).max(0.0) * inv_m);
+                map_pow_from(live, p, &mut sc.tmp, low, |x| (math::fmadd::<FMA>(x, na, -off)).max(0.0) * inv_m);
             }
             lane_add::<false>(live, &mut s2.wl[r]);
             if fold_after(kt, end) {
