@@ -440,8 +440,11 @@ pub(super) fn negligible_weight(t: usize) -> f64 {
 /// `2^-28 max |v|`, far below the f32 rounding of its sums (one rounding of `2^-24` per term).
 /// What it buys: a value product over fewer keys. At `p = 15` and `t = 4096` the bound is `rho <
 /// 0.144`, where about half of a random row's above-mean keys fall (LSSAR's forward on an Intel
-/// Xeon, T = 4096, 2 threads: 0.94x the time). Only the forward drops them; the backward's
-/// gradients are those of every weight.
+/// Xeon, T = 4096, 2 threads: 0.94x the time). The backward helper's terms `f rho^(p-1)` go by the
+/// same bound on `rho^(p-1)` (`negligible_below(p - 1, t)`: they sum to under `2^-30` of the
+/// helper's `c_i`, whose best key adds `f_max`), so on AVX-512 the two value products share each
+/// row's list of keys (`tile::matmul_acc_nonzero_two`; LSSAR's forward + backward 0.96-0.97x the
+/// time). The backward's own gradients are those of every weight.
 pub(super) fn negligible_below(p: u32, t: usize) -> f32 {
     if p == 0 {
         return 0.0;

@@ -15,7 +15,7 @@ use attn_core::{OutputNorm, Plan};
 use crate::cpu::act;
 use crate::cpu::engine::{
     Dims, FOLD_TILES, Head, Lanes, Rows, ST_MAX, ST_UMAX, ST_W, ST_Z, STATS, anorm, fold_after, lane_add, lane_max,
-    lane_max_into, map_pow_from, negligible_below, offset, pow_slice, scores, take_max, take_sum,
+    lane_max_into, map_pow_from, negligible_below, offset, scores, take_max, take_sum,
 };
 use crate::cpu::isa::Isa;
 use crate::cpu::math;
@@ -397,8 +397,10 @@ pub(crate) fn sweep2<const FMA: bool>(
         sc.aux_row.resize(lds, 0.0);
     }
     let end = kts.end;
-    // Weights too small to move the output are dropped, so the value products skip their keys.
+    // Weights too small to move the output are dropped, so the value products skip their keys; so
+    // are the backward helper's terms `f rho^(p-1)` with `rho^(p-1)` as small (`rho^0` is 1).
     let low = negligible_below(p, dims.t);
+    let low_aux = negligible_below(p.saturating_sub(1), dims.t);
     for kt in kts.clone() {
         // A group of key tiles where no row has an above-mean key (and no row falls back to w = a)
         // adds nothing.
@@ -448,7 +450,7 @@ pub(crate) fn sweep2<const FMA: bool>(
                     if p == 1 {
                         rp.iter_mut().for_each(|x| *x = if *x > 0.0 { 1.0 } else { 0.0 });
                     } else {
-                        pow_slice(rp, p - 1, &mut sc.tmp);
+                        map_pow_from(rp, p - 1, &mut sc.tmp, low_aux, |x| x);
                     }
                     let w = &mut sc.aux_w[r * lds..r * lds + vis];
                     w.iter_mut().zip(rp.iter().zip(live.iter())).for_each(|(w, (&x, &f))| *w = x * f);
@@ -465,9 +467,11 @@ pub(crate) fn sweep2<const FMA: bool>(
         let v = &head.v[j0 * head.ldv..];
         // Most weights are zero (every key at or below its row's mean activation): the products
         // run over each row's nonzero ones.
-        tile::matmul_acc_nonzero::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, &mut s2.acc, d);
         if keep_aux {
-            tile::matmul_acc_nonzero::<FMA>(dims.isa, &sc.aux_w, lds, v, head.ldv, nq, nk, d, &mut s2.aux_acc, d);
+            let (a, c) = ([&*s, &sc.aux_w[..]], [&mut s2.acc[..], &mut s2.aux_acc[..]]);
+            tile::matmul_acc_nonzero_two::<FMA>(dims.isa, a, lds, v, head.ldv, nq, nk, d, c, d);
+        } else {
+            tile::matmul_acc_nonzero::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, &mut s2.acc, d);
         }
     }
 }

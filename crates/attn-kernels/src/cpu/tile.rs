@@ -130,6 +130,38 @@ fn matmul_acc_strided<const FMA: bool>(
     }
 }
 
+/// [`matmul_acc_nonzero`] of two weight matrices against the same `B`: `c0 += a0 · B` and
+/// `c1 += a1 · B` (re-weighting's weights and its backward helper's, over one key tile's values).
+/// On AVX-512 one pass over the keys where either is nonzero, each value row loaded once for both
+/// outputs; elsewhere two passes. The same values either way (a zero's sign aside).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_acc_nonzero_two<const FMA: bool>(
+    isa: Isa,
+    a: [&[f32]; 2],
+    lda: usize,
+    b: &[f32],
+    ldb: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    c: [&mut [f32]; 2],
+    ldc: usize,
+) {
+    let [c0, c1] = c;
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx512 && m > 0 && n > 0 && k > 0 {
+        let fits = |a: &[f32]| a.len() >= (m - 1) * lda + n;
+        let fits_c = |c: &[f32]| c.len() >= (m - 1) * ldc + k;
+        assert!(a.iter().all(|a| fits(a)) && b.len() >= (n - 1) * ldb + k && fits_c(c0) && fits_c(c1));
+        let (pa, pc) = (a.map(<[f32]>::as_ptr), [c0.as_mut_ptr(), c1.as_mut_ptr()]);
+        // SAFETY: extents checked above; the ISA was checked supported by the caller's dispatch.
+        return unsafe { x86::acc_nonzero_two_avx512(pa, lda, b.as_ptr(), ldb, m, n, k, pc, ldc) };
+    }
+    matmul_acc_nonzero::<FMA>(isa, a[0], lda, b, ldb, m, n, k, c0, ldc);
+    matmul_acc_nonzero::<FMA>(isa, a[1], lda, b, ldb, m, n, k, c1, ldc);
+}
+
 /// `C += A · B` as [`matmul_acc`] (`A` row-major, row stride `lda`), over only the nonzero entries of
 /// each row of `A`: re-weighting's weights, zero for every key at or below a row's mean activation
 /// (SPEC section 3), which is most of a row's keys. Each row runs over the list of its nonzero keys

@@ -193,6 +193,53 @@ fn matmul_acc_nonzero_is_one_chain_over_the_nonzero_terms() {
     }
 }
 
+/// Two weight matrices against one value matrix: the same values as two `matmul_acc_nonzero`
+/// calls (one list of keys for both on AVX-512, where a term of zero weight adds `+0 · b`), with
+/// the rows' nonzero patterns different, nested, or disjoint.
+#[test]
+fn matmul_acc_nonzero_two_equals_two_single_products() {
+    for &(m, n, k) in &[(1, 1, 1), (64, 128, 64), (5, 300, 72), (3, 17, 27), (7, 64, 40), (2, 513, 8)] {
+        let mut a0 = data(m * n, 21);
+        let mut a1 = data(m * n, 22);
+        for i in 0..m * n {
+            let (row, col) = (i / n, i % n);
+            // a0: nonzero on every third key; a1: a superset (every key with col % 3 != 2), a
+            // disjoint set, or nothing, by row.
+            if col % 3 != 0 {
+                a0[i] = 0.0;
+            }
+            let keep1 = match row % 3 {
+                0 => col % 3 != 2,
+                1 => col % 3 == 1,
+                _ => false,
+            };
+            if !keep1 {
+                a1[i] = 0.0;
+            }
+        }
+        let b = data(n * k, 23);
+        let (i0, i1) = (data(m * k, 24), data(m * k, 25));
+        for isa in Isa::all_supported() {
+            let fma = isa != Isa::Scalar;
+            let (mut want0, mut want1, mut got0, mut got1) = (i0.clone(), i1.clone(), i0.clone(), i1.clone());
+            if fma {
+                matmul_acc_nonzero::<true>(isa, &a0, n, &b, k, m, n, k, &mut want0, k);
+                matmul_acc_nonzero::<true>(isa, &a1, n, &b, k, m, n, k, &mut want1, k);
+                matmul_acc_nonzero_two::<true>(isa, [&a0, &a1], n, &b, k, m, n, k, [&mut got0, &mut got1], k);
+            } else {
+                matmul_acc_nonzero::<false>(isa, &a0, n, &b, k, m, n, k, &mut want0, k);
+                matmul_acc_nonzero::<false>(isa, &a1, n, &b, k, m, n, k, &mut want1, k);
+                matmul_acc_nonzero_two::<false>(isa, [&a0, &a1], n, &b, k, m, n, k, [&mut got0, &mut got1], k);
+            }
+            for (got, want, which) in [(&got0, &want0, 0), (&got1, &want1, 1)] {
+                for (x, (g, w)) in got.iter().zip(want.iter()).enumerate() {
+                    assert!(g == w, "({m},{n},{k}) {isa} output {which} [{x}]: {g} against {w}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn packing_transposes_every_entry_and_zeroes_the_padding_on_every_isa() {
     // Sizes around the 8 x 8 blocks of the AVX2 transpose, a row stride wider than a row, and a

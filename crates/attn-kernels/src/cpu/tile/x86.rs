@@ -573,6 +573,67 @@ unsafe fn acc_nonzero<L: Lanes>(
     }
 }
 
+/// `C0 += A0 · B` and `C1 += A1 · B` over the keys where either row of `A0`, `A1` is nonzero: one
+/// list a row for both products, each value row loaded once for both (the same sums as two
+/// [`acc_nonzero`] calls: a term whose weight is zero adds `+0 · b`). For ISAs whose registers hold
+/// both outputs' accumulators beside the values ([`Lanes::WIDE`]).
+#[inline(always)]
+unsafe fn acc_nonzero_two<L: Lanes>(
+    a: [*const f32; 2],
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    c: [*mut f32; 2],
+    ldc: usize,
+) {
+    let mut keys = [0u8; KEYS + 8];
+    // SAFETY: rows below m, keys below n, columns below k: the dispatcher's extents.
+    unsafe {
+        for i in 0..m {
+            for start in (0..n).step_by(KEYS) {
+                let w = KEYS.min(n - start);
+                let rows = a.map(|a| std::slice::from_raw_parts(a.add(i * lda + start), w));
+                let len = nonzero_keys_either(rows, &mut keys);
+                if len > 0 {
+                    let list = &keys[..len];
+                    let out = c.map(|c| c.add(i * ldc));
+                    acc_keys::<L, 2>(rows.map(<[f32]>::as_ptr), [list, list], b.add(start * ldb), ldb, k, out);
+                }
+            }
+        }
+    }
+}
+
+/// [`nonzero_keys`] of the positions where either row is nonzero (the rows of equal length).
+#[inline(always)]
+unsafe fn nonzero_keys_either(rows: [&[f32]; 2], keys: &mut [u8; KEYS + 8]) -> usize {
+    let [r0, r1] = rows;
+    debug_assert!(r0.len() <= KEYS && r0.len() == r1.len());
+    let (n, mut len, mut t) = (r0.len(), 0, 0);
+    // SAFETY: as in `nonzero_keys`.
+    unsafe {
+        while t + 8 <= n {
+            let nz = |r: &[f32]| {
+                let x = _mm256_loadu_ps(r.as_ptr().add(t));
+                _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NEQ_UQ>(x, _mm256_setzero_ps())) as usize
+            };
+            let mask = nz(r0) | nz(r1);
+            let at = SET_BITS[mask] + t as u64 * 0x0101_0101_0101_0101;
+            keys.as_mut_ptr().add(len).cast::<u64>().write_unaligned(at);
+            len += mask.count_ones() as usize;
+            t += 8;
+        }
+    }
+    for t in t..n {
+        keys[len] = t as u8;
+        len += usize::from(r0[t] != 0.0 || r1[t] != 0.0);
+    }
+    len
+}
+
 /// `C[r][col..col + V W] += sum over t in keys[r] of A[r][t] B[t][col..]` for each of `R` rows, in
 /// `R x V` accumulators: all `V W` columns when `FULL`, else the last `k - col < V W` by masked loads
 /// and stores. One chain per entry in the order of its row's keys; the rows step through their
@@ -602,15 +663,31 @@ unsafe fn keys_cols<L: Lanes, const R: usize, const V: usize, const FULL: bool>(
                 acc[q] = L::fma(x, ld(row.add(q * L::W), w[q]), acc[q]);
             }
         };
-        let common = keys.iter().map(|k| k.len()).min().unwrap_or(0);
-        for x in 0..common {
-            for r in 0..R {
-                step(&mut acc[r], a[r], *keys[r].get_unchecked(x));
+        // Rows over one list (`acc_nonzero_two`'s outputs) load each value row once for all of them.
+        let shared = keys.iter().all(|k| std::ptr::eq(*k, keys[0]));
+        if R > 1 && shared {
+            for &t in keys[0] {
+                let t = t as usize;
+                let row = b.add(t * ldb + col);
+                let vals: [L::V; V] = std::array::from_fn(|q| ld(row.add(q * L::W), w[q]));
+                for r in 0..R {
+                    let x = L::splat(*a[r].add(t));
+                    for q in 0..V {
+                        acc[r][q] = L::fma(x, vals[q], acc[r][q]);
+                    }
+                }
             }
-        }
-        for r in 0..R {
-            for &t in &keys[r][common..] {
-                step(&mut acc[r], a[r], t);
+        } else {
+            let common = keys.iter().map(|k| k.len()).min().unwrap_or(0);
+            for x in 0..common {
+                for r in 0..R {
+                    step(&mut acc[r], a[r], *keys[r].get_unchecked(x));
+                }
+            }
+            for r in 0..R {
+                for &t in &keys[r][common..] {
+                    step(&mut acc[r], a[r], t);
+                }
             }
         }
         for r in 0..R {
@@ -675,6 +752,22 @@ pub(super) unsafe fn acc_nonzero_avx512(
 ) {
     // SAFETY: the dispatcher checked the extents and the ISA.
     unsafe { acc_nonzero::<Avx512>(a, lda, b, ldb, m, n, k, c, ldc) }
+}
+
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn acc_nonzero_two_avx512(
+    a: [*const f32; 2],
+    lda: usize,
+    b: *const f32,
+    ldb: usize,
+    m: usize,
+    n: usize,
+    k: usize,
+    c: [*mut f32; 2],
+    ldc: usize,
+) {
+    // SAFETY: the dispatcher checked the extents and the ISA.
+    unsafe { acc_nonzero_two::<Avx512>(a, lda, b, ldb, m, n, k, c, ldc) }
 }
 
 #[target_feature(enable = "avx2,fma")]
