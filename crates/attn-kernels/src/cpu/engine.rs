@@ -303,6 +303,9 @@ impl Rows {
     }
 }
 
+/// Key tiles up to this wide (padded) have their cosine scores scaled by the micro-kernels.
+const MAX_SCALED_COLS: usize = 256;
+
 /// Scores `s_ij` of rows `[i0, i0 + nq)` against keys `[j0, j0 + nk)` into `s` (row stride `lds`),
 /// with `kt` as scratch for the packed key tile. Entries beyond the visible keys are left unspecified.
 #[inline(always)]
@@ -366,8 +369,16 @@ pub(super) fn scores<const FMA: bool>(
             return;
         }
     } else {
-        let kt = &head.kt[j0 / dims.bk * dims.d * dims.bk_pad()..];
-        tile::matmul_nt::<FMA>(dims.isa, &head.q[i0 * head.ldq..], head.ldq, kt, dims.bk_pad(), dims.d, nq, s, lds);
+        let (kt, q, n_pad) =
+            (&head.kt[j0 / dims.bk * dims.d * dims.bk_pad()..], &head.q[i0 * head.ldq..], dims.bk_pad());
+        if plan.cosine() && n_pad <= MAX_SCALED_COLS {
+            // The micro-kernels scale each score as they store it (4% of LSSA's forward as a pass).
+            let mut kn = [0.0f32; MAX_SCALED_COLS];
+            kn[..nk].copy_from_slice(&head.ink[j0..j0 + nk]);
+            let scale = (&rows.fac[..nq], &kn[..n_pad], &rows.bias[..nq]);
+            return tile::matmul_nt_scaled::<FMA>(dims.isa, q, head.ldq, kt, n_pad, dims.d, nq, s, lds, scale);
+        }
+        tile::matmul_nt::<FMA>(dims.isa, q, head.ldq, kt, n_pad, dims.d, nq, s, lds);
     }
     for r in 0..nq {
         let vis = dims.visible(i0 + r, j0, nk);

@@ -60,6 +60,48 @@ pub(crate) fn matmul_nt<const FMA: bool>(
     }
 }
 
+/// [`matmul_nt`] with cosine scores' scaling applied to every entry, the `n_pad` columns' padding
+/// included: `c[r][j] = (dot · row[r]) · col[j] + bias[r]` (a multiplication, then a fused
+/// multiply-add where `FMA`). The x86 micro-kernels scale each entry as they store it, instead of a
+/// pass over the stored tile; the same bits either way.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn matmul_nt_scaled<const FMA: bool>(
+    isa: Isa,
+    a: &[f32],
+    lda: usize,
+    bt: &[f32],
+    n_pad: usize,
+    k: usize,
+    m: usize,
+    c: &mut [f32],
+    ldc: usize,
+    (row, col, bias): (&[f32], &[f32], &[f32]),
+) {
+    assert!(row.len() >= m && bias.len() >= m && col.len() >= n_pad);
+    #[cfg(target_arch = "x86_64")]
+    if FMA && m > 0 && k > 0 && matches!(isa, Isa::Avx512 | Isa::Avx2Fma) {
+        assert!(n_pad.is_multiple_of(NR) && a.len() >= (m - 1) * lda + k && bt.len() >= k * n_pad);
+        assert!(c.len() >= (m - 1) * ldc + n_pad);
+        let sc = x86::Scale { row: row.as_ptr(), col: col.as_ptr(), bias: bias.as_ptr() };
+        let (pa, pb, pc) = (a.as_ptr(), bt.as_ptr(), c.as_mut_ptr());
+        // SAFETY: extents checked above; the ISA was checked supported by the caller's dispatch.
+        return unsafe {
+            if isa == Isa::Avx512 {
+                x86::nt_scaled_avx512(pa, lda, pb, n_pad, k, m, pc, ldc, sc)
+            } else {
+                x86::nt_scaled_avx2(pa, lda, pb, n_pad, k, m, pc, ldc, sc)
+            }
+        };
+    }
+    matmul_nt::<FMA>(isa, a, lda, bt, n_pad, k, m, c, ldc);
+    for r in 0..m {
+        let (f, b) = (row[r], bias[r]);
+        let out = &mut c[r * ldc..r * ldc + n_pad];
+        out.iter_mut().zip(col).for_each(|(x, &kn)| *x = fmadd::<FMA>(*x * f, kn, b));
+    }
+}
+
 /// `C += A · B`; see [`portable_acc`] for the layout. Dispatches on `isa`.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]

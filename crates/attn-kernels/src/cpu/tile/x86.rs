@@ -26,6 +26,7 @@ trait Lanes {
     unsafe fn store(p: *mut f32, v: Self::V);
     /// `a * b + c`, fused.
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
     /// Lanes `[0, w)` from `p`, zeros above; `w <= W` (`w = 0` reads nothing).
     unsafe fn load_first(p: *const f32, w: usize) -> Self::V;
     /// Writes lanes `[0, w)` of `v` to `p` and nothing else.
@@ -75,6 +76,11 @@ impl Lanes for Avx512 {
         unsafe { _mm512_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        // SAFETY: the trait's contract (the ISA is enabled).
+        unsafe { _mm512_mul_ps(a, b) }
+    }
+    #[inline(always)]
     unsafe fn load_first(p: *const f32, w: usize) -> __m512 {
         // SAFETY: masked-off lanes are not read (no fault past the end).
         unsafe { _mm512_maskz_loadu_ps(mask16(w), p) }
@@ -121,6 +127,11 @@ impl Lanes for Avx2 {
         unsafe { _mm256_fmadd_ps(a, b, c) }
     }
     #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        // SAFETY: the trait's contract (the ISA is enabled).
+        unsafe { _mm256_mul_ps(a, b) }
+    }
+    #[inline(always)]
     unsafe fn load_first(p: *const f32, w: usize) -> __m256 {
         // SAFETY: masked-off lanes are not read (no fault past the end).
         unsafe { _mm256_maskload_ps(p, mask8(w)) }
@@ -139,9 +150,33 @@ fn mask8(w: usize) -> __m256i {
     unsafe { _mm256_cmpgt_epi32(_mm256_set1_epi32(w.min(8) as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)) }
 }
 
-/// `C[0..R][j..j + V W] = A[0..R] · Bᵀ[.., j..j + V W]`, in `R x V` accumulators.
+/// The cosine scores' scaling, applied by [`nt`] to each entry as it stores it (`SCALED`):
+/// `c[r][j] = (c[r][j] · row[r]) · col[j] + bias[r]`, one multiplication and one fused
+/// multiply-add, as the scalar pass over a stored tile computes it (so the same bits). `row` and
+/// `bias` hold an entry per row of `C`, `col` one per column (`n_pad`, padding included).
+#[derive(Clone, Copy)]
+pub(super) struct Scale {
+    pub(super) row: *const f32,
+    pub(super) col: *const f32,
+    pub(super) bias: *const f32,
+}
+
+impl Scale {
+    /// For the unscaled product (never read).
+    const NONE: Self = Self { row: std::ptr::null(), col: std::ptr::null(), bias: std::ptr::null() };
+
+    /// The same scaling from row `i` on.
+    unsafe fn skip_rows(self, i: usize) -> Self {
+        // SAFETY: the caller's rows are inside `row` and `bias`.
+        unsafe { Self { row: self.row.add(i), col: self.col, bias: self.bias.add(i) } }
+    }
+}
+
+/// `C[0..R][j..j + V W] = A[0..R] · Bᵀ[.., j..j + V W]`, in `R x V` accumulators (scaled by `sc`
+/// on the way out when `SCALED`).
 #[inline(always)]
-unsafe fn nt_panel<L: Lanes, const R: usize, const V: usize>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn nt_panel<L: Lanes, const R: usize, const V: usize, const SCALED: bool>(
     a: *const f32,
     lda: usize,
     bt: *const f32,
@@ -150,6 +185,7 @@ unsafe fn nt_panel<L: Lanes, const R: usize, const V: usize>(
     c: *mut f32,
     ldc: usize,
     j: usize,
+    sc: Scale,
 ) {
     // SAFETY (whole body): pointers stay inside the extents the dispatcher checked.
     unsafe {
@@ -164,9 +200,14 @@ unsafe fn nt_panel<L: Lanes, const R: usize, const V: usize>(
                 }
             }
         }
+        let col: [L::V; V] =
+            std::array::from_fn(|q| if SCALED { L::load(sc.col.add(j + q * L::W)) } else { L::zero() });
         for r in 0..R {
+            let (f, b) =
+                if SCALED { (L::splat(*sc.row.add(r)), L::splat(*sc.bias.add(r))) } else { (L::zero(), L::zero()) };
             for q in 0..V {
-                L::store(c.add(r * ldc + j + q * L::W), acc[r][q]);
+                let x = if SCALED { L::fma(L::mul(acc[r][q], f), col[q], b) } else { acc[r][q] };
+                L::store(c.add(r * ldc + j + q * L::W), x);
             }
         }
     }
@@ -176,7 +217,8 @@ unsafe fn nt_panel<L: Lanes, const R: usize, const V: usize>(
 /// `R x 4` accumulators ([`Lanes::WIDE`]), then of `2W` (`n_pad` is a multiple of `NR`, hence
 /// of `2W`). Every entry sums over `t` in the same order whatever the panel.
 #[inline(always)]
-unsafe fn nt_block<L: Lanes, const R: usize>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn nt_block<L: Lanes, const R: usize, const SCALED: bool>(
     a: *const f32,
     lda: usize,
     bt: *const f32,
@@ -184,15 +226,16 @@ unsafe fn nt_block<L: Lanes, const R: usize>(
     k: usize,
     c: *mut f32,
     ldc: usize,
+    sc: Scale,
 ) {
     let wide = wide_cols::<L>(n_pad);
     // SAFETY: the panels split [0, n_pad) exactly.
     unsafe {
         for j in (0..wide).step_by(4 * L::W) {
-            nt_panel::<L, R, 4>(a, lda, bt, n_pad, k, c, ldc, j);
+            nt_panel::<L, R, 4, SCALED>(a, lda, bt, n_pad, k, c, ldc, j, sc);
         }
         for j in (wide..n_pad).step_by(2 * L::W) {
-            nt_panel::<L, R, 2>(a, lda, bt, n_pad, k, c, ldc, j);
+            nt_panel::<L, R, 2, SCALED>(a, lda, bt, n_pad, k, c, ldc, j, sc);
         }
     }
 }
@@ -206,9 +249,11 @@ fn wide_cols<L: Lanes>(n: usize) -> usize {
     if L::WIDE { n / (4 * L::W) * (4 * L::W) } else { 0 }
 }
 
-/// `C = A · Bᵀ` for all `m` rows: blocks of `MR` rows, then of 4, 2 and 1.
+/// `C = A · Bᵀ` for all `m` rows (scaled by `sc` when `SCALED`): blocks of `MR` rows, then of 4,
+/// 2 and 1.
 #[inline(always)]
-unsafe fn nt<L: Lanes, const MR: usize>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn nt<L: Lanes, const MR: usize, const SCALED: bool>(
     a: *const f32,
     lda: usize,
     bt: *const f32,
@@ -217,26 +262,32 @@ unsafe fn nt<L: Lanes, const MR: usize>(
     m: usize,
     c: *mut f32,
     ldc: usize,
+    sc: Scale,
 ) {
     // SAFETY: row blocks stay below m.
     unsafe {
+        let block = |i: usize| (a.add(i * lda), c.add(i * ldc), if SCALED { sc.skip_rows(i) } else { sc });
         let mut i = 0;
         while i + MR <= m {
-            nt_block::<L, MR>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
+            let (a, c, sc) = block(i);
+            nt_block::<L, MR, SCALED>(a, lda, bt, n_pad, k, c, ldc, sc);
             i += MR;
         }
         // The rest in blocks of 4, 2 and 1 rows: a single row keeps only two accumulator chains
         // in flight, a quarter of what the FMA pipes need to stay busy.
         if MR > 4 && i + 4 <= m {
-            nt_block::<L, 4>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
+            let (a, c, sc) = block(i);
+            nt_block::<L, 4, SCALED>(a, lda, bt, n_pad, k, c, ldc, sc);
             i += 4;
         }
         if MR > 2 && i + 2 <= m {
-            nt_block::<L, 2>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
+            let (a, c, sc) = block(i);
+            nt_block::<L, 2, SCALED>(a, lda, bt, n_pad, k, c, ldc, sc);
             i += 2;
         }
         while i < m {
-            nt_block::<L, 1>(a.add(i * lda), lda, bt, n_pad, k, c.add(i * ldc), ldc);
+            let (a, c, sc) = block(i);
+            nt_block::<L, 1, SCALED>(a, lda, bt, n_pad, k, c, ldc, sc);
             i += 1;
         }
     }
@@ -418,7 +469,7 @@ pub(super) unsafe fn nt_avx512(
     ldc: usize,
 ) {
     // SAFETY: the dispatcher checked the extents and the ISA.
-    unsafe { nt::<Avx512, MR512>(a, lda, bt, n_pad, k, m, c, ldc) }
+    unsafe { nt::<Avx512, MR512, false>(a, lda, bt, n_pad, k, m, c, ldc, Scale::NONE) }
 }
 
 #[target_feature(enable = "avx2,fma")]
@@ -433,7 +484,41 @@ pub(super) unsafe fn nt_avx2(
     ldc: usize,
 ) {
     // SAFETY: as above.
-    unsafe { nt::<Avx2, MR256>(a, lda, bt, n_pad, k, m, c, ldc) }
+    unsafe { nt::<Avx2, MR256, false>(a, lda, bt, n_pad, k, m, c, ldc, Scale::NONE) }
+}
+
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn nt_scaled_avx512(
+    a: *const f32,
+    lda: usize,
+    bt: *const f32,
+    n_pad: usize,
+    k: usize,
+    m: usize,
+    c: *mut f32,
+    ldc: usize,
+    sc: Scale,
+) {
+    // SAFETY: the dispatcher checked the extents (the scaling's included) and the ISA.
+    unsafe { nt::<Avx512, MR512, true>(a, lda, bt, n_pad, k, m, c, ldc, sc) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn nt_scaled_avx2(
+    a: *const f32,
+    lda: usize,
+    bt: *const f32,
+    n_pad: usize,
+    k: usize,
+    m: usize,
+    c: *mut f32,
+    ldc: usize,
+    sc: Scale,
+) {
+    // SAFETY: as above.
+    unsafe { nt::<Avx2, MR256, true>(a, lda, bt, n_pad, k, m, c, ldc, sc) }
 }
 
 #[target_feature(enable = "avx512f")]
