@@ -27,6 +27,7 @@ pub mod math;
 #[cfg(not(feature = "lab"))]
 #[allow(dead_code)] // the lab's functions and bounds that only its tests and benches read
 pub(crate) mod math;
+pub(crate) mod power;
 pub mod rows;
 pub(crate) mod short;
 mod spare;

@@ -60,10 +60,11 @@ pub(crate) fn matmul_nt<const FMA: bool>(
     }
 }
 
-/// [`matmul_nt`] with cosine scores' scaling applied to every entry, the `n_pad` columns' padding
-/// included: `c[r][j] = (dot · row[r]) · col[j] + bias[r]` (a multiplication, then a fused
-/// multiply-add where `FMA`). The x86 micro-kernels scale each entry as they store it, instead of a
-/// pass over the stored tile; the same bits either way.
+/// [`matmul_nt`] with the scores' scaling applied to every entry, the `n_pad` columns' padding
+/// included: for cosine scores (`col` given, an entry per column) `c[r][j] = (dot · row[r]) ·
+/// col[j] + bias[r]` (a multiplication, then a fused multiply-add where `FMA`), for dot scores
+/// `dot · row[r] + bias[r]`. The x86 micro-kernels scale each entry as they store it, instead of
+/// a pass over the stored tile; the same bits either way.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_nt_scaled<const FMA: bool>(
@@ -76,14 +77,15 @@ pub(crate) fn matmul_nt_scaled<const FMA: bool>(
     m: usize,
     c: &mut [f32],
     ldc: usize,
-    (row, col, bias): (&[f32], &[f32], &[f32]),
+    (row, col, bias): (&[f32], Option<&[f32]>, &[f32]),
 ) {
-    assert!(row.len() >= m && bias.len() >= m && col.len() >= n_pad);
+    assert!(row.len() >= m && bias.len() >= m && col.is_none_or(|col| col.len() >= n_pad));
     #[cfg(target_arch = "x86_64")]
     if FMA && m > 0 && k > 0 && matches!(isa, Isa::Avx512 | Isa::Avx2Fma) {
         assert!(n_pad.is_multiple_of(NR) && a.len() >= (m - 1) * lda + k && bt.len() >= k * n_pad);
         assert!(c.len() >= (m - 1) * ldc + n_pad);
-        let sc = x86::Scale { row: row.as_ptr(), col: col.as_ptr(), bias: bias.as_ptr() };
+        let col = col.map_or(std::ptr::null(), <[f32]>::as_ptr);
+        let sc = x86::Scale { row: row.as_ptr(), col, bias: bias.as_ptr() };
         let (pa, pb, pc) = (a.as_ptr(), bt.as_ptr(), c.as_mut_ptr());
         // SAFETY: extents checked above; the ISA was checked supported by the caller's dispatch.
         return unsafe {
@@ -98,7 +100,10 @@ pub(crate) fn matmul_nt_scaled<const FMA: bool>(
     for r in 0..m {
         let (f, b) = (row[r], bias[r]);
         let out = &mut c[r * ldc..r * ldc + n_pad];
-        out.iter_mut().zip(col).for_each(|(x, &kn)| *x = fmadd::<FMA>(*x * f, kn, b));
+        match col {
+            Some(col) => out.iter_mut().zip(col).for_each(|(x, &kn)| *x = fmadd::<FMA>(*x * f, kn, b)),
+            None => out.iter_mut().for_each(|x| *x = fmadd::<FMA>(*x, f, b)),
+        }
     }
 }
 

@@ -241,27 +241,34 @@ fn matmul_acc_nonzero_two_equals_two_single_products() {
 }
 
 /// The scaled product equals the product followed by the scalar scaling pass, bit for bit, on every
-/// ISA: row counts around the 6- and 4-row blocks, panels of 2W and 4W.
+/// ISA, for cosine and dot scores: row counts around the 6- and 4-row blocks, panels of 2W and 4W.
 #[test]
 fn matmul_nt_scaled_is_the_product_then_the_scaling_bit_for_bit() {
     for &(m, n_pad, k) in &[(1, NR, 1), (6, 64, 64), (7, 128, 64), (13, 5 * NR, 40), (64, 128, 64), (3, 3 * NR, 17)] {
         let a = data(m * k, 31);
         let bt = data(k * n_pad, 32);
-        let (row, col, bias) = (data(m, 33), data(n_pad, 34), data(m, 35));
-        for isa in Isa::all_supported() {
-            let fma = isa != Isa::Scalar;
-            let (mut want, mut got) = (vec![f32::NAN; m * n_pad], vec![f32::NAN; m * n_pad]);
-            if fma {
-                matmul_nt::<true>(isa, &a, k, &bt, n_pad, k, m, &mut want, n_pad);
-                matmul_nt_scaled::<true>(isa, &a, k, &bt, n_pad, k, m, &mut got, n_pad, (&row, &col, &bias));
-            } else {
-                matmul_nt::<false>(isa, &a, k, &bt, n_pad, k, m, &mut want, n_pad);
-                matmul_nt_scaled::<false>(isa, &a, k, &bt, n_pad, k, m, &mut got, n_pad, (&row, &col, &bias));
-            }
-            for (x, (g, w)) in got.iter().zip(&want).enumerate() {
-                let (r, j) = (x / n_pad, x % n_pad);
-                let w = if fma { fmadd::<true>(*w * row[r], col[j], bias[r]) } else { *w * row[r] * col[j] + bias[r] };
-                assert_eq!(g.to_bits(), w.to_bits(), "({m},{n_pad},{k}) {isa} [{r},{j}]: {g} against {w}");
+        let (row, cols, bias) = (data(m, 33), data(n_pad, 34), data(m, 35));
+        for col in [Some(&cols[..]), None] {
+            for isa in Isa::all_supported() {
+                let fma = isa != Isa::Scalar;
+                let (mut want, mut got) = (vec![f32::NAN; m * n_pad], vec![f32::NAN; m * n_pad]);
+                if fma {
+                    matmul_nt::<true>(isa, &a, k, &bt, n_pad, k, m, &mut want, n_pad);
+                    matmul_nt_scaled::<true>(isa, &a, k, &bt, n_pad, k, m, &mut got, n_pad, (&row, col, &bias));
+                } else {
+                    matmul_nt::<false>(isa, &a, k, &bt, n_pad, k, m, &mut want, n_pad);
+                    matmul_nt_scaled::<false>(isa, &a, k, &bt, n_pad, k, m, &mut got, n_pad, (&row, col, &bias));
+                }
+                for (x, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let (r, j) = (x / n_pad, x % n_pad);
+                    let w = match (col, fma) {
+                        (Some(col), true) => fmadd::<true>(*w * row[r], col[j], bias[r]),
+                        (Some(col), false) => *w * row[r] * col[j] + bias[r],
+                        (None, true) => fmadd::<true>(*w, row[r], bias[r]),
+                        (None, false) => *w * row[r] + bias[r],
+                    };
+                    assert_eq!(g.to_bits(), w.to_bits(), "({m},{n_pad},{k}) {isa} {} [{r},{j}]", col.is_some());
+                }
             }
         }
     }
