@@ -303,7 +303,7 @@ impl Rows {
     }
 }
 
-/// Key tiles up to this wide (padded) have their cosine scores scaled by the micro-kernels.
+/// Key tiles up to this wide (padded) have their scores scaled by the micro-kernels.
 const MAX_SCALED_COLS: usize = 256;
 
 /// Scores `s_ij` of rows `[i0, i0 + nq)` against keys `[j0, j0 + nk)` into `s` (row stride `lds`),
