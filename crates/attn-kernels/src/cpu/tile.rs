@@ -47,8 +47,7 @@ pub(crate) fn matmul_nt<const FMA: bool>(
         return;
     }
     // The intrinsics below index with raw pointers: check the extents once here.
-    assert!(n_pad.is_multiple_of(NR) && a.len() >= (m - 1) * lda + k && bt.len() >= k * n_pad);
-    assert!(c.len() >= (m - 1) * ldc + n_pad);
+    assert_nt_extents(a, lda, bt, n_pad, k, m, c, ldc);
     match isa {
         // SAFETY: extents checked above; the ISA was checked supported by the caller's dispatch.
         #[cfg(target_arch = "x86_64")]
@@ -58,6 +57,14 @@ pub(crate) fn matmul_nt<const FMA: bool>(
         Isa::Avx2Fma => unsafe { x86::nt_avx2(a.as_ptr(), lda, bt.as_ptr(), n_pad, k, m, c.as_mut_ptr(), ldc) },
         _ => portable_nt::<FMA>(a, lda, bt, n_pad, k, m, c, ldc),
     }
+}
+
+/// The extents the `A · Bᵀ` micro-kernels index by raw pointers (`m, k >= 1`).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn assert_nt_extents(a: &[f32], lda: usize, bt: &[f32], n_pad: usize, k: usize, m: usize, c: &[f32], ldc: usize) {
+    assert!(n_pad.is_multiple_of(NR) && a.len() >= (m - 1) * lda + k && bt.len() >= k * n_pad);
+    assert!(c.len() >= (m - 1) * ldc + n_pad);
 }
 
 /// [`matmul_nt`] with the scores' scaling applied to every entry, the `n_pad` columns' padding
@@ -82,8 +89,7 @@ pub(crate) fn matmul_nt_scaled<const FMA: bool>(
     assert!(row.len() >= m && bias.len() >= m && col.is_none_or(|col| col.len() >= n_pad));
     #[cfg(target_arch = "x86_64")]
     if FMA && m > 0 && k > 0 && matches!(isa, Isa::Avx512 | Isa::Avx2Fma) {
-        assert!(n_pad.is_multiple_of(NR) && a.len() >= (m - 1) * lda + k && bt.len() >= k * n_pad);
-        assert!(c.len() >= (m - 1) * ldc + n_pad);
+        assert_nt_extents(a, lda, bt, n_pad, k, m, c, ldc);
         let col = col.map_or(std::ptr::null(), <[f32]>::as_ptr);
         let sc = x86::Scale { row: row.as_ptr(), col, bias: bias.as_ptr() };
         let (pa, pb, pc) = (a.as_ptr(), bt.as_ptr(), c.as_mut_ptr());

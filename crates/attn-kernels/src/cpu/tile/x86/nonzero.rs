@@ -27,28 +27,32 @@ const SET_BITS: [u64; 256] = {
     table
 };
 
-/// Writes the positions of `row`'s nonzero entries (NaN included; at most [`KEYS`] entries) to
-/// `keys`, a byte each, in order; returns their count. Eight entries at a time without a branch: a
-/// compare, its mask's positions from [`SET_BITS`] stored as one 8-byte word, the count moved on by
-/// the mask's bits.
+/// Writes the positions where any of `rows` (of equal length) is nonzero (NaN included; at most
+/// [`KEYS`] entries) to `keys`, a byte each, in order; returns their count. Eight entries at a time
+/// without a branch: a compare per row, the masks' union's positions from [`SET_BITS`] stored as
+/// one 8-byte word, the count moved on by the mask's bits.
 #[inline(always)]
-unsafe fn nonzero_keys(row: &[f32], keys: &mut [u8; KEYS + 8]) -> usize {
-    debug_assert!(row.len() <= KEYS);
-    let (n, mut len, mut t) = (row.len(), 0, 0);
+unsafe fn nonzero_keys<const N: usize>(rows: [&[f32]; N], keys: &mut [u8; KEYS + 8]) -> usize {
+    let n = rows[0].len();
+    debug_assert!(n <= KEYS && rows.iter().all(|r| r.len() == n));
+    let (mut len, mut t) = (0, 0);
     // SAFETY: t + 8 <= n entries are read; each 8-byte store starts at len <= t <= KEYS - 8.
     unsafe {
         while t + 8 <= n {
-            let x = _mm256_loadu_ps(row.as_ptr().add(t));
-            let mask = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NEQ_UQ>(x, _mm256_setzero_ps())) as usize;
+            let mut mask = 0;
+            for row in rows {
+                let x = _mm256_loadu_ps(row.as_ptr().add(t));
+                mask |= _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NEQ_UQ>(x, _mm256_setzero_ps())) as usize;
+            }
             let at = SET_BITS[mask] + t as u64 * 0x0101_0101_0101_0101;
             keys.as_mut_ptr().add(len).cast::<u64>().write_unaligned(at);
             len += mask.count_ones() as usize;
             t += 8;
         }
     }
-    for (t, &x) in row.iter().enumerate().skip(t) {
+    for t in t..n {
         keys[len] = t as u8;
-        len += usize::from(x != 0.0);
+        len += usize::from(rows.iter().any(|r| r[t] != 0.0));
     }
     len
 }
@@ -83,7 +87,7 @@ unsafe fn acc_nonzero<L: Lanes>(
                 let rows: [&[f32]; 2] =
                     std::array::from_fn(|r| std::slice::from_raw_parts(a.add((i + r) * lda + start), w));
                 let [k0, k1] = &mut keys;
-                let lens = [nonzero_keys(rows[0], k0), nonzero_keys(rows[1], k1)];
+                let lens = [nonzero_keys([rows[0]], k0), nonzero_keys([rows[1]], k1)];
                 acc_keys::<L, 2>(
                     [rows[0].as_ptr(), rows[1].as_ptr()],
                     [&k0[..lens[0]], &k1[..lens[1]]],
@@ -98,7 +102,7 @@ unsafe fn acc_nonzero<L: Lanes>(
         while i < m {
             for start in (0..n).step_by(KEYS) {
                 let row = std::slice::from_raw_parts(a.add(i * lda + start), KEYS.min(n - start));
-                let len = nonzero_keys(row, &mut keys[0]);
+                let len = nonzero_keys([row], &mut keys[0]);
                 if len > 0 {
                     acc_keys::<L, 1>([row.as_ptr()], [&keys[0][..len]], b.add(start * ldb), ldb, k, [c.add(i * ldc)]);
                 }
@@ -131,7 +135,7 @@ unsafe fn acc_nonzero_two<L: Lanes>(
             for start in (0..n).step_by(KEYS) {
                 let w = KEYS.min(n - start);
                 let rows = a.map(|a| std::slice::from_raw_parts(a.add(i * lda + start), w));
-                let len = nonzero_keys_either(rows, &mut keys);
+                let len = nonzero_keys(rows, &mut keys);
                 if len > 0 {
                     let list = &keys[..len];
                     let out = c.map(|c| c.add(i * ldc));
@@ -140,33 +144,6 @@ unsafe fn acc_nonzero_two<L: Lanes>(
             }
         }
     }
-}
-
-/// [`nonzero_keys`] of the positions where either row is nonzero (the rows of equal length).
-#[inline(always)]
-unsafe fn nonzero_keys_either(rows: [&[f32]; 2], keys: &mut [u8; KEYS + 8]) -> usize {
-    let [r0, r1] = rows;
-    debug_assert!(r0.len() <= KEYS && r0.len() == r1.len());
-    let (n, mut len, mut t) = (r0.len(), 0, 0);
-    // SAFETY: as in `nonzero_keys`.
-    unsafe {
-        while t + 8 <= n {
-            let nz = |r: &[f32]| {
-                let x = _mm256_loadu_ps(r.as_ptr().add(t));
-                _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NEQ_UQ>(x, _mm256_setzero_ps())) as usize
-            };
-            let mask = nz(r0) | nz(r1);
-            let at = SET_BITS[mask] + t as u64 * 0x0101_0101_0101_0101;
-            keys.as_mut_ptr().add(len).cast::<u64>().write_unaligned(at);
-            len += mask.count_ones() as usize;
-            t += 8;
-        }
-    }
-    for t in t..n {
-        keys[len] = t as u8;
-        len += usize::from(r0[t] != 0.0 || r1[t] != 0.0);
-    }
-    len
 }
 
 /// `C[r][col..col + V W] += sum over t in keys[r] of A[r][t] B[t][col..]` for each of `R` rows, in
