@@ -79,10 +79,11 @@ struct Kernel {
 impl Kernel {
     #[cfg(target_arch = "x86_64")]
     fn for_isa(isa: Isa) -> Option<Kernel> {
-        match isa {
-            Isa::Avx512 => Some(Kernel { lanes: 16, chains: x86::CHAINS_512, isa }),
-            Isa::Avx2Fma => Some(Kernel { lanes: 8, chains: x86::CHAINS_256, isa }),
-            Isa::Scalar => None,
+        // AMX's FMA code is AVX-512's: its peak is the AVX-512 pipes'.
+        match isa.simd() {
+            Isa::Avx512 => Some(Kernel { lanes: 16, chains: x86::CHAINS_512, isa: Isa::Avx512 }),
+            Isa::Avx2Fma => Some(Kernel { lanes: 8, chains: x86::CHAINS_256, isa: Isa::Avx2Fma }),
+            _ => None,
         }
     }
 
@@ -103,7 +104,7 @@ impl Kernel {
             Isa::Avx512 => unsafe { x86::chains_512(iters) },
             // SAFETY: as above.
             Isa::Avx2Fma => unsafe { x86::chains_256(iters) },
-            Isa::Scalar => unreachable!("no scalar kernel is built"),
+            _ => unreachable!("no kernel is built for {}", self.isa),
         }
     }
 

@@ -7,16 +7,20 @@
 //! Linux the time is the thread's CPU time (`/proc/thread-self/schedstat`), which time slices lost to
 //! other processes do not inflate, so kernel changes can be compared on a busy machine; otherwise it
 //! is wall time. It needs no libtorch; the SDPA comparison is `bench-kernels`' job. The environment
-//! variables `CPU_LAB_BQ` and `CPU_LAB_BK` override the tile sizes of [`Tuning`]'s default, and
+//! variables `CPU_LAB_BQ` and `CPU_LAB_BK` override the tile sizes of [`Tuning::for_isa`], and
 //! `CPU_LAB_CACHE` its score cache (bytes; 0 recomputes re-weighting's second sweep). The inputs
 //! start on a 64-byte boundary as PyTorch's tensors do, or `CPU_LAB_OFFSET` floats past one. A
 //! variant named `fresh:NAME` empties the kernels' buffer shelf before each call
-//! ([`release_spare_buffers`]), so its calls take their large buffers fresh from the allocator.
+//! ([`release_spare_buffers`]), so its calls take their large buffers fresh from the allocator; one
+//! named `ISA:NAME` (`amx:lssa`, `avx512:lssa`) runs on that instruction set instead of the detected
+//! one, so two paths compare in one process (`fresh:avx512:lssa` for both).
 //!
 //! [`release_spare_buffers`]: attn_kernels::cpu::release_spare_buffers
 //!
-//! [`Tuning`]: attn_kernels::cpu::Tuning
+//! [`Tuning::for_isa`]: attn_kernels::cpu::Tuning::for_isa
 use std::time::Instant;
+
+use attn_kernels::cpu::Isa;
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
@@ -30,11 +34,15 @@ fn main() {
     };
     // `fresh:NAME` frees the buffers the kernels keep between calls before each call of NAME, so the
     // call allocates them afresh (what every call did before `cpu::release_spare_buffers` existed).
-    let variants: Vec<(attn_core::Variant, bool)> = args[5..]
+    let variants: Vec<Spec> = args[5..]
         .iter()
         .map(|s| {
             let (name, fresh) = s.strip_prefix("fresh:").map_or((s.as_str(), false), |n| (n, true));
-            (name.parse().expect("variant name"), fresh)
+            let (isa, name) = match name.split_once(':') {
+                Some((isa, rest)) => (Some(isa.parse::<Isa>().expect("an ISA name")), rest),
+                None => (None, name),
+            };
+            Spec { var: name.parse().expect("variant name"), fresh, isa }
         })
         .collect();
     assert!(!variants.is_empty(), "{usage}");
@@ -49,17 +57,24 @@ fn main() {
         ndarray::ArrayView4::from_shape([1, 12, t, 64], &buf[*at..*at + 12 * t * 64]).unwrap()
     };
     let (q, k, v) = (view(0), view(1), view(2));
-    let mut opts = attn_kernels::cpu::Options::default();
+    let opts = attn_kernels::cpu::Options::default();
     let env = |name: &str| std::env::var(name).ok().map(|s| s.parse::<usize>().expect("a tile size"));
-    opts.tuning.block_q = env("CPU_LAB_BQ").unwrap_or(opts.tuning.block_q);
-    opts.tuning.block_k = env("CPU_LAB_BK").unwrap_or(opts.tuning.block_k);
-    opts.tuning.score_cache_bytes = env("CPU_LAB_CACHE").unwrap_or(opts.tuning.score_cache_bytes);
+    // The tiles of the variant's instruction set (`Tuning::for_isa`), or the environment's.
+    let tuning = |isa: Isa| {
+        let mut tuning = attn_kernels::cpu::Tuning::for_isa(isa);
+        tuning.block_q = env("CPU_LAB_BQ").unwrap_or(tuning.block_q);
+        tuning.block_k = env("CPU_LAB_BK").unwrap_or(tuning.block_k);
+        tuning.score_cache_bytes = env("CPU_LAB_CACHE").unwrap_or(tuning.score_cache_bytes);
+        tuning
+    };
     let cpu_time = threads == 1 && thread_cpu_s().is_some();
     // Seconds the call took: on the pool's only thread, its CPU time; else wall time.
-    let run = |(var, fresh): &(attn_core::Variant, bool)| -> f64 {
+    let run = |Spec { var, fresh, isa }: &Spec| -> f64 {
         if *fresh {
             attn_kernels::cpu::release_spare_buffers();
         }
+        let isa = isa.unwrap_or(opts.isa).assert_supported();
+        let opts = attn_kernels::cpu::Options { isa, tuning: tuning(isa), ..opts };
         pool.install(|| {
             let (wall, cpu) = (Instant::now(), thread_cpu_s());
             if backward {
@@ -87,11 +102,22 @@ fn main() {
         xs.sort_by(f64::total_cmp);
         xs[xs.len() / 2]
     };
-    let name = |(var, fresh): &(attn_core::Variant, bool)| format!("{}{var}", if *fresh { "fresh:" } else { "" });
+    let name = |Spec { var, fresh, isa }: &Spec| {
+        format!("{}{}{var}", if *fresh { "fresh:" } else { "" }, isa.map_or(String::new(), |isa| format!("{isa}:")))
+    };
     for (var, ts) in variants.iter().zip(&times) {
         let ratio = median(ts.iter().zip(&times[0]).map(|(a, b)| a / b).collect());
         println!("{:>22}: median {:8.1} ms, {ratio:.3}x {}", name(var), median(ts.clone()) * 1e3, name(&variants[0]));
     }
+}
+
+/// A variant as the command line names it.
+struct Spec {
+    var: attn_core::Variant,
+    /// `fresh:`: the buffer shelf emptied before each call.
+    fresh: bool,
+    /// `ISA:`: that instruction set instead of the detected one.
+    isa: Option<Isa>,
 }
 
 /// A copy of `x` in a buffer, and where it starts there: `offset` floats past a 64-byte boundary.

@@ -12,8 +12,8 @@ use super::isa::Isa;
 use super::short;
 use super::spare::Spare;
 use super::split::{
-    F32Params, KeyNorms, Options, PerThread, QueryTask, SendPtr, dims, head, head_slice, inverse_norms, pack,
-    rw_aux_per_row, write_rows,
+    AmxPack, F32Params, KeyNorms, Options, PerThread, QueryTask, SendPtr, amx_products, dims, head, head_slice,
+    inverse_norms, pack, pack_amx, rw_aux_per_row, write_rows,
 };
 use super::team::Helpers;
 use crate::error::Result;
@@ -34,11 +34,15 @@ pub(super) unsafe fn backward_f32(plan: Plan, p: &F32Params, opts: &Options) -> 
     // SAFETY: forwarded from our caller.
     let norms = unsafe { inverse_norms(p, isa, helpers, plan.cosine(), keys) };
     dims.in_range = !direct && engine::scores_in_range(&plan, &norms, p.kv_len, p.head_dim);
+    // The scores as the forward computed them: on AMX tiles where it did, the same bits.
+    let amx = amx_products(isa, p, &plan);
     // SAFETY: forwarded.
-    let packed = unsafe { pack(p, dims, helpers, !direct, true) };
+    let packed = unsafe { pack(p, dims, helpers, !direct && !amx, true) };
+    // SAFETY: forwarded.
+    let amx = if amx { unsafe { pack_amx(p, dims, helpers, false) } } else { AmxPack::none() };
     // SAFETY: forwarded.
     let g_ln = unsafe { Backward::layer_norm_grad(p, &plan, helpers) };
-    let call = Backward { p, plan, dims, isa, helpers, norms, packed, g_ln };
+    let call = Backward { p, plan, dims, isa, helpers, norms, packed, amx, g_ln };
     // SAFETY: forwarded, for each phase.
     unsafe {
         let rg = call.row_grads();
@@ -60,6 +64,8 @@ struct Backward<'a> {
     norms: Vec<f32>,
     /// From [`pack`].
     packed: (Spare, Spare),
+    /// From [`pack_amx`] (the scores' operands) where the forward ran its products on AMX.
+    amx: AmxPack,
     /// [`Backward::layer_norm_grad`]'s gradient (empty without an output layer norm).
     g_ln: Vec<f32>,
 }
@@ -119,7 +125,8 @@ impl Backward<'_> {
     /// As [`head`].
     unsafe fn head(&self, b: usize, h: usize) -> Head<'_> {
         // SAFETY: forwarded.
-        unsafe { head(self.p, &self.norms, &self.packed, self.dims, b, h) }
+        let hd = unsafe { head(self.p, &self.norms, &self.packed, self.dims, b, h) };
+        Head { amx: self.amx.head(b * self.p.kv_heads + self.p.kv_head(h)), ..hd }
     }
 
     /// Head `x`'s row statistics, `(T, STATS)`.

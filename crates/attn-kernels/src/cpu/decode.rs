@@ -116,7 +116,7 @@ impl Group {
         // SAFETY: forwarded.
         let ((k, ldk), (v, ldv)) =
             unsafe { (head_slice(p.k, self.b, self.hk, t, d), head_slice(p.v, self.b, self.hk, t, d)) };
-        Head { q: &self.q, k, v, ldq: d, ldk, ldv, inq: &self.inq, ink, kt, vt: &[] }
+        Head { q: &self.q, k, v, ldq: d, ldk, ldv, inq: &self.inq, ink, kt, vt: &[], amx: &[] }
     }
 
     /// Writes the rows' outputs, statistics and (when `aux` is not null) re-weighting's helper to

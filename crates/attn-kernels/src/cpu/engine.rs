@@ -17,10 +17,11 @@
 
 use attn_core::{Norm, Plan};
 
+use crate::cpu::amx_fwd;
 use crate::cpu::isa::Isa;
 use crate::cpu::math;
 use crate::cpu::short::{self, fold_lanes};
-use crate::cpu::tile::{self, pad_nr};
+use crate::cpu::tile::{self, Aligned, amx, pad_nr};
 
 /// Tile sizes and scratch budgets: tuning knobs, separate from the maths.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -66,8 +67,9 @@ impl Tuning {
     /// one-thread LSSAR forward from 1.18-1.21x LSSA's time to 1.13-1.14x and its forward + backward
     /// from 1.35-1.36x to 1.26x, LSSA's own within the runs' spread either way.
     pub fn for_isa(isa: Isa) -> Self {
-        let block_k = if isa == Isa::Avx512 { 128 } else { 64 };
-        Self { block_k, ..Self::default() }
+        let block_k = if isa.simd() == Isa::Avx512 { 128 } else { 64 };
+        let block_q = if isa == Isa::Amx { 128 } else { 64 };
+        Self { block_q, block_k, ..Self::default() }
     }
 }
 
@@ -99,6 +101,10 @@ pub(crate) struct Head<'a> {
     pub kt: &'a [f32],
     /// `V` packed the same way (backward only; empty in the forward).
     pub vt: &'a [f32],
+    /// Under AMX products (`split::amx_products`), every key tile's keys (and in the forward its
+    /// values) as AMX operands ([`amx_fwd::pack_head`]): the scores (and the forward's value
+    /// product) then run on AMX tiles. Empty otherwise.
+    pub amx: &'a [f32],
 }
 
 /// Packs every key tile of one head's `x` (rows of `d`, stride `ld`) transposed, for
@@ -270,10 +276,12 @@ pub(crate) fn scores_in_range(plan: &Plan, inv_norms: &[f32], t: usize, d: usize
     bound * 1.001 <= f64::from(math::IN_RANGE_MAX)
 }
 
-/// Per-row constants of a query tile: `fac = scale_i * inq_i`, `bias`, `n = N_i`.
+/// Per-row constants of a query tile: `fac = scale_i * inq_i`, `bias`, `n = N_i`; and under AMX
+/// (`head.amx` not empty) the rows of `q` as the scores' `A` operand.
 pub(super) struct Rows {
     pub(super) fac: Vec<f32>,
-    bias: Vec<f32>,
+    pub(super) bias: Vec<f32>,
+    qa: Aligned<u16>,
 }
 
 impl Rows {
@@ -284,7 +292,7 @@ impl Rows {
     }
 
     pub(super) const fn empty() -> Self {
-        Self { fac: Vec::new(), bias: Vec::new() }
+        Self { fac: Vec::new(), bias: Vec::new(), qa: Aligned::empty() }
     }
 
     /// [`Rows::new`] into the buffers these rows have.
@@ -300,6 +308,11 @@ impl Rows {
             self.fac.push((scale * inq) as f32);
             self.bias.push(b as f32);
         }
+        if !head.amx.is_empty() {
+            let (rows, dp) = (nq.next_multiple_of(amx::ROWS), amx_fwd::padded_d(dims.d));
+            self.qa.resize(amx::PARTS * rows * dp);
+            amx::split_rows(&head.q[i0 * head.ldq..], head.ldq, nq, dims.d, &mut self.qa, rows, dp);
+        }
     }
 }
 
@@ -308,6 +321,8 @@ const MAX_SCALED_COLS: usize = 256;
 
 /// Scores `s_ij` of rows `[i0, i0 + nq)` against keys `[j0, j0 + nk)` into `s` (row stride `lds`),
 /// with `kt` as scratch for the packed key tile. Entries beyond the visible keys are left unspecified.
+/// `raw` (AMX only, whose caller scales them itself: `amx_fwd::softplus_row`): the dot products,
+/// unscaled.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn scores<const FMA: bool>(
@@ -317,12 +332,20 @@ pub(super) fn scores<const FMA: bool>(
     rows: &Rows,
     i0: usize,
     nq: usize,
-    j0: usize,
-    nk: usize,
+    (j0, nk): (usize, usize),
     s: &mut [f32],
     lds: usize,
+    raw: bool,
 ) {
-    if head.kt.is_empty() {
+    debug_assert!(!raw || !head.amx.is_empty());
+    if !head.amx.is_empty() {
+        // The dot products on AMX tiles (scaled by the pass below).
+        let keys = amx_fwd::tile(head, dims, j0 / dims.bk).0;
+        amx::product(&rows.qa, amx_fwd::padded_d(dims.d), keys, dims.bk_pad(), nq, s, lds);
+        if raw {
+            return;
+        }
+    } else if head.kt.is_empty() {
         // Unpacked keys (a short call). With cosine scores and no precomputed key norms, the tile's key
         // norms come from the pass of the rows' dot products (`short::dots_and_sq_norms`), the same
         // bits as the backward's `inv_norms_short`, and the scale is applied here.
@@ -436,7 +459,7 @@ pub(crate) fn inv_norms(isa: Isa, x: &[f32], ld: usize, t: usize, d: usize, out:
         return;
     }
     assert!(out.len() >= t && x.len() >= (t - 1) * ld + d);
-    match isa {
+    match isa.simd() {
         // SAFETY: extents checked above; the ISA was checked supported by the caller's dispatch.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { norms_x86::inv_norms_avx512(x.as_ptr(), ld, t, d, out.as_mut_ptr()) },

@@ -13,13 +13,14 @@ use std::ops::Range;
 use attn_core::{OutputNorm, Plan};
 
 use crate::cpu::act;
+use crate::cpu::amx_fwd;
 use crate::cpu::engine::{
     Dims, FOLD_TILES, Head, Lanes, Rows, ST_MAX, ST_UMAX, ST_W, ST_Z, STATS, anorm, fold_after, lane_add, lane_max,
     lane_max_into, map_pow_from, negligible_below, offset, scores, take_max, take_sum,
 };
 use crate::cpu::isa::Isa;
 use crate::cpu::math;
-use crate::cpu::tile;
+use crate::cpu::tile::{self, Aligned};
 
 /// Per-task scratch of the forward, sized for `rows` query rows (a query tile, or a short call's
 /// rows).
@@ -38,6 +39,9 @@ pub(crate) struct FwdScratch {
     /// of `rho^(p-1)`; sized on first use.
     aux_w: Vec<f32>,
     aux_row: Vec<f32>,
+    /// Under AMX, a tile's weights as the value product's `A` operand, and the product.
+    amx_parts: Aligned<u16>,
+    amx_stage: Aligned<f32>,
 }
 
 impl FwdScratch {
@@ -69,6 +73,8 @@ impl FwdScratch {
             cached: false,
             aux_w: Vec::new(),
             aux_row: Vec::new(),
+            amx_parts: Aligned::empty(),
+            amx_stage: Aligned::empty(),
         }
     }
 }
@@ -189,6 +195,16 @@ pub(crate) fn sweep1<const FMA: bool>(q: &Query<'_>, kts: Range<usize>, st: &mut
         sc.stripe = vec![0.0; most];
     }
     sc.cached = reweight.is_some() && kts.len() * tile_len <= sc.stripe.len();
+    // LSSA under AMX: each row in one pass from its raw dot products to the value product's operand.
+    let fused = amx_fwd::fuses_softplus(plan, head, dims);
+    let rows_pad = nq.next_multiple_of(tile::amx::ROWS);
+    if fused {
+        sc.amx_parts.resize(tile::amx::PARTS * rows_pad * lds);
+        // Rows past `nq` enter the product (which writes none of their outputs): zero, not stale.
+        for p in sc.amx_parts.chunks_exact_mut(rows_pad * lds) {
+            p[nq * lds..].fill(0);
+        }
+    }
     let end = kts.end;
     for kt in kts.clone() {
         let j0 = kt * dims.bk;
@@ -196,7 +212,7 @@ pub(crate) fn sweep1<const FMA: bool>(q: &Query<'_>, kts: Range<usize>, st: &mut
         let s: &mut [f32] = if sc.cached {
             let x = kt - kts.start;
             let tile = &mut sc.stripe[x * tile_len..(x + 1) * tile_len];
-            scores::<FMA>(plan, head, dims, rows, i0, nq, j0, nk, tile, lds);
+            scores::<FMA>(plan, head, dims, rows, i0, nq, (j0, nk), tile, lds, false);
             if plan.running_max {
                 sc.s[..tile_len].copy_from_slice(tile); // the stripe keeps the raw scores
                 &mut sc.s[..]
@@ -204,39 +220,45 @@ pub(crate) fn sweep1<const FMA: bool>(q: &Query<'_>, kts: Range<usize>, st: &mut
                 tile
             }
         } else {
-            scores::<FMA>(plan, head, dims, rows, i0, nq, j0, nk, &mut sc.s, lds);
+            scores::<FMA>(plan, head, dims, rows, i0, nq, (j0, nk), &mut sc.s, lds, fused);
             &mut sc.s[..]
         };
         for r in 0..nq {
             let vis = dims.visible(i0 + r, j0, nk);
-            let row = &mut s[r * lds..r * lds + lds];
-            let (live, dead) = row.split_at_mut(vis);
-            dead.fill(0.0);
-            if vis > 0 {
-                if plan.running_max {
-                    let tile_max = lane_max(live);
-                    if reweight.is_some() {
-                        st.ml[r][0] = st.ml[r][0].max(tile_max); // raw score; f = exp(s - final max) later
-                    }
-                    if tile_max > st.mx[r] {
-                        let rescale = math::exp::<FMA>(st.mx[r] - tile_max);
-                        st.z[r] = (st.z[r] + take_sum(&mut st.zl[r])) * rescale as f64;
-                        if reweight.is_none() {
-                            st.acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= rescale);
+            if fused {
+                let ink = plan.cosine().then(|| &head.ink[j0..j0 + vis]);
+                let (fb, at) = ((rows.fac[r], rows.bias[r]), (r, rows_pad, lds));
+                amx_fwd::softplus_row::<FMA>(&s[r * lds..], vis, fb, ink, &mut st.zl[r], &mut sc.amx_parts, at);
+            } else {
+                let row = &mut s[r * lds..r * lds + lds];
+                let (live, dead) = row.split_at_mut(vis);
+                dead.fill(0.0);
+                if vis > 0 {
+                    if plan.running_max {
+                        let tile_max = lane_max(live);
+                        if reweight.is_some() {
+                            st.ml[r][0] = st.ml[r][0].max(tile_max); // raw score; f = exp(s - final max) later
                         }
-                        st.mx[r] = tile_max;
+                        if tile_max > st.mx[r] {
+                            let rescale = math::exp::<FMA>(st.mx[r] - tile_max);
+                            st.z[r] = (st.z[r] + take_sum(&mut st.zl[r])) * rescale as f64;
+                            if reweight.is_none() {
+                                st.acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= rescale);
+                            }
+                            st.mx[r] = tile_max;
+                        }
+                        let m = st.mx[r];
+                        live.iter_mut().for_each(|x| *x -= m);
                     }
-                    let m = st.mx[r];
-                    live.iter_mut().for_each(|x| *x -= m);
-                }
-                act::apply::<FMA>(&plan.phi, dims.in_range, live);
-                if plan.signed {
-                    lane_add::<true>(live, &mut st.zl[r]);
-                } else {
-                    lane_add::<false>(live, &mut st.zl[r]);
-                }
-                if reweight.is_some() && !plan.running_max {
-                    lane_max_into(live, &mut st.ml[r]);
+                    act::apply::<FMA>(&plan.phi, dims.in_range, live);
+                    if plan.signed {
+                        lane_add::<true>(live, &mut st.zl[r]);
+                    } else {
+                        lane_add::<false>(live, &mut st.zl[r]);
+                    }
+                    if reweight.is_some() && !plan.running_max {
+                        lane_max_into(live, &mut st.ml[r]);
+                    }
                 }
             }
             if fold_after(kt, end) {
@@ -250,9 +272,16 @@ pub(crate) fn sweep1<const FMA: bool>(q: &Query<'_>, kts: Range<usize>, st: &mut
                 }
             }
         }
-        if reweight.is_none() {
+        if reweight.is_some() {
+            continue;
+        }
+        if head.amx.is_empty() {
             let v = &head.v[j0 * head.ldv..];
             tile::matmul_acc::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, &mut st.acc, d);
+        } else {
+            let weights = (!fused).then_some((&s[..], lds));
+            let stage = (&mut sc.amx_parts, &mut sc.amx_stage);
+            amx_fwd::value_product(head, dims, kt, weights, nq, nk, stage, &mut st.acc);
         }
     }
 }
@@ -416,7 +445,7 @@ pub(crate) fn sweep2<const FMA: bool>(
             let x = kt - kts.start;
             &mut sc.stripe[x * tile_len..(x + 1) * tile_len]
         } else {
-            scores::<FMA>(plan, head, dims, rows, i0, nq, j0, nk, &mut sc.s, lds);
+            scores::<FMA>(plan, head, dims, rows, i0, nq, (j0, nk), &mut sc.s, lds, false);
             &mut sc.s[..]
         };
         for r in 0..nq {

@@ -31,6 +31,8 @@ pub(crate) struct BwdScratch {
     tmp: Vec<f32>,
     pub dk: Vec<f32>,
     pub dv: Vec<f32>,
+    /// The rows of the query tile at hand (phase B refills them tile after tile).
+    rows: Rows,
 }
 
 impl BwdScratch {
@@ -45,6 +47,7 @@ impl BwdScratch {
             tmp: vec![0.0; bkp],
             dk: vec![0.0; dims.bk * dims.d],
             dv: vec![0.0; dims.bk * dims.d],
+            rows: Rows::empty(),
         }
     }
 }
@@ -70,7 +73,7 @@ fn grad_tile<const FMA: bool>(
     sc: &mut BwdScratch,
 ) {
     let lds = dims.bk_pad();
-    scores::<FMA>(plan, head, dims, rows, i0, nq, j0, nk, &mut sc.s, lds);
+    scores::<FMA>(plan, head, dims, rows, i0, nq, (j0, nk), &mut sc.s, lds, false);
     let vt = &head.vt[j0 / dims.bk * dims.d * dims.bk_pad()..];
     tile::matmul_nt::<FMA>(dims.isa, &g[i0 * ldg..], ldg, vt, dims.bk_pad(), dims.d, nq, &mut sc.gv, lds);
     for r in 0..nq {
@@ -215,7 +218,7 @@ crate::multiversion! {
         for kt in 0..nkt {
             let j0 = kt * dims.bk;
             let nk = dims.bk.min(dims.t - j0);
-            scores::<FMA>(plan, head, dims, &rows, i0, nq, j0, nk, &mut sc.s, lds);
+            scores::<FMA>(plan, head, dims, &rows, i0, nq, (j0, nk), &mut sc.s, lds, false);
             let vt = &head.vt[kt * d * dims.bk_pad()..];
             tile::matmul_nt::<FMA>(dims.isa, &g[i0 * ldg..], ldg, vt, dims.bk_pad(), d, nq, &mut sc.gv, lds);
             for r in 0..nq {
@@ -288,8 +291,11 @@ crate::multiversion! {
             for qt in j0.saturating_sub(dims.off) / dims.bq..nqt {
                 let i0 = qt * dims.bq;
                 let nq = dims.bq.min(tq - i0);
-                let rows = Rows::new(plan, head, dims, i0, nq);
+                // The scratch's rows, refilled (under AMX they hold the query tile's split, 48 KiB).
+                let mut rows = std::mem::replace(&mut sc.rows, Rows::empty());
+                rows.fill(plan, head, dims, i0, nq);
                 grad_tile::<FMA>(plan, head, g, ldg, dims, &rows, stats, rg, i0, nq, j0, nk, sc);
+                sc.rows = rows;
                 // dv += w^T g and dk += P^T q, reading w and P transposed in place.
                 tile::matmul_tn_acc::<FMA>(dims.isa, &sc.f, lds, &g[i0 * ldg..], ldg, nk, nq, d, &mut sc.dv, d);
                 tile::matmul_tn_acc::<FMA>(dims.isa, &sc.gv, lds, &head.q[i0 * head.ldq..], head.ldq, nk, nq, d, &mut sc.dk, d);

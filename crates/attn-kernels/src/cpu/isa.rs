@@ -51,7 +51,7 @@
 //! `#[inline(always)]` and the wrappers thin.
 //!
 //! **Selecting the ISA.** [`Isa::detect`] returns the best supported ISA, cached; the environment
-//! variable `ATTN_KERNELS_ISA=scalar|avx2|avx512` overrides it (an unsupported or unknown value is
+//! variable `ATTN_KERNELS_ISA=scalar|avx2|avx512|amx` overrides it (an unsupported or unknown value is
 //! refused with a one-time warning on stderr). Tests should loop over [`Isa::all_supported`] so the
 //! portable path is exercised too.
 
@@ -59,7 +59,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::sync::OnceLock;
 
-/// Environment variable that overrides [`Isa::detect`]: `scalar`, `avx2` or `avx512`.
+/// Environment variable that overrides [`Isa::detect`]: `scalar`, `avx2`, `avx512` or `amx`.
 pub const ISA_ENV_VAR: &str = "ATTN_KERNELS_ISA";
 
 /// Whether the portable ([`Isa::Scalar`]) instantiation of a multiversioned body uses
@@ -76,6 +76,11 @@ pub const SCALAR_FMA: bool = cfg!(any(target_arch = "aarch64", target_feature = 
 /// targets (the other variants are then never supported).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
+    /// [`Isa::Avx512`] with the forward's score and value products on Intel AMX tiles, in three
+    /// bf16 parts a value and six products of parts, as accurate as the f32 products
+    /// (`cpu::tile::amx`); everything else is the AVX-512 code. Needs AMX-TILE and AMX-BF16 and,
+    /// on Linux, the process's permission for the tile state (asked on first use).
+    Amx,
     /// AVX-512 F/BW/DQ/VL (plus AVX2 and FMA): 16 f32 lanes.
     Avx512,
     /// AVX2 with FMA: 8 f32 lanes.
@@ -87,17 +92,18 @@ pub enum Isa {
 
 /// Error from parsing an [`Isa`] name.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("unknown ISA {0:?}: expected one of \"avx512\", \"avx2\", \"scalar\"")]
+#[error("unknown ISA {0:?}: expected one of \"amx\", \"avx512\", \"avx2\", \"scalar\"")]
 pub struct ParseIsaError(pub String);
 
 impl Isa {
     /// Every variant, best first.
-    pub const ALL: [Isa; 3] = [Isa::Avx512, Isa::Avx2Fma, Isa::Scalar];
+    pub const ALL: [Isa; 4] = [Isa::Amx, Isa::Avx512, Isa::Avx2Fma, Isa::Scalar];
 
-    /// The short lower-case name (`"avx512"`, `"avx2"`, `"scalar"`), as accepted by [`FromStr`]
-    /// and [`ISA_ENV_VAR`].
+    /// The short lower-case name (`"amx"`, `"avx512"`, `"avx2"`, `"scalar"`), as accepted by
+    /// [`FromStr`] and [`ISA_ENV_VAR`].
     pub const fn name(self) -> &'static str {
         match self {
+            Isa::Amx => "amx",
             Isa::Avx512 => "avx512",
             Isa::Avx2Fma => "avx2",
             Isa::Scalar => "scalar",
@@ -113,6 +119,8 @@ impl Isa {
             #[cfg(target_arch = "x86_64")]
             Isa::Avx2Fma => std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"),
             #[cfg(target_arch = "x86_64")]
+            Isa::Amx => Isa::Avx512.is_supported() && crate::cpu::tile::amx::enabled(),
+            #[cfg(target_arch = "x86_64")]
             Isa::Avx512 => {
                 std::is_x86_feature_detected!("avx512f")
                     && std::is_x86_feature_detected!("avx512bw")
@@ -122,7 +130,18 @@ impl Isa {
                     && std::is_x86_feature_detected!("fma")
             }
             #[cfg(not(target_arch = "x86_64"))]
-            Isa::Avx2Fma | Isa::Avx512 => false,
+            Isa::Amx | Isa::Avx2Fma | Isa::Avx512 => false,
+        }
+    }
+
+    /// The vector instruction set of `self`'s code: [`Isa::Avx512`] for [`Isa::Amx`] (whose
+    /// element-wise code, and every product but the forward's two, is AVX-512's), else `self`.
+    /// Dispatchers of vector code match on this.
+    #[inline]
+    pub const fn simd(self) -> Isa {
+        match self {
+            Isa::Amx => Isa::Avx512,
+            other => other,
         }
     }
 
@@ -185,9 +204,10 @@ impl fmt::Display for Isa {
 impl FromStr for Isa {
     type Err = ParseIsaError;
 
-    /// Parses `avx512`, `avx2` (or `avx2fma`) and `scalar`, case-insensitively.
+    /// Parses `amx`, `avx512`, `avx2` (or `avx2fma`) and `scalar`, case-insensitively.
     fn from_str(s: &str) -> Result<Isa, ParseIsaError> {
         match s.trim().to_ascii_lowercase().as_str() {
+            "amx" => Ok(Isa::Amx),
             "avx512" => Ok(Isa::Avx512),
             "avx2" | "avx2fma" => Ok(Isa::Avx2Fma),
             "scalar" => Ok(Isa::Scalar),
@@ -249,7 +269,7 @@ macro_rules! multiversion {
                 // SAFETY: `assert_supported` checked that the CPU has every feature enabled on
                 // the wrapper.
                 #[cfg(target_arch = "x86_64")]
-                $crate::cpu::isa::Isa::Avx512 => unsafe { __mv_avx512($($arg),*) },
+                $crate::cpu::isa::Isa::Amx | $crate::cpu::isa::Isa::Avx512 => unsafe { __mv_avx512($($arg),*) },
                 // SAFETY: as above.
                 #[cfg(target_arch = "x86_64")]
                 $crate::cpu::isa::Isa::Avx2Fma => unsafe { __mv_avx2($($arg),*) },
@@ -280,7 +300,10 @@ mod tests {
         assert!(Isa::detect().is_supported());
         assert!(all.contains(&Isa::detect()));
         assert_eq!(all[0], Isa::best_supported());
-        // `avx512` implies `avx2`: the list is a prefix-closed ladder.
+        // `amx` implies `avx512` implies `avx2`: the list is a prefix-closed ladder.
+        if Isa::Amx.is_supported() {
+            assert!(Isa::Avx512.is_supported());
+        }
         if Isa::Avx512.is_supported() {
             assert!(Isa::Avx2Fma.is_supported());
         }
@@ -288,7 +311,7 @@ mod tests {
 
     #[test]
     fn env_override_is_honoured_or_refused() {
-        let only_avx2 = |isa: Isa| isa != Isa::Avx512;
+        let only_avx2 = |isa: Isa| !matches!(isa, Isa::Amx | Isa::Avx512);
         assert_eq!(resolve(None, only_avx2), (Isa::Avx2Fma, None));
         assert_eq!(resolve(Some(""), only_avx2), (Isa::Avx2Fma, None));
         assert_eq!(resolve(Some("scalar"), only_avx2), (Isa::Scalar, None));
@@ -297,7 +320,7 @@ mod tests {
         assert_eq!(isa, Isa::Avx2Fma);
         assert!(warning.unwrap().contains("lacks avx512"));
         let (isa, warning) = resolve(Some("neon"), |_| true);
-        assert_eq!(isa, Isa::Avx512);
+        assert_eq!(isa, Isa::Amx);
         assert!(warning.unwrap().contains("unknown ISA"));
         assert_eq!(resolve(Some("avx512"), |isa| isa == Isa::Scalar).0, Isa::Scalar);
     }

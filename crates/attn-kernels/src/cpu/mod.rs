@@ -14,6 +14,7 @@
 //! [`release_spare_buffers`] frees them), whose pages are then already mapped.
 
 pub(crate) mod act;
+mod amx_fwd;
 mod bwd;
 pub(crate) mod decode;
 pub(crate) mod engine;
@@ -40,14 +41,17 @@ use ndarray::{Array4, ArrayView4, ArrayViewMut4, AsArray, Ix4};
 use attn_core::{OutputNorm, Plan, Transform, Variant};
 
 use bwd::backward_f32;
-use engine::STATS;
 pub use engine::Tuning;
+use engine::{Head, STATS};
 use fwd::{FwdScratch, Query};
 pub use isa::Isa;
 use spare::Spare;
 pub use spare::release_spare_buffers;
 pub(crate) use split::F32Params;
-use split::{KeyNorms, PerThread, QueryTask, SendPtr, dims, head, inverse_norms, pack, write_rows};
+use split::{
+    AmxPack, KeyNorms, PerThread, QueryTask, SendPtr, amx_products, dims, head, inverse_norms, pack, pack_amx,
+    write_rows,
+};
 pub use split::{Options, rw_aux_per_row};
 pub use team::Helpers;
 
@@ -140,8 +144,11 @@ unsafe fn forward_f32(plan: Plan, p: &F32Params, opts: &Options) -> Result<()> {
     // SAFETY: forwarded from our caller.
     let norms = unsafe { inverse_norms(p, isa, opts.helpers, plan.cosine(), KeyNorms::Packed) };
     dims.in_range = engine::scores_in_range(&plan, &norms, p.kv_len, d);
+    let amx = amx_products(isa, p, &plan);
     // SAFETY: forwarded.
-    let packed = unsafe { pack(p, dims, opts.helpers, true, false) };
+    let packed = unsafe { pack(p, dims, opts.helpers, !amx, false) };
+    // SAFETY: forwarded.
+    let amx = if amx { unsafe { pack_amx(p, dims, opts.helpers, true) } } else { AmxPack::none() };
     if p.kv_heads < p.heads {
         // SAFETY: forwarded.
         unsafe { decode::forward_grouped(&plan, p, dims, opts.helpers, &norms, &packed.0, aux) };
@@ -161,7 +168,7 @@ unsafe fn forward_f32(plan: Plan, p: &F32Params, opts: &Options) -> Result<()> {
                 let QueryTask { x, b, h, i0, nq } = QueryTask::new(task, p, dims);
                 // SAFETY: forwarded; this task alone writes rows [i0, i0 + nq) of head (b, h).
                 unsafe {
-                    let hd = head(p, &norms, &packed, dims, b, h);
+                    let hd = Head { amx: amx.head(x), ..head(p, &norms, &packed, dims, b, h) };
                     let st = std::slice::from_raw_parts_mut(stats.0.add((x * t + i0) * STATS), nq * STATS);
                     let w = rw_aux_per_row(d);
                     let ax =

@@ -168,7 +168,7 @@ pub(crate) fn dots_and_sq_norms<const FMA: bool>(
     }
     let r0 = rows - fused;
     let (q, out) = (&q[r0 * ldq..r0 * ldq + (fused - 1) * ldq + d], &mut out[r0 * lds..]);
-    match isa {
+    match isa.simd() {
         // SAFETY: extents checked above; the caller's dispatch checked the ISA is supported.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
@@ -213,7 +213,7 @@ fn row_dots<const FMA: bool, const SQ: bool>(
     }
     // The kernels below index with raw pointers: the extents, once.
     assert!(out.len() >= n && (SQ || q.len() >= d) && k.len() >= (n - 1) * ldk + d);
-    match isa {
+    match isa.simd() {
         // SAFETY: extents checked above; the caller's dispatch checked the ISA is supported.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { x86::dots_avx512::<SQ>(q.as_ptr(), k.as_ptr(), ldk, n, d, out.as_mut_ptr()) },

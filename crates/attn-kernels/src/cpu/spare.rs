@@ -29,9 +29,12 @@ const MIN_BYTES: usize = 256 << 10;
 struct Shelf(Vec<Vec<f32>>);
 
 impl Shelf {
-    /// The smallest buffer of at least `len` floats' capacity, off the shelf.
+    /// The smallest buffer of at least `len` floats' capacity and at most twice that, off the shelf
+    /// (a larger one stays for a larger request: under AMX a call's 3-part operands are 3x its
+    /// other buffers, and serving an output from them made the next call's operands fresh).
     fn take(&mut self, len: usize) -> Option<Vec<f32>> {
-        let best = self.0.iter().enumerate().filter(|(_, b)| b.capacity() >= len).min_by_key(|(_, b)| b.capacity());
+        let fits = |b: &Vec<f32>| (len..=2 * len).contains(&b.capacity());
+        let best = self.0.iter().enumerate().filter(|(_, b)| fits(b)).min_by_key(|(_, b)| b.capacity());
         best.map(|(i, _)| i).map(|i| self.0.remove(i))
     }
 

@@ -4,6 +4,9 @@
 //! ([`QueryTask`]) and a scratch per worker thread ([`PerThread`]). A leaf below `mod.rs`: it uses
 //! `engine`, `isa`, `short` and `team` and nothing that uses it back (`xtask/tests/tidy.rs`).
 
+use attn_core::Plan;
+
+use super::amx_fwd;
 use super::engine::{self, Dims, Head, Tuning};
 use super::isa::Isa;
 use super::short;
@@ -214,6 +217,63 @@ pub(super) unsafe fn pack(p: &F32Params, dims: Dims, helpers: Helpers, keys: boo
     (if keys { one(p.k) } else { Spare::none() }, if values { one(p.v) } else { Spare::none() })
 }
 
+/// Every head's AMX operands ([`amx_fwd::pack_head`]), `amx_packed_len` floats a head from a
+/// 64-byte boundary, for a forward under [`Isa::Amx`](crate::cpu::Isa::Amx); or none.
+pub(super) struct AmxPack {
+    buf: Spare,
+    start: usize,
+    len: usize,
+}
+
+impl AmxPack {
+    pub(super) fn none() -> Self {
+        Self { buf: Spare::none(), start: 0, len: 0 }
+    }
+
+    /// Key head `x`'s operands (`b * H_kv + h`); empty for none.
+    pub(super) fn head(&self, x: usize) -> &[f32] {
+        let at = self.start + x * self.len;
+        if self.len == 0 { &[] } else { &self.buf[at..at + self.len] }
+    }
+}
+
+/// Whether a forward (and its backward) runs its products on AMX tiles: under [`Isa::Amx`], in
+/// calls of more query rows than [`short::DIRECT_MAX_ROWS`], one key head a query head (a
+/// grouped-query call runs `decode`'s grouped path, on the f32 products) and no re-weighting (whose
+/// forward measured 3-5% slower with AMX scores: its value products run over each row's nonzero
+/// weights, on AVX-512, and it keeps the scaled scores). The backward recomputes the scores on the
+/// products the forward used, so that both see the same bits (with f32 scores under an AMX
+/// forward, a ReLU's kink moved gradients of `relu-l1` by 1e-4).
+pub(super) fn amx_products(isa: Isa, p: &F32Params, plan: &Plan) -> bool {
+    isa == Isa::Amx && p.seq_len > short::DIRECT_MAX_ROWS && p.kv_heads == p.heads && plan.reweight.is_none()
+}
+
+/// [`AmxPack`] of every key head of the call, with its values for a forward (`values`).
+/// `O(B·H_kv·T_k·d)`: three bf16 parts a key (and value) element, `d` padded to 32, 1.5x the f32
+/// keys (and values) at `d = 64`.
+///
+/// # Safety
+/// As [`forward_raw`].
+pub(super) unsafe fn pack_amx(p: &F32Params, dims: Dims, helpers: Helpers, values: bool) -> AmxPack {
+    let (bh, t, d) = (p.batch * p.kv_heads, p.kv_len, p.head_dim);
+    let len = amx_fwd::packed_len(dims, values);
+    // `pack_head` writes every value of a head's tiles, their padding included.
+    let mut buf = Spare::take(bh * len + 16);
+    let start = buf.as_ptr().align_offset(64);
+    let (k, v) = (SendPtr(p.k), SendPtr(p.v));
+    helpers.chunks_mut(&mut buf[start..start + bh * len], len, &|i, dst| {
+        // Capture the whole SendPtrs (not their raw-pointer fields) in the closure.
+        #[allow(clippy::redundant_locals)]
+        let (k, v) = (k, v);
+        let (b, h) = (i / p.kv_heads, i % p.kv_heads);
+        // SAFETY: forwarded from the caller of the raw entry point.
+        let (k, v) = unsafe { (head_slice(k.0, b, h, t, d), values.then(|| head_slice(v.0, b, h, t, d))) };
+        let mut tmp = vec![0.0f32; d * dims.bk_pad()];
+        amx_fwd::pack_head(k, v, dims, dst, &mut tmp);
+    });
+    AmxPack { buf, start, len }
+}
+
 /// # Safety
 /// As [`forward_raw`]; `packed` from [`pack`] for the same call.
 pub(super) unsafe fn head<'a>(
@@ -240,7 +300,7 @@ pub(super) unsafe fn head<'a>(
     let x = b * p.kv_heads + hk;
     let kt = if packed.0.is_empty() { &[][..] } else { &packed.0[x * len..(x + 1) * len] };
     let vt = if packed.1.is_empty() { &[][..] } else { &packed.1[x * len..(x + 1) * len] };
-    Head { q, k, v, ldq, ldk, ldv, inq, ink, kt, vt }
+    Head { q, k, v, ldq, ldk, ldv, inq, ink, kt, vt, amx: &[] }
 }
 
 /// Writes `rows` (row-major, `d` wide) to rows `[i0, ..)` of head `(b, h)` of `x`.

@@ -48,7 +48,7 @@ pub(crate) fn matmul_nt<const FMA: bool>(
     }
     // The intrinsics below index with raw pointers: check the extents once here.
     assert_nt_extents(a, lda, bt, n_pad, k, m, c, ldc);
-    match isa {
+    match isa.simd() {
         // SAFETY: extents checked above; the ISA was checked supported by the caller's dispatch.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { x86::nt_avx512(a.as_ptr(), lda, bt.as_ptr(), n_pad, k, m, c.as_mut_ptr(), ldc) },
@@ -88,14 +88,14 @@ pub(crate) fn matmul_nt_scaled<const FMA: bool>(
 ) {
     assert!(row.len() >= m && bias.len() >= m && col.is_none_or(|col| col.len() >= n_pad));
     #[cfg(target_arch = "x86_64")]
-    if FMA && m > 0 && k > 0 && matches!(isa, Isa::Avx512 | Isa::Avx2Fma) {
+    if FMA && m > 0 && k > 0 && matches!(isa.simd(), Isa::Avx512 | Isa::Avx2Fma) {
         assert_nt_extents(a, lda, bt, n_pad, k, m, c, ldc);
         let col = col.map_or(std::ptr::null(), <[f32]>::as_ptr);
         let sc = x86::Scale { row: row.as_ptr(), col, bias: bias.as_ptr() };
         let (pa, pb, pc) = (a.as_ptr(), bt.as_ptr(), c.as_mut_ptr());
         // SAFETY: extents checked above; the ISA was checked supported by the caller's dispatch.
         return unsafe {
-            if isa == Isa::Avx512 {
+            if isa.simd() == Isa::Avx512 {
                 x86::nt_scaled_avx512(pa, lda, pb, n_pad, k, m, pc, ldc, sc)
             } else {
                 x86::nt_scaled_avx2(pa, lda, pb, n_pad, k, m, pc, ldc, sc)
@@ -170,7 +170,7 @@ fn matmul_acc_strided<const FMA: bool>(
         return;
     }
     assert!(a.len() > (m - 1) * a_rs + (n - 1) * a_cs && b.len() >= (n - 1) * ldb + k && c.len() >= (m - 1) * ldc + k);
-    match isa {
+    match isa.simd() {
         // SAFETY: extents checked above; ISA checked by the caller's dispatch.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe {
@@ -203,7 +203,7 @@ pub(crate) fn matmul_acc_nonzero_two<const FMA: bool>(
 ) {
     let [c0, c1] = c;
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx512 && m > 0 && n > 0 && k > 0 {
+    if isa.simd() == Isa::Avx512 && m > 0 && n > 0 && k > 0 {
         let fits = |a: &[f32]| a.len() >= (m - 1) * lda + n;
         let fits_c = |c: &[f32]| c.len() >= (m - 1) * ldc + k;
         assert!(a.iter().all(|a| fits(a)) && b.len() >= (n - 1) * ldb + k && fits_c(c0) && fits_c(c1));
@@ -241,7 +241,7 @@ pub(crate) fn matmul_acc_nonzero<const FMA: bool>(
     }
     assert!(a.len() >= (m - 1) * lda + n && b.len() >= (n - 1) * ldb + k && c.len() >= (m - 1) * ldc + k);
     let (pa, pb, pc) = (a.as_ptr(), b.as_ptr(), c.as_mut_ptr());
-    match isa {
+    match isa.simd() {
         // SAFETY: extents checked above; the ISA was checked supported by the caller's dispatch.
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 => unsafe { x86::acc_nonzero_avx512(pa, lda, pb, ldb, m, n, k, pc, ldc) },
@@ -262,6 +262,92 @@ pub(crate) fn matmul_acc_nonzero<const FMA: bool>(
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 mod x86;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
+
+/// [`Isa::Amx`] is never supported off x86-64: its operations are never called there.
+#[cfg(not(target_arch = "x86_64"))]
+#[allow(clippy::too_many_arguments)]
+pub(crate) mod amx {
+    pub(crate) const PARTS: usize = 3;
+    pub(crate) const ROWS: usize = 32;
+    pub(crate) const INNER: usize = 32;
+    pub(crate) fn enabled() -> bool {
+        false
+    }
+    pub(crate) fn split_rows(_: &[f32], _: usize, _: usize, _: usize, _: &mut [u16], _: usize, _: usize) {
+        unreachable!("AMX is x86-64 only")
+    }
+    pub(crate) fn write_parts(_: &[f32], _: &mut [u16], _: (usize, usize), _: usize, _: usize) {
+        unreachable!("AMX is x86-64 only")
+    }
+    pub(crate) fn pack_keys(
+        _: super::Isa,
+        _: &[f32],
+        _: usize,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: &mut [f32],
+        _: &mut [f32],
+    ) {
+        unreachable!("AMX is x86-64 only")
+    }
+    pub(crate) fn pack_values(_: &[f32], _: usize, _: usize, _: usize, _: usize, _: usize, _: &mut [f32]) {
+        unreachable!("AMX is x86-64 only")
+    }
+    pub(crate) fn product(_: &[u16], _: usize, _: &[f32], _: usize, _: usize, _: &mut [f32], _: usize) {
+        unreachable!("AMX is x86-64 only")
+    }
+}
+
+/// A buffer of `T` whose first element is on a 64-byte boundary.
+pub(crate) struct Aligned<T> {
+    buf: Vec<T>,
+    start: usize,
+    len: usize,
+}
+
+impl<T> Aligned<T> {
+    /// No values.
+    pub(crate) const fn empty() -> Self {
+        Self { buf: Vec::new(), start: 0, len: 0 }
+    }
+}
+
+impl<T: Copy + Default> Aligned<T> {
+    /// `len` default values.
+    #[cfg(test)]
+    pub(crate) fn new(len: usize) -> Self {
+        let mut a = Self::empty();
+        a.resize(len);
+        a
+    }
+
+    /// At least `len` values (their contents unspecified after a growth), on a 64-byte boundary.
+    pub(crate) fn resize(&mut self, len: usize) {
+        if self.buf.len() < self.start + len {
+            self.buf = vec![T::default(); len + 64 / size_of::<T>()];
+            self.start = self.buf.as_ptr().align_offset(64);
+        }
+        self.len = len;
+    }
+}
+
+impl<T> std::ops::Deref for Aligned<T> {
+    type Target = [T];
+    fn deref(&self) -> &[T] {
+        &self.buf[self.start..self.start + self.len]
+    }
+}
+
+impl<T> std::ops::DerefMut for Aligned<T> {
+    fn deref_mut(&mut self) -> &mut [T] {
+        &mut self.buf[self.start..self.start + self.len]
+    }
+}
 
 /// Rounds `n` up to a multiple of [`NR`].
 #[inline(always)]
@@ -288,7 +374,7 @@ pub(crate) fn pack_transposed_padded(
         return;
     }
     assert!(b.len() >= (n - 1) * ldb + k);
-    match isa {
+    match isa.simd() {
         // SAFETY: extents checked above; AVX-512 CPUs have AVX2, and the ISA was checked supported
         // by the caller's dispatch.
         #[cfg(target_arch = "x86_64")]

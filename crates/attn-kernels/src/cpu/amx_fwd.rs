@@ -1,0 +1,180 @@
+//! The kernels' glue to the AMX products ([`Isa::Amx`](crate::cpu::Isa::Amx), `tile::amx`): a
+//! head's keys (and for the forward its values) packed as AMX operands, the value product of a
+//! tile's weights, and LSSA's row pass that scales the raw dot products, applies softplus, sums
+//! the row and writes the weights straight as the value product's operand.
+
+use attn_core::{Builtin, Phi, Plan};
+
+use crate::cpu::engine::{Dims, Head, Lanes, lane_add};
+use crate::cpu::math;
+use crate::cpu::tile::{Aligned, amx};
+
+/// `d` padded for the AMX operands (a multiple of [`amx::INNER`]).
+pub(crate) fn padded_d(d: usize) -> usize {
+    d.next_multiple_of(amx::INNER)
+}
+
+/// Floats of one key tile's keys as the scores' operand ([`amx::pack_keys`]) or its values as the
+/// value product's ([`amx::pack_values`]): `PARTS x d_pad / 2 x bk_pad` words either way.
+fn tile_len(dims: Dims) -> usize {
+    amx::PARTS * padded_d(dims.d) / 2 * dims.bk_pad()
+}
+
+/// Floats of one head's AMX operands ([`pack_head`]): every key tile's keys, and with `values` then
+/// every key tile's values.
+pub(crate) fn packed_len(dims: Dims, values: bool) -> usize {
+    dims.t.div_ceil(dims.bk) * tile_len(dims) * if values { 2 } else { 1 }
+}
+
+/// Packs every key tile of one head's keys `k` (rows of `d`, stride `ldk`) as the scores' AMX
+/// operand, tile after tile, then (given `v`, stride `ldv`) every tile's values as the value
+/// product's ([`packed_len`]); `tmp` holds a key tile's transpose on the way (`d x bk_pad`).
+pub(crate) fn pack_head(k: (&[f32], usize), v: Option<(&[f32], usize)>, dims: Dims, out: &mut [f32], tmp: &mut [f32]) {
+    let (bkp, dp, len, tiles) = (dims.bk_pad(), padded_d(dims.d), tile_len(dims), dims.t.div_ceil(dims.bk));
+    let (keys, values) = out.split_at_mut(tiles * len);
+    for kt in 0..tiles {
+        let (j0, at) = (kt * dims.bk, kt * len..(kt + 1) * len);
+        let nk = dims.bk.min(dims.t - j0);
+        amx::pack_keys(dims.isa, &k.0[j0 * k.1..], k.1, nk, dims.d, bkp, dp, tmp, &mut keys[at.clone()]);
+        if let Some((v, ldv)) = v {
+            amx::pack_values(&v[j0 * ldv..], ldv, nk, dims.d, bkp, dp, &mut values[at]);
+        }
+    }
+}
+
+/// Key tile `kt`'s AMX operands in `head.amx`: its keys', and its values' (empty where the head's
+/// values are not packed).
+pub(super) fn tile<'a>(head: &Head<'a>, dims: Dims, kt: usize) -> (&'a [f32], &'a [f32]) {
+    let (len, tiles) = (tile_len(dims), dims.t.div_ceil(dims.bk));
+    let values = head.amx.get((tiles + kt) * len..(tiles + kt + 1) * len).unwrap_or(&[]);
+    (&head.amx[kt * len..(kt + 1) * len], values)
+}
+
+/// `acc[r][..d] += A · V` over key tile `kt` on AMX tiles, `A` the tile's weights: `parts` holds
+/// them as the product's operand already (`None`: [`softplus_row`] wrote it), else `a`'s `nq` rows
+/// of `nk` weights (row stride `lda`) are split into it first. `stage` takes the product.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub(super) fn value_product(
+    head: &Head<'_>,
+    dims: Dims,
+    kt: usize,
+    weights: Option<(&[f32], usize)>,
+    nq: usize,
+    nk: usize,
+    (parts, stage): (&mut Aligned<u16>, &mut Aligned<f32>),
+    acc: &mut [f32],
+) {
+    let (d, dp, bkp, rows) = (dims.d, padded_d(dims.d), dims.bk_pad(), nq.next_multiple_of(amx::ROWS));
+    stage.resize(nq * dp);
+    if let Some((a, lda)) = weights {
+        parts.resize(amx::PARTS * rows * bkp);
+        amx::split_rows(a, lda, nq, nk, parts, rows, bkp);
+    }
+    amx::product(parts, bkp, tile(head, dims, kt).1, dp, nq, stage, dp);
+    for (acc, st) in acc.chunks_exact_mut(d).zip(stage.chunks_exact(dp)).take(nq) {
+        acc.iter_mut().zip(st).for_each(|(a, &x)| *a += x);
+    }
+}
+
+/// Whether a first sweep under AMX runs [`softplus_row`]: softplus on scores known in range, no
+/// running maximum, no re-weighting (whose second sweep reads the activations themselves).
+pub(super) fn fuses_softplus(plan: &Plan, head: &Head<'_>, dims: Dims) -> bool {
+    !head.amx.is_empty()
+        && matches!(plan.phi, Phi::Builtin(Builtin::Softplus))
+        && dims.in_range
+        && !plan.running_max
+        && !plan.signed
+        && plan.reweight.is_none()
+}
+
+/// Row `r` of a tile in LSSA's first sweep under AMX, in one pass per 128 keys over data in L1
+/// where the generic path makes five over the tile (the scores' scale, softplus's two, the row
+/// sum, and the split into the value product's operand): `dots` holds the row's raw dot products
+/// (the first `vis` visible), scaled here as [`scores`](super::engine::scores) scales them (`dot ·
+/// fac · ink_j + bias`, or `dot · fac + bias` without `ink`), then `f = softplus` as `act`'s
+/// two-pass form computes it, added to the row's lanes `zl` as `lane_add` adds them, and written as
+/// its three bf16 parts to row `r` of `parts` (`PARTS` parts of `rows x k_pad`), zero past `vis`.
+/// The same `f`, bit for bit, and the same lane sums as the generic passes.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn softplus_row<const FMA: bool>(
+    dots: &[f32],
+    vis: usize,
+    (fac, bias): (f32, f32),
+    ink: Option<&[f32]>,
+    zl: &mut Lanes,
+    parts: &mut [u16],
+    (r, rows, k_pad): (usize, usize, usize),
+) {
+    assert!(vis <= k_pad && dots.len() >= vis && ink.is_none_or(|k| k.len() >= vis));
+    // Chunks of 128 keys in passes over slices, as `act`'s softplus runs (which LLVM vectorises).
+    let (mut x, mut e) = ([0.0f32; 128], [0.0f32; 128]);
+    for c0 in (0..k_pad).step_by(128) {
+        let (n, w) = (vis.saturating_sub(c0).min(128), (k_pad - c0).min(128));
+        let (xs, es) = (&mut x[..n], &mut e[..n]);
+        let dot = &dots[c0..c0 + n];
+        match ink {
+            Some(ink) => xs
+                .iter_mut()
+                .zip(dot.iter().zip(&ink[c0..c0 + n]))
+                .for_each(|(x, (&d, &k))| *x = math::fmadd::<FMA>(d * fac, k, bias)),
+            None => xs.iter_mut().zip(dot).for_each(|(x, &d)| *x = math::fmadd::<FMA>(d, fac, bias)),
+        }
+        es.iter_mut().zip(xs.iter()).for_each(|(e, &x)| *e = math::exp_in_range::<FMA>(-x.abs()));
+        xs.iter_mut().zip(es.iter()).for_each(|(x, &e)| *x = math::softplus_of::<FMA>(*x, e));
+        lane_add::<false>(xs, zl);
+        x[n..w].fill(0.0);
+        amx::write_parts(&x[..w], parts, (r, c0), rows, k_pad);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cpu::engine::Lanes;
+
+    /// The fused row against the generic passes: the scale, `act`'s softplus, `lane_add` and
+    /// `split_rows`, at every visible count of a 256-key row (two chunks; the tails inside a
+    /// group of 32 and of 16), with and without key scales: the same parts and lane sums.
+    #[test]
+    fn softplus_row_is_the_generic_passes_bit_for_bit() {
+        if !crate::cpu::Isa::Amx.is_supported() {
+            return;
+        }
+        let k_pad = 256;
+        let dots: Vec<f32> = (0..k_pad).map(|c| ((c * 37 % 101) as f32 / 50.0 - 1.0) * 0.9).collect();
+        let ink: Vec<f32> = (0..k_pad).map(|c| 0.5 + (c % 7) as f32 / 10.0).collect();
+        let (fac, bias) = (30.0, -0.25);
+        for vis in [0, 1, 15, 16, 17, 31, 32, 100, 128, 129, 200, 256] {
+            for with_ink in [false, true] {
+                let ink = with_ink.then_some(&ink[..]);
+                let (rows, r) = (32, 3);
+                let mut got = vec![0xAAAAu16; amx::PARTS * rows * k_pad];
+                let mut zl_got: Lanes = [1.0; 16];
+                softplus_row::<true>(&dots, vis, (fac, bias), ink, &mut zl_got, &mut got, (r, rows, k_pad));
+                // The generic path.
+                let mut f: Vec<f32> = (0..vis)
+                    .map(|c| match ink {
+                        Some(ink) => math::fmadd::<true>(dots[c] * fac, ink[c], bias),
+                        None => math::fmadd::<true>(dots[c], fac, bias),
+                    })
+                    .collect();
+                f.iter_mut().for_each(|x| *x = math::softplus_in_range::<true>(*x));
+                let mut zl_want: Lanes = [1.0; 16];
+                lane_add::<false>(&f, &mut zl_want);
+                assert_eq!(zl_got, zl_want, "vis {vis}");
+                let mut tile = vec![0.0f32; rows * k_pad];
+                tile[r * k_pad..r * k_pad + vis].copy_from_slice(&f);
+                let mut want = vec![0u16; amx::PARTS * rows * k_pad];
+                amx::split_rows(&tile, k_pad, rows, k_pad, &mut want, rows, k_pad);
+                for p in 0..amx::PARTS {
+                    for c in 0..k_pad {
+                        let at = p * rows * k_pad + amx::a_at(r, c, k_pad);
+                        assert_eq!(got[at], want[at], "vis {vis}, ink {with_ink}: part {p}, key {c}");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,552 @@
+//! The forward's two products on Intel AMX (Advanced Matrix Extensions), in f32 accuracy from
+//! bf16 tiles: [`Isa::Amx`](crate::cpu::Isa::Amx).
+//!
+//! # Three bf16 parts, six products
+//!
+//! AMX multiplies bf16 tiles (8 significant bits) into f32 accumulators. An f32 `x` (24 significant
+//! bits) is the exact sum of three bf16 parts taken by truncation: `h` its top 8 bits, `m` the top 8
+//! of `x - h`, `l = x - h - m` (at most 8 significant bits left, so a bf16 exactly; `x` finite, at
+//! least `2^-110` in magnitude for `l` to stay normal: smaller parts are flushed to zero by the
+//! tiles, an absolute error under `2^-126`). A product `x y` is then nine products of parts, of
+//! relative sizes `2^0` (`h h`), `2^-8` (`h m`, `m h`), `2^-16` (`h l`, `m m`, `l h`), `2^-24`
+//! (`m l`, `l m`) and `2^-32` (`l l`); [`product`] sums the first six, so each term of a dot product
+//! is within `2^-23 |x y|` of exact (the f32 product's own rounding is `2^-24`), and the tiles add
+//! the terms in f32. Against an f64 reference a 64-term dot product of random values came out
+//! within 6e-8 of the sum of the terms' magnitudes, where one chain of f32 fused multiply-adds
+//! (the AVX-512 micro-kernels) was within 1.6e-7: as accurate as the f32 kernels.
+//!
+//! On a tile in L1 the six products run at about 390 f32-equivalent GFLOP/s on one core of an
+//! Intel Xeon with AMX, where the AVX-512 micro-kernels reach 184 (`kernels-cpu-notes.md`).
+//!
+//! # Layouts
+//!
+//! Tiles are 16 rows of 64 bytes: `A` tiles 16 rows x 32 bf16 of the inner index, `B` tiles 16
+//! rows x 16 pairs, row `t` holding inner indices `2t, 2t + 1` of each of 16 columns (one 32-bit
+//! word a column: the low half the even index). Every operand here is stored as its three parts one
+//! after the other, each part tile after tile (a tile's 1 KiB contiguous, so that its loads stream
+//! through whole cache lines in order: the products ran 15% faster over operands streamed from L3
+//! than with row-major parts):
+//!
+//! - an `A` operand ([`split_rows`], and LSSA's fused row pass through [`write_parts`]): `m_pad x
+//!   k_pad` bf16 a part, element `(r, c)` at [`a_at`], padding zero;
+//! - a `B` operand: `k_pad / 2 x n` words a part, word `(t, j)` at [`b_at`] ([`pack_keys`] for the
+//!   scores' `Kᵀ`, [`pack_values`] for `V`).
+//!
+//! Loads of 64 bytes that straddle cache lines take twice as long (a 16-byte offset halved the
+//! product's speed), so every buffer here starts on a 64-byte boundary
+//! ([`Aligned`](super::Aligned)).
+//!
+//! Only the forward's long path uses these (its scores and, without re-weighting, its value
+//! product); everything else under [`Isa::Amx`](crate::cpu::Isa::Amx) runs the AVX-512 code.
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::sync::OnceLock;
+
+/// Parts of each operand.
+pub(crate) const PARTS: usize = 3;
+/// Rows of a row block of [`product`] (two tiles of 16), and the padding of `A`'s rows.
+pub(crate) const ROWS: usize = 32;
+/// The inner index's padding (one `A` tile's width in bf16) and the columns of a column block.
+pub(crate) const INNER: usize = 32;
+
+/// Whether this CPU and OS run AMX-BF16 for this process: the CPU reports AMX-TILE and AMX-BF16
+/// (CPUID leaf 7) and AVX512-BF16 (the operands' conversions), the OS saves the tile state (XCR0
+/// bits 17 and 18), and Linux granted the process the tile data (`arch_prctl(ARCH_REQ_XCOMP_PERM)`,
+/// asked once). `false` elsewhere.
+pub(crate) fn enabled() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    // SAFETY: CPUID and XGETBV exist on every x86-64 CPU with OSXSAVE, checked before XGETBV.
+    *ON.get_or_init(|| {
+        is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512bf16")
+            && unsafe { cpu_and_os_support() }
+            && request_tile_data()
+    })
+}
+
+/// CPUID's AMX-TILE and AMX-BF16 bits and the OS's XSAVE of the tile state.
+#[target_feature(enable = "xsave")]
+unsafe fn cpu_and_os_support() -> bool {
+    if __cpuid(0).eax < 7 || __cpuid(1).ecx & (1 << 27) == 0 {
+        return false; // no leaf 7, or no OSXSAVE (then XGETBV faults)
+    }
+    let edx = __cpuid_count(7, 0).edx;
+    let (amx_bf16, amx_tile) = (edx & (1 << 22) != 0, edx & (1 << 24) != 0);
+    // SAFETY: OSXSAVE checked above.
+    let xcr0 = unsafe { _xgetbv(0) };
+    amx_bf16 && amx_tile && xcr0 & (0b11 << 17) == 0b11 << 17
+}
+
+/// Linux: asks for the tile data state (`arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)`),
+/// without which the first tile instruction faults. Granted for the whole process.
+#[cfg(target_os = "linux")]
+fn request_tile_data() -> bool {
+    const SYS_ARCH_PRCTL: usize = 158;
+    const ARCH_REQ_XCOMP_PERM: usize = 0x1023;
+    const XFEATURE_XTILEDATA: usize = 18;
+    let mut ret = SYS_ARCH_PRCTL as isize;
+    // SAFETY: a system call that only changes this process's permissions; it clobbers rcx and r11.
+    unsafe {
+        asm!(
+            "syscall",
+            inout("rax") ret,
+            in("rdi") ARCH_REQ_XCOMP_PERM,
+            in("rsi") XFEATURE_XTILEDATA,
+            out("rcx") _,
+            out("r11") _,
+            options(nostack),
+        );
+    }
+    ret == 0
+}
+
+#[cfg(not(target_os = "linux"))]
+fn request_tile_data() -> bool {
+    false
+}
+
+/// Where element `(r, c)` of an `A` part of `k_pad` columns lies: 16 x 32 tiles, a row of tiles
+/// after another.
+pub(crate) const fn a_at(r: usize, c: usize, k_pad: usize) -> usize {
+    ((r / 16) * (k_pad / INNER) + c / INNER) * 512 + (r % 16) * INNER + c % INNER
+}
+
+/// Where word `(t, j)` of a `B` part of `n` columns lies: 16 x 16 tiles, a row of tiles after
+/// another.
+pub(crate) const fn b_at(t: usize, j: usize, n: usize) -> usize {
+    ((t / 16) * (n / 16) + j / 16) * 256 + (t % 16) * 16 + j % 16
+}
+
+/// `x` as its three bf16 parts, each as an f32 whose low 16 bits are zero (the truncations
+/// described in the module docs).
+#[inline(always)]
+unsafe fn parts(x: __m512) -> [__m512; PARTS] {
+    // SAFETY: AVX-512F, enabled by every caller.
+    unsafe {
+        let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+        let h = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(x), top));
+        let r = _mm512_sub_ps(x, h);
+        let m = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(r), top));
+        [h, m, _mm512_sub_ps(r, m)]
+    }
+}
+
+/// The parts of 32 values, `lo` then `hi`, stored as 32 bf16 at each of `out[p]`: exact
+/// conversions (the parts are bf16 values already).
+#[inline(always)]
+unsafe fn store_parts(lo: __m512, hi: __m512, out: [*mut u16; PARTS]) {
+    // SAFETY: AVX-512F and AVX512-BF16, enabled by every caller; 64 bytes at each `out[p]`.
+    unsafe {
+        let (lo, hi) = (parts(lo), parts(hi));
+        for p in 0..PARTS {
+            let words: __m512i = std::mem::transmute(_mm512_cvtne2ps_pbh(hi[p], lo[p]));
+            _mm512_storeu_si512(out[p].cast(), words);
+        }
+    }
+}
+
+/// The three parts of `x` (one f32 of the scalar reference): what [`parts`] computes per lane.
+#[cfg(test)]
+pub(crate) fn parts_scalar(x: f32) -> [f32; PARTS] {
+    let top = |x: f32| f32::from_bits(x.to_bits() & 0xFFFF_0000);
+    let h = top(x);
+    let m = top(x - h);
+    [h, m, x - h - m]
+}
+
+/// The check every operand builder makes before its intrinsics.
+fn assert_vector_isa() {
+    assert!(
+        is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512bf16"),
+        "AMX operands need AVX-512BW and AVX512-BF16"
+    );
+}
+
+/// Splits `m` rows of `k` f32 (`x`, row stride `ld`) into an `A` operand: [`PARTS`] parts of
+/// `m_pad x k_pad` bf16 ([`a_at`]), rows and columns past the data zero.
+pub(crate) fn split_rows(x: &[f32], ld: usize, m: usize, k: usize, out: &mut [u16], m_pad: usize, k_pad: usize) {
+    assert!(m <= m_pad && m_pad.is_multiple_of(16) && k <= k_pad && k_pad.is_multiple_of(INNER));
+    assert!(out.len() >= PARTS * m_pad * k_pad && (m == 0 || x.len() >= (m - 1) * ld + k));
+    assert_vector_isa();
+    // SAFETY: extents checked above, the ISA present.
+    unsafe { split_rows_avx512(x.as_ptr(), ld, m, k, out.as_mut_ptr(), m_pad, k_pad) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn split_rows_avx512(x: *const f32, ld: usize, m: usize, k: usize, out: *mut u16, m_pad: usize, k_pad: usize) {
+    let part = m_pad * k_pad;
+    // SAFETY (whole body): reads rows < m, columns < k of `x`; writes inside `out`'s extent.
+    unsafe {
+        for r in 0..m_pad {
+            for c in (0..k_pad).step_by(INNER) {
+                let load = |c0: usize| {
+                    if r >= m || c0 >= k {
+                        return _mm512_setzero_ps();
+                    }
+                    let w = (k - c0).min(16);
+                    _mm512_maskz_loadu_ps(((1u32 << w) - 1) as u16, x.add(r * ld + c0))
+                };
+                let at = a_at(r, c, k_pad);
+                store_parts(load(c), load(c + 16), [out.add(at), out.add(part + at), out.add(2 * part + at)]);
+            }
+        }
+    }
+}
+
+/// Writes `xs` (a multiple of 32 values) as columns `[c, c + xs.len())` of row `r` of an `A`
+/// operand of `rows x k_pad` (`c` a multiple of 32): what [`split_rows`] writes there for them.
+pub(crate) fn write_parts(xs: &[f32], out: &mut [u16], (r, c): (usize, usize), rows: usize, k_pad: usize) {
+    let part = rows * k_pad;
+    assert!(r < rows && c.is_multiple_of(INNER) && xs.len().is_multiple_of(INNER) && c + xs.len() <= k_pad);
+    assert!(out.len() >= PARTS * part);
+    // SAFETY: the row's values lie inside each part (checked above); the caller runs under
+    // `Isa::Amx`, which `enabled` (AVX-512BW, AVX512-BF16) gates.
+    unsafe { write_parts_avx512(xs, out.as_mut_ptr(), (r, c), part, k_pad) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn write_parts_avx512(xs: &[f32], out: *mut u16, (r, c): (usize, usize), part: usize, k_pad: usize) {
+    for (g, xs) in xs.chunks_exact(INNER).enumerate() {
+        let at = a_at(r, c + g * INNER, k_pad);
+        // SAFETY: 32 values at `xs`, 64 bytes at each part's `at` (the caller's extents).
+        unsafe {
+            let (lo, hi) = (_mm512_loadu_ps(xs.as_ptr()), _mm512_loadu_ps(xs.as_ptr().add(16)));
+            store_parts(lo, hi, [out.add(at), out.add(part + at), out.add(2 * part + at)]);
+        }
+    }
+}
+
+/// Packs `nk` keys (rows of `d`, stride `ld`) as the scores' `B` operand (`Kᵀ`): [`PARTS`] parts of
+/// `d_pad / 2 x n_pad` words ([`b_at`]), word `(t, j)` holding dimensions `2t, 2t + 1` of key `j`,
+/// zero past the keys and dimensions. `tmp` holds the keys' transpose, `d x n_pad` f32, on the way.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn pack_keys(
+    isa: crate::cpu::Isa,
+    k: &[f32],
+    ld: usize,
+    nk: usize,
+    d: usize,
+    n_pad: usize,
+    d_pad: usize,
+    tmp: &mut [f32],
+    out: &mut [f32],
+) {
+    // `Kᵀ`'s rows, paired as `V`'s are.
+    super::pack_transposed_padded(isa, k, ld, nk, d, n_pad, tmp);
+    pack_values(tmp, n_pad, d, n_pad, d_pad, n_pad, out);
+}
+
+/// Packs `nk` value rows (rows of `d`, stride `ld`) as the value product's `B` operand:
+/// [`PARTS`] parts of `nk_pad / 2 x d_pad` words ([`b_at`]), word `(t, c)` holding column `c` of
+/// rows `2t` and `2t + 1`, zero past the rows and columns.
+pub(crate) fn pack_values(v: &[f32], ld: usize, nk: usize, d: usize, nk_pad: usize, d_pad: usize, out: &mut [f32]) {
+    let part = nk_pad / 2 * d_pad;
+    assert!(nk_pad.is_multiple_of(32) && d_pad.is_multiple_of(16) && nk <= nk_pad && d <= d_pad);
+    assert!(out.len() >= PARTS * part && (nk == 0 || v.len() >= (nk - 1) * ld + d));
+    assert_vector_isa();
+    // SAFETY: extents checked above, the ISA present.
+    unsafe { pack_values_avx512(v.as_ptr(), ld, nk, d, nk_pad, d_pad, out.as_mut_ptr()) }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn pack_values_avx512(
+    v: *const f32,
+    ld: usize,
+    nk: usize,
+    d: usize,
+    nk_pad: usize,
+    d_pad: usize,
+    out: *mut f32,
+) {
+    let part = nk_pad / 2 * d_pad;
+    // SAFETY (whole body): reads rows < nk, columns < d of `v`; writes inside `out`'s extent.
+    unsafe {
+        for t in 0..nk_pad / 2 {
+            for c in (0..d_pad).step_by(16) {
+                let load = |r: usize| {
+                    if r >= nk || c >= d {
+                        return _mm512_setzero_ps();
+                    }
+                    let w = (d - c).min(16);
+                    _mm512_maskz_loadu_ps(((1u32 << w) - 1) as u16, v.add(r * ld + c))
+                };
+                let (even, odd) = (parts(load(2 * t)), parts(load(2 * t + 1)));
+                for p in 0..PARTS {
+                    // The odd row's high half over the even row's, shifted down (low halves are zero).
+                    let (e, o) = (_mm512_castps_si512(even[p]), _mm512_castps_si512(odd[p]));
+                    let words = _mm512_or_si512(o, _mm512_srli_epi32::<16>(e));
+                    _mm512_storeu_si512(out.add(p * part + b_at(t, c, d_pad)).cast(), words);
+                }
+            }
+        }
+    }
+}
+
+/// Tile configuration: palette 1, tiles 0-7 all 16 rows of 64 bytes.
+#[repr(C, align(64))]
+struct Config {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+const CONFIG: Config = Config {
+    palette: 1,
+    start_row: 0,
+    reserved: [0; 14],
+    colsb: [64, 64, 64, 64, 64, 64, 64, 64, 0, 0, 0, 0, 0, 0, 0, 0],
+    rows: [16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0],
+};
+
+macro_rules! tile_load {
+    ($t:literal, $p:expr, $stride:expr) => {
+        asm!(
+            concat!("tileloadd tmm", $t, ", [{p} + {s}*1]"),
+            p = in(reg) $p,
+            s = in(reg) $stride,
+            options(nostack, readonly),
+        )
+    };
+}
+
+macro_rules! tile_store {
+    ($t:literal, $p:expr, $stride:expr) => {
+        asm!(
+            concat!("tilestored [{p} + {s}*1], tmm", $t),
+            p = in(reg) $p,
+            s = in(reg) $stride,
+            options(nostack),
+        )
+    };
+}
+
+macro_rules! tile_dot {
+    ($c:literal, $a:literal, $b:literal) => {
+        asm!(concat!("tdpbf16ps tmm", $c, ", tmm", $a, ", tmm", $b), options(nostack, nomem))
+    };
+}
+
+/// One inner block's six part products, `(A part, B part, load A, load B)` in the order that
+/// reuses loaded tiles: 16 tile loads for 24 products of tiles instead of 24.
+const STEPS: [(usize, usize, bool, bool); 6] = [
+    (0, 2, true, true),
+    (0, 1, false, true),
+    (0, 0, false, true),
+    (1, 0, true, false),
+    (2, 0, true, false),
+    (1, 1, true, true),
+];
+
+/// `C[0..m][0..n] = A · B` over the six part products: `a` an `A` operand of `m_pad =
+/// m.next_multiple_of(ROWS)` rows and `k_pad` bf16 columns, `b` a `B` operand of `k_pad / 2` rows
+/// and `n` columns (`n` a multiple of [`INNER`]), `c` with row stride `ldc`. Writes rows `< m` and
+/// columns `< n` of `C` only.
+pub(crate) fn product(a: &[u16], k_pad: usize, b: &[f32], n: usize, m: usize, c: &mut [f32], ldc: usize) {
+    let m_pad = m.next_multiple_of(ROWS);
+    assert!(k_pad.is_multiple_of(INNER) && n.is_multiple_of(INNER) && n <= ldc);
+    assert!(a.len() >= PARTS * m_pad * k_pad && b.len() >= PARTS * k_pad / 2 * n);
+    assert!(m == 0 || c.len() >= (m - 1) * ldc + n);
+    assert!(enabled(), "AMX products on a CPU or OS without AMX");
+    if m == 0 || n == 0 {
+        return;
+    }
+    // SAFETY: extents checked above; AMX enabled for this process.
+    unsafe { product_amx(a.as_ptr(), m_pad, k_pad, b.as_ptr().cast(), n, m, c.as_mut_ptr(), ldc) }
+}
+
+/// [`product`] on tiles: blocks of `ROWS x INNER` outputs in 4 tiles (tmm0-3, rows `i`, `i + 16`
+/// times columns `j`, `j + 16`), their `A` tiles in tmm4-5 and `B` tiles in tmm6-7.
+#[allow(clippy::too_many_arguments)]
+unsafe fn product_amx(
+    a: *const u16,
+    m_pad: usize,
+    k_pad: usize,
+    b: *const u32,
+    n: usize,
+    m: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    let (a_part, b_part) = (m_pad * k_pad, k_pad / 2 * n);
+    // Tiles are contiguous (rows of 64 bytes); the second row tile of a block is a row of tiles
+    // further in `A`, the second column tile the next tile in `B`.
+    let (stride, a_next, b_next) = (64usize, a_at(16, 0, k_pad), b_at(0, 16, n));
+    // A last row block past `m` goes through this (its rows past `m` are not `C`'s).
+    #[repr(C, align(64))]
+    struct Spill([f32; ROWS * INNER]);
+    let mut spill = Spill([0.0; ROWS * INNER]);
+    let spill = spill.0.as_mut_ptr();
+    // SAFETY (whole body): tiles stay inside the operands' extents (blocks of ROWS rows of `m_pad`,
+    // INNER columns of `n` and of `k_pad`); stores go to rows < m of `c` or to `spill`.
+    unsafe {
+        asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly));
+        for j in (0..n).step_by(INNER) {
+            for i in (0..m_pad).step_by(ROWS) {
+                asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+                for kc in (0..k_pad).step_by(INNER) {
+                    for (pa, pb, load_a, load_b) in STEPS {
+                        let at = a.add(pa * a_part + a_at(i, kc, k_pad));
+                        let bt = b.add(pb * b_part + b_at(kc / 2, j, n));
+                        if load_a {
+                            tile_load!("4", at, stride);
+                        }
+                        if load_b {
+                            tile_load!("6", bt, stride);
+                        }
+                        tile_dot!("0", "4", "6");
+                        if load_b {
+                            tile_load!("7", bt.add(b_next), stride);
+                        }
+                        tile_dot!("1", "4", "7");
+                        if load_a {
+                            tile_load!("5", at.add(a_next), stride);
+                        }
+                        tile_dot!("2", "5", "6");
+                        tile_dot!("3", "5", "7");
+                    }
+                }
+                let whole = i + ROWS <= m;
+                let (out, ld) = if whole { (c.add(i * ldc + j), ldc) } else { (spill, INNER) };
+                let s = ld * 4;
+                tile_store!("0", out, s);
+                tile_store!("1", out.add(16), s);
+                tile_store!("2", out.add(16 * ld), s);
+                tile_store!("3", out.add(16 * ld + 16), s);
+                if !whole {
+                    for r in 0..m - i {
+                        std::ptr::copy_nonoverlapping(spill.add(r * INNER), c.add((i + r) * ldc + j), INNER);
+                    }
+                }
+            }
+        }
+        asm!("tilerelease", options(nostack, nomem));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Aligned;
+    use super::*;
+
+    fn lcg(seed: &mut u64) -> f32 {
+        *seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    #[test]
+    fn three_parts_are_bf16_and_sum_to_the_value_exactly() {
+        let mut seed = 1;
+        for i in 0..100_000 {
+            let x = lcg(&mut seed) * 2f32.powi(i % 60 - 30);
+            let p = parts_scalar(x);
+            assert!(p.iter().all(|p| p.to_bits() & 0xFFFF == 0), "{x}: {p:?}");
+            assert_eq!(p[0] + p[1] + p[2], x);
+            assert_eq!((p[0] as f64) + (p[1] as f64) + (p[2] as f64), x as f64);
+        }
+    }
+
+    /// The vector split and packings against the scalar parts, element by element.
+    #[test]
+    fn operands_hold_each_values_parts_where_the_tiles_read_them() {
+        if !enabled() {
+            return;
+        }
+        let mut seed = 7;
+        let (m, k, ld) = (37, 45, 50); // tails in both directions
+        let x: Vec<f32> = (0..m * ld).map(|_| lcg(&mut seed)).collect();
+        let (m_pad, k_pad) = (64, 64);
+        let mut a = vec![0xFFFFu16; PARTS * m_pad * k_pad];
+        split_rows(&x, ld, m, k, &mut a, m_pad, k_pad);
+        let bf = |p: f32| (p.to_bits() >> 16) as u16;
+        let mut seen = vec![false; m_pad * k_pad];
+        for p in 0..PARTS {
+            for r in 0..m_pad {
+                for c in 0..k_pad {
+                    let want = if r < m && c < k { bf(parts_scalar(x[r * ld + c])[p]) } else { 0 };
+                    assert_eq!(a[p * m_pad * k_pad + a_at(r, c, k_pad)], want, "A part {p} ({r}, {c})");
+                    seen[a_at(r, c, k_pad)] = true;
+                }
+            }
+        }
+        assert!(seen.iter().all(|&s| s), "a_at is not a permutation");
+        // One row's 32 columns through `write_parts`: the same as `split_rows` wrote there.
+        let mut again = a.clone();
+        for p in 0..PARTS {
+            again[p * m_pad * k_pad + a_at(5, 32, k_pad)..][..32].fill(0xFFFF);
+        }
+        let row: [f32; 32] = std::array::from_fn(|c| if 32 + c < k { x[5 * ld + 32 + c] } else { 0.0 });
+        write_parts(&row, &mut again, (5, 32), m_pad, k_pad);
+        // And a whole row at once.
+        let row: Vec<f32> = (0..k_pad).map(|c| if c < k { x[36 * ld + c] } else { 0.0 }).collect();
+        write_parts(&row, &mut again, (36, 0), m_pad, k_pad);
+        assert_eq!(again, a);
+        let (nk, d, n_pad, d_pad) = (m, k, 64, 64);
+        let mut tmp = vec![f32::NAN; d * n_pad];
+        let mut kt = vec![f32::NAN; PARTS * d_pad / 2 * n_pad];
+        pack_keys(crate::cpu::Isa::Avx512, &x, ld, nk, d, n_pad, d_pad, &mut tmp, &mut kt);
+        let mut vt = vec![f32::NAN; PARTS * n_pad / 2 * d_pad];
+        pack_values(&x, ld, nk, d, n_pad, d_pad, &mut vt);
+        let at = |r: usize, c: usize, p: usize| if r < nk && c < d { bf(parts_scalar(x[r * ld + c])[p]) } else { 0 };
+        for p in 0..PARTS {
+            for t in 0..d_pad / 2 {
+                for j in 0..n_pad {
+                    let w = kt[p * d_pad / 2 * n_pad + b_at(t, j, n_pad)].to_bits();
+                    assert_eq!(
+                        (w as u16, (w >> 16) as u16),
+                        (at(j, 2 * t, p), at(j, 2 * t + 1, p)),
+                        "K part {p} ({t}, {j})"
+                    );
+                }
+            }
+            for t in 0..n_pad / 2 {
+                for c in 0..d_pad {
+                    let w = vt[p * n_pad / 2 * d_pad + b_at(t, c, d_pad)].to_bits();
+                    assert_eq!(
+                        (w as u16, (w >> 16) as u16),
+                        (at(2 * t, c, p), at(2 * t + 1, c, p)),
+                        "V part {p} ({t}, {c})"
+                    );
+                }
+            }
+        }
+    }
+
+    /// The product against f64 sums of the f32 inputs: within `2^-22` of the sum of the terms'
+    /// magnitudes (an f32 chain of fused multiply-adds is within `k 2^-24` of it at worst), at
+    /// row counts that end inside a row block and on one; rows past `m` untouched.
+    #[test]
+    fn product_is_within_f32_accuracy_of_the_exact_sums() {
+        if !enabled() {
+            return;
+        }
+        let mut seed = 11;
+        for (m, k, n) in [(64usize, 64usize, 128usize), (37, 128, 64), (16, 45, 32), (1, 32, 32), (33, 96, 96)] {
+            let (m_pad, k_pad) = (m.next_multiple_of(ROWS), k.next_multiple_of(INNER));
+            let x: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed) * 3.0).collect();
+            let y: Vec<f32> = (0..k * n).map(|_| lcg(&mut seed)).collect(); // y[t][j]
+            let mut a = Aligned::<u16>::new(PARTS * m_pad * k_pad);
+            split_rows(&x, k, m, k, &mut a, m_pad, k_pad);
+            let mut b = Aligned::<f32>::new(PARTS * k_pad / 2 * n);
+            pack_values(&y, n, k, n, k_pad, n, &mut b);
+            let ldc = n + 16;
+            let mut c = vec![f32::NAN; (m + 1) * ldc];
+            product(&a, k_pad, &b, n, m, &mut c, ldc);
+            for i in 0..m {
+                for j in 0..n {
+                    let (mut exact, mut size) = (0.0f64, 0.0f64);
+                    for t in 0..k {
+                        let term = x[i * k + t] as f64 * y[t * n + j] as f64;
+                        exact += term;
+                        size += term.abs();
+                    }
+                    let err = (c[i * ldc + j] as f64 - exact).abs();
+                    assert!(err <= size * 2f64.powi(-22), "({m}, {k}, {n}) [{i}][{j}]: {} vs {exact}", c[i * ldc + j]);
+                }
+                assert!(c[i * ldc + n..(i + 1) * ldc].iter().all(|x| x.is_nan()), "columns past n written");
+            }
+            assert!(c[m * ldc..].iter().all(|x| x.is_nan()), "rows past m written");
+        }
+    }
+}
