@@ -427,6 +427,22 @@ fn the_default_tiles_of_every_isa_match_the_reference() {
 }
 
 #[test]
+fn key_tiles_wider_than_a_row_pass_match_the_reference() {
+    // 256 keys a tile: rows whose visible keys end in the first 128 (the AMX forward's row pass
+    // works 128 keys at a time) and rows that reach the second, each ISA forced in turn.
+    for isa in Isa::all_supported() {
+        let opts = Options {
+            tuning: Tuning { block_q: 128, block_k: 256, ..Tuning::for_isa(isa) },
+            isa,
+            ..Default::default()
+        };
+        for name in ["lssa", "softmax", "lssa+rw15"] {
+            check_case(name, (1, 2, 300, 64), 301, 1.0, &opts);
+        }
+    }
+}
+
+#[test]
 fn head_dims_and_lengths_that_do_not_fit_the_tiles() {
     let isa = Isa::detect();
     for &(t, d) in &[(1, 64), (2, 8), (65, 64), (31, 72), (17, 128), (100, 40)] {
