@@ -13,7 +13,8 @@
 //! variant named `fresh:NAME` empties the kernels' buffer shelf before each call
 //! ([`release_spare_buffers`]), so its calls take their large buffers fresh from the allocator; one
 //! named `ISA:NAME` (`amx:lssa`, `avx512:lssa`) runs on that instruction set instead of the detected
-//! one, so two paths compare in one process (`fresh:avx512:lssa` for both).
+//! one, so two paths compare in one process (`fresh:avx512:lssa` for both), and `ISA.BQxBK:NAME`
+//! (`amx.128x256:lssa`) with those tiles.
 //!
 //! [`release_spare_buffers`]: attn_kernels::cpu::release_spare_buffers
 //!
@@ -38,11 +39,18 @@ fn main() {
         .iter()
         .map(|s| {
             let (name, fresh) = s.strip_prefix("fresh:").map_or((s.as_str(), false), |n| (n, true));
-            let (isa, name) = match name.split_once(':') {
-                Some((isa, rest)) => (Some(isa.parse::<Isa>().expect("an ISA name")), rest),
-                None => (None, name),
+            let (isa, tiles, name) = match name.split_once(':') {
+                Some((isa, rest)) => {
+                    let (isa, tiles) = isa.split_once('.').map_or((isa, None), |(isa, t)| (isa, Some(t)));
+                    let tiles = tiles.map(|t| {
+                        let (q, k) = t.split_once('x').expect("tiles as BQxBK");
+                        (q.parse().expect("a tile size"), k.parse().expect("a tile size"))
+                    });
+                    (Some(isa.parse::<Isa>().expect("an ISA name")), tiles, rest)
+                }
+                None => (None, None, name),
             };
-            Spec { var: name.parse().expect("variant name"), fresh, isa }
+            Spec { var: name.parse().expect("variant name"), fresh, isa, tiles }
         })
         .collect();
     assert!(!variants.is_empty(), "{usage}");
@@ -69,12 +77,16 @@ fn main() {
     };
     let cpu_time = threads == 1 && thread_cpu_s().is_some();
     // Seconds the call took: on the pool's only thread, its CPU time; else wall time.
-    let run = |Spec { var, fresh, isa }: &Spec| -> f64 {
+    let run = |Spec { var, fresh, isa, tiles }: &Spec| -> f64 {
         if *fresh {
             attn_kernels::cpu::release_spare_buffers();
         }
         let isa = isa.unwrap_or(opts.isa).assert_supported();
-        let opts = attn_kernels::cpu::Options { isa, tuning: tuning(isa), ..opts };
+        let mut tuning = tuning(isa);
+        if let Some((block_q, block_k)) = *tiles {
+            (tuning.block_q, tuning.block_k) = (block_q, block_k);
+        }
+        let opts = attn_kernels::cpu::Options { isa, tuning, ..opts };
         pool.install(|| {
             let (wall, cpu) = (Instant::now(), thread_cpu_s());
             if backward {
@@ -102,8 +114,13 @@ fn main() {
         xs.sort_by(f64::total_cmp);
         xs[xs.len() / 2]
     };
-    let name = |Spec { var, fresh, isa }: &Spec| {
-        format!("{}{}{var}", if *fresh { "fresh:" } else { "" }, isa.map_or(String::new(), |isa| format!("{isa}:")))
+    let name = |Spec { var, fresh, isa, tiles }: &Spec| {
+        let tiles = tiles.map_or(String::new(), |(q, k)| format!(".{q}x{k}"));
+        format!(
+            "{}{}{var}",
+            if *fresh { "fresh:" } else { "" },
+            isa.map_or(String::new(), |isa| format!("{isa}{tiles}:"))
+        )
     };
     for (var, ts) in variants.iter().zip(&times) {
         let ratio = median(ts.iter().zip(&times[0]).map(|(a, b)| a / b).collect());
@@ -118,6 +135,8 @@ struct Spec {
     fresh: bool,
     /// `ISA:`: that instruction set instead of the detected one.
     isa: Option<Isa>,
+    /// `ISA.BQxBK:`: those tiles instead of the instruction set's.
+    tiles: Option<(usize, usize)>,
 }
 
 /// A copy of `x` in a buffer, and where it starts there: `offset` floats past a 64-byte boundary.
