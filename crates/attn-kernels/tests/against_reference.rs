@@ -13,11 +13,7 @@ use ndarray::{Array4, Zip};
 use proptest::prelude::*;
 
 mod common;
-use common::FUSED;
-
-fn variant(name: &str) -> Variant {
-    name.parse().unwrap_or_else(|e| panic!("{name}: {e}"))
-}
+use common::{FUSED, max_abs_diff, to64, variant};
 
 /// Deterministic pseudo-random inputs in [-scale, scale] (splitmix64).
 fn random(shape: (usize, usize, usize, usize), seed: u64, scale: f32) -> Array4<f32> {
@@ -30,16 +26,6 @@ fn random(shape: (usize, usize, usize, usize), seed: u64, scale: f32) -> Array4<
         z ^= z >> 31;
         ((z >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
     })
-}
-
-fn to64(x: &Array4<f32>) -> Array4<f64> {
-    x.mapv(f64::from)
-}
-
-fn max_abs_diff(a: &Array4<f32>, b: &Array4<f64>) -> f64 {
-    let mut m = 0.0f64;
-    Zip::from(a).and(b).for_each(|&x, &y| m = m.max((x as f64 - y).abs()));
-    m
 }
 
 fn max_abs(x: &Array4<f64>) -> f64 {
@@ -417,27 +403,15 @@ fn every_fused_variant_matches_the_reference_on_every_isa() {
 #[test]
 fn the_default_tiles_of_every_isa_match_the_reference() {
     // The tiles `Options::default` picks for each ISA (`Tuning::for_isa`: 128 keys a tile on AVX-512),
-    // over sequences of several such tiles with a partial last one, each ISA forced in turn.
+    // over sequences of several such tiles with a partial last one, each ISA forced in turn; and
+    // tiles of 256 keys, where a row's visible keys may end in the first 128 (AMX's row pass takes
+    // 128 at a time).
     for isa in Isa::all_supported() {
-        let opts = Options { tuning: Tuning::for_isa(isa), isa, ..Default::default() };
-        for name in ["lssa", "lssa+rw15", "softmax", "relu-l1+rw15"] {
-            check_case(name, (1, 2, 300, 64), 300, 1.0, &opts);
-        }
-    }
-}
-
-#[test]
-fn key_tiles_wider_than_a_row_pass_match_the_reference() {
-    // 256 keys a tile: rows whose visible keys end in the first 128 (the AMX forward's row pass
-    // works 128 keys at a time) and rows that reach the second, each ISA forced in turn.
-    for isa in Isa::all_supported() {
-        let opts = Options {
-            tuning: Tuning { block_q: 128, block_k: 256, ..Tuning::for_isa(isa) },
-            isa,
-            ..Default::default()
-        };
-        for name in ["lssa", "softmax", "lssa+rw15"] {
-            check_case(name, (1, 2, 300, 64), 301, 1.0, &opts);
+        for tuning in [Tuning::for_isa(isa), Tuning { block_q: 128, block_k: 256, ..Tuning::for_isa(isa) }] {
+            let opts = Options { tuning, isa, ..Default::default() };
+            for name in ["lssa", "lssa+rw15", "softmax", "relu-l1+rw15"] {
+                check_case(name, (1, 2, 300, 64), 300, 1.0, &opts);
+            }
         }
     }
 }

@@ -10,25 +10,12 @@
 //! can differ.
 
 mod common;
-use common::FUSED;
+use common::{FUSED, max_abs_diff, to64, variant};
 
 use attn_core::Variant;
 use attn_core::fixtures::{max_abs, random_array};
 use attn_kernels::cpu;
 use ndarray::{Array4, Axis, s};
-
-fn variant(name: &str) -> Variant {
-    name.parse().unwrap_or_else(|e| panic!("{name}: {e}"))
-}
-
-fn to64(x: &Array4<f32>) -> Array4<f64> {
-    x.mapv(f64::from)
-}
-
-fn max_abs_diff(a: &Array4<f32>, b: &Array4<f64>) -> f64 {
-    assert_eq!(a.shape(), b.shape());
-    a.iter().zip(b).fold(0.0, |m, (&x, &y)| m.max((f64::from(x) - y).abs()))
-}
 
 /// `x` (B, H_kv, T, d) with each key head repeated for its `group` query heads: (B, H_kv·group, T, d).
 fn repeat_heads(x: &Array4<f32>, group: usize) -> Array4<f32> {

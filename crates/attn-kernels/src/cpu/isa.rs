@@ -76,10 +76,11 @@ pub const SCALAR_FMA: bool = cfg!(any(target_arch = "aarch64", target_feature = 
 /// targets (the other variants are then never supported).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Isa {
-    /// [`Isa::Avx512`] with the forward's score and value products on Intel AMX tiles, in three
-    /// bf16 parts a value and six products of parts, as accurate as the f32 products
-    /// (`cpu::tile::amx`); everything else is the AVX-512 code. Needs AMX-TILE and AMX-BF16 and,
-    /// on Linux, the process's permission for the tile state (asked on first use).
+    /// [`Isa::Avx512`] with the long forward's score and value products (and its backward's
+    /// recomputed scores) on Intel AMX tiles, in three bf16 parts a value and six products of
+    /// parts, as accurate as the f32 products (`cpu::tile::amx`); everything else is the AVX-512
+    /// code. Needs AMX-TILE, AMX-BF16 and AVX512-BF16 and, on Linux, the process's permission for
+    /// the tile state (asked on first use).
     Amx,
     /// AVX-512 F/BW/DQ/VL (plus AVX2 and FMA): 16 f32 lanes.
     Avx512,
@@ -135,7 +136,7 @@ impl Isa {
     }
 
     /// The vector instruction set of `self`'s code: [`Isa::Avx512`] for [`Isa::Amx`] (whose
-    /// element-wise code, and every product but the forward's two, is AVX-512's), else `self`.
+    /// element-wise code, and every product not on its tiles, is AVX-512's), else `self`.
     /// Dispatchers of vector code match on this.
     #[inline]
     pub const fn simd(self) -> Isa {

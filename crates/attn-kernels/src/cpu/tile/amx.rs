@@ -36,8 +36,9 @@
 //! product's speed), so every buffer here starts on a 64-byte boundary
 //! ([`Aligned`](super::Aligned)).
 //!
-//! Only the forward's long path uses these (its scores and, without re-weighting, its value
-//! product); everything else under [`Isa::Amx`](crate::cpu::Isa::Amx) runs the AVX-512 code.
+//! The kernels use these where `split::amx_products` says (the long forward without re-weighting,
+//! its scores and value product, and its backward's recomputed scores); everything else under
+//! [`Isa::Amx`](crate::cpu::Isa::Amx) runs the AVX-512 code.
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
