@@ -59,13 +59,16 @@ impl Default for Tuning {
 }
 
 impl Tuning {
-    /// The default tiles for kernels that run `isa`: 64 x 128 on AVX-512, else [`Tuning::default`]'s
-    /// 64 x 64. On AVX-512 a key tile's row of scores is 4 or 8 registers, and what every tile pays
+    /// The default tiles for kernels that run `isa`: 64 x 128 on AVX-512, 128 x 128 under AMX, else
+    /// [`Tuning::default`]'s 64 x 64. On AVX-512 a key tile's row of scores is 4 or 8 registers, and what every tile pays
     /// once (the per-row loops and lane sums, re-weighting's key lists and its check for key groups
     /// without an above-mean key) weighs more against that than on AVX2. On an Intel Xeon with
     /// AVX-512 (2 MiB of L2 a core; `cpu_lab 4096 1 5`, two alternations), 128-key tiles took the
     /// one-thread LSSAR forward from 1.18-1.21x LSSA's time to 1.13-1.14x and its forward + backward
-    /// from 1.35-1.36x to 1.26x, LSSA's own within the runs' spread either way.
+    /// from 1.35-1.36x to 1.26x, LSSA's own within the runs' spread either way. Under
+    /// [`Isa::Amx`] query tiles of 128 rows: each key tile's operands, streamed from L3 as AMX's
+    /// three bf16 parts, then serve twice the rows (the one-thread LSSA forward 4-6% faster;
+    /// LSSAR's 2% faster and its forward + backward 1% slower, in one process against 64 rows).
     pub fn for_isa(isa: Isa) -> Self {
         let block_k = if isa.simd() == Isa::Avx512 { 128 } else { 64 };
         let block_q = if isa == Isa::Amx { 128 } else { 64 };
