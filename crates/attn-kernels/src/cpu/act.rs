@@ -66,7 +66,7 @@ pub(crate) fn apply<const FMA: bool>(phi: &Phi, in_range: bool, xs: &mut [f32]) 
 /// independent chains for the polynomials' dependent FMAs; the one-thread LSSA forward on an Intel
 /// Xeon took 0.95-0.97x the time in three alternations (207-226 ms against 215-234).
 #[inline(always)]
-fn softplus_in_range_two_pass<const FMA: bool>(xs: &mut [f32]) {
+pub(crate) fn softplus_in_range_two_pass<const FMA: bool>(xs: &mut [f32]) {
     for c in xs.chunks_mut(128) {
         let mut e = [0.0f32; 128];
         let e = &mut e[..c.len()];

@@ -5,6 +5,7 @@
 
 use attn_core::{Builtin, Phi, Plan};
 
+use crate::cpu::act;
 use crate::cpu::engine::{Dims, Head, Lanes, lane_add};
 use crate::cpu::math;
 use crate::cpu::tile::{Aligned, amx};
@@ -92,8 +93,8 @@ pub(super) fn fuses_softplus(plan: &Plan, head: &Head<'_>, dims: Dims) -> bool {
 /// where the generic path makes five over the tile (the scores' scale, softplus's two, the row
 /// sum, and the split into the value product's operand): `dots` holds the row's raw dot products
 /// (the first `vis` visible), scaled here as [`scores`](super::engine::scores) scales them (`dot ·
-/// fac · ink_j + bias`, or `dot · fac + bias` without `ink`), then `f = softplus` as `act`'s
-/// two-pass form computes it, added to the row's lanes `zl` as `lane_add` adds them, and written as
+/// fac · ink_j + bias`, or `dot · fac + bias` without `ink`), then `f = softplus` by `act`'s
+/// two-pass form, added to the row's lanes `zl` as `lane_add` adds them, and written as
 /// its three bf16 parts to row `r` of `parts` (`PARTS` parts of `rows x k_pad`), zero past `vis`.
 /// The same `f`, bit for bit, and the same lane sums as the generic passes.
 #[inline(always)]
@@ -108,12 +109,12 @@ pub(super) fn softplus_row<const FMA: bool>(
     (r, rows, k_pad): (usize, usize, usize),
 ) {
     assert!(vis <= k_pad && dots.len() >= vis && ink.is_none_or(|k| k.len() >= vis));
-    // Chunks of 128 keys in passes over slices, as `act`'s softplus runs (which LLVM vectorises).
-    let (mut x, mut e) = ([0.0f32; 128], [0.0f32; 128]);
+    // Chunks of 128 keys (`act`'s softplus runs its two passes over 128 at a time).
+    let mut x = [0.0f32; 128];
     for c0 in (0..k_pad).step_by(128) {
         let (n, w) = (vis.saturating_sub(c0).min(128), (k_pad - c0).min(128));
         if n > 0 {
-            let (xs, es) = (&mut x[..n], &mut e[..n]);
+            let xs = &mut x[..n];
             let dot = &dots[c0..c0 + n];
             match ink {
                 Some(ink) => xs
@@ -122,8 +123,7 @@ pub(super) fn softplus_row<const FMA: bool>(
                     .for_each(|(x, (&d, &k))| *x = math::fmadd::<FMA>(d * fac, k, bias)),
                 None => xs.iter_mut().zip(dot).for_each(|(x, &d)| *x = math::fmadd::<FMA>(d, fac, bias)),
             }
-            es.iter_mut().zip(xs.iter()).for_each(|(e, &x)| *e = math::exp_in_range::<FMA>(-x.abs()));
-            xs.iter_mut().zip(es.iter()).for_each(|(x, &e)| *x = math::softplus_of::<FMA>(*x, e));
+            act::softplus_in_range_two_pass::<FMA>(xs);
             lane_add::<false>(xs, zl);
         }
         x[n..w].fill(0.0);

@@ -125,8 +125,7 @@ impl Backward<'_> {
     /// As [`head`].
     unsafe fn head(&self, b: usize, h: usize) -> Head<'_> {
         // SAFETY: forwarded.
-        let hd = unsafe { head(self.p, &self.norms, &self.packed, self.dims, b, h) };
-        Head { amx: self.amx.head(b * self.p.kv_heads + self.p.kv_head(h)), ..hd }
+        unsafe { head(self.p, &self.norms, &self.packed, &self.amx, self.dims, b, h) }
     }
 
     /// Head `x`'s row statistics, `(T, STATS)`.

@@ -41,8 +41,8 @@ use ndarray::{Array4, ArrayView4, ArrayViewMut4, AsArray, Ix4};
 use attn_core::{OutputNorm, Plan, Transform, Variant};
 
 use bwd::backward_f32;
+use engine::STATS;
 pub use engine::Tuning;
-use engine::{Head, STATS};
 use fwd::{FwdScratch, Query};
 pub use isa::Isa;
 use spare::Spare;
@@ -168,7 +168,7 @@ unsafe fn forward_f32(plan: Plan, p: &F32Params, opts: &Options) -> Result<()> {
                 let QueryTask { x, b, h, i0, nq } = QueryTask::new(task, p, dims);
                 // SAFETY: forwarded; this task alone writes rows [i0, i0 + nq) of head (b, h).
                 unsafe {
-                    let hd = Head { amx: amx.head(x), ..head(p, &norms, &packed, dims, b, h) };
+                    let hd = head(p, &norms, &packed, &amx, dims, b, h);
                     let st = std::slice::from_raw_parts_mut(stats.0.add((x * t + i0) * STATS), nq * STATS);
                     let w = rw_aux_per_row(d);
                     let ax =

@@ -275,11 +275,14 @@ pub(super) unsafe fn pack_amx(p: &F32Params, dims: Dims, helpers: Helpers, value
 }
 
 /// # Safety
-/// As [`forward_raw`]; `packed` from [`pack`] for the same call.
+/// As [`forward_raw`]; `packed` from [`pack`] and `amx` from [`pack_amx`] (or none) for the same
+/// call.
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn head<'a>(
     p: &F32Params,
     norms: &'a [f32],
     packed: &'a (Spare, Spare),
+    amx: &'a AmxPack,
     dims: Dims,
     b: usize,
     h: usize,
@@ -300,7 +303,7 @@ pub(super) unsafe fn head<'a>(
     let x = b * p.kv_heads + hk;
     let kt = if packed.0.is_empty() { &[][..] } else { &packed.0[x * len..(x + 1) * len] };
     let vt = if packed.1.is_empty() { &[][..] } else { &packed.1[x * len..(x + 1) * len] };
-    Head { q, k, v, ldq, ldk, ldv, inq, ink, kt, vt, amx: &[] }
+    Head { q, k, v, ldq, ldk, ldv, inq, ink, kt, vt, amx: amx.head(x) }
 }
 
 /// Writes `rows` (row-major, `d` wide) to rows `[i0, ..)` of head `(b, h)` of `x`.

@@ -155,12 +155,17 @@ pub(crate) fn parts_scalar(x: f32) -> [f32; PARTS] {
     [h, m, x - h - m]
 }
 
-/// The check every operand builder makes before its intrinsics.
-fn assert_vector_isa() {
-    assert!(
-        is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512bf16"),
-        "AMX operands need AVX-512BW and AVX512-BF16"
-    );
+/// Lanes `[c, c + 16)` of row `r` of `x` (`rows x cols` at stride `ld`), zero past its extent.
+#[inline(always)]
+unsafe fn load_row(x: *const f32, ld: usize, (rows, cols): (usize, usize), r: usize, c: usize) -> __m512 {
+    // SAFETY: AVX-512F, enabled by every caller; only lanes inside the extent are read.
+    unsafe {
+        if r >= rows || c >= cols {
+            return _mm512_setzero_ps();
+        }
+        let w = (cols - c).min(16);
+        _mm512_maskz_loadu_ps(((1u32 << w) - 1) as u16, x.add(r * ld + c))
+    }
 }
 
 /// Splits `m` rows of `k` f32 (`x`, row stride `ld`) into an `A` operand: [`PARTS`] parts of
@@ -168,8 +173,8 @@ fn assert_vector_isa() {
 pub(crate) fn split_rows(x: &[f32], ld: usize, m: usize, k: usize, out: &mut [u16], m_pad: usize, k_pad: usize) {
     assert!(m <= m_pad && m_pad.is_multiple_of(16) && k <= k_pad && k_pad.is_multiple_of(INNER));
     assert!(out.len() >= PARTS * m_pad * k_pad && (m == 0 || x.len() >= (m - 1) * ld + k));
-    assert_vector_isa();
-    // SAFETY: extents checked above, the ISA present.
+    assert!(enabled(), "AMX operands on a CPU or OS without AMX");
+    // SAFETY: extents checked above, the ISA present (`enabled` checks AVX-512BW and AVX512-BF16).
     unsafe { split_rows_avx512(x.as_ptr(), ld, m, k, out.as_mut_ptr(), m_pad, k_pad) }
 }
 
@@ -180,13 +185,7 @@ unsafe fn split_rows_avx512(x: *const f32, ld: usize, m: usize, k: usize, out: *
     unsafe {
         for r in 0..m_pad {
             for c in (0..k_pad).step_by(INNER) {
-                let load = |c0: usize| {
-                    if r >= m || c0 >= k {
-                        return _mm512_setzero_ps();
-                    }
-                    let w = (k - c0).min(16);
-                    _mm512_maskz_loadu_ps(((1u32 << w) - 1) as u16, x.add(r * ld + c0))
-                };
+                let load = |c0: usize| load_row(x, ld, (m, k), r, c0);
                 let at = a_at(r, c, k_pad);
                 store_parts(load(c), load(c + 16), [out.add(at), out.add(part + at), out.add(2 * part + at)]);
             }
@@ -244,8 +243,8 @@ pub(crate) fn pack_values(v: &[f32], ld: usize, nk: usize, d: usize, nk_pad: usi
     let part = nk_pad / 2 * d_pad;
     assert!(nk_pad.is_multiple_of(32) && d_pad.is_multiple_of(16) && nk <= nk_pad && d <= d_pad);
     assert!(out.len() >= PARTS * part && (nk == 0 || v.len() >= (nk - 1) * ld + d));
-    assert_vector_isa();
-    // SAFETY: extents checked above, the ISA present.
+    assert!(enabled(), "AMX operands on a CPU or OS without AMX");
+    // SAFETY: extents checked above, the ISA present (`enabled` checks AVX-512BW and AVX512-BF16).
     unsafe { pack_values_avx512(v.as_ptr(), ld, nk, d, nk_pad, d_pad, out.as_mut_ptr()) }
 }
 
@@ -264,13 +263,7 @@ unsafe fn pack_values_avx512(
     unsafe {
         for t in 0..nk_pad / 2 {
             for c in (0..d_pad).step_by(16) {
-                let load = |r: usize| {
-                    if r >= nk || c >= d {
-                        return _mm512_setzero_ps();
-                    }
-                    let w = (d - c).min(16);
-                    _mm512_maskz_loadu_ps(((1u32 << w) - 1) as u16, v.add(r * ld + c))
-                };
+                let load = |r: usize| load_row(v, ld, (nk, d), r, c);
                 let (even, odd) = (parts(load(2 * t)), parts(load(2 * t + 1)));
                 for p in 0..PARTS {
                     // The odd row's high half over the even row's, shifted down (low halves are zero).
