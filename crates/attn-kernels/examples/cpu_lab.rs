@@ -7,14 +7,15 @@
 //! Linux the time is the thread's CPU time (`/proc/thread-self/schedstat`), which time slices lost to
 //! other processes do not inflate, so kernel changes can be compared on a busy machine; otherwise it
 //! is wall time. It needs no libtorch; the SDPA comparison is `bench-kernels`' job. The environment
-//! variables `CPU_LAB_BQ` and `CPU_LAB_BK` override the tile sizes of [`Tuning::for_isa`], and
-//! `CPU_LAB_CACHE` its score cache (bytes; 0 recomputes re-weighting's second sweep). The inputs
+//! variables `CPU_LAB_BQ`, `CPU_LAB_BK` and `CPU_LAB_BAND` override the tile sizes (and band) of
+//! [`Tuning::for_isa`], and `CPU_LAB_CACHE` its score cache (bytes; 0 recomputes re-weighting's second sweep). The inputs
 //! start on a 64-byte boundary as PyTorch's tensors do, or `CPU_LAB_OFFSET` floats past one. A
 //! variant named `fresh:NAME` empties the kernels' buffer shelf before each call
 //! ([`release_spare_buffers`]), so its calls take their large buffers fresh from the allocator; one
 //! named `ISA:NAME` (`amx:lssa`, `avx512:lssa`) runs on that instruction set instead of the detected
 //! one, so two paths compare in one process (`fresh:avx512:lssa` for both), and `ISA.BQxBK:NAME`
-//! (`amx.128x256:lssa`) with those tiles.
+//! (`amx.128x256:lssa`) with those tiles, `ISA.BQxBKxBAND:NAME` (`amx.128x128x8:lssa`) also with
+//! that band (query tiles a forward task runs in lockstep).
 //!
 //! [`release_spare_buffers`]: attn_kernels::cpu::release_spare_buffers
 //!
@@ -43,8 +44,12 @@ fn main() {
                 Some((isa, rest)) => {
                     let (isa, tiles) = isa.split_once('.').map_or((isa, None), |(isa, t)| (isa, Some(t)));
                     let tiles = tiles.map(|t| {
-                        let (q, k) = t.split_once('x').expect("tiles as BQxBK");
-                        (q.parse().expect("a tile size"), k.parse().expect("a tile size"))
+                        let sizes: Vec<usize> = t.split('x').map(|x| x.parse().expect("a tile size")).collect();
+                        match sizes[..] {
+                            [q, k] => (q, k, None),
+                            [q, k, band] => (q, k, Some(band)),
+                            _ => panic!("tiles as BQxBK or BQxBKxBAND"),
+                        }
                     });
                     (Some(isa.parse::<Isa>().expect("an ISA name")), tiles, rest)
                 }
@@ -73,6 +78,7 @@ fn main() {
         tuning.block_q = env("CPU_LAB_BQ").unwrap_or(tuning.block_q);
         tuning.block_k = env("CPU_LAB_BK").unwrap_or(tuning.block_k);
         tuning.score_cache_bytes = env("CPU_LAB_CACHE").unwrap_or(tuning.score_cache_bytes);
+        tuning.band = env("CPU_LAB_BAND").unwrap_or(tuning.band);
         tuning
     };
     let cpu_time = threads == 1 && thread_cpu_s().is_some();
@@ -83,8 +89,9 @@ fn main() {
         }
         let isa = isa.unwrap_or(opts.isa).assert_supported();
         let mut tuning = tuning(isa);
-        if let Some((block_q, block_k)) = *tiles {
+        if let Some((block_q, block_k, band)) = *tiles {
             (tuning.block_q, tuning.block_k) = (block_q, block_k);
+            tuning.band = band.unwrap_or(tuning.band);
         }
         let opts = attn_kernels::cpu::Options { isa, tuning, ..opts };
         pool.install(|| {
@@ -115,7 +122,8 @@ fn main() {
         xs[xs.len() / 2]
     };
     let name = |Spec { var, fresh, isa, tiles }: &Spec| {
-        let tiles = tiles.map_or(String::new(), |(q, k)| format!(".{q}x{k}"));
+        let band = |b: Option<usize>| b.map_or(String::new(), |b| format!("x{b}"));
+        let tiles = tiles.map_or(String::new(), |(q, k, b)| format!(".{q}x{k}{}", band(b)));
         format!(
             "{}{}{var}",
             if *fresh { "fresh:" } else { "" },
@@ -135,8 +143,9 @@ struct Spec {
     fresh: bool,
     /// `ISA:`: that instruction set instead of the detected one.
     isa: Option<Isa>,
-    /// `ISA.BQxBK:`: those tiles instead of the instruction set's.
-    tiles: Option<(usize, usize)>,
+    /// `ISA.BQxBK:` (or `ISA.BQxBKxBAND:`): those tiles (and query tiles a task runs in lockstep,
+    /// `Tuning::band`) instead of the instruction set's.
+    tiles: Option<(usize, usize, Option<usize>)>,
 }
 
 /// A copy of `x` in a buffer, and where it starts there: `offset` floats past a 64-byte boundary.

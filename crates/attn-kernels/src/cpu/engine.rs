@@ -46,6 +46,11 @@ pub struct Tuning {
     /// cache is split across threads (split-K), used only when there are fewer key heads than
     /// threads to keep busy. Rounded up to whole groups of `8 x block_k` keys.
     pub split_keys: usize,
+    /// Forwards without re-weighting: the query tiles one task runs in lockstep, key tile after key
+    /// tile (`fwd::forward_band`), so that a key tile's operands, once read from memory, serve them
+    /// all from L2; fewer where a call would make fewer than 8 tasks a thread. 1: a task a tile.
+    /// The same values either way, bit for bit.
+    pub band: usize,
 }
 
 impl Default for Tuning {
@@ -54,7 +59,7 @@ impl Default for Tuning {
     /// diagonal tile. A 16 MiB score cache per task covers `T` up to 64K at 64 query rows.
     /// [`Options::default`](super::Options::default) takes [`Tuning::for_isa`] of the detected ISA.
     fn default() -> Self {
-        Self { block_q: 64, block_k: 64, score_cache_bytes: 16 << 20, reweight_helper: true, split_keys: 2048 }
+        Self { block_q: 64, block_k: 64, score_cache_bytes: 16 << 20, reweight_helper: true, split_keys: 2048, band: 1 }
     }
 }
 
@@ -71,8 +76,8 @@ impl Tuning {
     /// LSSAR's 2% faster and its forward + backward 1% slower, in one process against 64 rows).
     pub fn for_isa(isa: Isa) -> Self {
         let block_k = if isa.simd() == Isa::Avx512 { 128 } else { 64 };
-        let block_q = if isa == Isa::Amx { 128 } else { 64 };
-        Self { block_q, block_k, ..Self::default() }
+        let (block_q, band) = if isa == Isa::Amx { (128, 8) } else { (64, 1) };
+        Self { block_q, block_k, band, ..Self::default() }
     }
 }
 

@@ -180,14 +180,11 @@ impl Stage1 {
 /// Stage 1 over key tiles `kts` (starting at a multiple of [`FOLD_TILES`]).
 #[inline(always)]
 pub(crate) fn sweep1<const FMA: bool>(q: &Query<'_>, kts: Range<usize>, st: &mut Stage1, sc: &mut FwdScratch) {
-    let (plan, head, dims, i0, nq) = (q.plan, q.head, q.dims, q.i0, q.nq);
-    let (d, lds) = (dims.d, dims.bk_pad());
-    let rows = &st.rows;
-    let reweight = plan.reweight;
+    let (dims, lds, reweight) = (q.dims, q.dims.bk_pad(), q.plan.reweight);
     // Re-weighting keeps the first sweep's activations (the scores, under a running maximum, which
     // moves until the sweep ends) for the second, where they fit the budget: the same values the
     // second sweep would recompute, bit for bit.
-    let tile_len = nq * lds;
+    let tile_len = q.nq * lds;
     if reweight.is_some() && sc.stripe.is_empty() {
         // Once per scratch, at the size of the longest stripe (or the budget): growing it tile by
         // tile would double its capacity and copy it on the way.
@@ -195,94 +192,108 @@ pub(crate) fn sweep1<const FMA: bool>(q: &Query<'_>, kts: Range<usize>, st: &mut
         sc.stripe = vec![0.0; most];
     }
     sc.cached = reweight.is_some() && kts.len() * tile_len <= sc.stripe.len();
+    for kt in kts.clone() {
+        step1::<FMA>(q, kt, &kts, st, sc);
+    }
+}
+
+/// Stage 1's step over key tile `kt` of a sweep over `kts` (folding the row sums where that sweep
+/// folds them): the tile's scores, their activations and row sums, and (without re-weighting) the
+/// value product.
+#[inline(always)]
+fn step1<const FMA: bool>(q: &Query<'_>, kt: usize, kts: &Range<usize>, st: &mut Stage1, sc: &mut FwdScratch) {
+    let (plan, head, dims, i0, nq) = (q.plan, q.head, q.dims, q.i0, q.nq);
+    let (d, lds) = (dims.d, dims.bk_pad());
+    let rows = &st.rows;
+    let reweight = plan.reweight;
+    let tile_len = nq * lds;
     // LSSA under AMX: each row in one pass from its raw dot products to the value product's operand.
     let fused = amx_fwd::fuses_softplus(plan, head, dims);
     let rows_pad = nq.next_multiple_of(tile::amx::ROWS);
     if fused {
         sc.amx_parts.resize(tile::amx::PARTS * rows_pad * lds);
-        // Rows past `nq` enter the product (which writes none of their outputs): zero, not stale.
+        // Rows past `nq` enter the product (which writes none of their outputs): zero, not stale
+        // (another tile's rows, under `forward_band`). Empty for whole tiles.
         for p in sc.amx_parts.chunks_exact_mut(rows_pad * lds) {
             p[nq * lds..].fill(0);
         }
     }
     let end = kts.end;
-    for kt in kts.clone() {
-        let j0 = kt * dims.bk;
-        let nk = dims.bk.min(dims.t - j0);
-        let s: &mut [f32] = if sc.cached {
-            let x = kt - kts.start;
-            let tile = &mut sc.stripe[x * tile_len..(x + 1) * tile_len];
-            scores::<FMA>(plan, head, dims, rows, i0, nq, (j0, nk), tile, lds, false);
-            if plan.running_max {
-                sc.s[..tile_len].copy_from_slice(tile); // the stripe keeps the raw scores
-                &mut sc.s[..]
-            } else {
-                tile
-            }
-        } else {
-            scores::<FMA>(plan, head, dims, rows, i0, nq, (j0, nk), &mut sc.s, lds, fused);
+    let j0 = kt * dims.bk;
+    let nk = dims.bk.min(dims.t - j0);
+    let s: &mut [f32] = if sc.cached {
+        let x = kt - kts.start;
+        let tile = &mut sc.stripe[x * tile_len..(x + 1) * tile_len];
+        scores::<FMA>(plan, head, dims, rows, i0, nq, (j0, nk), tile, lds, false);
+        if plan.running_max {
+            sc.s[..tile_len].copy_from_slice(tile); // the stripe keeps the raw scores
             &mut sc.s[..]
-        };
-        for r in 0..nq {
-            let vis = dims.visible(i0 + r, j0, nk);
-            if fused {
-                let ink = plan.cosine().then(|| &head.ink[j0..j0 + vis]);
-                let (fb, at) = ((rows.fac[r], rows.bias[r]), (r, rows_pad, lds));
-                amx_fwd::softplus_row::<FMA>(&s[r * lds..], vis, fb, ink, &mut st.zl[r], &mut sc.amx_parts, at);
-            } else {
-                let row = &mut s[r * lds..r * lds + lds];
-                let (live, dead) = row.split_at_mut(vis);
-                dead.fill(0.0);
-                if vis > 0 {
-                    if plan.running_max {
-                        let tile_max = lane_max(live);
-                        if reweight.is_some() {
-                            st.ml[r][0] = st.ml[r][0].max(tile_max); // raw score; f = exp(s - final max) later
-                        }
-                        if tile_max > st.mx[r] {
-                            let rescale = math::exp::<FMA>(st.mx[r] - tile_max);
-                            st.z[r] = (st.z[r] + take_sum(&mut st.zl[r])) * rescale as f64;
-                            if reweight.is_none() {
-                                st.acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= rescale);
-                            }
-                            st.mx[r] = tile_max;
-                        }
-                        let m = st.mx[r];
-                        live.iter_mut().for_each(|x| *x -= m);
-                    }
-                    act::apply::<FMA>(&plan.phi, dims.in_range, live);
-                    if plan.signed {
-                        lane_add::<true>(live, &mut st.zl[r]);
-                    } else {
-                        lane_add::<false>(live, &mut st.zl[r]);
-                    }
-                    if reweight.is_some() && !plan.running_max {
-                        lane_max_into(live, &mut st.ml[r]);
-                    }
-                }
-            }
-            if fold_after(kt, end) {
-                st.z[r] += take_sum(&mut st.zl[r]);
-                if reweight.is_some() {
-                    let m = take_max(&mut st.ml[r]);
-                    st.tmax[r * st.groups + kt / FOLD_TILES] = m;
-                    if !plan.running_max {
-                        st.fmax[r] = st.fmax[r].max(m);
-                    }
-                }
-            }
-        }
-        if reweight.is_some() {
-            continue;
-        }
-        if head.amx.is_empty() {
-            let v = &head.v[j0 * head.ldv..];
-            tile::matmul_acc::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, &mut st.acc, d);
         } else {
-            let weights = (!fused).then_some((&s[..], lds));
-            let stage = (&mut sc.amx_parts, &mut sc.amx_stage);
-            amx_fwd::value_product(head, dims, kt, weights, nq, nk, stage, &mut st.acc);
+            tile
         }
+    } else {
+        scores::<FMA>(plan, head, dims, rows, i0, nq, (j0, nk), &mut sc.s, lds, fused);
+        &mut sc.s[..]
+    };
+    for r in 0..nq {
+        let vis = dims.visible(i0 + r, j0, nk);
+        if fused {
+            let ink = plan.cosine().then(|| &head.ink[j0..j0 + vis]);
+            let (fb, at) = ((rows.fac[r], rows.bias[r]), (r, rows_pad, lds));
+            amx_fwd::softplus_row::<FMA>(&s[r * lds..], vis, fb, ink, &mut st.zl[r], &mut sc.amx_parts, at);
+        } else {
+            let row = &mut s[r * lds..r * lds + lds];
+            let (live, dead) = row.split_at_mut(vis);
+            dead.fill(0.0);
+            if vis > 0 {
+                if plan.running_max {
+                    let tile_max = lane_max(live);
+                    if reweight.is_some() {
+                        st.ml[r][0] = st.ml[r][0].max(tile_max); // raw score; f = exp(s - final max) later
+                    }
+                    if tile_max > st.mx[r] {
+                        let rescale = math::exp::<FMA>(st.mx[r] - tile_max);
+                        st.z[r] = (st.z[r] + take_sum(&mut st.zl[r])) * rescale as f64;
+                        if reweight.is_none() {
+                            st.acc[r * d..(r + 1) * d].iter_mut().for_each(|a| *a *= rescale);
+                        }
+                        st.mx[r] = tile_max;
+                    }
+                    let m = st.mx[r];
+                    live.iter_mut().for_each(|x| *x -= m);
+                }
+                act::apply::<FMA>(&plan.phi, dims.in_range, live);
+                if plan.signed {
+                    lane_add::<true>(live, &mut st.zl[r]);
+                } else {
+                    lane_add::<false>(live, &mut st.zl[r]);
+                }
+                if reweight.is_some() && !plan.running_max {
+                    lane_max_into(live, &mut st.ml[r]);
+                }
+            }
+        }
+        if fold_after(kt, end) {
+            st.z[r] += take_sum(&mut st.zl[r]);
+            if reweight.is_some() {
+                let m = take_max(&mut st.ml[r]);
+                st.tmax[r * st.groups + kt / FOLD_TILES] = m;
+                if !plan.running_max {
+                    st.fmax[r] = st.fmax[r].max(m);
+                }
+            }
+        }
+    }
+    if reweight.is_some() {
+        return;
+    }
+    if head.amx.is_empty() {
+        let v = &head.v[j0 * head.ldv..];
+        tile::matmul_acc::<FMA>(dims.isa, s, lds, v, head.ldv, nq, nk, d, &mut st.acc, d);
+    } else {
+        let weights = (!fused).then_some((&s[..], lds));
+        let stage = (&mut sc.amx_parts, &mut sc.amx_stage);
+        amx_fwd::value_product(head, dims, kt, weights, nq, nk, stage, &mut st.acc);
     }
 }
 
@@ -552,11 +563,18 @@ pub(crate) struct Sweeps {
     st: Stage1,
     bt: Between,
     s2: Stage2,
+    /// [`forward_band`]'s states past the first tile's (`st`).
+    band: Vec<Stage1>,
 }
 
 impl Sweeps {
     pub(crate) const fn new() -> Self {
-        Self { st: Stage1::empty(), bt: Between::empty(), s2: Stage2::empty() }
+        Self { st: Stage1::empty(), bt: Between::empty(), s2: Stage2::empty(), band: Vec::new() }
+    }
+
+    /// The stage-1 states of a band, first tile first.
+    fn states(&mut self) -> impl Iterator<Item = &mut Stage1> {
+        std::iter::once(&mut self.st).chain(self.band.iter_mut())
     }
 }
 
@@ -574,7 +592,7 @@ crate::multiversion! {
         aux: Option<&mut [f32]>,
     ) {
         let kts = 0..q.key_tiles();
-        let Sweeps { st, bt, s2 } = sw;
+        let Sweeps { st, bt, s2, .. } = sw;
         st.reset(q);
         sweep1::<FMA>(q, kts.clone(), st, sc);
         if q.plan.reweight.is_none() {
@@ -584,6 +602,46 @@ crate::multiversion! {
         s2.reset(q, aux.is_some());
         sweep2::<FMA>(q, kts, st, bt, s2, sc);
         finish_reweighted(q, st, bt, s2, out, stats, aux)
+    }
+}
+
+crate::multiversion! {
+    /// [`forward_tile`] of `qs`, consecutive query tiles of one head, without re-weighting, in
+    /// lockstep: key tile after key tile, each query tile that sees it, so that a key tile's
+    /// operands are read from memory once for all of `qs` (then from L2) instead of once a query
+    /// tile. The same values, bit for bit, as `forward_tile` of each: every tile runs the same steps
+    /// in the same order. `out` and `stats` take `qs`' rows in turn.
+    pub(crate) fn forward_band<const FMA: bool>(
+        isa: Isa,
+        qs: &[Query<'_>],
+        sc: &mut FwdScratch,
+        sw: &mut Sweeps,
+        out: &mut [f32],
+        stats: &mut [f32],
+    ) {
+        let Some((first, rest)) = qs.split_first() else { return };
+        assert!(first.plan.reweight.is_none(), "a band runs no re-weighting");
+        if sw.band.len() < rest.len() {
+            sw.band.resize_with(rest.len(), Stage1::empty);
+        }
+        qs.iter().zip(sw.states()).for_each(|(q, st)| st.reset(q));
+        sc.cached = false;
+        let tiles = qs.iter().map(Query::key_tiles).max().unwrap_or(0);
+        for kt in 0..tiles {
+            for (q, st) in qs.iter().zip(sw.states()) {
+                let kts = 0..q.key_tiles();
+                if kts.contains(&kt) {
+                    step1::<FMA>(q, kt, &kts, st, sc);
+                }
+            }
+        }
+        let (d, mut out, mut stats) = (first.dims.d, out, stats);
+        for (q, st) in qs.iter().zip(sw.states()) {
+            let (o, o_rest) = out.split_at_mut(q.nq * d);
+            let (s, s_rest) = stats.split_at_mut(q.nq * STATS);
+            finish_plain(q, st, o, s);
+            (out, stats) = (o_rest, s_rest);
+        }
     }
 }
 

@@ -158,6 +158,35 @@ unsafe fn forward_f32(plan: Plan, p: &F32Params, opts: &Options) -> Result<()> {
     let (o, stats) = (SendPtr(p.o), SendPtr(p.stats));
     let aux = SendPtr(aux);
     let scratch = PerThread::new(opts.helpers.threads());
+    let band = split::band(opts.tuning, &plan, bh, nqt, opts.helpers.threads());
+    if band > 1 {
+        opts.helpers.tasks(bh * nqt.div_ceil(band), &|task| {
+            scratch.with(
+                || (FwdScratch::new(dims, dims.bq), fwd::Sweeps::new(), vec![0.0f32; band * dims.bq * d]),
+                |(sc, sweeps, out)| {
+                    // Capture the whole SendPtr (not its raw-pointer field) in the closure.
+                    #[allow(clippy::redundant_locals)]
+                    let (o, stats) = (o, stats);
+                    let (x, b, h, tiles) = split::band_task(task, p.heads, bh, nqt, band);
+                    let i0 = tiles.start * dims.bq;
+                    let rows = (tiles.end * dims.bq).min(t) - i0;
+                    // SAFETY: forwarded; this task alone writes rows [i0, i0 + rows) of head (b, h).
+                    unsafe {
+                        let hd = head(p, &norms, &packed, &amx, dims, b, h);
+                        let st = std::slice::from_raw_parts_mut(stats.0.add((x * t + i0) * STATS), rows * STATS);
+                        let query = |qt: usize| {
+                            let i0 = qt * dims.bq;
+                            Query { plan: &plan, head: &hd, dims, i0, nq: dims.bq.min(t - i0) }
+                        };
+                        let qs: Vec<Query<'_>> = tiles.map(query).collect();
+                        fwd::forward_band(isa, &qs, sc, sweeps, &mut out[..rows * d], st);
+                        write_rows(o.0, b, h, i0, d, &out[..rows * d]);
+                    }
+                },
+            )
+        });
+        return Ok(());
+    }
     opts.helpers.tasks(bh * nqt, &|task| {
         scratch.with(
             || (FwdScratch::new(dims, dims.bq), fwd::Sweeps::new(), vec![0.0f32; dims.bq * d]),

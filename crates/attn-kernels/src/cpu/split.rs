@@ -4,6 +4,8 @@
 //! ([`QueryTask`]) and a scratch per worker thread ([`PerThread`]). A leaf below `mod.rs`: it uses
 //! `engine`, `isa`, `short` and `team` and nothing that uses it back (`xtask/tests/tidy.rs`).
 
+use std::ops::Range;
+
 use attn_core::Plan;
 
 use super::amx_fwd;
@@ -339,6 +341,32 @@ impl QueryTask {
     }
 }
 
+/// Query tiles a forward task runs in lockstep ([`Tuning::band`]): the tuning's, at most the
+/// `nqt` tiles of a head, 1 under re-weighting (whose second sweep needs the first's end), and
+/// fewer where the call's `bh` heads would make fewer than 8 tasks for each of `threads`.
+pub(super) fn band(tuning: Tuning, plan: &Plan, bh: usize, nqt: usize, threads: usize) -> usize {
+    if plan.reweight.is_some() {
+        return 1;
+    }
+    tuning.band.min(nqt).min(bh * nqt / (8 * threads.max(1))).max(1)
+}
+
+/// Task `task` of a forward in bands of `band` query tiles over `bh` heads (`heads` a batch) of
+/// `nqt` query tiles each: head `x` (batch `b`, head `h`) and its query tiles `tiles`. The bands of
+/// a head's last rows come first: under a causal mask they see the most keys, and a thread's last
+/// tasks are then its lightest.
+pub(super) fn band_task(
+    task: usize,
+    heads: usize,
+    bh: usize,
+    nqt: usize,
+    band: usize,
+) -> (usize, usize, usize, Range<usize>) {
+    let bands = nqt.div_ceil(band);
+    let (x, k) = (task % bh, bands - 1 - task / bh);
+    (x, x / heads, x % heads, k * band..((k + 1) * band).min(nqt))
+}
+
 /// One scratch per thread of a call's team ([`Helpers::threads`]), made on first use and kept for
 /// the call. `for_each_init` makes one per rayon split instead, many per call, and re-weighting's
 /// scratch holds a score cache of up to 16 MiB: after the first such block is freed, glibc serves
@@ -366,5 +394,41 @@ impl<S> PerThread<S> {
             Some(mut held) => f(held.get_or_insert_with(make)),
             None => f(&mut make()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_band_shrinks_to_keep_eight_tasks_a_thread_and_is_one_under_re_weighting() {
+        let plan = |name: &str| name.parse::<attn_core::Variant>().unwrap().plan().unwrap();
+        let (plain, rw) = (plan("lssa"), plan("lssa+rw15"));
+        let tuning = Tuning { band: 8, ..Tuning::default() };
+        // 12 heads of 32 query tiles on 2 threads: 384 tiles, bands of 8 leave 48 tasks.
+        assert_eq!(band(tuning, &plain, 12, 32, 2), 8);
+        // On 16 threads bands of 8 would leave 48 tasks, under 8 a thread: 384 / 128 = 3.
+        assert_eq!(band(tuning, &plain, 12, 32, 16), 3);
+        // No more than a head's tiles; never 0.
+        assert_eq!(band(tuning, &plain, 64, 5, 1), 5);
+        assert_eq!(band(tuning, &plain, 1, 4, 8), 1);
+        assert_eq!(band(tuning, &rw, 12, 32, 2), 1);
+        assert_eq!(band(Tuning { band: 1, ..tuning }, &plain, 12, 32, 2), 1);
+    }
+
+    #[test]
+    fn band_tasks_cover_every_query_tile_once_the_last_rows_first() {
+        // 2 batches of 3 heads, 10 query tiles in bands of 4: bands [8, 10), [4, 8), [0, 4).
+        let (heads, bh, nqt, band) = (3, 6, 10, 4);
+        let mut seen = vec![0; bh * nqt];
+        for task in 0..bh * nqt.div_ceil(band) {
+            let (x, b, h, tiles) = band_task(task, heads, bh, nqt, band);
+            assert_eq!((b, h), (x / heads, x % heads));
+            let want = [8..10, 4..8, 0..4][task / bh].clone();
+            assert_eq!(tiles, want, "task {task}");
+            tiles.for_each(|qt| seen[x * nqt + qt] += 1);
+        }
+        assert!(seen.iter().all(|&n| n == 1), "{seen:?}");
     }
 }

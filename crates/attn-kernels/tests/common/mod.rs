@@ -1,6 +1,7 @@
 //! What the CPU kernels' test files share.
 
 /// Every variant the CPU kernels fuse (Tables 3 and 4, plus re-weighting with several `p`).
+#[allow(dead_code)]
 pub const FUSED: &[&str] = &[
     "softmax",
     "lssa",
