@@ -53,7 +53,8 @@ pub(super) fn tile<'a>(head: &Head<'a>, dims: Dims, kt: usize) -> (&'a [f32], &'
 
 /// `acc[r][..d] += A · V` over key tile `kt` on AMX tiles, `A` the tile's weights: `parts` holds
 /// them as the product's operand already (`None`: [`softplus_row`] wrote it), else `a`'s `nq` rows
-/// of `nk` weights (row stride `lda`) are split into it first. `stage` takes the product.
+/// of `nk` weights (row stride `lda`) are split into it first. The tiles add to `acc` where `d` is a
+/// multiple of [`amx::INNER`] (1.0x-0.9x); `stage` takes the product where it is not.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn value_product(
@@ -67,12 +68,17 @@ pub(super) fn value_product(
     acc: &mut [f32],
 ) {
     let (d, dp, bkp, rows) = (dims.d, padded_d(dims.d), dims.bk_pad(), nq.next_multiple_of(amx::ROWS));
-    stage.resize(nq * dp);
     if let Some((a, lda)) = weights {
         parts.resize(amx::PARTS * rows * bkp);
         amx::split_rows(a, lda, nq, nk, parts, rows, bkp);
     }
-    amx::product(parts, bkp, tile(head, dims, kt).1, dp, nq, stage, dp);
+    let values = tile(head, dims, kt).1;
+    if d == dp {
+        // The accumulators' rows are the product's: the tiles add to them.
+        return amx::product_add(parts, bkp, values, dp, nq, acc, d);
+    }
+    stage.resize(nq * dp);
+    amx::product(parts, bkp, values, dp, nq, stage, dp);
     for (acc, st) in acc.chunks_exact_mut(d).zip(stage.chunks_exact(dp)).take(nq) {
         acc.iter_mut().zip(st).for_each(|(a, &x)| *a += x);
     }

@@ -99,8 +99,9 @@ impl Query<'_> {
 
 /// Stage 1's state of `nq` rows over the key tiles swept so far.
 pub(crate) struct Stage1 {
-    /// `sum_j f_ij v_j` (`nq x d`), without re-weighting (relative to the running maximum, if any).
-    acc: Vec<f32>,
+    /// `sum_j f_ij v_j` (`nq x d`), without re-weighting (relative to the running maximum, if any);
+    /// from a 64-byte boundary, as AMX's value product loads and stores its rows as tiles.
+    acc: Aligned<f32>,
     /// `Z_i` folded so far, and its lanes since the last fold.
     z: Vec<f64>,
     zl: Vec<Lanes>,
@@ -126,7 +127,7 @@ impl Stage1 {
     /// No rows, no buffers.
     const fn empty() -> Self {
         Self {
-            acc: Vec::new(),
+            acc: Aligned::empty(),
             z: Vec::new(),
             zl: Vec::new(),
             mx: Vec::new(),
@@ -143,7 +144,8 @@ impl Stage1 {
     pub(crate) fn reset(&mut self, q: &Query<'_>) {
         let nq = q.nq;
         self.groups = q.key_tiles().div_ceil(FOLD_TILES);
-        refill(&mut self.acc, if q.plan.reweight.is_none() { nq * q.dims.d } else { 0 }, 0.0);
+        self.acc.resize(if q.plan.reweight.is_none() { nq * q.dims.d } else { 0 });
+        self.acc.fill(0.0);
         refill(&mut self.z, nq, 0.0);
         refill(&mut self.zl, nq, [0.0; 16]);
         refill(&mut self.mx, nq, f32::NEG_INFINITY);

@@ -301,6 +301,9 @@ pub(crate) mod amx {
     pub(crate) fn product(_: &[u16], _: usize, _: &[f32], _: usize, _: usize, _: &mut [f32], _: usize) {
         unreachable!("AMX is x86-64 only")
     }
+    pub(crate) fn product_add(_: &[u16], _: usize, _: &[f32], _: usize, _: usize, _: &mut [f32], _: usize) {
+        unreachable!("AMX is x86-64 only")
+    }
 }
 
 /// A buffer of `T` whose first element is on a 64-byte boundary.

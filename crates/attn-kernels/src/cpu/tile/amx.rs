@@ -338,6 +338,18 @@ const STEPS: [(usize, usize, bool, bool); 6] = [
 /// and `n` columns (`n` a multiple of [`INNER`]), `c` with row stride `ldc`. Writes rows `< m` and
 /// columns `< n` of `C` only.
 pub(crate) fn product(a: &[u16], k_pad: usize, b: &[f32], n: usize, m: usize, c: &mut [f32], ldc: usize) {
+    product_checked(a, k_pad, b, n, m, c, ldc, false);
+}
+
+/// [`product`] added to `C`: `C[0..m][0..n] += A · B`, the part products added to `C`'s values in
+/// the tiles (where `product` and an add of its result would round the product once more and pass
+/// over `C` twice).
+pub(crate) fn product_add(a: &[u16], k_pad: usize, b: &[f32], n: usize, m: usize, c: &mut [f32], ldc: usize) {
+    product_checked(a, k_pad, b, n, m, c, ldc, true);
+}
+
+#[allow(clippy::too_many_arguments)]
+fn product_checked(a: &[u16], k_pad: usize, b: &[f32], n: usize, m: usize, c: &mut [f32], ldc: usize, add: bool) {
     let m_pad = m.next_multiple_of(ROWS);
     assert!(k_pad.is_multiple_of(INNER) && n.is_multiple_of(INNER) && n <= ldc);
     assert!(a.len() >= PARTS * m_pad * k_pad && b.len() >= PARTS * k_pad / 2 * n);
@@ -347,11 +359,12 @@ pub(crate) fn product(a: &[u16], k_pad: usize, b: &[f32], n: usize, m: usize, c:
         return;
     }
     // SAFETY: extents checked above; AMX enabled for this process.
-    unsafe { product_amx(a.as_ptr(), m_pad, k_pad, b.as_ptr().cast(), n, m, c.as_mut_ptr(), ldc) }
+    unsafe { product_amx(a.as_ptr(), m_pad, k_pad, b.as_ptr().cast(), n, m, c.as_mut_ptr(), ldc, add) }
 }
 
 /// [`product`] on tiles: blocks of `ROWS x INNER` outputs in 4 tiles (tmm0-3, rows `i`, `i + 16`
-/// times columns `j`, `j + 16`), their `A` tiles in tmm4-5 and `B` tiles in tmm6-7.
+/// times columns `j`, `j + 16`), their `A` tiles in tmm4-5 and `B` tiles in tmm6-7; with `add` the
+/// output tiles start from `C`'s values instead of zero ([`product_add`]).
 #[allow(clippy::too_many_arguments)]
 unsafe fn product_amx(
     a: *const u16,
@@ -362,6 +375,7 @@ unsafe fn product_amx(
     m: usize,
     c: *mut f32,
     ldc: usize,
+    add: bool,
 ) {
     let (a_part, b_part) = (m_pad * k_pad, k_pad / 2 * n);
     // Tiles are contiguous (rows of 64 bytes); the second row tile of a block is a row of tiles
@@ -378,7 +392,23 @@ unsafe fn product_amx(
         asm!("ldtilecfg [{}]", in(reg) &CONFIG, options(nostack, readonly));
         for j in (0..n).step_by(INNER) {
             for i in (0..m_pad).step_by(ROWS) {
-                asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+                let whole = i + ROWS <= m;
+                let (out, ld) = if whole { (c.add(i * ldc + j), ldc) } else { (spill, INNER) };
+                let s = ld * 4;
+                if add {
+                    if !whole {
+                        std::ptr::write_bytes(spill, 0, ROWS * INNER);
+                        for r in 0..m - i {
+                            std::ptr::copy_nonoverlapping(c.add((i + r) * ldc + j), spill.add(r * INNER), INNER);
+                        }
+                    }
+                    tile_load!("0", out, s);
+                    tile_load!("1", out.add(16), s);
+                    tile_load!("2", out.add(16 * ld), s);
+                    tile_load!("3", out.add(16 * ld + 16), s);
+                } else {
+                    asm!("tilezero tmm0", "tilezero tmm1", "tilezero tmm2", "tilezero tmm3", options(nostack, nomem));
+                }
                 for kc in (0..k_pad).step_by(INNER) {
                     for (pa, pb, load_a, load_b) in STEPS {
                         let at = a.add(pa * a_part + a_at(i, kc, k_pad));
@@ -401,9 +431,6 @@ unsafe fn product_amx(
                         tile_dot!("3", "5", "7");
                     }
                 }
-                let whole = i + ROWS <= m;
-                let (out, ld) = if whole { (c.add(i * ldc + j), ldc) } else { (spill, INNER) };
-                let s = ld * 4;
                 tile_store!("0", out, s);
                 tile_store!("1", out.add(16), s);
                 tile_store!("2", out.add(16 * ld), s);
@@ -509,7 +536,8 @@ mod tests {
 
     /// The product against f64 sums of the f32 inputs: within `2^-22` of the sum of the terms'
     /// magnitudes (an f32 chain of fused multiply-adds is within `k 2^-24` of it at worst), at
-    /// row counts that end inside a row block and on one; rows past `m` untouched.
+    /// row counts that end inside a row block and on one; rows past `m` untouched. The same for
+    /// [`product_add`], `C`'s values among the terms.
     #[test]
     fn product_is_within_f32_accuracy_of_the_exact_sums() {
         if !enabled() {
@@ -525,22 +553,37 @@ mod tests {
             let mut b = Aligned::<f32>::new(PARTS * k_pad / 2 * n);
             pack_values(&y, n, k, n, k_pad, n, &mut b);
             let ldc = n + 16;
-            let mut c = vec![f32::NAN; (m + 1) * ldc];
-            product(&a, k_pad, &b, n, m, &mut c, ldc);
-            for i in 0..m {
-                for j in 0..n {
-                    let (mut exact, mut size) = (0.0f64, 0.0f64);
-                    for t in 0..k {
-                        let term = x[i * k + t] as f64 * y[t * n + j] as f64;
-                        exact += term;
-                        size += term.abs();
-                    }
-                    let err = (c[i * ldc + j] as f64 - exact).abs();
-                    assert!(err <= size * 2f64.powi(-22), "({m}, {k}, {n}) [{i}][{j}]: {} vs {exact}", c[i * ldc + j]);
+            // `product`, and `product_add` onto values of the products' size.
+            let c0: Vec<f32> = (0..m * ldc).map(|_| lcg(&mut seed) * k as f32).collect();
+            for add in [false, true] {
+                let mut c = vec![f32::NAN; (m + 1) * ldc];
+                for i in 0..m {
+                    c[i * ldc..i * ldc + n].copy_from_slice(&c0[i * ldc..i * ldc + n]);
                 }
-                assert!(c[i * ldc + n..(i + 1) * ldc].iter().all(|x| x.is_nan()), "columns past n written");
+                if add {
+                    product_add(&a, k_pad, &b, n, m, &mut c, ldc);
+                } else {
+                    product(&a, k_pad, &b, n, m, &mut c, ldc);
+                }
+                for i in 0..m {
+                    for j in 0..n {
+                        let start = if add { c0[i * ldc + j] as f64 } else { 0.0 };
+                        let (mut exact, mut size) = (start, start.abs());
+                        for t in 0..k {
+                            let term = x[i * k + t] as f64 * y[t * n + j] as f64;
+                            exact += term;
+                            size += term.abs();
+                        }
+                        let (got, err) = (c[i * ldc + j], (c[i * ldc + j] as f64 - exact).abs());
+                        assert!(
+                            err <= size * 2f64.powi(-22),
+                            "({m}, {k}, {n}), add {add}, [{i}][{j}]: {got} vs {exact}"
+                        );
+                    }
+                    assert!(c[i * ldc + n..(i + 1) * ldc].iter().all(|x| x.is_nan()), "columns past n written");
+                }
+                assert!(c[m * ldc..].iter().all(|x| x.is_nan()), "rows past m written");
             }
-            assert!(c[m * ldc..].iter().all(|x| x.is_nan()), "rows past m written");
         }
     }
 }
