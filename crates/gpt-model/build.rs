@@ -1,6 +1,7 @@
 //! Links this crate's tests and binaries against the project's libtorch (see `torch-build`) and
 //! compiles the C++ autograd bridge of the fused attention (`csrc/fused_attention.cpp`) the fused
-//! cross-entropy (`csrc/fused_loss.cpp`) and the fused RoPE head split (`csrc/fused_rope.cpp`).
+//! cross-entropy (`csrc/fused_loss.cpp`), the fused RoPE head split (`csrc/fused_rope.cpp`) and the
+//! linear layers on AMX tiles (`csrc/fused_linear.cpp`).
 fn main() {
     torch_build::link_libtorch();
     let (includes, flags) = torch_build::cpp_settings();
@@ -10,6 +11,7 @@ fn main() {
         .file("csrc/fused_attention.cpp")
         .file("csrc/fused_loss.cpp")
         .file("csrc/fused_rope.cpp")
+        .file("csrc/fused_linear.cpp")
         .includes(&includes)
         .warnings(false);
     for flag in flags {

@@ -91,6 +91,30 @@ pub struct Gpt {
     ln_f: nn::LayerNorm,
 }
 
+/// `x` through the linear layer `l`: [`project`] on its weight and bias.
+fn apply_linear(x: &Tensor, l: &nn::Linear) -> Result<Tensor, ModelError> {
+    project(x, &l.ws, l.bs.as_ref())
+}
+
+/// `x Wᵀ (+ b)`. Float32 CPU tensors on a CPU with AMX (attn-kernels' `cpu::gemm::available`) run
+/// one autograd node whose three products run on AMX tiles at f32 accuracy (`csrc/fused_linear.cpp`:
+/// within `2^-22` of the terms' magnitudes, where an f32 chain of fused multiply-adds is within
+/// `k 2^-24`), unless `LSSA_CPU_LINEAR=torch`; everything else runs libtorch's `linear`. On one core
+/// of an Intel Xeon with AMX at the `small` model's shapes its products ran at 280-360 GFLOP/s
+/// where MKL's `sgemm` ran at 102-190 (`docs/bench/train-cpu-notes.md`).
+pub fn project(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> Result<Tensor, ModelError> {
+    static AMX: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let amx = *AMX.get_or_init(|| {
+        attn_kernels::cpu::gemm::available() && std::env::var("LSSA_CPU_LINEAR").as_deref() != Ok("torch")
+    });
+    let kinds =
+        [Some(x), Some(w), b].into_iter().flatten().all(|t| t.kind() == Kind::Float && t.device() == Device::Cpu);
+    if amx && kinds {
+        return crate::ffi::linear::amx_linear(x, w, b).map_err(ModelError::Input);
+    }
+    Ok(x.linear(w, b))
+}
+
 /// A linear layer from `i` to `o` features, drawn by `init`: GPT-2's normal(0, `std`) weight and
 /// zero bias, or `nn.Linear`'s uniform weight and bias in `+-1/sqrt(i)` (`std` unused).
 fn linear(p: nn::Path<'_>, i: usize, o: usize, init: Init, std: f64) -> nn::Linear {
@@ -324,7 +348,7 @@ impl Gpt {
         let (cos, sin) = self.rope_tables(offset, t, opts, device);
         let mut x = Tensor::embedding(&self.wte, idx, -1, false, false); // (B, T, d)
         for (layer, blk) in self.blocks.iter().enumerate() {
-            let qkv = x.apply(&blk.ln_1).apply(&blk.c_attn); // (B, T, 3d)
+            let qkv = apply_linear(&x.apply(&blk.ln_1), &blk.c_attn)?; // (B, T, 3d)
             let (q, mut k, mut v) = qkv_heads(&qkv, &cos, &sin, h).map_err(ModelError::Input)?; // (B, H, T, hd)
             if let Some(cache) = cache.as_deref_mut() {
                 let lc = &mut cache.layers[layer];
@@ -342,12 +366,12 @@ impl Gpt {
             let y = y.transpose(1, 2).contiguous().view([b, t, self.cfg.d_model as i64]);
             // Not `+=`: on a tch tensor that is an in-place add, which breaks autograd (the LayerNorm
             // saved `x` for its backward).
-            x = x + y.apply(&blk.attn_proj);
-            let m = x.apply(&blk.ln_2).apply(&blk.c_fc).gelu("none").apply(&blk.mlp_proj);
+            x = x + apply_linear(&y, &blk.attn_proj)?;
+            let m = apply_linear(&apply_linear(&x.apply(&blk.ln_2), &blk.c_fc)?.gelu("none"), &blk.mlp_proj)?;
             x = x + m;
         }
         let x = x.apply(&self.ln_f);
-        Ok(x.matmul(&self.wte.tr())) // (B, T, V_pad), tied weights
+        project(&x, &self.wte, None) // (B, T, V_pad), tied weights
     }
 
     /// `cos`, `sin` of the RoPE angles for positions `offset..offset + t`: `(t, hd/2)` each, in the

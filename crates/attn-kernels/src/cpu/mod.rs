@@ -19,6 +19,7 @@ mod bwd;
 pub(crate) mod decode;
 pub(crate) mod engine;
 pub(crate) mod fwd;
+pub mod gemm;
 pub(crate) mod grad;
 pub mod isa;
 // The vectorised special functions and their measured error bounds: the lab's (public with the `lab`

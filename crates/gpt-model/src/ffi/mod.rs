@@ -7,6 +7,8 @@
 //! - [`loss`]: the fused cross-entropy (`csrc/fused_loss.cpp`), for [`crate::loss::cross_entropy`],
 //!   whose CPU float32 rows call back into attn-kernels' `cpu::rows`;
 //! - [`rope`]: the fused RoPE head split (`csrc/fused_rope.cpp`), for [`crate::model::qkv_heads`];
+//! - [`linear`]: the linear layers on AMX tiles (`csrc/fused_linear.cpp`), for [`crate::model`]'s
+//!   linears, whose products call back into attn-kernels' `cpu::gemm`;
 //! - [`autocast`]: libtorch's CUDA autocast dtype, for [`crate::runtime::Bf16Autocast`].
 //!
 //! Errors: a Rust callback's error (or a panic, caught: no unwinding crosses `extern "C"`) becomes a
@@ -15,6 +17,7 @@
 
 pub(crate) mod attention;
 pub(crate) mod autocast;
+pub(crate) mod linear;
 pub(crate) mod loss;
 pub(crate) mod rope;
 
