@@ -25,7 +25,7 @@ size_t gpt_model_gemm_packed_len(size_t k, size_t n);
 char* gpt_model_gemm_pack_b(const float* b, size_t ld, size_t k, size_t n, bool transposed, float* out,
                             size_t out_len);
 char* gpt_model_gemm_rows(const float* a, size_t lda, bool a_transposed, size_t m, size_t k, const float* packed,
-                          size_t packed_len, size_t n, float* c, size_t ldc, bool add);
+                          size_t packed_len, size_t n, float* c, size_t ldc, bool add, float* row_sums);
 void gpt_model_fused_free_error(char* msg);
 size_t gpt_model_gemm_row_block();
 }
@@ -48,9 +48,10 @@ at::Tensor pack(const at::Tensor& b, int64_t k, int64_t n, bool transposed) {
 }
 
 // c (m x n, contiguous) = A · B, or += with `add`: A's rows are a's (m rows of k), or with
-// `a_transposed` a's columns (a holds k rows of m).
+// `a_transposed` a's columns (a holds k rows of m); and A's row sums to `row_sums` (m floats) unless
+// it is NULL.
 void product(const at::Tensor& a, bool a_transposed, int64_t m, int64_t k, const at::Tensor& packed, int64_t n,
-             at::Tensor& c, bool add) {
+             at::Tensor& c, bool add, float* row_sums = nullptr) {
   const int64_t block = static_cast<int64_t>(gpt_model_gemm_row_block());
   const float* ap = a.data_ptr<float>();
   const float* bp = packed.data_ptr<float>();
@@ -59,7 +60,8 @@ void product(const at::Tensor& a, bool a_transposed, int64_t m, int64_t k, const
   at::parallel_for(0, blocks, 1, [&](int64_t b0, int64_t b1) {
     const int64_t i0 = b0 * block, i1 = std::min(m, b1 * block);
     const float* rows = a_transposed ? ap + i0 : ap + i0 * lda;
-    check(gpt_model_gemm_rows(rows, lda, a_transposed, i1 - i0, k, bp, packed.numel(), n, cp + i0 * n, n, add));
+    float* sums = row_sums == nullptr ? nullptr : row_sums + i0;
+    check(gpt_model_gemm_rows(rows, lda, a_transposed, i1 - i0, k, bp, packed.numel(), n, cp + i0 * n, n, add, sums));
   });
 }
 
@@ -105,12 +107,16 @@ struct AmxLinear : public torch::autograd::Function<AmxLinear> {
       shape.back() = k;
       dx = dx.view(shape);
     }
+    const bool bias = ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2);
+    if (bias) db = at::empty({n}, dy.options());
     if (ctx->needs_input_grad(1)) {
-      // dW = dYᵀ X: A's rows are dY's columns, B = X (m rows of k).
+      // dW = dYᵀ X: A's rows are dY's columns, B = X (m rows of k); the bias's gradient is A's row
+      // sums, taken as its rows are split.
       dw = at::empty({n, k}, dy.options());
-      product(dy, true, n, m, pack(x2, m, k, /*transposed=*/false), k, dw, false);
+      product(dy, true, n, m, pack(x2, m, k, /*transposed=*/false), k, dw, false, bias ? db.data_ptr<float>() : nullptr);
+    } else if (bias) {
+      db = dy.sum(0);
     }
-    if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
     return {dx, dw, db};
   }
 };

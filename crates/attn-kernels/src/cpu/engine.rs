@@ -73,7 +73,10 @@ impl Tuning {
     /// from 1.35-1.36x to 1.26x, LSSA's own within the runs' spread either way. Under
     /// [`Isa::Amx`] query tiles of 128 rows: each key tile's operands, streamed from L3 as AMX's
     /// three bf16 parts, then serve twice the rows (the one-thread LSSA forward 4-6% faster;
-    /// LSSAR's 2% faster and its forward + backward 1% slower, in one process against 64 rows).
+    /// LSSAR's 2% faster and its forward + backward 1% slower, in one process against 64 rows), in
+    /// bands of 8 ([`Tuning::band`]: LSSA's forward 0.96-0.97x the time of a task a tile at T =
+    /// 4096 on two threads, 0.95x at 8192; the kernels' softmax 1.02-1.03x; no gain on AVX-512 or
+    /// AVX2, whose keys and values are f32: two thirds of the bytes of the AMX operands).
     pub fn for_isa(isa: Isa) -> Self {
         let block_k = if isa.simd() == Isa::Avx512 { 128 } else { 64 };
         let (block_q, band) = if isa == Isa::Amx { (128, 8) } else { (64, 1) };

@@ -90,7 +90,9 @@ thread_local! {
 /// `C[0..m] = A[0..m] · B`, or with `add` `C[0..m] += A[0..m] · B`: `A`'s rows are `a`'s (`m` rows
 /// of `k`, stride `lda`), or with `a_transposed` `a`'s columns (`A = Xᵀ` for `X` of `k` rows of
 /// `m`, stride `lda`: the weight gradient `dYᵀ X` of a linear layer); `packed` is `B` (`k x n`) from
-/// [`pack_b`]; `C`'s rows are `n` floats `ldc` apart. Runs on the calling thread, [`ROW_BLOCK`] rows
+/// [`pack_b`]; `C`'s rows are `n` floats `ldc` apart. With `row_sums` (`m` floats), also the sums of
+/// `A`'s rows (with `dYᵀ X`, the bias's gradient), from the parts' source as it is split: f32 lanes
+/// over a chunk of [`KC`], the chunks added in f64. Runs on the calling thread, [`ROW_BLOCK`] rows
 /// at a time. Panics without AMX ([`available`]) or on short buffers.
 #[allow(clippy::too_many_arguments)]
 pub fn rows(
@@ -104,8 +106,10 @@ pub fn rows(
     c: &mut [f32],
     ldc: usize,
     add: bool,
+    mut row_sums: Option<&mut [f32]>,
 ) {
     assert!(available(), "AMX products on a CPU or OS without AMX");
+    assert!(row_sums.as_ref().is_none_or(|s| s.len() >= m));
     assert!(packed.len() >= packed_len(k, n) && n <= ldc);
     assert!(m == 0 || c.len() >= (m - 1) * ldc + n);
     if a_transposed {
@@ -120,6 +124,7 @@ pub fn rows(
         if !add {
             c.chunks_mut(ldc).take(m).for_each(|row| row[..n].fill(0.0));
         }
+        row_sums.iter_mut().for_each(|s| s[..m].fill(0.0));
         return;
     }
     let np = n_pad(n);
@@ -144,6 +149,7 @@ pub fn rows(
                 (&mut c[i0 * ldc..], ldc)
             };
             let mut at = start;
+            let mut sums = [0.0f64; ROW_BLOCK];
             for (chunk, (k0, kc)) in chunks(k).enumerate() {
                 let kp = kc.next_multiple_of(amx::INNER);
                 sc.parts.resize(amx::PARTS * m_pad * kp);
@@ -151,8 +157,15 @@ pub fn rows(
                     sc.tmp.resize(mb * kp, 0.0);
                     tile::pack_transposed_padded(Isa::Amx, &a[k0 * lda + i0..], lda, kc, mb, kp, &mut sc.tmp);
                     amx::split_rows(&sc.tmp, kp, mb, kc, &mut sc.parts, m_pad, kp);
+                    if row_sums.is_some() {
+                        add_row_sums(Isa::Amx, &sc.tmp, kp, kc, &mut sums[..mb]);
+                    }
                 } else {
-                    amx::split_rows(&a[i0 * lda + k0..], lda, mb, kc, &mut sc.parts, m_pad, kp);
+                    let rows = &a[i0 * lda + k0..];
+                    amx::split_rows(rows, lda, mb, kc, &mut sc.parts, m_pad, kp);
+                    if row_sums.is_some() {
+                        add_row_sums(Isa::Amx, rows, lda, kc, &mut sums[..mb]);
+                    }
                 }
                 let b = &packed[at..at + chunk_len(kc, n)];
                 if add || chunk > 0 || staged {
@@ -167,8 +180,28 @@ pub fn rows(
                     c[(i0 + r) * ldc..(i0 + r) * ldc + n].copy_from_slice(&sc.stage[r * np..r * np + n]);
                 }
             }
+            if let Some(out) = row_sums.as_deref_mut() {
+                out[i0..i0 + mb].iter_mut().zip(&sums).for_each(|(o, &s)| *o = s as f32);
+            }
         }
     });
+}
+
+crate::multiversion! {
+    /// `sums[r] += x[r * ld..r * ld + k]`'s sum for every `r < sums.len()`: f32 lanes of 16, then
+    /// their sum in f64.
+    fn add_row_sums<const FMA: bool>(isa: Isa, x: &[f32], ld: usize, k: usize, sums: &mut [f64]) {
+        for (r, s) in sums.iter_mut().enumerate() {
+            let row = &x[r * ld..r * ld + k];
+            let mut lanes = [0.0f32; 16];
+            let mut chunks = row.chunks_exact(16);
+            for c in &mut chunks {
+                lanes.iter_mut().zip(c).for_each(|(l, &x)| *l += x);
+            }
+            lanes.iter_mut().zip(chunks.remainder()).for_each(|(l, &x)| *l += x);
+            *s += lanes.iter().map(|&l| f64::from(l)).sum::<f64>();
+        }
+    }
 }
 
 #[cfg(test)]
@@ -183,7 +216,7 @@ mod tests {
     /// Every form a linear layer needs (`x Wᵀ`, `dY W`, `dYᵀ X`), with and without `add`, at shapes
     /// that cross a row block, a chunk of `B` and a column block, and columns that are no multiple
     /// of 32: within `2^-22` of the terms' magnitudes (the tiles' bound) of f64 sums, `C`'s other
-    /// columns untouched.
+    /// columns untouched; and `A`'s row sums within their lanes' roundings.
     #[test]
     fn every_form_is_within_f32_accuracy_of_the_exact_products() {
         if !available() {
@@ -213,7 +246,19 @@ mod tests {
                     let ldc = n + 5;
                     let c0: Vec<f32> = (0..m * ldc).map(|_| lcg(&mut seed)).collect();
                     let mut c = c0.clone();
-                    rows(&a, lda, a_t, m, k, &packed, n, &mut c, ldc, add);
+                    let mut sums = vec![f32::NAN; m];
+                    rows(&a, lda, a_t, m, k, &packed, n, &mut c, ldc, add, Some(&mut sums));
+                    for (i, &got) in sums.iter().enumerate() {
+                        let row = &av[i * k..(i + 1) * k];
+                        let (exact, size) =
+                            row.iter().fold((0.0f64, 0.0f64), |(e, s), &x| (e + f64::from(x), s + f64::from(x).abs()));
+                        // Lanes of f32 over at most `KC` values: `KC / 16` roundings a lane.
+                        let bound = size * (KC / 16 + 2) as f64 * 2f64.powi(-24);
+                        assert!(
+                            (f64::from(got) - exact).abs() <= bound,
+                            "({m}, {k}, {n}) row {i}'s sum: {got} vs {exact}"
+                        );
+                    }
                     for i in 0..m {
                         for j in 0..n {
                             let start = if add { f64::from(c0[i * ldc + j]) } else { 0.0 };

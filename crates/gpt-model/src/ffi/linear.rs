@@ -64,12 +64,14 @@ pub unsafe extern "C" fn gpt_model_gemm_pack_b(
     })
 }
 
-/// [`gemm::rows`]: `C[0..m] (+)= A[0..m] · B` on the calling thread; null, or the message of a panic.
+/// [`gemm::rows`]: `C[0..m] (+)= A[0..m] · B` on the calling thread, and `A`'s row sums to
+/// `row_sums` unless it is null; null, or the message of a panic.
 ///
 /// # Safety
 /// `a` holds `A`'s `m` rows of `k` (with `a_transposed`, `k` rows of `m`) `lda` floats apart,
 /// readable; `packed` `packed_len` floats from [`gpt_model_gemm_pack_b`] of a `k x n` `B`; `c` `m`
-/// rows of `n` floats `ldc` apart, writable, overlapping nothing else.
+/// rows of `n` floats `ldc` apart, writable, overlapping nothing else; `row_sums` null or `m`
+/// writable floats overlapping nothing else.
 #[unsafe(no_mangle)]
 #[allow(clippy::too_many_arguments)]
 pub unsafe extern "C" fn gpt_model_gemm_rows(
@@ -84,6 +86,7 @@ pub unsafe extern "C" fn gpt_model_gemm_rows(
     c: *mut f32,
     ldc: usize,
     add: bool,
+    row_sums: *mut f32,
 ) -> *mut c_char {
     let (rows, cols) = if a_transposed { (k, m) } else { (m, k) };
     super::guarded(|| {
@@ -97,7 +100,9 @@ pub unsafe extern "C" fn gpt_model_gemm_rows(
                 std::slice::from_raw_parts_mut(c, c_len),
             )
         };
-        gemm::rows(a, lda, a_transposed, m, k, packed, n, c, ldc, add);
+        // SAFETY: see the function contract.
+        let sums = (!row_sums.is_null()).then(|| unsafe { std::slice::from_raw_parts_mut(row_sums, m) });
+        gemm::rows(a, lda, a_transposed, m, k, packed, n, c, ldc, add, sums);
         Ok::<(), String>(())
     })
 }
@@ -120,18 +125,11 @@ mod tests {
         for (shape, k, n, bias) in
             [(vec![2i64, 70], 40i64, 48i64, true), (vec![3, 50], 600, 96, false), (vec![1, 1], 32, 3, true)]
         {
-            let (x, w, b, g) = crate::model::with_seed(9, || {
-                let mut xs = shape.clone();
-                xs.push(k);
-                let mut gs = shape.clone();
-                gs.push(n);
-                (
-                    Tensor::randn(&xs, opts),
-                    Tensor::randn([n, k], opts),
-                    Tensor::randn([n], opts),
-                    Tensor::randn(&gs, opts),
-                )
-            });
+            let (mut xs, mut gs) = (shape.clone(), shape.clone());
+            xs.push(k);
+            gs.push(n);
+            let draw = |seed, size: &[i64]| crate::model::with_seed(seed, || Tensor::randn(size, opts));
+            let (x, w, b, g) = (draw(9, &xs), draw(10, &[n, k]), draw(11, &[n]), draw(12, &gs));
             let leaf = |t: &Tensor| t.detach().set_requires_grad(true);
             let (xl, wl, bl) = (leaf(&x), leaf(&w), leaf(&b));
             let y = amx_linear(&xl, &wl, bias.then_some(&bl)).unwrap();
