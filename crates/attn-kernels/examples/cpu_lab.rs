@@ -8,10 +8,11 @@
 //! other processes do not inflate, so kernel changes can be compared on a busy machine; otherwise it
 //! is wall time. It needs no libtorch; the SDPA comparison is `bench-kernels`' job. The environment
 //! variables `CPU_LAB_BQ`, `CPU_LAB_BK` and `CPU_LAB_BAND` override the tile sizes (and band) of
-//! [`Tuning::for_isa`], and `CPU_LAB_CACHE` its score cache (bytes; 0 recomputes re-weighting's second sweep). The inputs
-//! start on a 64-byte boundary as PyTorch's tensors do, or `CPU_LAB_OFFSET` floats past one. A
-//! variant named `fresh:NAME` empties the kernels' buffer shelf before each call
-//! ([`release_spare_buffers`]), so its calls take their large buffers fresh from the allocator; one
+//! [`Tuning::for_isa`], and `CPU_LAB_CACHE` its score cache (bytes; 0 recomputes re-weighting's
+//! second sweep). The inputs start on a 64-byte boundary as PyTorch's tensors do, or
+//! `CPU_LAB_OFFSET` floats past one. A variant named `fresh:NAME` empties the kernels' buffer shelf
+//! before each call ([`release_spare_buffers`]), so its calls take their large buffers fresh from
+//! the allocator; one
 //! named `ISA:NAME` (`amx:lssa`, `avx512:lssa`) runs on that instruction set instead of the detected
 //! one, so two paths compare in one process (`fresh:avx512:lssa` for both), and `ISA.BQxBK:NAME`
 //! (`amx.128x256:lssa`) with those tiles, `ISA.BQxBKxBAND:NAME` (`amx.128x128x8:lssa`) also with

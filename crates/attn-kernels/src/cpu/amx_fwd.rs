@@ -54,7 +54,8 @@ pub(super) fn tile<'a>(head: &Head<'a>, dims: Dims, kt: usize) -> (&'a [f32], &'
 /// `acc[r][..d] += A · V` over key tile `kt` on AMX tiles, `A` the tile's weights: `parts` holds
 /// them as the product's operand already (`None`: [`softplus_row`] wrote it), else `a`'s `nq` rows
 /// of `nk` weights (row stride `lda`) are split into it first. The tiles add to `acc` where `d` is a
-/// multiple of [`amx::INNER`] (1.0x-0.9x); `stage` takes the product where it is not.
+/// multiple of [`amx::INNER`] (`acc`'s rows are then the product's); `stage` takes the product, then
+/// added to `acc`, where it is not.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 pub(super) fn value_product(
