@@ -114,7 +114,11 @@ struct FusedAttention : public torch::autograd::Function<FusedAttention> {
                             const at::Tensor& v_in, const c10::intrusive_ptr<CallRef>& call,
                             int64_t stats_per_row) {
     at::Tensor q = rows_contiguous(q_in), k = rows_contiguous(k_in), v = rows_contiguous(v_in);
-    at::Tensor o = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));  // (B, H, T, d)
+    // (B, H, T, d). On the CPU a view of (B, T, H, d) rows: the layout the model's output projection
+    // reads, so that its `transpose(1, 2).contiguous()` copies nothing (nor its backward, whose
+    // gradient arrives in the same layout). The CUDA kernels keep contiguous heads (not measured there).
+    at::Tensor o = q.is_cpu() ? at::empty({q.size(0), q.size(2), q.size(1), q.size(3)}, q.options()).transpose(1, 2)
+                              : at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
     at::Tensor stats = at::empty({q.size(0), q.size(1), q.size(2), stats_per_row}, q.options().dtype(at::kFloat));  // (B, H, T, S)
     AttnParams p = base_params(q, k, v);
     p.o = raw(o);

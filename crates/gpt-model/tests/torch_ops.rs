@@ -513,3 +513,30 @@ fn the_fused_bridge_keeps_two_user_activations_of_one_name_apart() {
         assert_close(&format!("lifted {c}"), &got, &to_tensor(want.view()), 1e-5);
     }
 }
+
+/// On the CPU the fused forward writes its `(B, H, T, d)` output as a view of `(B, T, H, d)` rows,
+/// so that the model's `transpose(1, 2).contiguous()` before the output projection copies nothing;
+/// the values are the reference's all the same, and so is the gradient that comes back through that
+/// layout.
+#[test]
+fn the_fused_output_on_the_cpu_is_in_the_rows_the_projection_reads() {
+    use gpt_model::attention::fused;
+    let shape = [2, 3, 9, 8];
+    let (q, k, v) = (input(shape, 21, 1.0), input(shape, 22, 1.0), input(shape, 23, 1.0));
+    let variant = Variant::builder().preset("lssa").unwrap().build().unwrap();
+    let att = gpt_model::attention::Attention::new(variant.clone(), gpt_model::AttnImpl::Fused).unwrap();
+    let (qf, kf, vf) = (q.to_kind(Kind::Float), k.to_kind(Kind::Float), v.to_kind(Kind::Float));
+    let qf = qf.set_requires_grad(true);
+    let out = fused::attention(&qf, &kf, &vf, &att).unwrap();
+    assert!(!out.is_contiguous() && out.transpose(1, 2).is_contiguous(), "strides {:?}", out.stride());
+    let want = attn_core::forward(&variant, to_array(&q).view(), to_array(&k).view(), to_array(&v).view()).unwrap();
+    assert_close("output", &out.to_kind(Kind::Double), &to_tensor(want.view()), 1e-5);
+    // The gradient of a sum through the projection's layout against the same through a copy.
+    let rows = out.transpose(1, 2).contiguous();
+    let w = input([2, 9, 3, 8], 24, 1.0).to_kind(Kind::Float);
+    let dq = Tensor::run_backward(&[(&rows * &w).sum(Kind::Float)], &[&qf], false, false).remove(0);
+    let qr = q.to_kind(Kind::Float).set_requires_grad(true);
+    let copied = fused::attention(&qr, &kf, &vf, &att).unwrap().contiguous().transpose(1, 2);
+    let dq_copied = Tensor::run_backward(&[(&copied * &w).sum(Kind::Float)], &[&qr], false, false).remove(0);
+    assert_close("dq", &dq.to_kind(Kind::Double), &dq_copied.to_kind(Kind::Double), 1e-6);
+}

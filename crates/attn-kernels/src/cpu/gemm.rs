@@ -75,24 +75,24 @@ pub fn pack_b(b: &[f32], ld: usize, k: usize, n: usize, transposed: bool, out: &
     }
 }
 
-/// A thread's scratch: a row block's parts, a transposed block, a staging block.
+/// A thread's scratch: a row block's parts, a staging block.
 struct Scratch {
     parts: tile::Aligned<u16>,
-    tmp: Vec<f32>,
     stage: Vec<f32>,
 }
 
 thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> =
-        const { std::cell::RefCell::new(Scratch { parts: tile::Aligned::empty(), tmp: Vec::new(), stage: Vec::new() }) };
+        const { std::cell::RefCell::new(Scratch { parts: tile::Aligned::empty(), stage: Vec::new() }) };
 }
 
 /// `C[0..m] = A[0..m] · B`, or with `add` `C[0..m] += A[0..m] · B`: `A`'s rows are `a`'s (`m` rows
 /// of `k`, stride `lda`), or with `a_transposed` `a`'s columns (`A = Xᵀ` for `X` of `k` rows of
 /// `m`, stride `lda`: the weight gradient `dYᵀ X` of a linear layer); `packed` is `B` (`k x n`) from
 /// [`pack_b`]; `C`'s rows are `n` floats `ldc` apart. With `row_sums` (`m` floats), also the sums of
-/// `A`'s rows (with `dYᵀ X`, the bias's gradient), from the parts' source as it is split: f32 lanes
-/// over a chunk of [`KC`], the chunks added in f64. Runs on the calling thread, [`ROW_BLOCK`] rows
+/// `A`'s rows (with `dYᵀ X`, the bias's gradient), from the parts' source as it is split: f32 sums
+/// of at most 32 values (a lane of 16 over a row's chunk of [`KC`], or 32 rows of `X`'s column),
+/// added in f64. Runs on the calling thread, [`ROW_BLOCK`] rows
 /// at a time. Panics without AMX ([`available`]) or on short buffers.
 #[allow(clippy::too_many_arguments)]
 pub fn rows(
@@ -154,12 +154,8 @@ pub fn rows(
                 let kp = kc.next_multiple_of(amx::INNER);
                 sc.parts.resize(amx::PARTS * m_pad * kp);
                 if a_transposed {
-                    sc.tmp.resize(mb * kp, 0.0);
-                    tile::pack_transposed_padded(Isa::Amx, &a[k0 * lda + i0..], lda, kc, mb, kp, &mut sc.tmp);
-                    amx::split_rows(&sc.tmp, kp, mb, kc, &mut sc.parts, m_pad, kp);
-                    if row_sums.is_some() {
-                        add_row_sums(Isa::Amx, &sc.tmp, kp, kc, &mut sums[..mb]);
-                    }
+                    let sums = row_sums.is_some().then_some(&mut sums[..m_pad]);
+                    amx::split_columns(&a[k0 * lda + i0..], lda, (kc, mb), &mut sc.parts, (m_pad, kp), sums);
                 } else {
                     let rows = &a[i0 * lda + k0..];
                     amx::split_rows(rows, lda, mb, kc, &mut sc.parts, m_pad, kp);

@@ -279,6 +279,16 @@ pub(crate) mod amx {
     pub(crate) fn split_rows(_: &[f32], _: usize, _: usize, _: usize, _: &mut [u16], _: usize, _: usize) {
         unreachable!("AMX is x86-64 only")
     }
+    pub(crate) fn split_columns(
+        _: &[f32],
+        _: usize,
+        _: (usize, usize),
+        _: &mut [u16],
+        _: (usize, usize),
+        _: Option<&mut [f64]>,
+    ) {
+        unreachable!("AMX is x86-64 only")
+    }
     pub(crate) fn write_parts(_: &[f32], _: &mut [u16], _: (usize, usize), _: usize, _: usize) {
         unreachable!("AMX is x86-64 only")
     }

@@ -193,6 +193,104 @@ unsafe fn split_rows_avx512(x: *const f32, ld: usize, m: usize, k: usize, out: *
     }
 }
 
+/// Splits the transpose of `x` (`k` rows of `m` f32, row stride `ld`) into an `A` operand of `m`
+/// rows of `k`: what [`split_rows`] writes for `xᵀ`, the transpose made 16 x 16 values at a time in
+/// registers instead of through a transposed copy (the weight gradient `dYᵀ X`). With `sums` (at
+/// least `m_pad` floats), also adds the sums of `A`'s rows (`x`'s columns) to it: f32 sums of 32
+/// values, each added in f64.
+pub(crate) fn split_columns(
+    x: &[f32],
+    ld: usize,
+    (k, m): (usize, usize),
+    out: &mut [u16],
+    (m_pad, k_pad): (usize, usize),
+    sums: Option<&mut [f64]>,
+) {
+    assert!(m <= m_pad && m_pad.is_multiple_of(16) && k <= k_pad && k_pad.is_multiple_of(INNER));
+    assert!(out.len() >= PARTS * m_pad * k_pad && (k == 0 || x.len() >= (k - 1) * ld + m));
+    assert!(sums.as_ref().is_none_or(|s| s.len() >= m_pad));
+    assert!(enabled(), "AMX operands on a CPU or OS without AMX");
+    let sums = sums.map_or(std::ptr::null_mut(), |s| s.as_mut_ptr());
+    // SAFETY: extents checked above, the ISA present (`enabled` checks AVX-512BW and AVX512-BF16).
+    unsafe { split_columns_avx512(x.as_ptr(), ld, (k, m), out.as_mut_ptr(), (m_pad, k_pad), sums) }
+}
+
+/// The 16 x 16 transpose of `v` (row `i` of the result is lane `i` of every `v[j]`): pairs of
+/// rows interleaved, then pairs of pairs, then 128-bit lanes exchanged twice.
+#[inline(always)]
+unsafe fn transpose16(v: &[__m512; 16]) -> [__m512; 16] {
+    // SAFETY: AVX-512F, enabled by every caller.
+    unsafe {
+        let t: [__m512; 16] = std::array::from_fn(|i| {
+            let (a, b) = (v[i / 2 * 2], v[i / 2 * 2 + 1]);
+            if i % 2 == 0 { _mm512_unpacklo_ps(a, b) } else { _mm512_unpackhi_ps(a, b) }
+        });
+        // w[4g + j]: rows 4g..4g + 4 of columns 4L + j in 128-bit lane L.
+        let w: [__m512; 16] = std::array::from_fn(|i| {
+            let (g, j) = (i / 4, i % 4);
+            let (a, b) = (_mm512_castps_pd(t[4 * g + j / 2]), _mm512_castps_pd(t[4 * g + 2 + j / 2]));
+            _mm512_castpd_ps(if j % 2 == 0 { _mm512_unpacklo_pd(a, b) } else { _mm512_unpackhi_pd(a, b) })
+        });
+        let mut out = [_mm512_setzero_ps(); 16];
+        for j in 0..4 {
+            let x0 = _mm512_shuffle_f32x4::<0x44>(w[j], w[4 + j]);
+            let x1 = _mm512_shuffle_f32x4::<0xEE>(w[j], w[4 + j]);
+            let x2 = _mm512_shuffle_f32x4::<0x44>(w[8 + j], w[12 + j]);
+            let x3 = _mm512_shuffle_f32x4::<0xEE>(w[8 + j], w[12 + j]);
+            out[j] = _mm512_shuffle_f32x4::<0x88>(x0, x2);
+            out[4 + j] = _mm512_shuffle_f32x4::<0xDD>(x0, x2);
+            out[8 + j] = _mm512_shuffle_f32x4::<0x88>(x1, x3);
+            out[12 + j] = _mm512_shuffle_f32x4::<0xDD>(x1, x3);
+        }
+        out
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn split_columns_avx512(
+    x: *const f32,
+    ld: usize,
+    (k, m): (usize, usize),
+    out: *mut u16,
+    (m_pad, k_pad): (usize, usize),
+    sums: *mut f64,
+) {
+    let part = m_pad * k_pad;
+    // SAFETY (whole body): reads rows < k, columns < m of `x`; writes inside `out`'s extent and
+    // `sums[..m_pad]` (the caller's extents).
+    unsafe {
+        // Blocks of 32 rows of `x` (the inner index), 16 columns (`A`'s rows) at a time across them.
+        for c in (0..k_pad).step_by(INNER) {
+            for r0 in (0..m_pad).step_by(16) {
+                let v: [__m512; INNER] = std::array::from_fn(|t| load_row(x, ld, (k, m), c + t, r0));
+                if !sums.is_null() {
+                    let mut s = v;
+                    for w in [16, 8, 4, 2, 1] {
+                        for i in 0..w {
+                            s[i] = _mm512_add_ps(s[i], s[i + w]);
+                        }
+                    }
+                    let s = s[0];
+                    for (h, s) in
+                        [_mm512_castps512_ps256(s), _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(s)))]
+                            .into_iter()
+                            .enumerate()
+                    {
+                        let at = sums.add(r0 + 8 * h);
+                        _mm512_storeu_pd(at, _mm512_add_pd(_mm512_loadu_pd(at), _mm512_cvtps_pd(s)));
+                    }
+                }
+                let lo = transpose16(v[..16].try_into().unwrap());
+                let hi = transpose16(v[16..].try_into().unwrap());
+                for r in 0..16 {
+                    let at = a_at(r0 + r, c, k_pad);
+                    store_parts(lo[r], hi[r], [out.add(at), out.add(part + at), out.add(2 * part + at)]);
+                }
+            }
+        }
+    }
+}
+
 /// Writes `xs` (a multiple of 32 values) as columns `[c, c + xs.len())` of row `r` of an `A`
 /// operand of `rows x k_pad` (`c` a multiple of 32): what [`split_rows`] writes there for them.
 pub(crate) fn write_parts(xs: &[f32], out: &mut [u16], (r, c): (usize, usize), rows: usize, k_pad: usize) {
@@ -466,6 +564,41 @@ mod tests {
             assert_eq!(p[0] + p[1] + p[2], x);
             assert_eq!((p[0] as f64) + (p[1] as f64) + (p[2] as f64), x as f64);
         }
+    }
+
+    /// `split_columns` against the scalar parts of the transpose, element by element, at tails in
+    /// both directions and several 32-row blocks; the column sums added to what `sums` held.
+    #[test]
+    fn split_columns_writes_the_transposes_parts_and_adds_its_row_sums() {
+        if !enabled() {
+            return;
+        }
+        let mut seed = 3;
+        let (k, m, ld) = (77, 45, 50); // `x`: 77 rows of 45; `A = xᵀ`: 45 rows of 77
+        let x: Vec<f32> = (0..k * ld).map(|_| lcg(&mut seed)).collect();
+        let (m_pad, k_pad) = (64, 96);
+        let mut a = vec![0xFFFFu16; PARTS * m_pad * k_pad];
+        let mut sums: Vec<f64> = (0..m_pad).map(|r| r as f64).collect();
+        split_columns(&x, ld, (k, m), &mut a, (m_pad, k_pad), Some(&mut sums));
+        let bf = |p: f32| (p.to_bits() >> 16) as u16;
+        for p in 0..PARTS {
+            for r in 0..m_pad {
+                for c in 0..k_pad {
+                    let want = if r < m && c < k { bf(parts_scalar(x[c * ld + r])[p]) } else { 0 };
+                    assert_eq!(a[p * m_pad * k_pad + a_at(r, c, k_pad)], want, "A part {p} ({r}, {c})");
+                }
+            }
+        }
+        for (r, &got) in sums.iter().enumerate() {
+            let col = (0..k).filter(|_| r < m).map(|c| f64::from(x[c * ld + r]));
+            let (exact, size) = col.fold((r as f64, r as f64), |(e, s), x| (e + x, s + x.abs()));
+            // f32 sums of 32 values: 31 roundings each.
+            assert!((got - exact).abs() <= size * 32.0 * 2f64.powi(-24), "row {r}'s sum: {got} vs {exact}");
+        }
+        // Without sums: the same parts.
+        let mut again = vec![0u16; a.len()];
+        split_columns(&x, ld, (k, m), &mut again, (m_pad, k_pad), None);
+        assert_eq!(again, a);
     }
 
     /// The vector split and packings against the scalar parts, element by element.
