@@ -61,6 +61,9 @@ fn target(device: Device, kind: Kind) -> Result<Target, FusedError> {
 /// differentiable through libtorch's autograd: `H` a multiple of `H_kv` (grouped-query attention),
 /// `T_k >= T` (the queries are the last `T` rows of the `T_k`-long sequence: a decoding step against
 /// a KV cache; on CUDA the SIMT kernels run those).
+///
+/// On the CPU the output is a `(B, H, T, d)` view of `(B, T, H, d)` rows: `transpose(1, 2)` of it is
+/// contiguous, the layout the model's output projection reads.
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, att: &Attention) -> Result<Tensor, FusedError> {
     let target = target(q.device(), q.kind())?;
     let head_dim = q.size().last().copied().unwrap_or(1).max(1) as usize;
