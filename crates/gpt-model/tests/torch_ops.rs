@@ -531,12 +531,14 @@ fn the_fused_output_on_the_cpu_is_in_the_rows_the_projection_reads() {
     assert!(!out.is_contiguous() && out.transpose(1, 2).is_contiguous(), "strides {:?}", out.stride());
     let want = attn_core::forward(&variant, to_array(&q).view(), to_array(&k).view(), to_array(&v).view()).unwrap();
     assert_close("output", &out.to_kind(Kind::Double), &to_tensor(want.view()), 1e-5);
-    // The gradient of a sum through the projection's layout against the same through a copy.
+    // The same weighted sum, its gradient arriving in the projection's rows (a transposed view) or
+    // as contiguous heads: the same `dq`.
     let rows = out.transpose(1, 2).contiguous();
-    let w = input([2, 9, 3, 8], 24, 1.0).to_kind(Kind::Float);
+    let w = input([2, 9, 3, 8], 24, 1.0).to_kind(Kind::Float); // (B, T, H, d)
     let dq = Tensor::run_backward(&[(&rows * &w).sum(Kind::Float)], &[&qf], false, false).remove(0);
-    let qr = q.to_kind(Kind::Float).set_requires_grad(true);
-    let copied = fused::attention(&qr, &kf, &vf, &att).unwrap().contiguous().transpose(1, 2);
-    let dq_copied = Tensor::run_backward(&[(&copied * &w).sum(Kind::Float)], &[&qr], false, false).remove(0);
-    assert_close("dq", &dq.to_kind(Kind::Double), &dq_copied.to_kind(Kind::Double), 1e-6);
+    let qh = q.to_kind(Kind::Float).set_requires_grad(true);
+    let heads = fused::attention(&qh, &kf, &vf, &att).unwrap();
+    let w_heads = w.transpose(1, 2).contiguous(); // (B, H, T, d)
+    let dq_heads = Tensor::run_backward(&[(&heads * &w_heads).sum(Kind::Float)], &[&qh], false, false).remove(0);
+    assert_close("dq", &dq.to_kind(Kind::Double), &dq_heads.to_kind(Kind::Double), 1e-6);
 }

@@ -92,8 +92,8 @@ thread_local! {
 /// [`pack_b`]; `C`'s rows are `n` floats `ldc` apart. With `row_sums` (`m` floats), also the sums of
 /// `A`'s rows (with `dYᵀ X`, the bias's gradient), from the parts' source as it is split: f32 sums
 /// of at most 32 values (a lane of 16 over a row's chunk of [`KC`], or 32 rows of `X`'s column),
-/// added in f64. Runs on the calling thread, [`ROW_BLOCK`] rows
-/// at a time. Panics without AMX ([`available`]) or on short buffers.
+/// added in f64. Runs on the calling thread, [`ROW_BLOCK`] rows at a time. Panics without AMX
+/// ([`available`]) or on short buffers.
 #[allow(clippy::too_many_arguments)]
 pub fn rows(
     a: &[f32],
