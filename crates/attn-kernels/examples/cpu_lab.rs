@@ -12,11 +12,10 @@
 //! second sweep). The inputs start on a 64-byte boundary as PyTorch's tensors do, or
 //! `CPU_LAB_OFFSET` floats past one. A variant named `fresh:NAME` empties the kernels' buffer shelf
 //! before each call ([`release_spare_buffers`]), so its calls take their large buffers fresh from
-//! the allocator; one
-//! named `ISA:NAME` (`amx:lssa`, `avx512:lssa`) runs on that instruction set instead of the detected
-//! one, so two paths compare in one process (`fresh:avx512:lssa` for both), and `ISA.BQxBK:NAME`
-//! (`amx.128x256:lssa`) with those tiles, `ISA.BQxBKxBAND:NAME` (`amx.128x128x8:lssa`) also with
-//! that band (query tiles a forward task runs in lockstep).
+//! the allocator; one named `ISA:NAME` (`amx:lssa`, `avx512:lssa`) runs on that instruction set
+//! instead of the detected one, so two paths compare in one process (`fresh:avx512:lssa` for
+//! both), and `ISA.BQxBK:NAME` (`amx.128x256:lssa`) with those tiles, `ISA.BQxBKxBAND:NAME`
+//! (`amx.128x128x8:lssa`) also with that band (query tiles a forward task runs in lockstep).
 //!
 //! [`release_spare_buffers`]: attn_kernels::cpu::release_spare_buffers
 //!

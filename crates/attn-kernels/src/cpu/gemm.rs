@@ -202,12 +202,8 @@ crate::multiversion! {
 
 #[cfg(test)]
 mod tests {
+    use super::tile::lcg;
     use super::*;
-
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
 
     /// Every form a linear layer needs (`x Wᵀ`, `dY W`, `dYᵀ X`), with and without `add`, at shapes
     /// that cross a row block, a chunk of `B` and a column block, and columns that are no multiple

@@ -316,6 +316,14 @@ pub(crate) mod amx {
     }
 }
 
+/// Test values: the top 24 bits of a 64-bit linear congruential generator's next state, as a value
+/// in `[-1, 1)` (the AMX operands' and `cpu::gemm`'s tests).
+#[cfg(test)]
+pub(crate) fn lcg(seed: &mut u64) -> f32 {
+    *seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+    ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+}
+
 /// A buffer of `T` whose first element is on a 64-byte boundary.
 pub(crate) struct Aligned<T> {
     buf: Vec<T>,

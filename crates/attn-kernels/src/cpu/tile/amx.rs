@@ -546,13 +546,8 @@ unsafe fn product_amx(
 
 #[cfg(test)]
 mod tests {
-    use super::super::Aligned;
+    use super::super::{Aligned, lcg};
     use super::*;
-
-    fn lcg(seed: &mut u64) -> f32 {
-        *seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
-        ((*seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
 
     #[test]
     fn three_parts_are_bf16_and_sum_to_the_value_exactly() {
