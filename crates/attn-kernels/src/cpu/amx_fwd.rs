@@ -1,13 +1,11 @@
 //! The kernels' glue to the AMX products ([`Isa::Amx`](crate::cpu::Isa::Amx), `tile::amx`): a
 //! head's keys (and for the forward its values) packed as AMX operands, the value product of a
-//! tile's weights, and LSSA's row pass that scales the raw dot products, applies softplus, sums
-//! the row and writes the weights straight as the value product's operand.
+//! tile's weights; LSSA's row pass, which scales the raw dot products, applies softplus, sums the
+//! row and writes the weights straight as the value product's operand, is [`amx::softplus_row`].
 
 use attn_core::{Builtin, Phi, Plan};
 
-use crate::cpu::act;
-use crate::cpu::engine::{Dims, Head, Lanes, lane_add};
-use crate::cpu::math;
+use crate::cpu::engine::{Dims, Head};
 use crate::cpu::tile::{Aligned, amx};
 
 /// `d` padded for the AMX operands (a multiple of [`amx::INNER`]).
@@ -52,7 +50,7 @@ pub(super) fn tile<'a>(head: &Head<'a>, dims: Dims, kt: usize) -> (&'a [f32], &'
 }
 
 /// `acc[r][..d] += A · V` over key tile `kt` on AMX tiles, `A` the tile's weights: `parts` holds
-/// them as the product's operand already (`None`: [`softplus_row`] wrote it), else `a`'s `nq` rows
+/// them as the product's operand already (`None`: [`amx::softplus_row`] wrote it), else `a`'s `nq` rows
 /// of `nk` weights (row stride `lda`) are split into it first. The tiles add to `acc` where `d` is a
 /// multiple of [`amx::INNER`] (`acc`'s rows are then the product's); `stage` takes the product, then
 /// added to `acc`, where it is not.
@@ -85,7 +83,7 @@ pub(super) fn value_product(
     }
 }
 
-/// Whether a first sweep under AMX runs [`softplus_row`]: softplus on scores known in range, no
+/// Whether a first sweep under AMX runs [`amx::softplus_row`]: softplus on scores known in range, no
 /// running maximum, no re-weighting (whose second sweep reads the activations themselves).
 pub(super) fn fuses_softplus(plan: &Plan, head: &Head<'_>, dims: Dims) -> bool {
     !head.amx.is_empty()
@@ -96,55 +94,15 @@ pub(super) fn fuses_softplus(plan: &Plan, head: &Head<'_>, dims: Dims) -> bool {
         && plan.reweight.is_none()
 }
 
-/// Row `r` of a tile in LSSA's first sweep under AMX, in one pass per 128 keys over data in L1
-/// where the generic path makes five over the tile (the scores' scale, softplus's two, the row
-/// sum, and the split into the value product's operand): `dots` holds the row's raw dot products
-/// (the first `vis` visible), scaled here as [`scores`](super::engine::scores) scales them (`dot ·
-/// fac · ink_j + bias`, or `dot · fac + bias` without `ink`), then `f = softplus` by `act`'s
-/// two-pass form, added to the row's lanes `zl` as `lane_add` adds them, and written as
-/// its three bf16 parts to row `r` of `parts` (`PARTS` parts of `rows x k_pad`), zero past `vis`.
-/// The same `f`, bit for bit, and the same lane sums as the generic passes.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(super) fn softplus_row<const FMA: bool>(
-    dots: &[f32],
-    vis: usize,
-    (fac, bias): (f32, f32),
-    ink: Option<&[f32]>,
-    zl: &mut Lanes,
-    parts: &mut [u16],
-    (r, rows, k_pad): (usize, usize, usize),
-) {
-    assert!(vis <= k_pad && dots.len() >= vis && ink.is_none_or(|k| k.len() >= vis));
-    // Chunks of 128 keys (`act`'s softplus runs its two passes over 128 at a time).
-    let mut x = [0.0f32; 128];
-    for c0 in (0..k_pad).step_by(128) {
-        let (n, w) = (vis.saturating_sub(c0).min(128), (k_pad - c0).min(128));
-        if n > 0 {
-            let xs = &mut x[..n];
-            let dot = &dots[c0..c0 + n];
-            match ink {
-                Some(ink) => xs
-                    .iter_mut()
-                    .zip(dot.iter().zip(&ink[c0..c0 + n]))
-                    .for_each(|(x, (&d, &k))| *x = math::fmadd::<FMA>(d * fac, k, bias)),
-                None => xs.iter_mut().zip(dot).for_each(|(x, &d)| *x = math::fmadd::<FMA>(d, fac, bias)),
-            }
-            act::softplus_in_range_two_pass::<FMA>(xs);
-            lane_add::<false>(xs, zl);
-        }
-        x[n..w].fill(0.0);
-        amx::write_parts(&x[..w], parts, (r, c0), rows, k_pad);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cpu::engine::Lanes;
+    use crate::cpu::engine::{Lanes, lane_add};
+    use crate::cpu::math::{self, softplus_table};
 
-    /// The fused row against the generic passes: the scale, `act`'s softplus, `lane_add` and
-    /// `split_rows`, at every visible count of a 256-key row (two chunks, the second maybe with no
+    /// The fused row ([`amx::softplus_row`]) against separate passes: the scale, the table's
+    /// softplus over the slice, `lane_add` and `split_rows`, with scores on both sides of the
+    /// table's range, at every visible count of a 256-key row (two chunks, the second maybe with no
     /// visible key; the tails inside a group of 32 and of 16), with and without key scales: the
     /// same parts and lane sums.
     #[test]
@@ -163,15 +121,16 @@ mod tests {
                 let (rows, r) = (32, 3);
                 let mut got = vec![0xAAAAu16; amx::PARTS * rows * k_pad];
                 let mut zl_got: Lanes = [1.0; 16];
-                softplus_row::<true>(&dots, vis, (fac, bias), ink, &mut zl_got, &mut got, (r, rows, k_pad));
-                // The generic path.
+                amx::softplus_row(&dots, vis, (fac, bias), ink, &mut zl_got, &mut got, (r, rows, k_pad));
+                // The separate passes.
                 let mut f: Vec<f32> = (0..vis)
                     .map(|c| match ink {
                         Some(ink) => math::fmadd::<true>(dots[c] * fac, ink[c], bias),
                         None => math::fmadd::<true>(dots[c], fac, bias),
                     })
                     .collect();
-                f.iter_mut().for_each(|x| *x = math::softplus_in_range::<true>(*x));
+                // SAFETY: AMX implies AVX-512F.
+                unsafe { softplus_table::softplus_in_range(&mut f) };
                 let mut zl_want: Lanes = [1.0; 16];
                 lane_add::<false>(&f, &mut zl_want);
                 assert_eq!(zl_got, zl_want, "vis {vis}");

@@ -332,7 +332,7 @@ const MAX_SCALED_COLS: usize = 256;
 
 /// Scores `s_ij` of rows `[i0, i0 + nq)` against keys `[j0, j0 + nk)` into `s` (row stride `lds`),
 /// with `kt` as scratch for the packed key tile. Entries beyond the visible keys are left unspecified.
-/// `raw` (AMX only, whose caller scales them itself: `amx_fwd::softplus_row`): the dot products,
+/// `raw` (AMX only, whose caller scales them itself: `amx::softplus_row`): the dot products,
 /// unscaled.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]

@@ -242,7 +242,7 @@ fn step1<const FMA: bool>(q: &Query<'_>, kt: usize, kts: &Range<usize>, st: &mut
         if fused {
             let ink = plan.cosine().then(|| &head.ink[j0..j0 + vis]);
             let (fb, at) = ((rows.fac[r], rows.bias[r]), (r, rows_pad, lds));
-            amx_fwd::softplus_row::<FMA>(&s[r * lds..], vis, fb, ink, &mut st.zl[r], &mut sc.amx_parts, at);
+            tile::amx::softplus_row(&s[r * lds..], vis, fb, ink, &mut st.zl[r], &mut sc.amx_parts, at);
         } else {
             let row = &mut s[r * lds..r * lds + lds];
             let (live, dead) = row.split_at_mut(vis);

@@ -34,6 +34,9 @@
 //!
 //! (The absolute softplus error is the rounding of results near 8, half an ulp of 8.)
 //!
+//! [`softplus_table`] is softplus on AVX-512 from per-interval polynomials (LSSA's fused row pass
+//! under AMX), `SOFTPLUS_TABLE_MAX_ULPS` = 1.7 ulp on `|x| <= IN_RANGE_MAX` (measured 1.646).
+//!
 //! `log1p_unit` evaluates its polynomial by Horner's scheme with and without FMA (Estrin's, used
 //! under FMA from 2026-11-24 to 2026-12-01, took 3 operations more a vector and measured 1.757 ulp
 //! for `log1p_unit`, 2.457 for softplus). [`softplus_in_range`] and [`sigmoid_in_range`] are
@@ -252,6 +255,9 @@ pub fn ln<const FMA: bool>(x: f32) -> f32 {
     fmadd::<FMA>(k, LN2_HI, fmadd::<FMA>(k, LN2_LO, lnm))
 }
 
+#[cfg(target_arch = "x86_64")]
+pub mod softplus_table;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -346,7 +352,7 @@ mod tests {
         max_abs: f64,
     }
 
-    fn softplus_ref(x: f64) -> f64 {
+    pub(super) fn softplus_ref(x: f64) -> f64 {
         x.max(0.0) + (-x.abs()).exp().ln_1p()
     }
 
@@ -412,23 +418,23 @@ mod tests {
     }
 
     /// Maps f32s to integers preserving order (so stepping the integers walks every binade).
-    fn key(x: f32) -> i64 {
+    pub(super) fn key(x: f32) -> i64 {
         let b = x.to_bits();
         if b >> 31 == 1 { -i64::from(b & 0x7fff_ffff) } else { i64::from(b) }
     }
 
-    fn unkey(k: i64) -> f32 {
+    pub(super) fn unkey(k: i64) -> f32 {
         if k < 0 { f32::from_bits((-k) as u32 | 0x8000_0000) } else { f32::from_bits(k as u32) }
     }
 
     /// `count` f32s evenly spaced in bit-pattern order over `[lo, hi]`, both ends included.
-    fn sweep(lo: f32, hi: f32, count: usize) -> Vec<f32> {
+    pub(super) fn sweep(lo: f32, hi: f32, count: usize) -> Vec<f32> {
         let (a, b) = (key(lo), key(hi));
         (0..count).map(|i| unkey(a + ((b - a) as i128 * i as i128 / (count - 1) as i128) as i64)).collect()
     }
 
     /// The ulp of f32 at `|v|`'s binade (subnormal spacing below `f32::MIN_POSITIVE`).
-    fn ulp(v: f64) -> f64 {
+    pub(super) fn ulp(v: f64) -> f64 {
         let v = v.abs().max(f64::from(f32::MIN_POSITIVE));
         (v.log2().floor() - 23.0).exp2()
     }

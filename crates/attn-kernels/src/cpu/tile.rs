@@ -289,7 +289,15 @@ pub(crate) mod amx {
     ) {
         unreachable!("AMX is x86-64 only")
     }
-    pub(crate) fn write_parts(_: &[f32], _: &mut [u16], _: (usize, usize), _: usize, _: usize) {
+    pub(crate) fn softplus_row(
+        _: &[f32],
+        _: usize,
+        _: (f32, f32),
+        _: Option<&[f32]>,
+        _: &mut [f32; 16],
+        _: &mut [u16],
+        _: (usize, usize, usize),
+    ) {
         unreachable!("AMX is x86-64 only")
     }
     pub(crate) fn pack_keys(

@@ -27,8 +27,8 @@
 //! through whole cache lines in order: the products ran 15% faster over operands streamed from L3
 //! than with row-major parts):
 //!
-//! - an `A` operand ([`split_rows`], and LSSA's fused row pass through [`write_parts`]): `m_pad x
-//!   k_pad` bf16 a part, element `(r, c)` at [`a_at`], padding zero;
+//! - an `A` operand ([`split_rows`], and LSSA's fused row pass [`softplus_row`]): `m_pad x k_pad`
+//!   bf16 a part, element `(r, c)` at [`a_at`], padding zero;
 //! - a `B` operand: `k_pad / 2 x n` words a part, word `(t, j)` at [`b_at`] ([`pack_keys`] for the
 //!   scores' `Kᵀ`, [`pack_values`] for `V`).
 //!
@@ -42,6 +42,8 @@
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::sync::OnceLock;
+
+use crate::cpu::math::softplus_table::{Coeffs, softplus16};
 
 /// Parts of each operand.
 pub(crate) const PARTS: usize = 3;
@@ -291,27 +293,76 @@ unsafe fn split_columns_avx512(
     }
 }
 
-/// Writes `xs` (a multiple of 32 values) as columns `[c, c + xs.len())` of row `r` of an `A`
-/// operand of `rows x k_pad` (`c` a multiple of 32): what [`split_rows`] writes there for them.
-pub(crate) fn write_parts(xs: &[f32], out: &mut [u16], (r, c): (usize, usize), rows: usize, k_pad: usize) {
-    let part = rows * k_pad;
-    assert!(r < rows && c.is_multiple_of(INNER) && xs.len().is_multiple_of(INNER) && c + xs.len() <= k_pad);
-    assert!(out.len() >= PARTS * part);
-    // SAFETY: the row's values lie inside each part (checked above); the caller runs under
-    // `Isa::Amx`, which `enabled` (AVX-512BW, AVX512-BF16) gates.
-    unsafe { write_parts_avx512(xs, out.as_mut_ptr(), (r, c), part, k_pad) }
+/// Row `r` of a tile in LSSA's first sweep under AMX, in one pass over the row's dot products in L1
+/// where the generic path makes five over the tile (the scores' scale, softplus's two, the row sum,
+/// and the split into the value product's operand): `dots` holds the row's raw dot products (the
+/// first `vis` visible), scaled as [`scores`](crate::cpu::engine::scores) scales them (`dot · fac ·
+/// ink_j + bias`, or `dot · fac + bias` without `ink`), then `f = softplus` by the table
+/// ([`softplus16`], LSSA's scores are in its range), added to the row's lanes `zl` as `lane_add`
+/// adds them, and written as its three bf16 parts to row `r` of `out` (an `A` operand of `rows x
+/// k_pad`, `k_pad` a multiple of 32), zero past `vis`: what [`split_rows`] writes there for them.
+/// Only under [`Isa::Amx`](crate::cpu::Isa::Amx).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn softplus_row(
+    dots: &[f32],
+    vis: usize,
+    (fac, bias): (f32, f32),
+    ink: Option<&[f32]>,
+    zl: &mut [f32; 16],
+    out: &mut [u16],
+    (r, rows, k_pad): (usize, usize, usize),
+) {
+    assert!(r < rows && k_pad.is_multiple_of(INNER) && vis <= k_pad);
+    assert!(dots.len() >= vis && ink.is_none_or(|k| k.len() >= vis) && out.len() >= PARTS * rows * k_pad);
+    // SAFETY: the loads stop at `vis`, the row's parts lie inside `out` (checked above); the caller
+    // runs under `Isa::Amx`, which `enabled` (AVX-512BW, AVX512-BF16) gates.
+    unsafe { softplus_row_avx512(dots, vis, (fac, bias), ink, zl, out.as_mut_ptr(), (r, rows, k_pad)) }
 }
 
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn write_parts_avx512(xs: &[f32], out: *mut u16, (r, c): (usize, usize), part: usize, k_pad: usize) {
-    for (g, xs) in xs.chunks_exact(INNER).enumerate() {
-        let at = a_at(r, c + g * INNER, k_pad);
-        // SAFETY: 32 values at `xs`, 64 bytes at each part's `at` (the caller's extents).
-        unsafe {
-            let (lo, hi) = (_mm512_loadu_ps(xs.as_ptr()), _mm512_loadu_ps(xs.as_ptr().add(16)));
-            store_parts(lo, hi, [out.add(at), out.add(part + at), out.add(2 * part + at)]);
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16,fma")]
+unsafe fn softplus_row_avx512(
+    dots: &[f32],
+    vis: usize,
+    (fac, bias): (f32, f32),
+    ink: Option<&[f32]>,
+    zl: &mut [f32; 16],
+    out: *mut u16,
+    (r, rows, k_pad): (usize, usize, usize),
+) {
+    let (coeffs, part) = (Coeffs::load(), rows * k_pad);
+    let (fac, bias) = (_mm512_set1_ps(fac), _mm512_set1_ps(bias));
+    // SAFETY: `zl` holds 16 floats.
+    let mut z = unsafe { _mm512_loadu_ps(zl.as_ptr()) };
+    for c in (0..k_pad).step_by(INNER) {
+        // The weights of columns `[c, c + 32)`, zero past `vis`.
+        let mut f = [_mm512_setzero_ps(); 2];
+        for (h, f) in f.iter_mut().enumerate() {
+            let (at, n) = (c + 16 * h, vis.saturating_sub(c + 16 * h).min(16));
+            if n == 0 {
+                continue;
+            }
+            let live: __mmask16 = if n == 16 { !0 } else { (1 << n) - 1 };
+            // SAFETY: the mask stops the loads at `vis`, inside `dots` and `ink`.
+            let x = unsafe {
+                let dot = _mm512_maskz_loadu_ps(live, dots.as_ptr().add(at));
+                match ink {
+                    Some(ink) => _mm512_fmadd_ps(
+                        _mm512_mul_ps(dot, fac),
+                        _mm512_maskz_loadu_ps(live, ink.as_ptr().add(at)),
+                        bias,
+                    ),
+                    None => _mm512_fmadd_ps(dot, fac, bias),
+                }
+            };
+            *f = _mm512_maskz_mov_ps(live, softplus16(&coeffs, x, live));
+            z = _mm512_add_ps(z, *f);
         }
+        let at = a_at(r, c, k_pad);
+        // SAFETY: 64 bytes at each part's `at`, inside `out` (the caller's extents).
+        unsafe { store_parts(f[0], f[1], [out.add(at), out.add(part + at), out.add(2 * part + at)]) };
     }
+    // SAFETY: as the load.
+    unsafe { _mm512_storeu_ps(zl.as_mut_ptr(), z) };
 }
 
 /// Packs `nk` keys (rows of `d`, stride `ld`) as the scores' `B` operand (`Kᵀ`): [`PARTS`] parts of
@@ -620,17 +671,6 @@ mod tests {
             }
         }
         assert!(seen.iter().all(|&s| s), "a_at is not a permutation");
-        // One row's 32 columns through `write_parts`: the same as `split_rows` wrote there.
-        let mut again = a.clone();
-        for p in 0..PARTS {
-            again[p * m_pad * k_pad + a_at(5, 32, k_pad)..][..32].fill(0xFFFF);
-        }
-        let row: [f32; 32] = std::array::from_fn(|c| if 32 + c < k { x[5 * ld + 32 + c] } else { 0.0 });
-        write_parts(&row, &mut again, (5, 32), m_pad, k_pad);
-        // And a whole row at once.
-        let row: Vec<f32> = (0..k_pad).map(|c| if c < k { x[36 * ld + c] } else { 0.0 }).collect();
-        write_parts(&row, &mut again, (36, 0), m_pad, k_pad);
-        assert_eq!(again, a);
         let (nk, d, n_pad, d_pad) = (m, k, 64, 64);
         let mut tmp = vec![f32::NAN; d * n_pad];
         let mut kt = vec![f32::NAN; PARTS * d_pad / 2 * n_pad];
