@@ -8,6 +8,7 @@
 
 use attn_core::{Builtin, Phi};
 
+use crate::cpu::isa::Isa;
 use crate::cpu::math;
 
 const FRAC_1_SQRT_2: f32 = std::f32::consts::FRAC_1_SQRT_2;
@@ -37,11 +38,20 @@ fn tanh_softplus<const FMA: bool>(x: f32) -> f32 {
 
 /// Replaces every score `xs[c]` by `phi(xs[c])`: built-ins in vectorisable code, a user's activation
 /// element by element through its f64 `value` (correct, slow). `in_range`: the caller knows every
-/// score lies within `±math::IN_RANGE_MAX`, so softplus may skip its range handling (same values).
+/// score lies within `±math::IN_RANGE_MAX`, so softplus may skip its range handling (same values),
+/// and on AVX-512 (`isa`, the kernel's, which its dispatch checked) takes it from
+/// [`math::softplus_table`] (within 1.7 ulps where [`math::softplus`] is within 2.6; the AMX
+/// forward's fused row uses the same, so a forward and its backward see the same weights).
 #[inline(always)]
-pub(crate) fn apply<const FMA: bool>(phi: &Phi, in_range: bool, xs: &mut [f32]) {
+pub(crate) fn apply<const FMA: bool>(phi: &Phi, in_range: bool, isa: Isa, xs: &mut [f32]) {
     match phi {
         Phi::Builtin(Builtin::Exp) => xs.iter_mut().for_each(|x| *x = math::exp::<FMA>(*x)),
+        #[cfg(target_arch = "x86_64")]
+        Phi::Builtin(Builtin::Softplus) if in_range && isa.simd() == Isa::Avx512 => {
+            // SAFETY: the kernels run under `isa`, which their dispatch checked this CPU supports
+            // (AVX-512F with it).
+            unsafe { math::softplus_table::softplus_in_range(xs) }
+        }
         Phi::Builtin(Builtin::Softplus) if in_range => softplus_in_range_two_pass::<FMA>(xs),
         Phi::Builtin(Builtin::Softplus) => xs.iter_mut().for_each(|x| *x = math::softplus::<FMA>(*x)),
         Phi::Builtin(Builtin::Relu) => xs.iter_mut().for_each(|x| *x = x.max(0.0)),
@@ -122,11 +132,11 @@ mod tests {
             for fma in [false, true] {
                 let (mut fast, mut full) = (xs.clone(), xs.clone());
                 if fma {
-                    apply::<true>(&phi, true, &mut fast);
-                    apply::<true>(&phi, false, &mut full);
+                    apply::<true>(&phi, true, Isa::Scalar, &mut fast);
+                    apply::<true>(&phi, false, Isa::Scalar, &mut full);
                 } else {
-                    apply::<false>(&phi, true, &mut fast);
-                    apply::<false>(&phi, false, &mut full);
+                    apply::<false>(&phi, true, Isa::Scalar, &mut fast);
+                    apply::<false>(&phi, false, Isa::Scalar, &mut full);
                 }
                 let differ = fast.iter().zip(&full).filter(|(a, b)| a.to_bits() != b.to_bits()).count();
                 assert_eq!(differ, 0, "n = {n}, fma = {fma}: {differ} values differ");

@@ -264,7 +264,7 @@ fn step1<const FMA: bool>(q: &Query<'_>, kt: usize, kts: &Range<usize>, st: &mut
                     let m = st.mx[r];
                     live.iter_mut().for_each(|x| *x -= m);
                 }
-                act::apply::<FMA>(&plan.phi, dims.in_range, live);
+                act::apply::<FMA>(&plan.phi, dims.in_range, dims.isa, live);
                 if plan.signed {
                     lane_add::<true>(live, &mut st.zl[r]);
                 } else {
@@ -472,7 +472,7 @@ pub(crate) fn sweep2<const FMA: bool>(
                     let m = st.mx[r];
                     live.iter_mut().for_each(|x| *x -= m);
                 }
-                act::apply::<FMA>(&plan.phi, dims.in_range, live);
+                act::apply::<FMA>(&plan.phi, dims.in_range, dims.isa, live);
             }
             let a = bt.an[r];
             if keep_aux {

@@ -94,7 +94,7 @@ fn grad_tile<const FMA: bool>(
         gv[vis..].fill(0.0);
         let (f, gv) = (&mut f[..vis], &mut gv[..vis]);
         f.copy_from_slice(s);
-        act::apply::<FMA>(&plan.phi, dims.in_range, f);
+        act::apply::<FMA>(&plan.phi, dims.in_range, dims.isa, f);
         let a = anorm(plan.norm, st[ST_Z] as f64, n, dims.t);
         let RowGrad { dprime, c } = rg[i];
         // gv <- dL/da_ij; f <- w_ij.
@@ -128,7 +128,7 @@ fn grad_tile<const FMA: bool>(
             Norm::L1 => {
                 if plan.signed {
                     let mut fs = s.to_vec();
-                    act::apply::<FMA>(&plan.phi, dims.in_range, &mut fs);
+                    act::apply::<FMA>(&plan.phi, dims.in_range, dims.isa, &mut fs);
                     gv.iter_mut().zip(&fs).for_each(|(x, &fv)| *x = (*x - sign(fv) * c) * a);
                 } else {
                     gv.iter_mut().for_each(|x| *x = (*x - c) * a);
@@ -142,7 +142,7 @@ fn grad_tile<const FMA: bool>(
         if matches!(plan.phi, Phi::Builtin(Builtin::Exp | Builtin::Sigmoid)) {
             let fs = &mut sc.tmp[..vis];
             fs.copy_from_slice(s);
-            act::apply::<FMA>(&plan.phi, dims.in_range, fs);
+            act::apply::<FMA>(&plan.phi, dims.in_range, dims.isa, fs);
             act::mul_derivative::<FMA>(&plan.phi, dims.in_range, s, fs, gv);
         } else {
             act::mul_derivative::<FMA>(&plan.phi, dims.in_range, s, &[], gv);
@@ -234,7 +234,7 @@ crate::multiversion! {
                     let m = st[ST_MAX];
                     f.iter_mut().for_each(|x| *x -= m);
                 }
-                act::apply::<FMA>(&plan.phi, dims.in_range, f);
+                act::apply::<FMA>(&plan.phi, dims.in_range, dims.isa, f);
                 let a = anorm(plan.norm, st[ST_Z] as f64, n, dims.t);
                 let (na, off, inv_m, inv_w) = (n as f32 * a, offset(n), 1.0 / st[ST_UMAX], 1.0 / st[ST_W]);
                 // E_i = sum_j a_ij h_ij, h_ij = (gv - D') / W * p * rho^(p-1) / m.

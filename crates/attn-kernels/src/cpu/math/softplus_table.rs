@@ -1,8 +1,9 @@
-//! Softplus on AVX-512 from a table of per-interval polynomials: LSSA's activation in the AMX
-//! forward's row pass (`tile::amx::softplus_row`), where the
-//! branch-free [`math::softplus_in_range`] takes about 31 vector operations for 16 scores
-//! (`e^-|x|`'s range reduction and polynomial, then `ln(1 + e)`'s degree-8 polynomial) and this one
-//! 18 (a vector of 16 over 128-key rows: 0.64x the time, one core of an Intel Xeon).
+//! Softplus on AVX-512 from a table of per-interval polynomials: the kernels' softplus on scores
+//! known in range on AVX-512 and AMX (`act::apply`, and the AMX forward's fused row pass
+//! `tile::amx::softplus_row`), where the branch-free [`math::softplus_in_range`] takes about 31
+//! vector operations for 16 scores (`e^-|x|`'s range reduction and polynomial, then `ln(1 + e)`'s
+//! degree-8 polynomial) and this one 18 (0.64x the time over 128-score rows, one core of an Intel
+//! Xeon).
 //!
 //! # Method
 //!
@@ -25,9 +26,7 @@
 //!
 //! [`SOFTPLUS_TABLE_MAX_ULPS`] for every f32 `x` with `|x| <= IN_RANGE_MAX`: the maximum over all
 //! 2.2e9 of them was 1.646 ulps (at `x = -15.25`; the `#[ignore]`d test `exhaustive_accuracy`, 25 s
-//! on 2 cores), against 2.126 for [`math::softplus`]. The default suite sweeps 5.2M of them. The
-//! backward recomputes the weights by [`math`]'s form: the two differ by at most the sum of their
-//! errors, 3.8 ulps.
+//! on 2 cores), against 2.126 for [`math::softplus`]. The default suite sweeps 5.2M of them.
 //!
 //! [`math`]: super
 //! [`math::softplus_in_range`]: super::softplus_in_range
@@ -145,11 +144,10 @@ pub(crate) fn softplus16(c: &Coeffs, x: __m512, live: __mmask16) -> __m512 {
     _mm512_mask_blend_ps(beyond, f, unsafe { _mm512_loadu_ps(lanes.as_ptr()) })
 }
 
-/// `xs[i] = softplus(xs[i])` in place by [`softplus16`] (the tests' slice form): within
+/// `xs[i] = softplus(xs[i])` in place by [`softplus16`] (`act::apply`'s on AVX-512): within
 /// [`SOFTPLUS_TABLE_MAX_ULPS`] for `|xs[i]| <= IN_RANGE_MAX`; unspecified (never UB) beyond, NaN
 /// included. Callers without AVX-512F in their own features call it in `unsafe`, having checked
 /// the CPU.
-#[cfg(test)]
 #[target_feature(enable = "avx512f,fma")]
 pub(crate) fn softplus_in_range(xs: &mut [f32]) {
     let c = Coeffs::load();
