@@ -96,11 +96,11 @@ static COEFFS: Table = Table([
 
 /// [`COEFFS`] in registers: row `p` as its two vectors of 16 intervals, what `vpermt2ps` indexes.
 #[derive(Clone, Copy)]
-pub(crate) struct Coeffs([(__m512, __m512); 6]);
+struct Coeffs([(__m512, __m512); 6]);
 
 impl Coeffs {
     #[target_feature(enable = "avx512f")]
-    pub(crate) fn load() -> Coeffs {
+    fn load() -> Coeffs {
         // SAFETY: each row of the 64-byte-aligned table is 32 floats, two aligned vectors.
         let row =
             |p: usize| unsafe { (_mm512_load_ps(COEFFS.0[p].as_ptr()), _mm512_load_ps(COEFFS.0[p][16..].as_ptr())) };
@@ -112,7 +112,7 @@ impl Coeffs {
 /// lanes outside `live` may hold anything (their results are unspecified, never UB).
 #[inline]
 #[target_feature(enable = "avx512f,fma")]
-pub(crate) fn softplus16(c: &Coeffs, x: __m512, live: __mmask16) -> __m512 {
+fn softplus16(c: &Coeffs, x: __m512, live: __mmask16) -> __m512 {
     // `1.5 · 2^23`: `2u` plus it holds `round(2u)` in its low mantissa bits (`2u < 2^22`).
     const MAGIC: f32 = 12_582_912.0;
     let magic = _mm512_set1_ps(MAGIC);
