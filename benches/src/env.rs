@@ -30,8 +30,15 @@ pub fn cpu_model() -> String {
 }
 
 /// `git rev-parse --short=12 HEAD` in the workspace, with `-dirty` when the tree has changes;
-/// `unknown` outside a git checkout.
+/// `unknown` outside a git checkout. Taken once a process, at the first call: the benchmarks call it
+/// as they start, so a report names the tree its code was built from, not one edited while it ran
+/// (a tree edited during a 20-minute `bench-train` had labelled its report `-dirty`).
 pub fn git_revision() -> String {
+    static REVISION: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    REVISION.get_or_init(read_git_revision).clone()
+}
+
+fn read_git_revision() -> String {
     let root = workspace_root();
     let git = |args: &[&str]| {
         Command::new("git").arg("-C").arg(&root).args(args).output().ok().filter(|o| o.status.success())

@@ -79,6 +79,7 @@ fn block_config(variant: &str, t: usize) -> ModelConfig {
 }
 
 fn main() -> Result<()> {
+    env::git_revision(); // the revision the run starts from, before anything can edit the tree
     let cli = Cli::parse();
     let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     tch::set_num_threads(threads as i32);

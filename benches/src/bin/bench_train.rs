@@ -403,6 +403,7 @@ fn clip_per_tensor(opt: &AdamW, max_norm: f64) {
 }
 
 fn main() -> Result<()> {
+    env::git_revision(); // the revision the run starts from, before anything can edit the tree
     // The trainer side runs in this process: with the OpenMP setting `trainer` makes for itself.
     trainer::process::limit_openmp_spinning();
     let cli = Cli::parse();

@@ -126,6 +126,7 @@ struct TimingArgs {
 }
 
 fn main() -> Result<()> {
+    env::git_revision(); // the revision the run starts from, before anything can edit the tree
     let cli = Cli::parse();
     let threads = cli.threads.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     if threads == 0 {
