@@ -315,8 +315,8 @@ pub(crate) fn softplus_row(
 ) {
     assert!(r < rows && k_pad.is_multiple_of(INNER) && vis <= k_pad);
     assert!(dots.len() >= vis && ink.is_none_or(|k| k.len() >= vis) && out.len() >= PARTS * rows * k_pad);
-    // SAFETY: the loads stop at `vis`, the row's parts lie inside `out` (checked above); the caller
-    // runs under `Isa::Amx`, which `enabled` (AVX-512BW, AVX512-BF16) gates.
+    // SAFETY: the row's parts lie inside `out` (checked above); the caller runs under `Isa::Amx`,
+    // which `enabled` (AVX-512BW, AVX512-BF16) gates.
     unsafe { softplus_row_avx512(dots, vis, (fac, bias), ink, zl, out.as_mut_ptr(), (r, rows, k_pad)) }
 }
 
